@@ -1,0 +1,153 @@
+"""Model architectures expanded into their global tensor tables.
+
+The `llama` builtin (Llama-2/3 family: RMSNorm, GQA attention with fused qkv, SwiGLU MLP
+with fused gate_up, untied embedding and lm_head) gives, per model:
+
+    embed.weight                       [vocab, hidden]                 vocab       (first PP stage)
+    layers.{i}.input_norm.weight       [hidden]                        replicated
+    layers.{i}.attn.qkv.weight         [(heads+2*kv_heads)*hd, hidden] column, parts q|k|v
+    layers.{i}.attn.o.weight           [hidden, heads*hd]              row
+    layers.{i}.post_attn_norm.weight   [hidden]                        replicated
+    layers.{i}.mlp.gate_up.weight      [2*ffn, hidden]                 column, parts gate|up
+    layers.{i}.mlp.down.weight         [hidden, ffn]                   row
+    final_norm.weight                  [hidden]                        replicated  (last PP stage)
+    lm_head.weight                     [vocab, hidden]                 vocab       (last PP stage)
+ or value_head.weight                  [1, hidden]                     replicated  (critic, `head value`)
+
+Global names are `{model}/{local name}`. Training units also hold optimizer state with
+the same shape and sharding, in fp32, named `{model}/{local name}#{state}` for state in
+OPTIMIZER_STATES.
+
+Sharding rules (Megatron-LM, vLLM): column splits dim 0 into tp equal parts, part-wise for
+fused tensors (a TP shard of qkv is three boxes: its q rows, its k rows, its v rows); when
+tp > kv_heads each KV head is replicated on tp/kv_heads consecutive TP ranks. row splits
+dim 1. vocab splits dim 0. replicated tensors are whole on every TP rank.
+
+Parameter counts check against MODELS.md: Llama-3.1-8B = 8,030,261,248 and
+Llama-3.1-70B = 70,553,706,496.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Optional
+
+from .model import Model
+
+OPTIMIZER_STATES: tuple[str, ...] = ("master", "exp_avg", "exp_avg_sq")
+OPTIMIZER_DTYPE = "fp32"
+
+COLUMN, ROW, VOCAB, REPLICATED = "column", "row", "vocab", "replicated"
+
+
+@dataclass(frozen=True)
+class FusedPart:
+    """A part of a column-sharded fused tensor: `rows` rows along dim 0 made of `groups`
+    equal groups (attention heads for q/k/v, 1 for gate/up). TP splits the groups."""
+
+    name: str
+    rows: int
+    groups: int
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One global tensor of a model.
+
+    name: local name (`layers.3.attn.qkv.weight`); `layer` is None for embed, final norm
+    and head. `parts` is set for column tensors (one part when not fused)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    sharding: str
+    layer: Optional[int]
+    parts: tuple[FusedPart, ...] = ()
+    role: str = "layer"  # "embed", "layer", "final_norm", "head"
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+def layer_tensors(model: Model) -> tuple[TensorSpec, ...]:
+    """The tensors of one transformer layer, with `layers.{i}` left as a `{i}` pattern
+    (layer None): all layers share this pattern, which the compiler exploits."""
+    return _layer_pattern(model.hidden, model.heads, model.kv_heads, model.ffn, model.dtype)
+
+
+@lru_cache(maxsize=64)
+def _layer_pattern(hidden: int, heads: int, kv_heads: int, ffn: int, dtype: str) -> tuple[TensorSpec, ...]:
+    hd = hidden // heads
+    q, kv = heads * hd, kv_heads * hd
+    return (
+        TensorSpec("layers.{i}.input_norm.weight", (hidden,), dtype, REPLICATED, None),
+        TensorSpec(
+            "layers.{i}.attn.qkv.weight",
+            (q + 2 * kv, hidden),
+            dtype,
+            COLUMN,
+            None,
+            (FusedPart("q", q, heads), FusedPart("k", kv, kv_heads), FusedPart("v", kv, kv_heads)),
+        ),
+        TensorSpec("layers.{i}.attn.o.weight", (hidden, q), dtype, ROW, None),
+        TensorSpec("layers.{i}.post_attn_norm.weight", (hidden,), dtype, REPLICATED, None),
+        TensorSpec(
+            "layers.{i}.mlp.gate_up.weight",
+            (2 * ffn, hidden),
+            dtype,
+            COLUMN,
+            None,
+            (FusedPart("gate", ffn, 1), FusedPart("up", ffn, 1)),
+        ),
+        TensorSpec("layers.{i}.mlp.down.weight", (hidden, ffn), dtype, ROW, None),
+    )
+
+
+def edge_tensors(model: Model) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+    """(tensors before the first layer, tensors after the last layer)."""
+    first = (TensorSpec("embed.weight", (model.vocab, model.hidden), model.dtype, VOCAB, None, role="embed"),)
+    if model.head == "value":
+        head = TensorSpec("value_head.weight", (1, model.hidden), model.dtype, REPLICATED, None, role="head")
+    else:
+        head = TensorSpec("lm_head.weight", (model.vocab, model.hidden), model.dtype, VOCAB, None, role="head")
+    last = (TensorSpec("final_norm.weight", (model.hidden,), model.dtype, REPLICATED, None, role="final_norm"), head)
+    return first, last
+
+
+def tensor_table(model: Model) -> tuple[TensorSpec, ...]:
+    """Every weight tensor of `model`, in execution order, with local names."""
+    first, last = edge_tensors(model)
+    pattern = layer_tensors(model)
+    layers = tuple(
+        TensorSpec(t.name.format(i=i), t.shape, t.dtype, t.sharding, i, t.parts, t.role)
+        for i in range(model.layers)
+        for t in pattern
+    )
+    return first + layers + last
+
+
+def parameter_count(model: Model) -> int:
+    first, last = edge_tensors(model)
+    per_layer = sum(t.numel for t in layer_tensors(model))
+    return sum(t.numel for t in first + last) + model.layers * per_layer
+
+
+def layer_parameter_count(model: Model) -> int:
+    return sum(t.numel for t in layer_tensors(model))
+
+
+def optimizer_name(tensor_name: str, state: str) -> str:
+    return f"{tensor_name}#{state}"
+
+
+def pp_layer_range(layers: int, pp: int, stage: int) -> tuple[int, int]:
+    """Half-open layer range of pipeline stage `stage`: contiguous chunks, the first
+    `layers % pp` stages one layer longer (Megatron's uneven split)."""
+    base, extra = divmod(layers, pp)
+    lo = stage * base + min(stage, extra)
+    return lo, lo + base + (1 if stage < extra else 0)

@@ -1,0 +1,70 @@
+"""Errors with a source location and a one-line hint.
+
+Every error a user can cause is a `NereusError` (or a subclass). The CLI prints
+`format()` and exits with code 2; no Python traceback unless `--traceback`.
+
+    plan.nir:12:31: error: tp 3 must divide heads (32)
+       12 |   actor.training dp 8 tp 3 pp 2 on 0..47
+          |                         ^
+    hint: use a tp that divides 32, e.g. 2, 4 or 8
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from .model import Location
+
+
+class NereusError(Exception):
+    """A user-facing error. `loc` may be None for errors with no source position
+    (e.g. a program file that fails verification names its round and op instead)."""
+
+    kind = "error"
+
+    def __init__(self, message: str, loc: Optional[Location] = None, hint: Optional[str] = None,
+                 source: Optional[str] = None, width: int = 1):
+        super().__init__(message)
+        self.message = message
+        self.loc = loc
+        self.hint = hint
+        self.source = source  # full text of the file, to quote the offending line
+        self.width = max(1, width)
+
+    def with_source(self, source: str) -> "NereusError":
+        if self.source is None:
+            self.source = source
+        return self
+
+    def format(self) -> str:
+        head = f"{self.loc}: " if self.loc is not None else ""
+        lines = [f"{head}{self.kind}: {self.message}"]
+        if self.loc is not None and self.source is not None:
+            text = self.source.splitlines()
+            if 1 <= self.loc.line <= len(text):
+                line = text[self.loc.line - 1].rstrip("\n").expandtabs(1)
+                gutter = f"{self.loc.line:>5} | "
+                lines.append(gutter + line)
+                lines.append(" " * (len(gutter) - 2) + "| " + " " * (self.loc.column - 1) + "^" * self.width)
+        if self.hint:
+            lines.append(f"hint: {self.hint}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.format()
+
+
+class ParseError(NereusError):
+    """Malformed source: the text does not follow the grammar."""
+
+
+class SemanticError(NereusError):
+    """Well-formed source that breaks a rule (unknown name, bad GPU set, tp not dividing heads...)."""
+
+
+class InfeasibleError(NereusError):
+    """A plan or transition that cannot fit in memory."""
+
+
+class ProgramError(NereusError):
+    """A rank program (JSON) that is malformed or fails verification."""

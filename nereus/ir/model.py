@@ -1,0 +1,230 @@
+"""The plan IR's semantic model: frozen dataclasses for everything a `.nir` file declares.
+
+Every node keeps the source location of the token that introduced it in `loc`, which is
+excluded from equality and hashing, so that `parse(print(module)) == module` compares
+meaning only. Values are stored in base units (bytes, bytes/s, FLOP/s); the printer turns
+them back into the most readable exact unit.
+
+Nothing here imports torch or triton: the compiler runs without them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator, Optional
+
+STAGES: tuple[str, ...] = ("generation", "inference", "training")
+DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
+HEADS: tuple[str, ...] = ("lm", "value")
+
+
+@dataclass(frozen=True)
+class Location:
+    """A position in a source file; lines and columns count from 1."""
+
+    file: str
+    line: int
+    column: int
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.column}"
+
+
+def _loc() -> Optional[Location]:
+    return field(default=None, compare=False, hash=False, repr=False)
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    mem_bytes: int
+    flops: float  # peak dense FLOP/s at the model dtype
+    hbm_bytes_per_s: float
+
+
+@dataclass(frozen=True)
+class Cluster:
+    name: str
+    nodes: int
+    gpus_per_node: int
+    gpu: GpuSpec
+    intra_bytes_per_s: float  # GPU<->GPU inside a node
+    inter_bytes_per_s: float  # per node, each direction
+    host_mem_bytes: int  # per node
+    reserve: float = 0.0  # fraction of GPU memory kept free (allocator slack, CUDA context)
+    loc: Optional[Location] = _loc()
+
+    @property
+    def num_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    def node_of(self, gpu: int) -> int:
+        return gpu // self.gpus_per_node
+
+    @property
+    def usable_gpu_bytes(self) -> int:
+        return int(self.gpu.mem_bytes * (1.0 - self.reserve))
+
+
+@dataclass(frozen=True)
+class Model:
+    """A model declaration. `base` is the model it was declared as an alias of
+    (`model ref = actor`), kept for printing; the architecture fields are resolved."""
+
+    name: str
+    architecture: str  # "llama"
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    vocab: int
+    dtype: str = "bf16"
+    head: str = "lm"  # "lm" (vocab projection) or "value" ([1, hidden] critic head)
+    base: Optional[str] = None
+    loc: Optional[Location] = _loc()
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+
+@dataclass(frozen=True)
+class ModelStage:
+    """A (model, stage) pair such as `actor.training`."""
+
+    model: str
+    stage: str
+
+    def __str__(self) -> str:
+        return f"{self.model}.{self.stage}"
+
+    @staticmethod
+    def parse(text: str) -> "ModelStage":
+        model, _, stage = text.partition(".")
+        return ModelStage(model, stage)
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    batch: int  # prompts per step (global)
+    prompt: int  # prompt tokens
+    response: int  # response tokens
+    microbatch: int
+    stages: tuple[tuple[str, tuple[str, ...]], ...]  # (stage, models) in STAGES order
+    loc: Optional[Location] = _loc()
+
+    def models_in(self, stage: str) -> tuple[str, ...]:
+        for name, models in self.stages:
+            if name == stage:
+                return models
+        return ()
+
+    def model_stages(self) -> Iterator[ModelStage]:
+        for stage, models in self.stages:
+            for model in models:
+                yield ModelStage(model, stage)
+
+    @property
+    def sequence(self) -> int:
+        return self.prompt + self.response
+
+
+@dataclass(frozen=True)
+class GpuSetItem:
+    """One comma-separated item of a GPU set, as written.
+
+    kind: "id" (lo), "range" (lo..hi), "nodes" (nlo..nhi, or one node when lo == hi),
+    "node_gpus" (n{node}:lo..hi, or n{node}:lo when lo == hi). Ranges are inclusive."""
+
+    kind: str
+    lo: int
+    hi: int
+    node: int = -1
+    loc: Optional[Location] = _loc()
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One model-stage's layout in a plan: dp replicas of a tp x pp mesh on `gpus`.
+
+    `gpus` is the resolved, ordered GPU list; mesh order is replica-major, then pipeline
+    stage, then TP innermost: gpu(r, p, t) = gpus[r*pp*tp + p*tp + t]."""
+
+    model_stage: ModelStage
+    dp: int
+    tp: int
+    pp: int
+    gpus: tuple[int, ...]
+    gpu_set: tuple[GpuSetItem, ...]  # the set as written, for printing
+    offload: bool = False
+    loc: Optional[Location] = _loc()
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    def gpu_of(self, replica: int, pp_stage: int, tp_rank: int) -> int:
+        return self.gpus[replica * self.pp * self.tp + pp_stage * self.tp + tp_rank]
+
+    def replica_gpus(self, replica: int) -> tuple[int, ...]:
+        n = self.pp * self.tp
+        return self.gpus[replica * n : (replica + 1) * n]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A plan. `declared` holds the entries as written (for `plan S2 = S1 {...}` only the
+    overrides); `placements` holds every model-stage's resolved placement in workload order."""
+
+    name: str
+    base: Optional[str]
+    declared: tuple[Placement, ...]
+    placements: tuple[Placement, ...]
+    loc: Optional[Location] = _loc()
+
+    def placement(self, model_stage: ModelStage | str) -> Placement:
+        key = ModelStage.parse(model_stage) if isinstance(model_stage, str) else model_stage
+        for placement in self.placements:
+            if placement.model_stage == key:
+                return placement
+        raise KeyError(str(key))
+
+
+@dataclass(frozen=True)
+class Transition:
+    source: str
+    target: str
+    loc: Optional[Location] = _loc()
+
+    def __str__(self) -> str:
+        return f"{self.source} -> {self.target}"
+
+
+@dataclass(frozen=True)
+class Module:
+    """A whole `.nir` file: one cluster, its models, one workload, plans and transitions,
+    each tuple in declaration order."""
+
+    cluster: Cluster
+    models: tuple[Model, ...]
+    workload: Workload
+    plans: tuple[Plan, ...]
+    transitions: tuple[Transition, ...]
+    file: str = field(default="<input>", compare=False, hash=False, repr=False)
+
+    def model(self, name: str) -> Model:
+        for model in self.models:
+            if model.name == name:
+                return model
+        raise KeyError(name)
+
+    def plan(self, name: str) -> Plan:
+        for plan in self.plans:
+            if plan.name == name:
+                return plan
+        raise KeyError(name)
