@@ -1,0 +1,88 @@
+"""Command-line entry points: `nereusc` (the compiler) and `nereus` (runtime tools).
+
+Each command lives in its own module under `nereus/cli/` and is registered in
+`_NEREUSC_COMMANDS` / `_NEREUS_COMMANDS` by (name, module, attribute); modules are
+imported only when their command runs, so `nereusc --help` never imports torch.
+
+`nereusc FILE ...` (no command name) means `nereusc compile FILE ...`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import click
+
+_NEREUSC_COMMANDS = {
+    "compile": ("nereus.cli.compile", "compile_command", "Parse, check and compile every transition (default)."),
+    "check": ("nereus.cli.check", "check_command", "Parse and validate a .nir file and check every plan's memory."),
+    "fmt": ("nereus.cli.fmt", "fmt_command", "Print a .nir file in canonical form."),
+    "verify": ("nereus.cli.verify", "verify_command", "Replay a JSON rank program and prove it correct."),
+}
+
+_NEREUS_COMMANDS = {
+    "simulate": ("nereus.cli.simulate", "simulate_command", "Replay a drift trace under several policies."),
+    "train": ("nereus.cli.train", "train_command", "Run the bundled PPO/GRPO loop under torchrun."),
+    "bench": ("nereus.cli.bench", "bench_command", "Run a benchmark script."),
+}
+
+
+class _LazyGroup(click.Group):
+    """A click group whose commands are imported on first use."""
+
+    def __init__(self, *args, lazy: dict, default: str | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._lazy = lazy
+        self._default = default
+
+    def list_commands(self, ctx):
+        return sorted(set(self._lazy) | set(super().list_commands(ctx)))
+
+    def get_command(self, ctx, name):
+        if name in self._lazy:
+            module, attribute, help_text = self._lazy[name]
+            try:
+                return getattr(importlib.import_module(module), attribute)
+            except (ImportError, AttributeError) as error:
+                if ctx.resilient_parsing or "--help" in sys.argv:
+                    return click.Command(name, help=f"{help_text} (unavailable: {error})", short_help=help_text)
+                raise click.ClickException(f"command '{name}' is unavailable: {error}")
+        return super().get_command(ctx, name)
+
+    def resolve_command(self, ctx, args):
+        # `nereusc plan.nir` → `nereusc compile plan.nir`
+        if self._default and args and args[0] not in self._lazy and not args[0].startswith("-"):
+            args = [self._default, *args]
+        return super().resolve_command(ctx, args)
+
+    def format_commands(self, ctx, formatter):
+        rows = [(name, self._lazy[name][2]) for name in sorted(self._lazy)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=_LazyGroup, lazy=_NEREUSC_COMMANDS, default="compile",
+             context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="nereus")
+def nereusc():
+    """The Nereus compiler: plans (.nir) in, transition programs out.
+
+    \b
+    nereusc plan.nir                       check every plan, compile every transition
+    nereusc plan.nir --emit json -o p.json write the rank program of a transition
+    nereusc check plan.nir                 parse, validate, memory feasibility
+    nereusc fmt plan.nir                   canonical print
+    nereusc verify p.json                  prove a program correct
+    """
+
+
+@click.group(cls=_LazyGroup, lazy=_NEREUS_COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="nereus")
+def nereus():
+    """Nereus runtime tools: simulate drift traces, train, benchmark."""
+
+
+def traceback_requested() -> bool:
+    return "--traceback" in sys.argv or os.environ.get("NEREUS_TRACEBACK") == "1"
