@@ -44,7 +44,9 @@ COLUMN, ROW, VOCAB, REPLICATED = "column", "row", "vocab", "replicated"
 @dataclass(frozen=True)
 class FusedPart:
     """A part of a column-sharded fused tensor: `rows` rows along dim 0 made of `groups`
-    equal groups (attention heads for q/k/v, 1 for gate/up). TP splits the groups."""
+    equal groups, the smallest units TP may not split (attention heads for q/k/v, single
+    rows for gate/up). TP splits the groups; with fewer groups than ranks (GQA with
+    tp > kv_heads) each rank holds one whole group, replicated on tp/groups ranks."""
 
     name: str
     rows: int
@@ -102,7 +104,7 @@ def _layer_pattern(hidden: int, heads: int, kv_heads: int, ffn: int, dtype: str)
             dtype,
             COLUMN,
             None,
-            (FusedPart("gate", ffn, 1), FusedPart("up", ffn, 1)),
+            (FusedPart("gate", ffn, ffn), FusedPart("up", ffn, ffn)),
         ),
         TensorSpec("layers.{i}.mlp.down.weight", (hidden, ffn), dtype, ROW, None),
     )
