@@ -16,6 +16,7 @@ from typing import Iterator, Optional
 STAGES: tuple[str, ...] = ("generation", "inference", "training")
 DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
 HEADS: tuple[str, ...] = ("lm", "value")
+RECOMPUTE: tuple[str, ...] = ("none", "selective", "full")
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,10 @@ class Workload:
     response: int  # response tokens
     microbatch: int
     stages: tuple[tuple[str, tuple[str, ...]], ...]  # (stage, models) in STAGES order
+    # Activation recomputation in training (MODELS.md, Korthikanti et al. 2022):
+    # "none" keeps sbh(34 + 5as/h)/t per layer, "selective" 34sbh/t (attention core
+    # recomputed, as with FlashAttention), "full" 2sbh per layer.
+    recompute: str = "none"
     loc: Optional[Location] = _loc()
 
     def models_in(self, stage: str) -> tuple[str, ...]:
