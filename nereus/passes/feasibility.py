@@ -1,0 +1,265 @@
+"""feasibility: plan → FeasibilityReport. Does every GPU fit in every stage?
+
+Input: a validated `Module` and one of its plans. Output: a `FeasibilityReport` with the
+bytes in use on every (GPU, stage) pair, split into named contributors, and the worst
+pair. Invariant: `report.feasible` iff every GPU × stage total ≤ usable memory
+(`gpu.mem × (1 − reserve)`). The pass is pure and never mutates its input.
+
+Memory model (DESIGN.md "Memory model"; formulas from ../shared/MODELS.md):
+
+Resident state of a model-stage on a GPU, present in every stage of the step (unless the
+model-stage is marked `offload`, in which case it is resident only during its own stage
+and waits in host memory otherwise):
+  - weights: the exact shard of every tensor that the GPU's (tp rank, pp stage) holds —
+    column tensors split part-wise (a KV head is replicated when tp > kv_heads, as in
+    Megatron-LM and vLLM), row and vocab tensors split by tp, replicated tensors whole;
+    embed on the first PP stage, final norm and head on the last (Megatron's uneven
+    contiguous layer split: the first `layers % pp` stages hold one more layer).
+  - training units additionally hold bf16 gradients (dtype bytes/param) and fp32 master
+    weights, Adam m and v (12 B/param): 16 B/param for bf16 weights, as in the ZeRO paper
+    (Rajbhandari et al. 2019, §3.1) without optimizer-state sharding.
+
+Working memory of a model-stage, only during its own stage; model-stages that share a
+GPU in one stage run one after another, so only the largest working set counts (b = microbatch, s = prompt +
+response, h = hidden, a = heads, t = tp, L_p = layers on the GPU's PP stage, V = vocab):
+  - generation: the KV cache, 2·L_p·kv_per_rank·head_dim·bytes per token for the
+    replica's share of the batch, batch/dp sequences of s tokens (kv_per_rank =
+    kv_heads/t, or 1 when t > kv_heads); plus fp32 logits of the decode batch,
+    4·(batch/dp)·V/t on the last stage.
+  - training: activations per layer per microbatch s·b·h·(34 + 5·a·s/h)/t bytes
+    (Korthikanti et al. 2022, arXiv 2205.05198, TP without sequence parallelism, 16-bit);
+    with the workload's `recompute selective` 34·s·b·h/t (attention core recomputed, the
+    FlashAttention case), with `recompute full` 2·s·b·h (layer inputs only);
+    for L_p layers, with 1F1B keeping (pp − stage) microbatches in flight on a stage;
+    plus fp32 logits 4·b·s·V/t on the last stage (log-probs and entropy).
+  - inference: one microbatch's forward: one layer's activations s·b·h·(34 + 5·a·s/h)/t
+    (forward only; layer activations are not kept) plus fp32 logits 4·b·s·V/t on the last
+    stage.
+These are upper-bound estimates that the controller calibrates against measurements.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from nereus.ir.architecture import COLUMN, REPLICATED, ROW, VOCAB, edge_tensors, layer_tensors, pp_layer_range
+from nereus.ir.model import STAGES, Model, Module, Placement, Plan
+
+OPTIMIZER_BYTES_PER_PARAM = 12  # fp32 master + Adam exp_avg + exp_avg_sq
+GIB = 1024**3
+
+
+def _shard_numel(tensor, tp: int) -> int:
+    """Elements of one TP rank's shard of `tensor` (every rank holds the same amount)."""
+    if tensor.sharding == REPLICATED:
+        return tensor.numel
+    if tensor.sharding in (ROW, VOCAB):
+        return tensor.numel // tp
+    assert tensor.sharding == COLUMN
+    columns = tensor.numel // tensor.shape[0]
+    rows = 0
+    for part in tensor.parts:
+        if part.groups >= tp:
+            rows += part.rows // tp
+        else:  # fewer groups (KV heads) than ranks: each rank holds one whole group
+            rows += part.rows // part.groups
+    return rows * columns
+
+
+@lru_cache(maxsize=4096)
+def _stage_params(model: Model, tp: int, pp: int, pp_stage: int) -> int:
+    first, last = edge_tensors(model)
+    lo, hi = pp_layer_range(model.layers, pp, pp_stage)
+    params = (hi - lo) * sum(_shard_numel(t, tp) for t in layer_tensors(model))
+    if pp_stage == 0:
+        params += sum(_shard_numel(t, tp) for t in first)
+    if pp_stage == pp - 1:
+        params += sum(_shard_numel(t, tp) for t in last)
+    return params
+
+
+def model_state_bytes_per_gpu(model: Model, stage: str, tp: int, pp: int, pp_stage: int) -> dict[str, int]:
+    """Resident bytes on one GPU of a unit at (tp, pp, pp_stage), by kind:
+    {"weights": n} and, for training units, also "grads" and "optimizer"."""
+    params = _stage_params(model, tp, pp, pp_stage)
+    out = {"weights": params * model.dtype_bytes}
+    if stage == "training":
+        out["grads"] = params * model.dtype_bytes
+        out["optimizer"] = params * OPTIMIZER_BYTES_PER_PARAM
+    return out
+
+
+def _activation_bytes_per_layer(model: Model, seq: int, micro: int, tp: int, recompute: str = "none") -> float:
+    s, b, h, a = seq, micro, model.hidden, model.heads
+    if recompute == "full":
+        return 2 * s * b * h
+    if recompute == "selective":
+        return 34 * s * b * h / tp
+    return s * b * h * (34 + 5 * a * s / h) / tp
+
+
+def working_bytes_per_gpu(module: Module, model: Model, stage: str, dp: int, tp: int, pp: int,
+                          pp_stage: int) -> dict[str, int]:
+    """Working bytes on one GPU of a unit at (dp, tp, pp, pp_stage) during its own stage,
+    by kind ("kv_cache", "logits", "activations")."""
+    workload = module.workload
+    seq = workload.sequence
+    lo, hi = pp_layer_range(model.layers, pp, pp_stage)
+    layers_here = hi - lo
+    last = pp_stage == pp - 1
+    vocab = model.vocab if model.head == "lm" else 1
+    micro = workload.microbatch
+    if stage == "generation":
+        sequences = -(-workload.batch // dp)  # ceil: the largest replica share
+        kv_per_rank = model.kv_heads // tp if tp <= model.kv_heads else 1
+        per_token = 2 * layers_here * kv_per_rank * model.head_dim * model.dtype_bytes
+        out = {"kv_cache": per_token * sequences * seq}
+        if last:
+            out["logits"] = 4 * sequences * vocab // tp
+        return out
+    act = _activation_bytes_per_layer(model, seq, micro, tp, workload.recompute)
+    logits = 4 * micro * seq * vocab // tp if last else 0
+    if stage == "training":
+        in_flight = pp - pp_stage
+        out = {"activations": int(act * layers_here * in_flight)}
+    else:
+        # a forward pass holds one layer's working set at a time; recomputation does not
+        # shrink it, but a workload that recomputes attention uses a fused (flash) kernel
+        mode = "none" if workload.recompute == "none" else "selective"
+        one_layer = _activation_bytes_per_layer(model, seq, micro, tp, mode)
+        out = {"activations": int(one_layer) if layers_here else 0}
+    if logits:
+        out["logits"] = logits
+    return out
+
+
+@dataclass(frozen=True)
+class Contributor:
+    model_stage: str
+    kind: str  # weights, grads, optimizer, kv_cache, activations, logits
+    bytes: int
+
+
+@dataclass(frozen=True)
+class GpuStageUse:
+    gpu: int
+    stage: str
+    bytes: int
+    contributors: tuple[Contributor, ...]  # largest first
+
+
+@dataclass(frozen=True)
+class FeasibilityReport:
+    plan: str
+    capacity_bytes: int
+    feasible: bool
+    worst: GpuStageUse
+    overflowing: tuple[GpuStageUse, ...]  # every (gpu, stage) over capacity, worst first
+    resident_bytes: dict = field(compare=False)  # gpu -> bytes resident at the step boundary
+
+    @property
+    def headroom_bytes(self) -> int:
+        return self.capacity_bytes - self.worst.bytes
+
+    def to_json(self) -> dict:
+        def use(u: GpuStageUse) -> dict:
+            return {"gpu": u.gpu, "stage": u.stage, "bytes": u.bytes,
+                    "contributors": [{"model_stage": c.model_stage, "kind": c.kind, "bytes": c.bytes}
+                                     for c in u.contributors]}
+
+        return {"plan": self.plan, "feasible": self.feasible, "capacity_bytes": self.capacity_bytes,
+                "headroom_bytes": self.headroom_bytes, "worst": use(self.worst),
+                "overflowing": [use(u) for u in self.overflowing[:16]],
+                "overflowing_count": len(self.overflowing)}
+
+
+def _placement_contributions(module: Module, placement: Placement):
+    """Yield (pp_stage, resident_by_kind, working_by_kind) once per PP stage: every TP rank
+    and replica of a stage holds the same amount."""
+    model = module.model(placement.model_stage.model)
+    stage = placement.model_stage.stage
+    for p in range(placement.pp):
+        resident = model_state_bytes_per_gpu(model, stage, placement.tp, placement.pp, p)
+        working = working_bytes_per_gpu(module, model, stage, placement.dp, placement.tp, placement.pp, p)
+        yield p, resident, working
+
+
+def _gpus_of_pp_stage(placement: Placement, pp_stage: int):
+    for r in range(placement.dp):
+        for t in range(placement.tp):
+            yield placement.gpu_of(r, pp_stage, t)
+
+
+def resident_bytes_by_model_stage(module: Module, plan: Plan) -> dict[str, dict[int, int]]:
+    """Step-boundary resident bytes of each model-stage on each GPU it occupies
+    ({model_stage: {gpu: bytes}}); offloaded model-stages hold nothing on GPUs then."""
+    out: dict[str, dict[int, int]] = {}
+    for placement in plan.placements:
+        per_gpu: dict[int, int] = {}
+        if not placement.offload:
+            for p, resident, _ in _placement_contributions(module, placement):
+                total = sum(resident.values())
+                for gpu in _gpus_of_pp_stage(placement, p):
+                    per_gpu[gpu] = total
+        out[str(placement.model_stage)] = per_gpu
+    return out
+
+
+def resident_bytes_per_gpu(module: Module, plan: Plan) -> dict[int, int]:
+    """Step-boundary resident bytes per GPU, summed over model-stages."""
+    totals: dict[int, int] = {}
+    for per_gpu in resident_bytes_by_model_stage(module, plan).values():
+        for gpu, n in per_gpu.items():
+            totals[gpu] = totals.get(gpu, 0) + n
+    return totals
+
+
+def check_plan(module: Module, plan: Plan | str) -> FeasibilityReport:
+    """Memory feasibility of `plan`: every (GPU, stage) total against usable memory."""
+    if isinstance(plan, str):
+        plan = module.plan(plan)
+    capacity = module.cluster.usable_gpu_bytes
+    # (gpu, stage) -> {(model_stage, kind): bytes}; working memory kept per model-stage
+    # because model-stages sharing a GPU in one stage run one after another: only the
+    # largest working set is live at a time.
+    resident_cells: dict[tuple[int, str], dict[tuple[str, str], int]] = {}
+    working_cells: dict[tuple[int, str], dict[str, dict[str, int]]] = {}
+    stages = [s for s in STAGES if module.workload.models_in(s)]
+    for placement in plan.placements:
+        name = str(placement.model_stage)
+        own = placement.model_stage.stage
+        for p, resident, working in _placement_contributions(module, placement):
+            for gpu in _gpus_of_pp_stage(placement, p):
+                for stage in stages:
+                    cell = resident_cells.setdefault((gpu, stage), {})
+                    if not placement.offload or stage == own:
+                        for kind, n in resident.items():
+                            cell[(name, kind)] = cell.get((name, kind), 0) + n
+                if own in stages:
+                    working_cells.setdefault((gpu, own), {})[name] = {k: n for k, n in working.items() if n}
+    usage: dict[tuple[int, str], dict[tuple[str, str], int]] = {}
+    for key, cell in resident_cells.items():
+        merged = dict(cell)
+        candidates = working_cells.get(key)
+        if candidates:
+            name, working = max(candidates.items(), key=lambda item: (sum(item[1].values()), item[0]))
+            for kind, n in working.items():
+                merged[(name, kind)] = merged.get((name, kind), 0) + n
+        usage[key] = merged
+
+    def summarise(key, cell) -> GpuStageUse:
+        contributors = tuple(sorted((Contributor(ms, kind, n) for (ms, kind), n in cell.items()),
+                                    key=lambda c: (-c.bytes, c.model_stage, c.kind)))
+        return GpuStageUse(key[0], key[1], sum(c.bytes for c in contributors), contributors)
+
+    totals = {key: sum(cell.values()) for key, cell in usage.items()}
+    order = sorted(totals, key=lambda k: (-totals[k], k[0], STAGES.index(k[1])))
+    worst = summarise(order[0], usage[order[0]])
+    overflowing = tuple(summarise(k, usage[k]) for k in order if totals[k] > capacity)
+    return FeasibilityReport(plan.name, capacity, not overflowing, worst, overflowing,
+                             resident_bytes_per_gpu(module, plan))
+
+
+def check_module(module: Module) -> list[FeasibilityReport]:
+    return [check_plan(module, plan) for plan in module.plans]
