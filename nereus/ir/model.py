@@ -35,6 +35,21 @@ def _loc() -> Optional[Location]:
     return field(default=None, compare=False, hash=False, repr=False)
 
 
+def _key_locs() -> tuple[tuple[str, Location], ...]:
+    # Where each key's value was written ("tp", "gpu.mem", ...), for errors that point at
+    # the offending value rather than at the whole declaration; excluded from equality.
+    return field(default=(), compare=False, hash=False, repr=False)
+
+
+def key_loc(node, key: str) -> Optional[Location]:
+    """The location of `key`'s value in `node` (a Cluster, Model, Workload or Placement),
+    falling back to the node's own location when the key was not written or not recorded."""
+    for name, loc in getattr(node, "key_locs", ()):
+        if name == key:
+            return loc
+    return getattr(node, "loc", None)
+
+
 @dataclass(frozen=True)
 class GpuSpec:
     mem_bytes: int
@@ -53,6 +68,7 @@ class Cluster:
     host_mem_bytes: int  # per node
     reserve: float = 0.0  # fraction of GPU memory kept free (allocator slack, CUDA context)
     loc: Optional[Location] = _loc()
+    key_locs: tuple[tuple[str, Location], ...] = _key_locs()
 
     @property
     def num_gpus(self) -> int:
@@ -83,6 +99,7 @@ class Model:
     head: str = "lm"  # "lm" (vocab projection) or "value" ([1, hidden] critic head)
     base: Optional[str] = None
     loc: Optional[Location] = _loc()
+    key_locs: tuple[tuple[str, Location], ...] = _key_locs()
 
     @property
     def head_dim(self) -> int:
@@ -122,6 +139,7 @@ class Workload:
     # recomputed, as with FlashAttention), "full" 2sbh per layer.
     recompute: str = "none"
     loc: Optional[Location] = _loc()
+    key_locs: tuple[tuple[str, Location], ...] = _key_locs()
 
     def models_in(self, stage: str) -> tuple[str, ...]:
         for name, models in self.stages:
@@ -165,9 +183,12 @@ class Placement:
     tp: int
     pp: int
     gpus: tuple[int, ...]
-    gpu_set: tuple[GpuSetItem, ...]  # the set as written, for printing
+    # The set as written, for printing. Excluded from equality: `0..7` and `n0` (8 GPUs a
+    # node) place the same GPUs, and a placement built by code may leave it empty.
+    gpu_set: tuple[GpuSetItem, ...] = field(compare=False, hash=False)
     offload: bool = False
     loc: Optional[Location] = _loc()
+    key_locs: tuple[tuple[str, Location], ...] = _key_locs()
 
     @property
     def world(self) -> int:
