@@ -157,6 +157,10 @@ class FeasibilityReport:
     worst: GpuStageUse
     overflowing: tuple[GpuStageUse, ...]  # every (gpu, stage) over capacity, worst first
     resident_bytes: dict = field(compare=False)  # gpu -> bytes resident at the step boundary
+    totals: dict = field(compare=False, default_factory=dict)  # (gpu, stage) -> bytes in use
+
+    def bytes_on(self, gpu: int, stage: str) -> int:
+        return self.totals.get((gpu, stage), 0)
 
     @property
     def headroom_bytes(self) -> int:
@@ -258,7 +262,7 @@ def check_plan(module: Module, plan: Plan | str) -> FeasibilityReport:
     worst = summarise(order[0], usage[order[0]])
     overflowing = tuple(summarise(k, usage[k]) for k in order if totals[k] > capacity)
     return FeasibilityReport(plan.name, capacity, not overflowing, worst, overflowing,
-                             resident_bytes_per_gpu(module, plan))
+                             resident_bytes_per_gpu(module, plan), totals)
 
 
 def check_module(module: Module) -> list[FeasibilityReport]:

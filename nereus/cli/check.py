@@ -1,0 +1,113 @@
+"""`nereusc check FILE`: parse, validate and check every plan's memory feasibility."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from nereus.cli.errors import reports_errors, traceback_option
+from nereus.ir.diagnostics import InfeasibleError
+from nereus.ir.model import Module
+
+GIB = 1024**3
+
+set_option = click.option(
+    "--set", "overrides", multiple=True, metavar="KEY=VALUE",
+    help="Override a value before checking, e.g. --set workload.response=8192 (repeatable).")
+
+
+def load_module(path: str, overrides=()) -> Module:
+    """Parse `path` and apply `--set` overrides; raises NereusError on bad input."""
+    from nereus.ir import apply_overrides, parse_file
+
+    module = parse_file(path)
+    if overrides:
+        module = apply_overrides(module, list(overrides))
+    return module
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.1f} GiB"
+
+
+def describe(module: Module) -> str:
+    c = module.cluster
+    return (f"cluster {c.name}: {c.num_gpus} GPUs ({c.nodes} x {c.gpus_per_node}, {_gib(c.usable_gpu_bytes)} usable each); "
+            f"{len(module.models)} models; workload {module.workload.name} (batch {module.workload.batch}, "
+            f"prompt {module.workload.prompt}, response {module.workload.response}); "
+            f"{len(module.plans)} plans; {len(module.transitions)} transitions")
+
+
+def feasibility_table(reports) -> str:
+    header = ("plan", "fits", "worst GPU", "stage", "used", "headroom", "largest contributors")
+    rows = []
+    for r in reports:
+        top = ", ".join(f"{c.model_stage} {c.kind} {_gib(c.bytes)}" for c in r.worst.contributors[:3])
+        headroom = r.headroom_bytes
+        rows.append((r.plan, "yes" if r.feasible else "NO", str(r.worst.gpu), r.worst.stage,
+                     _gib(r.worst.bytes), ("+" if headroom >= 0 else "-") + _gib(abs(headroom)), top))
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
+    lines = []
+    for row in [header, *rows]:
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
+    return "\n".join(lines)
+
+
+def report_plans(module: Module, as_json: bool = False, plans=None) -> bool:
+    """Check every plan (or those named in `plans`), print the feasibility table (or JSON
+    when `as_json`), and for each infeasible plan an error at the plan's location naming
+    the worst GPU and stage. Returns True iff every plan fits."""
+    from nereus.passes.feasibility import check_plan
+
+    selected = [p for p in module.plans if plans is None or p.name in plans]
+    reports = [check_plan(module, plan) for plan in selected]
+    if as_json:
+        click.echo(json.dumps({"file": module.file, "plans": [r.to_json() for r in reports],
+                               "feasible": all(r.feasible for r in reports)}))
+    else:
+        click.echo(feasibility_table(reports))
+    source = None
+    for plan, report in zip(selected, reports):
+        if report.feasible:
+            continue
+        worst = report.worst
+        if source is None:
+            try:
+                with open(module.file, encoding="utf-8") as handle:
+                    source = handle.read()
+            except OSError:
+                source = ""
+        top = worst.contributors[0]
+        error = InfeasibleError(
+            f"plan {plan.name} does not fit: GPU {worst.gpu} needs {_gib(worst.bytes)} in {worst.stage} "
+            f"but has {_gib(report.capacity_bytes)} ({len(report.overflowing)} GPU x stage pairs overflow)",
+            plan.loc,
+            f"the largest contributor is {top.model_stage} {top.kind} ({_gib(top.bytes)}); raise its tp/pp, "
+            f"offload it, or lower the microbatch",
+            source or None, width=len(plan.name) if plan.loc else 1)
+        click.echo(error.format(), err=True)
+    return all(r.feasible for r in reports)
+
+
+@click.command("check")
+@click.argument("file", type=click.Path(dir_okay=False))
+@set_option
+@click.option("--plan", "plans", multiple=True, help="Check only these plans (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
+@traceback_option
+@reports_errors
+def check_command(file, overrides, plans, as_json, traceback):
+    """Parse and validate FILE, then check that every plan fits in GPU memory.
+
+    Exits 0 when everything fits, 2 on a syntax or rule error or an infeasible plan.
+    """
+    module = load_module(file, overrides)
+    unknown = [p for p in plans if p not in {plan.name for plan in module.plans}]
+    if unknown:
+        raise click.BadParameter(f"no plan named {unknown[0]!r} in {file}", param_hint="--plan")
+    if not as_json:
+        click.echo(f"{file}: ok: {describe(module)}")
+    if not report_plans(module, as_json, set(plans) if plans else None):
+        sys.exit(2)
