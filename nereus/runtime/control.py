@@ -1,0 +1,58 @@
+"""Agreement between ranks on a small control channel (a gloo group of its own).
+
+Every rank calls `agree(error)` the same number of times per transition (once per
+round before the data exchange, once to commit). The fast path is one all_reduce of a
+flag; only when some rank failed do ranks exchange the failure texts, so that every
+rank raises the same `TransitionAborted` naming the failing rank, round, op and peer.
+The gloo group is created with a timeout, so a rank that never arrives turns into an
+error on the others instead of a hang.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from nereus.ir.diagnostics import NereusError
+
+
+@dataclass(frozen=True)
+class Failure:
+    """What went wrong on one rank."""
+
+    rank: int
+    round: int  # -1: before the first round; len(rounds): at the commit
+    op: str  # e.g. "pack send to 3", "unpack recv from 1", "alloc actor.training/1"
+    peer: Optional[int]
+    message: str
+
+    def __str__(self) -> str:
+        peer = f", peer {self.peer}" if self.peer is not None else ""
+        return f"rank {self.rank}, round {self.round}, {self.op}{peer}: {self.message}"
+
+
+class TransitionAborted(NereusError):
+    """A transition that failed on some rank; every rank's old state is intact."""
+
+    kind = "transition aborted"
+
+    def __init__(self, failures: list, source: str, target: str):
+        self.failures = failures
+        text = "; ".join(str(f) for f in failures)
+        super().__init__(f"{source} -> {target} rolled back on every rank: {text}",
+                         hint="the old plan's state is intact and usable; fix the cause and retry")
+
+
+def agree(failure: Optional[Failure], group, source: str, target: str) -> None:
+    """Collective. Input: this rank's failure or None. Returns when no rank failed;
+    otherwise raises TransitionAborted with every rank's failure on every rank."""
+    flag = torch.tensor([0 if failure is None else 1], dtype=torch.int64)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+    if int(flag.item()) == 0:
+        return
+    gathered: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, failure, group=group)
+    raise TransitionAborted([f for f in gathered if f is not None], source, target)

@@ -1,0 +1,310 @@
+"""The executor: runs one rank's part of a compiled transition on live tensors.
+
+Per round: allocate destination shards, make the round's same-GPU keeps and copies,
+pack every outgoing message into one byte buffer, agree with every rank that nothing
+failed so far, exchange all of the round's messages in one `batch_isend_irecv`, unpack,
+then release what the program frees. keep = the source tensor reused in place, copy =
+a local `copy_`; neither touches the network. NCCL moves CUDA tensors and gloo CPU
+tensors: the caller passes the group that matches the tensors' device.
+
+Safety (all or nothing): new shards are written into new buffers only, and a freed
+source is merely dropped from the live-bytes account while the caller still holds it,
+so an abort at any point leaves the old state intact; the new state is handed back only
+after a final commit in which every rank confirms. A failure anywhere is turned into a
+`Failure` (round, op, peer) and broadcast by `control.agree`, so every rank raises.
+
+Fault injection for tests: `fault=(rank, round, phase)` with phase "pack" (before the
+exchange) or "unpack" (after it), or the environment variable
+NEREUS_FAULT="rank:round:phase".
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from nereus.ir.diagnostics import ProgramError
+
+from . import packing
+from .control import Failure, agree
+from .program import RankProgram
+
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
+                "fp64": torch.float64, "int64": torch.int64, "int32": torch.int32, "uint8": torch.uint8}
+
+
+class InjectedFault(RuntimeError):
+    """Raised by the fault hook."""
+
+
+class _Skip(Exception):
+    """Internal: this rank already failed; skip to the next agreement."""
+
+
+@dataclass
+class RoundTiming:
+    index: int
+    seconds: float = 0.0
+    local_s: float = 0.0  # alloc, keep, copy, pack
+    exchange_s: float = 0.0
+    unpack_s: float = 0.0
+    sent_bytes: int = 0
+    received_bytes: int = 0
+    messages: int = 0
+
+
+@dataclass
+class ExecutionResult:
+    state: dict  # after-unit id → {tensor: local tensor}, this rank's new shards
+    rounds: list = field(default_factory=list)
+    seconds: float = 0.0
+    sent_bytes: int = 0
+    received_bytes: int = 0
+    copied_bytes: int = 0
+    kept_bytes: int = 0
+    peak_bytes: int = 0  # live shard bytes on this GPU, program semantics (plus resident)
+    buffer_peak_bytes: int = 0  # largest sum of one round's message buffers
+    verified: Optional[bool] = None
+
+
+def _fault_spec(fault) -> Optional[tuple[int, int, str]]:
+    if fault is not None:
+        return tuple(fault)
+    text = os.environ.get("NEREUS_FAULT")
+    if not text:
+        return None
+    rank, rnd, phase = text.split(":")
+    return int(rank), int(rnd), phase
+
+
+class _Live:
+    """Live bytes on this GPU, counted once per storage (aliases share one)."""
+
+    def __init__(self, base: int):
+        self.count: dict = {}
+        self.bytes = base
+        self.peak = base
+
+    def add(self, tensor: torch.Tensor) -> None:
+        key = tensor.untyped_storage().data_ptr()
+        if self.count.get(key, 0) == 0:
+            self.bytes += tensor.untyped_storage().nbytes()
+            self.peak = max(self.peak, self.bytes)
+        self.count[key] = self.count.get(key, 0) + 1
+
+    def remove(self, tensor: torch.Tensor) -> None:
+        key = tensor.untyped_storage().data_ptr()
+        self.count[key] -= 1
+        if self.count[key] == 0:
+            self.bytes -= tensor.untyped_storage().nbytes()
+
+
+def _check_before(prog: RankProgram, before: dict) -> None:
+    for unit, shards in prog.before.items():
+        have = before.get(unit)
+        if have is None:
+            raise ProgramError(f"this rank holds no state for before-unit {unit}")
+        for name, info in shards.items():
+            t = have.get(name)
+            if t is None:
+                raise ProgramError(f"before-unit {unit} lacks its shard of {name}")
+            if tuple(t.shape) != info.shape or t.dtype != TORCH_DTYPES[info.dtype]:
+                raise ProgramError(f"{unit} {name}: holds {tuple(t.shape)} {t.dtype}, "
+                                   f"the layout says {info.shape} {info.dtype}")
+
+
+def execute(prog: RankProgram, before: dict, *, group, control, device: torch.device,
+            resident_bytes: int = 0, verify: bool = False, progress: bool = False,
+            fault=None) -> ExecutionResult:
+    """Collective over `group` (data) and `control` (gloo).
+
+    Input: this rank's program and its before-state {unit: {tensor: local tensor}}
+    (the shards of every before-unit on this GPU). Output: the after-state on this GPU.
+    Invariant: `before` and its tensors are never written; on any failure on any rank
+    every rank raises TransitionAborted and the caller's old state is intact."""
+    fault = _fault_spec(fault)
+    rank = dist.get_rank()
+    started = time.perf_counter()
+    result = ExecutionResult(state={})
+    new: dict = {}
+    written: dict = {}
+    live = _Live(resident_bytes)
+    failure: Optional[Failure] = None
+    try:
+        _check_before(prog, before)
+    except Exception as error:  # noqa: BLE001 - any local error must reach every rank
+        failure = Failure(rank, -1, "check before-state", None, str(error))
+    if failure is None:
+        for unit in prog.before:
+            for t in before[unit].values():
+                live.add(t)
+    agree(failure, control, prog.source, prog.target)
+
+    bar = _progress(progress and rank == 0, len(prog.rounds))
+    verified = True if verify else None
+    for work in prog.rounds:
+        timing = RoundTiming(work.index)
+        t0 = time.perf_counter()
+        step = "alloc"
+        peer = None
+        sends, recvs = [], []
+        try:
+            if failure is not None:  # an earlier round failed here: go straight to agree
+                raise _Skip()
+            for unit in work.allocs:
+                step = f"alloc {unit}"
+                _allocate(prog, unit, new, live, device)
+            for alias in work.aliases:
+                step = f"keep {alias.dst_unit} {alias.tensor}"
+                tensor = before[alias.src_unit][alias.tensor]
+                slot = new.setdefault(alias.dst_unit, {})
+                if alias.tensor not in slot:
+                    slot[alias.tensor] = tensor
+                    live.add(tensor)
+                written[(alias.dst_unit, alias.tensor)] = tensor.numel()
+                result.kept_bytes += tensor.numel() * tensor.element_size()
+            for piece in work.copies:
+                step = f"copy {piece.tensor} {piece.src_unit} -> {piece.dst_unit}"
+                dst = _dst(prog, new, live, device, piece)
+                dst[piece.dst_slices].copy_(before[piece.src_unit][piece.tensor][piece.src_slices])
+                written[(piece.dst_unit, piece.tensor)] = written.get((piece.dst_unit, piece.tensor), 0) + piece.numel
+                result.copied_bytes += piece.nbytes
+            for msg in work.sends:
+                step, peer = "pack send", msg.peer
+                views = [before[p.src_unit][p.tensor][p.src_slices] for p in msg.pieces]
+                offsets, total = packing.layout([p.nbytes for p in msg.pieces])
+                sends.append((msg, packing.pack(views, offsets, total) if views else
+                              torch.empty(0, dtype=torch.uint8, device=device), views))
+            for msg in work.recvs:
+                step, peer = "alloc recv", msg.peer
+                offsets, total = packing.layout([p.nbytes for p in msg.pieces])
+                recvs.append((msg, torch.empty(total, dtype=torch.uint8, device=device), offsets))
+            peer = None
+            if fault == (rank, work.index, "pack"):
+                raise InjectedFault("injected fault (pack)")
+        except _Skip:
+            pass
+        except Exception as error:  # noqa: BLE001
+            failure = Failure(rank, work.index, step, peer, f"{type(error).__name__}: {error}")
+        timing.local_s = time.perf_counter() - t0
+        agree(failure, control, prog.source, prog.target)
+        result.buffer_peak_bytes = max(result.buffer_peak_bytes,
+                                       sum(b.numel() for _, b, _ in sends) + sum(b.numel() for _, b, _ in recvs))
+
+        t1 = time.perf_counter()
+        ops = [dist.P2POp(dist.isend, buf, msg.peer, group, msg.op_index) for msg, buf, _ in sends]
+        ops += [dist.P2POp(dist.irecv, buf, msg.peer, group, msg.op_index) for msg, buf, _ in recvs]
+        sums_out, sums_in = [], []
+        if verify:
+            for msg, _, views in sends:
+                sums = torch.tensor([c for v in views for c in packing.checksum(v)], dtype=torch.int64, device=device)
+                sums_out.append(sums)
+                ops.append(dist.P2POp(dist.isend, sums, msg.peer, group, 100000 + msg.op_index))
+            for msg, _, _ in recvs:
+                sums = torch.empty(2 * len(msg.pieces), dtype=torch.int64, device=device)
+                sums_in.append(sums)
+                ops.append(dist.P2POp(dist.irecv, sums, msg.peer, group, 100000 + msg.op_index))
+        try:
+            if ops:
+                for req in dist.batch_isend_irecv(ops):
+                    req.wait()
+            timing.exchange_s = time.perf_counter() - t1
+            t2 = time.perf_counter()
+            for i, (msg, buf, offsets) in enumerate(recvs):
+                step, peer = "unpack recv", msg.peer
+                views = [_dst(prog, new, live, device, p)[p.dst_slices] for p in msg.pieces]
+                packing.unpack(buf, views, offsets)
+                for p in msg.pieces:
+                    written[(p.dst_unit, p.tensor)] = written.get((p.dst_unit, p.tensor), 0) + p.numel
+                if verify:
+                    got = [c for v in views for c in packing.checksum(v)]
+                    if got != sums_in[i].tolist():
+                        verified = False
+                        raise ProgramError(f"checksum mismatch in the message from {msg.peer}")
+                if fault == (rank, work.index, "unpack"):
+                    raise InjectedFault("injected fault (unpack)")
+            peer = None
+            timing.unpack_s = time.perf_counter() - t2
+            for unit in work.frees:
+                step = f"free {unit}"
+                for t in before[unit].values():
+                    live.remove(t)  # the caller keeps the tensor until the commit
+        except Exception as error:  # noqa: BLE001
+            failure = Failure(rank, work.index, step, peer, f"{type(error).__name__}: {error}")
+        timing.sent_bytes = sum(m.nbytes for m, _, _ in sends)
+        timing.received_bytes = sum(m.nbytes for m, _, _ in recvs)
+        timing.messages = len(sends) + len(recvs)
+        timing.seconds = time.perf_counter() - t0
+        result.rounds.append(timing)
+        result.sent_bytes += timing.sent_bytes
+        result.received_bytes += timing.received_bytes
+        del sends, recvs
+        if bar is not None:
+            bar[0].update(bar[1], advance=1, description=f"round {work.index}: {timing.messages} messages, "
+                          f"{timing.sent_bytes / 2**20:.1f} MiB out, {timing.seconds * 1e3:.1f} ms")
+    if bar is not None:
+        bar[0].stop()
+
+    if failure is None:
+        try:
+            _check_complete(prog, new, written)
+        except Exception as error:  # noqa: BLE001
+            failure = Failure(rank, len(prog.rounds), "commit", None, str(error))
+    agree(failure, control, prog.source, prog.target)  # the commit
+    result.state = new
+    result.peak_bytes = live.peak
+    result.verified = verified
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def _allocate(prog: RankProgram, unit: str, new: dict, live: _Live, device) -> None:
+    shards = prog.after.get(unit)
+    if shards is None:
+        raise ProgramError(f"alloc of {unit}, which holds nothing on GPU {prog.gpu}")
+    slot = new.setdefault(unit, {})
+    for name, info in shards.items():
+        if name not in slot and not _aliased(prog, unit, name):
+            slot[name] = torch.empty(info.shape, dtype=TORCH_DTYPES[info.dtype], device=device)
+            live.add(slot[name])
+
+
+def _aliased(prog: RankProgram, unit: str, name: str) -> bool:
+    return any(a.dst_unit == unit and a.tensor == name for w in prog.rounds for a in w.aliases)
+
+
+def _dst(prog: RankProgram, new: dict, live: _Live, device, piece) -> torch.Tensor:
+    """The destination shard of a piece, allocated here if no alloc op came first."""
+    slot = new.setdefault(piece.dst_unit, {})
+    tensor = slot.get(piece.tensor)
+    if tensor is None:
+        info = prog.after[piece.dst_unit][piece.tensor]
+        tensor = slot[piece.tensor] = torch.empty(info.shape, dtype=TORCH_DTYPES[info.dtype], device=device)
+        live.add(tensor)
+    return tensor
+
+
+def _check_complete(prog: RankProgram, new: dict, written: dict) -> None:
+    for unit, shards in prog.after.items():
+        for name, info in shards.items():
+            numel = 1
+            for d in info.shape:
+                numel *= d
+            if written.get((unit, name), 0) != numel:
+                raise ProgramError(f"after-unit {unit}: {written.get((unit, name), 0)} of {numel} elements "
+                                   f"of {name} were produced")
+
+
+def _progress(enabled: bool, total: int):
+    if not enabled:
+        return None
+    from rich.progress import Progress
+
+    bar = Progress(transient=False)
+    bar.start()
+    return bar, bar.add_task("transition", total=total)

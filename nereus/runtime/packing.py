@@ -1,0 +1,86 @@
+"""Packing of a message's pieces into one flat byte buffer, and unpacking on arrival.
+
+One small interface, `pack(views, offsets, nbytes, out)` / `unpack(buffer, views,
+offsets)`, so that the executor can switch to the fused Triton kernels of
+`nereus.backends.triton` when they exist (they are used when that package exposes
+`pack_into`/`unpack_from` with this signature; otherwise the torch fallback below runs:
+one `copy_` per piece into a uint8 buffer viewed as the piece's dtype).
+
+Each piece starts at an 8-byte aligned offset so that a byte buffer can be viewed as
+any element type in place; both sides derive the offsets from the same piece list.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Optional, Sequence
+
+import torch
+
+ALIGN = 8
+
+
+def layout(nbytes: Sequence[int]) -> tuple[tuple[int, ...], int]:
+    """Offsets of pieces of the given byte sizes, each aligned to ALIGN, and the total."""
+    offsets, at = [], 0
+    for n in nbytes:
+        offsets.append(at)
+        at += (n + ALIGN - 1) // ALIGN * ALIGN
+    return tuple(offsets), at
+
+
+def _chunk(buffer: torch.Tensor, view: torch.Tensor, offset: int) -> torch.Tensor:
+    """The region of `buffer` (uint8) that holds `view`, viewed with its dtype and shape."""
+    nbytes = view.numel() * view.element_size()
+    return buffer[offset : offset + nbytes].view(view.dtype).view(view.shape)
+
+
+def torch_pack(views: Sequence[torch.Tensor], offsets: Sequence[int], nbytes: int,
+               out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    buffer = out if out is not None else torch.empty(nbytes, dtype=torch.uint8, device=views[0].device)
+    for view, offset in zip(views, offsets):
+        _chunk(buffer, view, offset).copy_(view)
+    return buffer
+
+
+def torch_unpack(buffer: torch.Tensor, views: Sequence[torch.Tensor], offsets: Sequence[int]) -> None:
+    for view, offset in zip(views, offsets):
+        view.copy_(_chunk(buffer, view, offset))
+
+
+def _kernels():
+    try:
+        module = importlib.import_module("nereus.backends.triton")
+    except Exception:  # no triton, or the package is not there yet
+        return None
+    if hasattr(module, "pack_into") and hasattr(module, "unpack_from"):
+        return module
+    return None
+
+
+_KERNELS = _kernels()
+BACKEND = "triton" if _KERNELS is not None else "torch"
+
+
+def pack(views: Sequence[torch.Tensor], offsets: Sequence[int], nbytes: int,
+         out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Input: strided views (the pieces), their byte offsets and the total size.
+    Output: a contiguous uint8 buffer with each piece at its offset, row-major."""
+    if _KERNELS is not None and views and views[0].is_cuda:
+        return _KERNELS.pack_into(views, offsets, nbytes, out)
+    return torch_pack(views, offsets, nbytes, out)
+
+
+def unpack(buffer: torch.Tensor, views: Sequence[torch.Tensor], offsets: Sequence[int]) -> None:
+    """Inverse of `pack`: writes each piece of `buffer` into its destination view."""
+    if _KERNELS is not None and views and views[0].is_cuda:
+        _KERNELS.unpack_from(buffer, views, offsets)
+        return
+    torch_unpack(buffer, views, offsets)
+
+
+def checksum(view: torch.Tensor) -> tuple[int, int]:
+    """Two order-sensitive integer sums of a view's bytes (verify mode only)."""
+    data = view.contiguous().reshape(-1).view(torch.uint8).to(torch.int64)
+    weights = torch.arange(data.numel(), dtype=torch.int64, device=data.device) % 65521 + 1
+    return int(data.sum()), int((data * weights).sum())

@@ -1,0 +1,308 @@
+"""Lowering of a JSON program v1 (see DESIGN.md) into one rank's work list.
+
+Pure Python, no torch: `rank_program(program, gpu)` reads only the JSON contract (never
+compiler internals) and returns a frozen `RankProgram` that the executor runs. Every
+byte count is derived from the program alone, so the sender and the receiver of a
+message compute the same size (gloo aborts the process on a size mismatch).
+
+Also here: `memory_replay(program)` (per-GPU peak bytes under DESIGN.md's semantics:
+resident + before-shards not yet freed + allocations; allocs first in a round, frees
+last) and `restrict_program(program, model_stages)` (drop units of model-stages the
+embedding code did not hand to Nereus).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Optional
+
+from nereus.ir.diagnostics import ProgramError
+from nereus.ir.model import DTYPE_BYTES
+
+from .boxes import Box, as_box, box_numel, cut_segment, local_slices, shard_shape
+
+# JSON dtype names → bytes per element (the runtime also moves int64 step counters).
+ELEMENT_BYTES = dict(DTYPE_BYTES, int64=8, int32=4, uint8=1, fp64=8)
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One strided slice moved from a source shard to a destination shard."""
+
+    tensor: str
+    src_unit: str
+    dst_unit: str
+    src_slices: tuple[slice, ...]
+    dst_slices: tuple[slice, ...]
+    numel: int
+    nbytes: int
+    box: Box  # global box, for error messages and checksums
+
+
+@dataclass(frozen=True)
+class Message:
+    """One point-to-point message: its pieces packed back to back as bytes."""
+
+    peer: int
+    op_index: int  # position of the op in its round; also the p2p tag
+    pieces: tuple[Piece, ...]
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Alias:
+    """An after-shard that reuses a before-shard's tensor in place (keep)."""
+
+    tensor: str
+    src_unit: str
+    dst_unit: str
+
+
+@dataclass(frozen=True)
+class RoundWork:
+    index: int
+    allocs: tuple[str, ...]  # after-units whose shards on this GPU are allocated now
+    aliases: tuple[Alias, ...]
+    copies: tuple[Piece, ...]  # same-GPU moves (copy ops and keeps that cannot alias)
+    sends: tuple[Message, ...]
+    recvs: tuple[Message, ...]
+    frees: tuple[str, ...]  # before-units whose shards on this GPU are released now
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    boxes: tuple[Box, ...]
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class RankProgram:
+    """Everything rank `gpu` does in a transition; shards are keyed unit → tensor."""
+
+    gpu: int
+    source: str
+    target: str
+    before: dict  # unit id → {tensor: ShardInfo} on this GPU
+    after: dict
+    unit_stage: dict  # (phase, unit id) → model-stage
+    rounds: tuple[RoundWork, ...]
+    send_bytes: int
+    recv_bytes: int
+    copy_bytes: int
+    keep_bytes: int
+
+
+def _shards(units: list, gpu: int, tensors: dict, phase: str) -> dict:
+    out: dict = {}
+    for unit in units:
+        for shard in unit.get("shards", ()):
+            if shard["gpu"] != gpu:
+                continue
+            name = shard["tensor"]
+            if name not in tensors:
+                raise ProgramError(f"{phase} unit {unit['id']} holds tensor {name!r}, which the program does not declare")
+            boxes = tuple(as_box(b) for b in shard["boxes"])
+            try:
+                shape = shard_shape(boxes)
+            except ValueError as error:
+                raise ProgramError(f"{phase} unit {unit['id']} on GPU {gpu}: {error}") from None
+            dtype = tensors[name]["dtype"]
+            numel = sum(box_numel(b) for b in boxes)
+            out.setdefault(unit["id"], {})[name] = ShardInfo(boxes, shape, dtype, numel * ELEMENT_BYTES[dtype])
+    return out
+
+
+def _all_shards(units: list, tensors: dict) -> dict:
+    """(unit id, gpu, tensor) → boxes, for every GPU (senders need the receiver's cut)."""
+    out = {}
+    for unit in units:
+        for shard in unit.get("shards", ()):
+            out[(unit["id"], shard["gpu"], shard["tensor"])] = tuple(as_box(b) for b in shard["boxes"])
+    return out
+
+
+def _pieces(seg: dict, src_gpu: int, dst_gpu: int, before: dict, after: dict, tensors: dict, where: str) -> list[Piece]:
+    name = seg["tensor"]
+    box = as_box(seg["box"])
+    src = before.get((seg["src_unit"], src_gpu, name))
+    dst = after.get((seg["dst_unit"], dst_gpu, name))
+    if src is None or dst is None:
+        side = "source" if src is None else "destination"
+        unit = seg["src_unit"] if src is None else seg["dst_unit"]
+        gpu = src_gpu if src is None else dst_gpu
+        raise ProgramError(f"{where}: {side} unit {unit} holds no shard of {name} on GPU {gpu}")
+    cut = cut_segment(box, src, dst)
+    if sum(box_numel(p) for _, _, p in cut) != box_numel(box):
+        raise ProgramError(f"{where}: segment {name} {list(box)} is not covered by both the source and destination shards")
+    itemsize = ELEMENT_BYTES[tensors[name]["dtype"]]
+    return [
+        Piece(name, seg["src_unit"], seg["dst_unit"], local_slices(src, i, p), local_slices(dst, j, p),
+              box_numel(p), box_numel(p) * itemsize, p)
+        for i, j, p in cut
+    ]
+
+
+def _aliasable(program: dict, gpu: int, before: dict, after: dict) -> set:
+    """(dst_unit, tensor) after-shards on `gpu` produced only by keeps from one source
+    shard with the very same boxes: those reuse the source tensor in place."""
+    producers: dict = {}
+    for rnd in program["rounds"]:
+        for op in rnd["ops"]:
+            kind = op["op"]
+            if kind in ("keep", "copy") and op["gpu"] == gpu:
+                for seg in op["segments"]:
+                    producers.setdefault((seg["dst_unit"], seg["tensor"]), []).append((kind, seg))
+            elif kind == "send" and op["dst"] == gpu:
+                for seg in op["segments"]:
+                    producers.setdefault((seg["dst_unit"], seg["tensor"]), []).append((kind, seg))
+    out = set()
+    for (dst_unit, name), segs in producers.items():
+        srcs = {seg["src_unit"] for _, seg in segs}
+        if any(kind != "keep" for kind, _ in segs) or len(srcs) != 1:
+            continue
+        src_boxes = before.get((next(iter(srcs)), gpu, name))
+        dst_boxes = after.get((dst_unit, gpu, name))
+        covered = sum(box_numel(as_box(seg["box"])) for _, seg in segs)
+        if src_boxes is not None and src_boxes == dst_boxes and covered == sum(box_numel(b) for b in dst_boxes):
+            out.add((dst_unit, name))
+    return out
+
+
+def rank_program(program: dict, gpu: int) -> RankProgram:
+    """Input: a JSON program v1 and this rank's GPU id. Output: this rank's work list.
+
+    Invariant: for every message, the sender's and the receiver's RankProgram list the
+    same pieces in the same order, hence the same byte count. Raises ProgramError when
+    the program is malformed (unknown tensor, a segment not covered by its shards,
+    a byte count that disagrees with the boxes)."""
+    if program.get("format") != "nereus-program" or program.get("version") != 1:
+        raise ProgramError("not a nereus-program version 1", hint="compile it with `nereusc FILE --emit json`")
+    tensors = {t["name"]: t for t in program["tensors"]}
+    units = program["units"]
+    before_all, after_all = _all_shards(units["before"], tensors), _all_shards(units["after"], tensors)
+    alias_ok = _aliasable(program, gpu, before_all, after_all)
+    unit_stage = {("before", u["id"]): u["model_stage"] for u in units["before"]}
+    unit_stage.update({("after", u["id"]): u["model_stage"] for u in units["after"]})
+    rounds = []
+    totals = dict(send=0, recv=0, copy=0, keep=0)
+    for r, rnd in enumerate(program["rounds"]):
+        allocs, aliases, copies, sends, recvs, frees = [], [], [], [], [], []
+        for k, op in enumerate(rnd["ops"]):
+            kind = op["op"]
+            where = f"round {r}, op {k} ({kind})"
+            if kind == "alloc" and op["gpu"] == gpu:
+                allocs.append(op["unit"])
+            elif kind == "free" and op["gpu"] == gpu:
+                frees.append(op["unit"])
+            elif kind in ("keep", "copy") and op["gpu"] == gpu:
+                for seg in op["segments"]:
+                    if kind == "keep" and (seg["dst_unit"], seg["tensor"]) in alias_ok:
+                        if Alias(seg["tensor"], seg["src_unit"], seg["dst_unit"]) not in aliases:
+                            aliases.append(Alias(seg["tensor"], seg["src_unit"], seg["dst_unit"]))
+                        totals["keep"] += box_numel(as_box(seg["box"])) * ELEMENT_BYTES[tensors[seg["tensor"]]["dtype"]]
+                        continue
+                    pieces = _pieces(seg, gpu, gpu, before_all, after_all, tensors, where)
+                    copies.extend(pieces)
+                    totals["keep" if kind == "keep" else "copy"] += sum(p.nbytes for p in pieces)
+            elif kind == "send" and gpu in (op["src"], op["dst"]):
+                if op["src"] == op["dst"]:
+                    pieces = [p for seg in op["segments"] for p in _pieces(seg, gpu, gpu, before_all, after_all, tensors, where)]
+                    copies.extend(pieces)
+                    totals["copy"] += sum(p.nbytes for p in pieces)
+                    continue
+                pieces = tuple(p for seg in op["segments"]
+                               for p in _pieces(seg, op["src"], op["dst"], before_all, after_all, tensors, where))
+                nbytes = sum(p.nbytes for p in pieces)
+                if "bytes" in op and op["bytes"] != nbytes:
+                    raise ProgramError(f"{where}: says {op['bytes']} bytes but its segments hold {nbytes}")
+                if op["src"] == gpu:
+                    sends.append(Message(op["dst"], k, pieces, nbytes))
+                    totals["send"] += nbytes
+                else:
+                    recvs.append(Message(op["src"], k, pieces, nbytes))
+                    totals["recv"] += nbytes
+            elif kind not in ("alloc", "free", "keep", "copy", "send"):
+                raise ProgramError(f"{where}: unknown op {kind!r}", hint="this runtime executes alloc/keep/copy/send/free")
+        rounds.append(RoundWork(r, tuple(allocs), tuple(aliases), tuple(copies), tuple(sends), tuple(recvs), tuple(frees)))
+    return RankProgram(
+        gpu=gpu, source=program["transition"]["from"], target=program["transition"]["to"],
+        before=_shards(units["before"], gpu, tensors, "before"), after=_shards(units["after"], gpu, tensors, "after"),
+        unit_stage=unit_stage, rounds=tuple(rounds), send_bytes=totals["send"], recv_bytes=totals["recv"],
+        copy_bytes=totals["copy"], keep_bytes=totals["keep"],
+    )
+
+
+def memory_replay(program: dict) -> dict[int, int]:
+    """Per-GPU peak bytes of the program under DESIGN.md's semantics.
+
+    Input: a JSON program. Output: {gpu: peak}, where memory = resident_bytes + shards
+    of before-units not yet freed + allocations, allocs first in a round, frees last."""
+    tensors = {t["name"]: t for t in program["tensors"]}
+    live = {int(g): int(b) for g, b in program.get("resident_bytes", {}).items()}
+    for unit in program["units"]["before"]:
+        for shard in unit.get("shards", ()):
+            numel = sum(box_numel(as_box(b)) for b in shard["boxes"])
+            live[shard["gpu"]] = live.get(shard["gpu"], 0) + numel * ELEMENT_BYTES[tensors[shard["tensor"]]["dtype"]]
+    peak = dict(live)
+    for rnd in program["rounds"]:
+        for op in rnd["ops"]:
+            if op["op"] == "alloc":
+                live[op["gpu"]] = live.get(op["gpu"], 0) + op["bytes"]
+        for g, b in live.items():
+            peak[g] = max(peak.get(g, 0), b)
+        for op in rnd["ops"]:
+            if op["op"] == "free":
+                live[op["gpu"]] -= op["bytes"]
+    return peak
+
+
+def program_model_stages(program: dict) -> set[str]:
+    return {u["model_stage"] for phase in ("before", "after") for u in program["units"][phase]}
+
+
+def restrict_program(program: dict, model_stages: Iterable[str]) -> dict:
+    """The program restricted to units of `model_stages`.
+
+    Ops and segments that touch other units are dropped (their bytes recomputed from the
+    remaining segments). Raises ProgramError when a kept unit would be fed from a dropped
+    one (a segment crossing model-stages), since that data would be missing."""
+    keep = set(model_stages)
+    units = {phase: [u for u in program["units"][phase] if u["model_stage"] in keep] for phase in ("before", "after")}
+    ids = {phase: {u["id"] for u in units[phase]} for phase in units}
+    tensors = {t["name"]: t for t in program["tensors"]}
+    rounds = []
+    for r, rnd in enumerate(program["rounds"]):
+        ops = []
+        for op in rnd["ops"]:
+            if op["op"] == "alloc" and op["unit"] not in ids["after"]:
+                continue
+            if op["op"] == "free" and op["unit"] not in ids["before"]:
+                continue
+            if "segments" in op:
+                segs = []
+                for seg in op["segments"]:
+                    if seg["dst_unit"] not in ids["after"]:
+                        continue
+                    if seg["src_unit"] not in ids["before"]:
+                        raise ProgramError(f"round {r}: unit {seg['dst_unit']} is fed from {seg['src_unit']}, "
+                                           "whose model-stage is not registered",
+                                           hint="register every model-stage the transition reads from")
+                    segs.append(seg)
+                if not segs:
+                    continue
+                op = dict(op, segments=segs)
+                if "bytes" in op:
+                    op["bytes"] = sum(box_numel(as_box(s["box"])) * ELEMENT_BYTES[tensors[s["tensor"]]["dtype"]] for s in segs)
+            ops.append(op)
+        rounds.append(dict(rnd, ops=ops))
+    return dict(program, units=units, rounds=rounds)
+
+
+def unit_of_stage(units: dict, unit_stage: dict, phase: str, model_stage: str) -> Optional[str]:
+    """The unit of `model_stage` in `units` (this rank's shards), or None."""
+    for unit_id in units:
+        if unit_stage.get((phase, unit_id)) == model_stage:
+            return unit_id
+    return None
