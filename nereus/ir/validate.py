@@ -1,0 +1,200 @@
+"""The rules of DESIGN.md ("Rules the compiler enforces") checked on a Module.
+
+`validate_module` runs on every parsed module and again after `--set` overrides, so a
+rule holds whichever way a value got into the module. Errors point at the value that
+breaks the rule (through `key_locs`), falling back to the declaration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Optional
+
+from .diagnostics import SemanticError
+from .gpuset import resolve_gpu_set, set_location
+from .model import (
+    DTYPE_BYTES, HEADS, STAGES, Cluster, Location, Model, Module, Placement, Plan, Workload, key_loc,
+)
+
+ARCHITECTURES: tuple[str, ...] = ("llama",)
+RECOMPUTE: tuple[str, ...] = ("none", "selective", "full")
+
+
+def _error(message: str, node, key: str, hint: Optional[str] = None, width: int = 1) -> SemanticError:
+    return SemanticError(message, key_loc(node, key), hint, width=width)
+
+
+def _width(node, key: str, value) -> int:
+    return len(str(value)) if key_loc(node, key) is not getattr(node, "loc", None) else len(getattr(node, "name", "x"))
+
+
+def _at_least_one(node, keys: tuple[str, ...], owner: str) -> None:
+    for key in keys:
+        value = getattr(node, key)
+        if value < 1:
+            raise _error(f"{key} must be at least 1, found {value}", node, key, f"{owner} needs a positive {key}",
+                         _width(node, key, value))
+
+
+def validate_cluster(cluster: Cluster) -> None:
+    """Every count, size and rate positive; 0 <= reserve < 1."""
+    _at_least_one(cluster, ("nodes", "gpus_per_node"), f"cluster {cluster.name}")
+    for key, value in (("gpu.mem", cluster.gpu.mem_bytes), ("gpu.flops", cluster.gpu.flops),
+                       ("gpu.hbm", cluster.gpu.hbm_bytes_per_s), ("intra", cluster.intra_bytes_per_s),
+                       ("inter", cluster.inter_bytes_per_s), ("host_mem", cluster.host_mem_bytes)):
+        if not value > 0:
+            raise _error(f"{key.split('.')[-1]} must be positive", cluster, key)
+    if not 0 <= cluster.reserve < 1:
+        raise _error(f"reserve must be at least 0% and below 100%, found {cluster.reserve * 100:g}%", cluster,
+                     "reserve")
+
+
+def validate_model(model: Model) -> None:
+    """Known architecture, dtype and head; positive sizes; heads | hidden; kv_heads | heads."""
+    if model.architecture not in ARCHITECTURES:
+        raise _error(f"unknown architecture '{model.architecture}'", model, "architecture",
+                     f"architectures: {', '.join(ARCHITECTURES)}")
+    _at_least_one(model, ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab"), f"model {model.name}")
+    if model.dtype not in DTYPE_BYTES:
+        raise _error(f"unknown dtype '{model.dtype}'", model, "dtype", f"dtypes: {', '.join(DTYPE_BYTES)}")
+    if model.head not in HEADS:
+        raise _error(f"unknown head '{model.head}'", model, "head", f"heads: {', '.join(HEADS)}")
+    if model.hidden % model.heads:
+        raise _error(f"hidden {model.hidden} must be divisible by heads ({model.heads})", model, "hidden",
+                     f"head_dim = hidden / heads must be whole; e.g. hidden {model.heads * max(1, model.hidden // model.heads)}",
+                     _width(model, "hidden", model.hidden))
+    if model.kv_heads > model.heads or model.heads % model.kv_heads:
+        raise _error(f"kv_heads {model.kv_heads} must divide heads ({model.heads})", model, "kv_heads",
+                     f"each KV head serves heads / kv_heads query heads; use one of {_divisors(model.heads)}",
+                     _width(model, "kv_heads", model.kv_heads))
+
+
+def validate_workload(workload: Workload, models: tuple[Model, ...]) -> None:
+    """Positive counts, microbatch <= batch, known stages, declared models, none twice."""
+    _at_least_one(workload, ("batch", "prompt", "response", "microbatch"), f"workload {workload.name}")
+    if workload.microbatch > workload.batch:
+        raise _error(f"microbatch {workload.microbatch} is larger than batch {workload.batch}", workload,
+                     "microbatch", f"use a microbatch of at most {workload.batch}",
+                     _width(workload, "microbatch", workload.microbatch))
+    if workload.recompute not in RECOMPUTE:
+        raise _error(f"unknown recompute mode '{workload.recompute}'", workload, "recompute",
+                     f"modes: {', '.join(RECOMPUTE)}")
+    names = [model.name for model in models]
+    for stage, stage_models in workload.stages:
+        if stage not in STAGES:
+            raise _error(f"unknown stage '{stage}'", workload, stage, f"stages: {', '.join(STAGES)}")
+        seen = set()
+        for name in stage_models:
+            key = f"{stage}:{name}"
+            if name not in names:
+                raise _error(f"unknown model '{name}' in {stage}", workload, key,
+                             f"models: {', '.join(names) or 'none declared'}", len(name))
+            if name in seen:
+                raise _error(f"model '{name}' is listed twice in {stage}", workload, key, "list it once",
+                             len(name))
+            seen.add(name)
+
+
+def _divisors(n: int) -> str:
+    found = [d for d in range(1, n + 1) if n % d == 0]
+    return ", ".join(map(str, found[:8])) + (", ..." if len(found) > 8 else "")
+
+
+def valid_tps(model: Model, limit: int = 1024) -> list[int]:
+    """TP degrees the model admits: dividing heads, ffn and vocab, and the KV rule."""
+    return [t for t in range(1, min(limit, model.heads) + 1)
+            if model.heads % t == 0 and model.ffn % t == 0 and model.vocab % t == 0
+            and (model.kv_heads % t == 0 if t <= model.kv_heads else t % model.kv_heads == 0)]
+
+
+def _tp_hint(model: Model) -> str:
+    tps = valid_tps(model)
+    return f"tp values that fit {model.name}: {', '.join(map(str, tps[:10]))}" if tps else \
+        f"no tp above 1 fits {model.name}"
+
+
+def validate_placement(placement: Placement, module: Module, plan: Plan) -> None:
+    """The model-stage exists and runs in the workload; tp divides heads, ffn and vocab and
+    fits kv_heads; pp <= layers; the set has dp*tp*pp GPUs of the cluster, none twice."""
+    ms = placement.model_stage
+    loc = placement.loc
+    names = [model.name for model in module.models]
+    if ms.model not in names:
+        raise SemanticError(f"unknown model '{ms.model}'", loc, f"models: {', '.join(names) or 'none declared'}",
+                            width=len(ms.model))
+    stage_loc = replace(loc, column=loc.column + len(ms.model) + 1) if loc is not None else None
+    if ms.stage not in STAGES:
+        raise SemanticError(f"unknown stage '{ms.stage}'", stage_loc, f"stages: {', '.join(STAGES)}",
+                            width=max(1, len(ms.stage)))
+    workload = module.workload
+    if ms.model not in workload.models_in(ms.stage):
+        runs = ", ".join(workload.models_in(ms.stage)) or "no model"
+        raise SemanticError(f"{ms} is not in workload {workload.name}", loc,
+                            f"workload {workload.name} runs {runs} in {ms.stage}", width=len(str(ms)))
+    _at_least_one(placement, ("dp", "tp", "pp"), str(ms))
+    model = module.model(ms.model)
+    tp, width = placement.tp, _width(placement, "tp", placement.tp)
+    for what, size in (("heads", model.heads), ("ffn", model.ffn), ("vocab", model.vocab)):
+        if size % tp:
+            raise _error(f"tp {tp} must divide {what} ({size}) of {model.name}", placement, "tp", _tp_hint(model),
+                         width)
+    if tp <= model.kv_heads and model.kv_heads % tp:
+        raise _error(f"tp {tp} must divide kv_heads ({model.kv_heads}) of {model.name}", placement, "tp",
+                     _tp_hint(model), width)
+    if tp > model.kv_heads and tp % model.kv_heads:
+        raise _error(f"tp {tp} is above kv_heads ({model.kv_heads}) of {model.name} but not a multiple of it",
+                     placement, "tp", f"each KV head is replicated on tp / kv_heads ranks; {_tp_hint(model)}", width)
+    if placement.pp > model.layers:
+        raise _error(f"pp {placement.pp} is more than the {model.layers} layers of {model.name}", placement, "pp",
+                     f"use a pp of at most {model.layers}", _width(placement, "pp", placement.pp))
+    cluster = module.cluster
+    if placement.gpu_set:
+        gpus = resolve_gpu_set(placement.gpu_set, cluster, str(ms))
+        set_loc, set_width = set_location(placement.gpu_set)
+    else:
+        gpus, set_loc, set_width = placement.gpus, loc, len(str(ms))
+        for gpu in gpus:
+            if not 0 <= gpu < cluster.num_gpus:
+                raise SemanticError(f"GPU {gpu} does not exist", loc, f"GPU ids run 0..{cluster.num_gpus - 1}")
+        if len(set(gpus)) != len(gpus):
+            raise SemanticError(f"a GPU appears twice in {ms}", loc, "list each GPU once")
+    if len(gpus) != placement.world:
+        need = placement.world
+        raise SemanticError(
+            f"the GPU set of {ms} has {len(gpus)} GPU{'s' if len(gpus) != 1 else ''}, but dp x tp x pp = "
+            f"{placement.dp} x {placement.tp} x {placement.pp} = {need}", set_loc,
+            f"give {need} GPUs (e.g. on 0..{need - 1}) or change dp to {len(gpus) // (placement.tp * placement.pp)}"
+            if len(gpus) % (placement.tp * placement.pp) == 0 and len(gpus) // (placement.tp * placement.pp) >= 1
+            else f"give {need} GPUs (e.g. on 0..{need - 1})", set_width)
+
+
+def validate_plan(plan: Plan, module: Module) -> None:
+    """Each written entry is valid, and every model-stage of the workload is placed."""
+    for placement in plan.declared:
+        validate_placement(placement, module, plan)
+    placed = {p.model_stage for p in plan.placements}
+    for ms in module.workload.model_stages():
+        if ms not in placed:
+            origin = f" (with what it inherits from {plan.base})" if plan.base else ""
+            raise SemanticError(f"plan {plan.name} does not place {ms}{origin}", plan.loc,
+                                f"every model-stage of workload {module.workload.name} needs a placement in every "
+                                f"plan; add a line like {ms} dp 1 on 0", width=len(plan.name))
+
+
+def validate_module(module: Module) -> None:
+    """Input: a built Module. Output: None. Invariant on return: every rule of DESIGN.md
+    holds; otherwise the first broken rule, in declaration order, is raised."""
+    validate_cluster(module.cluster)
+    for model in module.models:
+        validate_model(model)
+    validate_workload(module.workload, module.models)
+    for plan in module.plans:
+        validate_plan(plan, module)
+    names = {plan.name for plan in module.plans}
+    for transition in module.transitions:
+        for name in (transition.source, transition.target):
+            if name not in names:
+                raise SemanticError(f"unknown plan '{name}'", transition.loc, f"plans: {', '.join(sorted(names))}")
+        if transition.source == transition.target:
+            raise SemanticError(f"transition from plan {transition.source} to itself", transition.loc,
+                                "a transition goes between two different plans")
