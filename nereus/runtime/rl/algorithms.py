@@ -1,0 +1,94 @@
+"""PPO and GRPO math on whole-batch tensors (pure functions, no communication).
+
+Every rank holds the whole step's rollout after assembly, so advantages are computed on
+the global batch and are identical on every rank whatever the layout.
+
+- PPO (Schulman et al. 2017; Ouyang et al. 2022 for the per-token KL penalty):
+  token rewards r_t = -β·(log π_old − log π_ref) with the sequence score added on the last
+  token; GAE (γ, λ) over the critic's values; advantages whitened over the batch;
+  clipped surrogate; clipped value loss.
+- GRPO (Shao et al. 2024): advantages (score − group mean)/(group std + ε) on every token,
+  no critic; KL to the reference in the loss with the k3 estimator
+  exp(ref − logp) − (ref − logp) − 1.
+
+Losses are *partial sums*: a replica's rows summed and divided by the global token count,
+so summing the replicas' losses (and gradients) gives the global mean for any DP degree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class RlConfig:
+    algo: str = "ppo"  # "ppo" | "grpo"
+    lr: float = 1e-3
+    critic_lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    clip: float = 0.2
+    value_clip: float = 0.2
+    kl_coef: float = 0.02
+    gamma: float = 1.0
+    lam: float = 0.95
+    group: int = 4  # GRPO: responses per prompt
+    minibatches: int = 2  # per step, one epoch
+    temperature: float = 1.0
+
+
+def gae(rewards: torch.Tensor, values: torch.Tensor, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(advantages, returns) [B, T] by generalised advantage estimation; V after the last
+    token is 0 (episode ends)."""
+    advantages = torch.zeros_like(rewards)
+    running = torch.zeros_like(rewards[:, 0])
+    steps = rewards.shape[1]
+    for t in reversed(range(steps)):
+        next_value = values[:, t + 1] if t + 1 < steps else torch.zeros_like(running)
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        running = delta + gamma * lam * running
+        advantages[:, t] = running
+    return advantages, advantages + values
+
+
+def whiten(x: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    return (x - x.mean()) / (x.std() + eps)
+
+
+def ppo_advantages(score: torch.Tensor, logp_old: torch.Tensor, logp_ref: torch.Tensor,
+                   values: torch.Tensor, cfg: RlConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """(whitened advantages, returns) [B, T] for scores [B] and per-token tensors [B, T]."""
+    rewards = -cfg.kl_coef * (logp_old - logp_ref)
+    rewards[:, -1] += score
+    advantages, returns = gae(rewards, values, cfg.gamma, cfg.lam)
+    return whiten(advantages), returns
+
+
+def grpo_advantages(score: torch.Tensor, group: int, steps: int, eps: float = 1e-6) -> torch.Tensor:
+    """Group-relative advantages [B, T]: rows b·group .. (b+1)·group−1 share a prompt."""
+    grouped = score.view(-1, group)
+    adv = (grouped - grouped.mean(dim=1, keepdim=True)) / (grouped.std(dim=1, keepdim=True) + eps)
+    return adv.reshape(-1, 1).expand(-1, steps).contiguous()
+
+
+def policy_loss(logp: torch.Tensor, logp_old: torch.Tensor, advantages: torch.Tensor,
+                clip: float, total_tokens: int) -> torch.Tensor:
+    """Clipped surrogate, summed over these rows, divided by the global token count."""
+    ratio = (logp - logp_old).exp()
+    surrogate = torch.minimum(ratio * advantages, ratio.clamp(1 - clip, 1 + clip) * advantages)
+    return -surrogate.sum() / total_tokens
+
+
+def kl_k3(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimator of KL(π‖π_ref): unbiased and ≥ 0 (Schulman 2020)."""
+    diff = logp_ref - logp
+    return diff.exp() - diff - 1
+
+
+def value_loss(v: torch.Tensor, v_old: torch.Tensor, returns: torch.Tensor,
+               clip: float, total_tokens: int) -> torch.Tensor:
+    """Clipped value loss 0.5·max((v−R)², (v_clip−R)²), partial sum / global tokens."""
+    clipped = v_old + (v - v_old).clamp(-clip, clip)
+    return 0.5 * torch.maximum((v - returns) ** 2, (clipped - returns) ** 2).sum() / total_tokens

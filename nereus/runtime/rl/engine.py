@@ -1,0 +1,67 @@
+"""Rollout behind a small engine interface, so that another engine (vLLM) can plug in.
+
+An engine generates `max_new_tokens` tokens for a batch of equal-length prompts, sampling
+from the full-vocab distribution with uniforms supplied by the caller: the caller draws
+them from a generator seeded per (run seed, step) for the whole global batch, so a
+sequence's tokens do not depend on the layout (DP chunking or TP degree) — only on the
+logits, which layouts change by float reduction order alone.
+
+NativeEngine runs the TP llama of nereus.runtime.rl.llama with a KV cache on the
+weights Nereus holds for the generation model-stage.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Protocol
+
+import torch
+
+from nereus.ir.model import Model
+
+from .llama import KvCache, Weights, hidden_states, local_logits
+from .parallel import TpGroup, gather_vocab
+
+
+class GenerationEngine(Protocol):
+    def generate(self, prompts: torch.Tensor, max_new_tokens: int, uniforms: torch.Tensor,
+                 temperature: float = 1.0, greedy: bool = False) -> torch.Tensor:
+        """prompts [B, P] int64, uniforms [B, max_new_tokens] in [0, 1) → tokens [B, max_new_tokens]."""
+        ...
+
+    def update_weights(self, weights: Weights) -> None:
+        """Take new weights (this rank's local shards, same layout as before)."""
+        ...
+
+
+def sample(logits: torch.Tensor, uniforms: torch.Tensor, temperature: float, greedy: bool) -> torch.Tensor:
+    """Inverse-CDF sampling: token = first index whose cumulative probability exceeds u."""
+    if greedy:
+        return logits.argmax(dim=-1)
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    cdf = probs.cumsum(dim=-1)
+    token = torch.searchsorted(cdf, (uniforms * cdf[:, -1]).unsqueeze(-1)).squeeze(-1)
+    return token.clamp_(max=logits.shape[-1] - 1)
+
+
+class NativeEngine:
+    """KV-cache generation with the TP llama; `weights` is read at each call, so it must be
+    the live dict (or `update_weights` must be called after the runtime moves state)."""
+
+    def __init__(self, model: Model, weights_fn: Callable[[], Weights], tp: TpGroup):
+        self.model, self._weights_fn, self.tp = model, weights_fn, tp
+
+    def update_weights(self, weights: Weights) -> None:
+        self._weights_fn = lambda: weights
+
+    @torch.no_grad()
+    def generate(self, prompts, max_new_tokens, uniforms, temperature=1.0, greedy=False):
+        w = self._weights_fn()
+        cache = KvCache.empty(self.model.layers)
+        out = torch.empty(prompts.shape[0], max_new_tokens, dtype=torch.long)
+        step_input = prompts
+        for i in range(max_new_tokens):
+            hidden = hidden_states(self.model, w, step_input, self.tp, cache)
+            logits = gather_vocab(local_logits(w, hidden[:, -1], self.tp), self.tp)
+            out[:, i] = sample(logits, uniforms[:, i], temperature, greedy)
+            step_input = out[:, i:i + 1]
+        return out

@@ -1,0 +1,105 @@
+"""The embedding API implemented the naive way: a transition gathers every full tensor
+and re-shards it (an in-memory checkpoint/restart). It is the baseline the RL loop
+compares Nereus against — same layouts at every step, so both runs must agree bit for
+bit — and a stand-in runtime when `nereus.runtime.Runtime` is unavailable.
+
+Same names and meaning as DESIGN.md's "Embedding": tensor_specs, shard_state_dict,
+register, transition, state, gather_state_dict. Gathering is one world all-reduce per
+tensor where only the first holder of each box writes it (x + 0 is exact in floating
+point, so the sum reproduces every byte).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from nereus.ir.architecture import OPTIMIZER_DTYPE, OPTIMIZER_STATES, TensorSpec, optimizer_name, tensor_table
+from nereus.ir.model import Module, Placement
+
+from .shards import shard, write_owned
+
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def global_specs(module: Module, model_stage: str) -> dict[str, TensorSpec]:
+    """{global name: spec} of a model-stage, optimizer state (fp32) for training stages."""
+    model_name, _, stage = model_stage.partition(".")
+    out: dict[str, TensorSpec] = {}
+    for spec in tensor_table(module.model(model_name)):
+        out[f"{model_name}/{spec.name}"] = spec
+        if stage == "training":
+            for state in OPTIMIZER_STATES:
+                out[optimizer_name(f"{model_name}/{spec.name}", state)] = TensorSpec(
+                    spec.name, spec.shape, OPTIMIZER_DTYPE, spec.sharding, spec.layer, spec.parts, spec.role)
+    return out
+
+
+def _position(p: Placement, rank: int) -> Optional[tuple[int, int]]:
+    """(replica, tp rank) of `rank` in a pp = 1 placement, or None."""
+    if rank not in p.gpus:
+        return None
+    index = p.gpus.index(rank)
+    return index // p.tp, index % p.tp
+
+
+class RestartRuntime:
+    """Gather-and-reshard runtime over the default process group (rank = GPU id)."""
+
+    def __init__(self, module: Module, plan: str):
+        self.module = module
+        self.plan = module.plan(plan)
+        self._state: dict[str, dict[str, torch.Tensor]] = {}
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+
+    @staticmethod
+    def from_file(path: str, plan: str) -> "RestartRuntime":
+        import nereus.ir as ir
+
+        return RestartRuntime(ir.parse_file(path), plan)
+
+    def tensor_specs(self, model_stage: str) -> dict[str, tuple[tuple[int, ...], str]]:
+        return {n: (s.shape, s.dtype) for n, s in global_specs(self.module, model_stage).items()}
+
+    def shard_state_dict(self, model_stage: str, full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        placement = self.plan.placement(model_stage)
+        where = _position(placement, self.rank)
+        if where is None:
+            return {}
+        specs = global_specs(self.module, model_stage)
+        return {name: shard(full[name], specs[name], placement.tp, where[1]) for name in specs}
+
+    def register(self, model_stage: str, local: dict[str, torch.Tensor]) -> None:
+        self._state[model_stage] = dict(local)
+
+    def state(self, model_stage: str) -> dict[str, torch.Tensor]:
+        return self._state.get(model_stage, {})
+
+    def gather_state_dict(self, model_stage: str) -> dict[str, torch.Tensor]:
+        """Full tensors on every rank; collective over the world."""
+        placement = self.plan.placement(model_stage)
+        where = _position(placement, self.rank)
+        local = self.state(model_stage)
+        out = {}
+        for name, spec in global_specs(self.module, model_stage).items():
+            full = torch.zeros(spec.shape, dtype=TORCH_DTYPES[spec.dtype])
+            if where is not None and where[0] == 0:
+                write_owned(full, local[name], spec, placement.tp, where[1])
+            if dist.is_initialized() and dist.get_world_size() > 1:
+                dist.all_reduce(full)
+            out[name] = full
+        return out
+
+    def transition(self, plan: str) -> dict:
+        """Move every model-stage to `plan` through full tensors. Collective."""
+        start = time.perf_counter()
+        fulls = {ms: self.gather_state_dict(ms) for ms in list(self._state)}
+        moved = sum(t.numel() * t.element_size() for full in fulls.values() for t in full.values())
+        source, self.plan = self.plan.name, self.module.plan(plan)
+        for ms, full in fulls.items():
+            self._state[ms] = self.shard_state_dict(ms, full)
+        return {"from": source, "to": plan, "seconds": time.perf_counter() - start,
+                "bytes": moved, "runtime": "restart"}

@@ -1,0 +1,278 @@
+"""The PPO / GRPO loop: every model-stage computes on the shards the runtime holds.
+
+Model-stages (names fixed by this loop; the plan places them):
+  actor.generation   rollout (engine; weights synced from actor.training after each step)
+  ref.inference      log π_ref (initialised as a copy of the actor's initial weights)
+  reward.inference   llama reward model: its score is logged as `rm_score`; the training
+                     reward is the rule of nereus.runtime.rl.reward (so learning is checkable)
+  actor.training     log π_old (before the update), then the clipped-objective update
+  critic.training    values (PPO only), then the clipped value-loss update
+
+One step: prompts → generation (each DP replica its rows) → inference and old log-probs
+→ advantages on the whole batch (every rank has it) → `minibatches` updates with DP
+gradient all-reduce and Adam on the runtime's tensors → actor weights synced to the
+generation stage. At step boundaries a scripted event calls `runtime.transition(plan)`;
+the next step reads the new shards and the new groups.
+
+Exchanging rollout data between model-stages with different DP degrees is one world
+all-reduce per tensor in which TP rank 0 of each replica writes its rows into zeros: x + 0
+is exact, so every rank gets the same bytes whatever the layout.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+from nereus.ir.architecture import OPTIMIZER_STATES, optimizer_name
+from nereus.ir.diagnostics import SemanticError
+from nereus.ir.model import Module
+
+from . import algorithms as alg
+from .engine import NativeEngine
+from .llama import hidden_states, init_full_weights, local_logits, values
+from .optim import adam_step, all_reduce_grads
+from .parallel import vocab_parallel_logprob
+from .reward import make_prompts, score
+from .topology import Groups, Role
+
+REQUIRED = {"ppo": ("actor.generation", "ref.inference", "reward.inference", "actor.training", "critic.training"),
+            "grpo": ("actor.generation", "ref.inference", "reward.inference", "actor.training")}
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    plan: str
+    steps: int
+    events: tuple[tuple[int, str], ...] = ()  # (after step, plan)
+    seed: int = 0
+    task: str = "pattern"
+    rl: alg.RlConfig = field(default_factory=alg.RlConfig)
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    step: int
+    plan: str
+    loss: float
+    value_loss: float
+    reward: float
+    kl: float
+    rm_score: float
+    seconds: float
+
+
+def _report_dict(report: Any) -> dict:
+    if isinstance(report, dict):
+        return dict(report)
+    try:
+        return asdict(report)
+    except TypeError:
+        return {k: v for k, v in vars(report).items() if isinstance(v, (int, float, str))}
+
+
+def _architecture(model) -> tuple:
+    return (model.layers, model.hidden, model.heads, model.kv_heads, model.ffn, model.vocab, model.head, model.dtype)
+
+
+def weights_sha256(full: dict[str, torch.Tensor]) -> str:
+    """sha256 over (name, bytes) of the weights (no optimizer state) in name order."""
+    digest = hashlib.sha256()
+    for name in sorted(n for n in full if "#" not in n):
+        digest.update(name.encode())
+        digest.update(full[name].contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+class RlTrainer:
+    """Runs `spec.steps` steps on `runtime` (a nereus Runtime or the restart baseline)."""
+
+    def __init__(self, module: Module, runtime, spec: TrainSpec, emit: Callable[[dict], None] = lambda e: None):
+        self.module, self.rt, self.spec, self.emit = module, runtime, spec, emit
+        self.cfg, self.w = spec.rl, module.workload
+        self.stages = {str(ms) for ms in module.workload.model_stages()}
+        missing = [ms for ms in REQUIRED[self.cfg.algo] if ms not in self.stages]
+        if missing:
+            raise SemanticError(f"the workload lacks {', '.join(missing)}, which {self.cfg.algo} needs",
+                                module.workload.loc, hint="declare generation: actor, inference: ref, reward, "
+                                "training: actor (and critic for ppo)")
+        if self.w.batch % (self.cfg.minibatches * (self.cfg.group if self.cfg.algo == "grpo" else 1)):
+            raise SemanticError(f"batch {self.w.batch} must divide into {self.cfg.minibatches} minibatches"
+                                + (f" of whole groups of {self.cfg.group}" if self.cfg.algo == "grpo" else ""),
+                                module.workload.loc)
+        self.world = dist.get_world_size() if dist.is_initialized() else 1
+        self.groups = Groups()
+        self.plan_name = spec.plan
+        self.roles = self.groups.for_plan(module.plan(spec.plan), self.world)
+
+    # -- state ---------------------------------------------------------------------------
+
+    def initialise(self) -> None:
+        """Seeded full weights on every rank, sharded and registered per model-stage."""
+        gen = torch.Generator().manual_seed(self.spec.seed)
+        full = {"actor": init_full_weights(self.module.model("actor"), gen)}
+        same = _architecture(self.module.model("ref")) == _architecture(self.module.model("actor"))
+        full["ref"] = ({k: v.clone() for k, v in full["actor"].items()} if same
+                       else init_full_weights(self.module.model("ref"), gen))
+        full["reward"] = init_full_weights(self.module.model("reward"), gen, zero_value_head=False)
+        if "critic.training" in self.stages:
+            full["critic"] = init_full_weights(self.module.model("critic"), gen)
+        for ms in sorted(self.stages):
+            model, _, stage = ms.partition(".")
+            named = {f"{model}/{k}": v.clone() for k, v in full[model].items()}
+            if stage == "training":
+                for name in list(named):
+                    named[optimizer_name(name, "master")] = named[name].float().clone()
+                    for state in OPTIMIZER_STATES[1:]:
+                        named[optimizer_name(name, state)] = torch.zeros_like(named[name], dtype=torch.float32)
+            self.rt.register(ms, self.rt.shard_state_dict(ms, named))
+
+    def weights(self, ms: str) -> dict[str, torch.Tensor]:
+        """Local weights of a model-stage by local name (what the llama reads)."""
+        prefix = ms.partition(".")[0] + "/"
+        return {k[len(prefix):]: v for k, v in self.rt.state(ms).items() if "#" not in k}
+
+    # -- communication helpers -----------------------------------------------------------
+
+    def _assemble(self, chunk: Optional[torch.Tensor], role: Optional[Role], rows, shape, dtype) -> torch.Tensor:
+        full = torch.zeros(shape, dtype=dtype)
+        if role is not None and role.tp.rank == 0 and chunk is not None:
+            full[rows] = chunk.detach().to(dtype)
+        if self.world > 1:
+            dist.all_reduce(full)
+        return full
+
+    def _per_replica(self, ms: str, fn, shape, dtype=torch.float32, offset: int = 0, batch: Optional[int] = None):
+        """Run fn(role, rows) on this rank's replica rows of a model-stage and assemble."""
+        role = self.roles.get(ms)
+        rows = role.rows(batch or self.w.batch, offset) if role else None
+        with torch.no_grad():
+            chunk = fn(role, rows) if role else None
+        return self._assemble(chunk, role, rows, shape, dtype)
+
+    # -- model evaluations ---------------------------------------------------------------
+
+    def _logprobs(self, model_name: str, w, seqs, tp) -> torch.Tensor:
+        p = self.w.prompt
+        hidden = hidden_states(self.module.model(model_name), w, seqs[:, :-1], tp)[:, p - 1:]
+        return vocab_parallel_logprob(local_logits(w, hidden, tp), seqs[:, p:], self.module.model(model_name).vocab, tp)
+
+    def _values(self, model_name: str, w, seqs, tp) -> torch.Tensor:
+        hidden = hidden_states(self.module.model(model_name), w, seqs[:, :-1], tp)[:, self.w.prompt - 1:]
+        return values(w, hidden)
+
+    def _train(self, ms: str, loss_fn, step: int, lr: float, offset: int, mb: int) -> float:
+        """One minibatch update of a training model-stage; returns the global loss."""
+        role = self.roles.get(ms)
+        part = None
+        if role is not None:
+            state = self.rt.state(ms)
+            prefix = ms.partition(".")[0] + "/"
+            params = {k: t.detach().requires_grad_() for k, t in self.weights(ms).items()}
+            loss = loss_fn(params, role, role.rows(mb, offset))
+            loss.backward()
+            grads = {prefix + k: (p.grad if p.grad is not None else torch.zeros_like(p)).float()
+                     for k, p in params.items()}
+            all_reduce_grads(grads, role.dp_group)
+            adam_step(state, grads, step, lr, self.cfg.betas, self.cfg.eps)
+            part = loss.detach()
+        return float(self._assemble(part, role, (), (), torch.float64))
+
+    # -- one step --------------------------------------------------------------------------
+
+    def step(self, step: int) -> StepRecord:
+        start = time.perf_counter()
+        cfg, B, R, P = self.cfg, self.w.batch, self.w.response, self.w.prompt
+        gen = torch.Generator().manual_seed(self.spec.seed * 1_000_003 + step)
+        group = cfg.group if cfg.algo == "grpo" else 1
+        prompts = make_prompts(B, P, gen, group)
+        uniforms = torch.rand(B, R, generator=gen)
+
+        def rollout(role, rows):
+            engine = NativeEngine(self.module.model("actor"), lambda: self.weights("actor.generation"), role.tp)
+            return engine.generate(prompts[rows], R, uniforms[rows], cfg.temperature)
+
+        responses = self._per_replica("actor.generation", rollout, (B, R), torch.long)
+        seqs = torch.cat([prompts, responses], dim=1)
+        logp_ref = self._per_replica("ref.inference", lambda role, rows: self._logprobs(
+            "ref", self.weights("ref.inference"), seqs[rows], role.tp), (B, R))
+        rm = self._per_replica("reward.inference", lambda role, rows: values(self.weights("reward.inference"), hidden_states(
+            self.module.model("reward"), self.weights("reward.inference"), seqs[rows], role.tp)[:, -1]), (B,))
+        logp_old = self._per_replica("actor.training", lambda role, rows: self._logprobs(
+            "actor", self.weights("actor.training"), seqs[rows], role.tp), (B, R))
+        rule = score(self.spec.task, prompts, responses)
+        if cfg.algo == "ppo":
+            v_old = self._per_replica("critic.training", lambda role, rows: self._values(
+                "critic", self.weights("critic.training"), seqs[rows], role.tp), (B, R))
+            adv, returns = alg.ppo_advantages(rule, logp_old, logp_ref, v_old, cfg)
+        else:
+            adv = alg.grpo_advantages(rule, cfg.group, R)
+
+        mb, tokens = B // cfg.minibatches, (B // cfg.minibatches) * R
+        losses, value_losses = [], []
+        for m in range(cfg.minibatches):
+            offset, opt_step = m * mb, (step - 1) * cfg.minibatches + m + 1
+
+            def actor_loss(params, role, rows):
+                logp = self._logprobs("actor", params, seqs[rows], role.tp)
+                loss = alg.policy_loss(logp, logp_old[rows], adv[rows], cfg.clip, tokens)
+                if cfg.algo == "grpo":
+                    loss = loss + cfg.kl_coef * alg.kl_k3(logp, logp_ref[rows]).sum() / tokens
+                return loss
+
+            losses.append(self._train("actor.training", actor_loss, opt_step, cfg.lr, offset, mb))
+            if cfg.algo == "ppo":
+                def critic_loss(params, role, rows):
+                    v = self._values("critic", params, seqs[rows], role.tp)
+                    return alg.value_loss(v, v_old[rows], returns[rows], cfg.value_clip, tokens)
+
+                value_losses.append(self._train("critic.training", critic_loss, opt_step, cfg.critic_lr, offset, mb))
+        self.sync_generation_weights()
+        return StepRecord(step, self.plan_name, sum(losses) / len(losses),
+                          sum(value_losses) / len(value_losses) if value_losses else 0.0,
+                          float(rule.mean()), float((logp_old - logp_ref).mean()), float(rm.mean()),
+                          time.perf_counter() - start)
+
+    def sync_generation_weights(self) -> None:
+        """Copy the trained actor weights into the generation stage's shards (in place)."""
+        full = self.rt.gather_state_dict("actor.training")
+        local = self.rt.shard_state_dict("actor.generation", {k: v for k, v in full.items() if "#" not in k})
+        for name, tensor in self.rt.state("actor.generation").items():
+            tensor.copy_(local[name])
+
+    # -- the run ----------------------------------------------------------------------------
+
+    def transition(self, after_step: int, plan: str) -> dict:
+        start = time.perf_counter()
+        report = _report_dict(self.rt.transition(plan))
+        self.roles = self.groups.for_plan(self.module.plan(plan), self.world)
+        record = {"after_step": after_step, "from": self.plan_name, "to": plan,
+                  "seconds": time.perf_counter() - start,
+                  "bytes": int(report.get("bytes", report.get("bytes_moved", 0)) or 0)}
+        self.plan_name = plan
+        return record
+
+    def run(self) -> dict:
+        """Initialise, train, apply events; returns the result dict (same on every rank)."""
+        self.initialise()
+        events = dict(self.spec.events)
+        steps, transitions = [], []
+        run_start = time.perf_counter()
+        for i in range(1, self.spec.steps + 1):
+            record = self.step(i)
+            steps.append(record)
+            self.emit({"event": "step", **asdict(record)})
+            if i in events and i < self.spec.steps:
+                transitions.append(self.transition(i, events[i]))
+                self.emit({"event": "transition", **transitions[-1]})
+        final = {ms: self.rt.gather_state_dict(ms) for ms in sorted(self.stages) if ms.endswith(".training")}
+        merged = {k: v for full in final.values() for k, v in full.items()}
+        return {"name": "train", "algo": self.cfg.algo, "plan": self.spec.plan, "final_plan": self.plan_name,
+                "steps": [asdict(s) for s in steps], "transitions": transitions,
+                "run_seconds": time.perf_counter() - run_start,
+                "final_weights_sha256": weights_sha256(merged), "_final_state": merged}

@@ -1,0 +1,92 @@
+"""The per-process entry point `nereus train` starts under torchrun.
+
+    python -m torch.distributed.run --nproc-per-node N -m nereus.runtime.rl.worker CONFIG.json
+
+Rank 0 prints one `@nereus-rl {json}` line per step and transition (the launcher turns
+them into a progress bar) and, at the end, writes OUT/result.json and OUT/final_state.pt
+(the full trained state, for comparisons). Every rank then saves the trained state with
+torch.distributed.checkpoint under OUT/checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import fields
+
+import torch
+import torch.distributed as dist
+
+from nereus.ir.diagnostics import NereusError
+
+from .algorithms import RlConfig
+from .trainer import RlTrainer, TrainSpec
+
+PREFIX = "@nereus-rl "
+
+
+def make_runtime(kind: str, path: str, plan: str, module):
+    """`nereus`: the Nereus runtime (compiled transitions); `restart`: gather-and-reshard."""
+    if kind == "restart":
+        from .restart import RestartRuntime
+
+        return RestartRuntime(module, plan)
+    import nereus.runtime as nr
+
+    return nr.Runtime.from_file(path, plan=plan)
+
+
+def _emit(event: dict) -> None:
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(PREFIX + json.dumps(event), flush=True)
+
+
+def run(config: dict) -> dict:
+    """Train per `config` (see nereus.cli.train for the keys); returns the result dict."""
+    import nereus.ir as ir
+
+    torch.manual_seed(config.get("seed", 0))
+    module = ir.parse_file(config["plan_file"])
+    if config.get("overrides"):
+        module = ir.apply_overrides(module, list(config["overrides"]))
+    names = {f.name for f in fields(RlConfig)}
+    rl = RlConfig(**{k: v for k, v in config.get("rl", {}).items() if k in names})
+    spec = TrainSpec(config["plan"], config["steps"], tuple((int(s), p) for s, p in config.get("events", [])),
+                     config.get("seed", 0), config.get("task", "pattern"), rl)
+    runtime = make_runtime(config.get("runtime", "nereus"), config["plan_file"], config["plan"], module)
+    result = RlTrainer(module, runtime, spec, emit=_emit).run()
+    final = result.pop("_final_state")
+    out = config.get("out")
+    if out:
+        os.makedirs(out, exist_ok=True)
+        if dist.get_rank() == 0:
+            torch.save(final, os.path.join(out, "final_state.pt"))
+            with open(os.path.join(out, "result.json"), "w") as f:
+                json.dump(result, f, indent=1)
+        if config.get("checkpoint", True):
+            import torch.distributed.checkpoint as dcp
+
+            dcp.save(final, checkpoint_id=os.path.join(out, "checkpoint"))
+    return result
+
+
+def main(argv: list[str]) -> int:
+    with open(argv[1]) as f:
+        config = json.load(f)
+    torch.set_num_threads(max(1, int(config.get("threads", 1))))
+    dist.init_process_group("gloo")
+    try:
+        result = run(config)
+        _emit({"event": "done", **result})
+        return 0
+    except NereusError as error:
+        if dist.get_rank() == 0:
+            print(PREFIX + json.dumps({"event": "error", "message": error.format()}), flush=True)
+        return 2
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
