@@ -3,7 +3,8 @@ values back in the most readable exact unit.
 
 Parsing is exact: the number is read as a Decimal and scaled, so `4.8TB/s` is exactly
 4.8e12 bytes/s and `1.5GiB` exactly 1610612736 bytes. Printing picks, among the units in
-which the value is written exactly, the shortest text (ties: the larger unit), so that
+which the value is written exactly and is at least 1, the shortest text (ties: the
+larger unit), so that
 `parse(format(x)) == x` for every value, floats included.
 """
 
@@ -106,7 +107,7 @@ def _decimal_text(value: Decimal) -> str:
 
 
 def _best(value, units: dict[str, int]) -> str:
-    """The shortest exact `{number}{unit}` for `value` (an int or float)."""
+    """The most readable exact `{number}{unit}` for `value` (an int or float)."""
     try:
         exact = Decimal(value) if isinstance(value, int) else Decimal(repr(float(value)))
     except InvalidOperation:  # inf or nan: not a value any parser accepts
@@ -119,8 +120,10 @@ def _best(value, units: dict[str, int]) -> str:
             if number * factor != exact:
                 continue
             text = _decimal_text(number)
-            candidates.append((len(text) + len(unit), -factor, text + unit))
-    return min(candidates)[2]
+            # Prefer numbers >= 1 (900GB/s, not 0.9TB/s), then the shortest text (4.8TB/s,
+            # not 4800GB/s), then the larger unit.
+            candidates.append((number < 1 and exact != 0, len(text) + len(unit), -factor, text + unit))
+    return min(candidates)[-1]
 
 
 def format_size(value: int) -> str:
