@@ -32,12 +32,16 @@ def _gib(n: int) -> str:
     return f"{n / GIB:.1f} GiB"
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def describe(module: Module) -> str:
-    c = module.cluster
+    c, w = module.cluster, module.workload
     return (f"cluster {c.name}: {c.num_gpus} GPUs ({c.nodes} x {c.gpus_per_node}, {_gib(c.usable_gpu_bytes)} usable each); "
-            f"{len(module.models)} models; workload {module.workload.name} (batch {module.workload.batch}, "
-            f"prompt {module.workload.prompt}, response {module.workload.response}); "
-            f"{len(module.plans)} plans; {len(module.transitions)} transitions")
+            f"{_count(len(module.models), 'model')}; workload {w.name} (batch {w.batch}, "
+            f"prompt {w.prompt}, response {w.response}); "
+            f"{_count(len(module.plans), 'plan')}; {_count(len(module.transitions), 'transition')}")
 
 
 def feasibility_table(reports) -> str:
@@ -108,6 +112,6 @@ def check_command(file, overrides, plans, as_json, traceback):
     if unknown:
         raise click.BadParameter(f"no plan named {unknown[0]!r} in {file}", param_hint="--plan")
     if not as_json:
-        click.echo(f"{file}: ok: {describe(module)}")
+        click.echo(f"{file}: {describe(module)}")
     if not report_plans(module, as_json, set(plans) if plans else None):
         sys.exit(2)
