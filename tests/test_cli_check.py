@@ -1,0 +1,57 @@
+"""`nereusc check` on the bundled examples, and errors without tracebacks."""
+
+import json
+import pathlib
+
+import pytest
+from click.testing import CliRunner
+
+from nereus.cli import nereusc
+
+EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
+INFEASIBLE = {"infeasible-70b-8gpu.nir"}
+
+
+def run(*args):
+    return CliRunner().invoke(nereusc, list(args), catch_exceptions=False)
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.nir")), ids=lambda p: p.name)
+def test_every_example_checks(path):
+    result = run("check", str(path))
+    if path.name in INFEASIBLE:
+        assert result.exit_code == 2
+    else:
+        assert result.exit_code == 0, result.output
+        assert "NO" not in result.output
+
+
+def test_infeasible_example_names_gpu_stage_and_contributor():
+    result = run("check", str(EXAMPLES / "infeasible-70b-8gpu.nir"))
+    assert result.exit_code == 2
+    # 16 B/param x 70,553,706,496 / 8 = 141,107,412,992 B of training state on each GPU
+    assert "infeasible-70b-8gpu.nir:22:6: error: plan tight does not fit: GPU 0 needs" in result.output
+    assert "in training but has 131.3 GiB" in result.output
+    assert "hint: the largest contributor is actor.training optimizer" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_check_json_reports_every_plan():
+    result = run("check", str(EXAMPLES / "ppo-8b.nir"), "--json")
+    assert result.exit_code == 0
+    report = json.loads(result.output.strip().splitlines()[-1])
+    assert [p["plan"] for p in report["plans"]] == ["S1", "S2", "S3"]
+    assert report["feasible"] is True
+
+
+def test_override_can_make_a_plan_infeasible():
+    # responses 32x longer: training activations (s = 66,560 tokens) no longer fit
+    result = run("check", str(EXAMPLES / "ppo-8b.nir"), "--set", "workload.response=65536", "--plan", "S1")
+    assert result.exit_code == 2
+    assert "plan S1 does not fit" in result.output
+
+
+def test_missing_file_is_an_error_not_a_traceback():
+    result = run("check", "does-not-exist.nir")
+    assert result.exit_code == 2
+    assert "Traceback" not in result.output
