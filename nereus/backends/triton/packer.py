@@ -1,0 +1,268 @@
+"""Packer: picks the pack/unpack implementation once and caches per-round plans.
+
+Backend: `backend` argument, else the environment variable NEREUS_PACK_BACKEND, else
+"auto". "auto" runs the Triton kernels on CUDA tensors when triton imports, and the
+torch fallback otherwise; "triton" forces the kernels (on CPU only under
+TRITON_INTERPRET=1); "torch" forces the fallback. Each distinct choice is logged once
+per process on the logger `nereus.pack`.
+
+Plans: building the tables of a message costs host time (Python per segment, then one
+host-to-device copy). Calls that pass `key=` (anything hashable naming the program,
+round and peer set, e.g. `("S1->S2", round, "send")`) keep the device tables of that
+key, so a repeated transition (per-step weight sync) launches at once. A key must keep
+naming the same tensors (same storage, same boxes): the cache checks the segment
+count, dtypes and first addresses only. Buffers are not part of a plan: their base
+addresses go to the kernel in a small table, refreshed only when they change.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Hashable, Optional, Sequence
+
+import torch
+
+from . import fallback
+from .segments import ALIGN, as_view, copy_pieces, layout, view_pieces
+from .tables import build_launches
+
+log = logging.getLogger("nereus.pack")
+BACKENDS = ("auto", "triton", "torch")
+MESSAGE_ALIGN = 256  # bytes between messages of one pack_many allocation
+_LOGGED: set[tuple[str, str]] = set()
+
+
+def _log_once(backend: str, reason: str) -> None:
+    if (backend, reason) not in _LOGGED:
+        _LOGGED.add((backend, reason))
+        log.info("pack/unpack backend: %s (%s)", backend, reason)
+
+
+def _kernels():
+    """The Triton kernels module, or None where triton does not import."""
+    try:
+        return importlib.import_module("nereus.backends.triton.kernels")
+    except ImportError:
+        return None
+
+
+@dataclass(eq=False)
+class _Plan:
+    """What one call needs, bound to its tensors: fallback entries or device launches."""
+
+    backend: str
+    kind: str  # "pack", "unpack" or "copy"
+    signature: tuple
+    entries: list = field(default_factory=list)  # torch: (msg, view, offset) or (src, dst)
+    launches: list = field(default_factory=list)  # triton: Launch with device tables
+    residues: tuple[int, ...] = ()  # buffer address % ALIGN the tables were built for
+    bases: Optional[tuple[tuple[int, ...], torch.Tensor]] = None
+
+
+def _signature(views: Sequence[torch.Tensor]) -> tuple:
+    """Cheap identity check of a cached key: count, dtypes and the first address."""
+    first = views[0].data_ptr() if views else 0
+    return len(views), tuple(sorted({str(v.dtype) for v in views})), first
+
+
+class Packer:
+    """Packs segments into byte buffers and back, with one backend chosen up front.
+
+    `tile=(ROWS, COLS)` forces the kernels' tile shape (tests use it to keep the
+    interpreter's program count low); `max_vec=1` disables 16-byte vector hints."""
+
+    def __init__(self, backend: Optional[str] = None, *, tile: Optional[tuple[int, int]] = None,
+                 max_vec: int = 2, cache_size: int = 256):
+        chosen = backend or os.environ.get("NEREUS_PACK_BACKEND") or "auto"
+        if chosen not in BACKENDS:
+            raise ValueError(f"pack backend {chosen!r}: choose one of {', '.join(BACKENDS)}")
+        self.requested = chosen
+        self.tile = tile
+        self.max_vec = max_vec
+        self.cache_size = cache_size
+        self._plans: OrderedDict[Hashable, _Plan] = OrderedDict()
+        self.plans_built = 0
+
+    # -- backend choice ------------------------------------------------------------
+    def backend_for(self, device: torch.device) -> str:
+        """Input: the data's device. Output: "triton" or "torch" (logged once)."""
+        if self.requested == "torch":
+            _log_once("torch", "requested")
+            return "torch"
+        if self.requested == "triton":
+            if _kernels() is None:
+                raise ImportError("pack backend 'triton' requested but triton does not import; "
+                                  "install triton or set NEREUS_PACK_BACKEND=torch")
+            if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+                raise ValueError(f"pack backend 'triton' on {device.type} tensors needs TRITON_INTERPRET=1 "
+                                 "set before nereus.backends.triton.kernels is imported")
+            _log_once("triton", f"requested, {device.type} tensors")
+            return "triton"
+        if device.type != "cuda":
+            _log_once("torch", f"auto: {device.type} tensors")
+            return "torch"
+        if _kernels() is None:
+            _log_once("torch", "auto: triton does not import")
+            return "torch"
+        _log_once("triton", "auto: CUDA tensors and triton imports")
+        return "triton"
+
+    def clear_cache(self) -> None:
+        self._plans.clear()
+
+    # -- public operations ---------------------------------------------------------
+    def pack(self, segments: Sequence[Any], out: Optional[torch.Tensor] = None, *,
+             key: Optional[Hashable] = None) -> torch.Tensor:
+        """Input: segments of one message. Output: a 1-D uint8 buffer (`out` when given)
+        holding each segment row-major at its `layout` offset."""
+        views = [as_view(s) for s in segments]
+        offsets, total = layout(views)
+        buffer = out if out is not None else torch.empty(total, dtype=torch.uint8, device=_device(views, None))
+        self.pack_into(views, offsets, total, buffer, key=key)
+        return buffer
+
+    def unpack(self, buffer: torch.Tensor, segments: Sequence[Any], *, key: Optional[Hashable] = None) -> None:
+        """Inverse of `pack`: writes the buffer's bytes into the segments."""
+        views = [as_view(s) for s in segments]
+        self.unpack_from(buffer, views, layout(views)[0], key=key)
+
+    def pack_many(self, messages: Sequence[Sequence[Any]], *, key: Optional[Hashable] = None) -> list[torch.Tensor]:
+        """Input: several messages (e.g. one per peer of a round). Output: one buffer per
+        message, views of one allocation, packed by one launch per access class."""
+        views = [[as_view(s) for s in msg] for msg in messages]
+        layouts = [layout(v) for v in views]
+        device = _device([v for msg in views for v in msg], None)
+        starts, at = [], 0
+        for _, total in layouts:
+            starts.append(at)
+            at += -(-total // MESSAGE_ALIGN) * MESSAGE_ALIGN
+        whole = torch.empty(at, dtype=torch.uint8, device=device)
+        buffers = [whole[s: s + total] for s, (_, total) in zip(starts, layouts)]
+        self._run("pack", views, [o for o, _ in layouts], buffers, key)
+        return buffers
+
+    def unpack_many(self, buffers: Sequence[torch.Tensor], messages: Sequence[Sequence[Any]], *,
+                    key: Optional[Hashable] = None) -> None:
+        """Inverse of `pack_many`: buffer i is unpacked into message i's segments."""
+        views = [[as_view(s) for s in msg] for msg in messages]
+        self._run("unpack", views, [layout(v)[0] for v in views], [_bytes(b) for b in buffers], key)
+
+    def copy(self, pairs: Sequence[tuple[Any, Any]], *, key: Optional[Hashable] = None) -> None:
+        """Local copies (same device): each destination box becomes its source box, all
+        pairs in one launch per access class. No buffer in between."""
+        flat = []
+        for src, dst in pairs:
+            src, dst = as_view(src), as_view(dst)
+            if src.dtype != dst.dtype or src.shape != dst.shape:
+                raise ValueError(f"copy between {src.dtype}{list(src.shape)} and {dst.dtype}{list(dst.shape)}")
+            flat += [src, dst]
+        self._run("copy", [flat], [()], [], key)
+
+    def pack_into(self, views: Sequence[torch.Tensor], offsets: Sequence[int], nbytes: int,
+                  out: Optional[torch.Tensor] = None, *, key: Optional[Hashable] = None) -> torch.Tensor:
+        """The executor's contract (`nereus.runtime.packing`): pack views at the given
+        byte offsets into a uint8 buffer of `nbytes` (`out` when given)."""
+        views = list(views)
+        buffer = out if out is not None else torch.empty(nbytes, dtype=torch.uint8, device=_device(views, None))
+        byte_buffer = _bytes(buffer)
+        _check_fits(views, offsets, byte_buffer.numel())
+        self._run("pack", [views], [tuple(offsets)], [byte_buffer], key)
+        return buffer
+
+    def unpack_from(self, buffer: torch.Tensor, views: Sequence[torch.Tensor], offsets: Sequence[int], *,
+                    key: Optional[Hashable] = None) -> None:
+        """The executor's contract: write the bytes at each offset into its view."""
+        views = list(views)
+        byte_buffer = _bytes(buffer)
+        _check_fits(views, offsets, byte_buffer.numel())
+        self._run("unpack", [views], [tuple(offsets)], [byte_buffer], key)
+
+    # -- plans ---------------------------------------------------------------------
+    def _run(self, kind: str, views: list[list[torch.Tensor]], offsets: list[Sequence[int]],
+             buffers: list[torch.Tensor], key: Optional[Hashable]) -> None:
+        flat = [v for msg in views for v in msg]
+        if not flat:
+            return
+        device = _device(flat, buffers)
+        residues = tuple(b.data_ptr() % ALIGN for b in buffers)
+        signature = (len(views), tuple(len(m) for m in views), _signature(flat), residues)
+        plan = self._plans.get((kind, key)) if key is not None else None
+        if plan is None or plan.signature != signature:
+            plan = self._build(kind, views, offsets, residues, device, signature)
+            if key is not None:
+                self._plans[(kind, key)] = plan
+                while len(self._plans) > self.cache_size:
+                    self._plans.popitem(last=False)
+        elif key is not None:
+            self._plans.move_to_end((kind, key))
+        self._execute(plan, buffers, device)
+
+    def _build(self, kind: str, views: list[list[torch.Tensor]], offsets: list[Sequence[int]],
+               residues: tuple[int, ...], device: torch.device, signature: tuple) -> _Plan:
+        self.plans_built += 1
+        backend = self.backend_for(device)
+        plan = _Plan(backend, kind, signature, residues=residues)
+        if kind == "copy":
+            pairs = list(zip(views[0][0::2], views[0][1::2]))
+            if backend == "torch":
+                plan.entries = pairs
+            else:
+                pieces = [p for src, dst in pairs for p in copy_pieces(src, dst)]
+                plan.launches = [x.to(device) for x in build_launches(pieces, self.tile, self.max_vec)]
+            return plan
+        entries = [(m, v, o) for m, (msg, offs) in enumerate(zip(views, offsets)) for v, o in zip(msg, offs)]
+        if backend == "torch":
+            plan.entries = entries
+            return plan
+        pieces = [p for m, v, o in entries for p in view_pieces(v, o + residues[m], m, kind)]
+        plan.launches = [x.to(device) for x in build_launches(pieces, self.tile, self.max_vec)]
+        return plan
+
+    def _execute(self, plan: _Plan, buffers: list[torch.Tensor], device: torch.device) -> None:
+        if plan.backend == "torch":
+            if plan.kind == "copy":
+                fallback.copy_pairs(plan.entries)
+            elif plan.kind == "pack":
+                fallback.pack_entries(buffers, plan.entries)
+            else:
+                fallback.unpack_entries(buffers, plan.entries)
+            return
+        kernels = _kernels()
+        bases = None
+        rel = kernels.REL_NONE
+        if plan.kind != "copy":
+            rel = kernels.REL_DST if plan.kind == "pack" else kernels.REL_SRC
+            addresses = tuple(b.data_ptr() - r for b, r in zip(buffers, plan.residues))
+            if plan.bases is None or plan.bases[0] != addresses:
+                plan.bases = (addresses, torch.tensor(addresses, dtype=torch.int64).to(device))
+            bases = plan.bases[1]
+        for launch in plan.launches:
+            kernels.run_launch(launch, rel, bases)
+
+
+def _bytes(buffer: torch.Tensor) -> torch.Tensor:
+    if not buffer.is_contiguous():
+        raise ValueError("pack buffers must be contiguous")
+    return buffer.reshape(-1).view(torch.uint8)
+
+
+def _check_fits(views: Sequence[torch.Tensor], offsets: Sequence[int], size: int) -> None:
+    if len(views) != len(offsets):
+        raise ValueError(f"{len(views)} views but {len(offsets)} offsets")
+    for view, offset in zip(views, offsets):
+        end = offset + view.numel() * view.element_size()
+        if offset < 0 or end > size:
+            raise ValueError(f"segment [{offset}, {end}) does not fit a buffer of {size} bytes")
+
+
+def _device(views: Sequence[torch.Tensor], buffers: Optional[Sequence[torch.Tensor]]) -> torch.device:
+    devices = {v.device for v in views} | {b.device for b in buffers or ()}
+    if not devices:
+        return torch.device("cpu")
+    if len(devices) != 1:
+        raise ValueError(f"segments and buffers of one call must share a device, got {sorted(map(str, devices))}")
+    return devices.pop()

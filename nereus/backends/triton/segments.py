@@ -1,0 +1,183 @@
+"""Segments of a message and their reduction to byte-level copy pieces.
+
+A *segment* is a strided box of one tensor. Callers may give it in three forms (all
+equivalent; `as_view` turns each into a strided tensor view, which is all the kernels
+need: a base address, sizes and strides):
+
+- a tensor view (`w[:, 1024:2048]`), possibly non-contiguous;
+- `(tensor, index)` with `index` a tuple of slices (step 1) or ints;
+- `SegmentView(tensor, starts, sizes)`, the box given as per-dimension start and size.
+
+A message is a list of segments packed back to back, each row-major, at offsets given
+by `layout` (each start aligned to ALIGN bytes so that every piece can be viewed with its
+own dtype and so that the kernels can use 16-byte accesses).
+
+`normalize_pair` is the host half of the kernels: it turns one (source box, destination
+box) pair into *pieces*: at most two outer dimensions over a contiguous inner run of
+machine words, with every address, stride and length in words of the largest size
+(8, 4, 2 or 1 bytes) that divides them all. Pieces are pure integers (no tensors), so
+addresses past 2**31 elements are ordinary Python ints here and int64 in the tables.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+ALIGN = 16  # bytes; each segment of a packed message starts at a multiple of this
+MAX_WORD = 8  # bytes; the widest scalar the kernel moves (16-byte vectors come from hints)
+
+
+@dataclass(frozen=True, eq=False)
+class SegmentView:
+    """The box `tensor[starts[0]:starts[0]+sizes[0], ...]` (one start and size per dim)."""
+
+    tensor: torch.Tensor
+    starts: tuple[int, ...]
+    sizes: tuple[int, ...]
+
+    def view(self) -> torch.Tensor:
+        if len(self.starts) != self.tensor.dim() or len(self.sizes) != self.tensor.dim():
+            raise ValueError(f"box of rank {len(self.sizes)} for a tensor of rank {self.tensor.dim()}")
+        view = self.tensor
+        for dim, (start, size) in enumerate(zip(self.starts, self.sizes)):
+            if start < 0 or size < 0 or start + size > self.tensor.shape[dim]:
+                raise ValueError(f"box [{start}, {start + size}) outside dim {dim} of size {self.tensor.shape[dim]}")
+            view = view.narrow(dim, start, size)
+        return view
+
+
+def as_view(segment: Any) -> torch.Tensor:
+    """Input: a tensor view, `(tensor, index)` or a SegmentView. Output: the strided view."""
+    if isinstance(segment, torch.Tensor):
+        return segment
+    if isinstance(segment, SegmentView):
+        return segment.view()
+    if isinstance(segment, tuple) and len(segment) == 2 and isinstance(segment[0], torch.Tensor):
+        tensor, index = segment
+        index = index if isinstance(index, tuple) else (index,)
+        for item in index:
+            if isinstance(item, slice) and item.step not in (None, 1):
+                raise ValueError(f"segment slices must have step 1, got {item}")
+        return tensor[index]
+    raise TypeError(f"a segment is a tensor view, (tensor, index) or SegmentView, not {type(segment).__name__}")
+
+
+def nbytes(view: torch.Tensor) -> int:
+    return view.numel() * view.element_size()
+
+
+def contiguous_bytes(view: torch.Tensor) -> torch.Tensor:
+    """A view's elements, row-major, as a fresh 1-D uint8 tensor (any strides, any rank)."""
+    dense = torch.empty(view.shape, dtype=view.dtype, device=view.device)
+    dense.copy_(view)
+    return dense.reshape(-1).view(torch.uint8)
+
+
+def layout(views: Sequence[torch.Tensor], align: int = ALIGN) -> tuple[tuple[int, ...], int]:
+    """Input: the views of one message. Output: (byte offset of each view, total bytes).
+    Invariant: offsets are increasing multiples of `align`; views never overlap."""
+    offsets, at = [], 0
+    for view in views:
+        offsets.append(at)
+        at += -(-nbytes(view) // align) * align
+    return tuple(offsets), at
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One copy of a box of words: rows = n0*n1 outer rows, each a contiguous run of
+    `inner` words. Row r = (i0, i1) with i0 = r // n1, i1 = r % n1 sits at
+    `addr + i0*s0 + i1*s1` words on each side. `run` means the whole piece is one
+    contiguous run on both sides (n0 = n1 = 1), which the tiler may re-cut freely.
+    `src`/`dst` are byte addresses, or byte offsets into message `msg`'s buffer on the
+    side named by `relative` ("src", "dst" or None)."""
+
+    word: int
+    vec: int
+    src: int
+    dst: int
+    n0: int
+    n1: int
+    inner: int
+    src_s0: int
+    src_s1: int
+    dst_s0: int
+    dst_s1: int
+    msg: int = 0
+
+    @property
+    def run(self) -> bool:
+        return self.n0 == 1 and self.n1 == 1
+
+
+def _lowbit(value: int) -> int:
+    return value & -value if value else 1 << 62
+
+
+def normalize_pair(sizes: Sequence[int], src_strides: Sequence[int], dst_strides: Sequence[int],
+                   src: int, dst: int, elem: int, msg: int = 0) -> list[Piece]:
+    """Input: one box given by its sizes and, per side, element strides and byte address
+    (or byte offset), for elements of `elem` bytes. Output: the pieces that copy it.
+
+    Invariant: the pieces move exactly the box's bytes, each source byte to the
+    destination byte at the same row-major position; empty boxes give no pieces.
+    """
+    if any(n == 0 for n in sizes):
+        return []
+    dims = [(n, a * elem, b * elem) for n, a, b in zip(sizes, src_strides, dst_strides) if n != 1]
+    merged: list[tuple[int, int, int]] = []
+    for n, a, b in reversed(dims):  # innermost first: merge a dim into the one inside it
+        if merged and a == merged[-1][0] * merged[-1][1] and b == merged[-1][0] * merged[-1][2]:
+            inner_n, inner_a, inner_b = merged.pop()
+            merged.append((n * inner_n, inner_a, inner_b))
+        else:
+            merged.append((n, a, b))
+    merged.reverse()
+    if merged and merged[-1][1] == elem and merged[-1][2] == elem:
+        run, outer = merged[-1][0] * elem, merged[:-1]
+    else:  # no contiguous innermost dim: every element is its own run
+        run, outer = elem, merged
+    return _pieces(outer, run, src, dst, msg)
+
+
+def _pieces(outer: list[tuple[int, int, int]], run: int, src: int, dst: int, msg: int) -> list[Piece]:
+    if len(outer) > 2:  # the kernel indexes two outer dims: split the outermost
+        n, a, b = outer[0]
+        return [p for k in range(n) for p in _pieces(outer[1:], run, src + k * a, dst + k * b, msg)]
+    g = math.gcd(src, dst, run, *(s for _, a, b in outer for s in (a, b)))
+    low = _lowbit(g)
+    word = min(MAX_WORD, low)
+    vec = 2 if low >= 16 else 1
+    (n0, a0, b0), (n1, a1, b1) = ([(1, 0, 0)] * (2 - len(outer)) + outer)[-2:]
+    return [Piece(word, vec, src, dst, n0, n1, run // word, a0 // word, a1 // word, b0 // word, b1 // word, msg)]
+
+
+def view_pieces(view: torch.Tensor, offset: int, msg: int, direction: str) -> list[Piece]:
+    """Pieces between a tensor view and its contiguous image at byte `offset` of message
+    `msg`'s buffer; direction "pack" (view → buffer) or "unpack" (buffer → view)."""
+    sizes = list(view.shape)
+    contiguous = _contiguous_strides(sizes)
+    addr = view.data_ptr()
+    if direction == "pack":
+        return normalize_pair(sizes, view.stride(), contiguous, addr, offset, view.element_size(), msg)
+    return normalize_pair(sizes, contiguous, view.stride(), offset, addr, view.element_size(), msg)
+
+
+def copy_pieces(src: torch.Tensor, dst: torch.Tensor) -> list[Piece]:
+    """Pieces that copy view `src` into view `dst` (same shape and dtype)."""
+    if src.dtype != dst.dtype or src.shape != dst.shape:
+        raise ValueError(f"copy between {src.dtype}{list(src.shape)} and {dst.dtype}{list(dst.shape)}")
+    return normalize_pair(list(src.shape), src.stride(), dst.stride(), src.data_ptr(), dst.data_ptr(),
+                          src.element_size())
+
+
+def _contiguous_strides(sizes: Sequence[int]) -> list[int]:
+    strides, step = [], 1
+    for n in reversed(sizes):
+        strides.append(step)
+        step *= max(n, 1)
+    return strides[::-1]
