@@ -11,7 +11,9 @@ from one holder (same GPU first), spreading sends over `rounds` rounds.
 from __future__ import annotations
 
 import os
+import pickle
 import socket
+import tempfile
 import traceback
 
 import torch
@@ -174,23 +176,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank, world, port, fn, args, results):
+def _worker(rank, world, port, fn, args, folder):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        results[rank] = ("ok", fn(rank, world, *args))
+        result = ("ok", fn(rank, world, *args))
     except BaseException as error:  # noqa: BLE001 - reported to the parent test
-        results[rank] = ("error", f"{type(error).__name__}: {error}\n{traceback.format_exc()}")
+        result = ("error", f"{type(error).__name__}: {error}\n{traceback.format_exc()}")
     finally:
         dist.destroy_process_group()
+    with open(os.path.join(folder, f"{rank}.pkl"), "wb") as f:
+        pickle.dump(result, f)
 
 
 def spawn(fn, world: int, *args) -> list:
     """Run fn(rank, world, *args) on `world` gloo processes; return each rank's result.
     A rank that raised returns ("error", text); the test decides what that means."""
-    manager = mp.get_context("spawn").Manager()
-    results = manager.dict()
-    mp.start_processes(_worker, args=(world, free_port(), fn, args, results), nprocs=world,
-                       start_method="spawn", join=True)
-    return [results.get(r) for r in range(world)]
+    with tempfile.TemporaryDirectory() as folder:
+        mp.start_processes(_worker, args=(world, free_port(), fn, args, folder), nprocs=world,
+                           start_method="spawn", join=True)
+        out = []
+        for r in range(world):
+            path = os.path.join(folder, f"{r}.pkl")
+            out.append(pickle.load(open(path, "rb")) if os.path.exists(path) else None)
+        return out

@@ -41,11 +41,14 @@ def _bytes_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
         a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
 
 
-def _run_cases(rank, world, cases, tensors, fault):
+FAULTS = [(1, 0, "pack"), (2, 1, "unpack")]
+
+
+def _run_cases(rank, world, cases, tensors):
     control = dist.new_group(backend="gloo")
     full = reference_state(tensors)
     out = []
-    for name, before_units, after_units, rounds in cases:
+    for name, before_units, after_units, rounds, fault in cases:
         program = naive_program(before_units, after_units, tensors, rounds=rounds, gpus=world)
         prog = rank_program(program, rank)
         before = {u["id"]: shard_unit(u, rank, full) for u in before_units if rank in u["gpus"]}
@@ -78,9 +81,18 @@ def _ok(results):
     return [res[1] for res in results]
 
 
-def test_transitions_move_every_byte_to_its_new_owner():
-    tensors = tensor_list(MODEL, training=True)
-    per_rank = _ok(spawn(_run_cases, WORLD, _layouts(), tensors, None))
+@pytest.fixture(scope="module")
+def per_rank():
+    """One launch of 4 gloo processes runs every case (process start-up dominates)."""
+    cases = [c + (None,) for c in _layouts()]
+    split = [c for c in _layouts() if c[0] == "tp2-tp4"][0]
+    cases += [(f"fault {f}",) + split[1:] + (f,) for f in FAULTS]
+    results = _ok(spawn(_run_cases, WORLD, cases, tensor_list(MODEL, training=True)))
+    return [{case["case"]: case for case in rank} for rank in results]
+
+
+def test_transitions_move_every_byte_to_its_new_owner(per_rank):
+    per_rank = [[c for name, c in rank.items() if not name.startswith("fault")] for rank in per_rank]
     sent = sum(case["sent"] for rank in per_rank for case in rank)
     received = sum(case["received"] for rank in per_rank for case in rank)
     assert sent == received > 0
@@ -94,12 +106,10 @@ def test_transitions_move_every_byte_to_its_new_owner():
     assert per_rank[0][1]["held"] == 0 and per_rank[3][1]["held"] > 0
 
 
-@pytest.mark.parametrize("fault", [(1, 0, "pack"), (2, 1, "unpack")])
-def test_a_fault_on_one_rank_aborts_every_rank_and_keeps_old_state(fault):
-    tensors = tensor_list(MODEL, training=True)
-    case = [c for c in _layouts() if c[0] == "tp2-tp4"]
-    per_rank = _ok(spawn(_run_cases, WORLD, case, tensors, fault))
-    for rank, (result,) in enumerate(per_rank):
+@pytest.mark.parametrize("fault", FAULTS)
+def test_a_fault_on_one_rank_aborts_every_rank_and_keeps_old_state(per_rank, fault):
+    for rank, cases in enumerate(per_rank):
+        result = cases[f"fault {fault}"]
         assert "aborted" in result, (rank, result)
         assert result["intact"], rank
         assert f"rank {fault[0]}, round {fault[1]}" in result["aborted"]
