@@ -8,7 +8,9 @@ checked later, in build.py.
 
 from __future__ import annotations
 
+import difflib
 import os
+import re
 from dataclasses import dataclass
 from typing import Optional, Union
 
@@ -132,13 +134,79 @@ def _unclosed_brace_hint(text: str, upto: int) -> Optional[str]:
     return f"the '{{' at {line}:{column} is not closed"
 
 
+_UNIT_NAMES = ("KiB", "MiB", "GiB", "TiB", "KB", "MB", "GB", "TB", "B", "GFLOPS", "TFLOPS", "PFLOPS", "FLOPS", "%")
+_SPACED_UNIT = re.compile(r"[0-9][ \t]+(?:" + "|".join(re.escape(u) for u in _UNIT_NAMES) + r")(?:/s)?(?![A-Za-z0-9_])")
+
+
+def _spaced_unit(text: str, line: int, file: str) -> Optional[ParseError]:
+    """`host_mem 1 TB` reads as a key `TB`: if the error's line or the one before holds a
+    number and a unit apart, that is the mistake to report."""
+    lines = text.splitlines()
+    for number in (line - 1, line):
+        if 1 <= number <= len(lines):
+            match = _SPACED_UNIT.search(lines[number - 1])
+            if match:
+                unit = match.group(0)[1:].strip()
+                column = match.start() + len(match.group(0)) - len(unit) + 1
+                return ParseError(f"a unit must follow its number without a space", Location(file, number, column),
+                                  f"write {match.group(0)[0]}{unit}, not {match.group(0)[0]} {unit}", text, len(unit))
+    return None
+
+
+_DECLARATION_START = re.compile(r"^[ \t]*(cluster|model|workload|plan|transition)[ \t]", re.MULTILINE)
+
+
+def _offset(text: str, line: int, column: int) -> int:
+    start = 0
+    for _ in range(line - 1):
+        start = text.index("\n", start) + 1
+    return start + column - 1
+
+
+def _unclosed_before_declaration(text: str, offset: int, file: str) -> Optional[ParseError]:
+    """A block left open runs into the next declaration, whose keyword then reads as a
+    key: report the missing `}` at that keyword."""
+    hint = _unclosed_brace_hint(text, offset)
+    if hint is None:
+        return None
+    line, column = (int(part) for part in hint.split("at ")[1].split(" ")[0].split(":"))
+    brace = _offset(text, line, column)
+    match = _DECLARATION_START.search(text, brace, offset)
+    if match is None:
+        return None
+    start = match.start(1)
+    loc = Location(file, text.count("\n", 0, start) + 1, start - (text.rfind("\n", 0, start) + 1) + 1)
+    return ParseError(f"expected '}}' before '{match.group(1)}'", loc, hint, text, len(match.group(1)))
+
+
+def _previous_words_hint(text: str, offset: int) -> Optional[str]:
+    words = re.findall(r"[^\s#]+", re.sub(r"#[^\n]*", "", text[:offset]))[-2:]
+    if len(words) == 2 and all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", word) for word in words):
+        return f"'{words[0]}' took '{words[1]}' as its value; is the value of '{words[0]}' missing?"
+    return None
+
+
 def _syntax_error(error: UnexpectedInput, text: str, file: str) -> ParseError:
+    spaced = _spaced_unit(text, getattr(error, "line", 0) or 0, file)
+    if spaced is not None:
+        return spaced
     if isinstance(error, UnexpectedToken) and error.token.type != "$END":
         token = error.token
-        message = f"expected {_describe_expected(set(error.expected))}, found '{token}'"
+        offset = _offset(text, token.line, token.column)
+        unclosed = _unclosed_before_declaration(text, offset, file)
+        if unclosed is not None:
+            return unclosed
+        expected = set(error.expected)
+        message = f"expected {_describe_expected(expected)}, found '{token}'"
         hint = None
-        if token.type == "QUANTITY" and str(token).startswith("-") and {"GPU_ID", "NODE"} & set(error.expected):
+        if token.type == "QUANTITY" and str(token).startswith("-") and {"GPU_ID", "NODE"} & expected:
             hint = "GPU ids are 0 or more"
+        elif token.type == "QUANTITY" and "RBRACE" in expected:
+            hint = _previous_words_hint(text, offset)
+        elif token.type == "NAME":
+            keywords = [_TERMINAL_WORDS[name].strip("'") for name in expected if name in _TERMINAL_WORDS]
+            close = difflib.get_close_matches(str(token), [k for k in keywords if k.isalpha()], n=1, cutoff=0.6)
+            hint = f"did you mean '{close[0]}'?" if close else None
         return ParseError(message, Location(file, token.line, token.column), hint, text, len(str(token)))
     if isinstance(error, (UnexpectedToken, UnexpectedEOF)):
         expected = set(error.expected)

@@ -165,7 +165,7 @@ def validate_placement(placement: Placement, module: Module, plan: Plan) -> None
             f"{placement.dp} x {placement.tp} x {placement.pp} = {need}", set_loc,
             f"give {need} GPUs (e.g. on 0..{need - 1}) or change dp to {len(gpus) // (placement.tp * placement.pp)}"
             if len(gpus) % (placement.tp * placement.pp) == 0 and len(gpus) // (placement.tp * placement.pp) >= 1
-            else f"give {need} GPUs (e.g. on 0..{need - 1})", set_width)
+            else f"give {need} GPUs (e.g. on 0..{need - 1})", width=set_width)
 
 
 def validate_plan(plan: Plan, module: Module) -> None:
