@@ -2,10 +2,9 @@
 values back in the most readable exact unit.
 
 Parsing is exact: the number is read as a Decimal and scaled, so `4.8TB/s` is exactly
-4.8e12 bytes/s and `1.5GiB` exactly 1610612736 bytes. Printing picks, among the units in
-which the value is written exactly and is at least 1, the shortest text (ties: the
-larger unit), so that
-`parse(format(x)) == x` for every value, floats included.
+4.8e12 bytes/s and `1.5GiB` exactly 1610612736 bytes. Printing picks the largest unit in
+which the value is exact, at least 1 and has at most two decimals (else the shortest
+exact text), so that `parse(format(x)) == x` for every value, floats included.
 """
 
 from __future__ import annotations
@@ -120,9 +119,12 @@ def _best(value, units: dict[str, int]) -> str:
             if number * factor != exact:
                 continue
             text = _decimal_text(number)
-            # Prefer numbers >= 1 (900GB/s, not 0.9TB/s), then the shortest text (4.8TB/s,
-            # not 4800GB/s), then the larger unit.
-            candidates.append((number < 1 and exact != 0, len(text) + len(unit), -factor, text + unit))
+            decimals = len(text.partition(".")[2])
+            # Readable: the largest unit giving a number >= 1 with at most two decimals
+            # (900GB/s not 0.9TB/s, 4.8TB/s not 4800GB/s, 1979.5TFLOPS not 1.9795PFLOPS);
+            # failing that, the shortest text.
+            readable = number >= 1 and decimals <= 2
+            candidates.append((not readable, -factor if readable else len(text) + len(unit), -factor, text + unit))
     return min(candidates)[-1]
 
 
