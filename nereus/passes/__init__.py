@@ -1,0 +1,155 @@
+"""Transition passes: plan S → plan S* compiled into a memory-safe rank program.
+
+    from nereus.passes import compile_transition
+    compiled = compile_transition(module, "S1", "S2")      # default pipeline
+    compiled.to_json()      # JSON program v1 (docs/program.md)
+    compiled.summary        # per model-stage primitives, op counts, rounds, bytes, lower bound
+    compiled.timings        # seconds per pass
+    compiled.cost           # CostEstimate (predicted seconds, bytes by link class)
+
+One module per pass (diff, dag, resources, fusion, lower, cost; layout holds the box
+arithmetic, verify the program checker); `manager` runs a named pipeline. Deterministic:
+the runtime compiles on every rank and relies on identical output. Imports neither torch
+nor triton.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from nereus.ir.diagnostics import SemanticError
+from nereus.ir.model import Module
+
+from .manager import DEFAULT_PIPELINE, CompileState, PassManager, parse_pipeline
+
+
+@dataclass(frozen=True)
+class CompiledTransition:
+    source: str
+    target: str
+    state: CompileState = field(repr=False)
+    timings: dict = field(default_factory=dict)
+
+    @property
+    def program(self):
+        return self.state.program
+
+    @property
+    def dag(self):
+        return self.state.dag
+
+    @property
+    def cost(self):
+        if self.state.cost is None and self.state.program is not None:
+            from .cost import estimate
+
+            return estimate(self.state.program)
+        return self.state.cost
+
+    def to_json(self) -> dict:
+        from nereus.backends.json_program import program_to_json
+
+        if self.state.program is None:
+            raise SemanticError("the pipeline stopped before 'lower': no program to emit",
+                                hint=f"use the default pipeline {DEFAULT_PIPELINE}")
+        return program_to_json(self.state.program)
+
+    @property
+    def summary(self) -> dict:
+        return summarize(self)
+
+
+def compile_transition(module: Module, source: str, target: str, *, pipeline: Optional[str] = None,
+                       print_after_all=None, **options) -> CompiledTransition:
+    """Compile the move from plan `source` to plan `target` of `module`.
+
+    `options` set pass options by name (`bucket=256 << 20`, `independent=True`,
+    `staging=False`) on the passes of the pipeline that have them."""
+    names = {p.name for p in module.plans}
+    for plan in (source, target):
+        if plan not in names:
+            raise SemanticError(f"no plan named {plan!r}", hint=f"plans: {', '.join(sorted(names))}")
+    text = pipeline or DEFAULT_PIPELINE
+    if options:
+        text = _with_options(text, options)
+    manager = PassManager(text, print_after_all=print_after_all)
+    state = manager.run(CompileState(module, source, target))
+    return CompiledTransition(source, target, state, dict(manager.timings))
+
+
+def _with_options(text: str, options: dict) -> str:
+    from dataclasses import fields
+
+    from .manager import PASSES, PipelineError
+
+    passes = parse_pipeline(text)
+    used = set()
+    parts = []
+    for p in passes:
+        own = {f.name: getattr(p, f.name) for f in fields(p)}
+        for key, value in options.items():
+            if key in own:
+                own[key] = value
+                used.add(key)
+        body = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in own.items() if v is not None)
+        parts.append(p.name + (f"{{{body}}}" if body else ""))
+    unknown = set(options) - used
+    if unknown:
+        raise PipelineError(f"no pass of the pipeline takes option(s) {sorted(unknown)}",
+                            hint=", ".join(f"{n}: {[f.name for f in fields(c)]}" for n, c in PASSES.items()))
+    return ",".join(parts)
+
+
+def summarize(compiled: CompiledTransition) -> dict:
+    """Per model-stage primitives and op counts; rounds; bytes by class; lower bound; edges."""
+    state = compiled.state
+    out: dict = {"transition": f"{compiled.source} -> {compiled.target}", "stages": {}}
+    if state.diff is not None:
+        for sd in state.diff.stages:
+            out["stages"][sd.model_stage] = {
+                "unchanged": sd.unchanged,
+                "kept_units": len(sd.kept),
+                "primitives": [str(p) for p in sd.primitives],
+            }
+    program = state.program
+    if program is not None:
+        dag = program.dag
+        counts: dict = {}
+        for _, kind, record in program.ops():
+            if kind == "send":
+                stage_ids = {x.stage for x in record.xfers}
+            elif kind == "alloc":
+                stage_ids = {dag.allocs[record].stage}
+            elif kind in ("free", "stage_out"):
+                stage_ids = {dag.frees[record].stage}
+            else:
+                stage_ids = {record.stage}
+            for s in stage_ids:
+                entry = counts.setdefault(dag.stages[s].name, {})
+                entry[kind] = entry.get(kind, 0) + 1
+        for name, entry in counts.items():
+            out["stages"][name]["ops"] = entry
+        cost = compiled.cost
+        sched = program.schedule
+        out.update({
+            "rounds": program.num_rounds,
+            "messages": sum(len(m) for m in program.messages),
+            "bytes": {"total": cost.bytes_total, "local": cost.bytes_local, "intra_node": cost.bytes_intra,
+                      "inter_node": cost.bytes_inter, "staged": cost.bytes_staged, "kept": cost.bytes_kept},
+            "lower_bound_bytes": cost.lower_bound,
+            "predicted_seconds": cost.seconds,
+            "resource_edges": _edge_counts(sched),
+            "chunked": sched.chunked,
+            "notes": list(sched.notes),
+        })
+    if compiled.timings:
+        out["timings"] = dict(compiled.timings)
+    return out
+
+
+def _edge_counts(schedule) -> dict:
+    counts: dict = {}
+    for e in schedule.edges:
+        counts[e.kind] = counts.get(e.kind, 0) + 1
+    return counts

@@ -1,0 +1,179 @@
+"""JSON program v1: the contract between compiler and runtime (docs/program.md).
+
+    program_to_json(program) -> dict            # a lowered Program (or a JsonProgram) → v1 dict
+    program_from_json(data) -> JsonProgram      # checked wrapper of a v1 dict
+    plan_units_json(module, plan, model_stage=None) -> [UNIT, ...]
+    rank_program(data, rank) -> [[OP, ...] per round]   # what one rank executes
+
+Emission expands symbolic ops: an op covering a layer range becomes one segment per layer,
+tensor and optimizer state, in a fixed order (slot, then piece, then state), so two
+compilations of the same input give byte-identical JSON. Imports neither torch nor triton.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+from nereus.ir.diagnostics import ProgramError
+from nereus.ir.model import Model, Module, Placement
+
+FORMAT, VERSION = "nereus-program", 1
+
+
+@dataclass(frozen=True)
+class JsonProgram:
+    """A program read back from JSON; `data` is the v1 dict."""
+
+    data: dict
+
+    def to_json(self) -> dict:
+        return self.data
+
+
+def _box(box) -> list[list[int]]:
+    return [[lo, hi] for lo, hi in box]
+
+
+def placement_units(model: Model, placement: Placement) -> list[dict]:
+    """UNIT dicts (id, model_stage, replica, gpus, shards) of every replica of `placement`."""
+    from nereus.passes.layout import gpu_shards, unit_id
+
+    name = str(placement.model_stage)
+    units = []
+    for r in range(placement.dp):
+        shards = []
+        for p in range(placement.pp):
+            for t in range(placement.tp):
+                g = placement.gpu_of(r, p, t)
+                shards.extend({"gpu": g, "tensor": tensor, "boxes": [_box(b) for b in boxes]}
+                              for tensor, boxes in gpu_shards(model, placement, p, t))
+        units.append({"id": unit_id(name, r), "model_stage": name, "replica": r,
+                      "gpus": list(placement.replica_gpus(r)), "tp": placement.tp, "pp": placement.pp,
+                      "shards": shards})
+    return units
+
+
+def plan_units_json(module: Module, plan_name: str, model_stage: Optional[str] = None) -> list[dict]:
+    """UNIT dicts of a plan's layout (all model-stages, or one): how the runtime lays out
+    state before any transition. Same shape as the program's `units` entries."""
+    plan = module.plan(plan_name)
+    out = []
+    for placement in plan.placements:
+        if model_stage is None or str(placement.model_stage) == model_stage:
+            out.extend(placement_units(module.model(placement.model_stage.model), placement))
+    return out
+
+
+def _tensors(dag) -> list[dict]:
+    from nereus.passes.layout import tensor_entries
+
+    seen: dict[str, dict] = {}
+    for info in dag.stages:
+        for name, shape, dtype in tensor_entries(info.model, info.states):
+            if name not in seen:
+                seen[name] = {"name": name, "shape": list(shape), "dtype": dtype}
+    return list(seen.values())
+
+
+def _segments(dag, x) -> Iterator[dict]:
+    from nereus.passes.layout import slot_kind, slot_specs, unit_id
+
+    info = dag.stages[x.stage]
+    model = info.model
+    specs = slot_specs(model)
+    src = unit_id(info.name, dag.frees[x.free].replica)
+    dst = unit_id(info.name, dag.allocs[x.alloc].replica)
+    for slot in range(*x.slots):
+        kind = slot_kind(model, slot)
+        for piece in x.pieces:
+            spec = specs[piece.spec]
+            if spec.kind != kind:
+                continue
+            name = spec.name(model.name, slot)
+            box = _box(piece.box)
+            for suffix in info.states:
+                yield {"tensor": name + suffix, "box": box, "src_unit": src, "dst_unit": dst}
+
+
+def program_to_json(program) -> dict:
+    """The v1 dict of a lowered `Program` (nereus.passes.lower) or a `JsonProgram`."""
+    if isinstance(program, JsonProgram):
+        return program.data
+    from nereus.passes.layout import unit_id
+
+    dag = program.dag
+    module = dag.module
+    cluster = module.cluster
+    gpus = [{"id": g, "node": cluster.node_of(g), "mem_bytes": cluster.gpu.mem_bytes,
+             "capacity_bytes": cluster.usable_gpu_bytes} for g in range(cluster.num_gpus)]
+    units = {"before": [], "after": []}
+    for info in dag.stages:
+        units["before"].extend(placement_units(info.model, info.before))
+        units["after"].extend(placement_units(info.model, info.after))
+    rounds = []
+    next_id = 0
+    for k, kind, record in program.ops():
+        while len(rounds) <= k:
+            rounds.append({"ops": []})
+        if kind == "alloc":
+            a = dag.allocs[record]
+            op = {"op": "alloc", "gpu": a.gpu, "unit": unit_id(dag.stages[a.stage].name, a.replica), "bytes": a.bytes}
+        elif kind in ("free", "stage_out"):
+            f = dag.frees[record]
+            op = {"op": kind, "gpu": f.gpu, "unit": unit_id(dag.stages[f.stage].name, f.replica), "bytes": f.bytes}
+        elif kind == "send":
+            segments = [s for x in record.xfers for s in _segments(dag, x)]
+            op = {"op": "send", "src": record.src, "dst": record.dst, "segments": segments, "bytes": record.bytes}
+        else:
+            op = {"op": kind, "gpu": record.dst_gpu, "segments": list(_segments(dag, record))}
+            if kind == "copy":
+                op["bytes"] = record.bytes
+        op["id"] = next_id
+        op["round"] = k
+        next_id += 1
+        rounds[k]["ops"].append(op)
+    while len(rounds) < program.num_rounds:
+        rounds.append({"ops": []})
+    return {
+        "format": FORMAT, "version": VERSION,
+        "transition": {"from": dag.source, "to": dag.target},
+        "gpus": gpus,
+        "nodes": [{"id": n, "host_mem_bytes": cluster.host_mem_bytes} for n in range(cluster.nodes)],
+        "tensors": _tensors(dag),
+        "units": units,
+        "resident_bytes": {str(g): b for g, b in enumerate(dag.resident)},
+        "untouched": list(dag.untouched),
+        "rounds": rounds,
+    }
+
+
+def program_from_json(data: dict) -> JsonProgram:
+    """Check the header and required top-level fields of a v1 dict; raise ProgramError."""
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ProgramError("not a Nereus program: 'format' must be \"nereus-program\"",
+                           hint="produce one with `nereusc FILE --emit json -o program.json`")
+    if data.get("version") != VERSION:
+        raise ProgramError(f"unsupported program version {data.get('version')!r}; this compiler reads version 1")
+    for key in ("transition", "gpus", "tensors", "units", "resident_bytes", "rounds"):
+        if key not in data:
+            raise ProgramError(f"program lacks the required field '{key}'")
+    return JsonProgram(data)
+
+
+def rank_program(data: dict, rank: int) -> list[list[dict]]:
+    """Per round, the ops of `rank` in program order; a send becomes `send` on its source
+    and `recv` (same fields) on its destination."""
+    out = []
+    for rnd in data["rounds"]:
+        ops = []
+        for op in rnd["ops"]:
+            if op["op"] == "send":
+                if op["src"] == rank:
+                    ops.append(op)
+                if op["dst"] == rank:
+                    ops.append(dict(op, op="recv"))
+            elif op.get("gpu") == rank:
+                ops.append(op)
+        out.append(ops)
+    return out

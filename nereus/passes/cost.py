@@ -1,0 +1,118 @@
+"""cost: Program → CostEstimate (predicted seconds and bytes by link class).
+
+Input: a lowered `Program`. Output: a `CostEstimate`. Model (bandwidth-only; the runtime
+corrects it with measured times):
+  - a round lasts as long as its most loaded link; rounds run one after another;
+  - a send inside a node loads its source GPU's NVLink egress and its destination's
+    ingress, each at `intra` bytes/s; across nodes it loads the source node's and the
+    destination node's network port, each direction at `inter` bytes/s (so 8 GPUs of a node
+    sending off-node share one port: per-link contention);
+  - a local copy reads and writes HBM: 2·bytes / hbm; a keep costs nothing;
+  - a host staging moves bytes over PCIe at `host_bytes_per_s` (default 50 GB/s, PCIe 5 x16).
+Bytes: total = copy + send + staged; local = copy; intra / inter by node of the endpoints;
+lower_bound = bytes whose owner GPU changes (computed from layouts, independently of the
+DAG's source choices): after-shard bytes not already on the same GPU in the same
+model-stage's before layout. Sends can never move fewer bytes than that.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from .dag import COPY, TransitionDag
+from .layout import box_volume, slot_counts, slot_specs, stage_slots, tp_boxes
+
+HOST_BYTES_PER_S = 50e9
+
+
+@dataclass(frozen=True)
+class CostEstimate:
+    seconds: float
+    round_seconds: tuple[float, ...]
+    bytes_total: int
+    bytes_local: int
+    bytes_intra: int
+    bytes_inter: int
+    bytes_staged: int
+    bytes_kept: int
+    lower_bound: int  # bytes whose owner changes
+
+
+def _intersection(x, y) -> int:
+    n = 1
+    for (a, b), (c, d) in zip(x, y):
+        lo, hi = max(a, c), min(b, d)
+        if hi <= lo:
+            return 0
+        n *= hi - lo
+    return n
+
+
+def owner_change_bytes(dag: TransitionDag) -> int:
+    """Bytes of after shards not held on the same GPU by the same model-stage before."""
+    total = 0
+    for info in dag.stages:
+        model, before, after = info.model, info.before, info.after
+        here = {before.gpu_of(r, p, t): (p, t) for r in range(before.dp) for p in range(before.pp)
+                for t in range(before.tp)}
+        specs = slot_specs(model)
+        for r in range(after.dp):
+            for q in range(after.pp):
+                lo, hi = stage_slots(model.layers, after.pp, q)
+                for u in range(after.tp):
+                    g = after.gpu_of(r, q, u)
+                    counts = slot_counts(model, lo, hi)
+                    need = sum(counts[s.kind] * sum(box_volume(b) for b in tp_boxes(s.spec, after.tp, u)) for s in specs)
+                    present = 0
+                    if g in here:
+                        p, t = here[g]
+                        blo, bhi = stage_slots(model.layers, before.pp, p)
+                        both = slot_counts(model, max(lo, blo), min(hi, bhi)) if max(lo, blo) < min(hi, bhi) else None
+                        if both:
+                            for s in specs:
+                                if both[s.kind]:
+                                    mine = tp_boxes(s.spec, before.tp, t)
+                                    overlap = sum(_intersection(a, b) for a in tp_boxes(s.spec, after.tp, u)
+                                                  for b in set(mine))
+                                    present += both[s.kind] * overlap
+                    total += (need - present) * info.element_bytes
+    return total
+
+
+def estimate(program, host_bytes_per_s: float = HOST_BYTES_PER_S) -> CostEstimate:
+    """Predicted seconds and byte counts of `program` (module docstring)."""
+    dag = program.dag
+    cluster = dag.module.cluster
+    node_of = cluster.node_of
+    hbm = cluster.gpu.hbm_bytes_per_s
+    seconds = []
+    local = intra = inter = staged = kept = 0
+    for rnd, messages in zip(program.schedule.rounds, program.messages):
+        out_g, in_g, out_n, in_n, copy_g, host_g = (defaultdict(int) for _ in range(6))
+        for m in messages:
+            if node_of(m.src) == node_of(m.dst):
+                out_g[m.src] += m.bytes
+                in_g[m.dst] += m.bytes
+                intra += m.bytes
+            else:
+                out_n[node_of(m.src)] += m.bytes
+                in_n[node_of(m.dst)] += m.bytes
+                inter += m.bytes
+        for x in rnd.xfers:
+            if x.kind == COPY:
+                copy_g[x.dst_gpu] += x.bytes
+                local += x.bytes
+            elif x.kind == "keep":
+                kept += x.bytes
+        for f in rnd.stage_outs:
+            host_g[dag.frees[f].gpu] += dag.frees[f].bytes
+            staged += dag.frees[f].bytes
+        t = max([0.0]
+                + [b / cluster.intra_bytes_per_s for b in list(out_g.values()) + list(in_g.values())]
+                + [b / cluster.inter_bytes_per_s for b in list(out_n.values()) + list(in_n.values())]
+                + [2 * b / hbm for b in copy_g.values()]
+                + [b / host_bytes_per_s for b in host_g.values()])
+        seconds.append(t)
+    return CostEstimate(sum(seconds), tuple(seconds), local + intra + inter + staged, local, intra, inter, staged,
+                        kept, owner_change_bytes(dag))

@@ -1,0 +1,289 @@
+"""dag: Diff → TransitionDag of alloc / keep / copy / send / free ops.
+
+Input: a `Diff` (from `diff`) and its `Module`. Output: a `TransitionDag` whose records are
+ordered deterministically (model-stage in workload order, after-unit mesh order, before
+pipeline stage, source group). Invariant: every box of every after-unit shard gets exactly
+one source, a before-unit of the same model-stage that holds it; every after (unit, GPU)
+has one `Alloc`, every before (unit, GPU) one `Free`; an `Xfer` reads one before shard
+and writes one after shard.
+
+Ops are symbolic: an `Xfer` covers a contiguous *slot range* (see `layout`) with one
+pattern of pieces that all layers of the range share; layer names are expanded only at
+emission. Sources are chosen per (after GPU, before pipeline stage, set of TP ranks that
+hold the pieces): the same GPU first (a whole shard identical on the same GPU is a `keep`,
+reused in place; a part is a local `copy`), then a GPU of the same node, then the before
+replicas in rotation, so that replicas holding identical data share the load. Only units of
+the same model-stage are sources (actor.training state never feeds actor.generation: the
+weights can differ in dtype and freshness, and the optimizer state exists only in training).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Optional
+
+from nereus.ir.architecture import COLUMN, ROW, VOCAB
+from nereus.ir.model import Model, Module, Placement
+
+from .diff import Diff, StageDiff
+from .layout import (
+    Box,
+    bytes_per_element,
+    shard_bytes,
+    slot_counts,
+    slot_specs,
+    stage_slots,
+    states_of,
+    tp_boxes,
+    box_volume,
+)
+
+KEEP, COPY, SEND = "keep", "copy", "send"
+_KINDS = ("first", "layer", "last")
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """A box of the tensor pattern `spec` (index into `slot_specs(model)`), repeated for
+    every slot of the op's range that holds that pattern."""
+
+    spec: int
+    box: Box
+
+
+@dataclass(frozen=True, slots=True)
+class Alloc:
+    stage: int  # index into TransitionDag.stages
+    replica: int
+    pos: tuple[int, int]  # (pp stage, tp rank)
+    gpu: int
+    bytes: int  # shard bytes minus bytes kept in place
+    shard_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Free:
+    stage: int
+    replica: int
+    pos: tuple[int, int]
+    gpu: int
+    bytes: int  # shard bytes minus bytes handed over in place (kept)
+    shard_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Xfer:
+    kind: str  # keep | copy | send
+    stage: int
+    alloc: int  # index of the destination Alloc
+    free: int  # index of the source Free
+    src_gpu: int
+    dst_gpu: int
+    slots: tuple[int, int]  # half-open slot range
+    pieces: tuple[Piece, ...]
+    bytes: int
+
+
+@dataclass(frozen=True)
+class StageInfo:
+    """A model-stage that changes: its model, both placements, its tensor states."""
+
+    name: str
+    model: Model
+    before: Placement
+    after: Placement
+    states: tuple[str, ...]
+    element_bytes: int
+    diff: StageDiff
+
+
+@dataclass(frozen=True)
+class TransitionDag:
+    module: Module = field(compare=False, repr=False)
+    source: str
+    target: str
+    stages: tuple[StageInfo, ...]
+    untouched: tuple[str, ...]  # model-stages whose placement does not change
+    resident: tuple[int, ...]  # per GPU: bytes of untouched model-stages
+    allocs: tuple[Alloc, ...]
+    frees: tuple[Free, ...]
+    xfers: tuple[Xfer, ...]
+
+
+def split_dim(sharding: str) -> Optional[int]:
+    return {COLUMN: 0, VOCAB: 0, ROW: 1}.get(sharding)
+
+
+@lru_cache(maxsize=8192)
+def tp_pieces(spec, tp_before: int, tp_after: int, rank_after: int) -> tuple[tuple[Box, tuple[int, ...]], ...]:
+    """The after rank's boxes of `spec` cut into maximal pieces each held by one set of
+    before TP ranks: ((piece box, holder ranks), ...). Pure, cached per TP pair."""
+    dim = split_dim(spec.sharding)
+    every = tuple(range(tp_before))
+    if dim is None:
+        return tuple((box, every) for box in tp_boxes(spec, tp_after, rank_after))
+    held = [(t, b[dim]) for t in every for b in tp_boxes(spec, tp_before, t)]
+    out = []
+    for box in tp_boxes(spec, tp_after, rank_after):
+        lo, hi = box[dim]
+        cuts = sorted({lo, hi} | {x for _, iv in held for x in iv if lo < x < hi})
+        runs: list[list] = []
+        for x, y in zip(cuts, cuts[1:]):
+            holders = tuple(t for t, (a, b) in held if a <= x and y <= b)
+            if runs and runs[-1][2] == holders:
+                runs[-1][1] = y
+            else:
+                runs.append([x, y, holders])
+        for x, y, holders in runs:
+            out.append((box[:dim] + ((x, y),) + box[dim + 1:], holders))
+    return tuple(out)
+
+
+@lru_cache(maxsize=8192)
+def kept_specs(model: Model, tp_before: int, rank_before: int, tp_after: int, rank_after: int) -> frozenset[int]:
+    """Spec indices whose shard is identical for the two TP positions: reused in place."""
+    return frozenset(i for i, s in enumerate(slot_specs(model))
+                     if tp_boxes(s.spec, tp_before, rank_before) == tp_boxes(s.spec, tp_after, rank_after))
+
+
+@lru_cache(maxsize=8192)
+def source_groups(model: Model, tp_before: int, tp_after: int, rank_after: int, kinds: tuple[str, ...],
+                  skip: frozenset[int]) -> tuple[tuple[tuple[int, ...], tuple[Piece, ...], tuple[int, int, int]], ...]:
+    """Pieces an after TP rank needs from one before pipeline stage, grouped by the before
+    TP ranks that hold them: ((holders, pieces, elements per slot kind), ...), specs in
+    `skip` (kept in place) left out. Cached: identical for every replica and layer range."""
+    groups: dict[tuple[int, ...], list] = {}
+    for index, slot_spec in enumerate(slot_specs(model)):
+        if index in skip or slot_spec.kind not in kinds:
+            continue
+        for box, holders in tp_pieces(slot_spec.spec, tp_before, tp_after, rank_after):
+            entry = groups.setdefault(holders, [[], [0, 0, 0]])
+            entry[0].append(Piece(index, box))
+            entry[1][_KINDS.index(slot_spec.kind)] += box_volume(box)
+    return tuple((h, tuple(p), tuple(v)) for h, (p, v) in sorted(groups.items()))
+
+
+def _kinds(counts: dict[str, int]) -> tuple[str, ...]:
+    return tuple(k for k in _KINDS if counts[k])
+
+
+def _bytes(volumes: tuple[int, int, int], counts: dict[str, int], element_bytes: int) -> int:
+    return (volumes[0] * counts["first"] + volumes[1] * counts["layer"] + volumes[2] * counts["last"]) * element_bytes
+
+
+def untouched_bytes(module: Module, placement: Placement) -> dict[int, int]:
+    """Per GPU, bytes an untouched model-stage keeps at the step boundary: weights, plus
+    bf16 grads and fp32 Adam state for training; none when offloaded (waits in host memory)."""
+    if placement.offload:
+        return {}
+    model = module.model(placement.model_stage.model)
+    out: dict[int, int] = {}
+    training = placement.model_stage.stage == "training"
+    for r in range(placement.dp):
+        for p in range(placement.pp):
+            for t in range(placement.tp):
+                g = placement.gpu_of(r, p, t)
+                b = shard_bytes(model, placement, p, t)
+                if training:  # gradients stay allocated but are not moved
+                    b += b * model.dtype_bytes // bytes_per_element(model, states_of(str(placement.model_stage)))
+                out[g] = out.get(g, 0) + b
+    return out
+
+
+def build_dag(module: Module, diff: Diff) -> TransitionDag:
+    """Lower every changed model-stage of `diff` into symbolic ops (see module docstring)."""
+    num_gpus = module.cluster.num_gpus
+    resident = [0] * num_gpus
+    untouched = []
+    stages: list[StageInfo] = []
+    for sd in diff.stages:
+        if sd.unchanged:
+            untouched.append(sd.model_stage)
+            for g, b in untouched_bytes(module, sd.before).items():
+                resident[g] += b
+            continue
+        model = module.model(sd.before.model_stage.model)
+        states = states_of(sd.model_stage)
+        stages.append(StageInfo(sd.model_stage, model, sd.before, sd.after, states,
+                                bytes_per_element(model, states), sd))
+    allocs: list[Alloc] = []
+    frees: list[Free] = []
+    xfers: list[Xfer] = []
+    for index, info in enumerate(stages):
+        _build_stage(module, index, info, allocs, frees, xfers)
+    return TransitionDag(module, diff.source, diff.target, tuple(stages), tuple(untouched), tuple(resident),
+                         tuple(allocs), tuple(frees), tuple(xfers))
+
+
+def _build_stage(module: Module, index: int, info: StageInfo, allocs: list, frees: list, xfers: list) -> None:
+    model, before, after, eb = info.model, info.before, info.after, info.element_bytes
+    node_of = module.cluster.node_of
+    first = len(frees)
+    free_index: dict[tuple[int, int, int], int] = {}
+    position: dict[int, tuple[int, int, int]] = {}
+    near: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
+    for r in range(before.dp):
+        for p in range(before.pp):
+            for t in range(before.tp):
+                g = before.gpu_of(r, p, t)
+                free_index[(r, p, t)] = len(frees)
+                frees.append(Free(index, r, (p, t), g, 0, shard_bytes(model, before, p, t)))
+                position[g] = (r, p, t)
+                near.setdefault((node_of(g), p), []).append((r, t, g))
+    kept_from = [0] * len(frees)
+    before_slots = [stage_slots(model.layers, before.pp, p) for p in range(before.pp)]
+    rotation: dict[tuple, int] = {}
+
+    def choose(g: int, p: int, holders: tuple[int, ...]) -> tuple[int, int, int]:
+        here = position.get(g)
+        if here is not None and here[1] == p and here[2] in holders:
+            return here
+        close = [c for c in near.get((node_of(g), p), ()) if c[1] in holders]
+        key = (p, holders) if not close else (p, holders, node_of(g))
+        turn = rotation.get(key, 0)
+        rotation[key] = turn + 1
+        if close:
+            r, t, _ = close[turn % len(close)]
+            return r, p, t
+        return turn // len(holders) % before.dp, p, holders[turn % len(holders)]
+
+    for r in range(after.dp):
+        for q in range(after.pp):
+            lo, hi = stage_slots(model.layers, after.pp, q)
+            for u in range(after.tp):
+                g = after.gpu_of(r, q, u)
+                alloc = len(allocs)
+                full = shard_bytes(model, after, q, u)
+                kept = 0
+                here = position.get(g)
+                for p, (blo, bhi) in enumerate(before_slots):
+                    slo, shi = max(lo, blo), min(hi, bhi)
+                    if slo >= shi:
+                        continue
+                    counts = slot_counts(model, slo, shi)
+                    kinds = _kinds(counts)
+                    skip: frozenset[int] = frozenset()
+                    if here is not None and here[1] == p:
+                        skip = kept_specs(model, before.tp, here[2], after.tp, u)
+                        pieces = tuple(Piece(i, b) for i in sorted(skip) if slot_specs(model)[i].kind in kinds
+                                       for b in tp_boxes(slot_specs(model)[i].spec, after.tp, u))
+                        if pieces:
+                            volumes = [0, 0, 0]
+                            for piece in pieces:
+                                volumes[_KINDS.index(slot_specs(model)[piece.spec].kind)] += box_volume(piece.box)
+                            nbytes = _bytes(tuple(volumes), counts, eb)
+                            src = free_index[here]
+                            kept += nbytes
+                            kept_from[src] += nbytes
+                            xfers.append(Xfer(KEEP, index, alloc, src, g, g, (slo, shi), pieces, nbytes))
+                    for holders, pieces, volumes in source_groups(model, before.tp, after.tp, u, kinds, skip):
+                        src_pos = choose(g, p, holders)
+                        src = free_index[src_pos]
+                        src_gpu = frees[src].gpu
+                        xfers.append(Xfer(COPY if src_gpu == g else SEND, index, alloc, src, src_gpu, g, (slo, shi),
+                                          pieces, _bytes(volumes, counts, eb)))
+                allocs.append(Alloc(index, r, (q, u), g, full - kept, full))
+    for i in range(first, len(frees)):
+        f = frees[i]
+        frees[i] = Free(f.stage, f.replica, f.pos, f.gpu, f.shard_bytes - kept_from[i], f.shard_bytes)

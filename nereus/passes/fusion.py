@@ -1,0 +1,83 @@
+"""fusion: Schedule → messages per round, one per (src GPU, dst GPU) pair, capped by a bucket.
+
+Input: a `TransitionDag` and its `Schedule`. Output: for every round a tuple of `Message`s.
+Invariant: the multiset of (transfer, slot) pairs is unchanged — fusion only regroups,
+so a program writes exactly the same boxes with or without it (the verifier checks) — and
+every message but the last of a pair carries ≤ `bucket` bytes where transfers allow (a
+transfer bigger than the bucket is split along its layer range, down to one layer).
+
+Messages of a pair keep their transfers in DAG order (segments in a fixed order: the
+receiver unpacks by position). Without this pass (`unfused`) every send is its own message.
+Transient buffers do not change: the resources pass already counts every send's bytes on
+both GPUs of the round, and fusion neither adds nor moves bytes between rounds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .dag import SEND, TransitionDag, Xfer
+from .resources import Schedule, xfer_slice
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    src: int
+    dst: int
+    xfers: tuple[Xfer, ...]
+    bytes: int
+
+
+def unfused(schedule: Schedule) -> tuple[tuple[Message, ...], ...]:
+    """One message per send transfer."""
+    return tuple(tuple(Message(x.src_gpu, x.dst_gpu, (x,), x.bytes) for x in r.xfers if x.kind == SEND)
+                 for r in schedule.rounds)
+
+
+def fuse(dag: TransitionDag, schedule: Schedule, bucket: int | None = None) -> tuple[tuple[Message, ...], ...]:
+    """Group each round's sends by (src, dst) pair, pairs in (src, dst) order; split at
+    `bucket` bytes (None: no cap)."""
+    out = []
+    for r in schedule.rounds:
+        pairs: dict[tuple[int, int], list[Xfer]] = {}
+        for x in r.xfers:
+            if x.kind == SEND:
+                pairs.setdefault((x.src_gpu, x.dst_gpu), []).append(x)
+        messages = []
+        for (src, dst), xs in sorted(pairs.items()):
+            for group in _buckets(dag, xs, bucket):
+                messages.append(Message(src, dst, tuple(group), sum(x.bytes for x in group)))
+        out.append(tuple(messages))
+    return tuple(out)
+
+
+def _buckets(dag: TransitionDag, xfers: list[Xfer], bucket: int | None) -> list[list[Xfer]]:
+    if bucket is None:
+        return [xfers]
+    groups: list[list[Xfer]] = [[]]
+    size = 0
+    queue = list(xfers)
+    while queue:
+        x = queue.pop(0)
+        if size + x.bytes <= bucket or (not groups[-1] and x.slots[1] - x.slots[0] == 1):
+            groups[-1].append(x)
+            size += x.bytes
+        elif x.slots[1] - x.slots[0] > 1 and x.bytes > bucket:
+            # fill the open bucket with as many whole layers as fit, the rest goes on
+            lo, hi = x.slots
+            cut = lo + 1
+            while cut < hi and xfer_slice(dag, x, lo, cut + 1).bytes + size <= bucket:
+                cut += 1
+            head = xfer_slice(dag, x, lo, cut)
+            if size + head.bytes > bucket and groups[-1]:
+                groups.append([])
+                size = 0
+                queue.insert(0, x)
+                continue
+            groups[-1].append(head)
+            size += head.bytes
+            queue.insert(0, xfer_slice(dag, x, cut, hi))
+        else:
+            groups.append([x])
+            size = x.bytes
+    return [g for g in groups if g]

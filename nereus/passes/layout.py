@@ -1,0 +1,216 @@
+"""layout: (model, placement) → which box of each global tensor every GPU of every unit holds.
+
+Input: a `Model` and a `Placement` (dp × tp × pp on an ordered GPU list). Output: for an
+Elastic Model Unit (replica r) and a mesh position (pp stage p, tp rank t) on
+gpu(r, p, t) = gpus[r·pp·tp + p·tp + t], the list of boxes of each tensor it holds.
+
+Invariant (tested): per replica, the union over (p, t) of the boxes of a tensor is the
+whole tensor, and two boxes are either identical (replication: replicated tensors, KV heads
+when tp > kv_heads) or disjoint.
+
+Layouts are symbolic. A model's tensors live in *slots*: slot 0 holds the tensors before
+the first layer (embed), slot 1 + i holds layer i, slot layers + 1 holds final norm and
+head. A pipeline stage holds a contiguous slot range; every layer slot has the same
+tensor pattern, so the boxes of a tensor depend only on (spec, tp, t) and are computed once
+(`tp_boxes`, cached). Per-layer names are produced only when a program is emitted.
+
+Local shard contract (the runtime relies on it, docs/program.md): the local tensor of a
+(unit, GPU, tensor) is the concatenation along dim 0 of its boxes in the listed order;
+boxes of one shard differ only in dim 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Iterator
+
+from nereus.ir.architecture import (
+    COLUMN,
+    OPTIMIZER_DTYPE,
+    OPTIMIZER_STATES,
+    REPLICATED,
+    ROW,
+    VOCAB,
+    TensorSpec,
+    edge_tensors,
+    layer_tensors,
+    pp_layer_range,
+)
+from nereus.ir.model import DTYPE_BYTES, Model, Placement
+
+Box = tuple[tuple[int, int], ...]
+
+# Suffixes of the tensors a unit holds per weight: training units also hold Adam state.
+WEIGHTS_ONLY: tuple[str, ...] = ("",)
+WITH_OPTIMIZER: tuple[str, ...] = ("",) + tuple(f"#{s}" for s in OPTIMIZER_STATES)
+
+
+def unit_id(model_stage: str, replica: int) -> str:
+    return f"{model_stage}/{replica}"
+
+
+def states_of(model_stage: str) -> tuple[str, ...]:
+    """Tensor-name suffixes held by units of `model_stage`: training units carry optimizer state."""
+    return WITH_OPTIMIZER if model_stage.endswith(".training") else WEIGHTS_ONLY
+
+
+def suffix_dtype(model: Model, suffix: str) -> str:
+    return model.dtype if suffix == "" else OPTIMIZER_DTYPE
+
+
+def bytes_per_element(model: Model, states: tuple[str, ...]) -> int:
+    """Bytes one element of a weight costs on a GPU with all its `states` (2 or 2+12 for bf16)."""
+    return sum(DTYPE_BYTES[suffix_dtype(model, s)] for s in states)
+
+
+@dataclass(frozen=True)
+class SlotSpec:
+    """A tensor pattern and the slot kind it lives in: 'first' (slot 0), 'layer', 'last'."""
+
+    spec: TensorSpec
+    kind: str
+
+    def name(self, model: str, slot: int) -> str:
+        local = self.spec.name.format(i=slot - 1) if self.kind == "layer" else self.spec.name
+        return f"{model}/{local}"
+
+
+@lru_cache(maxsize=256)
+def slot_specs(model: Model) -> tuple[SlotSpec, ...]:
+    """Every tensor pattern of `model` in slot order: first, layer pattern, last."""
+    first, last = edge_tensors(model)
+    return (tuple(SlotSpec(s, "first") for s in first) + tuple(SlotSpec(s, "layer") for s in layer_tensors(model))
+            + tuple(SlotSpec(s, "last") for s in last))
+
+
+def slot_kind(model: Model, slot: int) -> str:
+    return "first" if slot == 0 else ("last" if slot == model.layers + 1 else "layer")
+
+
+def stage_slots(layers: int, pp: int, stage: int) -> tuple[int, int]:
+    """Half-open slot range of pipeline stage `stage` (embed slot with the first stage,
+    final norm and head slot with the last)."""
+    lo, hi = pp_layer_range(layers, pp, stage)
+    return lo + 1 - (stage == 0), hi + 1 + (stage == pp - 1)
+
+
+def slot_counts(model: Model, lo: int, hi: int) -> dict[str, int]:
+    """How many slots of each kind the half-open slot range [lo, hi) contains."""
+    last = model.layers + 1
+    return {
+        "first": 1 if lo <= 0 < hi else 0,
+        "layer": max(0, min(hi, last) - max(lo, 1)),
+        "last": 1 if lo <= last < hi else 0,
+    }
+
+
+def _full(shape: tuple[int, ...], dim: int, lo: int, hi: int) -> Box:
+    return tuple((lo, hi) if d == dim else (0, n) for d, n in enumerate(shape))
+
+
+@lru_cache(maxsize=8192)
+def tp_boxes(spec: TensorSpec, tp: int, rank: int) -> tuple[Box, ...]:
+    """Boxes of `spec` held by TP rank `rank` of `tp` (pure, cached; all layers share it).
+
+    column: each fused part's rows split into tp equal parts, one box per part; a KV part
+    with fewer heads than tp gives head rank // (tp / heads), i.e. each KV head replicated on
+    tp/kv_heads consecutive ranks. row: dim 1 split. vocab: dim 0 split. replicated: whole."""
+    shape = spec.shape
+    if spec.sharding == REPLICATED or tp == 1 and spec.sharding != COLUMN:
+        return (_full(shape, -1, 0, 0),)
+    if spec.sharding == ROW:
+        step = shape[1] // tp
+        return (_full(shape, 1, rank * step, (rank + 1) * step),)
+    if spec.sharding == VOCAB:
+        step = shape[0] // tp
+        return (_full(shape, 0, rank * step, (rank + 1) * step),)
+    boxes = []
+    offset = 0
+    for part in spec.parts:
+        # k and v are split by heads (replicated when tp > kv_heads); other parts (q, gate,
+        # up) split their rows evenly, which equals a split by heads for q.
+        if part.name in ("k", "v") and part.groups < tp:
+            per_head = part.rows // part.groups
+            head = rank // (tp // part.groups)
+            lo = offset + head * per_head
+            boxes.append(_full(shape, 0, lo, lo + per_head))
+        else:
+            step = part.rows // tp
+            boxes.append(_full(shape, 0, offset + rank * step, offset + (rank + 1) * step))
+        offset += part.rows
+    return tuple(boxes)
+
+
+def box_volume(box: Box) -> int:
+    n = 1
+    for lo, hi in box:
+        n *= hi - lo
+    return n
+
+
+@lru_cache(maxsize=8192)
+def tp_volume(spec: TensorSpec, tp: int, rank: int) -> int:
+    return sum(box_volume(b) for b in tp_boxes(spec, tp, rank))
+
+
+@lru_cache(maxsize=8192)
+def kind_volume(model: Model, tp: int, rank: int) -> dict[str, int]:
+    """Elements held per slot of each kind by TP rank `rank` (one layer, the embed slot, the last slot)."""
+    out = {"first": 0, "layer": 0, "last": 0}
+    for slot_spec in slot_specs(model):
+        out[slot_spec.kind] += tp_volume(slot_spec.spec, tp, rank)
+    return out
+
+
+def shard_elements(model: Model, tp: int, pp: int, stage: int, rank: int) -> int:
+    """Elements of every weight a GPU at (stage, rank) holds (per state)."""
+    counts = slot_counts(model, *stage_slots(model.layers, pp, stage))
+    volume = kind_volume(model, tp, rank)
+    return sum(counts[k] * volume[k] for k in counts)
+
+
+def shard_bytes(model: Model, placement: Placement, stage: int, rank: int) -> int:
+    """Bytes of the state one GPU of a unit of `placement` holds (weights, plus fp32 Adam
+    state for training units; gradients are not part of the moved state)."""
+    per = bytes_per_element(model, states_of(str(placement.model_stage)))
+    return shard_elements(model, placement.tp, placement.pp, stage, rank) * per
+
+
+def mesh_positions(placement: Placement) -> Iterator[tuple[int, int, int, int]]:
+    """(replica, pp stage, tp rank, gpu) for every GPU of the placement, in mesh order."""
+    i = 0
+    for r in range(placement.dp):
+        for p in range(placement.pp):
+            for t in range(placement.tp):
+                yield r, p, t, placement.gpus[i]
+                i += 1
+
+
+def gpu_shards(model: Model, placement: Placement, stage: int, rank: int) -> Iterator[tuple[str, tuple[Box, ...]]]:
+    """(global tensor name, boxes) of everything the GPU at (stage, rank) holds, in slot
+    order, optimizer state after each weight. Expands layers: use for emission only."""
+    lo, hi = stage_slots(model.layers, placement.pp, stage)
+    states = states_of(str(placement.model_stage))
+    specs = slot_specs(model)
+    for slot in range(lo, hi):
+        kind = slot_kind(model, slot)
+        for slot_spec in specs:
+            if slot_spec.kind != kind:
+                continue
+            boxes = tp_boxes(slot_spec.spec, placement.tp, rank)
+            name = slot_spec.name(model.name, slot)
+            for suffix in states:
+                yield name + suffix, boxes
+
+
+def tensor_entries(model: Model, states: tuple[str, ...]) -> Iterator[tuple[str, tuple[int, ...], str]]:
+    """(global name, shape, dtype) of every tensor a unit with `states` covers, slot order."""
+    specs = slot_specs(model)
+    for slot in range(model.layers + 2):
+        kind = slot_kind(model, slot)
+        for slot_spec in specs:
+            if slot_spec.kind == kind:
+                name = slot_spec.name(model.name, slot)
+                for suffix in states:
+                    yield name + suffix, slot_spec.spec.shape, suffix_dtype(model, suffix)

@@ -1,0 +1,246 @@
+"""resources: TransitionDag → Schedule (rounds) with resource edges, chunking and host staging.
+
+Input: a `TransitionDag`. Output: a `Schedule`: for every round the allocs, transfers,
+host stagings and frees it runs, plus the resource-dependency edges free → alloc that
+memory forced, each classified. Invariant: replaying the rounds (allocs first, then
+transfers, then stagings and frees) never puts more on a GPU than its usable memory:
+resident bytes + unfreed before-shards + allocations + the round's transient message
+buffers (a send's bytes count on its source and its destination GPU); host memory per node
+never exceeds `host_mem`.
+
+Greedy list scheduling, deterministic: each round admits every pending alloc that fits (in
+DAG order), runs every transfer whose destination is allocated and whose buffers fit
+(a transfer that does not fit is split in halves along its layer range — chunks that free
+as they go — down to one layer), then frees every before-shard whose readers are done.
+When a round makes no progress, units are trading places on full GPUs (a cycle): the
+blocked GPU with the smallest deficit stages before-shards to host memory (`stage_out`,
+largest first) until the deficit is covered; their readers then read from host memory.
+If even host memory cannot take them, the transition is infeasible: the error names the
+GPUs and bytes.
+
+`independent=True` is the per-component baseline (DynaRL-style): every model-stage is
+scheduled alone, seeing only its own allocations and frees (other model-stages' moves are
+invisible to it), and the local schedules run side by side, round k with round k. No
+cross-model-stage edges, no staging; the result may overflow (the verifier says so).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from nereus.ir.diagnostics import InfeasibleError
+
+from .dag import SEND, TransitionDag, Xfer
+from .layout import slot_counts, slot_specs
+
+SAME_STAGE, SM_CS, CM_SS, CM_CS = "same-model-stage", "same-model-cross-stage", "cross-model-same-stage", \
+    "cross-model-cross-stage"
+
+
+@dataclass(frozen=True)
+class ResourceEdge:
+    free: int  # index into dag.frees (the shard released, on GPU `gpu`)
+    alloc: int  # index into dag.allocs (the acquisition that waited for it)
+    gpu: int
+    kind: str  # SAME_STAGE | SM_CS | CM_SS | CM_CS
+
+
+@dataclass(frozen=True)
+class Round:
+    allocs: tuple[int, ...]
+    xfers: tuple[Xfer, ...]
+    stage_outs: tuple[int, ...]  # indices into dag.frees: shards moved to host memory
+    frees: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Schedule:
+    rounds: tuple[Round, ...]
+    edges: tuple[ResourceEdge, ...]
+    chunked: int  # transfers split to fit transient buffers
+    staged_bytes: int  # bytes staged through host memory to break cycles
+    independent: bool = False
+    notes: tuple[str, ...] = ()
+
+
+def edge_kind(dag: TransitionDag, free: int, alloc: int) -> str:
+    a = dag.stages[dag.frees[free].stage].name.split(".")
+    b = dag.stages[dag.allocs[alloc].stage].name.split(".")
+    if a == b:
+        return SAME_STAGE
+    if a[0] == b[0]:
+        return SM_CS
+    return CM_SS if a[1] == b[1] else CM_CS
+
+
+def xfer_slice(dag: TransitionDag, x: Xfer, lo: int, hi: int) -> Xfer:
+    """`x` restricted to slots [lo, hi), bytes recomputed."""
+    info = dag.stages[x.stage]
+    specs = slot_specs(info.model)
+    counts = slot_counts(info.model, lo, hi)
+    elements = sum(_volume(p.box) * counts[specs[p.spec].kind] for p in x.pieces)
+    return Xfer(x.kind, x.stage, x.alloc, x.free, x.src_gpu, x.dst_gpu, (lo, hi), x.pieces,
+                elements * info.element_bytes)
+
+
+def _volume(box) -> int:
+    n = 1
+    for lo, hi in box:
+        n *= hi - lo
+    return n
+
+
+def schedule(dag: TransitionDag, *, independent: bool = False, staging: bool = True) -> Schedule:
+    """Schedule `dag` into memory-safe rounds (module docstring)."""
+    if not independent:
+        return _schedule(dag, range(len(dag.stages)), staging=staging)
+    parts = [_schedule(dag, [s], staging=False) for s in range(len(dag.stages))]
+    depth = max((len(p.rounds) for p in parts), default=0)
+    rounds = []
+    for k in range(depth):
+        pieces = [p.rounds[k] for p in parts if k < len(p.rounds)]
+        rounds.append(Round(tuple(i for r in pieces for i in r.allocs), tuple(x for r in pieces for x in r.xfers),
+                            (), tuple(i for r in pieces for i in r.frees)))
+    return Schedule(tuple(rounds), tuple(e for p in parts for e in p.edges), sum(p.chunked for p in parts), 0,
+                    True, tuple(n for p in parts for n in p.notes))
+
+
+def _schedule(dag: TransitionDag, stage_ids, *, staging: bool) -> Schedule:
+    cluster = dag.module.cluster
+    cap = cluster.usable_gpu_bytes
+    host_cap = cluster.host_mem_bytes
+    chosen = set(stage_ids)
+    mem = list(dag.resident)
+    for f in dag.frees:
+        mem[f.gpu] += f.shard_bytes
+    over = [g for g in range(len(mem)) if mem[g] > cap]
+    if over:
+        g = over[0]
+        raise InfeasibleError(
+            f"plan {dag.source} does not fit before the transition: GPU {g} holds {mem[g]} bytes, usable {cap}"
+            f" ({len(over)} GPU(s) over)", hint="check the source plan's feasibility with `nereusc check`")
+    allocs = [i for i, a in enumerate(dag.allocs) if a.stage in chosen]
+    incoming: dict[int, list[Xfer]] = defaultdict(list)
+    readers = [0] * len(dag.frees)
+    for x in dag.xfers:
+        if x.stage in chosen:
+            incoming[x.alloc].append(x)
+            readers[x.free] += 1
+    live = [i for i, f in enumerate(dag.frees) if f.stage in chosen]
+    freed = [False] * len(dag.frees)
+    staged = [False] * len(dag.frees)
+    host = defaultdict(int)
+    blocked_since: dict[int, int] = {}
+    last_release: dict[int, list[int]] = {}
+    rounds: list[Round] = []
+    edges: list[ResourceEdge] = []
+    ready: list[Xfer] = []
+    chunked = staged_bytes = 0
+    notes: list[str] = []
+    while allocs or ready or any(not freed[i] for i in live):
+        k = len(rounds)
+        took, waiting = [], []
+        for a in allocs:
+            alloc = dag.allocs[a]
+            if mem[alloc.gpu] + alloc.bytes <= cap:
+                mem[alloc.gpu] += alloc.bytes
+                took.append(a)
+                ready.extend(incoming.get(a, ()))
+                if a in blocked_since:
+                    for f in last_release.get(alloc.gpu, ()):
+                        edges.append(ResourceEdge(f, a, alloc.gpu, edge_kind(dag, f, a)))
+            else:
+                blocked_since.setdefault(a, k)
+                waiting.append(a)
+        allocs = waiting
+        transient = defaultdict(int)
+        done, later = [], []
+        queue = list(ready)
+        while queue:
+            x = queue.pop(0)
+            if x.kind != SEND:
+                done.append(x)
+                continue
+            src_extra = 0 if staged[x.free] else x.bytes
+            if mem[x.src_gpu] + transient[x.src_gpu] + src_extra <= cap and \
+                    mem[x.dst_gpu] + transient[x.dst_gpu] + x.bytes <= cap:
+                transient[x.src_gpu] += src_extra
+                transient[x.dst_gpu] += x.bytes
+                done.append(x)
+            elif x.slots[1] - x.slots[0] > 1:
+                mid = (x.slots[0] + x.slots[1]) // 2
+                chunked += 1
+                readers[x.free] += 1
+                queue[:0] = [xfer_slice(dag, x, x.slots[0], mid), xfer_slice(dag, x, mid, x.slots[1])]
+            else:
+                later.append(x)
+        ready = later
+        for x in done:
+            readers[x.free] -= 1
+        releases = []
+        for i in live:
+            if not freed[i] and readers[i] == 0:
+                freed[i] = True
+                releases.append(i)
+                f = dag.frees[i]
+                if staged[i]:
+                    host[cluster.node_of(f.gpu)] -= f.bytes
+                else:
+                    mem[f.gpu] -= f.bytes
+        outs: list[int] = []
+        if not took and not done and not releases:
+            if not staging:
+                notes.append(f"deadlock in round {k}: {len(allocs)} allocation(s) can never fit")
+                rounds.append(Round((), (), (), ()))
+                break
+            outs = _break_cycle(dag, allocs, ready, mem, transient, cap, host, host_cap, freed, staged, live)
+            staged_bytes += sum(dag.frees[i].bytes for i in outs)
+        last_release = defaultdict(list)
+        for i in releases + outs:
+            last_release[dag.frees[i].gpu].append(i)
+        rounds.append(Round(tuple(took), tuple(done), tuple(outs), tuple(releases)))
+    if staged_bytes:
+        notes.append(f"cycle broken by staging {staged_bytes} bytes through host memory")
+    if chunked:
+        notes.append(f"{chunked} transfer split(s) to fit transient buffers")
+    return Schedule(tuple(rounds), tuple(edges), chunked, staged_bytes, False, tuple(notes))
+
+
+def _break_cycle(dag, allocs, ready, mem, transient, cap, host, host_cap, freed, staged, live) -> list[int]:
+    """Stage before-shards of the least-blocked GPU to host memory; returns the frees staged."""
+    cluster = dag.module.cluster
+    needs: dict[int, int] = {}
+    for a in allocs:
+        alloc = dag.allocs[a]
+        needs[alloc.gpu] = min(needs.get(alloc.gpu, 1 << 62), mem[alloc.gpu] + alloc.bytes - cap)
+    for x in ready:
+        for g in (x.src_gpu, x.dst_gpu):
+            needs[g] = min(needs.get(g, 1 << 62), mem[g] + x.bytes - cap)
+    for gpu, deficit in sorted(needs.items(), key=lambda item: (item[1], item[0])):
+        candidates = sorted((i for i in live if dag.frees[i].gpu == gpu and not freed[i] and not staged[i]
+                             and dag.frees[i].bytes > 0), key=lambda i: (-dag.frees[i].bytes, i))
+        if sum(dag.frees[i].bytes for i in candidates) < deficit:
+            continue
+        node = cluster.node_of(gpu)
+        picked, covered = [], 0
+        for i in candidates:
+            if covered >= deficit:
+                break
+            picked.append(i)
+            covered += dag.frees[i].bytes
+        if host[node] + covered > host_cap:
+            raise InfeasibleError(
+                f"transition {dag.source} -> {dag.target} cannot break a memory cycle: GPU {gpu} needs {deficit} more"
+                f" bytes and staging {covered} bytes exceeds node {node}'s host memory ({host_cap - host[node]} left)",
+                hint="free GPUs for the transition, or add host memory")
+        host[node] += covered
+        for i in picked:
+            staged[i] = True
+            mem[gpu] -= dag.frees[i].bytes
+        return picked
+    worst = sorted(needs.items(), key=lambda item: (item[1], item[0]))[:4]
+    listing = ", ".join(f"GPU {g} short of {d} bytes" for g, d in worst)
+    raise InfeasibleError(f"transition {dag.source} -> {dag.target} cannot fit: {listing} even with every"
+                          " movable shard staged to host memory",
+                          hint="the target plan does not fit next to the state that stays; check it with `nereusc check`")
