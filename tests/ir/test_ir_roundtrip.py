@@ -1,0 +1,237 @@
+"""parse(print(m)) == m: hand-written programs, the examples, and random valid modules."""
+
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import nereus.ir as ir
+from nereus.ir.gpuset import items_for
+from nereus.ir.validate import valid_tps, validate_module
+
+EXAMPLES = sorted((Path(__file__).parents[2] / "examples").glob("*.nir"))
+
+HAND_WRITTEN = [
+    # the DESIGN.md example, verbatim
+    """
+cluster h200 {
+  nodes 8
+  gpus_per_node 8
+  gpu { mem 141GB  flops 989TFLOPS  hbm 4.8TB/s }
+  intra 900GB/s          # GPU<->GPU inside a node
+  inter 25GB/s           # per node, each direction
+  host_mem 2TB
+}
+
+model actor  = llama { layers 32 hidden 4096 heads 32 kv_heads 8 ffn 14336 vocab 128256 dtype bf16 }
+model critic = llama { layers 32 hidden 4096 heads 32 kv_heads 8 ffn 14336 vocab 128256 head value }
+model ref    = actor         # same architecture, separate weights
+model reward = critic
+
+workload ppo {
+  batch 512  prompt 1024  response 2048  microbatch 4
+  generation: actor
+  inference:  actor, ref, reward, critic
+  training:   actor, critic
+}
+
+plan S1 {
+  actor.generation  dp 16 tp 4       on 0..63
+  actor.inference   dp 32 tp 2       on 0..63
+  ref.inference     dp 32 tp 2       on 0..63  offload
+  reward.inference  dp 32 tp 2       on 0..63  offload
+  critic.inference  dp 32 tp 2       on 0..63
+  actor.training    dp 8  tp 4 pp 2  on 0..63
+  critic.training   dp 8  tp 4 pp 2  on 0..63
+}
+
+plan S2 = S1 {               # inherit S1, override some model-stages
+  actor.training    dp 16 tp 2 pp 2  on 0..63
+  critic.training   dp 4  tp 4 pp 2  on 0..31
+}
+
+transition S1 -> S2
+""",
+    # everything on one line, a stage left out, tp above kv_heads (KV heads replicated)
+    "cluster one{nodes 1 gpus_per_node 8 gpu{mem 24GB flops 82.6TFLOPS hbm 1008GB/s}intra 64GB/s inter 12.5GB/s "
+    "host_mem 256GiB}model m=llama{layers 2 hidden 64 heads 8 kv_heads 2 ffn 96 vocab 512}"
+    "workload w{batch 4 prompt 8 response 8 microbatch 4 training: m}"
+    "plan a{m.training dp 1 tp 8 on 7..0}plan b=a{m.training dp 2 tp 4 on n0:0..3,n0:4..7}transition a->b",
+]
+
+
+def _check_round_trip(module: ir.Module) -> None:
+    text = ir.print_module(module)
+    again = ir.parse_source(text, "<printed>")
+    assert again == module
+    for plan, plan_again in zip(module.plans, again.plans):
+        for placement, placement_again in zip(plan.declared, plan_again.declared):
+            assert placement_again.gpus == placement.gpus
+            if placement.gpu_set:
+                assert placement_again.gpu_set == placement.gpu_set
+    assert ir.print_module(again) == text
+
+
+@pytest.mark.parametrize("text", HAND_WRITTEN, ids=["design", "one-line"])
+def test_hand_written_round_trip(text):
+    _check_round_trip(ir.parse_source(text))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_examples_round_trip(path):
+    _check_round_trip(ir.parse_file(path))
+
+
+def test_design_example_meaning():
+    module = ir.parse_source(HAND_WRITTEN[0])
+    s2 = module.plan("S2")
+    assert s2.placement("critic.training").gpus == tuple(range(32))
+    assert s2.placement("actor.inference") == module.plan("S1").placement("actor.inference")
+    assert s2.placement("actor.training").gpu_of(replica=1, pp_stage=1, tp_rank=0) == 1 * 4 + 1 * 2 + 0
+    assert module.model("reward").head == "value" and module.model("reward").base == "critic"
+    assert module.cluster.gpu.hbm_bytes_per_s == 4.8e12 and module.cluster.gpu.mem_bytes == 141 * 10**9
+
+
+def test_placement_built_by_code_prints_its_gpus():
+    module = ir.parse_source(HAND_WRITTEN[1])
+    plan = module.plan("a")
+    placement = plan.declared[0]
+    coded = ir.Placement(placement.model_stage, 2, 4, 1, (0, 1, 2, 3, 6, 7, 4, 5), ())
+    changed = ir.Plan("a", None, (coded,), (coded,))
+    module = ir.Module(module.cluster, module.models, module.workload, (changed, module.plans[1]), module.transitions)
+    assert "on 0..3, 6..7, 4..5" in ir.print_module(module)
+    _check_round_trip(module)
+
+
+# ---------------------------------------------------------------- random valid modules
+
+_RESERVED = {"cluster", "model", "workload", "plan", "transition", "on", "llama"}
+NAMES = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,5}", fullmatch=True).filter(lambda n: n not in _RESERVED)
+POSITIVE_FLOAT = st.floats(min_value=1e-3, max_value=1e18, allow_nan=False, allow_infinity=False)
+
+
+@st.composite
+def clusters(draw):
+    return ir.Cluster(
+        draw(NAMES), draw(st.integers(1, 4)), draw(st.sampled_from([1, 2, 4, 8])),
+        ir.GpuSpec(draw(st.integers(1, 2**50)), draw(POSITIVE_FLOAT), draw(POSITIVE_FLOAT)),
+        draw(POSITIVE_FLOAT), draw(POSITIVE_FLOAT), draw(st.integers(1, 2**45)),
+        draw(st.one_of(st.just(0.0), st.floats(min_value=0.0, max_value=0.99))))
+
+
+@st.composite
+def architectures(draw):
+    heads = draw(st.sampled_from([1, 2, 4, 8]))
+    kv = draw(st.sampled_from([d for d in (1, 2, 4, 8) if heads % d == 0]))
+    return dict(layers=draw(st.integers(1, 8)), hidden=heads * draw(st.sampled_from([8, 16, 24])), heads=heads,
+                kv_heads=kv, ffn=8 * draw(st.integers(1, 40)), vocab=8 * draw(st.integers(1, 300)),
+                dtype=draw(st.sampled_from(sorted(ir.DTYPE_BYTES))), head=draw(st.sampled_from(ir.HEADS)))
+
+
+@st.composite
+def model_lists(draw):
+    names = draw(st.lists(NAMES, min_size=1, max_size=4, unique=True))
+    models: list[ir.Model] = []
+    for index, name in enumerate(names):
+        if index == 0 or draw(st.booleans()):
+            models.append(ir.Model(name=name, architecture="llama", **draw(architectures())))
+            continue
+        base = draw(st.sampled_from(models))
+        fields = {k: getattr(base, k) for k in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "dtype", "head")}
+        if draw(st.booleans()):  # an alias that overrides some keys
+            fresh = draw(architectures())
+            for key in draw(st.lists(st.sampled_from(sorted(fresh)), max_size=3, unique=True)):
+                fields[key] = fresh[key]
+            if fields["hidden"] % fields["heads"] or fields["heads"] % fields["kv_heads"] or \
+                    fields["kv_heads"] > fields["heads"]:
+                fields.update({k: fresh[k] for k in ("hidden", "heads", "kv_heads")})
+        models.append(ir.Model(name=name, architecture="llama", base=base.name, **fields))
+    return draw(st.permutations(models))  # aliases may come before their base
+
+
+def _encode(gpus: list[int], per_node: int, plain: bool) -> tuple[ir.GpuSetItem, ...]:
+    """Spell `gpus` with node, node-local, descending-range and single items."""
+    if plain:
+        return items_for(gpus)
+    items, i = [], 0
+    while i < len(gpus):
+        g = gpus[i]
+        node, local = divmod(g, per_node)
+        whole = gpus[i:i + per_node] == list(range(node * per_node, node * per_node + per_node))
+        if local == 0 and whole:
+            items.append(ir.GpuSetItem("nodes", node, node))
+            i += per_node
+            continue
+        j = i + 1
+        while j < len(gpus) and gpus[j] == gpus[j - 1] - 1:
+            j += 1
+        if j - i >= 2:
+            items.append(ir.GpuSetItem("range", g, gpus[j - 1]))
+        else:
+            items.append(ir.GpuSetItem("node_gpus", local, local, node))
+        i = j
+    return tuple(items)
+
+
+@st.composite
+def placements(draw, ms, model, cluster):
+    total = cluster.num_gpus
+    tp = draw(st.sampled_from([t for t in valid_tps(model) if t <= total]))
+    pp = draw(st.integers(1, min(model.layers, total // tp)))
+    dp = draw(st.integers(1, total // (tp * pp)))
+    gpus = draw(st.permutations(range(total)))[: dp * tp * pp]
+    items = _encode(list(gpus), cluster.gpus_per_node, draw(st.booleans()))
+    return ir.Placement(ms, dp, tp, pp, tuple(gpus), items, draw(st.booleans()))
+
+
+@st.composite
+def modules(draw):
+    cluster = draw(clusters())
+    models = draw(model_lists())
+    names = [m.name for m in models]
+    stages = []
+    for stage in ir.STAGES:
+        chosen = draw(st.lists(st.sampled_from(names), max_size=len(names), unique=True))
+        if chosen:
+            stages.append((stage, tuple(chosen)))
+    if not stages:
+        stages = [("training", (names[0],))]
+    batch = draw(st.integers(1, 1024))
+    workload = ir.Workload(draw(NAMES), batch, draw(st.integers(1, 10**5)), draw(st.integers(1, 10**5)),
+                           draw(st.integers(1, batch)), tuple(stages), draw(st.sampled_from(["none", "selective", "full"])))
+    by_name = {m.name: m for m in models}
+    order = list(workload.model_stages())
+    plans: list[ir.Plan] = []
+    for plan_name in draw(st.lists(NAMES, min_size=1, max_size=3, unique=True)):
+        base = draw(st.sampled_from(plans)) if plans and draw(st.booleans()) else None
+        chosen = order if base is None else draw(st.lists(st.sampled_from(order), unique=True))
+        declared = tuple(draw(placements(ms, by_name[ms.model], cluster)) for ms in draw(st.permutations(chosen)))
+        own = {p.model_stage: p for p in declared}
+        inherited = {p.model_stage: p for p in base.placements} if base else {}
+        resolved = tuple(own.get(ms) or inherited[ms] for ms in order)
+        plans.append(ir.Plan(plan_name, base.name if base else None, declared, resolved))
+    pairs = [(a.name, b.name) for a in plans for b in plans if a.name != b.name]
+    transitions = tuple(ir.Transition(a, b) for a, b in draw(st.lists(st.sampled_from(pairs), unique=True))) \
+        if pairs else ()
+    return ir.Module(cluster, tuple(models), workload, tuple(plans), transitions)
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(modules())
+def test_random_modules_round_trip(module):
+    validate_module(module)  # the generator makes valid modules only
+    _check_round_trip(module)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 2**62))
+def test_sizes_round_trip(value):
+    assert ir.units.parse_size(ir.format_size(value), "mem") == value if value else ir.format_size(value) == "0B"
+
+
+@settings(max_examples=200, deadline=None)
+@given(POSITIVE_FLOAT)
+def test_rates_and_flops_round_trip(value):
+    assert ir.units.parse_rate(ir.format_rate(value), "intra") == value
+    assert ir.units.parse_flops(ir.format_flops(value), "flops") == value
