@@ -25,8 +25,8 @@ import torch
 @dataclass(frozen=True)
 class RlConfig:
     algo: str = "ppo"  # "ppo" | "grpo"
-    lr: float = 1e-3
-    critic_lr: float = 1e-3
+    lr: float = 3e-3
+    critic_lr: float = 3e-3
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     clip: float = 0.2

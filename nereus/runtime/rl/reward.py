@@ -5,8 +5,9 @@ divisible by tp). A prompt is BOS then `prompt-1` random digits.
 
 - "sort": the response should be the prompt's digits sorted ascending; the score is the
   fraction of positions that match (dense partial credit).
-- "pattern": the response should keep counting up from the prompt's last digit mod 10
-  (d+1, d+2, ...): a bigram rule, so it learns fast (CI).
+- "pattern": every response token should be its predecessor + 1 mod 10 (the first one's
+  predecessor is the prompt's last digit); score = fraction of tokens that are. A bigram
+  rule with per-token credit, so it learns fast (CI).
 - "seven": every response token should be 7 (a smoke test of the mechanics).
 
 The llama reward model (`reward.inference`) scores each sequence too; its score is logged
@@ -46,5 +47,8 @@ def target(task: str, prompts: torch.Tensor, response_len: int) -> torch.Tensor:
 
 def score(task: str, prompts: torch.Tensor, responses: torch.Tensor) -> torch.Tensor:
     """Rule score in [0, 1] per sequence: fraction of response positions that match."""
+    if task == "pattern":
+        previous = torch.cat([prompts[:, -1:], responses[:, :-1]], dim=1)
+        return (responses == (previous + 1) % 10).float().mean(dim=1)
     wanted = target(task, prompts, responses.shape[1])
     return (responses == wanted).float().mean(dim=1)
