@@ -1,0 +1,297 @@
+"""Plan search: every model-stage's (dp, tp, pp) and placement minimising predicted step latency.
+
+Input: a module (cluster, models), a workload, a GPU budget G (the lowest G ids, whole
+nodes), a CostModel. Output: a SearchResult holding a `Plan` of the IR (printable as `.nir`).
+Invariant: the returned plan is memory-feasible by `memory.plan_memory` (the feasibility
+pass's rule, with generation waves when allowed) and no other plan of the search space
+has a lower predicted step latency (brute force agrees on small cases, tests/controller).
+
+Search space (placements in the colocated style of verl / the paper's S1: every
+model-stage on GPUs 0..G−1, stages run one after another, model-stages of a stage one after
+another on the shared GPUs):
+  tp divides gpus_per_node (TP groups never straddle nodes: node alignment) and obeys the
+  IR's head/kv-head/ffn/vocab rules; pp ≤ layers; tp·pp divides G (the divisor lattice),
+  dp = G/(tp·pp) ≤ batch; inference units may be offloaded to host memory.
+
+Decomposition: a model-stage's latency depends only on its own layout, except generation,
+whose KV waves depend on what else is resident; memory couples all choices through per-GPU
+sums. So: (1) per model-stage candidates with their times and per-GPU memory vectors over
+one period Q = lcm(tp·pp) of GPU positions (every position ≡ q mod Q holds the same bytes);
+(2) drop candidates dominated in time and in every memory entry; (3) branch and bound over
+the non-generation model-stages, cheapest first, bounding time by the sum of remaining minima
+and memory by elementwise minima; generation units are enumerated at the leaves, where the
+free memory fixes their waves.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from nereus.ir.gpuset import items_for
+from nereus.ir.model import Module, ModelStage, Placement, Plan, Workload
+
+from .cost_model import CostModel, Layout
+from .memory import active_stages, light, unit_memory, waves_for
+
+
+@dataclass(frozen=True)
+class Choice:
+    model_stage: ModelStage
+    dp: int
+    tp: int
+    pp: int
+    offload: bool = False
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    plan: Optional[Plan]  # None when nothing fits
+    predicted_s: float  # predicted step latency (inf when nothing fits)
+    stage_seconds: dict  # str(model_stage) -> predicted seconds
+    waves: dict  # str(model_stage) -> generation waves
+    candidates: int  # candidate layouts considered (before dominance pruning)
+    leaves: int  # complete assignments evaluated
+    search_s: float  # wall time of the search
+
+
+def tp_allowed(model, tp: int, gpus_per_node: int) -> bool:
+    """The IR's TP rules (DESIGN.md) plus node alignment."""
+    if gpus_per_node % tp or model.heads % tp or model.ffn % tp:
+        return False
+    if model.head == "lm" and model.vocab % tp:
+        return False
+    if tp <= model.kv_heads:
+        return model.kv_heads % tp == 0
+    return tp % model.kv_heads == 0
+
+
+def candidate_choices(module: Module, workload: Workload, model_stage: ModelStage, gpus: int,
+                      allow_offload: bool = True) -> list[Choice]:
+    """Every (dp, tp, pp[, offload]) of `model_stage` on `gpus` GPUs, in a fixed order."""
+    model = module.model(model_stage.model)
+    out = []
+    for tp in range(1, module.cluster.gpus_per_node + 1):
+        if not tp_allowed(model, tp, module.cluster.gpus_per_node):
+            continue
+        for pp in range(1, model.layers + 1):
+            if gpus % (tp * pp):
+                continue
+            dp = gpus // (tp * pp)
+            if dp > workload.batch:
+                continue
+            out.append(Choice(model_stage, dp, tp, pp, False))
+            if allow_offload and model_stage.stage == "inference":
+                out.append(Choice(model_stage, dp, tp, pp, True))
+    return out
+
+
+def build_plan(module: Module, choices: dict, gpus: int, name: str) -> Plan:
+    """A Plan placing every model-stage (workload order) on GPUs 0..gpus−1."""
+    ids = tuple(range(gpus))
+    items = items_for(ids)
+    placements = tuple(
+        Placement(ms, c.dp, c.tp, c.pp, ids, items, c.offload)
+        for ms in module.workload.model_stages()
+        for c in [choices[ms]]
+    )
+    return Plan(name, None, placements, placements)
+
+
+@dataclass
+class _Candidate:
+    choice: Choice
+    seconds: float  # for generation: seconds at one wave
+    resident: np.ndarray  # [stages, Q]
+    working: np.ndarray  # [Q] (generation: per sequence)
+
+
+class _Space:
+    """Candidates with times and memory vectors for one (workload, G, cost-model) search."""
+
+    def __init__(self, module: Module, workload: Workload, cost: CostModel, gpus: int, allow_waves: bool,
+                 allow_offload: bool):
+        self.module = light(module)
+        self.workload = workload
+        self.cost = cost
+        self.gpus = gpus
+        self.allow_waves = allow_waves
+        self.stages = active_stages(workload)
+        self.capacity = float(module.cluster.usable_gpu_bytes)
+        self.spans_nodes = gpus > module.cluster.gpus_per_node
+        self.model_stages = [ms for ms in workload.model_stages()]
+        self.choices = {ms: candidate_choices(module, workload, ms, gpus, allow_offload) for ms in self.model_stages}
+        sizes = [c.tp * c.pp for cs in self.choices.values() for c in cs] or [1]
+        self.period = math.lcm(*sizes)
+        self._gen_seconds: dict = {}
+
+    def candidate(self, choice: Choice) -> _Candidate:
+        ms = choice.model_stage
+        unit = unit_memory(self.module, self.workload, ms, choice.dp, choice.tp, choice.pp, choice.offload)
+        res, work = unit.vectors(self.period)
+        resident = np.zeros((len(self.stages), self.period))
+        own = self.stages.index(ms.stage)
+        for x in range(len(self.stages)):
+            if not choice.offload or x == own:
+                resident[x] = res
+        return _Candidate(choice, self.seconds(choice, 1), resident, work)
+
+    def seconds(self, choice: Choice, waves: int) -> float:
+        key = (choice, waves)
+        value = self._gen_seconds.get(key)
+        if value is None:
+            layout = Layout(choice.dp, choice.tp, choice.pp, choice.offload, waves, self.spans_nodes)
+            value = self.cost.predict(self.workload, choice.model_stage, layout)
+            self._gen_seconds[key] = value
+        return value
+
+    def finish(self, resident: np.ndarray, working: np.ndarray, generation: list[_Candidate]):
+        """Complete an assignment: (seconds of the generation units, waves) or None if it does
+        not fit. `resident` [stages, Q] and `working` [stages, Q] hold the other units."""
+        resident = resident + sum(g.resident for g in generation) if generation else resident
+        cap = self.capacity
+        x_gen = self.stages.index("generation") if "generation" in self.stages else -1
+        for x in range(len(self.stages)):
+            if x != x_gen and (resident[x] + working[x] > cap).any():
+                return None
+        seconds, waves = 0.0, {}
+        gen_working = np.zeros(self.period)
+        for g in generation:
+            replica_batch = math.ceil(self.workload.batch / g.choice.dp)
+            w = waves_for(cap - resident[x_gen], g.working, replica_batch, self.allow_waves)
+            if w == 0:
+                return None
+            gen_working = np.maximum(gen_working, g.working * math.ceil(replica_batch / w))
+            waves[g.choice.model_stage] = w
+            seconds += self.seconds(g.choice, w)
+        if x_gen >= 0 and (resident[x_gen] + np.maximum(working[x_gen], gen_working) > cap).any():
+            return None
+        return seconds, waves
+
+
+def _dominated(a: _Candidate, b: _Candidate) -> bool:
+    """b is at least as good as a in time and every memory entry."""
+    return (b.seconds <= a.seconds and (b.resident <= a.resident).all() and (b.working <= a.working).all())
+
+
+def _pareto(candidates: list[_Candidate]) -> list[_Candidate]:
+    ordered = sorted(candidates, key=lambda c: c.seconds)
+    kept: list[_Candidate] = []
+    for c in ordered:
+        if not any(_dominated(c, k) for k in kept):
+            kept.append(c)
+    return kept
+
+
+def _result(space: _Space, best, candidates: int, leaves: int, began: float, name: str) -> SearchResult:
+    if best is None:
+        return SearchResult(None, math.inf, {}, {}, candidates, leaves, time.perf_counter() - began)
+    total, choices, waves = best
+    stage_seconds = {str(ms): space.seconds(c, waves.get(ms, 1)) for ms, c in choices.items()}
+    plan = build_plan(space.module, choices, space.gpus, name)
+    return SearchResult(plan, total, stage_seconds, {str(k): v for k, v in waves.items()}, candidates, leaves,
+                        time.perf_counter() - began)
+
+
+def search_plan(module: Module, workload: Workload, cost: CostModel, gpus: int, name: str = "best",
+                allow_waves: bool = True, allow_offload: bool = True) -> SearchResult:
+    """The plan of least predicted step latency on GPUs 0..gpus−1 (see module docstring)."""
+    began = time.perf_counter()
+    space = _Space(module, workload, cost, gpus, allow_waves, allow_offload)
+    count = sum(len(c) for c in space.choices.values())
+    gen_ms = [ms for ms in space.model_stages if ms.stage == "generation"]
+    other_ms = [ms for ms in space.model_stages if ms.stage != "generation"]
+    gen_lists = [sorted((space.candidate(c) for c in space.choices[ms]), key=lambda c: c.seconds) for ms in gen_ms]
+    lists = [_pareto([space.candidate(c) for c in space.choices[ms]]) for ms in other_ms]
+    if any(not lst for lst in lists + gen_lists):
+        return _result(space, None, count, 0, began, name)
+    # branch on the model-stages whose choice matters most first
+    order = sorted(range(len(lists)), key=lambda i: -(lists[i][-1].seconds - lists[i][0].seconds))
+    lists = [lists[i] for i in order]
+    n, stages, period = len(lists), len(space.stages), space.period
+    all_lists = lists + gen_lists
+    # lower bounds of what remains from level i on
+    min_seconds = [min(c.seconds for c in lst) for lst in all_lists]
+    lb_seconds = [sum(min_seconds[i:]) for i in range(len(all_lists) + 1)]
+    min_res = [np.min([c.resident for c in lst], axis=0) for lst in all_lists]
+    lb_res = [sum(min_res[i:], np.zeros((stages, period))) for i in range(len(all_lists) + 1)]
+    lb_work = []
+    for i in range(n + 1):
+        w = np.zeros((stages, period))
+        for lst in lists[i:]:
+            x = space.stages.index(lst[0].choice.model_stage.stage)
+            w[x] = np.maximum(w[x], np.min([c.working for c in lst], axis=0))
+        lb_work.append(w)
+    cap = space.capacity
+    best = None
+    best_seconds = math.inf
+    leaves = 0
+    chosen: list[_Candidate] = []
+
+    def descend(i: int, seconds: float, resident: np.ndarray, working: np.ndarray):
+        nonlocal best, best_seconds, leaves
+        if seconds + lb_seconds[i] >= best_seconds:
+            return
+        if (resident + lb_res[i] + np.maximum(working, lb_work[i]) > cap).any():
+            return
+        if i == n:
+            for gens in itertools.product(*gen_lists):
+                lower = seconds + sum(g.seconds for g in gens)
+                if lower >= best_seconds:
+                    continue
+                leaves += 1
+                done = space.finish(resident, working, list(gens))
+                if done is None:
+                    continue
+                total = seconds + done[0]
+                if total < best_seconds:
+                    choices = {c.choice.model_stage: c.choice for c in chosen + list(gens)}
+                    best_seconds, best = total, (total, choices, done[1])
+            return
+        for c in lists[i]:
+            x = space.stages.index(c.choice.model_stage.stage)
+            new_working = working.copy()
+            new_working[x] = np.maximum(new_working[x], c.working)
+            chosen.append(c)
+            descend(i + 1, seconds + c.seconds, resident + c.resident, new_working)
+            chosen.pop()
+
+    descend(0, 0.0, np.zeros((stages, period)), np.zeros((stages, period)))
+    return _result(space, best, count, leaves, began, name)
+
+
+def brute_force_plan(module: Module, workload: Workload, cost: CostModel, gpus: int, name: str = "best",
+                     allow_waves: bool = True, allow_offload: bool = True) -> SearchResult:
+    """Every combination of every model-stage's candidates, no pruning (for tests, small cases)."""
+    began = time.perf_counter()
+    space = _Space(module, workload, cost, gpus, allow_waves, allow_offload)
+    count = sum(len(c) for c in space.choices.values())
+    cands = {ms: [space.candidate(c) for c in space.choices[ms]] for ms in space.model_stages}
+    best, best_seconds, leaves = None, math.inf, 0
+    for combo in itertools.product(*(cands[ms] for ms in space.model_stages)):
+        leaves += 1
+        resident = np.zeros((len(space.stages), space.period))
+        working = np.zeros((len(space.stages), space.period))
+        gens = []
+        seconds = 0.0
+        for c in combo:
+            if c.choice.model_stage.stage == "generation":
+                gens.append(c)
+                continue
+            resident += c.resident
+            x = space.stages.index(c.choice.model_stage.stage)
+            working[x] = np.maximum(working[x], c.working)
+            seconds += c.seconds
+        done = space.finish(resident, working, gens)
+        if done is None:
+            continue
+        total = seconds + done[0]
+        if total < best_seconds:
+            best_seconds = total
+            best = (total, {c.choice.model_stage: c.choice for c in combo}, done[1])
+    return _result(space, best, count, leaves, began, name)
