@@ -67,7 +67,7 @@ class ExecutionResult:
     received_bytes: int = 0
     copied_bytes: int = 0
     kept_bytes: int = 0
-    peak_bytes: int = 0  # live shard bytes on this GPU, program semantics (plus resident)
+    peak_bytes: int = 0  # resident + live shards + message buffers on this GPU (the compiler's replay)
     buffer_peak_bytes: int = 0  # largest sum of one round's message buffers
     verified: Optional[bool] = None
 
@@ -139,6 +139,10 @@ def execute(prog: RankProgram, before: dict, *, group, control, device: torch.de
         _check_before(prog, before)
     except Exception as error:  # noqa: BLE001 - any local error must reach every rank
         failure = Failure(rank, -1, "check before-state", None, str(error))
+    # sources: where each before-shard is read from now (its tensor, or a host copy
+    # after stage_out); the caller's `before` dict itself is never modified.
+    sources = {unit: dict(before.get(unit, {})) for unit in prog.before}
+    staged: set = set()
     if failure is None:
         for unit in prog.before:
             for t in before[unit].values():
@@ -171,15 +175,15 @@ def execute(prog: RankProgram, before: dict, *, group, control, device: torch.de
             for piece in work.copies:
                 step = f"copy {piece.tensor} {piece.src_unit} -> {piece.dst_unit}"
                 dst = _dst(prog, new, live, device, piece)
-                dst[piece.dst_slices].copy_(before[piece.src_unit][piece.tensor][piece.src_slices])
+                dst[piece.dst_slices].copy_(sources[piece.src_unit][piece.tensor][piece.src_slices])
                 written[(piece.dst_unit, piece.tensor)] = written.get((piece.dst_unit, piece.tensor), 0) + piece.numel
                 result.copied_bytes += piece.nbytes
             for msg in work.sends:
                 step, peer = "pack send", msg.peer
-                views = [before[p.src_unit][p.tensor][p.src_slices] for p in msg.pieces]
+                views = [sources[p.src_unit][p.tensor][p.src_slices] for p in msg.pieces]
                 offsets, total = packing.layout([p.nbytes for p in msg.pieces])
-                sends.append((msg, packing.pack(views, offsets, total) if views else
-                              torch.empty(0, dtype=torch.uint8, device=device), views))
+                buffer = packing.pack(views, offsets, total) if views else torch.empty(0, dtype=torch.uint8)
+                sends.append((msg, buffer.to(device), views))  # staged sources pack on the host
             for msg in work.recvs:
                 step, peer = "alloc recv", msg.peer
                 offsets, total = packing.layout([p.nbytes for p in msg.pieces])
@@ -193,8 +197,9 @@ def execute(prog: RankProgram, before: dict, *, group, control, device: torch.de
             failure = Failure(rank, work.index, step, peer, f"{type(error).__name__}: {error}")
         timing.local_s = time.perf_counter() - t0
         agree(failure, control, prog.source, prog.target)
-        result.buffer_peak_bytes = max(result.buffer_peak_bytes,
-                                       sum(b.numel() for _, b, _ in sends) + sum(b.numel() for _, b, _ in recvs))
+        buffers = sum(b.numel() for _, b, _ in sends) + sum(b.numel() for _, b, _ in recvs)
+        result.buffer_peak_bytes = max(result.buffer_peak_bytes, buffers)
+        live.peak = max(live.peak, live.bytes + buffers)  # transient message buffers count too
 
         t1 = time.perf_counter()
         ops = [dist.P2POp(dist.isend, buf, msg.peer, group, msg.op_index) for msg, buf, _ in sends]
@@ -230,10 +235,19 @@ def execute(prog: RankProgram, before: dict, *, group, control, device: torch.de
                     raise InjectedFault("injected fault (unpack)")
             peer = None
             timing.unpack_s = time.perf_counter() - t2
+            for unit in work.stage_outs:
+                step = f"stage_out {unit}"
+                if unit not in staged:
+                    for name, t in before[unit].items():
+                        sources[unit][name] = t if t.device.type == "cpu" else t.to("cpu")
+                        live.remove(t)
+                    staged.add(unit)
             for unit in work.frees:
                 step = f"free {unit}"
-                for t in before[unit].values():
-                    live.remove(t)  # the caller keeps the tensor until the commit
+                if unit not in staged:
+                    for t in before[unit].values():
+                        live.remove(t)  # the caller keeps the tensor until the commit
+                sources[unit] = {}
         except Exception as error:  # noqa: BLE001
             failure = Failure(rank, work.index, step, peer, f"{type(error).__name__}: {error}")
         timing.sent_bytes = sum(m.nbytes for m, _, _ in sends)

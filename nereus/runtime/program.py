@@ -5,10 +5,9 @@ compiler internals) and returns a frozen `RankProgram` that the executor runs. E
 byte count is derived from the program alone, so the sender and the receiver of a
 message compute the same size (gloo aborts the process on a size mismatch).
 
-Also here: `memory_replay(program)` (per-GPU peak bytes under DESIGN.md's semantics:
-resident + before-shards not yet freed + allocations; allocs first in a round, frees
-last) and `restrict_program(program, model_stages)` (drop units of model-stages the
-embedding code did not hand to Nereus).
+Ops: alloc, keep, copy, send, stage_out (a before-unit's shard moves to host memory and
+later sends read it from there), free. Also here: `restrict_program(program,
+model_stages)` (drop units of model-stages the embedding code did not hand to Nereus).
 """
 
 from __future__ import annotations
@@ -67,6 +66,7 @@ class RoundWork:
     sends: tuple[Message, ...]
     recvs: tuple[Message, ...]
     frees: tuple[str, ...]  # before-units whose shards on this GPU are released now
+    stage_outs: tuple[str, ...] = ()  # before-units whose shards on this GPU move to host memory
 
 
 @dataclass(frozen=True)
@@ -188,7 +188,7 @@ def rank_program(program: dict, gpu: int) -> RankProgram:
     rounds = []
     totals = dict(send=0, recv=0, copy=0, keep=0)
     for r, rnd in enumerate(program["rounds"]):
-        allocs, aliases, copies, sends, recvs, frees = [], [], [], [], [], []
+        allocs, aliases, copies, sends, recvs, frees, stage_outs = [], [], [], [], [], [], []
         for k, op in enumerate(rnd["ops"]):
             kind = op["op"]
             where = f"round {r}, op {k} ({kind})"
@@ -196,6 +196,8 @@ def rank_program(program: dict, gpu: int) -> RankProgram:
                 allocs.append(op["unit"])
             elif kind == "free" and op["gpu"] == gpu:
                 frees.append(op["unit"])
+            elif kind == "stage_out" and op["gpu"] == gpu:
+                stage_outs.append(op["unit"])
             elif kind in ("keep", "copy") and op["gpu"] == gpu:
                 for seg in op["segments"]:
                     if kind == "keep" and (seg["dst_unit"], seg["tensor"]) in alias_ok:
@@ -223,39 +225,17 @@ def rank_program(program: dict, gpu: int) -> RankProgram:
                 else:
                     recvs.append(Message(op["src"], k, pieces, nbytes))
                     totals["recv"] += nbytes
-            elif kind not in ("alloc", "free", "keep", "copy", "send"):
-                raise ProgramError(f"{where}: unknown op {kind!r}", hint="this runtime executes alloc/keep/copy/send/free")
-        rounds.append(RoundWork(r, tuple(allocs), tuple(aliases), tuple(copies), tuple(sends), tuple(recvs), tuple(frees)))
+            elif kind not in ("alloc", "free", "keep", "copy", "send", "stage_out"):
+                raise ProgramError(f"{where}: unknown op {kind!r}",
+                                   hint="this runtime executes alloc, keep, copy, send, stage_out and free")
+        rounds.append(RoundWork(r, tuple(allocs), tuple(aliases), tuple(copies), tuple(sends), tuple(recvs),
+                                tuple(frees), tuple(stage_outs)))
     return RankProgram(
         gpu=gpu, source=program["transition"]["from"], target=program["transition"]["to"],
         before=_shards(units["before"], gpu, tensors, "before"), after=_shards(units["after"], gpu, tensors, "after"),
         unit_stage=unit_stage, rounds=tuple(rounds), send_bytes=totals["send"], recv_bytes=totals["recv"],
         copy_bytes=totals["copy"], keep_bytes=totals["keep"],
     )
-
-
-def memory_replay(program: dict) -> dict[int, int]:
-    """Per-GPU peak bytes of the program under DESIGN.md's semantics.
-
-    Input: a JSON program. Output: {gpu: peak}, where memory = resident_bytes + shards
-    of before-units not yet freed + allocations, allocs first in a round, frees last."""
-    tensors = {t["name"]: t for t in program["tensors"]}
-    live = {int(g): int(b) for g, b in program.get("resident_bytes", {}).items()}
-    for unit in program["units"]["before"]:
-        for shard in unit.get("shards", ()):
-            numel = sum(box_numel(as_box(b)) for b in shard["boxes"])
-            live[shard["gpu"]] = live.get(shard["gpu"], 0) + numel * ELEMENT_BYTES[tensors[shard["tensor"]]["dtype"]]
-    peak = dict(live)
-    for rnd in program["rounds"]:
-        for op in rnd["ops"]:
-            if op["op"] == "alloc":
-                live[op["gpu"]] = live.get(op["gpu"], 0) + op["bytes"]
-        for g, b in live.items():
-            peak[g] = max(peak.get(g, 0), b)
-        for op in rnd["ops"]:
-            if op["op"] == "free":
-                live[op["gpu"]] -= op["bytes"]
-    return peak
 
 
 def program_model_stages(program: dict) -> set[str]:
@@ -278,7 +258,7 @@ def restrict_program(program: dict, model_stages: Iterable[str]) -> dict:
         for op in rnd["ops"]:
             if op["op"] == "alloc" and op["unit"] not in ids["after"]:
                 continue
-            if op["op"] == "free" and op["unit"] not in ids["before"]:
+            if op["op"] in ("free", "stage_out") and op["unit"] not in ids["before"]:
                 continue
             if "segments" in op:
                 segs = []

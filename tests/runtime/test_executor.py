@@ -11,7 +11,8 @@ import torch.distributed as dist
 from nereus.ir.model import Model
 from nereus.runtime.control import TransitionAborted
 from nereus.runtime.executor import execute
-from nereus.runtime.program import memory_replay, rank_program
+from nereus.passes.verify import verify_program
+from nereus.runtime.program import rank_program
 from nereus.runtime.state import shard_of, shard_unit
 
 from runtime_helpers import naive_program, oracle_units, reference_state, spawn, tensor_list
@@ -70,7 +71,7 @@ def _run_cases(rank, world, cases, tensors):
         held = sum(len(t) for t in result.state.values())
         expected = sum(1 for unit in after_units for s in unit["shards"] if s["gpu"] == rank)
         out.append({"case": name, "mismatched": mismatched, "held": held, "expected": expected,
-                    "peak": result.peak_bytes, "replay": memory_replay(program).get(rank, 0),
+                    "peak": result.peak_bytes, "replay": verify_program(program).peak_bytes.get(rank, 0),
                     "verified": result.verified, "sent": result.sent_bytes, "received": result.received_bytes})
     return out
 
