@@ -64,6 +64,12 @@ def _item_width(item: GpuSetItem) -> int:
     return len(format_item(item))
 
 
+def _runs(what: str, first: str, last: str, shape: str) -> str:
+    if first == last:
+        return f"{shape}: the only {what.replace('GPU ids', 'GPU id').replace('GPUs', 'GPU').rstrip('s')} is {first}"
+    return f"{shape}: {what} run {first}..{last}"
+
+
 def expand_item(item: GpuSetItem, cluster: Cluster) -> list[int]:
     """The global GPU ids of one item, in order; SemanticError at the item if a GPU or
     node does not exist in `cluster`."""
@@ -73,22 +79,22 @@ def expand_item(item: GpuSetItem, cluster: Cluster) -> list[int]:
         bad = max(item.lo, item.hi)
         if bad >= total:
             raise SemanticError(f"GPU {bad} does not exist", item.loc,
-                                f"{shape}: GPU ids run 0..{total - 1}", width=_item_width(item))
+                                _runs("GPU ids", "0", str(total - 1), shape), width=_item_width(item))
         return list(_span(item.lo, item.hi))
     if item.kind == "nodes":
         bad = max(item.lo, item.hi)
         if bad >= nodes:
             raise SemanticError(f"node n{bad} does not exist", item.loc,
-                                f"{shape}: nodes run n0..n{nodes - 1}", width=_item_width(item))
+                                _runs("nodes", "n0", f"n{nodes - 1}", shape), width=_item_width(item))
         return [node * per_node + g for node in _span(item.lo, item.hi) for g in range(per_node)]
     if item.kind == "node_gpus":
         if item.node >= nodes:
             raise SemanticError(f"node n{item.node} does not exist", item.loc,
-                                f"{shape}: nodes run n0..n{nodes - 1}", width=_item_width(item))
+                                _runs("nodes", "n0", f"n{nodes - 1}", shape), width=_item_width(item))
         bad = max(item.lo, item.hi)
         if bad >= per_node:
             raise SemanticError(f"node n{item.node} has no GPU {bad}", item.loc,
-                                f"{shape}: GPUs of a node run 0..{per_node - 1}", width=_item_width(item))
+                                _runs("GPUs of a node", "0", str(per_node - 1), shape), width=_item_width(item))
         return [item.node * per_node + g for g in _span(item.lo, item.hi)]
     raise ValueError(f"unknown GPU set item kind {item.kind!r}")
 
