@@ -1,0 +1,80 @@
+"""Text listing of a lowered program: one line per symbolic op, rounds in order.
+
+    transition S1 -> S2: 2 rounds, 3 messages, 4.0 MB moved (lower bound 2.0 MB)
+    round 0
+      alloc     gpu 4   actor.training/1                         1.0 MB
+      keep      gpu 0   actor.training/0 -> actor.training/0     embed..head  12 pieces
+      send      0 -> 4  2 transfers                              1.0 MB
+        actor.training/0 -> actor.training/1  layers 0..3  9 pieces  1.0 MB
+      free      gpu 0   actor.training/0                         2.0 MB
+
+Stable (the golden test compares it byte for byte); layer ranges are not expanded.
+"""
+
+from __future__ import annotations
+
+
+def human_bytes(n: int) -> str:
+    for unit, scale in (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("KB", 10**3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def slot_text(layers: int, lo: int, hi: int) -> str:
+    """Slot range [lo, hi) in words: embed, layers a..b (inclusive), head."""
+    words = []
+    if lo == 0:
+        words.append("embed")
+    a, b = max(lo, 1) - 1, min(hi, layers + 1) - 2
+    if a <= b:
+        words.append(f"layer {a}" if a == b else f"layers {a}..{b}")
+    if hi == layers + 2:
+        words.append("head")
+    return "+".join(words)
+
+
+def _xfer_text(dag, x) -> str:
+    from nereus.passes.layout import unit_id
+
+    info = dag.stages[x.stage]
+    src = unit_id(info.name, dag.frees[x.free].replica)
+    dst = unit_id(info.name, dag.allocs[x.alloc].replica)
+    return f"{src} -> {dst}  {slot_text(info.model.layers, *x.slots)}  {len(x.pieces)} pieces"
+
+
+def program_text(program, summary: dict | None = None) -> str:
+    """The listing of a lowered `Program` (module docstring)."""
+    from nereus.passes.layout import unit_id
+
+    dag = program.dag
+    lines = []
+    head = f"transition {dag.source} -> {dag.target}: {program.num_rounds} rounds, " \
+           f"{sum(len(m) for m in program.messages)} messages"
+    if summary and "bytes" in summary:
+        head += f", {human_bytes(summary['bytes']['total'])} moved" \
+                f" (lower bound {human_bytes(summary['lower_bound_bytes'])})"
+    lines.append(head)
+    if dag.untouched:
+        lines.append(f"untouched: {', '.join(dag.untouched)}")
+    current = -1
+    for k, kind, record in program.ops():
+        if k != current:
+            lines.append(f"round {k}")
+            current = k
+        if kind == "alloc":
+            a = dag.allocs[record]
+            lines.append(f"  {kind:<9} gpu {a.gpu:<4} {unit_id(dag.stages[a.stage].name, a.replica):<40} "
+                         f"{human_bytes(a.bytes)}")
+        elif kind in ("free", "stage_out"):
+            f = dag.frees[record]
+            lines.append(f"  {kind:<9} gpu {f.gpu:<4} {unit_id(dag.stages[f.stage].name, f.replica):<40} "
+                         f"{human_bytes(f.bytes)}")
+        elif kind == "send":
+            lines.append(f"  {'send':<9} {f'{record.src} -> {record.dst}':<8} {len(record.xfers)} transfers"
+                         f"{'':<27} {human_bytes(record.bytes)}")
+            for x in record.xfers:
+                lines.append(f"    {_xfer_text(dag, x)}  {human_bytes(x.bytes)}")
+        else:
+            lines.append(f"  {kind:<9} gpu {record.dst_gpu:<4} {_xfer_text(dag, record)}  {human_bytes(record.bytes)}")
+    return "\n".join(lines) + "\n"

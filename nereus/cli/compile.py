@@ -1,0 +1,145 @@
+"""`nereusc FILE [--transition S1->S2] [--set K=V]... [--emit summary|text|dot|json] [-o OUT]`.
+
+Without --emit: check every plan's memory (the `check` table), then compile every declared
+transition and print its summary; exit 1 if a plan does not fit. With --emit: compile the
+chosen transition (`--transition`, or the only one declared) and write that level: summary,
+text (a listing of rounds), dot (Graphviz) or json (the program, docs/program.md).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from nereus.cli.errors import reports_errors, traceback_option
+from nereus.ir.diagnostics import SemanticError
+
+
+def _pairs(module, transition: str | None) -> list[tuple[str, str]]:
+    if transition:
+        source, sep, target = transition.partition("->")
+        if not sep or not source.strip() or not target.strip():
+            raise SemanticError(f"--transition {transition!r} is not of the form S1->S2", hint="e.g. --transition S1->S2")
+        return [(source.strip(), target.strip())]
+    return [(t.source, t.target) for t in module.transitions]
+
+
+def summary_text(summary: dict) -> str:
+    """A human summary of `nereus.passes.summarize`'s dict."""
+    from nereus.backends.text import human_bytes as hb
+
+    if "bytes" not in summary:  # the pipeline stopped before lower
+        return "\n".join([f"transition {summary['transition']}"] + [
+            f"  {name}  {' '.join(s['primitives']) or ('unchanged' if s['unchanged'] else '-')}"
+            for name, s in summary["stages"].items()])
+    b = summary["bytes"]
+    lines = [f"transition {summary['transition']}: {summary['rounds']} rounds, {summary['messages']} messages,"
+             f" predicted {summary['predicted_seconds']:.3f} s",
+             f"  bytes moved {hb(b['total'])} (local {hb(b['local'])}, intra-node {hb(b['intra_node'])},"
+             f" inter-node {hb(b['inter_node'])}, staged {hb(b['staged'])}); kept in place {hb(b['kept'])}",
+             f"  lower bound (bytes whose owner changes) {hb(summary['lower_bound_bytes'])};"
+             f" sent {hb(b['intra_node'] + b['inter_node'])}"]
+    if summary["resource_edges"]:
+        edges = ", ".join(f"{k} {v}" for k, v in sorted(summary["resource_edges"].items()))
+        lines.append(f"  resource edges: {edges}")
+    for note in summary["notes"]:
+        lines.append(f"  note: {note}")
+    width = max(len(n) for n in summary["stages"])
+    for name, stage in summary["stages"].items():
+        if stage["unchanged"]:
+            lines.append(f"  {name:<{width}}  unchanged")
+            continue
+        kinds: dict = {}
+        for p in stage["primitives"]:
+            kind = p.split("(")[0]
+            kinds[kind] = kinds.get(kind, 0) + 1
+        prims = " ".join(f"{k}×{n}" for k, n in kinds.items()) or "-"
+        if stage["kept_units"]:
+            prims += f" kept×{stage['kept_units']}"
+        ops = " ".join(f"{k} {n}" for k, n in stage.get("ops", {}).items())
+        lines.append(f"  {name:<{width}}  {prims:<24} {ops}")
+    return "\n".join(lines)
+
+
+def _print_after(name: str, state) -> None:
+    parts = [f"after {name}:"]
+    if name == "diff":
+        parts.append(f"{len(state.diff.changed())} model-stage(s) change")
+    elif name == "dag":
+        d = state.dag
+        parts.append(f"{len(d.allocs)} allocs, {len(d.xfers)} transfers, {len(d.frees)} frees")
+    elif name == "resources":
+        s = state.schedule
+        parts.append(f"{len(s.rounds)} rounds, {len(s.edges)} resource edges, {s.chunked} chunked")
+    elif name == "fusion":
+        parts.append(f"{sum(len(m) for m in state.messages)} messages")
+    elif name == "lower":
+        parts.append(f"program of {state.program.num_rounds} rounds")
+    elif name == "cost":
+        parts.append(f"{state.cost.seconds:.4f} s predicted, {state.cost.bytes_total} bytes")
+    click.echo(" ".join(parts), err=True)
+
+
+@click.command("compile")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--transition", metavar="S1->S2", help="Compile this transition (any two plans of FILE).")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override a value first, e.g. --set workload.response=8192 (repeatable).")
+@click.option("--emit", type=click.Choice(["summary", "text", "dot", "json"]), help="Output level.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True, allow_dash=True),
+              help="Write the output here instead of stdout.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (summaries and plan checks as JSON).")
+@click.option("--time-passes", is_flag=True, help="Print each pass's wall time to stderr.")
+@click.option("--print-after-all", is_flag=True, help="Print a line about the IR after every pass to stderr.")
+@click.option("--pipeline", metavar="PASSES", help="Pass pipeline, e.g. diff,dag,resources,fusion{bucket=256MiB},lower,cost.")
+@traceback_option
+@reports_errors
+def compile_command(file, transition, overrides, emit, output, as_json, time_passes, print_after_all, pipeline,
+                    traceback):
+    """Check FILE's plans and compile its transitions."""
+    from nereus.cli.check import load_module
+    from nereus.passes import compile_transition
+
+    module = load_module(file, overrides)
+    pairs = _pairs(module, transition)
+    fits = True
+    if emit is None:
+        from nereus.cli.check import report_plans
+
+        fits = report_plans(module, as_json)
+    elif len(pairs) != 1 and emit != "summary":
+        raise SemanticError(f"--emit {emit} writes one transition and {file} declares {len(pairs)}",
+                            hint="choose one with --transition S1->S2")
+    hook = _print_after if print_after_all else None
+    results = []
+    for source, target in pairs:
+        compiled = compile_transition(module, source, target, pipeline=pipeline, print_after_all=hook)
+        results.append(compiled)
+        if time_passes:
+            total = sum(compiled.timings.values())
+            listing = ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in compiled.timings.items())
+            click.echo(f"time {source} -> {target}: {listing}; total {total * 1000:.1f} ms", err=True)
+    if emit in (None, "summary"):
+        if as_json:
+            text = json.dumps({"transitions": [c.summary for c in results]}, indent=None)
+        else:
+            text = "\n".join(summary_text(c.summary) for c in results)
+    elif emit == "json":
+        text = json.dumps(results[0].to_json(), separators=(",", ":"))
+    elif emit == "text":
+        from nereus.backends.text import program_text
+
+        text = program_text(results[0].program, results[0].summary).rstrip("\n")
+    else:
+        from nereus.backends.dot import program_dot
+
+        text = program_dot(results[0].program).rstrip("\n")
+    if output and output != "-":
+        with open(output, "w", encoding="utf-8") as handle:
+            handle.write(text + "\n")
+    else:
+        click.echo(text)
+    if not fits:
+        sys.exit(1)
