@@ -50,7 +50,7 @@ def _runtime(kind, module, plan):
     if kind == "faulty":
         return _SwapsHeads(module, plan)
     if kind == "nereus":
-        return nr.Runtime(module, plan=plan) if hasattr(nr.Runtime, "__call__") else None
+        return nr.Runtime(module, plan)
     return RestartRuntime(module, plan)
 
 
@@ -69,14 +69,13 @@ def _runs(kinds):
 def test_transitions_lose_nothing():
     kinds = [("restart", "restart", "S1", EVENTS), ("control", "restart", "S1", ()), ("ref", "restart", "R", ()),
              ("faulty", "faulty", "S1", EVENTS)]
-    if hasattr(nr, "Runtime"):
-        kinds.insert(0, ("nereus", "nereus", "S1", EVENTS))
+    kinds.insert(0, ("nereus", "nereus", "S1", EVENTS))
     runs = run_world(4, _runs, kinds)
-    moved = runs.get("nereus", runs["restart"])
+    moved = runs["nereus"]
     assert [s["plan"] for s in moved["steps"]] == ["S1", "S2", "S3", "S3"]
-    if "nereus" in runs:  # same layouts at every step: identical bits
-        assert moved["steps"] == [dict(s, seconds=m["seconds"]) for s, m in zip(runs["restart"]["steps"], moved["steps"])]
-        assert moved["sha"] == runs["restart"]["sha"]
+    # same layouts at every step as the gather-and-reshard run: identical bits
+    assert moved["steps"] == [dict(s, seconds=m["seconds"]) for s, m in zip(runs["restart"]["steps"], moved["steps"])]
+    assert moved["sha"] == runs["restart"]["sha"]
     for a, b in zip(moved["steps"], runs["control"]["steps"]):
         for key in ("loss", "value_loss", "kl", "rm_score"):
             assert abs(a[key] - b[key]) < TOL, (a["step"], key, a[key], b[key])

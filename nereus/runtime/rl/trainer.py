@@ -32,12 +32,14 @@ import torch.distributed as dist
 from nereus.ir.architecture import OPTIMIZER_STATES, optimizer_name
 from nereus.ir.diagnostics import SemanticError
 from nereus.ir.model import Module
+from nereus.runtime.state import step_name
 
 from . import algorithms as alg
 from .engine import NativeEngine
 from .llama import hidden_states, init_full_weights, local_logits, values
 from .optim import adam_step, all_reduce_grads
 from .parallel import vocab_parallel_logprob
+from .restart import TORCH_DTYPES
 from .reward import make_prompts, score
 from .topology import Groups, Role
 
@@ -130,6 +132,9 @@ class RlTrainer:
                     named[optimizer_name(name, "master")] = named[name].float().clone()
                     for state in OPTIMIZER_STATES[1:]:
                         named[optimizer_name(name, state)] = torch.zeros_like(named[name], dtype=torch.float32)
+            for name, (shape, dtype) in self.rt.tensor_specs(ms).items():  # e.g. the runtime's Adam step
+                if name not in named:
+                    named[name] = torch.zeros(shape, dtype=TORCH_DTYPES.get(dtype, dtype))
             self.rt.register(ms, self.rt.shard_state_dict(ms, named))
 
     def weights(self, ms: str) -> dict[str, torch.Tensor]:
@@ -180,6 +185,9 @@ class RlTrainer:
                      for k, p in params.items()}
             all_reduce_grads(grads, role.dp_group)
             adam_step(state, grads, step, lr, self.cfg.betas, self.cfg.eps)
+            counter = step_name(ms.partition(".")[0])
+            if counter in state:  # the runtime's Adam step counter travels with the state
+                state[counter].fill_(step)
             part = loss.detach()
         return float(self._assemble(part, role, (), (), torch.float64))
 
@@ -253,7 +261,9 @@ class RlTrainer:
         self.roles = self.groups.for_plan(self.module.plan(plan), self.world)
         record = {"after_step": after_step, "from": self.plan_name, "to": plan,
                   "seconds": time.perf_counter() - start,
-                  "bytes": int(report.get("bytes", report.get("bytes_moved", 0)) or 0)}
+                  "bytes": int(report.get("total_bytes_sent", report.get("bytes", 0)) or 0),
+                  "runtime_seconds": float(report.get("max_seconds", report.get("seconds", 0.0))),
+                  "compile_seconds": float(report.get("compile_s", 0.0))}
         self.plan_name = plan
         return record
 
