@@ -1,0 +1,136 @@
+"""Verifier: passes compiled programs, fails corrupted ones with the right message."""
+
+import copy
+import json
+
+import pytest
+
+from builders import cluster, fig5_module, llama, module, place, workload
+from nereus.ir.diagnostics import ProgramError
+from nereus.passes import compile_transition
+from nereus.passes.verify import verify_program
+
+TARGETS = ["tp_up", "extend", "destroy", "split", "moved"]
+
+
+@pytest.fixture(scope="module")
+def programs():
+    m = fig5_module()
+    return {t: compile_transition(m, "S1", t).to_json() for t in TARGETS}
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_compiled_programs_verify(programs, target):
+    report = verify_program(programs[target])
+    assert report.rounds >= 1 and report.segments > 0
+
+
+def _first(program, kind):
+    for k, rnd in enumerate(program["rounds"]):
+        for i, op in enumerate(rnd["ops"]):
+            if op["op"] == kind:
+                return k, i, op
+    raise LookupError(kind)
+
+
+def _volume(box):
+    n = 1
+    for lo, hi in box:
+        n *= hi - lo
+    return n
+
+
+def _seg_bytes(program, seg):
+    dtype = {t["name"]: t["dtype"] for t in program["tensors"]}[seg["tensor"]]
+    return _volume(seg["box"]) * (4 if dtype == "fp32" else 2)
+
+
+def test_double_write_fails(programs):
+    p = copy.deepcopy(programs["tp_up"])
+    _, _, op = _first(p, "send")
+    op["segments"].append(dict(op["segments"][0]))
+    op["bytes"] += _seg_bytes(p, op["segments"][0])
+    with pytest.raises(ProgramError, match="written twice"):
+        verify_program(p)
+
+
+def test_missing_box_fails(programs):
+    p = copy.deepcopy(programs["tp_up"])
+    _, _, op = _first(p, "send")
+    seg = op["segments"].pop()
+    op["bytes"] -= _seg_bytes(p, seg)
+    with pytest.raises(ProgramError, match="missing box"):
+        verify_program(p)
+
+
+def test_bytes_mismatch_fails(programs):
+    p = copy.deepcopy(programs["split"])
+    _, _, op = _first(p, "send")
+    op["bytes"] += 2
+    with pytest.raises(ProgramError, match="declares"):
+        verify_program(p)
+
+
+def test_read_after_free_fails(programs):
+    p = copy.deepcopy(programs["tp_up"])
+    k, i, op = _first(p, "send")
+    src_unit = op["segments"][0]["src_unit"]
+    frees = [o for o in p["rounds"][k]["ops"] if o["op"] == "free" and o["unit"] == src_unit and o["gpu"] == op["src"]]
+    p["rounds"][k]["ops"].remove(frees[0])
+    p["rounds"].insert(0, {"ops": [frees[0]]})
+    with pytest.raises(ProgramError, match="read after free"):
+        verify_program(p)
+
+
+def test_over_capacity_fails(programs):
+    p = copy.deepcopy(programs["extend"])
+    for g in p["gpus"]:
+        g["capacity_bytes"] = 1000
+    with pytest.raises(ProgramError, match="capacity"):
+        verify_program(p)
+
+
+def test_layout_that_misses_a_tensor_fails(programs):
+    p = copy.deepcopy(programs["destroy"])
+    unit = p["units"]["after"][0]
+    unit["shards"] = [s for s in unit["shards"] if s["tensor"] != "actor/embed.weight"]
+    with pytest.raises(ProgramError, match="does not cover"):
+        verify_program(p)
+
+
+def test_partial_keep_fails(programs):
+    p = copy.deepcopy(programs["extend"])
+    _, _, op = _first(p, "keep")
+    op["segments"][0]["box"] = [[0, 1]] + op["segments"][0]["box"][1:]
+    with pytest.raises(ProgramError):
+        verify_program(p)
+
+
+def test_errors_name_round_and_op(programs):
+    p = copy.deepcopy(programs["split"])
+    k, i, op = _first(p, "send")
+    op["bytes"] += 2
+    with pytest.raises(ProgramError, match=rf"round {k}, op {i} \(send\)"):
+        verify_program(p)
+
+
+def test_compile_is_deterministic():
+    m = fig5_module()
+    a = json.dumps(compile_transition(m, "S1", "tp_up").to_json())
+    b = json.dumps(compile_transition(m, "S1", "tp_up").to_json())
+    assert a == b
+
+
+def test_colocated_actor_and_critic_with_optimizer_state():
+    c = cluster(2, 4)
+    w = workload({"generation": ["actor"], "training": ["actor", "critic"]})
+    m = module(c, [llama("actor"), llama("critic", head="value")], w, {
+        "A": [place("actor.generation", 2, 4, 1, range(8)), place("actor.training", 2, 2, 2, range(8)),
+              place("critic.training", 1, 2, 2, [4, 5, 6, 7])],
+        "B": [place("actor.generation", 4, 2, 1, [7, 6, 5, 4, 3, 2, 1, 0]), place("actor.training", 1, 4, 2, range(8)),
+              place("critic.training", 2, 2, 1, [0, 1, 2, 3])],
+    })
+    program = compile_transition(m, "A", "B").to_json()
+    names = {t["name"] for t in program["tensors"]}
+    assert "critic/value_head.weight#exp_avg_sq" in names and "actor/lm_head.weight" in names
+    verify_program(program)
