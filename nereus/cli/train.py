@@ -1,0 +1,201 @@
+"""`nereus train`: run the bundled PPO/GRPO loop under torchrun, with plan changes mid-run.
+
+    nereus train examples/rl/ppo-cpu.nir --algo ppo --nproc 4 --steps 9 --events "3:S2,6:S3"
+
+The command parses and checks the plan file itself (errors point at the source, no
+traceback), writes OUT/config.json, starts `python -m torch.distributed.run` on a free
+port (gloo on CPU) and turns the workers' `@nereus-rl` lines into a progress bar. At the
+end it prints a summary (steps, step time, transitions, bytes moved, transition share of
+run time); `--control` also runs the same seeds without transitions and reports the
+largest step-by-step differences, the final-weight difference and a reward/KL plot;
+`--json` prints one JSON object as the last line of stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from typing import Optional
+
+import click
+
+from nereus.cli.errors import reports_errors, traceback_option
+from nereus.ir.diagnostics import NereusError, SemanticError
+
+PREFIX = "@nereus-rl "  # same as nereus.runtime.rl.worker.PREFIX (not imported: it needs torch)
+
+
+def parse_events(text: Optional[str], plans: set[str], steps: int) -> list[tuple[int, str]]:
+    """"3:S2,6:S3" → [(3, "S2"), (6, "S3")]: after step 3 move to S2, after step 6 to S3."""
+    events = []
+    for item in filter(None, (part.strip() for part in (text or "").split(","))):
+        step, sep, plan = item.partition(":")
+        if not sep or not step.strip().isdigit() or not plan.strip():
+            raise NereusError(f"--events: cannot read {item!r}", hint='write STEP:PLAN pairs, e.g. "3:S2,6:S3"')
+        step, plan = int(step), plan.strip()
+        if plan not in plans:
+            raise SemanticError(f"--events: unknown plan {plan!r}", hint=f"plans: {', '.join(sorted(plans))}")
+        if not 1 <= step < steps:
+            raise NereusError(f"--events: step {step} is not a step boundary of a {steps}-step run",
+                              hint=f"use 1..{steps - 1} (the transition happens after that step)")
+        events.append((step, plan))
+    if len({s for s, _ in events}) != len(events):
+        raise NereusError("--events: two transitions after the same step")
+    return sorted(events)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(config: dict, nproc: int, out: str, progress_label: str, quiet: bool) -> dict:
+    """Run the worker under torchrun; returns the result dict of rank 0."""
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, "config.json")
+    with open(path, "w") as f:
+        json.dump(config, f, indent=1)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+               "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
+               "-m", "nereus.runtime.rl.worker", path]
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
+    other: list[str] = []
+    result, error = None, None
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console,
+                  disable=quiet) as progress:
+        task = progress.add_task(progress_label + " (starting)", total=config["steps"], info="")
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        for line in proc.stdout:
+            if not line.startswith(PREFIX):
+                other.append(line)
+                continue
+            event = json.loads(line[len(PREFIX):])
+            if event["event"] == "step":
+                progress.update(task, completed=event["step"], description=f"{progress_label} [{event['plan']}]",
+                                info=f"reward {event['reward']:.3f}  kl {event['kl']:+.4f}  loss {event['loss']:+.4f}")
+            elif event["event"] == "transition":
+                progress.console.print(f"  after step {event['after_step']}: {event['from']} → {event['to']} in "
+                                       f"{event['seconds']:.2f} s, {event['bytes']:,} bytes sent")
+            elif event["event"] == "done":
+                result = event
+            elif event["event"] == "error":
+                error = event["message"]
+        proc.wait()
+    if error:
+        raise NereusError(error.split(": error: ")[-1] if "error: " in error else error)
+    if proc.returncode != 0 or result is None:
+        tail = "".join(other[-40:])
+        raise NereusError(f"the training processes failed (exit code {proc.returncode}):\n{tail}",
+                          hint="rerun with --traceback for the launcher's own traceback")
+    result.pop("event", None)
+    return result
+
+
+@click.command("train")
+@click.argument("plan_file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--plan", "plan_name", help="Plan to start in (default: the first plan).")
+@click.option("--algo", type=click.Choice(["ppo", "grpo"]), default="ppo", show_default=True)
+@click.option("--nproc", type=int, default=None, help="Processes (one per GPU id; default: the plans' largest GPU id + 1).")
+@click.option("--steps", type=int, default=10, show_default=True)
+@click.option("--events", default="", help='Scripted transitions at step boundaries, e.g. "3:S2,6:S3".')
+@click.option("--controller", is_flag=True, help="Let the Nereus controller decide transitions (not available yet).")
+@click.option("--control", is_flag=True, help="Also run the same seeds without transitions; compare, plot.")
+@click.option("--runtime", type=click.Choice(["nereus", "restart"]), default="nereus", show_default=True,
+              help="nereus: compiled transitions; restart: gather full tensors and re-shard (baseline).")
+@click.option("--task", type=click.Choice(["pattern", "sort", "seven"]), default="pattern", show_default=True)
+@click.option("--lr", type=float, default=3e-3, show_default=True)
+@click.option("--group", type=int, default=4, show_default=True, help="GRPO responses per prompt.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--set", "overrides", multiple=True, help="Override a workload value, e.g. workload.response=8.")
+@click.option("--out", default=None, help="Output folder (default: runs/<plan file>-<algo>).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON line last.")
+@traceback_option
+@reports_errors
+def train_command(plan_file, plan_name, algo, nproc, steps, events, controller, control, runtime, task, lr, group,
+                  seed, overrides, out, as_json, traceback):
+    """Train with PPO or GRPO on the plan file's models, changing plan mid-run.
+
+    \b
+    nereus train examples/rl/ppo-cpu.nir --nproc 4 --steps 9 --events "3:S2,6:S3"
+    nereus train examples/rl/ppo-cpu.nir --nproc 4 --steps 9 --events "3:S2,6:S3" --control
+    nereus train examples/rl/grpo-cpu.nir --algo grpo --nproc 2 --steps 60 --json
+    """
+    import nereus.ir as ir
+
+    if controller:
+        raise NereusError("--controller is not wired into the RL loop yet",
+                          hint="use scripted transitions with --events")
+    module = ir.parse_file(plan_file)
+    if overrides:
+        module = ir.apply_overrides(module, list(overrides))
+    plans = [p.name for p in module.plans]
+    plan_name = plan_name or plans[0]
+    if plan_name not in plans:
+        raise SemanticError(f"unknown plan {plan_name!r}", hint=f"plans: {', '.join(plans)}")
+    if steps < 1:
+        raise NereusError("--steps must be at least 1")
+    scripted = parse_events(events, set(plans), steps)
+    needed = 1 + max(g for p in module.plans for pl in p.placements for g in pl.gpus)
+    nproc = nproc or needed
+    if nproc < needed:
+        raise NereusError(f"the plans use GPUs 0..{needed - 1} but --nproc is {nproc}",
+                          hint=f"use --nproc {needed} (one process per GPU id)")
+    out = out or os.path.join("runs", f"{os.path.splitext(os.path.basename(plan_file))[0]}-{algo}")
+    config = {"plan_file": os.path.abspath(plan_file), "plan": plan_name, "steps": steps, "events": scripted,
+              "seed": seed, "task": task, "runtime": runtime, "overrides": list(overrides),
+              "rl": {"algo": algo, "lr": lr, "critic_lr": lr, "group": group}, "out": os.path.join(out, "run")}
+    started = time.perf_counter()
+    result = launch(config, nproc, config["out"], "train", as_json)
+    runs = {"with transitions" if scripted else "run": result}
+    comparison = None
+    if control:
+        control_config = dict(config, events=[], out=os.path.join(out, "control"))
+        runs["control"] = launch(control_config, nproc, control_config["out"], "control", as_json)
+        from nereus.runtime.rl.report import compare, plot
+
+        comparison = compare(result, runs["control"], os.path.join(config["out"], "final_state.pt"),
+                             os.path.join(control_config["out"], "final_state.pt"))
+        comparison["plot"] = plot(runs, os.path.join(out, "reward_kl.png"))
+    _print_summary(runs, comparison, out, time.perf_counter() - started, as_json)
+    if as_json:
+        payload = {k: result[k] for k in ("name", "algo", "plan", "final_plan", "steps", "transitions",
+                                          "run_seconds", "final_weights_sha256")}
+        if comparison is not None:
+            payload["control"] = {"steps": runs["control"]["steps"],
+                                  "final_weights_sha256": runs["control"]["final_weights_sha256"], **comparison}
+        click.echo(json.dumps(payload))
+
+
+def _print_summary(runs: dict, comparison: Optional[dict], out: str, wall: float, quiet: bool) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from nereus.runtime.rl.report import summary
+
+    console = Console(stderr=quiet, width=None if sys.stdout.isatty() else 140)
+    table = Table(title=f"nereus train ({wall:.1f} s wall, output in {out})")
+    for column in ("run", "steps", "step time", "transitions", "bytes moved", "transition time", "share of run",
+                   "reward first → last"):
+        table.add_column(column, justify="right")
+    for label, result in runs.items():
+        s = summary(result)
+        table.add_row(label, str(s["steps"]), f"{s['mean_step_seconds']:.3f} s", str(s["transitions"]),
+                      f"{s['bytes_moved']:,}", f"{s['transition_seconds']:.3f} s", f"{100 * s['transition_share']:.2f}%",
+                      f"{s['first_reward']:.3f} → {s['last_reward']:.3f}")
+    console.print(table)
+    if comparison:
+        console.print("largest |difference| to the control run, over all steps: " + ", ".join(
+            f"{k.removeprefix('max_abs_diff_')} {v:.2e}" for k, v in comparison.items() if k.startswith("max_abs")))
+        console.print(f"plot: {comparison['plot']}")
