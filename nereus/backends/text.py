@@ -1,6 +1,6 @@
 """Text listing of a lowered program: one line per symbolic op, rounds in order.
 
-    transition S1 -> S2: 2 rounds, 3 messages, 4.0 MB moved (lower bound 2.0 MB)
+    transition S1 -> S2: 2 rounds, 3 messages, 4.0 MB moved, 2.0 MB sent (lower bound 2.0 MB)
     round 0
       alloc     gpu 4   actor.training/1                         1.0 MB
       keep      gpu 0   actor.training/0 -> actor.training/0     embed..head  12 pieces
@@ -52,7 +52,8 @@ def program_text(program, summary: dict | None = None) -> str:
     head = f"transition {dag.source} -> {dag.target}: {program.num_rounds} rounds, " \
            f"{sum(len(m) for m in program.messages)} messages"
     if summary and "bytes" in summary:
-        head += f", {human_bytes(summary['bytes']['total'])} moved" \
+        b = summary["bytes"]
+        head += f", {human_bytes(b['total'])} moved, {human_bytes(b['intra_node'] + b['inter_node'])} sent" \
                 f" (lower bound {human_bytes(summary['lower_bound_bytes'])})"
     lines.append(head)
     if dag.untouched:

@@ -1,0 +1,76 @@
+"""resources: cycles on full GPUs are broken (host staging), edges are classified, the
+independent per-model-stage baseline fails where coordination succeeds."""
+
+import pytest
+
+from builders import cluster, llama, module, place, workload
+from nereus.ir.diagnostics import InfeasibleError, ProgramError
+from nereus.passes import compile_transition
+from nereus.passes.layout import shard_bytes
+from nereus.passes.verify import verify_program
+
+NAMES = ["actor", "critic", "ref"]
+
+
+def _ring(n: int, host_mem: int = 10**10, slack_layers: float = 1.5):
+    """n single-GPU training units on GPUs 0..n-1, each moving to the next GPU; GPUs hold
+    one unit plus `slack_layers` layers of transient buffer."""
+    models = [llama(name) for name in NAMES[:n]]
+    unit = shard_bytes(models[0], place("actor.training", 1, 1, 1, [0]), 0, 0)
+    layer = unit // (models[0].layers + 2)
+    c = cluster(1, 4, unit + int(slack_layers * layer), host_mem)
+    w = workload({"training": NAMES[:n]})
+    before = [place(f"{name}.training", 1, 1, 1, [i]) for i, name in enumerate(NAMES[:n])]
+    after = [place(f"{name}.training", 1, 1, 1, [(i + 1) % n]) for i, name in enumerate(NAMES[:n])]
+    return module(c, models, w, {"S": before, "T": after}), unit
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_units_trading_places_on_full_gpus_compile_and_verify(n):
+    m, unit = _ring(n)
+    compiled = compile_transition(m, "S", "T")
+    verify_program(compiled.to_json())
+    assert compiled.summary["bytes"]["staged"] >= unit
+    assert any("host memory" in note for note in compiled.summary["notes"])
+
+
+def test_cycle_without_host_memory_is_infeasible_naming_gpus_and_bytes():
+    m, _ = _ring(2, host_mem=1000)
+    with pytest.raises(InfeasibleError, match=r"GPU \d+ needs \d+ more bytes"):
+        compile_transition(m, "S", "T")
+
+
+def test_independent_baseline_fails_where_coordination_succeeds():
+    m, _ = _ring(2)
+    baseline = compile_transition(m, "S", "T", independent=True)
+    assert any("deadlock" in note for note in baseline.summary["notes"])
+    with pytest.raises(ProgramError):
+        verify_program(baseline.to_json())
+
+
+def _handover():
+    """actor.generation leaves GPU 0 for GPU 2; actor.training moves from GPU 1 into GPU 0,
+    which only has room once generation is gone: one same-model cross-stage edge."""
+    a = llama("actor", layers=16)
+    train = shard_bytes(a, place("actor.training", 1, 1, 1, [0]), 0, 0)  # generation holds train / 7
+    c = cluster(1, 4, train + train // 12)
+    w = workload({"generation": ["actor"], "training": ["actor"]})
+    return module(c, [a], w, {
+        "S": [place("actor.generation", 1, 1, 1, [0]), place("actor.training", 1, 1, 1, [1])],
+        "T": [place("actor.generation", 1, 1, 1, [2]), place("actor.training", 1, 1, 1, [0])],
+    })
+
+
+def test_resource_edges_are_added_and_classified():
+    compiled = compile_transition(_handover(), "S", "T")
+    verify_program(compiled.to_json())
+    edges = compiled.state.schedule.edges
+    assert [e.kind for e in edges] == ["same-model-cross-stage"]
+    assert edges[0].gpu == 0
+    assert compiled.summary["rounds"] >= 2
+
+
+def test_single_round_lowering_overflows_on_the_handover():
+    compiled = compile_transition(_handover(), "S", "T", pipeline="diff,dag,lower")
+    with pytest.raises(ProgramError, match="capacity"):
+        verify_program(compiled.to_json())
