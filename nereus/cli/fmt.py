@@ -1,6 +1,7 @@
 """`nereusc fmt FILE [--set K=V ...] [-o OUT] [--check]`: print a .nir file in canonical form.
 
-Without -o the canonical text goes to stdout. `--check` writes nothing: it exits 0 when
+Without -o the canonical text goes to stdout. Comments are kept, next to the declaration,
+key or placement they annotate (nereus.ir.comments). `--check` writes nothing: it exits 0 when
 the file is already canonical and 1 (with a unified diff on stdout) when it is not.
 FILE `-` reads standard input.
 """
@@ -26,7 +27,7 @@ from nereus.cli.errors import reports_errors, traceback_option
 @reports_errors
 def fmt_command(file: str, overrides: tuple[str, ...], output: str | None, check: bool, traceback: bool) -> None:
     """Print FILE (a .nir plan) in canonical form."""
-    from nereus.ir import apply_overrides, parse_source, print_module
+    from nereus.ir import format_source
     from nereus.ir.diagnostics import ParseError
 
     if file == "-":
@@ -42,8 +43,7 @@ def fmt_command(file: str, overrides: tuple[str, ...], output: str | None, check
             parse_file(file)  # raises the located "not UTF-8" ParseError
             raise ParseError(f"{file} is not UTF-8 text") from None
         name = file
-    module = apply_overrides(parse_source(text, name), overrides)
-    canonical = print_module(module)
+    canonical = format_source(text, name, overrides)
     if check:
         if text == canonical:
             return

@@ -4,6 +4,7 @@
     module = ir.parse_file("plan.nir")                       # parse + validate
     module = ir.apply_overrides(module, ["workload.response=8192"])
     text = ir.print_module(module)                           # canonical source
+    text = ir.format_source(source, "plan.nir")              # canonical, comments kept
 
 Imports neither torch nor triton.
 """
@@ -39,6 +40,7 @@ from .model import (
     Plan,
     Transition,
     Workload,
+    key_loc,
 )
 
 _LAZY = {
@@ -51,6 +53,11 @@ _LAZY = {
     "format_size": "units",
     "format_rate": "units",
     "format_flops": "units",
+    "format_source": "comments",
+    "validate_module": "validate",
+    "valid_tps": "validate",
+    "items_for": "gpuset",
+    "OVERRIDE_KEYS": "overrides",
 }
 
 
@@ -73,6 +80,6 @@ __all__ = [
     "pp_layer_range", "tensor_table",
     "InfeasibleError", "NereusError", "ParseError", "ProgramError", "SemanticError",
     "DTYPE_BYTES", "HEADS", "STAGES", "Cluster", "GpuSetItem", "GpuSpec", "Location", "Model",
-    "ModelStage", "Module", "Placement", "Plan", "Transition", "Workload",
+    "ModelStage", "Module", "Placement", "Plan", "Transition", "Workload", "key_loc",
     *_LAZY,
 ]

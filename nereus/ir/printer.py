@@ -2,14 +2,20 @@
 
 Canonical form: the DESIGN.md example's style; 2-space indent; declarations grouped as
 cluster, models, workload, plans, transitions, each group in declaration order and
-separated by a blank line; sizes and rates in their shortest exact unit; model and plan
-columns aligned; a derived plan (`plan S2 = S1 {`) prints only its own entries; an alias
-model prints only the keys that differ from its base; defaults (reserve 0%, recompute
-none, head lm, tp 1, pp 1) are left out. Invariant: `parse_source(print_module(m)) == m` for every
-valid module m, and printing is idempotent.
+separated by a blank line; sizes and rates in their most readable exact unit; model and
+plan columns aligned; a derived plan (`plan S2 = S1 {`) prints only its own entries; an
+alias model prints only the keys that differ from its base; defaults (reserve 0%,
+recompute none, head lm, tp 1, pp 1) are left out. Invariant: `parse_source(print_module(m))
+== m` for every valid module m, and printing is idempotent.
+
+Every printed line carries an *anchor* (("cluster", "intra"), ("plan", "S1",
+"actor.training"), ...) so that comments of the source can be put back next to what they
+annotated (`nereus.ir.comments`); the Module itself holds no comments.
 """
 
 from __future__ import annotations
+
+from typing import Mapping, Optional, Sequence
 
 from .gpuset import format_gpu_set, items_for
 from .model import Cluster, Model, Module, Placement, Plan, Workload
@@ -17,25 +23,29 @@ from .units import format_flops, format_fraction, format_rate, format_size
 
 _MODEL_KEYS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "dtype", "head")
 
+Anchor = tuple[str, ...]
+Line = tuple[Anchor, str]
 
-def print_cluster(cluster: Cluster) -> list[str]:
+
+def print_cluster(cluster: Cluster) -> list[Line]:
     gpu = cluster.gpu
+    top: Anchor = ("cluster",)
     lines = [
-        f"cluster {cluster.name} {{",
-        f"  nodes {cluster.nodes}",
-        f"  gpus_per_node {cluster.gpus_per_node}",
-        f"  gpu {{ mem {format_size(gpu.mem_bytes)}  flops {format_flops(gpu.flops)}  "
-        f"hbm {format_rate(gpu.hbm_bytes_per_s)} }}",
-        f"  intra {format_rate(cluster.intra_bytes_per_s)}",
-        f"  inter {format_rate(cluster.inter_bytes_per_s)}",
-        f"  host_mem {format_size(cluster.host_mem_bytes)}",
+        (top, f"cluster {cluster.name} {{"),
+        (("cluster", "nodes"), f"  nodes {cluster.nodes}"),
+        (("cluster", "gpus_per_node"), f"  gpus_per_node {cluster.gpus_per_node}"),
+        (("cluster", "gpu"), f"  gpu {{ mem {format_size(gpu.mem_bytes)}  flops {format_flops(gpu.flops)}  "
+                             f"hbm {format_rate(gpu.hbm_bytes_per_s)} }}"),
+        (("cluster", "intra"), f"  intra {format_rate(cluster.intra_bytes_per_s)}"),
+        (("cluster", "inter"), f"  inter {format_rate(cluster.inter_bytes_per_s)}"),
+        (("cluster", "host_mem"), f"  host_mem {format_size(cluster.host_mem_bytes)}"),
     ]
     if cluster.reserve:
-        lines.append(f"  reserve {format_fraction(cluster.reserve)}")
-    return lines + ["}"]
+        lines.append((("cluster", "reserve"), f"  reserve {format_fraction(cluster.reserve)}"))
+    return lines + [(("cluster", "}"), "}")]
 
 
-def _model_body(model: Model, base: Model | None) -> str:
+def _model_body(model: Model, base: Optional[Model]) -> str:
     """The `{ ... }` keys of a model: all of them, or for an alias those that differ."""
     if base is None:  # dtype always (it sizes every tensor), head only when not the default
         keys = [key for key in _MODEL_KEYS if key != "head" or model.head != "lm"]
@@ -46,29 +56,29 @@ def _model_body(model: Model, base: Model | None) -> str:
     return " { " + " ".join(f"{key} {getattr(model, key)}" for key in keys) + " }"
 
 
-def print_models(models: tuple[Model, ...]) -> list[str]:
+def print_models(models: tuple[Model, ...]) -> list[Line]:
     width = max((len(model.name) for model in models), default=0)
     by_name = {model.name: model for model in models}
     lines = []
     for model in models:
         base = by_name.get(model.base) if model.base else None
         head = model.base if base is not None else model.architecture
-        lines.append(f"model {model.name:<{width}} = {head}{_model_body(model, base)}")
+        lines.append((("model", model.name), f"model {model.name:<{width}} = {head}{_model_body(model, base)}"))
     return lines
 
 
-def print_workload(workload: Workload) -> list[str]:
+def print_workload(workload: Workload) -> list[Line]:
     lines = [
-        f"workload {workload.name} {{",
-        f"  batch {workload.batch}  prompt {workload.prompt}  response {workload.response}  "
-        f"microbatch {workload.microbatch}",
+        (("workload",), f"workload {workload.name} {{"),
+        (("workload", "counts"), f"  batch {workload.batch}  prompt {workload.prompt}  response {workload.response}  "
+                                 f"microbatch {workload.microbatch}"),
     ]
     if workload.recompute != "none":
-        lines.append(f"  recompute {workload.recompute}")
+        lines.append((("workload", "recompute"), f"  recompute {workload.recompute}"))
     width = max((len(stage) + 1 for stage, _ in workload.stages), default=0)
     for stage, models in workload.stages:
-        lines.append(f"  {stage + ':':<{width}} {', '.join(models)}")
-    return lines + ["}"]
+        lines.append((("workload", stage), f"  {stage + ':':<{width}} {', '.join(models)}"))
+    return lines + [(("workload", "}"), "}")]
 
 
 def _mesh_cells(placement: Placement) -> tuple[str, str, str]:
@@ -83,11 +93,12 @@ def _aligned(rows: list[tuple[str, ...]]) -> list[str]:
     return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths) if width).rstrip() for row in rows]
 
 
-def print_plan(plan: Plan) -> list[str]:
+def print_plan(plan: Plan) -> list[Line]:
     head = f"plan {plan.name} = {plan.base} {{" if plan.base else f"plan {plan.name} {{"
+    anchor: Anchor = ("plan", plan.name)
     entries = plan.declared
     if not entries:
-        return [head + " }"]
+        return [(anchor, head + " }")]
     meshes = [_mesh_cells(p) for p in entries]
     mesh_widths = [max(len(cells[i]) for cells in meshes) for i in range(3)]
     rows = []
@@ -95,16 +106,46 @@ def print_plan(plan: Plan) -> list[str]:
         mesh = " ".join(cell.ljust(width) for cell, width in zip(cells, mesh_widths) if width)
         gpus = format_gpu_set(p.gpu_set or items_for(p.gpus))
         rows.append((str(p.model_stage), mesh, f"on {gpus}", "offload" if p.offload else ""))
-    return [head] + [f"  {line}" for line in _aligned(rows)] + ["}"]
+    body = [(anchor + (str(p.model_stage),), f"  {line}") for p, line in zip(entries, _aligned(rows))]
+    return [(anchor, head)] + body + [(anchor + ("}",), "}")]
 
 
-def print_module(module: Module) -> str:
-    """Input: a Module. Output: its canonical source text, ending in one newline."""
+def print_lines(module: Module) -> list[list[Line]]:
+    """The canonical text as groups (separated by blank lines) of anchored lines."""
     groups = [print_cluster(module.cluster)]
     if module.models:
         groups.append(print_models(module.models))
     groups.append(print_workload(module.workload))
     groups.extend(print_plan(plan) for plan in module.plans)
     if module.transitions:
-        groups.append([f"transition {t.source} -> {t.target}" for t in module.transitions])
-    return "\n\n".join("\n".join(group) for group in groups) + "\n"
+        groups.append([(("transition", t.source, t.target), f"transition {t.source} -> {t.target}")
+                       for t in module.transitions])
+    return groups
+
+
+def _indent(text: str) -> str:
+    return text[: len(text) - len(text.lstrip())]
+
+
+def print_module(module: Module, before: Optional[Mapping[Anchor, Sequence[str]]] = None,
+                 after: Optional[Mapping[Anchor, Sequence[str]]] = None,
+                 tail: Sequence[str] = ()) -> str:
+    """Input: a Module; optionally comments to put back: `before[anchor]` on lines of their
+    own above the anchored line, `after[anchor]` at the end of it, `tail` at the end of
+    the file. Output: the canonical source text, ending in one newline."""
+    before, after = before or {}, after or {}
+    out: list[str] = []
+    for group in print_lines(module):
+        lines = []
+        for anchor, text in group:
+            indent = _indent(text) if not text.startswith("}") else "  "
+            lines.extend(indent + comment if comment else "" for comment in before.get(anchor, ()))
+            trailing = after.get(anchor, ())
+            lines.append(text + ("  " + " ".join(trailing) if trailing else ""))
+        out.append("\n".join(lines))
+    tail = list(tail)
+    while tail and not tail[-1]:
+        tail.pop()
+    if tail:
+        out.append("\n".join(tail))
+    return "\n\n".join(out) + "\n"

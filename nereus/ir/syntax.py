@@ -11,7 +11,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Union
 
 from lark import Lark, Token, Tree
@@ -70,6 +70,7 @@ class Declaration:
     base: Optional[Word] = None
     body: Optional[tuple[Entry, ...]] = None
     placements: tuple[PlacementSyntax, ...] = ()
+    end_line: int = 0  # the line of the declaration's last token (its closing brace)
 
 
 _WORDS = {
@@ -243,6 +244,11 @@ def parse_syntax(text: str, file: str = "<input>") -> tuple[Declaration, ...]:
 
 
 def _declaration(node: Tree, file: str) -> Declaration:
+    declaration = _declaration_of(node, file)
+    return replace(declaration, end_line=node.meta.end_line)
+
+
+def _declaration_of(node: Tree, file: str) -> Declaration:
     kind = node.data
     children = node.children
     keyword = Word(kind, Location(file, node.meta.line, node.meta.column))

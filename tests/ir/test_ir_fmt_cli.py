@@ -19,13 +19,13 @@ def _run(*args, input=None):
 def test_prints_canonical_text():
     result = _run(GOLDEN / "sample.nir")
     assert result.exit_code == 0, result.output
-    assert result.stdout == (GOLDEN / "sample.canonical.nir").read_text()
+    assert result.stdout == (GOLDEN / "sample.formatted.nir").read_text()
 
 
 def test_output_file_and_check(tmp_path):
     out = tmp_path / "out.nir"
     assert _run(GOLDEN / "sample.nir", "-o", out).exit_code == 0
-    assert out.read_text() == (GOLDEN / "sample.canonical.nir").read_text()
+    assert out.read_text() == (GOLDEN / "sample.formatted.nir").read_text()
     assert _run(out, "--check").exit_code == 0
     not_canonical = _run(GOLDEN / "sample.nir", "--check")
     assert not_canonical.exit_code == 1

@@ -1,4 +1,5 @@
-"""Golden test: the canonical print of tests/ir/golden/sample.nir.
+"""Golden tests: the canonical print of tests/ir/golden/sample.nir (sample.canonical.nir),
+and its formatted text with comments kept (sample.formatted.nir, what `nereusc fmt` writes).
 
 Rewrite the golden file after an intended printer change with
 `pytest tests/ir --update-golden` or `NEREUS_UPDATE_GOLDEN=1 pytest tests/ir`."""
@@ -17,6 +18,21 @@ def test_canonical_print_matches_golden(update_golden):
     if update_golden:
         expected_path.write_text(printed, encoding="utf-8")
     assert printed == expected_path.read_text(encoding="utf-8")
+
+
+def test_formatted_source_keeps_comments_matches_golden(update_golden):
+    source = (GOLDEN / "sample.nir").read_text(encoding="utf-8")
+    formatted = ir.format_source(source, "sample.nir")
+    expected_path = GOLDEN / "sample.formatted.nir"
+    if update_golden:
+        expected_path.write_text(formatted, encoding="utf-8")
+    assert formatted == expected_path.read_text(encoding="utf-8")
+    assert ir.format_source(formatted) == formatted
+    assert ir.parse_source(formatted) == ir.parse_source(source)
+    # no comment is lost or invented
+    def comments(text):
+        return sorted(line[line.index("#"):].rstrip() for line in text.splitlines() if "#" in line)
+    assert comments(formatted) == comments(source)
 
 
 def test_golden_is_a_fixed_point_and_means_the_same():
