@@ -78,11 +78,13 @@ def move_tiles_kernel(tiles, table, bases, NC: tl.constexpr, REL: tl.constexpr, 
     i1 = r - i0 * n1
     src_row = i0 * src_s0 + i1 * src_s1
     dst_row = i0 * dst_s0 + i1 * dst_s1
-    if VEC > 1:
+    if VEC > 1:  # the host checked these; the mask must be VEC-constant to vectorise too
         src = tl.multiple_of(src, 16)
         dst = tl.multiple_of(dst, 16)
         src_row = tl.multiple_of(src_row, VEC)
         dst_row = tl.multiple_of(dst_row, VEC)
+        inner = tl.multiple_of(inner, VEC)
+        numel = tl.multiple_of(numel, VEC)
     in_box = (r < rows)[:, None] & (c < inner)[None, :]
     mask = tl.where(in_box, (r[:, None] * inner + c[None, :]) < numel, False)
     src_ptr = _word_pointer(src, WORD) + (src_row[:, None] + c[None, :])
@@ -91,16 +93,17 @@ def move_tiles_kernel(tiles, table, bases, NC: tl.constexpr, REL: tl.constexpr, 
     tl.store(dst_ptr, words, mask=mask)
 
 
-def run_launch(launch: Launch, rel: int, bases: Optional[torch.Tensor]) -> None:
+def run_launch(launch: Launch, rel: int, bases: Optional[torch.Tensor]):
     """Input: a Launch whose tables live on the device of the data, `rel` (REL_*), and
     for REL_SRC/REL_DST the int64 tensor of buffer base addresses (16-byte aligned).
-    Output: none; the launch's pieces are copied (asynchronously on the current stream)."""
+    Output: Triton's handle of the compiled kernel (its `.asm` shows the code), or None;
+    the launch's pieces are copied asynchronously on the current stream."""
     n_tiles = launch.tiles.shape[0]
     if n_tiles == 0:
-        return
+        return None
     if bases is None:
         bases = launch.segments  # unused by the kernel when rel == REL_NONE
-    move_tiles_kernel[(n_tiles,)](
+    return move_tiles_kernel[(n_tiles,)](
         launch.tiles, launch.segments, bases, NC=NCOLS, REL=rel, WORD=launch.word, VEC=launch.vec,
         ROWS=launch.rows, COLS=launch.cols, num_warps=launch.num_warps,
     )

@@ -8,11 +8,12 @@ per process on the logger `nereus.pack`.
 
 Plans: building the tables of a message costs host time (Python per segment, then one
 host-to-device copy). Calls that pass `key=` (anything hashable naming the program,
-round and peer set, e.g. `("S1->S2", round, "send")`) keep the device tables of that
-key, so a repeated transition (per-step weight sync) launches at once. A key must keep
-naming the same tensors (same storage, same boxes): the cache checks the segment
-count, dtypes and first addresses only. Buffers are not part of a plan: their base
-addresses go to the kernel in a small table, refreshed only when they change.
+round and peer set, e.g. `("S1->S2", round, "send")`) keep the plan of that key, so a
+repeated transition (per-step weight sync) launches at once, with no per-segment host
+work at all. A key must keep naming the same segments (same storage, same boxes): on a
+hit the cache checks only the segment counts and the buffers' alignment. Buffers are
+not part of a plan: their base addresses go to the kernel in a small table, refreshed
+only when they change.
 """
 
 from __future__ import annotations
@@ -56,17 +57,13 @@ class _Plan:
 
     backend: str
     kind: str  # "pack", "unpack" or "copy"
-    signature: tuple
+    device: torch.device
+    counts: tuple[int, ...] = ()  # segments per message, the cache's identity check
+    totals: tuple[int, ...] = ()  # bytes per message
     entries: list = field(default_factory=list)  # torch: (msg, view, offset) or (src, dst)
     launches: list = field(default_factory=list)  # triton: Launch with device tables
     residues: tuple[int, ...] = ()  # buffer address % ALIGN the tables were built for
     bases: Optional[tuple[tuple[int, ...], torch.Tensor]] = None
-
-
-def _signature(views: Sequence[torch.Tensor]) -> tuple:
-    """Cheap identity check of a cached key: count, dtypes and the first address."""
-    first = views[0].data_ptr() if views else 0
-    return len(views), tuple(sorted({str(v.dtype) for v in views})), first
 
 
 class Packer:
@@ -119,93 +116,87 @@ class Packer:
              key: Optional[Hashable] = None) -> torch.Tensor:
         """Input: segments of one message. Output: a 1-D uint8 buffer (`out` when given)
         holding each segment row-major at its `layout` offset."""
-        views = [as_view(s) for s in segments]
-        offsets, total = layout(views)
-        buffer = out if out is not None else torch.empty(total, dtype=torch.uint8, device=_device(views, None))
-        self.pack_into(views, offsets, total, buffer, key=key)
+        residues = (_residue(out),) if out is not None else (0,)
+        plan = self._plan("pack", key, (len(segments),), residues, lambda: _describe([segments]))
+        buffer = out if out is not None else torch.empty(plan.totals[0], dtype=torch.uint8, device=plan.device)
+        self._execute(plan, [_bytes(buffer, plan.totals[0])])
         return buffer
 
     def unpack(self, buffer: torch.Tensor, segments: Sequence[Any], *, key: Optional[Hashable] = None) -> None:
         """Inverse of `pack`: writes the buffer's bytes into the segments."""
-        views = [as_view(s) for s in segments]
-        self.unpack_from(buffer, views, layout(views)[0], key=key)
+        plan = self._plan("unpack", key, (len(segments),), (_residue(buffer),), lambda: _describe([segments]))
+        self._execute(plan, [_bytes(buffer, plan.totals[0])])
 
     def pack_many(self, messages: Sequence[Sequence[Any]], *, key: Optional[Hashable] = None) -> list[torch.Tensor]:
         """Input: several messages (e.g. one per peer of a round). Output: one buffer per
         message, views of one allocation, packed by one launch per access class."""
-        views = [[as_view(s) for s in msg] for msg in messages]
-        layouts = [layout(v) for v in views]
-        device = _device([v for msg in views for v in msg], None)
+        counts = tuple(len(m) for m in messages)
+        plan = self._plan("pack", key, counts, (0,) * len(messages), lambda: _describe(messages))
         starts, at = [], 0
-        for _, total in layouts:
+        for total in plan.totals:
             starts.append(at)
             at += -(-total // MESSAGE_ALIGN) * MESSAGE_ALIGN
-        whole = torch.empty(at, dtype=torch.uint8, device=device)
-        buffers = [whole[s: s + total] for s, (_, total) in zip(starts, layouts)]
-        self._run("pack", views, [o for o, _ in layouts], buffers, key)
+        whole = torch.empty(at, dtype=torch.uint8, device=plan.device)
+        buffers = [whole[s: s + total] for s, total in zip(starts, plan.totals)]
+        self._execute(plan, buffers)
         return buffers
 
     def unpack_many(self, buffers: Sequence[torch.Tensor], messages: Sequence[Sequence[Any]], *,
                     key: Optional[Hashable] = None) -> None:
         """Inverse of `pack_many`: buffer i is unpacked into message i's segments."""
-        views = [[as_view(s) for s in msg] for msg in messages]
-        self._run("unpack", views, [layout(v)[0] for v in views], [_bytes(b) for b in buffers], key)
+        counts = tuple(len(m) for m in messages)
+        residues = tuple(_residue(b) for b in buffers)
+        plan = self._plan("unpack", key, counts, residues, lambda: _describe(messages))
+        self._execute(plan, [_bytes(b, total) for b, total in zip(buffers, plan.totals)])
 
     def copy(self, pairs: Sequence[tuple[Any, Any]], *, key: Optional[Hashable] = None) -> None:
         """Local copies (same device): each destination box becomes its source box, all
         pairs in one launch per access class. No buffer in between."""
-        flat = []
-        for src, dst in pairs:
-            src, dst = as_view(src), as_view(dst)
-            if src.dtype != dst.dtype or src.shape != dst.shape:
-                raise ValueError(f"copy between {src.dtype}{list(src.shape)} and {dst.dtype}{list(dst.shape)}")
-            flat += [src, dst]
-        self._run("copy", [flat], [()], [], key)
+        plan = self._plan("copy", key, (len(pairs),), (), lambda: _describe_copy(pairs))
+        self._execute(plan, [])
 
     def pack_into(self, views: Sequence[torch.Tensor], offsets: Sequence[int], nbytes: int,
                   out: Optional[torch.Tensor] = None, *, key: Optional[Hashable] = None) -> torch.Tensor:
         """The executor's contract (`nereus.runtime.packing`): pack views at the given
         byte offsets into a uint8 buffer of `nbytes` (`out` when given)."""
-        views = list(views)
-        buffer = out if out is not None else torch.empty(nbytes, dtype=torch.uint8, device=_device(views, None))
-        byte_buffer = _bytes(buffer)
-        _check_fits(views, offsets, byte_buffer.numel())
-        self._run("pack", [views], [tuple(offsets)], [byte_buffer], key)
+        residues = (_residue(out),) if out is not None else (0,)
+        plan = self._plan("pack", key, (len(views),), residues, lambda: _describe([views], [offsets], [nbytes]))
+        buffer = out if out is not None else torch.empty(nbytes, dtype=torch.uint8, device=plan.device)
+        self._execute(plan, [_bytes(buffer, nbytes)])
         return buffer
 
     def unpack_from(self, buffer: torch.Tensor, views: Sequence[torch.Tensor], offsets: Sequence[int], *,
                     key: Optional[Hashable] = None) -> None:
         """The executor's contract: write the bytes at each offset into its view."""
-        views = list(views)
-        byte_buffer = _bytes(buffer)
-        _check_fits(views, offsets, byte_buffer.numel())
-        self._run("unpack", [views], [tuple(offsets)], [byte_buffer], key)
+        size = _bytes(buffer, 0).numel()
+        plan = self._plan("unpack", key, (len(views),), (_residue(buffer),),
+                          lambda: _describe([views], [offsets], [size]))
+        self._execute(plan, [_bytes(buffer, size)])
 
     # -- plans ---------------------------------------------------------------------
-    def _run(self, kind: str, views: list[list[torch.Tensor]], offsets: list[Sequence[int]],
-             buffers: list[torch.Tensor], key: Optional[Hashable]) -> None:
-        flat = [v for msg in views for v in msg]
-        if not flat:
-            return
-        device = _device(flat, buffers)
-        residues = tuple(b.data_ptr() % ALIGN for b in buffers)
-        signature = (len(views), tuple(len(m) for m in views), _signature(flat), residues)
-        plan = self._plans.get((kind, key)) if key is not None else None
-        if plan is None or plan.signature != signature:
-            plan = self._build(kind, views, offsets, residues, device, signature)
-            if key is not None:
-                self._plans[(kind, key)] = plan
-                while len(self._plans) > self.cache_size:
-                    self._plans.popitem(last=False)
-        elif key is not None:
-            self._plans.move_to_end((kind, key))
-        self._execute(plan, buffers, device)
+    def _plan(self, kind: str, key: Optional[Hashable], counts: tuple[int, ...], residues: tuple[int, ...],
+              describe) -> _Plan:
+        """The cached plan of `key` when its segment counts and buffer residues match,
+        else a new one from `describe()` (views, offsets, totals, device), cached."""
+        if key is not None:
+            plan = self._plans.get((kind, key))
+            if plan is not None and plan.counts == counts and plan.residues == residues:
+                self._plans.move_to_end((kind, key))
+                return plan
+        views, offsets, totals, device = describe()
+        plan = self._build(kind, views, offsets, residues, device)
+        plan.counts, plan.totals = counts, totals
+        if key is not None:
+            self._plans[(kind, key)] = plan
+            while len(self._plans) > self.cache_size:
+                self._plans.popitem(last=False)
+        return plan
 
     def _build(self, kind: str, views: list[list[torch.Tensor]], offsets: list[Sequence[int]],
-               residues: tuple[int, ...], device: torch.device, signature: tuple) -> _Plan:
+               residues: tuple[int, ...], device: torch.device) -> _Plan:
         self.plans_built += 1
-        backend = self.backend_for(device)
-        plan = _Plan(backend, kind, signature, residues=residues)
+        backend = self.backend_for(device) if any(views) else "torch"  # nothing to move
+        plan = _Plan(backend, kind, device, residues=residues)
         if kind == "copy":
             pairs = list(zip(views[0][0::2], views[0][1::2]))
             if backend == "torch":
@@ -222,7 +213,7 @@ class Packer:
         plan.launches = [x.to(device) for x in build_launches(pieces, self.tile, self.max_vec)]
         return plan
 
-    def _execute(self, plan: _Plan, buffers: list[torch.Tensor], device: torch.device) -> None:
+    def _execute(self, plan: _Plan, buffers: list[torch.Tensor]) -> None:
         if plan.backend == "torch":
             if plan.kind == "copy":
                 fallback.copy_pairs(plan.entries)
@@ -238,16 +229,46 @@ class Packer:
             rel = kernels.REL_DST if plan.kind == "pack" else kernels.REL_SRC
             addresses = tuple(b.data_ptr() - r for b, r in zip(buffers, plan.residues))
             if plan.bases is None or plan.bases[0] != addresses:
-                plan.bases = (addresses, torch.tensor(addresses, dtype=torch.int64).to(device))
+                plan.bases = (addresses, torch.tensor(addresses, dtype=torch.int64).to(plan.device))
             bases = plan.bases[1]
         for launch in plan.launches:
             kernels.run_launch(launch, rel, bases)
 
 
-def _bytes(buffer: torch.Tensor) -> torch.Tensor:
+def _describe(messages: Sequence[Sequence[Any]], offsets: Optional[Sequence[Sequence[int]]] = None,
+              totals: Optional[Sequence[int]] = None):
+    """(views, offsets, totals, device) of messages; `layout` decides offsets unless given."""
+    views = [[as_view(s) for s in msg] for msg in messages]
+    if offsets is None:
+        layouts = [layout(v) for v in views]
+        offsets, totals = [o for o, _ in layouts], [t for _, t in layouts]
+    for msg, offs, total in zip(views, offsets, totals):
+        _check_fits(msg, offs, total)
+    return views, [tuple(o) for o in offsets], tuple(totals), _device([v for m in views for v in m])
+
+
+def _describe_copy(pairs: Sequence[tuple[Any, Any]]):
+    flat = []
+    for src, dst in pairs:
+        src, dst = as_view(src), as_view(dst)
+        if src.dtype != dst.dtype or src.shape != dst.shape:
+            raise ValueError(f"copy between {src.dtype}{list(src.shape)} and {dst.dtype}{list(dst.shape)}")
+        flat += [src, dst]
+    return [flat], [()], (), _device(flat)
+
+
+def _residue(buffer: torch.Tensor) -> int:
+    return buffer.data_ptr() % ALIGN
+
+
+def _bytes(buffer: torch.Tensor, needed: int) -> torch.Tensor:
+    """`buffer` as 1-D uint8, checked to hold at least `needed` bytes."""
     if not buffer.is_contiguous():
         raise ValueError("pack buffers must be contiguous")
-    return buffer.reshape(-1).view(torch.uint8)
+    flat = buffer.reshape(-1).view(torch.uint8)
+    if flat.numel() < needed:
+        raise ValueError(f"a buffer of {flat.numel()} bytes for a message of {needed}")
+    return flat
 
 
 def _check_fits(views: Sequence[torch.Tensor], offsets: Sequence[int], size: int) -> None:
@@ -259,8 +280,8 @@ def _check_fits(views: Sequence[torch.Tensor], offsets: Sequence[int], size: int
             raise ValueError(f"segment [{offset}, {end}) does not fit a buffer of {size} bytes")
 
 
-def _device(views: Sequence[torch.Tensor], buffers: Optional[Sequence[torch.Tensor]]) -> torch.device:
-    devices = {v.device for v in views} | {b.device for b in buffers or ()}
+def _device(views: Sequence[torch.Tensor]) -> torch.device:
+    devices = {v.device for v in views}
     if not devices:
         return torch.device("cpu")
     if len(devices) != 1:

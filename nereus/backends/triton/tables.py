@@ -27,6 +27,7 @@ from .segments import Piece
 
 NCOLS = 12
 TILE_OVERHEAD = 512  # lane-equivalents a tile costs beyond its lanes (table loads, latency)
+ROW_OVERHEAD = 16  # lane-equivalents per tile row (row index arithmetic, short bursts)
 COLS_CHOICES = (16, 32, 64, 128, 256, 512, 1024, 2048)
 BLOCK_CHOICES = (512, 1024, 2048, 4096)  # words per tile
 
@@ -56,7 +57,8 @@ def choose_tile(rows: torch.Tensor, inner: torch.Tensor, run: torch.Tensor,
                 force: Optional[tuple[int, int]] = None) -> tuple[int, int]:
     """Input: per-piece outer rows, inner run length (words), and whether it is one
     contiguous run. Output: (ROWS, COLS), powers of two, minimising
-    sum(tiles * (ROWS*COLS + TILE_OVERHEAD)). `force` bypasses the search."""
+    sum(tiles * (ROWS*COLS + TILE_OVERHEAD + ROWS*ROW_OVERHEAD)), which prefers few
+    wide tiles that waste few lanes. `force` bypasses the search."""
     if force is not None:
         return force
     best: Optional[tuple[int, tuple[int, int]]] = None
@@ -67,7 +69,7 @@ def choose_tile(rows: torch.Tensor, inner: torch.Tensor, run: torch.Tensor,
                 continue
             nrows = block // cols
             tiles = torch.where(run, _ceil(_ceil(numel, cols), nrows), _ceil(rows, nrows) * _ceil(inner, cols))
-            cost = int(tiles.sum()) * (block + TILE_OVERHEAD)
+            cost = int(tiles.sum()) * (block + TILE_OVERHEAD + nrows * ROW_OVERHEAD)
             if best is None or cost < best[0]:
                 best = (cost, (nrows, cols))
     assert best is not None
