@@ -207,6 +207,8 @@ class CostModel:
     _theta: dict = field(default_factory=dict)  # key -> fitted θ (cache)
     _terms: dict = field(default_factory=dict)  # (ms, layout, workload key) -> φ
     version: int = 0  # bumps when coefficients change (lets callers cache predictions)
+    fixed_theta: Optional[dict] = None  # str(ms) -> θ, never refitted (a simulator's ground truth)
+    _errors: dict = field(default_factory=dict)  # key -> leave-one-out ε (cache)
 
     def terms(self, workload: Workload, model_stage: ModelStage, layout: Layout) -> np.ndarray:
         key = (model_stage, layout, workload_key(workload))
@@ -220,6 +222,8 @@ class CostModel:
 
     def theta(self, model_stage: ModelStage) -> np.ndarray:
         key = str(model_stage)
+        if self.fixed_theta is not None:
+            return np.asarray(self.fixed_theta.get(key, PRIOR), dtype=float)
         cached = self._theta.get(key)
         if cached is None:
             rows = self._rows.get(key, [])
@@ -252,12 +256,18 @@ class CostModel:
 
     def relative_error(self, model_stage: ModelStage) -> float:
         """Leave-one-out RMS relative error ε of this model-stage's fit (NaN with < 2 rows)."""
-        rows = self._rows.get(str(model_stage), [])
+        key = str(model_stage)
+        rows = self._rows.get(key, [])
         if len(rows) < 2:
             return float("nan")
-        x = np.array([r[0] for r in rows])
-        y = np.array([r[1] for r in rows])
-        return leave_one_out_error(x, y, PRIOR, self.prior_weight)
+        cached = self._errors.get(key)
+        # refreshed every 10 observations: ε moves slowly and costs one fit per row
+        if cached is None or len(rows) - cached[1] >= 10 or len(rows) < cached[1]:
+            x = np.array([r[0] for r in rows])
+            y = np.array([r[1] for r in rows])
+            cached = (leave_one_out_error(x, y, PRIOR, self.prior_weight, max_rows=20), len(rows))
+            self._errors[key] = cached
+        return cached[0]
 
 
 def step_seconds(module: Module, plan: Plan, stage_times: dict) -> float:

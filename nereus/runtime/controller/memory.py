@@ -21,6 +21,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from nereus.ir.architecture import pp_layer_range
 from nereus.ir.model import STAGES, ModelStage, Module, Plan, Workload
 from nereus.passes.feasibility import model_state_bytes_per_gpu, working_bytes_per_gpu
 
@@ -68,9 +69,17 @@ def _unit_memory(module: Module, workload: Workload, model_stage: ModelStage, dp
     else:
         sized = module if module.workload == workload else replace(module, workload=workload)
     resident, working = [], []
+    seen: dict = {}
     for p in range(pp):
-        resident.append(sum(model_state_bytes_per_gpu(model, stage, tp, pp, p).values()))
-        working.append(sum(working_bytes_per_gpu(sized, model, stage, dp, tp, pp, p).values()))
+        # stages with the same layer count and no edge tensors hold the same bytes, except
+        # that training keeps (pp − p) microbatches in flight on stage p
+        lo, hi = pp_layer_range(model.layers, pp, p)
+        shape = (hi - lo, p == 0, p == pp - 1, pp - p if stage == "training" else 0)
+        if shape not in seen:
+            seen[shape] = (sum(model_state_bytes_per_gpu(model, stage, tp, pp, p).values()),
+                           sum(working_bytes_per_gpu(sized, model, stage, dp, tp, pp, p).values()))
+        resident.append(seen[shape][0])
+        working.append(seen[shape][1])
     return UnitMemory(model_stage, tp, pp, offload, tuple(resident), tuple(working))
 
 

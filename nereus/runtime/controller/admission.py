@@ -1,0 +1,102 @@
+"""Admission: switch plans only when the current plan cannot run the next step, or when the
+predicted saving over the remaining steps repays the transition with confidence.
+
+Rule (issue 7; MODELS.md "Admission", after Pollux's discounted speedups and Sia's
+restart-cost accounting):
+  1. infeasible now — the current plan does not fit the next step's workload or GPUs — and a
+     feasible candidate exists: switch.
+  2. otherwise switch iff all of
+       (t_cur − t_cand − z·σ) · H · (1 − margin) > Ĉ          (payback with confidence)
+       (t_cur − t_cand) / t_cur ≥ ρ_min                          (a real gain, not noise)
+       steps since the last switch ≥ D_min
+     with H the remaining steps, σ = √(s0²/k + (ε·t_cand)²) (s0: std of the k measured
+     steps of the current plan; ε: the cost model's leave-one-out relative error), and Ĉ the
+     transition estimate × the measured/predicted ratio of past transitions.
+Every decision keeps its numbers; `Decision.why` says them in words.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+from nereus.ir.model import Plan
+
+
+@dataclass(frozen=True)
+class AdmissionSettings:
+    margin: float = 0.1  # fraction of the predicted saving not counted on
+    z: float = 1.645  # one-sided 95% confidence on the predicted gain
+    rho_min: float = 0.03  # least relative gain worth a switch
+    min_interval: int = 1  # least steps between two switches
+    default_error: float = 0.05  # ε before the model has two observations of a model-stage
+
+
+@dataclass(frozen=True)
+class Decision:
+    step: int
+    switch: bool
+    reason: str  # infeasible-now | pays-back | no-gain | below-min-gain | no-payback | too-soon | no-feasible-plan
+    current_s: float  # predicted step latency of the current plan (inf if infeasible)
+    candidate_s: float  # predicted step latency of the best plan found
+    remaining_steps: int
+    transition_s: float  # corrected transition-cost estimate (0 if no candidate)
+    sigma_s: float  # uncertainty of the gain
+    margin: float
+    saving_s: float  # confident saving over the remaining steps, after the margin
+    plan: Optional[Plan] = field(default=None, compare=False)  # the candidate (the target when switch)
+
+    @property
+    def why(self) -> str:
+        if self.reason == "infeasible-now":
+            return (f"step {self.step}: switch, the current plan does not fit; candidate predicted "
+                    f"{self.candidate_s:.2f} s/step, transition {self.transition_s:.2f} s")
+        if self.reason == "no-feasible-plan":
+            return f"step {self.step}: stay, no feasible plan exists for this workload and GPU budget"
+        verb = "switch" if self.switch else "stay"
+        gain = self.current_s - self.candidate_s
+        return (f"step {self.step}: {verb} ({self.reason}): current {self.current_s:.2f} s, candidate "
+                f"{self.candidate_s:.2f} s, gain {gain:.3f} s/step − z·σ {self.sigma_s:.3f}, × {self.remaining_steps}"
+                f" steps × (1 − {self.margin:g}) = {self.saving_s:.1f} s vs transition {self.transition_s:.2f} s")
+
+    def to_json(self) -> dict:
+        def num(x):
+            return None if x is None or (isinstance(x, float) and not math.isfinite(x)) else round(x, 6)
+
+        return {"step": self.step, "switch": self.switch, "reason": self.reason,
+                "current_s": num(self.current_s), "candidate_s": num(self.candidate_s),
+                "remaining_steps": self.remaining_steps, "transition_s": num(self.transition_s),
+                "sigma_s": num(self.sigma_s), "margin": self.margin, "saving_s": num(self.saving_s),
+                "why": self.why}
+
+
+def admit(step: int, current_s: float, current_feasible: bool, candidate_s: float, candidate_feasible: bool,
+          remaining_steps: int, transition_s: float, settings: AdmissionSettings, sigma_s: float = 0.0,
+          steps_since_switch: int = 1 << 30, candidate: Optional[Plan] = None) -> Decision:
+    """Apply the admission rule (module docstring) to predicted numbers. Pure."""
+    def decide(switch: bool, reason: str, saving: float) -> Decision:
+        return Decision(step, switch, reason, current_s if current_feasible else math.inf, candidate_s,
+                        remaining_steps, transition_s, sigma_s, settings.margin, saving, candidate)
+
+    if not candidate_feasible:
+        return decide(False, "no-feasible-plan", 0.0)
+    if not current_feasible:
+        return decide(True, "infeasible-now", 0.0)
+    gain = current_s - candidate_s
+    saving = (gain - settings.z * sigma_s) * remaining_steps * (1.0 - settings.margin)
+    if gain <= 0:
+        return decide(False, "no-gain", saving)
+    if gain / current_s < settings.rho_min:
+        return decide(False, "below-min-gain", saving)
+    if saving <= transition_s:
+        return decide(False, "no-payback", saving)
+    if steps_since_switch < settings.min_interval:
+        return decide(False, "too-soon", saving)
+    return decide(True, "pays-back", saving)
+
+
+def gain_sigma(candidate_s: float, model_error: float, measured_std: float = 0.0, measured_count: int = 0) -> float:
+    """σ = √(s0²/k + (ε·t_cand)²) of MODELS.md (measured term dropped when k = 0)."""
+    measured = measured_std ** 2 / measured_count if measured_count > 0 else 0.0
+    return math.sqrt(measured + (model_error * candidate_s) ** 2)

@@ -1,0 +1,193 @@
+"""The controller: at each step boundary, observe, then decide whether to change plans.
+
+    ctl = Controller(module, module.plan("S1"), total_steps=1000)
+    ctl.observe("actor.generation", plan, workload, 41.7)     # per model-stage timings
+    decision = ctl.decide(step, workload, gpus=64)            # Decision, logged in ctl.log
+    if decision.switch:
+        report = rt.transition(...)                           # the runtime moves the state
+        ctl.transitioned(decision.plan, seconds=report_seconds)
+
+Cheap per step: the plan search runs only when the GPU budget changes, the workload drifts
+by more than `research_tolerance` since the last search, or `refit_every` new observations
+have changed the cost model; otherwise decide() re-predicts two cached plans (current and
+candidate) and applies the admission rule. Transition costs are cached per plan pair.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Optional
+
+from nereus.ir.model import ModelStage, Module, Plan, Workload
+
+from .admission import AdmissionSettings, Decision, admit, gain_sigma
+from .cost_model import CostModel, layout_of, step_seconds, workload_key
+from .memory import plan_memory
+from .search import SearchResult, build_plan, search_plan
+from .transition_cost import transition_seconds
+
+
+@dataclass(frozen=True)
+class PlanPrediction:
+    feasible: bool
+    step_s: float
+    stage_seconds: dict  # str(ms) -> seconds
+    waves: dict  # str(ms) -> waves
+
+
+def plan_key(plan: Plan) -> tuple:
+    return tuple((str(p.model_stage), p.dp, p.tp, p.pp, p.offload, p.gpus) for p in plan.placements)
+
+
+def predict_plan(module: Module, workload: Workload, cost: CostModel, plan: Plan, gpus: Optional[int] = None,
+                 allow_waves: bool = True) -> PlanPrediction:
+    """Predicted step latency of any plan under `workload`; infeasible when it does not fit
+    or uses a GPU id ≥ `gpus` (a GPU no longer available)."""
+    memory = plan_memory(module, workload, plan, allow_waves)
+    out_of_budget = gpus is not None and any(g >= gpus for p in plan.placements for g in p.gpus)
+    times = {}
+    for placement in plan.placements:
+        waves = memory.waves.get(placement.model_stage, 1)
+        times[placement.model_stage] = cost.predict(workload, placement.model_stage, layout_of(module, placement, waves))
+    feasible = memory.feasible and not out_of_budget
+    return PlanPrediction(feasible, step_seconds(module, plan, times), {str(k): v for k, v in times.items()},
+                          {str(k): v for k, v in memory.waves.items()})
+
+
+@dataclass
+class Controller:
+    module: Module
+    plan: Plan
+    total_steps: int
+    settings: AdmissionSettings = field(default_factory=AdmissionSettings)
+    greedy: bool = False  # switch to any faster plan, ignoring transition cost (a baseline)
+    transition_method: str = "compile"
+    allow_waves: bool = True
+    research_tolerance: float = 0.05
+    refit_every: int = 20
+    cost: Optional[CostModel] = None
+    log: list = field(default_factory=list)
+
+    def __post_init__(self):
+        if self.cost is None:
+            self.cost = CostModel(self.module)
+        self._search: Optional[SearchResult] = None
+        self._search_key = None
+        self._search_version = -1
+        self._search_workload: Optional[Workload] = None
+        self._transition_cache: dict = {}
+        self._correction: list[tuple[float, float]] = []  # (predicted, measured)
+        self._last_switch = -(1 << 30)
+        self._step_times: list[float] = []
+        self._prediction_cache: dict = {}
+        self.searches = 0
+
+    # -- observations -------------------------------------------------------------------
+    def observe(self, model_stage, plan: Plan, workload: Workload, seconds: float) -> None:
+        """One measured latency of a model-stage under `plan` (the layout it ran with)."""
+        ms = ModelStage.parse(model_stage) if isinstance(model_stage, str) else model_stage
+        placement = plan.placement(ms)
+        waves = 1
+        if ms.stage == "generation":
+            waves = self._predict(plan, workload, None).waves.get(str(ms), 1)
+        self.cost.observe(workload, ms, layout_of(self.module, placement, waves), seconds)
+
+    def observe_step(self, seconds: float) -> None:
+        """A measured whole-step latency of the current plan (for the confidence term)."""
+        self._step_times.append(seconds)
+        del self._step_times[:-50]
+
+    def transitioned(self, plan: Plan, seconds: Optional[float] = None, predicted: Optional[float] = None,
+                     step: Optional[int] = None) -> None:
+        """The runtime moved to `plan`; `seconds` is how long it took (corrects estimates)."""
+        if seconds is not None and predicted:
+            self._correction.append((predicted, seconds))
+        self.plan = plan
+        self._step_times.clear()
+        if step is not None:
+            self._last_switch = step
+
+    @property
+    def correction(self) -> float:
+        """measured/predicted transition time, pooled over past transitions (1 before any)."""
+        if not self._correction:
+            return 1.0
+        return sum(m for _, m in self._correction) / sum(p for p, _ in self._correction)
+
+    # -- decisions ----------------------------------------------------------------------
+    def _predict(self, plan: Plan, workload: Workload, gpus: Optional[int]) -> PlanPrediction:
+        key = (plan_key(plan), workload_key(workload), gpus, self.cost.version)
+        hit = self._prediction_cache.get(key)
+        if hit is None:
+            if len(self._prediction_cache) > 256:
+                self._prediction_cache.clear()
+            hit = predict_plan(self.module, workload, self.cost, plan, gpus, self.allow_waves)
+            self._prediction_cache[key] = hit
+        return hit
+
+    def _needs_search(self, workload: Workload, gpus: int) -> bool:
+        if self._search is None or self._search_key != gpus:
+            return True
+        if self.cost.version - self._search_version >= self.refit_every:
+            return True
+        last = self._search_workload
+        for name in ("batch", "prompt", "response"):
+            a, b = getattr(last, name), getattr(workload, name)
+            if abs(a - b) > self.research_tolerance * max(a, b):
+                return True
+        return False
+
+    def best_plan(self, workload: Workload, gpus: int) -> SearchResult:
+        if self._needs_search(workload, gpus):
+            self._search = search_plan(self.module, workload, self.cost, gpus, name="candidate",
+                                       allow_waves=self.allow_waves)
+            self._search_key, self._search_version, self._search_workload = gpus, self.cost.version, workload
+            self.searches += 1
+        return self._search
+
+    def transition_estimate(self, workload: Workload, source: Plan, target: Plan) -> float:
+        """Predicted transition seconds (uncorrected), cached per plan pair."""
+        key = (plan_key(source), plan_key(target))
+        if key not in self._transition_cache:
+            self._transition_cache[key] = transition_seconds(self.module, workload, source, target,
+                                                             self.transition_method)[0]
+        return self._transition_cache[key]
+
+    def decide(self, step: int, workload: Workload, gpus: int) -> Decision:
+        """Should the job leave `self.plan` before running `step` under `workload` on GPUs
+        0..gpus−1? Returns (and logs) a Decision; it does not change `self.plan`."""
+        remaining = max(0, self.total_steps - step)
+        current = self._predict(self.plan, workload, gpus)
+        found = self.best_plan(workload, gpus)
+        if found.plan is None:
+            decision = admit(step, current.step_s, current.feasible, math.inf, False, remaining, 0.0, self.settings)
+            self.log.append(decision)
+            return decision
+        candidate = self._predict(found.plan, workload, gpus)
+        if plan_key(found.plan) == plan_key(self.plan) or not candidate.feasible:
+            decision = admit(step, current.step_s, current.feasible, current.step_s, current.feasible or candidate.feasible,
+                             remaining, 0.0, self.settings, candidate=None)
+            if not current.feasible and candidate.feasible:
+                decision = admit(step, current.step_s, False, candidate.step_s, True, remaining,
+                                 0.0, self.settings, candidate=found.plan)
+            self.log.append(decision)
+            return decision
+        transition = self.transition_estimate(workload, self.plan, found.plan) * self.correction
+        if self.greedy:
+            settings = AdmissionSettings(margin=0.0, z=0.0, rho_min=0.0, min_interval=0)
+            decision = admit(step, current.step_s, current.feasible, candidate.step_s, True, remaining, 0.0,
+                             settings, candidate=found.plan)
+            decision = Decision(decision.step, decision.switch, decision.reason, decision.current_s,
+                                decision.candidate_s, remaining, transition, 0.0, 0.0, decision.saving_s, found.plan)
+        else:
+            errors = [self.cost.relative_error(ModelStage.parse(ms)) for ms in candidate.stage_seconds]
+            errors = [e for e in errors if math.isfinite(e)]
+            epsilon = max(errors) if errors else self.settings.default_error
+            measured_std = statistics.pstdev(self._step_times) if len(self._step_times) > 1 else 0.0
+            sigma = gain_sigma(candidate.step_s, epsilon, measured_std, len(self._step_times))
+            decision = admit(step, current.step_s, current.feasible, candidate.step_s, True, remaining, transition,
+                             self.settings, sigma, step - self._last_switch, found.plan)
+        self.log.append(decision)
+        return decision
