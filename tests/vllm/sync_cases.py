@@ -1,0 +1,67 @@
+"""Small modules and a gloo launcher for the weight-sync tests and benchmark (no vLLM).
+
+`sync_test_module(training, generation, ...)` builds a module with an actor trained in
+one layout and generating in another: each layout is (dp, tp, pp, gpus)."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import tempfile
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from nereus.ir.model import Cluster, GpuSpec, Model, ModelStage, Module, Placement, Plan, Workload
+
+
+def sync_test_module(training: tuple, generation: tuple, *, gpus: int = 4, layers: int = 2, hidden: int = 64,
+                     heads: int = 4, kv_heads: int = 2, ffn: int = 128, vocab: int = 64,
+                     dtype: str = "fp32", gpus_per_node: int = 0) -> Module:
+    """An actor with actor.generation and actor.training placed as given, in plan "P"."""
+    actor = Model("actor", "llama", layers, hidden, heads, kv_heads, ffn, vocab, dtype)
+    workload = Workload("rl", 8, 8, 8, 1, (("generation", ("actor",)), ("training", ("actor",))))
+    per_node = gpus_per_node or gpus
+    cluster = Cluster("cpu", gpus // per_node, per_node, GpuSpec(64 << 30, 1e12, 1e11), 1e10, 1e9, 1 << 36)
+    placements = []
+    for stage, (dp, tp, pp, ids) in (("generation", generation), ("training", training)):
+        placements.append(Placement(ModelStage("actor", stage), dp, tp, pp, tuple(ids), ()))
+    plan = Plan("P", None, tuple(placements), tuple(placements))
+    return Module(cluster, (actor,), workload, (plan,), ())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank: int, world: int, port: int, fn, args, out_dir: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        result = ("ok", fn(rank, world, *args))
+    except BaseException:  # noqa: BLE001 - report any failure to the parent
+        result = ("error", traceback.format_exc())
+    with open(os.path.join(out_dir, f"{rank}.pkl"), "wb") as f:
+        pickle.dump(result, f)
+    dist.destroy_process_group()
+
+
+def launch(fn, world: int, *args) -> list:
+    """Run fn(rank, world, *args) in `world` gloo processes; their return values by rank."""
+    with tempfile.TemporaryDirectory() as out_dir:
+        mp.start_processes(_entry, args=(world, _free_port(), fn, args, out_dir), nprocs=world,
+                           join=True, start_method="spawn")
+        results = []
+        for rank in range(world):
+            with open(os.path.join(out_dir, f"{rank}.pkl"), "rb") as f:
+                status, value = pickle.load(f)
+            if status != "ok":
+                raise AssertionError(f"rank {rank} failed:\n{value}")
+            results.append(value)
+        return results
