@@ -17,8 +17,8 @@ from nereus.runtime.rl.algorithms import RlConfig
 from nereus.runtime.rl.restart import RestartRuntime
 from nereus.runtime.rl.trainer import RlTrainer, TrainSpec
 
-from harness import run_world
-from plans import STAGES, tiny_module, uniform
+from rl_harness import run_world
+from rl_plans import STAGES, tiny_module, uniform
 
 pytestmark = pytest.mark.multiprocess
 
