@@ -56,28 +56,36 @@ def owner_change_bytes(dag: TransitionDag) -> int:
         model, before, after = info.model, info.before, info.after
         here = {before.gpu_of(r, p, t): (p, t) for r in range(before.dp) for p in range(before.pp)
                 for t in range(before.tp)}
-        specs = slot_specs(model)
+        missing: dict = {}
         for r in range(after.dp):
             for q in range(after.pp):
-                lo, hi = stage_slots(model.layers, after.pp, q)
                 for u in range(after.tp):
-                    g = after.gpu_of(r, q, u)
-                    counts = slot_counts(model, lo, hi)
-                    need = sum(counts[s.kind] * sum(box_volume(b) for b in tp_boxes(s.spec, after.tp, u)) for s in specs)
-                    present = 0
-                    if g in here:
-                        p, t = here[g]
-                        blo, bhi = stage_slots(model.layers, before.pp, p)
-                        both = slot_counts(model, max(lo, blo), min(hi, bhi)) if max(lo, blo) < min(hi, bhi) else None
-                        if both:
-                            for s in specs:
-                                if both[s.kind]:
-                                    mine = tp_boxes(s.spec, before.tp, t)
-                                    overlap = sum(_intersection(a, b) for a in tp_boxes(s.spec, after.tp, u)
-                                                  for b in set(mine))
-                                    present += both[s.kind] * overlap
-                    total += (need - present) * info.element_bytes
+                    key = (q, u, here.get(after.gpu_of(r, q, u)))
+                    if key not in missing:
+                        missing[key] = _missing_elements(model, before, after, *key)
+                    total += missing[key] * info.element_bytes
     return total
+
+
+def _missing_elements(model, before, after, q: int, u: int, held) -> int:
+    """Elements the after GPU at (q, u) needs that its own before shard `held` = (p, t) lacks."""
+    specs = slot_specs(model)
+    lo, hi = stage_slots(model.layers, after.pp, q)
+    counts = slot_counts(model, lo, hi)
+    need = sum(counts[s.kind] * sum(box_volume(b) for b in tp_boxes(s.spec, after.tp, u)) for s in specs)
+    if held is None:
+        return need
+    p, t = held
+    blo, bhi = stage_slots(model.layers, before.pp, p)
+    if max(lo, blo) >= min(hi, bhi):
+        return need
+    both = slot_counts(model, max(lo, blo), min(hi, bhi))
+    present = 0
+    for s in specs:
+        if both[s.kind]:
+            mine = set(tp_boxes(s.spec, before.tp, t))
+            present += both[s.kind] * sum(_intersection(a, b) for a in tp_boxes(s.spec, after.tp, u) for b in mine)
+    return need - present
 
 
 def estimate(program, host_bytes_per_s: float = HOST_BYTES_PER_S) -> CostEstimate:

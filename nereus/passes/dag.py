@@ -83,6 +83,7 @@ class Xfer:
     slots: tuple[int, int]  # half-open slot range
     pieces: tuple[Piece, ...]
     bytes: int
+    volumes: tuple[int, int, int]  # elements per slot of each kind (first, layer, last), one state
 
 
 @dataclass(frozen=True)
@@ -216,6 +217,39 @@ def build_dag(module: Module, diff: Diff) -> TransitionDag:
                          tuple(allocs), tuple(frees), tuple(xfers))
 
 
+def _stage_recipe(model: Model, before: Placement, after: Placement, q: int, u: int,
+                  here: Optional[tuple[int, int]], element_bytes: int) -> tuple[tuple, ...]:
+    """What the after GPU at (pp stage q, tp rank u) needs, per before pipeline stage:
+    ("keep", p, slots, pieces, bytes, ()) for shards identical on its own GPU (`here` is the
+    (pp stage, tp rank) that GPU had before, or None) and ("pull", p, slots, pieces, bytes,
+    holders) for each group of pieces held by the same before TP ranks. The same for every
+    replica: computed once per (q, u, here)."""
+    specs = slot_specs(model)
+    lo, hi = stage_slots(model.layers, after.pp, q)
+    out = []
+    for p in range(before.pp):
+        blo, bhi = stage_slots(model.layers, before.pp, p)
+        slo, shi = max(lo, blo), min(hi, bhi)
+        if slo >= shi:
+            continue
+        counts = slot_counts(model, slo, shi)
+        kinds = _kinds(counts)
+        skip: frozenset[int] = frozenset()
+        if here is not None and here[0] == p:
+            skip = kept_specs(model, before.tp, here[1], after.tp, u)
+            pieces = tuple(Piece(i, b) for i in sorted(skip) if specs[i].kind in kinds
+                           for b in tp_boxes(specs[i].spec, after.tp, u))
+            if pieces:
+                volumes = [0, 0, 0]
+                for piece in pieces:
+                    volumes[_KINDS.index(specs[piece.spec].kind)] += box_volume(piece.box)
+                volumes = tuple(volumes)
+                out.append((KEEP, p, (slo, shi), pieces, _bytes(volumes, counts, element_bytes), (), volumes))
+        for holders, pieces, volumes in source_groups(model, before.tp, after.tp, u, kinds, skip):
+            out.append(("pull", p, (slo, shi), pieces, _bytes(volumes, counts, element_bytes), holders, volumes))
+    return tuple(out)
+
+
 def _build_stage(module: Module, index: int, info: StageInfo, allocs: list, frees: list, xfers: list) -> None:
     model, before, after, eb = info.model, info.before, info.after, info.element_bytes
     node_of = module.cluster.node_of
@@ -223,17 +257,18 @@ def _build_stage(module: Module, index: int, info: StageInfo, allocs: list, free
     free_index: dict[tuple[int, int, int], int] = {}
     position: dict[int, tuple[int, int, int]] = {}
     near: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
+    before_bytes = {(p, t): shard_bytes(model, before, p, t) for p in range(before.pp) for t in range(before.tp)}
     for r in range(before.dp):
         for p in range(before.pp):
             for t in range(before.tp):
                 g = before.gpu_of(r, p, t)
                 free_index[(r, p, t)] = len(frees)
-                frees.append(Free(index, r, (p, t), g, 0, shard_bytes(model, before, p, t)))
+                frees.append(Free(index, r, (p, t), g, 0, before_bytes[(p, t)]))
                 position[g] = (r, p, t)
                 near.setdefault((node_of(g), p), []).append((r, t, g))
     kept_from = [0] * len(frees)
-    before_slots = [stage_slots(model.layers, before.pp, p) for p in range(before.pp)]
     rotation: dict[tuple, int] = {}
+    recipes: dict[tuple, tuple] = {}
 
     def choose(g: int, p: int, holders: tuple[int, ...]) -> tuple[int, int, int]:
         here = position.get(g)
@@ -248,41 +283,30 @@ def _build_stage(module: Module, index: int, info: StageInfo, allocs: list, free
             return r, p, t
         return turn // len(holders) % before.dp, p, holders[turn % len(holders)]
 
+    after_bytes = {(q, u): shard_bytes(model, after, q, u) for q in range(after.pp) for u in range(after.tp)}
     for r in range(after.dp):
         for q in range(after.pp):
-            lo, hi = stage_slots(model.layers, after.pp, q)
             for u in range(after.tp):
                 g = after.gpu_of(r, q, u)
                 alloc = len(allocs)
-                full = shard_bytes(model, after, q, u)
-                kept = 0
                 here = position.get(g)
-                for p, (blo, bhi) in enumerate(before_slots):
-                    slo, shi = max(lo, blo), min(hi, bhi)
-                    if slo >= shi:
+                key = (q, u, here[1:] if here else None)
+                recipe = recipes.get(key)
+                if recipe is None:
+                    recipe = recipes[key] = _stage_recipe(model, before, after, q, u, key[2], eb)
+                kept = 0
+                for kind, p, slots, pieces, nbytes, holders, volumes in recipe:
+                    if kind == KEEP:
+                        src = free_index[here]
+                        kept += nbytes
+                        kept_from[src] += nbytes
+                        xfers.append(Xfer(KEEP, index, alloc, src, g, g, slots, pieces, nbytes, volumes))
                         continue
-                    counts = slot_counts(model, slo, shi)
-                    kinds = _kinds(counts)
-                    skip: frozenset[int] = frozenset()
-                    if here is not None and here[1] == p:
-                        skip = kept_specs(model, before.tp, here[2], after.tp, u)
-                        pieces = tuple(Piece(i, b) for i in sorted(skip) if slot_specs(model)[i].kind in kinds
-                                       for b in tp_boxes(slot_specs(model)[i].spec, after.tp, u))
-                        if pieces:
-                            volumes = [0, 0, 0]
-                            for piece in pieces:
-                                volumes[_KINDS.index(slot_specs(model)[piece.spec].kind)] += box_volume(piece.box)
-                            nbytes = _bytes(tuple(volumes), counts, eb)
-                            src = free_index[here]
-                            kept += nbytes
-                            kept_from[src] += nbytes
-                            xfers.append(Xfer(KEEP, index, alloc, src, g, g, (slo, shi), pieces, nbytes))
-                    for holders, pieces, volumes in source_groups(model, before.tp, after.tp, u, kinds, skip):
-                        src_pos = choose(g, p, holders)
-                        src = free_index[src_pos]
-                        src_gpu = frees[src].gpu
-                        xfers.append(Xfer(COPY if src_gpu == g else SEND, index, alloc, src, src_gpu, g, (slo, shi),
-                                          pieces, _bytes(volumes, counts, eb)))
+                    src = free_index[choose(g, p, holders)]
+                    src_gpu = frees[src].gpu
+                    xfers.append(Xfer(COPY if src_gpu == g else SEND, index, alloc, src, src_gpu, g, slots,
+                                      pieces, nbytes, volumes))
+                full = after_bytes[(q, u)]
                 allocs.append(Alloc(index, r, (q, u), g, full - kept, full))
     for i in range(first, len(frees)):
         f = frees[i]

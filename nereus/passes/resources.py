@@ -32,10 +32,14 @@ from dataclasses import dataclass
 from nereus.ir.diagnostics import InfeasibleError
 
 from .dag import SEND, TransitionDag, Xfer
-from .layout import slot_counts, slot_specs
 
 SAME_STAGE, SM_CS, CM_SS, CM_CS = "same-model-stage", "same-model-cross-stage", "cross-model-same-stage", \
     "cross-model-cross-stage"
+
+
+# Allocations leave this fraction of a GPU free for message buffers while any other work can
+# proceed (fewer, larger chunks, fewer rounds); when nothing else can, they may use it.
+TRANSIENT_RESERVE = 1 / 16
 
 
 @dataclass(frozen=True)
@@ -77,18 +81,12 @@ def edge_kind(dag: TransitionDag, free: int, alloc: int) -> str:
 def xfer_slice(dag: TransitionDag, x: Xfer, lo: int, hi: int) -> Xfer:
     """`x` restricted to slots [lo, hi), bytes recomputed."""
     info = dag.stages[x.stage]
-    specs = slot_specs(info.model)
-    counts = slot_counts(info.model, lo, hi)
-    elements = sum(_volume(p.box) * counts[specs[p.spec].kind] for p in x.pieces)
+    last = info.model.layers + 1
+    first_v, layer_v, last_v = x.volumes
+    elements = (first_v if lo <= 0 < hi else 0) + layer_v * max(0, min(hi, last) - max(lo, 1)) + \
+        (last_v if lo <= last < hi else 0)
     return Xfer(x.kind, x.stage, x.alloc, x.free, x.src_gpu, x.dst_gpu, (lo, hi), x.pieces,
-                elements * info.element_bytes)
-
-
-def _volume(box) -> int:
-    n = 1
-    for lo, hi in box:
-        n *= hi - lo
-    return n
+                elements * info.element_bytes, x.volumes)
 
 
 def schedule(dag: TransitionDag, *, independent: bool = False, staging: bool = True) -> Schedule:
@@ -138,12 +136,15 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool) -> Schedule:
     ready: list[Xfer] = []
     chunked = staged_bytes = 0
     notes: list[str] = []
-    while allocs or ready or any(not freed[i] for i in live):
+    check = [i for i in live if readers[i] == 0]
+    unfreed = len(live)
+    reserve = int(cap * TRANSIENT_RESERVE)
+    while allocs or ready or unfreed:
         k = len(rounds)
         took, waiting = [], []
         for a in allocs:
             alloc = dag.allocs[a]
-            if mem[alloc.gpu] + alloc.bytes <= cap:
+            if mem[alloc.gpu] + alloc.bytes + reserve <= cap:
                 mem[alloc.gpu] += alloc.bytes
                 took.append(a)
                 ready.extend(incoming.get(a, ()))
@@ -156,32 +157,40 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool) -> Schedule:
         allocs = waiting
         transient = defaultdict(int)
         done, later = [], []
-        queue = list(ready)
-        while queue:
-            x = queue.pop(0)
+        for x in ready:
             if x.kind != SEND:
                 done.append(x)
                 continue
             src_extra = 0 if staged[x.free] else x.bytes
-            if mem[x.src_gpu] + transient[x.src_gpu] + src_extra <= cap and \
-                    mem[x.dst_gpu] + transient[x.dst_gpu] + x.bytes <= cap:
-                transient[x.src_gpu] += src_extra
-                transient[x.dst_gpu] += x.bytes
-                done.append(x)
-            elif x.slots[1] - x.slots[0] > 1:
-                mid = (x.slots[0] + x.slots[1]) // 2
-                chunked += 1
-                readers[x.free] += 1
-                queue[:0] = [xfer_slice(dag, x, x.slots[0], mid), xfer_slice(dag, x, mid, x.slots[1])]
-            else:
+            room_src = cap - mem[x.src_gpu] - transient[x.src_gpu]
+            room_dst = cap - mem[x.dst_gpu] - transient[x.dst_gpu]
+            if src_extra <= room_src and x.bytes <= room_dst:
+                head, tail = x, None
+            elif room_dst <= 0 or (src_extra and room_src <= 0):
                 later.append(x)
+                continue
+            else:
+                budget = min(room_dst, room_src if src_extra else room_dst)
+                head, tail = _fit(dag, x, budget)
+                if head is not None:
+                    chunked += 1
+                    readers[x.free] += 1
+            if head is not None:
+                transient[x.src_gpu] += 0 if staged[x.free] else head.bytes
+                transient[x.dst_gpu] += head.bytes
+                done.append(head)
+            if tail is not None:
+                later.append(tail)
         ready = later
         for x in done:
             readers[x.free] -= 1
+            if readers[x.free] == 0:
+                check.append(x.free)
         releases = []
-        for i in live:
+        for i in sorted(set(check)):
             if not freed[i] and readers[i] == 0:
                 freed[i] = True
+                unfreed -= 1
                 releases.append(i)
                 f = dag.frees[i]
                 if staged[i]:
@@ -190,12 +199,17 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool) -> Schedule:
                     mem[f.gpu] -= f.bytes
         outs: list[int] = []
         if not took and not done and not releases:
+            if reserve:
+                reserve = 0  # try once more letting allocations use the transient reserve
+                continue
             if not staging:
                 notes.append(f"deadlock in round {k}: {len(allocs)} allocation(s) can never fit")
                 rounds.append(Round((), (), (), ()))
                 break
             outs = _break_cycle(dag, allocs, ready, mem, transient, cap, host, host_cap, freed, staged, live)
             staged_bytes += sum(dag.frees[i].bytes for i in outs)
+        check = []
+        reserve = int(cap * TRANSIENT_RESERVE)
         last_release = defaultdict(list)
         for i in releases + outs:
             last_release[dag.frees[i].gpu].append(i)
@@ -205,6 +219,33 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool) -> Schedule:
     if chunked:
         notes.append(f"{chunked} transfer split(s) to fit transient buffers")
     return Schedule(tuple(rounds), tuple(edges), chunked, staged_bytes, False, tuple(notes))
+
+
+def _fit(dag: TransitionDag, x: Xfer, budget: int) -> tuple:
+    """Split send `x` into (head, tail): the longest leading slot range whose bytes fit in
+    `budget` (head None when not even one slot fits; tail None when nothing is left)."""
+    lo, hi = x.slots
+    info = dag.stages[x.stage]
+    last = info.model.layers + 1
+    first_v, layer_v, last_v = x.volumes
+    room = budget // info.element_bytes
+    end = lo
+    if end == 0:
+        if first_v > room:
+            return None, x
+        room -= first_v
+        end = 1
+    layers = max(0, min(hi, last) - end)
+    take = layers if layer_v == 0 else min(layers, room // layer_v)
+    room -= take * layer_v
+    end += take
+    if take == layers and end == last and hi > last and last_v <= room:
+        end = hi
+    if end == lo:
+        return None, x
+    if end >= hi:
+        return x, None
+    return xfer_slice(dag, x, lo, end), xfer_slice(dag, x, end, hi)
 
 
 def _break_cycle(dag, allocs, ready, mem, transient, cap, host, host_cap, freed, staged, live) -> list[int]:
