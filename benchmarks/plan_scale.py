@@ -1,0 +1,149 @@
+"""Compile time of transitions at 32 to 1,024 GPUs (issue 4's plan_scale benchmark).
+
+For 8B and 70B PPO workloads (actor, critic, ref, reward; generation, inference and
+training), two transitions per cluster size:
+  - length-growth: responses grow, generation and inference Merge into larger TP or PP
+    groups and training deepens its pipeline (same GPUs);
+  - gpu-count: the job doubles its GPUs (N/2 -> N), the paper's scale-up case.
+Plans are written as .nir text and parsed, as a user would write them. Each case is
+compiled `--repeat` times and the fastest run is reported (per pass and in total).
+
+    python benchmarks/plan_scale.py [--sizes 32,64,...] [--models 8b,70b] [--repeat 3]
+
+Last stdout line: {"name": "plan_scale", "cases": [{"gpus", "model", "transition",
+"total_s", "passes": {...}, "ops", "bytes"}, ...], "linearity": {...}}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+MODELS = {
+    "8b": "layers 32 hidden 4096 heads 32 kv_heads 8 ffn 14336 vocab 128256",
+    "70b": "layers 80 hidden 8192 heads 64 kv_heads 8 ffn 28672 vocab 128256",
+}
+
+# (generation tp, pp), (inference tp, pp), (training tp, pp) before and after length growth
+LAYOUTS = {
+    "8b": {"short": ((4, 1), (2, 1), (4, 2)), "long": ((8, 1), (4, 1), (2, 4))},
+    "70b": {"short": ((8, 1), (8, 2), (8, 4)), "long": ((8, 2), (8, 4), (8, 8))},
+}
+
+
+def _fit(tp: int, pp: int, gpus: int) -> tuple[int, int]:
+    while tp * pp > gpus and pp > 1:  # small clusters: shallower pipelines
+        pp //= 2
+    return tp, pp
+
+
+def _stage_lines(gpus: int, layout, offload_all: bool, first_gpu: int = 0) -> list[str]:
+    (gen_tp, gen_pp), (inf_tp, inf_pp), (tr_tp, tr_pp) = (_fit(tp, pp, gpus) for tp, pp in layout)
+    on = f"on {first_gpu}..{first_gpu + gpus - 1}"
+    # 70B: generation and inference state waits in host memory outside its stage
+    extra = " offload" if offload_all else ""
+    lines = [f"  actor.generation dp {gpus // (gen_tp * gen_pp)} tp {gen_tp} pp {gen_pp} {on}{extra}"]
+    for model, offload in (("actor", extra), ("ref", " offload"), ("reward", " offload"), ("critic", extra)):
+        lines.append(f"  {model}.inference dp {gpus // (inf_tp * inf_pp)} tp {inf_tp} pp {inf_pp} {on}{offload}")
+    for model in ("actor", "critic"):
+        lines.append(f"  {model}.training dp {gpus // (tr_tp * tr_pp)} tp {tr_tp} pp {tr_pp} {on}")
+    return lines
+
+
+def nir_source(gpus: int, model: str, transition: str) -> str:
+    nodes = gpus // 8
+    arch = MODELS[model]
+    offload = model == "70b"
+    if transition == "length-growth":
+        before = _stage_lines(gpus, LAYOUTS[model]["short"], offload)
+        after = _stage_lines(gpus, LAYOUTS[model]["long"], offload)
+    else:  # gpu-count: the same layout on half the GPUs, then on all of them
+        before = _stage_lines(gpus // 2, LAYOUTS[model]["long"], offload)
+        after = _stage_lines(gpus, LAYOUTS[model]["long"], offload)
+    return "\n".join([
+        f"cluster c{gpus} {{ nodes {nodes} gpus_per_node 8 gpu {{ mem 141GB flops 989TFLOPS hbm 4.8TB/s }}",
+        "  intra 900GB/s inter 50GB/s host_mem 2TB }",
+        f"model actor = llama {{ {arch} }}",
+        f"model critic = llama {{ {arch} head value }}",
+        "model ref = actor",
+        "model reward = critic",
+        "workload ppo { batch 1024 prompt 1024 response 4096 microbatch 1 recompute selective",
+        "  generation: actor  inference: actor, ref, reward, critic  training: actor, critic }",
+        "plan A {", *before, "}",
+        "plan B {", *after, "}",
+        "transition A -> B",
+    ]) + "\n"
+
+
+def run_case(gpus: int, model: str, transition: str, repeat: int) -> dict:
+    from nereus.ir import parse_source
+    from nereus.passes import compile_transition
+
+    from nereus.passes.feasibility import check_plan
+
+    module = parse_source(nir_source(gpus, model, transition), f"<plan_scale {gpus} {model} {transition}>")
+    for plan in ("A", "B"):
+        report = check_plan(module, plan)
+        if not report.feasible:  # e.g. 70B PPO's training state alone overflows 16 GPUs
+            return {"gpus": gpus, "model": model, "transition": transition, "skipped":
+                    f"plan {plan} does not fit: GPU {report.worst.gpu} needs "
+                    f"{report.worst.bytes / 2**30:.1f} GiB in {report.worst.stage}"}
+    best = None
+    for _ in range(repeat):
+        start = time.perf_counter()
+        compiled = compile_transition(module, "A", "B")
+        total = time.perf_counter() - start
+        if best is None or total < best[0]:
+            best = (total, compiled)
+    total, compiled = best
+    summary = compiled.summary
+    case = {"gpus": gpus, "model": model, "transition": transition, "total_s": round(total, 4),
+            "passes": {name: round(seconds, 4) for name, seconds in compiled.timings.items()}}
+    for key in ("ops", "rounds", "bytes_total", "bytes_lower_bound"):
+        value = getattr(summary, key, None) if not isinstance(summary, dict) else summary.get(key)
+        if isinstance(value, (int, float)):
+            case[key] = value
+    return case
+
+
+def linearity(cases: list[dict]) -> dict:
+    """Growth of compile time from the smallest to the largest size, per (model,
+    transition), against the growth in GPUs: a ratio ≤ ~1 means no worse than linear."""
+    out = {}
+    for key in sorted({(c["model"], c["transition"]) for c in cases if "total_s" in c}):
+        series = sorted((c["gpus"], c["total_s"]) for c in cases
+                        if (c["model"], c["transition"]) == key and "total_s" in c)
+        if len(series) >= 2 and series[0][1] > 0:
+            (g0, t0), (g1, t1) = series[0], series[-1]
+            out[f"{key[0]}/{key[1]}"] = round((t1 / t0) / (g1 / g0), 3)
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="32,64,128,256,512,1024")
+    parser.add_argument("--models", default="8b,70b")
+    parser.add_argument("--transitions", default="length-growth,gpu-count")
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args(argv)
+    cases = []
+    for model in args.models.split(","):
+        for transition in args.transitions.split(","):
+            for gpus in (int(s) for s in args.sizes.split(",")):
+                case = run_case(gpus, model, transition, args.repeat)
+                cases.append(case)
+                if "skipped" in case:
+                    print(f"{model:>4} {transition:<13} {gpus:>5} GPUs  skipped: {case['skipped']}",
+                          file=sys.stderr, flush=True)
+                    continue
+                passes = " ".join(f"{k}={v:.3f}" for k, v in case["passes"].items())
+                print(f"{model:>4} {transition:<13} {gpus:>5} GPUs  total {case['total_s']:.3f} s  [{passes}]",
+                      file=sys.stderr, flush=True)
+    print(json.dumps({"name": "plan_scale", "cases": cases, "linearity": linearity(cases)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
