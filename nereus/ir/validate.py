@@ -159,13 +159,14 @@ def validate_placement(placement: Placement, module: Module, plan: Plan) -> None
         if len(set(gpus)) != len(gpus):
             raise SemanticError(f"a GPU appears twice in {ms}", loc, "list each GPU once")
     if len(gpus) != placement.world:
-        need = placement.world
+        need, mesh = placement.world, placement.tp * placement.pp
+        example = "0" if need == 1 else f"0..{need - 1}"
+        hint = f"give {need} GPU{'s' if need != 1 else ''} (e.g. on {example})"
+        if len(gpus) % mesh == 0:
+            hint += f" or change dp to {len(gpus) // mesh}"
         raise SemanticError(
             f"the GPU set of {ms} has {len(gpus)} GPU{'s' if len(gpus) != 1 else ''}, but dp x tp x pp = "
-            f"{placement.dp} x {placement.tp} x {placement.pp} = {need}", set_loc,
-            f"give {need} GPUs (e.g. on 0..{need - 1}) or change dp to {len(gpus) // (placement.tp * placement.pp)}"
-            if len(gpus) % (placement.tp * placement.pp) == 0 and len(gpus) // (placement.tp * placement.pp) >= 1
-            else f"give {need} GPUs (e.g. on 0..{need - 1})", width=set_width)
+            f"{placement.dp} x {placement.tp} x {placement.pp} = {need}", set_loc, hint, width=set_width)
 
 
 def validate_plan(plan: Plan, module: Module) -> None:
