@@ -1,0 +1,97 @@
+"""nereusc compile / verify end to end on a small .nir file (parser, passes, backends)."""
+
+import json
+import shutil
+import subprocess
+
+import pytest
+from click.testing import CliRunner
+
+from nereus.cli import nereusc
+
+SOURCE = """
+cluster small {
+  nodes 2
+  gpus_per_node 4
+  gpu { mem 1GB  flops 100TFLOPS  hbm 1TB/s }
+  intra 100GB/s
+  inter 10GB/s
+  host_mem 16GB
+}
+model actor  = llama { layers 4 hidden 64 heads 8 kv_heads 2 ffn 128 vocab 256 }
+model critic = llama { layers 4 hidden 64 heads 8 kv_heads 2 ffn 128 vocab 256 head value }
+workload ppo {
+  batch 8  prompt 16  response 16  microbatch 1
+  generation: actor
+  training:   actor, critic
+}
+plan A {
+  actor.generation  dp 2 tp 4       on 0..7
+  actor.training    dp 2 tp 2 pp 2  on 0..7
+  critic.training   dp 1 tp 2 pp 2  on 4..7
+}
+plan B = A {
+  actor.generation  dp 4 tp 2       on 7, 6, 5, 4, 3, 2, 1, 0
+  critic.training   dp 2 tp 2       on 0..3
+}
+transition A -> B
+transition B -> A
+"""
+
+
+@pytest.fixture()
+def nir(tmp_path):
+    path = tmp_path / "small.nir"
+    path.write_text(SOURCE)
+    return path
+
+
+def test_default_checks_plans_and_summarises_every_transition(nir):
+    result = CliRunner().invoke(nereusc, [str(nir)])
+    assert result.exit_code == 0, result.output
+    assert "transition A -> B" in result.output and "transition B -> A" in result.output
+    assert "critic.training" in result.output and "lower bound" in result.output
+
+
+def test_emit_json_then_verify(nir, tmp_path):
+    out = tmp_path / "p.json"
+    runner = CliRunner()
+    result = runner.invoke(nereusc, [str(nir), "--transition", "A->B", "--emit", "json", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert data["format"] == "nereus-program" and data["transition"] == {"from": "A", "to": "B"}
+    ok = runner.invoke(nereusc, ["verify", str(out)])
+    assert ok.exit_code == 0 and "ok:" in ok.output
+    data["rounds"][0]["ops"][0]["bytes"] += 1
+    out.write_text(json.dumps(data))
+    bad = runner.invoke(nereusc, ["verify", str(out)])
+    assert bad.exit_code == 2 and "round 0, op 0 (alloc)" in bad.output
+
+
+def test_emit_needs_one_transition(nir):
+    result = CliRunner().invoke(nereusc, [str(nir), "--emit", "json"])
+    assert result.exit_code == 2 and "--transition" in result.output
+
+
+def test_emit_text_and_summary_json(nir):
+    runner = CliRunner()
+    text = runner.invoke(nereusc, [str(nir), "--transition", "A->B", "--emit", "text"])
+    assert text.exit_code == 0 and text.output.startswith("transition A -> B") and "round 0" in text.output
+    summary = runner.invoke(nereusc, [str(nir), "--emit", "summary", "--json"])
+    data = json.loads(summary.output)
+    assert [t["transition"] for t in data["transitions"]] == ["A -> B", "B -> A"]
+
+
+def test_time_passes_and_pipeline(nir):
+    result = CliRunner().invoke(nereusc, [str(nir), "--transition", "A->B", "--emit", "summary", "--time-passes",
+                                          "--print-after-all", "--pipeline", "diff,dag,resources,fusion{bucket=1MiB},lower,cost"])
+    assert result.exit_code == 0, result.output
+    assert "time A -> B: diff" in result.output and "after fusion:" in result.output
+
+
+@pytest.mark.skipif(shutil.which("dot") is None, reason="graphviz not installed")
+def test_emit_dot_renders(nir, tmp_path):
+    result = CliRunner().invoke(nereusc, [str(nir), "--transition", "A->B", "--emit", "dot"])
+    assert result.exit_code == 0 and result.output.startswith("digraph")
+    svg = subprocess.run(["dot", "-Tsvg"], input=result.output, capture_output=True, text=True, check=True)
+    assert "<svg" in svg.stdout
