@@ -90,8 +90,9 @@ def validate_workload(workload: Workload, models: tuple[Model, ...]) -> None:
                 raise _error(f"unknown model '{name}' in {stage}", workload, key,
                              f"models: {', '.join(names) or 'none declared'}", len(name))
             if name in seen:
-                raise _error(f"model '{name}' is listed twice in {stage}", workload, key, "list it once",
-                             len(name))
+                locs = [loc for written, loc in workload.key_locs if written == key]
+                raise SemanticError(f"model '{name}' is listed twice in {stage}",
+                                    locs[1] if len(locs) > 1 else workload.loc, "list it once", width=len(name))
             seen.add(name)
 
 

@@ -163,9 +163,9 @@ CASES = [
          'hint: models: actor, critic'])),
     ('model_twice_in_stage', [('training: actor, critic', 'training: actor, actor')], None,
      "\n".join([
-         "t.nir:14:13: error: model 'actor' is listed twice in training",
+         "t.nir:14:20: error: model 'actor' is listed twice in training",
          '   14 |   training: actor, actor',
-         '      |             ^^^^^',
+         '      |                    ^^^^^',
          'hint: list it once'])),
     ('microbatch_above_batch', [('microbatch 2', 'microbatch 16')], None,
      "\n".join([

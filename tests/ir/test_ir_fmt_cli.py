@@ -82,3 +82,17 @@ def test_not_utf8(tmp_path):
 def test_parse_file_missing_raises_oserror(tmp_path):
     with pytest.raises(FileNotFoundError):
         ir.parse_file(tmp_path / "nope.nir")
+
+
+def test_front_end_imports_neither_torch_nor_triton():
+    import subprocess
+    import sys
+
+    code = ("import sys, nereus.ir as ir, nereus.cli.fmt\n"
+            f"ir.format_source(open({str(GOLDEN / 'sample.nir')!r}).read())\n"
+            "print(sorted(m for m in ('torch', 'triton', 'numpy') if m in sys.modules))")
+    root = str(Path(__file__).parents[2])
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root,
+                         env={"PYTHONPATH": root, "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
