@@ -36,7 +36,7 @@ def fmt_command(file: str, overrides: tuple[str, ...], output: str | None, check
         with open(file, "rb") as handle:
             data = handle.read()
         try:
-            text = data.decode("utf-8")
+            text = data.decode("utf-8-sig")  # a leading byte-order mark is not part of the text
         except UnicodeDecodeError:
             from nereus.ir import parse_file
 

@@ -37,7 +37,7 @@ def parse_file(path: str | os.PathLike) -> Module:
     with open(file, "rb") as handle:
         data = handle.read()
     try:
-        text = data.decode("utf-8")
+        text = data.decode("utf-8-sig")  # a leading byte-order mark is not part of the text
     except UnicodeDecodeError as error:
         before = data[: error.start]
         line = before.count(b"\n") + 1

@@ -235,3 +235,18 @@ def test_sizes_round_trip(value):
 def test_rates_and_flops_round_trip(value):
     assert ir.units.parse_rate(ir.format_rate(value), "intra") == value
     assert ir.units.parse_flops(ir.format_flops(value), "flops") == value
+
+
+def test_crlf_line_ends_and_byte_order_mark(tmp_path):
+    unix = ir.parse_source(HAND_WRITTEN[0])
+    assert ir.parse_source(HAND_WRITTEN[0].replace("\n", "\r\n")) == unix
+    path = tmp_path / "bom.nir"
+    path.write_bytes(b"\xef\xbb\xbf" + HAND_WRITTEN[0].replace("\n", "\r\n").encode())
+    assert ir.parse_file(path) == unix
+    crlf_error = HAND_WRITTEN[0].replace("\n", "\r\n").replace("dp 4  tp 4 pp 2", "dp 4  tp 3 pp 2")
+    with pytest.raises(ir.SemanticError) as caught:
+        ir.parse_source(crlf_error, "w.nir")
+    assert caught.value.format().splitlines()[:3] == [
+        "w.nir:35:30: error: tp 3 must divide heads (32) of critic",
+        "   35 |   critic.training   dp 4  tp 3 pp 2  on 0..31",
+        "      |                              ^"]
