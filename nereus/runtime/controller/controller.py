@@ -66,7 +66,7 @@ class Controller:
     transition_method: str = "compile"
     allow_waves: bool = True
     research_tolerance: float = 0.05
-    refit_every: int = 20
+    refit_every: int = 50  # steps: re-search at least this often once the cost model has changed
     cost: Optional[CostModel] = None
     log: list = field(default_factory=list)
 
@@ -83,6 +83,8 @@ class Controller:
         self._step_times: list[float] = []
         self._prediction_cache: dict = {}
         self.searches = 0
+        self._decisions = 0
+        self._search_step = 0
 
     # -- observations -------------------------------------------------------------------
     def observe(self, model_stage, plan: Plan, workload: Workload, seconds: float) -> None:
@@ -118,19 +120,21 @@ class Controller:
 
     # -- decisions ----------------------------------------------------------------------
     def _predict(self, plan: Plan, workload: Workload, gpus: Optional[int]) -> PlanPrediction:
-        key = (plan_key(plan), workload_key(workload), gpus, self.cost.version)
+        key = (plan_key(plan), workload_key(workload), self.cost.version)
         hit = self._prediction_cache.get(key)
         if hit is None:
             if len(self._prediction_cache) > 256:
                 self._prediction_cache.clear()
-            hit = predict_plan(self.module, workload, self.cost, plan, gpus, self.allow_waves)
+            hit = predict_plan(self.module, workload, self.cost, plan, None, self.allow_waves)
             self._prediction_cache[key] = hit
+        if gpus is not None and hit.feasible and any(g >= gpus for p in plan.placements for g in p.gpus):
+            return PlanPrediction(False, hit.step_s, hit.stage_seconds, hit.waves)
         return hit
 
     def _needs_search(self, workload: Workload, gpus: int) -> bool:
         if self._search is None or self._search_key != gpus:
             return True
-        if self.cost.version - self._search_version >= self.refit_every:
+        if self.cost.version != self._search_version and self._decisions - self._search_step >= self.refit_every:
             return True
         last = self._search_workload
         for name in ("batch", "prompt", "response"):
@@ -144,6 +148,7 @@ class Controller:
             self._search = search_plan(self.module, workload, self.cost, gpus, name="candidate",
                                        allow_waves=self.allow_waves)
             self._search_key, self._search_version, self._search_workload = gpus, self.cost.version, workload
+            self._search_step = self._decisions
             self.searches += 1
         return self._search
 
@@ -158,6 +163,7 @@ class Controller:
     def decide(self, step: int, workload: Workload, gpus: int) -> Decision:
         """Should the job leave `self.plan` before running `step` under `workload` on GPUs
         0..gpus−1? Returns (and logs) a Decision; it does not change `self.plan`."""
+        self._decisions += 1
         remaining = max(0, self.total_steps - step)
         current = self._predict(self.plan, workload, gpus)
         found = self.best_plan(workload, gpus)

@@ -60,7 +60,7 @@ from nereus.ir.model import STAGES, Model, ModelStage, Module, Plan, Workload
 
 from .calibrated import LAYER_THETA
 from .layer_model import LayerShape, layer_features
-from .nnls import fit_relative, leave_one_out_error
+from .nnls import fit_relative
 
 TERMS = ("compute", "tp", "pp", "dp", "optimizer", "offload", "fixed")
 PRIOR = np.array([1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0])
@@ -184,8 +184,9 @@ def stage_terms(module: Module, workload: Workload, model_stage: ModelStage, lay
 def layout_of(module: Module, placement, waves: int = 1) -> Layout:
     """The Layout of a plan's placement."""
     per_node = module.cluster.gpus_per_node
-    nodes = {g // per_node for g in placement.gpus}
-    return Layout(placement.dp, placement.tp, placement.pp, placement.offload, waves, len(nodes) > 1)
+    first = placement.gpus[0] // per_node
+    spans = any(g // per_node != first for g in placement.gpus)
+    return Layout(placement.dp, placement.tp, placement.pp, placement.offload, waves, spans)
 
 
 def workload_key(workload: Workload) -> tuple:
@@ -207,8 +208,10 @@ class CostModel:
     _theta: dict = field(default_factory=dict)  # key -> fitted θ (cache)
     _terms: dict = field(default_factory=dict)  # (ms, layout, workload key) -> φ
     version: int = 0  # bumps when coefficients change (lets callers cache predictions)
+    refit_interval: int = 5  # refit θ after this many new rows (every row while fewer than 5)
     fixed_theta: Optional[dict] = None  # str(ms) -> θ, never refitted (a simulator's ground truth)
     _errors: dict = field(default_factory=dict)  # key -> leave-one-out ε (cache)
+    _fitted_at: dict = field(default_factory=dict)  # key -> rows when θ was last invalidated
 
     def terms(self, workload: Workload, model_stage: ModelStage, layout: Layout) -> np.ndarray:
         key = (model_stage, layout, workload_key(workload))
@@ -248,26 +251,30 @@ class CostModel:
         rows.append((self.terms(workload, model_stage, layout), float(seconds)))
         if len(rows) > self.max_rows:
             del rows[: len(rows) - self.max_rows]
-        self._theta.pop(key, None)
-        self.version += 1
+        fitted = self._fitted_at.get(key, 0)
+        if len(rows) <= self.refit_interval or len(rows) - fitted >= self.refit_interval or len(rows) < fitted:
+            self._theta.pop(key, None)
+            self._fitted_at[key] = len(rows)
+            self.version += 1
 
     def observations(self, model_stage: ModelStage) -> int:
         return len(self._rows.get(str(model_stage), []))
 
     def relative_error(self, model_stage: ModelStage) -> float:
-        """Leave-one-out RMS relative error ε of this model-stage's fit (NaN with < 2 rows)."""
+        """RMS relative error ε of this model-stage's fit, inflated by √(n/(n − k)) for the k
+        coefficients fitted (an O(1) stand-in for the leave-one-out error of MODELS.md that
+        `nnls.leave_one_out_error` computes exactly at n fits' cost); NaN with < 2 rows."""
         key = str(model_stage)
         rows = self._rows.get(key, [])
         if len(rows) < 2:
             return float("nan")
-        cached = self._errors.get(key)
-        # refreshed every 10 observations: ε moves slowly and costs one fit per row
-        if cached is None or len(rows) - cached[1] >= 10 or len(rows) < cached[1]:
-            x = np.array([r[0] for r in rows])
-            y = np.array([r[1] for r in rows])
-            cached = (leave_one_out_error(x, y, PRIOR, self.prior_weight, max_rows=20), len(rows))
-            self._errors[key] = cached
-        return cached[0]
+        theta = self.theta(model_stage)
+        x = np.array([r[0] for r in rows[-50:]])
+        y = np.array([r[1] for r in rows[-50:]])
+        residual = (x @ theta - y) / y
+        fitted = int(np.count_nonzero(theta))
+        n = len(y)
+        return float(np.sqrt(np.mean(residual ** 2) * n / max(1, n - fitted)))
 
 
 def step_seconds(module: Module, plan: Plan, stage_times: dict) -> float:
@@ -275,15 +282,18 @@ def step_seconds(module: Module, plan: Plan, stage_times: dict) -> float:
     a stage, the largest per-GPU sum of the times of model-stages placed on that GPU."""
     total = 0.0
     for stage in STAGES:
-        per_gpu: dict[int, float] = {}
+        groups: dict[tuple, float] = {}  # identical GPU sets (the colocated case) add up directly
         for placement in plan.placements:
-            if placement.model_stage.stage != stage:
-                continue
-            seconds = stage_times[placement.model_stage]
-            for gpu in set(placement.gpus):
-                per_gpu[gpu] = per_gpu.get(gpu, 0.0) + seconds
-        if per_gpu:
-            total += max(per_gpu.values())
+            if placement.model_stage.stage == stage:
+                key = tuple(sorted(placement.gpus))
+                groups[key] = groups.get(key, 0.0) + stage_times[placement.model_stage]
+        if len(groups) == 1:
+            total += next(iter(groups.values()))
+        elif groups:
+            per_gpu = np.zeros(module.cluster.num_gpus)
+            for gpus, seconds in groups.items():
+                per_gpu[list(gpus)] += seconds
+            total += float(per_gpu.max())
     return total
 
 

@@ -134,7 +134,7 @@ def plan_memory(module: Module, workload: Workload, plan: Plan, allow_waves: boo
         own = stages.index(ms.stage)
         for x in range(len(stages)):
             if not placement.offload or x == own:
-                np.add.at(resident[x], index, res)
+                resident[x, index] += res  # a placement names each GPU once
         if ms.stage == "generation":
             generation.append((placement, index, work))
         else:
