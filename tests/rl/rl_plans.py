@@ -7,8 +7,8 @@ STAGES = (("generation", ("actor",)), ("inference", ("ref", "reward")), ("traini
 
 def tiny_module(plans: dict, *, gpus: int = 4, batch: int = 8, prompt: int = 6, response: int = 4,
                 algo: str = "ppo", layers: int = 2, hidden: int = 32) -> Module:
-    """plans: {name: {model_stage: (dp, tp, gpus tuple)}}; unspecified stages default to the
-    first plan's entry."""
+    """plans: {name: {model_stage: (dp, tp, gpus tuple[, pp])}}; unspecified stages default
+    to the first plan's entry."""
     arch = dict(layers=layers, hidden=hidden, heads=4, kv_heads=2, ffn=2 * hidden, vocab=16, dtype="fp32")
     models = (Model("actor", "llama", **arch), Model("critic", "llama", head="value", **arch),
               Model("ref", "llama", base="actor", **arch), Model("reward", "llama", head="value", base="critic", **arch))
@@ -20,8 +20,8 @@ def tiny_module(plans: dict, *, gpus: int = 4, batch: int = 8, prompt: int = 6, 
     for name, entries in plans.items():
         placements = []
         for ms in workload.model_stages():
-            dp, tp, ids = entries.get(str(ms), first[str(ms)])
-            placements.append(Placement(ms, dp, tp, 1, tuple(ids), ()))
+            dp, tp, ids, *pp = entries.get(str(ms), first[str(ms)])
+            placements.append(Placement(ms, dp, tp, pp[0] if pp else 1, tuple(ids), ()))
         built.append(Plan(name, None, tuple(placements), tuple(placements)))
     return Module(cluster, models, workload, tuple(built), ())
 

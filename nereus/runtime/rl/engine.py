@@ -18,8 +18,10 @@ import torch
 
 from nereus.ir.model import Model
 
-from .llama import KvCache, Weights, hidden_states, local_logits
+from . import pipeline
+from .llama import KvCache, Weights, local_logits
 from .parallel import TpGroup, gather_vocab
+from .pipeline import PipeStage
 
 
 class GenerationEngine(Protocol):
@@ -44,11 +46,14 @@ def sample(logits: torch.Tensor, uniforms: torch.Tensor, temperature: float, gre
 
 
 class NativeEngine:
-    """KV-cache generation with the TP llama; `weights` is read at each call, so it must be
-    the live dict (or `update_weights` must be called after the runtime moves state)."""
+    """KV-cache generation with the TP/PP llama; `weights_fn` is called at each generate,
+    so it returns the live shards (or `update_weights` must be called after they move).
+    With PP the tokens are meaningful on the last stage (the first receives them too)."""
 
-    def __init__(self, model: Model, weights_fn: Callable[[], Weights], tp: TpGroup):
+    def __init__(self, model: Model, weights_fn: Callable[[], Weights], tp: TpGroup,
+                 pipe: PipeStage | None = None):
         self.model, self._weights_fn, self.tp = model, weights_fn, tp
+        self.pipe = pipe or PipeStage(0, 1, (0, model.layers))
 
     def update_weights(self, weights: Weights) -> None:
         self._weights_fn = lambda: weights
@@ -60,8 +65,11 @@ class NativeEngine:
         out = torch.empty(prompts.shape[0], max_new_tokens, dtype=torch.long)
         step_input = prompts
         for i in range(max_new_tokens):
-            hidden = hidden_states(self.model, w, step_input, self.tp, cache)
-            logits = gather_vocab(local_logits(w, hidden[:, -1], self.tp), self.tp)
-            out[:, i] = sample(logits, uniforms[:, i], temperature, greedy)
-            step_input = out[:, i:i + 1]
+            logits, _, _ = pipeline.forward(self.model, w, step_input, self.tp, self.pipe, lambda h: gather_vocab(
+                local_logits(w, h[:, -1], self.tp), self.tp), cache)
+            token = sample(logits, uniforms[:, i], temperature, greedy) if self.pipe.is_last else None
+            token = pipeline.pass_token(self.pipe, token, prompts.shape[0])
+            if token is not None:
+                out[:, i] = token
+            step_input = out[:, i:i + 1]  # middle stages only need its shape
         return out

@@ -54,7 +54,8 @@ class KvCache:
 
     @property
     def length(self) -> int:
-        return 0 if self.keys[0] is None else self.keys[0].shape[2]
+        """Tokens cached so far (by any layer this rank holds: PP stages hold some)."""
+        return next((k.shape[2] for k in self.keys if k is not None), 0)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
@@ -101,17 +102,33 @@ def _mlp(x, w: Weights, i: int, shape: LocalShape, tp: TpGroup):
     return reduce_from_tp((F.silu(gate) * up) @ w[f"layers.{i}.mlp.down.weight"].t(), tp)
 
 
-def hidden_states(model: Model, w: Weights, tokens: torch.Tensor, tp: TpGroup,
-                  cache: Optional[KvCache] = None) -> torch.Tensor:
-    """Final-normed hidden states [B, T, hidden] of `tokens` [B, T] (continuing `cache`).
+def embed(model: Model, w: Weights, tokens: torch.Tensor, tp: TpGroup) -> torch.Tensor:
+    """[B, T] token ids → [B, T, hidden] (first pipeline stage)."""
+    return vocab_parallel_embedding(tokens, w["embed.weight"], model.vocab, tp)
 
-    Invariant: identical on every TP rank of the group (all partial sums are reduced)."""
+
+def run_layers(model: Model, w: Weights, x: torch.Tensor, layers: tuple[int, int], tp: TpGroup,
+               cache: Optional[KvCache] = None) -> torch.Tensor:
+    """Transformer layers lo..hi-1 on the residual stream x [B, T, hidden]."""
     shape = LocalShape.of(model, tp.size)
-    x = vocab_parallel_embedding(tokens, w["embed.weight"], model.vocab, tp)
-    for i in range(model.layers):
+    for i in range(*layers):
         x = x + _attention(rms_norm(x, w[f"layers.{i}.input_norm.weight"]), w, i, shape, tp, cache)
         x = x + _mlp(rms_norm(x, w[f"layers.{i}.post_attn_norm.weight"]), w, i, shape, tp)
+    return x
+
+
+def final_norm(w: Weights, x: torch.Tensor) -> torch.Tensor:
     return rms_norm(x, w["final_norm.weight"])
+
+
+def hidden_states(model: Model, w: Weights, tokens: torch.Tensor, tp: TpGroup,
+                  cache: Optional[KvCache] = None) -> torch.Tensor:
+    """Final-normed hidden states [B, T, hidden] of `tokens` [B, T] (continuing `cache`),
+    all layers on this rank (pp = 1).
+
+    Invariant: identical on every TP rank of the group (all partial sums are reduced)."""
+    x = run_layers(model, w, embed(model, w, tokens, tp), (0, model.layers), tp, cache)
+    return final_norm(w, x)
 
 
 def local_logits(w: Weights, hidden: torch.Tensor, tp: TpGroup) -> torch.Tensor:

@@ -17,7 +17,8 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from nereus.ir.architecture import OPTIMIZER_DTYPE, OPTIMIZER_STATES, TensorSpec, optimizer_name, tensor_table
+from nereus.ir.architecture import (OPTIMIZER_DTYPE, OPTIMIZER_STATES, TensorSpec, optimizer_name, pp_layer_range,
+                                    tensor_table)
 from nereus.ir.model import Module, Placement
 
 from .shards import shard, write_owned
@@ -38,12 +39,21 @@ def global_specs(module: Module, model_stage: str) -> dict[str, TensorSpec]:
     return out
 
 
-def _position(p: Placement, rank: int) -> Optional[tuple[int, int]]:
-    """(replica, tp rank) of `rank` in a pp = 1 placement, or None."""
+def _position(p: Placement, rank: int) -> Optional[tuple[int, int, int]]:
+    """(replica, pp stage, tp rank) of `rank` in a placement, or None."""
     if rank not in p.gpus:
         return None
     index = p.gpus.index(rank)
-    return index // p.tp, index % p.tp
+    return index // (p.pp * p.tp), (index // p.tp) % p.pp, index % p.tp
+
+
+def on_stage(spec: TensorSpec, layers: int, pp: int, stage: int) -> bool:
+    """Whether pipeline stage `stage` holds `spec`: its layers, embed on the first stage,
+    final norm and head on the last."""
+    if spec.layer is not None:
+        lo, hi = pp_layer_range(layers, pp, stage)
+        return lo <= spec.layer < hi
+    return stage == 0 if spec.role == "embed" else stage == pp - 1
 
 
 class RestartRuntime:
@@ -69,8 +79,10 @@ class RestartRuntime:
         where = _position(placement, self.rank)
         if where is None:
             return {}
-        specs = global_specs(self.module, model_stage)
-        return {name: shard(full[name], specs[name], placement.tp, where[1]) for name in specs}
+        layers = self.module.model(placement.model_stage.model).layers
+        return {name: shard(full[name], spec, placement.tp, where[2])
+                for name, spec in global_specs(self.module, model_stage).items()
+                if on_stage(spec, layers, placement.pp, where[1])}
 
     def register(self, model_stage: str, local: dict[str, torch.Tensor]) -> None:
         self._state[model_stage] = dict(local)
@@ -86,8 +98,8 @@ class RestartRuntime:
         out = {}
         for name, spec in global_specs(self.module, model_stage).items():
             full = torch.zeros(spec.shape, dtype=TORCH_DTYPES[spec.dtype])
-            if where is not None and where[0] == 0:
-                write_owned(full, local[name], spec, placement.tp, where[1])
+            if where is not None and where[0] == 0 and name in local:
+                write_owned(full, local[name], spec, placement.tp, where[2])
             if dist.is_initialized() and dist.get_world_size() > 1:
                 dist.all_reduce(full)
             out[name] = full

@@ -2,8 +2,9 @@
 
 Global rank r is GPU r of the plan (one process per GPU, as torchrun starts them). A
 placement's mesh order is replica-major, then pipeline stage, then TP innermost
-(DESIGN.md), so replica r's TP group is gpus[r·tp : (r+1)·tp] (pp = 1) and the DP group of
-TP rank t is {gpus[r·tp + t] for every replica r}.
+(DESIGN.md): gpu(r, p, t) = gpus[r·pp·tp + p·tp + t]. The TP group of (r, p) is
+{gpu(r, p, t) for all t}; the DP group of (p, t) is {gpu(r, p, t) for all r}; pipeline
+neighbours are gpu(r, p±1, t).
 
 torch.distributed.new_group is collective over the whole world and must be called in the
 same order everywhere: `Groups.for_plan` walks every placement in plan order on every
@@ -18,19 +19,28 @@ from typing import Any, Optional
 import torch.distributed as dist
 
 from nereus.ir.diagnostics import SemanticError
-from nereus.ir.model import Placement, Plan
+from nereus.ir.architecture import pp_layer_range
+from nereus.ir.model import Module, Placement, Plan
 
 from .parallel import TpGroup
+from .pipeline import PipeStage
 
 
 @dataclass(frozen=True)
 class Role:
-    """This rank's place in one model-stage: replica `replica` of `dp`, TP rank `tp.rank`."""
+    """This rank's place in one model-stage: replica `replica` of `dp`, TP rank `tp.rank`,
+    pipeline stage `pipe.index`."""
 
     replica: int
     dp: int
     tp: TpGroup
     dp_group: Optional[Any]  # None when dp == 1
+    pipe: PipeStage
+
+    @property
+    def contributes(self) -> bool:
+        """Whether this rank writes its replica's outputs (last stage, TP rank 0)."""
+        return self.pipe.is_last and self.tp.rank == 0
 
     def rows(self, batch: int, offset: int = 0) -> slice:
         """This replica's contiguous share of `batch` rows starting at `offset`."""
@@ -51,7 +61,7 @@ class Groups:
             self._cache[ranks] = dist.new_group(list(ranks)) if dist.is_initialized() else None
         return self._cache[ranks]
 
-    def for_plan(self, plan: Plan, world: int) -> dict[str, Optional[Role]]:
+    def for_plan(self, module: Module, plan: Plan, world: int) -> dict[str, Optional[Role]]:
         """{model-stage name: this rank's Role, or None if the rank holds no unit of it}.
 
         Collective: every rank must call it with the same plan at the same point."""
@@ -59,27 +69,33 @@ class Groups:
         roles: dict[str, Optional[Role]] = {}
         for placement in plan.placements:
             check_placement(placement, world)
-            roles[str(placement.model_stage)] = self._role(placement, me)
+            model = module.model(placement.model_stage.model)
+            if placement.model_stage.stage == "training" and placement.tp > model.kv_heads:
+                raise SemanticError(
+                    f"{placement.model_stage}: training with tp {placement.tp} > kv_heads {model.kv_heads} "
+                    "(replicated KV heads) is not supported by the bundled RL loop", placement.loc,
+                    hint=f"train with tp <= {model.kv_heads}; generation and inference may use more")
+            layers = model.layers
+            roles[str(placement.model_stage)] = self._role(placement, layers, me)
         return roles
 
-    def _role(self, p: Placement, me: int) -> Optional[Role]:
-        tp_groups = [tuple(p.gpu_of(r, 0, t) for t in range(p.tp)) for r in range(p.dp)]
-        dp_groups = [tuple(p.gpu_of(r, 0, t) for r in range(p.dp)) for t in range(p.tp)]
-        made = {ranks: self._group(ranks) for ranks in tp_groups + dp_groups}
-        for r, ranks in enumerate(tp_groups):
+    def _role(self, p: Placement, layers: int, me: int) -> Optional[Role]:
+        tp_groups = {(r, s): tuple(p.gpu_of(r, s, t) for t in range(p.tp)) for r in range(p.dp) for s in range(p.pp)}
+        dp_groups = {(s, t): tuple(p.gpu_of(r, s, t) for r in range(p.dp)) for s in range(p.pp) for t in range(p.tp)}
+        made = {ranks: self._group(ranks) for ranks in [*tp_groups.values(), *dp_groups.values()]}
+        for (r, s), ranks in tp_groups.items():
             if me in ranks:
                 t = ranks.index(me)
-                return Role(r, p.dp, TpGroup(p.tp, t, made[ranks]), made[dp_groups[t]])
+                pipe = PipeStage(s, p.pp, pp_layer_range(layers, p.pp, s),
+                                 prev=p.gpu_of(r, s - 1, t) if s > 0 else None,
+                                 next=p.gpu_of(r, s + 1, t) if s < p.pp - 1 else None,
+                                 first=p.gpu_of(r, 0, t), last=p.gpu_of(r, p.pp - 1, t))
+                return Role(r, p.dp, TpGroup(p.tp, t, made[ranks]), made[dp_groups[(s, t)]], pipe)
         return None
 
 
 def check_placement(p: Placement, world: int) -> None:
     """Errors a user can cause with a plan this loop cannot run."""
-    if p.pp != 1:
-        raise SemanticError(
-            f"{p.model_stage}: pp {p.pp} is not supported by the bundled RL loop (pipeline "
-            "parallelism is compiled and moved by Nereus, but this loop computes with TP and DP only)",
-            p.loc, hint="use pp 1 for `nereus train` plans")
     if max(p.gpus) >= world:
         raise SemanticError(
             f"{p.model_stage} uses GPU {max(p.gpus)} but only {world} processes run",

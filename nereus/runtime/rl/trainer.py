@@ -36,7 +36,8 @@ from nereus.runtime.state import step_name
 
 from . import algorithms as alg
 from .engine import NativeEngine
-from .llama import hidden_states, init_full_weights, local_logits, values
+from . import pipeline
+from .llama import init_full_weights, local_logits, values
 from .optim import adam_step, all_reduce_grads
 from .parallel import vocab_parallel_logprob
 from .restart import TORCH_DTYPES
@@ -110,7 +111,7 @@ class RlTrainer:
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         self.groups = Groups()
         self.plan_name = spec.plan
-        self.roles = self.groups.for_plan(module.plan(spec.plan), self.world)
+        self.roles = self.groups.for_plan(module, module.plan(spec.plan), self.world)
 
     # -- state ---------------------------------------------------------------------------
 
@@ -146,7 +147,7 @@ class RlTrainer:
 
     def _assemble(self, chunk: Optional[torch.Tensor], role: Optional[Role], rows, shape, dtype) -> torch.Tensor:
         full = torch.zeros(shape, dtype=dtype)
-        if role is not None and role.tp.rank == 0 and chunk is not None:
+        if role is not None and role.contributes and chunk is not None:
             full[rows] = chunk.detach().to(dtype)
         if self.world > 1:
             dist.all_reduce(full)
@@ -162,33 +163,44 @@ class RlTrainer:
 
     # -- model evaluations ---------------------------------------------------------------
 
-    def _logprobs(self, model_name: str, w, seqs, tp) -> torch.Tensor:
-        p = self.w.prompt
-        hidden = hidden_states(self.module.model(model_name), w, seqs[:, :-1], tp)[:, p - 1:]
-        return vocab_parallel_logprob(local_logits(w, hidden, tp), seqs[:, p:], self.module.model(model_name).vocab, tp)
+    def _forward(self, model_name: str, w, tokens, role: Role, head):
+        """head(final hidden) on the replica's last stage, None on its other stages."""
+        out, _, _ = pipeline.forward(self.module.model(model_name), w, tokens, role.tp, role.pipe, head)
+        return out
 
-    def _values(self, model_name: str, w, seqs, tp) -> torch.Tensor:
-        hidden = hidden_states(self.module.model(model_name), w, seqs[:, :-1], tp)[:, self.w.prompt - 1:]
-        return values(w, hidden)
+    def _logprob_head(self, model_name: str, w, seqs, tp):
+        p, vocab = self.w.prompt, self.module.model(model_name).vocab
+        return lambda h: vocab_parallel_logprob(local_logits(w, h[:, p - 1:], tp), seqs[:, p:], vocab, tp)
 
-    def _train(self, ms: str, loss_fn, step: int, lr: float, offset: int, mb: int) -> float:
-        """One minibatch update of a training model-stage; returns the global loss."""
+    def _logprobs(self, model_name: str, w, seqs, role: Role):
+        return self._forward(model_name, w, seqs[:, :-1], role, self._logprob_head(model_name, w, seqs, role.tp))
+
+    def _values(self, model_name: str, w, seqs, role: Role):
+        return self._forward(model_name, w, seqs[:, :-1], role, lambda h: values(w, h[:, self.w.prompt - 1:]))
+
+    def _train(self, ms: str, loss_head, step: int, lr: float, offset: int, mb: int) -> float:
+        """One minibatch update of a training model-stage (forward and backward through
+        its pipeline, DP gradient all-reduce, Adam); returns the global loss.
+
+        loss_head(params, role, rows) → a function of the final hidden states → loss."""
         role = self.roles.get(ms)
         part = None
         if role is not None:
             state = self.rt.state(ms)
-            prefix = ms.partition(".")[0] + "/"
+            model_name = ms.partition(".")[0]
             params = {k: t.detach().requires_grad_() for k, t in self.weights(ms).items()}
-            loss = loss_fn(params, role, role.rows(mb, offset))
-            loss.backward()
-            grads = {prefix + k: (p.grad if p.grad is not None else torch.zeros_like(p)).float()
+            rows = role.rows(mb, offset)
+            loss, x_in, y = pipeline.forward(self.module.model(model_name), params, self._seqs[rows][:, :-1],
+                                             role.tp, role.pipe, loss_head(params, role, rows))
+            pipeline.backward(role.pipe, loss, x_in, y)
+            grads = {f"{model_name}/{k}": (p.grad if p.grad is not None else torch.zeros_like(p)).float()
                      for k, p in params.items()}
             all_reduce_grads(grads, role.dp_group)
             adam_step(state, grads, step, lr, self.cfg.betas, self.cfg.eps)
-            counter = step_name(ms.partition(".")[0])
+            counter = step_name(model_name)
             if counter in state:  # the runtime's Adam step counter travels with the state
                 state[counter].fill_(step)
-            part = loss.detach()
+            part = loss.detach() if loss is not None else None
         return float(self._assemble(part, role, (), (), torch.float64))
 
     # -- one step --------------------------------------------------------------------------
@@ -202,21 +214,23 @@ class RlTrainer:
         uniforms = torch.rand(B, R, generator=gen)
 
         def rollout(role, rows):
-            engine = NativeEngine(self.module.model("actor"), lambda: self.weights("actor.generation"), role.tp)
+            engine = NativeEngine(self.module.model("actor"), lambda: self.weights("actor.generation"),
+                                  role.tp, role.pipe)
             return engine.generate(prompts[rows], R, uniforms[rows], cfg.temperature)
 
         responses = self._per_replica("actor.generation", rollout, (B, R), torch.long)
-        seqs = torch.cat([prompts, responses], dim=1)
+        seqs = self._seqs = torch.cat([prompts, responses], dim=1)
         logp_ref = self._per_replica("ref.inference", lambda role, rows: self._logprobs(
-            "ref", self.weights("ref.inference"), seqs[rows], role.tp), (B, R))
-        rm = self._per_replica("reward.inference", lambda role, rows: values(self.weights("reward.inference"), hidden_states(
-            self.module.model("reward"), self.weights("reward.inference"), seqs[rows], role.tp)[:, -1]), (B,))
+            "ref", self.weights("ref.inference"), seqs[rows], role), (B, R))
+        rm_weights = self.weights("reward.inference")
+        rm = self._per_replica("reward.inference", lambda role, rows: self._forward(
+            "reward", rm_weights, seqs[rows], role, lambda h: values(rm_weights, h[:, -1])), (B,))
         logp_old = self._per_replica("actor.training", lambda role, rows: self._logprobs(
-            "actor", self.weights("actor.training"), seqs[rows], role.tp), (B, R))
+            "actor", self.weights("actor.training"), seqs[rows], role), (B, R))
         rule = score(self.spec.task, prompts, responses)
         if cfg.algo == "ppo":
             v_old = self._per_replica("critic.training", lambda role, rows: self._values(
-                "critic", self.weights("critic.training"), seqs[rows], role.tp), (B, R))
+                "critic", self.weights("critic.training"), seqs[rows], role), (B, R))
             adv, returns = alg.ppo_advantages(rule, logp_old, logp_ref, v_old, cfg)
         else:
             adv = alg.grpo_advantages(rule, cfg.group, R)
@@ -227,17 +241,21 @@ class RlTrainer:
             offset, opt_step = m * mb, (step - 1) * cfg.minibatches + m + 1
 
             def actor_loss(params, role, rows):
-                logp = self._logprobs("actor", params, seqs[rows], role.tp)
-                loss = alg.policy_loss(logp, logp_old[rows], adv[rows], cfg.clip, tokens)
-                if cfg.algo == "grpo":
-                    loss = loss + cfg.kl_coef * alg.kl_k3(logp, logp_ref[rows]).sum() / tokens
-                return loss
+                logprob = self._logprob_head("actor", params, seqs[rows], role.tp)
+
+                def head(h):
+                    logp = logprob(h)
+                    loss = alg.policy_loss(logp, logp_old[rows], adv[rows], cfg.clip, tokens)
+                    if cfg.algo == "grpo":
+                        loss = loss + cfg.kl_coef * alg.kl_k3(logp, logp_ref[rows]).sum() / tokens
+                    return loss
+                return head
 
             losses.append(self._train("actor.training", actor_loss, opt_step, cfg.lr, offset, mb))
             if cfg.algo == "ppo":
                 def critic_loss(params, role, rows):
-                    v = self._values("critic", params, seqs[rows], role.tp)
-                    return alg.value_loss(v, v_old[rows], returns[rows], cfg.value_clip, tokens)
+                    return lambda h: alg.value_loss(values(params, h[:, self.w.prompt - 1:]), v_old[rows],
+                                                    returns[rows], cfg.value_clip, tokens)
 
                 value_losses.append(self._train("critic.training", critic_loss, opt_step, cfg.critic_lr, offset, mb))
         self.sync_generation_weights()
@@ -258,7 +276,7 @@ class RlTrainer:
     def transition(self, after_step: int, plan: str) -> dict:
         start = time.perf_counter()
         report = _report_dict(self.rt.transition(plan))
-        self.roles = self.groups.for_plan(self.module.plan(plan), self.world)
+        self.roles = self.groups.for_plan(self.module, self.module.plan(plan), self.world)
         record = {"after_step": after_step, "from": self.plan_name, "to": plan,
                   "seconds": time.perf_counter() - start,
                   "bytes": int(report.get("total_bytes_sent", report.get("bytes", 0)) or 0),
