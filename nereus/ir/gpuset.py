@@ -103,8 +103,13 @@ def resolve_gpu_set(items: Iterable[GpuSetItem], cluster: Cluster, owner: str = 
     """Input: the items of a set as written, and the cluster. Output: the ordered global
     GPU ids. Invariant: every id exists in the cluster and appears once; otherwise a
     SemanticError at the offending item (`owner` names the model-stage in the message)."""
-    seen: dict[int, GpuSetItem] = {}
+    items = tuple(items)
     gpus: list[int] = []
+    for item in items:
+        gpus.extend(expand_item(item, cluster))
+    if len(set(gpus)) == len(gpus):  # the common case, checked without a per-GPU loop
+        return tuple(gpus)
+    seen: dict[int, GpuSetItem] = {}
     for item in items:
         for gpu in expand_item(item, cluster):
             if gpu in seen:
@@ -114,8 +119,7 @@ def resolve_gpu_set(items: Iterable[GpuSetItem], cluster: Cluster, owner: str = 
                                     f"'{format_item(first)}'{where} already includes GPU {gpu}",
                                     width=_item_width(item))
             seen[gpu] = item
-            gpus.append(gpu)
-    return tuple(gpus)
+    raise AssertionError("unreachable: a duplicate GPU was counted but not found")
 
 
 def set_location(items: tuple[GpuSetItem, ...]) -> tuple[Optional[Location], int]:

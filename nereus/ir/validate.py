@@ -149,16 +149,15 @@ def validate_placement(placement: Placement, module: Module, plan: Plan) -> None
         raise _error(f"pp {placement.pp} is more than the {model.layers} layers of {model.name}", placement, "pp",
                      f"use a pp of at most {model.layers}", _width(placement, "pp", placement.pp))
     cluster = module.cluster
-    if placement.gpu_set:
-        gpus = resolve_gpu_set(placement.gpu_set, cluster, str(ms))
-        set_loc, set_width = set_location(placement.gpu_set)
-    else:
-        gpus, set_loc, set_width = placement.gpus, loc, len(str(ms))
-        for gpu in gpus:
-            if not 0 <= gpu < cluster.num_gpus:
-                raise SemanticError(f"GPU {gpu} does not exist", loc, f"GPU ids run 0..{cluster.num_gpus - 1}")
-        if len(set(gpus)) != len(gpus):
-            raise SemanticError(f"a GPU appears twice in {ms}", loc, "list each GPU once")
+    gpus = placement.gpus
+    set_loc, set_width = set_location(placement.gpu_set) if placement.gpu_set else (loc, len(str(ms)))
+    if gpus and (min(gpus) < 0 or max(gpus) >= cluster.num_gpus) or len(set(gpus)) != len(gpus):
+        if placement.gpu_set:  # report at the written item
+            resolve_gpu_set(placement.gpu_set, cluster, str(ms))
+        bad = [gpu for gpu in gpus if not 0 <= gpu < cluster.num_gpus]
+        if bad:
+            raise SemanticError(f"GPU {bad[0]} does not exist", loc, f"GPU ids run 0..{cluster.num_gpus - 1}")
+        raise SemanticError(f"a GPU appears twice in {ms}", loc, "list each GPU once")
     if len(gpus) != placement.world:
         need, mesh = placement.world, placement.tp * placement.pp
         example = "0" if need == 1 else f"0..{need - 1}"
