@@ -138,7 +138,7 @@ def _require(values: _Values, keys, owner: Word, where: str) -> None:
     for key in keys:
         if key not in values.values:
             raise SemanticError(f"{where} is missing '{key}'", owner.loc,
-                                f"add {EXAMPLES.get(key, key)}", width=owner.width)
+                                f"add it, e.g. {EXAMPLES.get(key, key)}", width=owner.width)
 
 
 def build_cluster(decl: Declaration) -> Cluster:

@@ -51,7 +51,7 @@ CASES = [
          "t.nir:1:9: error: cluster 'c' is missing 'host_mem'",
          '    1 | cluster c {',
          '      |         ^',
-         'hint: add host_mem 2TB'])),
+         'hint: add it, e.g. host_mem 2TB'])),
     ('size_without_unit', [('mem 80GB', 'mem 80')], None,
      "\n".join([
          't.nir:4:13: error: mem needs a unit',
@@ -125,7 +125,7 @@ CASES = [
          "t.nir:9:7: error: model 'actor' is missing 'ffn'",
          '    9 | model actor = llama { layers 4 hidden 256 heads 8 kv_heads 2 vocab 1024 }',
          '      |       ^^^^^',
-         'hint: add ffn 14336'])),
+         'hint: add it, e.g. ffn 14336'])),
     ('bad_dtype', [('vocab 1024 }', 'vocab 1024 dtype fp8 }')], None,
      "\n".join([
          "t.nir:9:87: error: dtype must be 'bf16', 'fp16' or 'fp32', found 'fp8'",
@@ -468,7 +468,7 @@ CASES = [
          "t.nir:4:3: error: the gpu block of cluster 'c' is missing 'hbm'",
          '    4 |   gpu { mem 80GB flops 989TFLOPS }',
          '      |   ^^^',
-         'hint: add hbm 4.8TB/s'])),
+         'hint: add it, e.g. hbm 4.8TB/s'])),
     ('gpu_not_a_block', [('gpu { mem 80GB flops 989TFLOPS hbm 3.35TB/s }', 'gpu 80GB')], None,
      "\n".join([
          "t.nir:4:3: error: 'gpu' takes a block",
