@@ -65,7 +65,7 @@ def _one_of(options) -> str:
     return options[0] if len(options) == 1 else ", ".join(options[:-1]) + " or " + options[-1]
 
 
-def _suggest(word: str, options) -> str:
+def did_you_mean(word: str, options) -> str:
     close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
     return f"did you mean '{close[0]}'? " if close else ""
 
@@ -99,7 +99,7 @@ def _read_block(entries: tuple[Entry, ...], schema: dict[str, Callable], where: 
         is_list_key = name in lists
         if name not in schema and not is_list_key:
             shown = name + ":" if entry.kind == "list" else name
-            hint = _suggest(shown, allowed) + f"{where} takes {_one_of(allowed)}"
+            hint = did_you_mean(shown, allowed) + f"{where} takes {_one_of(allowed)}"
             if name in units.SIZE_UNITS or name in units.RATE_UNITS or name in units.FLOPS_UNITS:
                 hint = "write the unit right after the number, with no space: 141GB"
             raise SemanticError(f"unknown key '{shown}' in {where}", key.loc, hint, width=key.width)
@@ -193,7 +193,7 @@ def build_models(decls: list[Declaration]) -> tuple[Model, ...]:
         else:
             options = list(ARCHITECTURES) + list(by_name)
             raise SemanticError(f"unknown model or architecture '{base.text}'", base.loc,
-                                _suggest(base.text, options) + f"architectures: {', '.join(ARCHITECTURES)}; "
+                                did_you_mean(base.text, options) + f"architectures: {', '.join(ARCHITECTURES)}; "
                                 f"models: {', '.join(by_name)}", width=base.width)
         fields.update(own.values)
         model = Model(name=decl.name.text, loc=decl.name.loc, key_locs=own.key_locs(), **fields)
@@ -225,7 +225,7 @@ def _placement(syntax: PlacementSyntax, cluster: Cluster, plan: str) -> Placemen
     for kind, key, value in syntax.items:
         if key.text not in PLACEMENT_KEYS:
             raise SemanticError(f"unknown key '{key.text}' in a placement", key.loc,
-                                _suggest(key.text, PLACEMENT_KEYS) + f"a placement takes {_one_of(PLACEMENT_KEYS)}",
+                                did_you_mean(key.text, PLACEMENT_KEYS) + f"a placement takes {_one_of(PLACEMENT_KEYS)}",
                                 width=key.width)
         if key.text in seen:
             raise SemanticError(f"'{key.text}' is given twice for {where}", key.loc,
@@ -287,7 +287,7 @@ def build_plans(decls: list[Declaration], cluster: Cluster, workload: Workload) 
         if base is not None:
             if base.text not in by_name:
                 raise SemanticError(f"unknown plan '{base.text}'", base.loc,
-                                    _suggest(base.text, by_name) + f"plans: {', '.join(by_name)}", width=base.width)
+                                    did_you_mean(base.text, by_name) + f"plans: {', '.join(by_name)}", width=base.width)
             if base.text in chain:
                 cycle = " -> ".join(chain[chain.index(base.text):] + (base.text,))
                 raise SemanticError(f"plan inheritance cycle: {cycle}", base.loc,
@@ -311,7 +311,7 @@ def build_transitions(decls: list[Declaration], plans: tuple[Plan, ...]) -> tupl
         for word in (decl.name, decl.base):
             if word.text not in names:
                 raise SemanticError(f"unknown plan '{word.text}'", word.loc,
-                                    _suggest(word.text, names) + f"plans: {', '.join(names) or 'none declared'}",
+                                    did_you_mean(word.text, names) + f"plans: {', '.join(names) or 'none declared'}",
                                     width=word.width)
         key = (decl.name.text, decl.base.text)
         if key[0] == key[1]:

@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import Callable, Iterable
 
 from . import units
-from .build import CLUSTER_KEYS, GPU_KEYS, WORKLOAD_KEYS, _suggest
+from .build import CLUSTER_KEYS, GPU_KEYS, WORKLOAD_KEYS, did_you_mean
 from .diagnostics import NereusError, SemanticError
 from .gpuset import resolve_gpu_set
 from .model import Location, Module, Placement
@@ -77,7 +77,7 @@ def apply_overrides(module: Module, overrides: Iterable[str]) -> Module:
                                 line, len(text))
         if key not in OVERRIDE_KEYS:
             raise SemanticError(f"unknown key '{key}' for --set", start,
-                                _suggest(key, OVERRIDE_KEYS) + "keys: " + ", ".join(OVERRIDE_KEYS), line,
+                                did_you_mean(key, OVERRIDE_KEYS) + "keys: " + ", ".join(OVERRIDE_KEYS), line,
                                 max(1, len(key)))
         value_loc = Location(SET_FILE, 1, start.column + len(key) + 1)
         if not value:

@@ -13,7 +13,7 @@ from typing import Optional
 from .diagnostics import SemanticError
 from .gpuset import resolve_gpu_set, set_location
 from .model import (
-    DTYPE_BYTES, HEADS, STAGES, Cluster, Location, Model, Module, Placement, Plan, Workload, key_loc,
+    DTYPE_BYTES, HEADS, STAGES, Cluster, Model, Module, Placement, Plan, Workload, key_loc,
 )
 
 ARCHITECTURES: tuple[str, ...] = ("llama",)
@@ -114,7 +114,7 @@ def _tp_hint(model: Model) -> str:
         f"no tp above 1 fits {model.name}"
 
 
-def validate_placement(placement: Placement, module: Module, plan: Plan) -> None:
+def validate_placement(placement: Placement, module: Module) -> None:
     """The model-stage exists and runs in the workload; tp divides heads, ffn and vocab and
     fits kv_heads; pp <= layers; the set has dp*tp*pp GPUs of the cluster, none twice."""
     ms = placement.model_stage
@@ -172,7 +172,7 @@ def validate_placement(placement: Placement, module: Module, plan: Plan) -> None
 def validate_plan(plan: Plan, module: Module) -> None:
     """Each written entry is valid, and every model-stage of the workload is placed."""
     for placement in plan.declared:
-        validate_placement(placement, module, plan)
+        validate_placement(placement, module)
     placed = {p.model_stage for p in plan.placements}
     for ms in module.workload.model_stages():
         if ms not in placed:
