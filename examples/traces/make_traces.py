@@ -8,7 +8,7 @@ length-growth-1024.json — 1,000 steps of GRPO on Llama-3.1-70B, 1,024 GPUs. Th
   shape follows published RL length-growth curves: DeepSeek-R1-Zero's average response
   length rises steadily through training (DeepSeek-AI 2025, Fig. 3), and DAPO (Yu et al.
   2025, Fig. 7) and Logic-RL show fast early growth that slows later. Starts from S1
-  (the best plan for the first steps).
+  (the best plan for responses up to 8K; see llama70b-1024.nir).
 length-growth-1024-safe.json — the same steps, starting from S2, the best plan for 16K
   responses (a plan chosen to fit the whole run, the conservative fixed baseline).
 gpu-supply-64.json — 400 steps of PPO on Llama-3.1-8B, 64 GPUs (8 nodes). Nodes are lost
@@ -57,7 +57,7 @@ def write(name, nir, plan, steps, seed, note):
 if __name__ == "__main__":
     growth = length_growth()
     write("length-growth-1024.json", "llama70b-1024.nir", "S1", growth, 1,
-          "GRPO 70B, 1,024 GPUs, responses 1K -> 16K over 1,000 steps; starts from S1")
+          "GRPO 70B, 1,024 GPUs, responses 1K -> 16K over 1,000 steps; starts from S1 (best up to 8K)")
     write("length-growth-1024-safe.json", "llama70b-1024.nir", "S2", growth, 1,
           "as length-growth-1024.json, starting from S2 (fits the whole run)")
     write("gpu-supply-64.json", "llama8b-64.nir", "S1", gpu_supply(), 2,

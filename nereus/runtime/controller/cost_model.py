@@ -17,7 +17,8 @@ lm_head (vocab-parallel, h·V/t parameters). AR(x, t, B) = λ + 2(t−1)/t·x/B 
 of x bytes; 0 when t = 1).
 
   training  (1F1B, Narayanan et al.):
-    compute   = (M + p − 1)·[L_p·τ_layer(fwdbwd, b, S) + head(fwdbwd)]
+    compute   = (M + p − 1)·[L_p·τ_layer(fwdbwd, b, S)·r + head(fwdbwd)]   r = 4/3 with
+                `recompute full` (Korthikanti et al.: one extra forward), else 1
     tp        = (M + p − 1)·L_p·4·AR(b·S·h·2, t, B_intra)
     pp        = 2(p − 1)·[λ + b·S·h·2/(t·B_pp)]
     dp        = AR(2Ψ_g, d, B_dp)                   (gradient all-reduce, not overlapped)
@@ -68,6 +69,7 @@ LATENCY_INTRA = 8e-6
 LATENCY_INTER = 25e-6
 HOST_LINK_BYTES_PER_S = 25e9
 ADAM_BYTES_PER_PARAM = 28
+RECOMPUTE_FULL_FACTOR = 4.0 / 3.0  # one more forward per forward+backward (fwd 1 + bwd 2 + refwd 1)
 
 
 @dataclass(frozen=True)
@@ -147,6 +149,8 @@ def stage_terms(module: Module, workload: Workload, model_stage: ModelStage, lay
         m = math.ceil(replica_batch / micro)
         slots = m + p - 1
         tau = layers_here * _layer_seconds(kind, shape, micro, seq, seq, flops, hbm, nbytes)
+        if stage == "training" and workload.recompute == "full":
+            tau *= RECOMPUTE_FULL_FACTOR
         tau += _head_seconds(kind, model, t, micro * seq, flops, hbm)
         phi[0] = slots * tau
         per_layer_ar = 4 if stage == "training" else 2

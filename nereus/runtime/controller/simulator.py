@@ -240,7 +240,9 @@ def simulate(trace: Trace, margin: float = 0.1, policies=POLICIES, transition_me
                     run.transitions.append((i, seconds, decision.why))
                     current[name] = plan = decision.plan
             got = truth.step(plan, workload, step.gpus)
-            latency = got.step_s if got.feasible else math.inf
+            # an infeasible step would run out of memory; its latency is still reported (as
+            # if memory allowed) and counted in infeasible_steps, so no policy hides behind it
+            latency = got.step_s
             if not got.feasible:
                 run.infeasible_steps += 1
             run.latencies.append(latency)
