@@ -172,8 +172,8 @@ def _unclosed_before_declaration(text: str, offset: int, file: str) -> Optional[
         return None
     line, column = (int(part) for part in hint.split("at ")[1].split(" ")[0].split(":"))
     brace = _offset(text, line, column)
-    match = _DECLARATION_START.search(text, brace, offset)
-    if match is None:
+    match = _DECLARATION_START.search(text, brace, offset + len("transition "))
+    if match is None or match.start(1) > offset:  # a keyword at the error token itself counts
         return None
     start = match.start(1)
     loc = Location(file, text.count("\n", 0, start) + 1, start - (text.rfind("\n", 0, start) + 1) + 1)

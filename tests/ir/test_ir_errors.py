@@ -509,6 +509,23 @@ CASES = [
          '   11 | workloa w {',
          '      | ^^^^^^^',
          "hint: did you mean 'workload'?"])),
+    ('gpu_block_unclosed', [('hbm 3.35TB/s }', 'hbm 3.35TB/s')], None,
+     "\n".join([
+         "t.nir:9:1: error: expected '}' before 'model'",
+         '    9 | model actor = llama { layers 4 hidden 256 heads 8 kv_heads 2 ffn 512 vocab 1024 }',
+         '      | ^^^^^',
+         "hint: the '{' at 1:11 is not closed"])),
+    ('model_body_unclosed', [('vocab 1024 }', 'vocab 1024')], None,
+     "\n".join([
+         "t.nir:10:1: error: expected '}' before 'model'",
+         '   10 | model critic = actor { head value }',
+         '      | ^^^^^',
+         "hint: the '{' at 9:21 is not closed"])),
+    ('cluster_without_name', [('cluster c {', 'cluster {')], None,
+     "\n".join([
+         "t.nir:1:9: error: expected a name, found '{'",
+         '    1 | cluster {',
+         '      |         ^'])),
 ]
 
 
