@@ -48,6 +48,24 @@ def parse_events(text: Optional[str], plans: set[str], steps: int) -> list[tuple
     return sorted(events)
 
 
+def parse_drift(text: Optional[str], module, steps: int) -> list[tuple[int, str]]:
+    """"4:response=12" → [(4, "workload.response=12")], checked by applying it."""
+    import nereus.ir as ir
+
+    out = []
+    for item in filter(None, (part.strip() for part in (text or "").split(","))):
+        step, sep, assignment = item.partition(":")
+        if not sep or not step.strip().isdigit() or "=" not in assignment:
+            raise NereusError(f"--drift: cannot read {item!r}", hint='write STEP:KEY=VALUE pairs, e.g. "4:response=12"')
+        key = assignment.strip()
+        key = key if key.startswith("workload.") else f"workload.{key}"
+        if not 1 <= int(step) < steps:
+            raise NereusError(f"--drift: step {step} is not a step boundary of a {steps}-step run")
+        module = ir.apply_overrides(module, [key])
+        out.append((int(step), key))
+    return sorted(out)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -88,6 +106,8 @@ def launch(config: dict, nproc: int, out: str, progress_label: str, quiet: bool)
             elif event["event"] == "transition":
                 progress.console.print(f"  after step {event['after_step']}: {event['from']} → {event['to']} in "
                                        f"{event['seconds']:.2f} s, {event['bytes']:,} bytes sent")
+            elif event["event"] == "drift":
+                progress.console.print(f"  after step {event['after_step']}: {event['set']}")
             elif event["event"] == "done":
                 result = event
             elif event["event"] == "error":
@@ -110,7 +130,9 @@ def launch(config: dict, nproc: int, out: str, progress_label: str, quiet: bool)
 @click.option("--nproc", type=int, default=None, help="Processes (one per GPU id; default: the plans' largest GPU id + 1).")
 @click.option("--steps", type=int, default=10, show_default=True)
 @click.option("--events", default="", help='Scripted transitions at step boundaries, e.g. "3:S2,6:S3".')
-@click.option("--controller", is_flag=True, help="Let the Nereus controller decide transitions (not available yet).")
+@click.option("--controller", is_flag=True,
+              help="Let the Nereus controller decide transitions among the declared plans (with --events: both).")
+@click.option("--drift", default="", help='Workload changes at step boundaries, e.g. "4:response=12,8:batch=32".')
 @click.option("--control", is_flag=True, help="Also run the same seeds without transitions; compare, plot.")
 @click.option("--runtime", type=click.Choice(["nereus", "restart"]), default="nereus", show_default=True,
               help="nereus: compiled transitions; restart: gather full tensors and re-shard (baseline).")
@@ -123,8 +145,8 @@ def launch(config: dict, nproc: int, out: str, progress_label: str, quiet: bool)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON line last.")
 @traceback_option
 @reports_errors
-def train_command(plan_file, plan_name, algo, nproc, steps, events, controller, control, runtime, task, lr, group,
-                  seed, overrides, out, as_json, traceback):
+def train_command(plan_file, plan_name, algo, nproc, steps, events, controller, drift, control, runtime, task, lr,
+                  group, seed, overrides, out, as_json, traceback):
     """Train with PPO or GRPO on the plan file's models, changing plan mid-run.
 
     \b
@@ -134,9 +156,6 @@ def train_command(plan_file, plan_name, algo, nproc, steps, events, controller, 
     """
     import nereus.ir as ir
 
-    if controller:
-        raise NereusError("--controller is not wired into the RL loop yet",
-                          hint="use scripted transitions with --events")
     module = ir.parse_file(plan_file)
     if overrides:
         module = ir.apply_overrides(module, list(overrides))
@@ -147,6 +166,7 @@ def train_command(plan_file, plan_name, algo, nproc, steps, events, controller, 
     if steps < 1:
         raise NereusError("--steps must be at least 1")
     scripted = parse_events(events, set(plans), steps)
+    drifts = parse_drift(drift, module, steps)
     needed = 1 + max(g for p in module.plans for pl in p.placements for g in pl.gpus)
     nproc = nproc or needed
     if nproc < needed:
@@ -155,13 +175,14 @@ def train_command(plan_file, plan_name, algo, nproc, steps, events, controller, 
     out = out or os.path.join("runs", f"{os.path.splitext(os.path.basename(plan_file))[0]}-{algo}")
     config = {"plan_file": os.path.abspath(plan_file), "plan": plan_name, "steps": steps, "events": scripted,
               "seed": seed, "task": task, "runtime": runtime, "overrides": list(overrides),
+              "controller": controller, "drift": drifts,
               "rl": {"algo": algo, "lr": lr, "critic_lr": lr, "group": group}, "out": os.path.join(out, "run")}
     started = time.perf_counter()
     result = launch(config, nproc, config["out"], "train", as_json)
-    runs = {"with transitions" if scripted else "run": result}
+    runs = {"with transitions" if scripted or controller else "run": result}
     comparison = None
     if control:
-        control_config = dict(config, events=[], out=os.path.join(out, "control"))
+        control_config = dict(config, events=[], controller=False, out=os.path.join(out, "control"))
         runs["control"] = launch(control_config, nproc, control_config["out"], "control", as_json)
         from nereus.runtime.rl.report import compare, plot
 
@@ -171,7 +192,7 @@ def train_command(plan_file, plan_name, algo, nproc, steps, events, controller, 
     _print_summary(runs, comparison, out, time.perf_counter() - started, as_json)
     if as_json:
         payload = {k: result[k] for k in ("name", "algo", "plan", "final_plan", "steps", "transitions",
-                                          "run_seconds", "final_weights_sha256")}
+                                          "decisions", "run_seconds", "final_weights_sha256")}
         if comparison is not None:
             payload["control"] = {"steps": runs["control"]["steps"],
                                   "final_weights_sha256": runs["control"]["final_weights_sha256"], **comparison}

@@ -100,3 +100,14 @@ def check_placement(p: Placement, world: int) -> None:
         raise SemanticError(
             f"{p.model_stage} uses GPU {max(p.gpus)} but only {world} processes run",
             p.loc, hint=f"run with --nproc {max(p.gpus) + 1} or more")
+
+
+def runnable(module: Module, plan: Plan, world: int) -> bool:
+    """Whether this loop can compute with `plan` on `world` processes (no groups made)."""
+    for placement in plan.placements:
+        model = module.model(placement.model_stage.model)
+        if max(placement.gpus) >= world:
+            return False
+        if placement.model_stage.stage == "training" and placement.tp > model.kv_heads:
+            return False
+    return True

@@ -56,6 +56,8 @@ class TrainSpec:
     seed: int = 0
     task: str = "pattern"
     rl: alg.RlConfig = field(default_factory=alg.RlConfig)
+    controller: bool = False  # let the Nereus controller pick among the declared plans
+    drift: tuple[tuple[int, str], ...] = ()  # (after step, "workload.response=12")
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,8 @@ class StepRecord:
     kl: float
     rm_score: float
     seconds: float
+    response: int = 0
+    stage_seconds: dict = field(default_factory=dict)  # model-stage → wall seconds of its phase
 
 
 def _report_dict(report: Any) -> dict:
@@ -90,6 +94,22 @@ def weights_sha256(full: dict[str, torch.Tensor]) -> str:
         digest.update(name.encode())
         digest.update(full[name].contiguous().view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
+
+
+class _PhaseClock:
+    """Accumulates wall seconds per model-stage phase of a step."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self._t = time.perf_counter()
+
+    def restart(self) -> None:
+        self._t = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name] = self.seconds.get(name, 0.0) + now - self._t
+        self._t = now
 
 
 class RlTrainer:
@@ -218,19 +238,25 @@ class RlTrainer:
                                   role.tp, role.pipe)
             return engine.generate(prompts[rows], R, uniforms[rows], cfg.temperature)
 
+        clock = _PhaseClock()
         responses = self._per_replica("actor.generation", rollout, (B, R), torch.long)
+        clock.lap("actor.generation")
         seqs = self._seqs = torch.cat([prompts, responses], dim=1)
         logp_ref = self._per_replica("ref.inference", lambda role, rows: self._logprobs(
             "ref", self.weights("ref.inference"), seqs[rows], role), (B, R))
+        clock.lap("ref.inference")
         rm_weights = self.weights("reward.inference")
         rm = self._per_replica("reward.inference", lambda role, rows: self._forward(
             "reward", rm_weights, seqs[rows], role, lambda h: values(rm_weights, h[:, -1])), (B,))
+        clock.lap("reward.inference")
         logp_old = self._per_replica("actor.training", lambda role, rows: self._logprobs(
             "actor", self.weights("actor.training"), seqs[rows], role), (B, R))
+        clock.lap("actor.training")
         rule = score(self.spec.task, prompts, responses)
         if cfg.algo == "ppo":
             v_old = self._per_replica("critic.training", lambda role, rows: self._values(
                 "critic", self.weights("critic.training"), seqs[rows], role), (B, R))
+            clock.lap("critic.training")
             adv, returns = alg.ppo_advantages(rule, logp_old, logp_ref, v_old, cfg)
         else:
             adv = alg.grpo_advantages(rule, cfg.group, R)
@@ -251,18 +277,23 @@ class RlTrainer:
                     return loss
                 return head
 
+            clock.restart()
             losses.append(self._train("actor.training", actor_loss, opt_step, cfg.lr, offset, mb))
+            clock.lap("actor.training")
             if cfg.algo == "ppo":
                 def critic_loss(params, role, rows):
                     return lambda h: alg.value_loss(values(params, h[:, self.w.prompt - 1:]), v_old[rows],
                                                     returns[rows], cfg.value_clip, tokens)
 
                 value_losses.append(self._train("critic.training", critic_loss, opt_step, cfg.critic_lr, offset, mb))
+                clock.lap("critic.training")
+        clock.restart()
         self.sync_generation_weights()
+        clock.lap("actor.generation")
         return StepRecord(step, self.plan_name, sum(losses) / len(losses),
                           sum(value_losses) / len(value_losses) if value_losses else 0.0,
                           float(rule.mean()), float((logp_old - logp_ref).mean()), float(rm.mean()),
-                          time.perf_counter() - start)
+                          time.perf_counter() - start, R, clock.seconds)
 
     def sync_generation_weights(self) -> None:
         """Copy the trained actor weights into the generation stage's shards (in place)."""
@@ -272,6 +303,15 @@ class RlTrainer:
             tensor.copy_(local[name])
 
     # -- the run ----------------------------------------------------------------------------
+
+    def apply_drift(self, override: str) -> None:
+        """Change a workload value from the next step on (e.g. longer responses)."""
+        import nereus.ir as ir
+
+        self.module = ir.apply_overrides(self.module, [override])
+        self.w = self.module.workload
+        if self.w.batch % (self.cfg.minibatches * (self.cfg.group if self.cfg.algo == "grpo" else 1)):
+            raise SemanticError(f"drift {override}: batch {self.w.batch} no longer divides into minibatches")
 
     def transition(self, after_step: int, plan: str) -> dict:
         start = time.perf_counter()
@@ -288,19 +328,39 @@ class RlTrainer:
     def run(self) -> dict:
         """Initialise, train, apply events; returns the result dict (same on every rank)."""
         self.initialise()
-        events = dict(self.spec.events)
+        events, drift = dict(self.spec.events), dict(self.spec.drift)
         steps, transitions = [], []
+        policy = None
+        if self.spec.controller:
+            from .adaptive import ControllerPolicy
+            from .topology import runnable
+
+            ok = tuple(p.name for p in self.module.plans if runnable(self.module, p, self.world))
+            policy = ControllerPolicy(self.module, self.plan_name, self.spec.steps, ok)
         run_start = time.perf_counter()
         for i in range(1, self.spec.steps + 1):
             record = self.step(i)
+            ran_under = self.w
             steps.append(record)
             self.emit({"event": "step", **asdict(record)})
-            if i in events and i < self.spec.steps:
-                transitions.append(self.transition(i, events[i]))
+            if i in drift:
+                self.apply_drift(drift[i])
+                self.emit({"event": "drift", "after_step": i, "set": drift[i]})
+            if i >= self.spec.steps:
+                break
+            target = events.get(i)
+            if policy is not None:
+                policy.observe(self.module, self.plan_name, ran_under, record.stage_seconds, record.seconds)
+                target = policy.decide(i + 1, self.w, self.world) or target
+            if target is not None and target != self.plan_name:
+                transitions.append(self.transition(i, target))
+                if policy is not None:
+                    policy.transitioned(self.module, target, transitions[-1]["seconds"], i)
                 self.emit({"event": "transition", **transitions[-1]})
         final = {ms: self.rt.gather_state_dict(ms) for ms in sorted(self.stages) if ms.endswith(".training")}
         merged = {k: v for full in final.values() for k, v in full.items()}
         return {"name": "train", "algo": self.cfg.algo, "plan": self.spec.plan, "final_plan": self.plan_name,
                 "steps": [asdict(s) for s in steps], "transitions": transitions,
                 "run_seconds": time.perf_counter() - run_start,
+                "decisions": policy.decisions if policy is not None else [],
                 "final_weights_sha256": weights_sha256(merged), "_final_state": merged}

@@ -1,0 +1,84 @@
+"""Controller-driven transitions for the RL loop (`nereus train --controller`).
+
+Rank 0 feeds the Nereus controller (nereus.runtime.controller.Controller) the step's
+measured per-model-stage seconds, asks it at each step boundary whether to move, and
+broadcasts the answer, so every rank enters the collective `transition` together (the
+ranks' own timings differ, their decisions must not).
+
+The controller searches plans of its own; the runtime moves only between plans the
+`.nir` declares (the compiler checked them). So this loop restricts the controller's
+choice to the declared plans that this loop can run: `DeclaredPlans.best_plan` ranks them
+by the controller's calibrated prediction, and the admission rule is the controller's.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Optional
+
+import torch.distributed as dist
+
+from nereus.ir.model import Module, Plan, Workload
+from nereus.runtime.controller.controller import Controller
+from nereus.runtime.controller.search import SearchResult
+
+
+class DeclaredPlans(Controller):
+    """The Nereus controller whose plan search is the list of declared, runnable plans."""
+
+    runnable: tuple = ()
+
+    def best_plan(self, workload: Workload, gpus: int) -> SearchResult:
+        started = time.perf_counter()
+        best: Optional[tuple[Plan, object]] = None
+        candidates = [p for p in self.module.plans if not self.runnable or p.name in self.runnable]
+        for plan in candidates:
+            prediction = self._predict(plan, workload, gpus)
+            if prediction.feasible and (best is None or prediction.step_s < best[1].step_s):
+                best = (plan, prediction)
+        if best is None:
+            return SearchResult(None, math.inf, {}, {}, len(candidates), len(candidates), time.perf_counter() - started)
+        return SearchResult(best[0], best[1].step_s, best[1].stage_seconds, best[1].waves, len(candidates),
+                            len(candidates), time.perf_counter() - started)
+
+
+class ControllerPolicy:
+    """Observe → decide → (maybe) name a plan, the same on every rank."""
+
+    def __init__(self, module: Module, plan: str, total_steps: int, runnable: tuple[str, ...]):
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.controller = None
+        if self.rank == 0:
+            self.controller = DeclaredPlans(module, module.plan(plan), total_steps)
+            self.controller.runnable = runnable
+        self.decisions: list[dict] = []
+
+    def observe(self, module: Module, plan: str, workload: Workload, stage_seconds: dict, step_seconds: float) -> None:
+        if self.controller is None:
+            return
+        self.controller.module = module
+        for ms, seconds in stage_seconds.items():
+            self.controller.observe(ms, module.plan(plan), workload, seconds)
+        self.controller.observe_step(step_seconds)
+
+    def decide(self, step: int, workload: Workload, gpus: int) -> Optional[str]:
+        """The plan to move to before `step`, or None; collective (rank 0 decides)."""
+        box: list = [None]
+        if self.controller is not None:
+            decision = self.controller.decide(step, workload, gpus)
+            record = decision.to_json()
+            target = decision.plan.name if decision.switch and decision.plan is not None else None
+            if target == self.controller.plan.name:
+                target = None
+            record["target"] = target
+            box[0] = record
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.broadcast_object_list(box, src=0)
+        self.decisions.append(box[0])
+        return box[0]["target"]
+
+    def transitioned(self, module: Module, plan: str, seconds: float, step: int) -> None:
+        if self.controller is not None:
+            predicted = self.decisions[-1].get("transition_s") if self.decisions else None
+            self.controller.transitioned(module.plan(plan), seconds, predicted, step)
