@@ -262,7 +262,7 @@ def ptx_report(pairs, device) -> dict:
     pieces = [p for a, b in pairs for p in segments.copy_pieces(a, b)]
     report = {}
     for max_vec in (2, 1):
-        for launch in tables.build_launches(pieces, max_vec=max_vec):
+        for launch in tables.build_launches(pieces, kernels.anchor(device).data_ptr(), max_vec=max_vec):
             try:
                 ptx = kernels.run_launch(launch.to(device), kernels.REL_NONE, None).asm["ptx"]
             except Exception as error:  # noqa: BLE001 - a report, never a failure
@@ -304,6 +304,9 @@ def loopback_cases(model: Model, ceiling: float, device, fused: Packer, plain: P
     t_novec = bench(lambda: novec.copy(pairs, key="loopback"))
     replay = graph_of(lambda: fused.copy(pairs, key="loopback"))
     extra = {"fused_graph_s": bench(replay)} if replay is not None else {}
+    for tile in ((32, 128), (8, 512), (4, 1024), (2, 2048), (8, 256), (4, 512)):
+        forced = Packer("triton", tile=tile)
+        extra[f"tile_{tile[0]}x{tile[1]}_s"] = bench(lambda: forced.copy(pairs, key="loopback"))
     rows = [case("llama8b_tp2_tp4_loopback", t_fused, t_plain, bound, segments=len(pairs), bytes=nbytes,
                  fused_repeat_s=t_again, no_vec_hints_s=t_novec, plan_build_s=build_s,
                  launches=launch_shapes(fused, "copy", "loopback"), **extra)]

@@ -203,15 +203,19 @@ class Packer:
                 plan.entries = pairs
             else:
                 pieces = [p for src, dst in pairs for p in copy_pieces(src, dst)]
-                plan.launches = [x.to(device) for x in build_launches(pieces, self.tile, self.max_vec)]
+                plan.launches = self._launches(pieces, None, device)
             return plan
         entries = [(m, v, o) for m, (msg, offs) in enumerate(zip(views, offsets)) for v, o in zip(msg, offs)]
         if backend == "torch":
             plan.entries = entries
             return plan
         pieces = [p for m, v, o in entries for p in view_pieces(v, o + residues[m], m, kind)]
-        plan.launches = [x.to(device) for x in build_launches(pieces, self.tile, self.max_vec)]
+        plan.launches = self._launches(pieces, "dst" if kind == "pack" else "src", device)
         return plan
+
+    def _launches(self, pieces: list, rel: Optional[str], device: torch.device) -> list:
+        anchor = _kernels().anchor(device).data_ptr()
+        return [x.to(device) for x in build_launches(pieces, anchor, rel, self.tile, self.max_vec)]
 
     def _execute(self, plan: _Plan, buffers: list[torch.Tensor]) -> None:
         if plan.backend == "torch":
@@ -227,7 +231,8 @@ class Packer:
         rel = kernels.REL_NONE
         if plan.kind != "copy":
             rel = kernels.REL_DST if plan.kind == "pack" else kernels.REL_SRC
-            addresses = tuple(b.data_ptr() - r for b, r in zip(buffers, plan.residues))
+            anchor = kernels.anchor(plan.device).data_ptr()
+            addresses = tuple(b.data_ptr() - r - anchor for b, r in zip(buffers, plan.residues))
             if plan.bases is None or plan.bases[0] != addresses:
                 plan.bases = (addresses, torch.tensor(addresses, dtype=torch.int64).to(plan.device))
             bases = plan.bases[1]

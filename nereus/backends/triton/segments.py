@@ -13,9 +13,11 @@ by `layout` (each start aligned to ALIGN bytes so that every piece can be viewed
 own dtype and so that the kernels can use 16-byte accesses).
 
 `normalize_pair` is the host half of the kernels: it turns one (source box, destination
-box) pair into *pieces*: at most two outer dimensions over a contiguous inner run of
-machine words, with every address, stride and length in words of the largest size
-(8, 4, 2 or 1 bytes) that divides them all. Pieces are pure integers (no tensors), so
+box) pair into *pieces*: rows of one stride over a contiguous inner run of machine
+words, with every address, stride and length in words of the largest size (8, 4, 2 or
+1 bytes) that divides them all. A box whose dims do not merge into one outer dim (a
+3-D box of a non-contiguous view, or a view whose last dim is strided) becomes several
+pieces; a strided last dim gives one-element runs, which are right but slow. Pieces are pure integers (no tensors), so
 addresses past 2**31 elements are ordinary Python ints here and int64 in the tables.
 """
 
@@ -89,29 +91,20 @@ def layout(views: Sequence[torch.Tensor], align: int = ALIGN) -> tuple[tuple[int
 
 @dataclass(frozen=True)
 class Piece:
-    """One copy of a box of words: rows = n0*n1 outer rows, each a contiguous run of
-    `inner` words. Row r = (i0, i1) with i0 = r // n1, i1 = r % n1 sits at
-    `addr + i0*s0 + i1*s1` words on each side. `run` means the whole piece is one
-    contiguous run on both sides (n0 = n1 = 1), which the tiler may re-cut freely.
-    `src`/`dst` are byte addresses, or byte offsets into message `msg`'s buffer on the
-    side named by `relative` ("src", "dst" or None)."""
+    """One copy of `rows` rows of `inner` contiguous words each. Row r sits at word
+    `src + r*src_s` and `dst + r*dst_s` (word addresses: byte address // word). On the
+    buffer side of a pack or unpack the address is the byte offset // word in message
+    `msg`'s buffer. A single contiguous run has rows == 1 (the tiler re-cuts it)."""
 
     word: int
     vec: int
     src: int
     dst: int
-    n0: int
-    n1: int
+    rows: int
     inner: int
-    src_s0: int
-    src_s1: int
-    dst_s0: int
-    dst_s1: int
+    src_s: int
+    dst_s: int
     msg: int = 0
-
-    @property
-    def run(self) -> bool:
-        return self.n0 == 1 and self.n1 == 1
 
 
 def _lowbit(value: int) -> int:
@@ -145,15 +138,15 @@ def normalize_pair(sizes: Sequence[int], src_strides: Sequence[int], dst_strides
 
 
 def _pieces(outer: list[tuple[int, int, int]], run: int, src: int, dst: int, msg: int) -> list[Piece]:
-    if len(outer) > 2:  # the kernel indexes two outer dims: split the outermost
+    if len(outer) > 1:  # the kernel indexes one outer dim (no division per row): split
         n, a, b = outer[0]
         return [p for k in range(n) for p in _pieces(outer[1:], run, src + k * a, dst + k * b, msg)]
-    g = math.gcd(src, dst, run, *(s for _, a, b in outer for s in (a, b)))
+    rows, a, b = outer[0] if outer else (1, run, run)
+    g = math.gcd(src, dst, run, a, b)
     low = _lowbit(g)
     word = min(MAX_WORD, low)
     vec = 2 if low >= 16 else 1
-    (n0, a0, b0), (n1, a1, b1) = ([(1, 0, 0)] * (2 - len(outer)) + outer)[-2:]
-    return [Piece(word, vec, src, dst, n0, n1, run // word, a0 // word, a1 // word, b0 // word, b1 // word, msg)]
+    return [Piece(word, vec, src // word, dst // word, rows, run // word, a // word, b // word, msg)]
 
 
 def view_pieces(view: torch.Tensor, offset: int, msg: int, direction: str) -> list[Piece]:

@@ -2,17 +2,25 @@
 
 Pieces (see `segments.py`) are grouped by their access class (word size, 16-byte
 vectors or not); each class is one launch. For a class, a tile shape ROWS x COLS (words)
-is chosen to minimise the lanes launched plus a per-tile overhead, and every piece is
-cut into tiles. Contiguous runs are re-cut as rows of COLS words, so a 64 MiB run and a
-4 KiB run both fill whole tiles.
+is chosen to minimise the lanes launched plus per-tile and per-row overheads, and every
+piece is cut into tiles. A contiguous run is re-cut as full rows of COLS words plus one
+tail row, so a 64 MiB run and a 4 KiB run both fill whole tiles, and the kernel's mask
+needs no per-element multiply.
 
-Tables are int64 (addresses and strides of tensors past 2**31 elements are exact) and
-built on the host with vectorised torch ops, then copied to the device once and cached
-by the caller.
+Addresses in the tables are word offsets from an *anchor*: a small 16-byte aligned
+tensor of the data's device passed to the kernel as a real pointer. Triton knows a
+pointer argument's alignment, and keeps it through `anchor + offset` when the offsets
+carry `tl.multiple_of`; an address cast from an integer (`int_to_ptr`) loses it, and the
+PTX then has no vector loads (seen: 0 of 16 data loads were `ld.global.v2`, and 8 of
+8 with the anchor). Offsets on the buffer side of a pack/unpack are left relative to the
+message's buffer, whose anchor offset comes per call from a small `bases` table.
+
+Tables are int64 (addresses and strides of tensors past 2**31 elements are exact),
+built on the host with vectorised torch ops, copied to the device once and cached by
+the caller.
 
 Segment table, one row of NCOLS int64 per piece:
-    0 src   1 dst   2 msg   3 rows   4 n1   5 inner   6 numel
-    7 src_s0   8 src_s1   9 dst_s0   10 dst_s1   11 col_tiles
+    0 src   1 dst   2 msg   3 rows   4 inner   5 src_s   6 dst_s   7 col_tiles
 Tile table, one row of two int32 per program: (piece index, tile index in the piece).
 """
 
@@ -25,7 +33,7 @@ import torch
 
 from .segments import Piece
 
-NCOLS = 12
+NCOLS = 8
 TILE_OVERHEAD = 512  # lane-equivalents a tile costs beyond its lanes (table loads, latency)
 ROW_OVERHEAD = 16  # lane-equivalents per tile row (row index arithmetic, short bursts)
 COLS_CHOICES = (16, 32, 64, 128, 256, 512, 1024, 2048)
@@ -55,7 +63,7 @@ class Launch:
 
 def choose_tile(rows: torch.Tensor, inner: torch.Tensor, run: torch.Tensor,
                 force: Optional[tuple[int, int]] = None) -> tuple[int, int]:
-    """Input: per-piece outer rows, inner run length (words), and whether it is one
+    """Input: per-piece rows, inner run length (words), and whether it is one
     contiguous run. Output: (ROWS, COLS), powers of two, minimising
     sum(tiles * (ROWS*COLS + TILE_OVERHEAD + ROWS*ROW_OVERHEAD)), which prefers few
     wide tiles that waste few lanes. `force` bypasses the search."""
@@ -68,7 +76,8 @@ def choose_tile(rows: torch.Tensor, inner: torch.Tensor, run: torch.Tensor,
             if cols > block:
                 continue
             nrows = block // cols
-            tiles = torch.where(run, _ceil(_ceil(numel, cols), nrows), _ceil(rows, nrows) * _ceil(inner, cols))
+            tiles = torch.where(run, _ceil(numel // cols, nrows) + (numel % cols).gt(0),
+                                _ceil(rows, nrows) * _ceil(inner, cols))
             cost = int(tiles.sum()) * (block + TILE_OVERHEAD + nrows * ROW_OVERHEAD)
             if best is None or cost < best[0]:
                 best = (cost, (nrows, cols))
@@ -76,41 +85,56 @@ def choose_tile(rows: torch.Tensor, inner: torch.Tensor, run: torch.Tensor,
     return best[1]
 
 
-def build_launches(pieces: Sequence[Piece], force_tile: Optional[tuple[int, int]] = None,
-                   max_vec: int = 2) -> list[Launch]:
-    """Input: pieces (any order, any classes). Output: one Launch per (word, vec) class.
+def build_launches(pieces: Sequence[Piece], anchor: int, rel: Optional[str] = None,
+                   force_tile: Optional[tuple[int, int]] = None, max_vec: int = 2) -> list[Launch]:
+    """Input: pieces (any order, any classes), the anchor's byte address (16-byte
+    aligned), and which side holds buffer offsets (`rel`: "src", "dst" or None).
+    Output: one Launch per (word, vec) class.
 
     Invariant: the tiles of a launch cover every word of every piece of its class exactly
     once (masked lanes excepted), so the launches together move exactly the pieces' bytes.
     `max_vec=1` turns off the 16-byte alignment hints (for measuring what they give)."""
+    if anchor % 16:
+        raise ValueError("the anchor must be 16-byte aligned")
     classes: dict[tuple[int, int], list[Piece]] = {}
     for p in pieces:
         classes.setdefault((p.word, min(p.vec, max_vec)), []).append(p)
-    return [_launch(word, vec, group, force_tile) for (word, vec), group in sorted(classes.items(), reverse=True)]
+    return [_launch(word, vec, group, anchor // word, rel, force_tile)
+            for (word, vec), group in sorted(classes.items(), reverse=True)]
 
 
-def _launch(word: int, vec: int, pieces: list[Piece], force_tile: Optional[tuple[int, int]]) -> Launch:
-    raw = torch.tensor([[p.src, p.dst, p.msg, p.n0 * p.n1, p.n1, p.inner, p.n0 * p.n1 * p.inner,
-                         p.src_s0, p.src_s1, p.dst_s0, p.dst_s1, 0] for p in pieces], dtype=torch.int64)
-    rows, inner, numel = raw[:, 3], raw[:, 5], raw[:, 6]
-    run = raw[:, 4].eq(1) & rows.eq(1)
+def _launch(word: int, vec: int, pieces: list[Piece], anchor: int, rel: Optional[str],
+            force_tile: Optional[tuple[int, int]]) -> Launch:
+    raw = torch.tensor([[p.src, p.dst, p.msg, p.rows, p.inner, p.src_s, p.dst_s, 0] for p in pieces],
+                       dtype=torch.int64)
+    if rel != "src":
+        raw[:, 0] -= anchor
+    if rel != "dst":
+        raw[:, 1] -= anchor
+    rows, inner = raw[:, 3], raw[:, 4]
+    run = rows.eq(1)
     tile_rows, tile_cols = choose_tile(rows, inner, run, force_tile)
-    # A contiguous run becomes ceil(n / COLS) rows of COLS words (the last row masked by numel).
+    # A run longer than COLS becomes full rows of COLS words plus a tail row (a new piece).
     cut = run & inner.gt(tile_cols)
-    raw[:, 3] = torch.where(cut, _ceil(numel, tile_cols), rows)
-    raw[:, 5] = torch.where(cut, torch.full_like(inner, tile_cols), inner)
-    raw[:, 7] = torch.where(cut, torch.full_like(inner, tile_cols), raw[:, 7])
-    raw[:, 9] = torch.where(cut, torch.full_like(inner, tile_cols), raw[:, 9])
-    col_tiles = _ceil(raw[:, 5], tile_cols)
-    raw[:, 11] = col_tiles
+    full, tail = torch.div(inner, tile_cols, rounding_mode="floor"), inner % tile_cols
+    tails = raw[cut & tail.gt(0)].clone()
+    tails[:, 0] += full[cut & tail.gt(0)] * tile_cols
+    tails[:, 1] += full[cut & tail.gt(0)] * tile_cols
+    tails[:, 4] = tail[cut & tail.gt(0)]
+    raw[:, 3] = torch.where(cut, full, rows)
+    for column in (4, 5, 6):
+        raw[:, column] = torch.where(cut, torch.full_like(inner, tile_cols), raw[:, column])
+    raw = torch.cat([raw, tails])
+    col_tiles = _ceil(raw[:, 4], tile_cols)
+    raw[:, 7] = col_tiles
     counts = _ceil(raw[:, 3], tile_rows) * col_tiles
-    piece_ids = torch.repeat_interleave(torch.arange(len(pieces), dtype=torch.int64), counts)
+    piece_ids = torch.repeat_interleave(torch.arange(raw.shape[0], dtype=torch.int64), counts)
     starts = torch.cumsum(counts, 0) - counts
     local = torch.arange(piece_ids.numel(), dtype=torch.int64) - starts[piece_ids]
-    if piece_ids.numel() and (int(local.max()) >= 2**31 or len(pieces) >= 2**31):
+    if piece_ids.numel() >= 2**31:
         raise ValueError("a launch of more than 2**31 tiles")
     tiles = torch.stack([piece_ids, local], dim=1).to(torch.int32).contiguous()
-    moved = int(numel.sum()) * word
+    moved = int((raw[:, 3] * raw[:, 4]).sum()) * word
     return Launch(word, vec, tile_rows, tile_cols, raw, tiles, moved)
 
 
