@@ -106,8 +106,9 @@ def test_placement_built_by_code_prints_its_gpus():
 
 # ---------------------------------------------------------------- random valid modules
 
-_RESERVED = {"cluster", "model", "workload", "plan", "transition", "on", "llama"}
-NAMES = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,5}", fullmatch=True).filter(lambda n: n not in _RESERVED)
+_RESERVED = {"llama"}  # keywords work as names (contextual lexer); only models cannot be "llama"
+NAMES = st.one_of(st.sampled_from(["plan", "on", "model", "offload", "dp", "n1", "training", "cluster"]),
+                 st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,5}", fullmatch=True)).filter(lambda n: n not in _RESERVED)
 POSITIVE_FLOAT = st.floats(min_value=1e-3, max_value=1e18, allow_nan=False, allow_infinity=False)
 
 
