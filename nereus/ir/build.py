@@ -21,7 +21,7 @@ from .model import (
     Transition, Workload,
 )
 from .syntax import Declaration, Entry, PlacementSyntax, Word
-from .validate import ARCHITECTURES, RECOMPUTE
+from .validate import ARCHITECTURES, RECOMPUTE, validate_cluster
 
 MODEL_INTS: tuple[str, ...] = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab")
 WORKLOAD_INTS: tuple[str, ...] = ("batch", "prompt", "response", "microbatch")
@@ -347,6 +347,7 @@ def build_module(decls: tuple[Declaration, ...], file: str) -> Module:
                                 f"a .nir file declares exactly one {kind}; the first, '{found[0].name.text}', "
                                 f"is at {_at(found[0].keyword)}", width=len(kind))
     cluster = build_cluster(by_kind["cluster"][0])
+    validate_cluster(cluster)  # before GPU sets are resolved against it
     models = build_models(by_kind["model"])
     workload = build_workload(by_kind["workload"][0])
     plans = build_plans(by_kind["plan"], cluster, workload)

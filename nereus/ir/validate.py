@@ -18,6 +18,7 @@ from .model import (
 
 ARCHITECTURES: tuple[str, ...] = ("llama",)
 RECOMPUTE: tuple[str, ...] = ("none", "selective", "full")
+MAX_GPUS = 1 << 20  # GPU sets are expanded to id lists; this keeps them in memory
 
 
 def _error(message: str, node, key: str, hint: Optional[str] = None, width: int = 1) -> SemanticError:
@@ -39,6 +40,9 @@ def _at_least_one(node, keys: tuple[str, ...], owner: str) -> None:
 def validate_cluster(cluster: Cluster) -> None:
     """Every count, size and rate positive; 0 <= reserve < 1."""
     _at_least_one(cluster, ("nodes", "gpus_per_node"), f"cluster {cluster.name}")
+    if cluster.num_gpus > MAX_GPUS:
+        raise _error(f"a cluster of {cluster.num_gpus} GPUs is larger than Nereus supports ({MAX_GPUS})", cluster,
+                     "nodes", "describe the part of the cluster that the job uses", _width(cluster, "nodes", cluster.nodes))
     for key, value in (("gpu.mem", cluster.gpu.mem_bytes), ("gpu.flops", cluster.gpu.flops),
                        ("gpu.hbm", cluster.gpu.hbm_bytes_per_s), ("intra", cluster.intra_bytes_per_s),
                        ("inter", cluster.inter_bytes_per_s), ("host_mem", cluster.host_mem_bytes)):
