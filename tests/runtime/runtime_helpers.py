@@ -108,8 +108,10 @@ def _cells(box, cuts):
 
 
 def naive_program(before: list, after: list, tensors: list, rounds: int = 1, source="S1", target="S2",
-                  gpus: int = 4) -> dict:
-    """A correct (if unfused) JSON program v1 moving `before` units' state into `after`'s."""
+                  gpus: int = 4, stage_out: bool = False) -> dict:
+    """A correct (if unfused) JSON program v1 moving `before` units' state into `after`'s.
+    With stage_out, every before-unit is staged to host memory at the end of round 0 and
+    the sends (rounds 1..rounds) read it from there."""
     dtype = {t["name"]: t["dtype"] for t in tensors}
 
     def shard_bytes(unit, gpu):
@@ -127,7 +129,8 @@ def naive_program(before: list, after: list, tensors: list, rounds: int = 1, sou
             for b in s["boxes"]:
                 for d, (lo, hi) in enumerate(b):
                     c[d] |= {lo, hi}
-    ops = [[] for _ in range(rounds + 1)]
+    first = 1 if stage_out else 0
+    ops = [[] for _ in range(rounds + first + 1)]
     for unit in after:
         for g in unit["gpus"]:
             ops[0].append({"op": "alloc", "gpu": g, "unit": unit["id"], "bytes": shard_bytes(unit, g)})
@@ -144,7 +147,7 @@ def naive_program(before: list, after: list, tensors: list, rounds: int = 1, sou
                     if src_gpu == s["gpu"]:
                         local.setdefault(s["gpu"], []).append(seg)
                     else:
-                        key = (n_send % rounds, src_gpu, s["gpu"])
+                        key = (first + n_send % rounds, src_gpu, s["gpu"])
                         remote.setdefault(key, []).append(seg)
                         n_send += 1
     for g, segs in sorted(local.items()):
@@ -155,7 +158,9 @@ def naive_program(before: list, after: list, tensors: list, rounds: int = 1, sou
                        "bytes": sum(_numel(x["box"]) * ELEM[dtype[x["tensor"]]] for x in segs)})
     for unit in before:
         for g in unit["gpus"]:
-            ops[rounds].append({"op": "free", "gpu": g, "unit": unit["id"], "bytes": shard_bytes(unit, g)})
+            if stage_out:
+                ops[0].append({"op": "stage_out", "gpu": g, "unit": unit["id"], "bytes": shard_bytes(unit, g)})
+            ops[-1].append({"op": "free", "gpu": g, "unit": unit["id"], "bytes": shard_bytes(unit, g)})
     return {"format": "nereus-program", "version": 1, "transition": {"from": source, "to": target},
             "gpus": [{"id": i, "node": 0, "mem_bytes": 1 << 30} for i in range(gpus)],
             "tensors": tensors, "units": {"before": before, "after": after},

@@ -34,6 +34,7 @@ def _layouts():
         ("dp1-dp4 (extend)", u(1, 1, 1, [1]), u(4, 1, 1, [0, 1, 2, 3]), 3),
         ("dp2-dp1 (destroy)", u(2, 2, 1, [0, 1, 2, 3]), u(1, 2, 1, [2, 3]), 1),
         ("tp2pp2-tp4 (gqa replicated kv)", u(1, 2, 2, [0, 1, 2, 3]), u(1, 4, 1, [3, 2, 1, 0]), 2),
+        ("tp2-tp4 staged", u(1, 2, 1, [0, 1]), u(1, 4, 1, [0, 1, 2, 3]), -2),  # rounds < 0: stage_out first
     ]
 
 
@@ -50,7 +51,8 @@ def _run_cases(rank, world, cases, tensors):
     full = reference_state(tensors)
     out = []
     for name, before_units, after_units, rounds, fault in cases:
-        program = naive_program(before_units, after_units, tensors, rounds=rounds, gpus=world)
+        program = naive_program(before_units, after_units, tensors, rounds=abs(rounds), gpus=world,
+                                stage_out=rounds < 0)
         prog = rank_program(program, rank)
         before = {u["id"]: shard_unit(u, rank, full) for u in before_units if rank in u["gpus"]}
         snapshot = {u: {k: v.clone() for k, v in t.items()} for u, t in before.items()}
