@@ -39,8 +39,11 @@ _ANCHORS: dict[torch.device, torch.Tensor] = {}
 
 
 def anchor(device: torch.device) -> torch.Tensor:
-    """The device's anchor: 16 bytes, 16-byte aligned, alive for the process."""
+    """The device's anchor: 16 bytes, 16-byte aligned, alive for the process. ("cuda"
+    and "cuda:0" must give the same anchor: tables are built against its address.)"""
     device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
     if device not in _ANCHORS:
         block = torch.empty(32, dtype=torch.uint8, device=device)
         skip = -block.data_ptr() % 16
