@@ -115,8 +115,8 @@ def _describe_expected(expected: set[str]) -> str:
     return ", ".join(words[:-1]) + " or " + words[-1]
 
 
-def _unclosed_brace_hint(text: str, upto: int) -> Optional[str]:
-    """Where the innermost `{` still open at offset `upto` was written, if any."""
+def _innermost_open_brace(text: str, upto: int) -> Optional[int]:
+    """The offset of the innermost `{` still open at offset `upto`, if any."""
     stack: list[int] = []
     in_comment = False
     for offset, char in enumerate(text[:upto]):
@@ -128,11 +128,18 @@ def _unclosed_brace_hint(text: str, upto: int) -> Optional[str]:
             stack.append(offset)
         elif char == "}" and stack:
             stack.pop()
-    if not stack:
+    return stack[-1] if stack else None
+
+
+def _location_of(text: str, offset: int, file: str) -> Location:
+    return Location(file, text.count("\n", 0, offset) + 1, offset - (text.rfind("\n", 0, offset) + 1) + 1)
+
+
+def _unclosed_brace_hint(text: str, brace: Optional[int], file: str) -> Optional[str]:
+    if brace is None:
         return None
-    line = text.count("\n", 0, stack[-1]) + 1
-    column = stack[-1] - (text.rfind("\n", 0, stack[-1]) + 1) + 1
-    return f"the '{{' at {line}:{column} is not closed"
+    loc = _location_of(text, brace, file)
+    return f"the '{{' at {loc.line}:{loc.column} is not closed"
 
 
 _UNIT_NAMES = ("KiB", "MiB", "GiB", "TiB", "KB", "MB", "GB", "TB", "B", "GFLOPS", "TFLOPS", "PFLOPS", "FLOPS", "%")
@@ -149,7 +156,7 @@ def _spaced_unit(text: str, line: int, file: str) -> Optional[ParseError]:
             if match:
                 unit = match.group(0)[1:].strip()
                 column = match.start() + len(match.group(0)) - len(unit) + 1
-                return ParseError(f"a unit must follow its number without a space", Location(file, number, column),
+                return ParseError("a unit must follow its number without a space", Location(file, number, column),
                                   f"write {match.group(0)[0]}{unit}, not {match.group(0)[0]} {unit}", text, len(unit))
     return None
 
@@ -167,17 +174,14 @@ def _offset(text: str, line: int, column: int) -> int:
 def _unclosed_before_declaration(text: str, offset: int, file: str) -> Optional[ParseError]:
     """A block left open runs into the next declaration, whose keyword then reads as a
     key: report the missing `}` at that keyword."""
-    hint = _unclosed_brace_hint(text, offset)
-    if hint is None:
+    brace = _innermost_open_brace(text, offset)
+    if brace is None:
         return None
-    line, column = (int(part) for part in hint.split("at ")[1].split(" ")[0].split(":"))
-    brace = _offset(text, line, column)
     match = _DECLARATION_START.search(text, brace, offset + len("transition "))
     if match is None or match.start(1) > offset:  # a keyword at the error token itself counts
         return None
-    start = match.start(1)
-    loc = Location(file, text.count("\n", 0, start) + 1, start - (text.rfind("\n", 0, start) + 1) + 1)
-    return ParseError(f"expected '}}' before '{match.group(1)}'", loc, hint, text, len(match.group(1)))
+    return ParseError(f"expected '}}' before '{match.group(1)}'", _location_of(text, match.start(1), file),
+                      _unclosed_brace_hint(text, brace, file), text, len(match.group(1)))
 
 
 def _previous_words_hint(text: str, offset: int) -> Optional[str]:
@@ -217,7 +221,8 @@ def _syntax_error(error: UnexpectedInput, text: str, file: str) -> ParseError:
         else:
             lines = text.splitlines() or [""]
             loc = Location(file, len(lines), len(lines[-1]) + 1)
-        hint = _unclosed_brace_hint(text, len(text)) if "RBRACE" in expected else None
+        hint = _unclosed_brace_hint(text, _innermost_open_brace(text, len(text)), file) if "RBRACE" in expected \
+            else None
         return ParseError(f"unexpected end of input; expected {_describe_expected(expected)}", loc, hint, text)
     if isinstance(error, UnexpectedCharacters):
         char = text[error.pos_in_stream] if error.pos_in_stream < len(text) else ""
