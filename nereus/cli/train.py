@@ -136,6 +136,8 @@ def launch(config: dict, nproc: int, out: str, progress_label: str, quiet: bool)
 @click.option("--control", is_flag=True, help="Also run the same seeds without transitions; compare, plot.")
 @click.option("--runtime", type=click.Choice(["nereus", "restart"]), default="nereus", show_default=True,
               help="nereus: compiled transitions; restart: gather full tensors and re-shard (baseline).")
+@click.option("--backend", type=click.Choice(["auto", "gloo", "nccl"]), default="auto", show_default=True,
+              help="torch.distributed backend: auto = nccl when CUDA is available, else gloo.")
 @click.option("--task", type=click.Choice(["pattern", "sort", "seven"]), default="pattern", show_default=True)
 @click.option("--lr", type=float, default=3e-3, show_default=True)
 @click.option("--group", type=int, default=4, show_default=True, help="GRPO responses per prompt.")
@@ -145,8 +147,8 @@ def launch(config: dict, nproc: int, out: str, progress_label: str, quiet: bool)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON line last.")
 @traceback_option
 @reports_errors
-def train_command(plan_file, plan_name, algo, nproc, steps, events, controller, drift, control, runtime, task, lr,
-                  group, seed, overrides, out, as_json, traceback):
+def train_command(plan_file, plan_name, algo, nproc, steps, events, controller, drift, control, runtime, backend, task,
+                  lr, group, seed, overrides, out, as_json, traceback):
     """Train with PPO or GRPO on the plan file's models, changing plan mid-run.
 
     \b
@@ -175,7 +177,7 @@ def train_command(plan_file, plan_name, algo, nproc, steps, events, controller, 
     out = out or os.path.join("runs", f"{os.path.splitext(os.path.basename(plan_file))[0]}-{algo}")
     config = {"plan_file": os.path.abspath(plan_file), "plan": plan_name, "steps": steps, "events": scripted,
               "seed": seed, "task": task, "runtime": runtime, "overrides": list(overrides),
-              "controller": controller, "drift": drifts,
+              "controller": controller, "drift": drifts, "backend": None if backend == "auto" else backend,
               "rl": {"algo": algo, "lr": lr, "critic_lr": lr, "group": group}, "out": os.path.join(out, "run")}
     started = time.perf_counter()
     result = launch(config, nproc, config["out"], "train", as_json)
@@ -188,7 +190,10 @@ def train_command(plan_file, plan_name, algo, nproc, steps, events, controller, 
 
         comparison = compare(result, runs["control"], os.path.join(config["out"], "final_state.pt"),
                              os.path.join(control_config["out"], "final_state.pt"))
-        comparison["plot"] = plot(runs, os.path.join(out, "reward_kl.png"))
+        try:
+            comparison["plot"] = plot(runs, os.path.join(out, "reward_kl.png"))
+        except ImportError:
+            comparison["plot"] = "not drawn: pip install matplotlib"
     _print_summary(runs, comparison, out, time.perf_counter() - started, as_json)
     if as_json:
         payload = {k: result[k] for k in ("name", "algo", "plan", "final_plan", "steps", "transitions",

@@ -5,7 +5,7 @@ reduction-order tolerance, and (c) a tp = 1 single-GPU reference at step 1.
 
 Tolerance: layouts differ only in how sums are split (TP partial sums all-reduced, DP
 gradients summed in another order), so fp32 results differ by a few ulps per step; the
-largest differences measured here are 1.5e-7 on losses/KL and 4e-7 on final weights (Adam
+largest differences measured here are 1.5e-7 on losses/KL and 4e-7 on final weights over 4 steps (Adam
 amplifies ulps on near-zero gradients). TOL = 1e-5 leaves a 25x margin and is far below
 a real fault: a misplaced shard (the corrupting runtime below) moves loss + KL by 4e-4."""
 
@@ -30,7 +30,7 @@ S3 = {**S2, "reward.inference": (4, 1, (0, 1, 2, 3)), "actor.training": (1, 2, (
 REF = uniform(1, 1, (0,))
 PLANS = {"S1": S1, "S2": S2, "S3": S3, "R": REF}
 EVENTS = ((1, "S2"), (2, "S3"))
-STEPS = 4
+STEPS = 3
 
 
 TOL = 1e-5
@@ -78,7 +78,7 @@ def test_transitions_lose_nothing():
     kinds.insert(0, ("nereus", "nereus", "S1", EVENTS))
     runs = run_world(4, _runs, kinds)
     moved = runs["nereus"]
-    assert [s["plan"] for s in moved["steps"]] == ["S1", "S2", "S3", "S3"]
+    assert [s["plan"] for s in moved["steps"]] == ["S1", "S2", "S3"]
     # same layouts at every step as the gather-and-reshard run: identical bits
     assert [_numbers(s) for s in moved["steps"]] == [_numbers(s) for s in runs["restart"]["steps"]]
     assert moved["sha"] == runs["restart"]["sha"]

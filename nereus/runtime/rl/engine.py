@@ -62,13 +62,13 @@ class NativeEngine:
     def generate(self, prompts, max_new_tokens, uniforms, temperature=1.0, greedy=False):
         w = self._weights_fn()
         cache = KvCache.empty(self.model.layers)
-        out = torch.empty(prompts.shape[0], max_new_tokens, dtype=torch.long)
+        out = torch.zeros(prompts.shape[0], max_new_tokens, dtype=torch.long, device=prompts.device)
         step_input = prompts
         for i in range(max_new_tokens):
             logits, _, _ = pipeline.forward(self.model, w, step_input, self.tp, self.pipe, lambda h: gather_vocab(
                 local_logits(w, h[:, -1], self.tp), self.tp), cache)
             token = sample(logits, uniforms[:, i], temperature, greedy) if self.pipe.is_last else None
-            token = pipeline.pass_token(self.pipe, token, prompts.shape[0])
+            token = pipeline.pass_token(self.pipe, token, prompts.shape[0], prompts.device)
             if token is not None:
                 out[:, i] = token
             step_input = out[:, i:i + 1]  # middle stages only need its shape

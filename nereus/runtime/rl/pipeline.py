@@ -44,8 +44,8 @@ class PipeStage:
         return self.index == self.size - 1
 
 
-def _recv(shape, src: int, dtype=torch.float32) -> torch.Tensor:
-    buffer = torch.empty(shape, dtype=dtype)
+def _recv(shape, src: int, device, dtype=torch.float32) -> torch.Tensor:
+    buffer = torch.empty(shape, dtype=dtype, device=device)
     dist.recv(buffer, src=src)
     return buffer
 
@@ -61,7 +61,7 @@ def forward(model: Model, w: Weights, tokens: torch.Tensor, tp: TpGroup, pipe: P
         x_in = None
         x = embed(model, w, tokens, tp)
     else:
-        x_in = _recv((*tokens.shape, model.hidden), pipe.prev)
+        x_in = _recv((*tokens.shape, model.hidden), pipe.prev, tokens.device)
         if torch.is_grad_enabled():
             x_in.requires_grad_()
         x = x_in
@@ -78,13 +78,13 @@ def backward(pipe: PipeStage, loss: Optional[torch.Tensor], x_in: Optional[torch
     if pipe.is_last:
         loss.backward()
     else:
-        y.backward(_recv(y.shape, pipe.next))
+        y.backward(_recv(y.shape, pipe.next, y.device))
     if not pipe.is_first:
         grad = x_in.grad if x_in.grad is not None else torch.zeros_like(x_in)
         dist.send(grad.contiguous(), dst=pipe.prev)
 
 
-def pass_token(pipe: PipeStage, token: Optional[torch.Tensor], batch: int) -> Optional[torch.Tensor]:
+def pass_token(pipe: PipeStage, token: Optional[torch.Tensor], batch: int, device=None) -> Optional[torch.Tensor]:
     """Decode step: the last stage's sampled tokens [B] go to the first stage."""
     if pipe.size == 1:
         return token
@@ -92,5 +92,5 @@ def pass_token(pipe: PipeStage, token: Optional[torch.Tensor], batch: int) -> Op
         dist.send(token.contiguous(), dst=pipe.first)
         return token
     if pipe.is_first:
-        return _recv((batch,), pipe.last, torch.long)
+        return _recv((batch,), pipe.last, device, torch.long)
     return None

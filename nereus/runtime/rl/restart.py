@@ -59,8 +59,9 @@ def on_stage(spec: TensorSpec, layers: int, pp: int, stage: int) -> bool:
 class RestartRuntime:
     """Gather-and-reshard runtime over the default process group (rank = GPU id)."""
 
-    def __init__(self, module: Module, plan: str):
+    def __init__(self, module: Module, plan: str, device: Optional[torch.device] = None):
         self.module = module
+        self.device = torch.device(device or "cpu")
         self.plan = module.plan(plan)
         self._state: dict[str, dict[str, torch.Tensor]] = {}
         self.rank = dist.get_rank() if dist.is_initialized() else 0
@@ -80,7 +81,7 @@ class RestartRuntime:
         if where is None:
             return {}
         layers = self.module.model(placement.model_stage.model).layers
-        return {name: shard(full[name], spec, placement.tp, where[2])
+        return {name: shard(full[name], spec, placement.tp, where[2]).to(self.device)
                 for name, spec in global_specs(self.module, model_stage).items()
                 if on_stage(spec, layers, placement.pp, where[1])}
 
@@ -97,7 +98,7 @@ class RestartRuntime:
         local = self.state(model_stage)
         out = {}
         for name, spec in global_specs(self.module, model_stage).items():
-            full = torch.zeros(spec.shape, dtype=TORCH_DTYPES[spec.dtype])
+            full = torch.zeros(spec.shape, dtype=TORCH_DTYPES[spec.dtype], device=self.device)
             if where is not None and where[0] == 0 and name in local:
                 write_owned(full, local[name], spec, placement.tp, where[2])
             if dist.is_initialized() and dist.get_world_size() > 1:

@@ -92,7 +92,7 @@ def weights_sha256(full: dict[str, torch.Tensor]) -> str:
     digest = hashlib.sha256()
     for name in sorted(n for n in full if "#" not in n):
         digest.update(name.encode())
-        digest.update(full[name].contiguous().view(torch.uint8).numpy().tobytes())
+        digest.update(full[name].detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
 
 
@@ -129,6 +129,7 @@ class RlTrainer:
                                 + (f" of whole groups of {self.cfg.group}" if self.cfg.algo == "grpo" else ""),
                                 module.workload.loc)
         self.world = dist.get_world_size() if dist.is_initialized() else 1
+        self.device = getattr(runtime, "device", None) or torch.device("cpu")
         self.groups = Groups()
         self.plan_name = spec.plan
         self.roles = self.groups.for_plan(module, module.plan(spec.plan), self.world)
@@ -147,10 +148,11 @@ class RlTrainer:
             full["critic"] = init_full_weights(self.module.model("critic"), gen)
         for ms in sorted(self.stages):
             model, _, stage = ms.partition(".")
-            named = {f"{model}/{k}": v.clone() for k, v in full[model].items()}
+            dtype = TORCH_DTYPES[self.module.model(model).dtype]
+            named = {f"{model}/{k}": v.to(dtype) for k, v in full[model].items()}  # init is fp32
             if stage == "training":
                 for name in list(named):
-                    named[optimizer_name(name, "master")] = named[name].float().clone()
+                    named[optimizer_name(name, "master")] = full[model][name.partition("/")[2]].float().clone()
                     for state in OPTIMIZER_STATES[1:]:
                         named[optimizer_name(name, state)] = torch.zeros_like(named[name], dtype=torch.float32)
             for name, (shape, dtype) in self.rt.tensor_specs(ms).items():  # e.g. the runtime's Adam step
@@ -166,7 +168,7 @@ class RlTrainer:
     # -- communication helpers -----------------------------------------------------------
 
     def _assemble(self, chunk: Optional[torch.Tensor], role: Optional[Role], rows, shape, dtype) -> torch.Tensor:
-        full = torch.zeros(shape, dtype=dtype)
+        full = torch.zeros(shape, dtype=dtype, device=self.device)
         if role is not None and role.contributes and chunk is not None:
             full[rows] = chunk.detach().to(dtype)
         if self.world > 1:
@@ -231,7 +233,8 @@ class RlTrainer:
         gen = torch.Generator().manual_seed(self.spec.seed * 1_000_003 + step)
         group = cfg.group if cfg.algo == "grpo" else 1
         prompts = make_prompts(B, P, gen, group)
-        uniforms = torch.rand(B, R, generator=gen)
+        uniforms = torch.rand(B, R, generator=gen).to(self.device)
+        cpu_prompts, prompts = prompts, prompts.to(self.device)
 
         def rollout(role, rows):
             engine = NativeEngine(self.module.model("actor"), lambda: self.weights("actor.generation"),
@@ -252,7 +255,7 @@ class RlTrainer:
         logp_old = self._per_replica("actor.training", lambda role, rows: self._logprobs(
             "actor", self.weights("actor.training"), seqs[rows], role), (B, R))
         clock.lap("actor.training")
-        rule = score(self.spec.task, prompts, responses)
+        rule = score(self.spec.task, cpu_prompts, responses.cpu()).to(self.device)
         if cfg.algo == "ppo":
             v_old = self._per_replica("critic.training", lambda role, rows: self._values(
                 "critic", self.weights("critic.training"), seqs[rows], role), (B, R))

@@ -31,10 +31,16 @@ def make_runtime(kind: str, path: str, plan: str, module):
     if kind == "restart":
         from .restart import RestartRuntime
 
-        return RestartRuntime(module, plan)
+        return RestartRuntime(module, plan, _device())
     import nereus.runtime as nr
 
     return nr.Runtime.from_file(path, plan=plan)
+
+
+def _device() -> torch.device:
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def _emit(event: dict) -> None:
@@ -62,7 +68,7 @@ def run(config: dict) -> dict:
     if out:
         os.makedirs(out, exist_ok=True)
         if dist.get_rank() == 0:
-            torch.save(final, os.path.join(out, "final_state.pt"))
+            torch.save({k: v.cpu() for k, v in final.items()}, os.path.join(out, "final_state.pt"))
             with open(os.path.join(out, "result.json"), "w") as f:
                 json.dump(result, f, indent=1)
         if config.get("checkpoint", True):
@@ -76,7 +82,10 @@ def main(argv: list[str]) -> int:
     with open(argv[1]) as f:
         config = json.load(f)
     torch.set_num_threads(max(1, int(config.get("threads", 1))))
-    dist.init_process_group("gloo")
+    backend = config.get("backend") or ("nccl" if torch.cuda.is_available() else "gloo")
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group(backend)
     try:
         result = run(config)
         _emit({"event": "done", **result})
