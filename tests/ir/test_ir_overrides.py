@@ -137,3 +137,25 @@ def test_invalid_overrides(module, overrides, expected):
     with pytest.raises(ir.SemanticError) as caught:
         ir.apply_overrides(module, overrides)
     assert caught.value.format() == expected
+
+
+# ---------------------------------------------------------------- random modules
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from test_ir_roundtrip import modules  # noqa: E402
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(modules(), st.sampled_from(["batch", "prompt", "response", "microbatch"]), st.integers(-3, 5000))
+def test_random_workload_overrides(module, key, value):
+    text = f"workload.{key}={value}"
+    try:
+        changed = ir.apply_overrides(module, [text])
+    except ir.SemanticError as error:
+        assert error.loc is not None and error.loc.file == "<--set>"
+        assert value < 1 or (key == "microbatch" and value > module.workload.batch) or \
+            (key == "batch" and value < module.workload.microbatch)
+        return
+    assert getattr(changed.workload, key) == value
+    assert ir.parse_source(ir.print_module(changed)) == changed
