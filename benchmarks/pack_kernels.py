@@ -250,7 +250,7 @@ def sweep_case(size: int, count: int, ceiling: float, device, fused: Packer, pla
     t_plain = bench(lambda: run(plain), ms=100)
     bound = 4 * nbytes / ceiling
     return case(f"sweep_{size // KiB}KiBx{count}", t_fused, t_plain, bound, bytes=nbytes,
-                fused_fraction_of_ceiling=bound / t_fused, launches=launch_shapes(fused, "pack", key))
+                fused_fraction_of_ceiling=bound / t_fused, launches=fused.launch_summary("pack", key))
 
 
 def ptx_report(pairs, device) -> dict:
@@ -272,11 +272,6 @@ def ptx_report(pairs, device) -> dict:
                 op: {w: len(re.findall(rf"{op}\.global[.\w]*{w}\.", ptx)) for w in (".v2", ".v4", "")}
                 for op in ("ld", "st")}
     return report
-
-
-def launch_shapes(packer: Packer, kind: str, key) -> str:
-    plan = packer._plans.get((kind, key))
-    return " ".join(f"w{x.word}v{x.vec}:{x.rows}x{x.cols}:{x.tiles.shape[0]}t" for x in plan.launches) if plan else ""
 
 
 def poison(shards):
@@ -309,7 +304,7 @@ def loopback_cases(model: Model, ceiling: float, device, fused: Packer, plain: P
         extra[f"tile_{tile[0]}x{tile[1]}_s"] = bench(lambda: forced.copy(pairs, key="loopback"))
     rows = [case("llama8b_tp2_tp4_loopback", t_fused, t_plain, bound, segments=len(pairs), bytes=nbytes,
                  fused_repeat_s=t_again, no_vec_hints_s=t_novec, plan_build_s=build_s,
-                 launches=launch_shapes(fused, "copy", "loopback"), **extra)]
+                 launches=fused.launch_summary("copy", "loopback"), **extra)]
     if device.type == "cuda":
         rows[0]["ptx"] = ptx_report(pairs, device)
         print("ptx global access widths:", json.dumps(rows[0]["ptx"]), flush=True)
@@ -352,7 +347,7 @@ def small_case(count: int, size: int, ceiling: float, device, fused: Packer, pla
     bound = 2 * nbytes / ceiling
     t_fused = bench(lambda: fused.pack(segs, out=buf, key=("small", count)))
     t_plain = bench(lambda: plain.pack(segs, out=buf, key=("small", count)), ms=50)
-    extra = {"bytes": nbytes, "plan_build_s": build_s, "launches": launch_shapes(fused, "pack", ("small", count))}
+    extra = {"bytes": nbytes, "plan_build_s": build_s, "launches": fused.launch_summary("pack", ("small", count))}
     replay = graph_of(lambda: fused.pack(segs, out=buf, key=("small", count)))
     if replay is not None:
         extra["fused_graph_s"] = bench(replay)

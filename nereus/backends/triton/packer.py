@@ -111,6 +111,14 @@ class Packer:
     def clear_cache(self) -> None:
         self._plans.clear()
 
+    def launch_summary(self, kind: str, key: Hashable) -> str:
+        """The cached plan of (`kind`, `key`) in words: per launch its word size, vector
+        width, tile ROWSxCOLS and tile count (e.g. "w8v2:16x256:506756t"); "" if none."""
+        plan = self._plans.get((kind, key))
+        if plan is None:
+            return ""
+        return " ".join(f"w{x.word}v{x.vec}:{x.rows}x{x.cols}:{x.tiles.shape[0]}t" for x in plan.launches)
+
     # -- public operations ---------------------------------------------------------
     def pack(self, segments: Sequence[Any], out: Optional[torch.Tensor] = None, *,
              key: Optional[Hashable] = None) -> torch.Tensor:
