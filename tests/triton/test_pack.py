@@ -223,3 +223,22 @@ def test_segment_forms_are_equivalent():
         Packer("torch").pack([(t, (slice(0, 4, 2),))])
     with pytest.raises(ValueError, match="outside dim"):
         SegmentView(t, (4, 0, 0), (2, 6, 7)).view()
+
+
+def test_keyless_calls_are_cached_by_exact_fingerprint():
+    """The executor passes no key: identical views reuse the plan, any change rebuilds,
+    and torch-fallback plans (which would keep tensors alive) are never cached."""
+    w = torch.randn(8, 64)
+    views = [w[:, :32], w[2:5]]
+    offsets, total = layout(views)
+    fused = Packer("triton")
+    first = fused.pack_into(views, offsets, total).clone()
+    again = fused.pack_into([w[:, :32], w[2:5]], offsets, total)
+    assert fused.plans_built == 1 and torch.equal(first, again)
+    moved = fused.pack_into([w[:, 32:], w[2:5]], offsets, total)  # same shapes, other addresses
+    assert fused.plans_built == 2
+    assert torch.equal(moved, Packer("torch").pack_into([w[:, 32:], w[2:5]], offsets, total))
+    plain = Packer("torch")
+    plain.pack_into(views, offsets, total)
+    plain.pack_into(views, offsets, total)
+    assert plain.plans_built == 2
