@@ -32,7 +32,7 @@ from nereus.ir.diagnostics import ProgramError
 
 from . import packing
 from .control import Failure, agree
-from .program import RankProgram
+from .program import Message, RankProgram
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
                 "fp64": torch.float64, "int64": torch.int64, "int32": torch.int32, "uint8": torch.uint8}
@@ -113,6 +113,8 @@ def _check_before(prog: RankProgram, before: dict) -> None:
             t = have.get(name)
             if t is None:
                 raise ProgramError(f"before-unit {unit} lacks its shard of {name}")
+            if not t.is_contiguous():
+                raise ProgramError(f"{unit} {name}: the local tensor is not contiguous")
             if tuple(t.shape) != info.shape or t.dtype != TORCH_DTYPES[info.dtype]:
                 raise ProgramError(f"{unit} {name}: holds {tuple(t.shape)} {t.dtype}, "
                                    f"the layout says {info.shape} {info.dtype}")
@@ -180,14 +182,10 @@ def execute(prog: RankProgram, before: dict, *, group, control, device: torch.de
                 result.copied_bytes += piece.nbytes
             for msg in work.sends:
                 step, peer = "pack send", msg.peer
-                views = [sources[p.src_unit][p.tensor][p.src_slices] for p in msg.pieces]
-                offsets, total = packing.layout([p.nbytes for p in msg.pieces])
-                buffer = packing.pack(views, offsets, total) if views else torch.empty(0, dtype=torch.uint8)
-                sends.append((msg, buffer.to(device), views))  # staged sources pack on the host
+                sends.append(_outgoing(msg, sources, device))
             for msg in work.recvs:
                 step, peer = "alloc recv", msg.peer
-                offsets, total = packing.layout([p.nbytes for p in msg.pieces])
-                recvs.append((msg, torch.empty(total, dtype=torch.uint8, device=device), offsets))
+                recvs.append(_incoming(msg, prog, new, live, device))
             peer = None
             if fault == (rank, work.index, "pack"):
                 raise InjectedFault("injected fault (pack)")
@@ -197,40 +195,38 @@ def execute(prog: RankProgram, before: dict, *, group, control, device: torch.de
             failure = Failure(rank, work.index, step, peer, f"{type(error).__name__}: {error}")
         timing.local_s = time.perf_counter() - t0
         agree(failure, control, prog.source, prog.target)
-        buffers = sum(b.numel() for _, b, _ in sends) + sum(b.numel() for _, b, _ in recvs)
+        buffers = sum(w.buffer.numel() for w in sends + recvs if w.buffer is not None)
         result.buffer_peak_bytes = max(result.buffer_peak_bytes, buffers)
         live.peak = max(live.peak, live.bytes + buffers)  # transient message buffers count too
 
         t1 = time.perf_counter()
-        ops = [dist.P2POp(dist.isend, buf, msg.peer, group, msg.op_index) for msg, buf, _ in sends]
-        ops += [dist.P2POp(dist.irecv, buf, msg.peer, group, msg.op_index) for msg, buf, _ in recvs]
-        sums_out, sums_in = [], []
+        ops = _p2p_ops(sends, dist.isend, group, 0) + _p2p_ops(recvs, dist.irecv, group, 0)
+        sums_in = []
         if verify:
-            for msg, _, views in sends:
-                sums = torch.tensor([c for v in views for c in packing.checksum(v)], dtype=torch.int64, device=device)
-                sums_out.append(sums)
-                ops.append(dist.P2POp(dist.isend, sums, msg.peer, group, 100000 + msg.op_index))
-            for msg, _, _ in recvs:
-                sums = torch.empty(2 * len(msg.pieces), dtype=torch.int64, device=device)
+            for w in sends:
+                sums = torch.tensor([c for v in w.views for c in packing.checksum(v)], dtype=torch.int64)
+                ops.append(dist.P2POp(dist.isend, sums.to(device), w.msg.peer, group, _VERIFY_TAG + w.msg.op_index))
+            for w in recvs:
+                sums = torch.empty(2 * len(w.msg.pieces), dtype=torch.int64, device=device)
                 sums_in.append(sums)
-                ops.append(dist.P2POp(dist.irecv, sums, msg.peer, group, 100000 + msg.op_index))
+                ops.append(dist.P2POp(dist.irecv, sums, w.msg.peer, group, _VERIFY_TAG + w.msg.op_index))
         try:
             if ops:
                 for req in dist.batch_isend_irecv(ops):
                     req.wait()
             timing.exchange_s = time.perf_counter() - t1
             t2 = time.perf_counter()
-            for i, (msg, buf, offsets) in enumerate(recvs):
-                step, peer = "unpack recv", msg.peer
-                views = [_dst(prog, new, live, device, p)[p.dst_slices] for p in msg.pieces]
-                packing.unpack(buf, views, offsets)
-                for p in msg.pieces:
+            for i, w in enumerate(recvs):
+                step, peer = "unpack recv", w.msg.peer
+                if w.buffer is not None:
+                    packing.unpack(w.buffer, w.packed, w.offsets)
+                for p in w.msg.pieces:
                     written[(p.dst_unit, p.tensor)] = written.get((p.dst_unit, p.tensor), 0) + p.numel
                 if verify:
-                    got = [c for v in views for c in packing.checksum(v)]
+                    got = [c for v in w.views for c in packing.checksum(v)]
                     if got != sums_in[i].tolist():
                         verified = False
-                        raise ProgramError(f"checksum mismatch in the message from {msg.peer}")
+                        raise ProgramError(f"checksum mismatch in the message from {w.msg.peer}")
                 if fault == (rank, work.index, "unpack"):
                     raise InjectedFault("injected fault (unpack)")
             peer = None
@@ -250,8 +246,8 @@ def execute(prog: RankProgram, before: dict, *, group, control, device: torch.de
                 sources[unit] = {}
         except Exception as error:  # noqa: BLE001
             failure = Failure(rank, work.index, step, peer, f"{type(error).__name__}: {error}")
-        timing.sent_bytes = sum(m.nbytes for m, _, _ in sends)
-        timing.received_bytes = sum(m.nbytes for m, _, _ in recvs)
+        timing.sent_bytes = sum(w.msg.nbytes for w in sends)
+        timing.received_bytes = sum(w.msg.nbytes for w in recvs)
         timing.messages = len(sends) + len(recvs)
         timing.seconds = time.perf_counter() - t0
         result.rounds.append(timing)
@@ -275,6 +271,54 @@ def execute(prog: RankProgram, before: dict, *, group, control, device: torch.de
     result.verified = verified
     result.seconds = time.perf_counter() - started
     return result
+
+
+_VERIFY_TAG = 1 << 24
+
+
+@dataclass
+class _Wire:
+    """A message on the wire: one packed buffer (small pieces) plus direct pieces."""
+
+    msg: Message
+    buffer: Optional[torch.Tensor]  # uint8, None when every piece is direct
+    offsets: tuple
+    packed: list  # views of the packed pieces (sources when sending, shards when receiving)
+    direct: list  # contiguous views sent from / received into in place
+    views: list  # every piece's view, in message order (checksums)
+
+
+def _outgoing(msg: Message, sources: dict, device) -> _Wire:
+    views = [sources[p.src_unit][p.tensor][p.src_slices] for p in msg.pieces]
+    packed = [v for v, p in zip(views, msg.pieces) if not p.direct]
+    direct = [v.to(device) for v, p in zip(views, msg.pieces) if p.direct]  # staged: host → device
+    if not all(v.is_contiguous() for v in direct):
+        raise ProgramError("a direct piece is not contiguous in its source tensor")
+    offsets, total = packing.layout([p.nbytes for p in msg.pieces if not p.direct])
+    buffer = packing.pack(packed, offsets, total).to(device) if packed else None
+    return _Wire(msg, buffer, offsets, packed, direct, views)
+
+
+def _incoming(msg: Message, prog: RankProgram, new: dict, live: "_Live", device) -> _Wire:
+    views = [_dst(prog, new, live, device, p)[p.dst_slices] for p in msg.pieces]
+    packed = [v for v, p in zip(views, msg.pieces) if not p.direct]
+    direct = [v for v, p in zip(views, msg.pieces) if p.direct]
+    offsets, total = packing.layout([p.nbytes for p in msg.pieces if not p.direct])
+    buffer = torch.empty(total, dtype=torch.uint8, device=device) if packed else None
+    return _Wire(msg, buffer, offsets, packed, direct, views)
+
+
+def _p2p_ops(wires: list, fn, group, base: int) -> list:
+    """The p2p ops of some messages. Tags count the ops per peer in message order, which
+    the sender and the receiver enumerate identically (gloo matches on tags, NCCL on order)."""
+    ops, count = [], {}
+    for w in wires:
+        tensors = ([w.buffer] if w.buffer is not None else []) + w.direct
+        for t in tensors:
+            tag = base + count.get(w.msg.peer, 0)
+            count[w.msg.peer] = tag - base + 1
+            ops.append(dist.P2POp(fn, t, w.msg.peer, group, tag))
+    return ops
 
 
 def _allocate(prog: RankProgram, unit: str, new: dict, live: _Live, device) -> None:

@@ -20,6 +20,11 @@ from nereus.ir.model import DTYPE_BYTES
 
 from .boxes import Box, as_box, box_numel, cut_segment, local_slices, shard_shape
 
+# Pieces at least this large that are contiguous on both sides (whole rows of the local
+# tensors) travel as their own p2p messages straight from and into the shards: no pack,
+# no unpack, no buffer. Smaller ones are packed per message.
+DIRECT_MIN_BYTES = 256 * 1024
+
 # JSON dtype names → bytes per element (the runtime also moves int64 step counters).
 ELEMENT_BYTES = dict(DTYPE_BYTES, int64=8, int32=4, uint8=1, fp64=8)
 
@@ -36,6 +41,7 @@ class Piece:
     numel: int
     nbytes: int
     box: Box  # global box, for error messages and checksums
+    direct: bool = False  # sent from / received into the local tensors in place, no packing
 
 
 @dataclass(frozen=True)
@@ -123,7 +129,8 @@ def _all_shards(units: list, tensors: dict) -> dict:
     return out
 
 
-def _pieces(seg: dict, src_gpu: int, dst_gpu: int, before: dict, after: dict, tensors: dict, where: str) -> list[Piece]:
+def _pieces(seg: dict, src_gpu: int, dst_gpu: int, before: dict, after: dict, tensors: dict, where: str,
+            direct_min: int = DIRECT_MIN_BYTES) -> list[Piece]:
     name = seg["tensor"]
     box = as_box(seg["box"])
     src = before.get((seg["src_unit"], src_gpu, name))
@@ -137,11 +144,21 @@ def _pieces(seg: dict, src_gpu: int, dst_gpu: int, before: dict, after: dict, te
     if sum(box_numel(p) for _, _, p in cut) != box_numel(box):
         raise ProgramError(f"{where}: segment {name} {list(box)} is not covered by both the source and destination shards")
     itemsize = ELEMENT_BYTES[tensors[name]["dtype"]]
-    return [
-        Piece(name, seg["src_unit"], seg["dst_unit"], local_slices(src, i, p), local_slices(dst, j, p),
-              box_numel(p), box_numel(p) * itemsize, p)
-        for i, j, p in cut
-    ]
+    out = []
+    for i, j, p in cut:
+        src_slices, dst_slices = local_slices(src, i, p), local_slices(dst, j, p)
+        nbytes = box_numel(p) * itemsize
+        direct = nbytes >= direct_min and _rows_only(src_slices, shard_shape(src)) \
+            and _rows_only(dst_slices, shard_shape(dst))
+        out.append(Piece(name, seg["src_unit"], seg["dst_unit"], src_slices, dst_slices, box_numel(p), nbytes, p,
+                         direct))
+    return out
+
+
+def _rows_only(slices: tuple[slice, ...], shape: tuple[int, ...]) -> bool:
+    """True when the slices select whole rows of a contiguous local tensor (a contiguous
+    region): every dimension but the first is taken in full."""
+    return all(sl.start == 0 and sl.stop == n for sl, n in zip(slices[1:], shape[1:]))
 
 
 def _aliasable(program: dict, gpu: int, before: dict, after: dict) -> set:
@@ -170,7 +187,7 @@ def _aliasable(program: dict, gpu: int, before: dict, after: dict) -> set:
     return out
 
 
-def rank_program(program: dict, gpu: int) -> RankProgram:
+def rank_program(program: dict, gpu: int, direct_min_bytes: int = DIRECT_MIN_BYTES) -> RankProgram:
     """Input: a JSON program v1 and this rank's GPU id. Output: this rank's work list.
 
     Invariant: for every message, the sender's and the receiver's RankProgram list the
@@ -215,7 +232,8 @@ def rank_program(program: dict, gpu: int) -> RankProgram:
                     totals["copy"] += sum(p.nbytes for p in pieces)
                     continue
                 pieces = tuple(p for seg in op["segments"]
-                               for p in _pieces(seg, op["src"], op["dst"], before_all, after_all, tensors, where))
+                               for p in _pieces(seg, op["src"], op["dst"], before_all, after_all, tensors, where,
+                                                direct_min_bytes))
                 nbytes = sum(p.nbytes for p in pieces)
                 if "bytes" in op and op["bytes"] != nbytes:
                     raise ProgramError(f"{where}: says {op['bytes']} bytes but its segments hold {nbytes}")

@@ -32,7 +32,7 @@ from nereus.ir.model import ModelStage, Module
 
 from . import packing
 from .executor import TORCH_DTYPES, execute
-from .program import program_model_stages, rank_program, restrict_program, unit_of_stage
+from .program import DIRECT_MIN_BYTES, program_model_stages, rank_program, restrict_program, unit_of_stage
 from .state import assemble, shard_unit, step_name, unit_on_gpu
 
 
@@ -65,7 +65,7 @@ class Runtime:
 
     def __init__(self, module: Module, plan: str, *, rank: Optional[int] = None, world_size: Optional[int] = None,
                  device: Optional[torch.device] = None, verify: bool = False, progress: bool = False,
-                 timeout_s: float = 120.0):
+                 timeout_s: float = 120.0, direct_min_bytes: int = DIRECT_MIN_BYTES):
         if not isinstance(module, Module):
             raise TypeError("Runtime needs a parsed nereus.ir.Module (use Runtime.from_file for a path)")
         self.module = module
@@ -85,6 +85,7 @@ class Runtime:
                 else torch.device("cpu")
         self.device = torch.device(device)
         self.verify = verify
+        self.direct_min_bytes = direct_min_bytes
         self.progress = progress
         self._control = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
         if self.device.type == "cuda" or dist.get_backend() == "gloo":
@@ -173,6 +174,9 @@ class Runtime:
             shape = shard_shape([as_box(b) for b in shard["boxes"]])
             if tuple(local[name].shape) != shape:
                 raise NereusError(f"{name}: local shape {tuple(local[name].shape)}, the layout says {shape}")
+            if not local[name].is_contiguous():
+                raise NereusError(f"{name}: the local tensor is not contiguous",
+                                  hint="register contiguous tensors (transitions send and receive them in place)")
         self._state[str(ms)] = dict(local)
 
     def state(self, model_stage: str) -> dict:
@@ -226,7 +230,7 @@ class Runtime:
         live = self._live_stages(program)
         if live != program_model_stages(program):
             program = restrict_program(program, live)
-        prog = rank_program(program, self.rank)
+        prog = rank_program(program, self.rank, self.direct_min_bytes)
         before = {}
         for unit in prog.before:
             ms = prog.unit_stage[("before", unit)]

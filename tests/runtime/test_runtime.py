@@ -102,7 +102,8 @@ def _check(rt: Runtime, refs: dict) -> list:
 
 def _chain(rank, world, source, fault):
     module = ir.parse_source(source, "chain.nir")
-    rt = Runtime(module, "S0", rank=rank, world_size=world, verify=True)
+    # direct_min_bytes=4096: the larger pieces travel in place, the smaller ones packed
+    rt = Runtime(module, "S0", rank=rank, world_size=world, verify=True, direct_min_bytes=4096)
     refs = {ms: _reference(rt, ms, seed=i) for i, ms in enumerate(STAGES)}
     for ms, full in refs.items():
         rt.register(ms, rt.shard_state_dict(ms, full))
