@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import torch
 
@@ -89,8 +89,7 @@ def layout(views: Sequence[torch.Tensor], align: int = ALIGN) -> tuple[tuple[int
     return tuple(offsets), at
 
 
-@dataclass(frozen=True)
-class Piece:
+class Piece(NamedTuple):
     """One copy of `rows` rows of `inner` contiguous words each. Row r sits at word
     `src + r*src_s` and `dst + r*dst_s` (word addresses: byte address // word). On the
     buffer side of a pack or unpack the address is the byte offset // word in message
@@ -142,19 +141,29 @@ def _pieces(outer: list[tuple[int, int, int]], run: int, src: int, dst: int, msg
         n, a, b = outer[0]
         return [p for k in range(n) for p in _pieces(outer[1:], run, src + k * a, dst + k * b, msg)]
     rows, a, b = outer[0] if outer else (1, run, run)
-    g = math.gcd(src, dst, run, a, b)
-    low = _lowbit(g)
+    return [_piece(src, dst, rows, run, a, b, msg)]
+
+
+def _piece(src: int, dst: int, rows: int, run: int, src_s: int, dst_s: int, msg: int) -> Piece:
+    """A piece from byte quantities, in the widest words that divide them all."""
+    low = _lowbit(math.gcd(src, dst, run, src_s, dst_s))
     word = min(MAX_WORD, low)
-    vec = 2 if low >= 16 else 1
-    return [Piece(word, vec, src // word, dst // word, rows, run // word, a // word, b // word, msg)]
+    return Piece(word, 2 if low >= 16 else 1, src // word, dst // word, rows, run // word,
+                 src_s // word, dst_s // word, msg)
 
 
 def view_pieces(view: torch.Tensor, offset: int, msg: int, direction: str) -> list[Piece]:
     """Pieces between a tensor view and its contiguous image at byte `offset` of message
     `msg`'s buffer; direction "pack" (view → buffer) or "unpack" (buffer → view)."""
+    addr = view.data_ptr()
+    if view.is_contiguous():  # the common case, one dense run: skip the general path
+        run = nbytes(view)
+        if run == 0:
+            return []
+        src, dst = (addr, offset) if direction == "pack" else (offset, addr)
+        return [_piece(src, dst, 1, run, run, run, msg)]
     sizes = list(view.shape)
     contiguous = _contiguous_strides(sizes)
-    addr = view.data_ptr()
     if direction == "pack":
         return normalize_pair(sizes, view.stride(), contiguous, addr, offset, view.element_size(), msg)
     return normalize_pair(sizes, contiguous, view.stride(), offset, addr, view.element_size(), msg)

@@ -26,6 +26,7 @@ Tile table, one row of two int32 per program: (piece index, tile index in the pi
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -61,15 +62,18 @@ class Launch:
                       self.tiles.to(device), self.moved_bytes)
 
 
-def choose_tile(rows: torch.Tensor, inner: torch.Tensor, run: torch.Tensor,
-                force: Optional[tuple[int, int]] = None) -> tuple[int, int]:
-    """Input: per-piece rows, inner run length (words), and whether it is one
-    contiguous run. Output: (ROWS, COLS), powers of two, minimising
+def choose_tile(shapes: Counter, force: Optional[tuple[int, int]] = None) -> tuple[int, int]:
+    """Input: how many pieces have each (rows, inner run length in words); rows == 1 is
+    one contiguous run. Output: (ROWS, COLS), powers of two, minimising
     sum(tiles * (ROWS*COLS + TILE_OVERHEAD + ROWS*ROW_OVERHEAD)), which prefers few
     wide tiles that waste few lanes. `force` bypasses the search."""
     if force is not None:
         return force
     best: Optional[tuple[int, tuple[int, int]]] = None
+    # pieces come in few distinct shapes: cost each shape once, weighted by its count
+    table = torch.tensor([(r, i, n) for (r, i), n in shapes.items()], dtype=torch.int64).view(-1, 3)
+    rows, inner, counts = table[:, 0], table[:, 1], table[:, 2]
+    run = rows.eq(1)
     numel = rows * inner
     for block in BLOCK_CHOICES:
         for cols in COLS_CHOICES:
@@ -78,7 +82,7 @@ def choose_tile(rows: torch.Tensor, inner: torch.Tensor, run: torch.Tensor,
             nrows = block // cols
             tiles = torch.where(run, _ceil(numel // cols, nrows) + (numel % cols).gt(0),
                                 _ceil(rows, nrows) * _ceil(inner, cols))
-            cost = int(tiles.sum()) * (block + TILE_OVERHEAD + nrows * ROW_OVERHEAD)
+            cost = int((tiles * counts).sum()) * (block + TILE_OVERHEAD + nrows * ROW_OVERHEAD)
             if best is None or cost < best[0]:
                 best = (cost, (nrows, cols))
     assert best is not None
@@ -105,15 +109,16 @@ def build_launches(pieces: Sequence[Piece], anchor: int, rel: Optional[str] = No
 
 def _launch(word: int, vec: int, pieces: list[Piece], anchor: int, rel: Optional[str],
             force_tile: Optional[tuple[int, int]]) -> Launch:
-    raw = torch.tensor([[p.src, p.dst, p.msg, p.rows, p.inner, p.src_s, p.dst_s, 0] for p in pieces],
-                       dtype=torch.int64)
+    fields = torch.tensor(pieces, dtype=torch.int64).view(-1, len(Piece._fields))  # Piece is a NamedTuple
+    order = [Piece._fields.index(name) for name in ("src", "dst", "msg", "rows", "inner", "src_s", "dst_s")]
+    raw = torch.cat([fields[:, order], torch.zeros_like(fields[:, :1])], dim=1)
     if rel != "src":
         raw[:, 0] -= anchor
     if rel != "dst":
         raw[:, 1] -= anchor
     rows, inner = raw[:, 3], raw[:, 4]
     run = rows.eq(1)
-    tile_rows, tile_cols = choose_tile(rows, inner, run, force_tile)
+    tile_rows, tile_cols = choose_tile(Counter((p.rows, p.inner) for p in pieces), force_tile)
     # A run longer than COLS becomes full rows of COLS words plus a tail row (a new piece).
     cut = run & inner.gt(tile_cols)
     full, tail = torch.div(inner, tile_cols, rounding_mode="floor"), inner % tile_cols
