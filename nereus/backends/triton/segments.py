@@ -17,8 +17,9 @@ box) pair into *pieces*: rows of one stride over a contiguous inner run of machi
 words, with every address, stride and length in words of the largest size (8, 4, 2 or
 1 bytes) that divides them all. A box whose dims do not merge into one outer dim (a
 3-D box of a non-contiguous view, or a view whose last dim is strided) becomes several
-pieces; a strided last dim gives one-element runs, which are right but slow. Pieces are pure integers (no tensors), so
-addresses past 2**31 elements are ordinary Python ints here and int64 in the tables.
+pieces; a strided last dim gives one-element runs, which are right but slow. Pieces
+are pure integers (no tensors), so addresses past 2**31 elements are ordinary Python
+ints here and int64 in the tables.
 """
 
 from __future__ import annotations
