@@ -198,6 +198,9 @@ def test_cached_plan_is_reused_and_sees_new_values():
     assert not torch.equal(first, second)
     packer.pack(segments[:1], key=("sync", 0))  # a different message under the same key
     assert packer.plans_built == 2
+    packer.pack(segments, key=7)  # any hashable key
+    packer.pack(segments, key=7)
+    assert packer.plans_built == 3
 
 
 def test_backend_choice_env_and_logging(monkeypatch, caplog):

@@ -199,8 +199,8 @@ class Packer:
               describe) -> _Plan:
         """The cached plan of `key` when its segment counts and buffer residues match,
         else a new one from `describe()` (views, offsets, totals, device), cached."""
-        described = None
-        if key is None:  # identify the call by its exact addresses, shapes and strides
+        described, auto = None, key is None
+        if auto:  # identify the call by its exact addresses, shapes and strides
             described = describe()
             key = ("auto", _fingerprint(*described[:3]))
         plan = self._plans.get((kind, key))
@@ -210,7 +210,7 @@ class Packer:
         views, offsets, totals, device = described or describe()
         plan = self._build(kind, views, offsets, residues, device)
         plan.counts, plan.totals = counts, totals
-        if plan.backend == "triton" or key[0] != "auto":  # torch plans hold views: only when asked
+        if plan.backend == "triton" or not auto:  # torch plans hold views: only when asked
             self._plans[(kind, key)] = plan
             self._cached_bytes += plan.table_bytes
             while len(self._plans) > self.cache_size or self._cached_bytes > self.cache_bytes:
@@ -256,6 +256,8 @@ class Packer:
         rel = kernels.REL_NONE
         if plan.kind != "copy":
             rel = kernels.REL_DST if plan.kind == "pack" else kernels.REL_SRC
+            if any(b.device != plan.device for b in buffers):
+                raise ValueError(f"buffers on {sorted({str(b.device) for b in buffers})}, segments on {plan.device}")
             anchor = kernels.anchor(plan.device).data_ptr()
             addresses = tuple(b.data_ptr() - r - anchor for b, r in zip(buffers, plan.residues))
             if plan.bases is None or plan.bases[0] != addresses:
