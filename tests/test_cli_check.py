@@ -55,3 +55,9 @@ def test_missing_file_is_an_error_not_a_traceback():
     result = run("check", "does-not-exist.nir")
     assert result.exit_code == 2
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.nir")), ids=lambda p: p.name)
+def test_examples_are_in_canonical_form(path):
+    # `nereusc fmt --check` exits 1 when formatting would change the file
+    assert run("fmt", "--check", str(path)).exit_code == 0
