@@ -78,7 +78,9 @@ def backward(pipe: PipeStage, loss: Optional[torch.Tensor], x_in: Optional[torch
     if pipe.is_last:
         loss.backward()
     else:
-        y.backward(_recv(y.shape, pipe.next, y.device))
+        # (y·g).sum() has gradient g w.r.t. y exactly; y.backward(g) would do the same but
+        # torch checks g's shape by importing sympy on first use (~2.5 s, once per process).
+        (y * _recv(y.shape, pipe.next, y.device)).sum().backward()
     if not pipe.is_first:
         grad = x_in.grad if x_in.grad is not None else torch.zeros_like(x_in)
         dist.send(grad.contiguous(), dst=pipe.prev)
@@ -94,3 +96,4 @@ def pass_token(pipe: PipeStage, token: Optional[torch.Tensor], batch: int, devic
     if pipe.is_first:
         return _recv((batch,), pipe.last, device, torch.long)
     return None
+
