@@ -1,0 +1,45 @@
+"""`nereus bench NAME [ARGS]...`: run a script of the repository's `benchmarks/` folder."""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+
+import click
+
+import nereus
+from nereus.cli.errors import reports_errors, traceback_option
+from nereus.ir.diagnostics import NereusError
+
+
+def benchmarks_dir() -> pathlib.Path:
+    return pathlib.Path(nereus.__file__).resolve().parent.parent / "benchmarks"
+
+
+def available() -> list[str]:
+    folder = benchmarks_dir()
+    return sorted(p.stem for p in folder.glob("*.py")) if folder.is_dir() else []
+
+
+@click.command("bench", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.argument("name", required=False)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@traceback_option
+@reports_errors
+def bench_command(name, args, traceback):
+    """Run benchmark NAME (a script in benchmarks/, e.g. plan_scale) with ARGS.
+
+    Without NAME, list the benchmarks. Each prints one JSON object as its last stdout
+    line. Benchmarks ship with the source tree: use an editable install (pip install -e .).
+    """
+    names = available()
+    if not names:
+        raise NereusError(f"no benchmarks found in {benchmarks_dir()}",
+                          hint="benchmarks ship with the source tree: run from a checkout installed with pip install -e .")
+    if name is None:
+        click.echo("\n".join(names))
+        return
+    if name not in names:
+        raise NereusError(f"no benchmark named {name!r}", hint=f"choose one of: {', '.join(names)}")
+    sys.exit(subprocess.call([sys.executable, str(benchmarks_dir() / f"{name}.py"), *args]))
