@@ -31,7 +31,11 @@ from dataclasses import dataclass
 
 from nereus.ir.diagnostics import InfeasibleError
 
-from .dag import SEND, TransitionDag, Xfer
+from .dag import SEND, Piece, TransitionDag, Xfer
+from .layout import box_volume as _volume
+from .layout import slot_specs
+
+_KIND_INDEX = {"first": 0, "layer": 1, "last": 2}
 
 SAME_STAGE, SM_CS, CM_SS, CM_CS = "same-model-stage", "same-model-cross-stage", "cross-model-same-stage", \
     "cross-model-cross-stage"
@@ -179,7 +183,10 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool) -> Schedule:
                 transient[x.src_gpu] += 0 if staged[x.free] else head.bytes
                 transient[x.dst_gpu] += head.bytes
                 done.append(head)
-            if tail is not None:
+            if isinstance(tail, tuple):
+                later.extend(tail)
+                readers[x.free] += 1
+            elif tail is not None:
                 later.append(tail)
         ready = later
         for x in done:
@@ -206,7 +213,7 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool) -> Schedule:
                 notes.append(f"deadlock in round {k}: {len(allocs)} allocation(s) can never fit")
                 rounds.append(Round((), (), (), ()))
                 break
-            outs = _break_cycle(dag, allocs, ready, mem, transient, cap, host, host_cap, freed, staged, live)
+            outs = _break_cycle(dag, allocs, ready, mem, cap, host, host_cap, freed, staged, live)
             staged_bytes += sum(dag.frees[i].bytes for i in outs)
         check = []
         reserve = int(cap * TRANSIENT_RESERVE)
@@ -242,22 +249,80 @@ def _fit(dag: TransitionDag, x: Xfer, budget: int) -> tuple:
     if take == layers and end == last and hi > last and last_v <= room:
         end = hi
     if end == lo:
-        return None, x
+        return _split_slot(dag, x, budget)
     if end >= hi:
         return x, None
     return xfer_slice(dag, x, lo, end), xfer_slice(dag, x, end, hi)
 
 
-def _break_cycle(dag, allocs, ready, mem, transient, cap, host, host_cap, freed, staged, live) -> list[int]:
+def _with_pieces(dag: TransitionDag, x: Xfer, pieces: tuple) -> Xfer:
+    """One-slot transfer `x` carrying only `pieces` (volumes and bytes recomputed)."""
+    info = dag.stages[x.stage]
+    specs = slot_specs(info.model)
+    volumes = [0, 0, 0]
+    for piece in pieces:
+        volumes[_KIND_INDEX[specs[piece.spec].kind]] += _volume(piece.box)
+    return Xfer(x.kind, x.stage, x.alloc, x.free, x.src_gpu, x.dst_gpu, x.slots, pieces,
+                sum(volumes) * info.element_bytes, tuple(volumes))
+
+
+def _split_slot(dag: TransitionDag, x: Xfer, budget: int) -> tuple:
+    """Less than one slot fits: send the first slot's pieces that fit, cutting the piece
+    that straddles the budget along dim 0 (any row range of a box is a valid segment)."""
+    lo, hi = x.slots
+    one = xfer_slice(dag, x, lo, lo + 1)
+    rest = xfer_slice(dag, x, lo + 1, hi) if hi > lo + 1 else None
+    info = dag.stages[x.stage]
+    specs = slot_specs(info.model)
+    kind = "first" if lo == 0 else ("last" if lo == info.model.layers + 1 else "layer")
+    pieces = [p for p in one.pieces if specs[p.spec].kind == kind]
+    room = budget // info.element_bytes
+    head: list = []
+    for i, piece in enumerate(pieces):
+        volume = _volume(piece.box)
+        if volume <= room:
+            head.append(piece)
+            room -= volume
+            continue
+        (r0, r1), others = piece.box[0], piece.box[1:]
+        row = volume // (r1 - r0)
+        rows = room // row if row else 0
+        tail = pieces[i + 1:]
+        if rows:
+            head.append(Piece(piece.spec, ((r0, r0 + rows),) + others))
+            tail = [Piece(piece.spec, ((r0 + rows, r1),) + others)] + tail
+        else:
+            tail = [piece] + tail
+        break
+    else:
+        tail = []
+    if not head:
+        return None, x
+    first = _with_pieces(dag, one, tuple(head))
+    if not tail:
+        return first, rest
+    left = _with_pieces(dag, one, tuple(tail))
+    return first, (left if rest is None else (left, rest))
+
+
+def _break_cycle(dag, allocs, ready, mem, cap, host, host_cap, freed, staged, live) -> list[int]:
     """Stage before-shards of the least-blocked GPU to host memory; returns the frees staged."""
     cluster = dag.module.cluster
     needs: dict[int, int] = {}
+
+    def short(g: int, nbytes: int) -> None:
+        deficit = mem[g] + nbytes - cap
+        if deficit > 0:
+            needs[g] = min(needs.get(g, deficit), deficit)
+
     for a in allocs:
-        alloc = dag.allocs[a]
-        needs[alloc.gpu] = min(needs.get(alloc.gpu, 1 << 62), mem[alloc.gpu] + alloc.bytes - cap)
+        short(dag.allocs[a].gpu, dag.allocs[a].bytes)
     for x in ready:
-        for g in (x.src_gpu, x.dst_gpu):
-            needs[g] = min(needs.get(g, 1 << 62), mem[g] + x.bytes - cap)
+        if x.kind == SEND:  # the smallest step forward: one slot of the transfer
+            one = xfer_slice(dag, x, x.slots[0], x.slots[0] + 1).bytes
+            short(x.dst_gpu, one)
+            if not staged[x.free]:
+                short(x.src_gpu, one)
     for gpu, deficit in sorted(needs.items(), key=lambda item: (item[1], item[0])):
         candidates = sorted((i for i in live if dag.frees[i].gpu == gpu and not freed[i] and not staged[i]
                              and dag.frees[i].bytes > 0), key=lambda i: (-dag.frees[i].bytes, i))
@@ -281,7 +346,7 @@ def _break_cycle(dag, allocs, ready, mem, transient, cap, host, host_cap, freed,
             mem[gpu] -= dag.frees[i].bytes
         return picked
     worst = sorted(needs.items(), key=lambda item: (item[1], item[0]))[:4]
-    listing = ", ".join(f"GPU {g} short of {d} bytes" for g, d in worst)
+    listing = ", ".join(f"GPU {g} short of {d} bytes" for g, d in worst) or "no GPU can make progress"
     raise InfeasibleError(f"transition {dag.source} -> {dag.target} cannot fit: {listing} even with every"
                           " movable shard staged to host memory",
                           hint="the target plan does not fit next to the state that stays; check it with `nereusc check`")

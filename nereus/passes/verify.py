@@ -211,9 +211,12 @@ def verify_program(program_json: dict) -> VerifyReport:
                         _fail(f"{where}: a send from GPU {src} to itself", hint="use a copy")
                 else:
                     src = dst = op["gpu"]
-                total = 0
+                total = from_gpu = 0
                 for s in op["segments"]:
-                    total += _transfer(where, s, src, dst, tensors, before, after, status, allocated, written)
+                    nbytes = _transfer(where, s, src, dst, tensors, before, after, status, allocated, written)
+                    total += nbytes
+                    if status[(s["src_unit"], src)] != "host":
+                        from_gpu += nbytes
                     segments += 1
                     if kind == "keep":
                         keeps[(s["src_unit"], s["dst_unit"], src, s["tensor"])].append(_tb(s["box"]))
@@ -221,9 +224,8 @@ def verify_program(program_json: dict) -> VerifyReport:
                     if op.get("bytes") != total:
                         _fail(f"{where}: declares {op.get('bytes')} bytes, its segments hold {total}")
                     moved += total
-                if kind == "send":
-                    if not all(status[(s["src_unit"], src)] == "host" for s in op["segments"]):
-                        transient[src] += total
+                if kind == "send":  # pack / unpack buffers; host-staged segments pack in host memory
+                    transient[src] += from_gpu
                     transient[dst] += total
         if phase <= 1:
             _check_memory(k, mem, transient, capacity, peak)

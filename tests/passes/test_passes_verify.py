@@ -134,3 +134,21 @@ def test_colocated_actor_and_critic_with_optimizer_state():
     names = {t["name"] for t in program["tensors"]}
     assert "critic/value_head.weight#exp_avg_sq" in names and "actor/lm_head.weight" in names
     verify_program(program)
+
+
+def test_identical_programs_across_hash_seeds():
+    """Every rank compiles on its own: output must not depend on PYTHONHASHSEED."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys, json, hashlib; sys.path.insert(0, %r); from builders import fig5_module;"
+            "from nereus.passes import compile_transition;"
+            "print(hashlib.sha256(json.dumps(compile_transition(fig5_module(), 'S1', 'tp_up').to_json())"
+            ".encode()).hexdigest())") % os.path.dirname(__file__)
+    digests = set()
+    for seed in ("1", "2"):
+        env = dict(os.environ, PYTHONHASHSEED=seed)
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        digests.add(out.stdout.strip())
+    assert len(digests) == 1
