@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .dag import SEND, TransitionDag, Xfer
+from .dag import SEND, Piece, TransitionDag, Xfer
+from .layout import box_volume, slot_specs, tp_boxes
 from .resources import Schedule, xfer_slice
 
 
@@ -45,10 +46,52 @@ def fuse(dag: TransitionDag, schedule: Schedule, bucket: int | None = None) -> t
                 pairs.setdefault((x.src_gpu, x.dst_gpu), []).append(x)
         messages = []
         for (src, dst), xs in sorted(pairs.items()):
-            for group in _buckets(dag, xs, bucket):
+            for group in _buckets(dag, coalesce(dag, xs), bucket):
                 messages.append(Message(src, dst, tuple(group), sum(x.bytes for x in group)))
         out.append(tuple(messages))
     return tuple(out)
+
+
+def coalesce(dag: TransitionDag, xfers: list[Xfer]) -> list[Xfer]:
+    """Merge transfers of one GPU pair that read the same before shard into the same after
+    shard over the same layers into one, and join adjacent pieces of one tensor (touching
+    along dim 0, equal elsewhere) when the union stays inside one source box and one
+    destination box, so that the receiver still unpacks each segment into one box."""
+    groups: dict[tuple, list[Xfer]] = {}
+    for x in xfers:
+        groups.setdefault((x.stage, x.alloc, x.free, x.slots), []).append(x)
+    out = []
+    for (stage, alloc, free, slots), xs in groups.items():
+        if len(xs) == 1:
+            out.append(xs[0])
+            continue
+        info = dag.stages[stage]
+        specs = slot_specs(info.model)
+        src_pos, dst_pos = dag.frees[free].pos, dag.allocs[alloc].pos
+        pieces = sorted((p for x in xs for p in x.pieces), key=lambda p: (p.spec, p.box))
+        merged: list[Piece] = []
+        for piece in pieces:
+            if merged and merged[-1].spec == piece.spec:
+                prev = merged[-1]
+                if prev.box[0][1] == piece.box[0][0] and prev.box[1:] == piece.box[1:]:
+                    union = ((prev.box[0][0], piece.box[0][1]),) + piece.box[1:]
+                    spec = specs[piece.spec].spec
+                    if _within(union, tp_boxes(spec, info.before.tp, src_pos[1])) and \
+                            _within(union, tp_boxes(spec, info.after.tp, dst_pos[1])):
+                        merged[-1] = Piece(piece.spec, union)
+                        continue
+            merged.append(piece)
+        volumes = [0, 0, 0]
+        for piece in merged:
+            volumes[("first", "layer", "last").index(specs[piece.spec].kind)] += box_volume(piece.box)
+        x = xs[0]
+        out.append(Xfer(x.kind, stage, alloc, free, x.src_gpu, x.dst_gpu, slots, tuple(merged),
+                        sum(y.bytes for y in xs), tuple(volumes)))
+    return out
+
+
+def _within(box, boxes) -> bool:
+    return any(all(a >= c and b <= d for (a, b), (c, d) in zip(box, outer)) for outer in boxes)
 
 
 def _buckets(dag: TransitionDag, xfers: list[Xfer], bucket: int | None) -> list[list[Xfer]]:

@@ -104,3 +104,22 @@ def test_golden_text_listing(request):
             handle.write(text)
     with open(GOLDEN) as handle:
         assert text == handle.read()
+
+
+def test_coalesce_joins_row_chunks_of_one_box():
+    from dataclasses import replace
+
+    from nereus.passes.dag import Piece
+    from nereus.passes.fusion import coalesce
+
+    compiled = compile_transition(fig5_module(), "S1", "moved")
+    dag = compiled.dag
+    x = next(x for x in dag.xfers if x.kind == "send" and x.pieces[0].box[0][1] - x.pieces[0].box[0][0] > 1)
+    piece = x.pieces[0]
+    (r0, r1), rest = piece.box[0], piece.box[1:]
+    mid = (r0 + r1) // 2
+    a = replace(x, pieces=(Piece(piece.spec, ((r0, mid),) + rest),), bytes=x.bytes // 2)
+    b = replace(x, pieces=(Piece(piece.spec, ((mid, r1),) + rest),) + x.pieces[1:], bytes=x.bytes - x.bytes // 2)
+    (joined,) = coalesce(dag, [b, a])
+    assert sorted(joined.pieces, key=lambda p: (p.spec, p.box)) == sorted(x.pieces, key=lambda p: (p.spec, p.box))
+    assert joined.bytes == x.bytes and joined.volumes == x.volumes
