@@ -161,7 +161,8 @@ class WeightSync:
 
 
 def gather_then_slice(module: Module, plan: str, source_state: dict, *, source: str = "actor.training",
-                      target: str = "actor.generation", engine_input: bool = False, group=None) -> SyncResult:
+                      target: str = "actor.generation", engine_input: bool = False, group=None,
+                      device: Optional[torch.device] = None) -> SyncResult:
     """Baseline sync (verl / OpenRLHF style), collective over `group` (default: world).
 
     Every distinct box of every source weight is broadcast from one holder to every rank,
@@ -186,11 +187,12 @@ def gather_then_slice(module: Module, plan: str, source_state: dict, *, source: 
             if shard["gpu"] == rank:
                 my_boxes[shard["tensor"]] = [as_box(b) for b in shard["boxes"]]
     specs = _weight_specs(module, source)
+    holders = writers(src_units)
     full, received = {}, 0
     for name, (shape, dtype) in specs.items():
-        tensor = torch.empty(shape, dtype=dtype)
-        for holder, index, box in writers(src_units).get(name, ()):
-            piece = torch.empty(tuple(hi - lo for lo, hi in box), dtype=dtype)
+        tensor = torch.empty(shape, dtype=dtype, device=device)
+        for holder, index, box in holders.get(name, ()):
+            piece = torch.empty(tuple(hi - lo for lo, hi in box), dtype=dtype, device=device)
             if holder == rank:
                 offset = sum(b[0][1] - b[0][0] for b in my_boxes[name][:index])
                 piece.copy_(source_state[name][offset: offset + box[0][1] - box[0][0]])
@@ -202,7 +204,7 @@ def gather_then_slice(module: Module, plan: str, source_state: dict, *, source: 
     target_unit = unit_on_gpu(dst_units, rank)
     weights = shard_unit(target_unit, rank, full) if target_unit is not None else {}
     sent = sum(box_numel(box) * _elem(specs[n][1]) * (dist.get_world_size(group) - 1)
-               for n, entries in writers(src_units).items() if n in specs
+               for n, entries in holders.items() if n in specs
                for holder, _, box in entries if holder == rank)
     return SyncResult(weights, time.perf_counter() - started, sent, received)
 

