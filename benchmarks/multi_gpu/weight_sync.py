@@ -1,0 +1,180 @@
+"""Per-step weight sync of an 8B actor, training layout -> generation layout, over NCCL.
+
+    torchrun --nproc-per-node 8 benchmarks/multi_gpu/weight_sync.py
+    torchrun --nproc-per-node 4 benchmarks/multi_gpu/weight_sync.py --backend gloo --device cpu --quick
+
+Every RL step the trained bf16 weights of the actor must reach the generation stage in
+its own layout. Training and generation are colocated on all n GPUs: training runs
+dp 1, tp n/2, pp 2; generation runs tp g, dp n/g for g in {2, n/2} (n = 2: g in {1, 2}).
+Weights only (the optimizer state stays with training).
+
+- nereus: `nereus.runtime.vllm_sync.WeightSync` (the sync compiled as a transition of
+  the weights and run by the same executor); nereus_s = median over `--repeats` runs of
+  the slowest rank's executor time, nereus_wall_s the median call barrier to barrier
+  (adds the per-call lowering of the program); compile_s once.
+- gather_push: OpenRLHF-style, each tensor gathered whole on rank 0 then broadcast to
+  every generation rank, which slices its shard (median of the same repeats).
+- bound_s = bytes that change owner / measured P2P bandwidth; bound_parallel_s = the
+  busiest GPU's incoming bytes / per-GPU ring rate (see mg_common.bounds).
+Both results are checked byte for byte against the reference slices on every rank.
+Last stdout line: one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+import torch
+import torch.distributed as dist
+
+from mg_common import SHAPES, Env, add_common_args, bounds, build_local, check_local, cluster_source, \
+    free_memory, incoming_bytes, machine, measure_bandwidth, model_source, my_shards, plan_source, specs_bytes
+
+TAG = "actor.training"  # generation shards carry the training weights' values
+
+
+def gen_tps(world: int) -> list:
+    return sorted({min(2, world), max(1, world // 2)})
+
+
+def module_source(world: int, mem: int, shape: dict, layers: int, g: int) -> str:
+    train = (1, max(1, world // 2), 2 if world >= 2 else 1, list(range(world)))
+    gen = (world // g, g, 1, list(range(world)))
+    text = cluster_source(world, mem) + model_source(shape, layers)
+    text += "workload rl {\n  batch 8  prompt 16  response 16  microbatch 1\n  generation: actor\n  training: actor\n}\n"
+    return text + plan_source("P", {"actor.generation": gen, "actor.training": train})
+
+
+def weight_specs(module) -> dict:
+    from nereus.ir.architecture import tensor_table
+    from nereus.runtime.executor import TORCH_DTYPES
+
+    return {f"actor/{s.name}": (s.shape, TORCH_DTYPES[s.dtype]) for s in tensor_table(module.model("actor"))}
+
+
+def gather_push(env: Env, train_units: list, gen_units: list, local: dict, specs: dict) -> dict:
+    """Collective. Each tensor gathered whole on rank 0 (p2p from its first holders),
+    broadcast from rank 0 to every rank, sliced into this rank's generation shard."""
+    from nereus.runtime.state import shard_of, writers
+
+    write = writers(train_units)
+    mine_train, mine_gen = my_shards(train_units, env.rank), my_shards(gen_units, env.rank)
+    out = {}
+    for name in sorted(specs):
+        shape, dtype = specs[name]
+        full = torch.empty(shape, dtype=dtype, device=env.device)
+        ops, pending = [], []
+        for g, i, box in write[name]:
+            if g == env.rank:
+                boxes = mine_train[name]
+                offset = sum(b[0][1] - b[0][0] for b in boxes[:i])
+                part = local[name][offset: offset + box[0][1] - box[0][0]]
+                if env.rank == 0:
+                    full[tuple(slice(lo, hi) for lo, hi in box)].copy_(part)
+                else:
+                    ops.append(dist.P2POp(dist.isend, part.contiguous(), 0))
+            elif env.rank == 0:
+                buf = torch.empty([hi - lo for lo, hi in box], dtype=dtype, device=env.device)
+                ops.append(dist.P2POp(dist.irecv, buf, g))
+                pending.append((box, buf))
+        if ops:
+            for req in dist.batch_isend_irecv(ops):
+                req.wait()
+        for box, buf in pending:
+            full[tuple(slice(lo, hi) for lo, hi in box)].copy_(buf)
+        dist.broadcast(full, src=0)
+        if name in mine_gen:
+            out[name] = shard_of(full, mine_gen[name])
+        del full
+    return out
+
+
+def run_case(env: Env, g: int, args, shape: dict, bw: dict) -> dict:
+    import nereus.ir as ir
+    from nereus.backends.json_program import plan_units_json
+    from nereus.runtime.vllm_sync import WeightSync
+
+    module = ir.parse_source(module_source(env.world, env.gpu_mem_bytes(), shape, args.layers, g), "sync.nir")
+    specs = weight_specs(module)
+    train = plan_units_json(module, "P", "actor.training")
+    gen = plan_units_json(module, "P", "actor.generation")
+    case = f"train-tp{max(1, env.world // 2)}pp2-gen-tp{g}dp{env.world // g}"
+    local = build_local(train, env.rank, specs, args.seed, TAG, env.device, names=lambda n: n in specs)
+    sync = WeightSync(module, device=env.device, control=env.ctrl)
+    _, compile_s = sync.program("P")
+    compile_s = env.slowest(compile_s)
+
+    def check(weights) -> bool:
+        return env.all_true(not check_local(weights, gen, env.rank, specs, args.seed, TAG, env.device))
+
+    first = sync.run("P", local)
+    ok = check(first.weights)
+    del first
+    walls, execs, result = [], [], None
+    for _ in range(args.repeats):
+        result, wall = env.timed(lambda: sync.run("P", local))
+        walls.append(wall)
+        execs.append(env.slowest(result.seconds))
+    ok = check(result.weights) and ok
+    sent = int(env.total(result.bytes_sent))
+    rounds = result.rounds
+    del result
+    free_memory(env)
+    gather_push(env, train, gen, local, specs)  # warm-up: communicators and allocator
+    gp_times, gp = [], None
+    for _ in range(args.repeats):
+        gp, seconds = env.timed(lambda: gather_push(env, train, gen, local, specs))
+        gp_times.append(seconds)
+    ok_gp = check(gp)
+    del gp
+    free_memory(env)
+    out = {"case": case, "gen_tp": g, "layers": args.layers, "weight_bytes": specs_bytes(specs),
+           "nereus_s": statistics.median(execs), "nereus_wall_s": statistics.median(walls),
+           "nereus_times_s": execs, "nereus_compile_s": compile_s, "rounds": rounds, "bytes_moved": sent,
+           **bounds(incoming_bytes(train, gen, specs), bw),
+           "gather_push_s": statistics.median(gp_times), "gather_push_times_s": gp_times,
+           "verified_nereus": ok, "verified_gather_push": ok_gp}
+    out["gather_push_over_nereus"] = out["gather_push_s"] / out["nereus_s"] if out["nereus_s"] else None
+    if out["bound_s"]:
+        out["nereus_over_bound"] = out["nereus_s"] / out["bound_s"]
+    if out["bound_parallel_s"]:
+        out["nereus_over_bound_parallel"] = out["nereus_s"] / out["bound_parallel_s"]
+    out["verified"] = ok and ok_gp
+    env.log(f"{case}: nereus {out['nereus_s'] * 1e3:.1f} ms (wall {out['nereus_wall_s'] * 1e3:.1f}), "
+            f"gather-push {out['gather_push_s'] * 1e3:.1f} ms, bound {_ms(out['bound_s'])} / parallel "
+            f"{_ms(out['bound_parallel_s'])}, {sent / 1e9:.2f} GB moved, verified {out['verified']}")
+    return out
+
+
+def _ms(seconds) -> str:
+    return "n/a" if seconds is None else f"{seconds * 1e3:.1f} ms"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_common_args(parser)
+    parser.add_argument("--layers", type=int, default=None, help="default 32 (8B); tiny model on CPU: 4")
+    parser.add_argument("--repeats", type=int, default=None, help="timed runs per method (default 5, quick 3)")
+    parser.add_argument("--bandwidth-mib", type=int, default=None, help="default 1024 on GPU, 4 on CPU")
+    args = parser.parse_args(argv)
+    env = Env(args)
+    if env.world < 2 or env.world % 2:
+        raise SystemExit("weight_sync.py needs an even number of ranks >= 2")
+    shape = SHAPES["8b"] if env.cuda else SHAPES["tiny"]
+    args.layers = args.layers or shape["layers"]
+    args.repeats = args.repeats or (3 if args.quick else 5)
+    mib = args.bandwidth_mib or (1024 if env.cuda else 4)
+    bw = measure_bandwidth(env, mib << 20)
+    env.log(f"bandwidth: p2p {bw['p2p_GBps']:.1f} GB/s, ring {bw['ring_GBps']:.1f} GB/s per GPU ({mib} MiB)")
+    cases = [run_case(env, g, args, shape, bw) for g in gen_tps(env.world)]
+    verified = all(c["verified"] for c in cases)
+    env.finish({"name": "multi_gpu_weight_sync", "gpus": env.world, "backend": env.backend,
+                "device": env.device.type, "quick": args.quick, "shape": dict(shape, layers=args.layers),
+                "bandwidth": bw, "verified": verified, "cases": cases, "machine": machine()}, args.json_out)
+    return 0 if verified else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
