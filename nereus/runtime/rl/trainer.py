@@ -1,7 +1,8 @@
 """The PPO / GRPO loop: every model-stage computes on the shards the runtime holds.
 
 Model-stages (names fixed by this loop; the plan places them):
-  actor.generation   rollout (engine; weights synced from actor.training after each step)
+  actor.generation   rollout (engine; weights synced from actor.training after each step by
+                     Nereus' compiled weight sync, nereus.runtime.vllm_sync)
   ref.inference      log π_ref (initialised as a copy of the actor's initial weights)
   reward.inference   llama reward model: its score is logged as `rm_score`; the training
                      reward is the rule of nereus.runtime.rl.reward (so learning is checkable)
@@ -40,7 +41,7 @@ from . import pipeline
 from .llama import init_full_weights, local_logits, values
 from .optim import adam_step, all_reduce_grads
 from .parallel import vocab_parallel_logprob
-from .restart import TORCH_DTYPES
+from .restart import TORCH_DTYPES, RestartRuntime
 from .reward import make_prompts, score
 from .topology import Groups, Role
 
@@ -72,6 +73,7 @@ class StepRecord:
     seconds: float
     response: int = 0
     stage_seconds: dict = field(default_factory=dict)  # model-stage → wall seconds of its phase
+    sync_bytes: int = 0  # weight sync actor.training → actor.generation, bytes this rank sent
 
 
 def _report_dict(report: Any) -> dict:
@@ -131,6 +133,13 @@ class RlTrainer:
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         self.device = getattr(runtime, "device", None) or torch.device("cpu")
         self.groups = Groups()
+        self.weight_sync = None
+        if not isinstance(runtime, RestartRuntime) and dist.is_initialized():
+            # the per-step actor → generation weight sync compiled by Nereus (vllm_sync.py);
+            # the restart baseline keeps gather-everything-then-slice
+            from nereus.runtime.vllm_sync import WeightSync
+
+            self.weight_sync = WeightSync(module, device=self.device)
         self.plan_name = spec.plan
         self.roles = self.groups.for_plan(module, module.plan(spec.plan), self.world)
 
@@ -291,19 +300,26 @@ class RlTrainer:
                 value_losses.append(self._train("critic.training", critic_loss, opt_step, cfg.critic_lr, offset, mb))
                 clock.lap("critic.training")
         clock.restart()
-        self.sync_generation_weights()
+        sync_bytes = self.sync_generation_weights()
         clock.lap("actor.generation")
         return StepRecord(step, self.plan_name, sum(losses) / len(losses),
                           sum(value_losses) / len(value_losses) if value_losses else 0.0,
                           float(rule.mean()), float((logp_old - logp_ref).mean()), float(rm.mean()),
-                          time.perf_counter() - start, R, clock.seconds)
+                          time.perf_counter() - start, R, clock.seconds, sync_bytes)
 
-    def sync_generation_weights(self) -> None:
-        """Copy the trained actor weights into the generation stage's shards (in place)."""
-        full = self.rt.gather_state_dict("actor.training")
-        local = self.rt.shard_state_dict("actor.generation", {k: v for k, v in full.items() if "#" not in k})
+    def sync_generation_weights(self) -> int:
+        """Copy the trained actor weights into the generation stage's shards (in place);
+        returns the bytes this rank sent."""
+        if self.weight_sync is not None:
+            result = self.weight_sync.run(self.plan_name, self.rt.state("actor.training"))
+            local, sent = result.weights, result.bytes_sent
+        else:
+            full = self.rt.gather_state_dict("actor.training")
+            local = self.rt.shard_state_dict("actor.generation", {k: v for k, v in full.items() if "#" not in k})
+            sent = sum(t.numel() * t.element_size() for t in full.values())  # each rank all-reduces all
         for name, tensor in self.rt.state("actor.generation").items():
-            tensor.copy_(local[name])
+            tensor.copy_(local[name])  # a copy: kept shards of the sync alias training tensors
+        return sent
 
     # -- the run ----------------------------------------------------------------------------
 
