@@ -143,6 +143,7 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool) -> Schedule:
     check = [i for i in live if readers[i] == 0]
     unfreed = len(live)
     reserve = int(cap * TRANSIENT_RESERVE)
+    fine = False
     while allocs or ready or unfreed:
         k = len(rounds)
         took, waiting = [], []
@@ -175,7 +176,7 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool) -> Schedule:
                 continue
             else:
                 budget = min(room_dst, room_src if src_extra else room_dst)
-                head, tail = _fit(dag, x, budget)
+                head, tail = _fit(dag, x, budget, fine)
                 if head is not None:
                     chunked += 1
                     readers[x.free] += 1
@@ -209,6 +210,9 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool) -> Schedule:
             if reserve:
                 reserve = 0  # try once more letting allocations use the transient reserve
                 continue
+            if not fine:
+                fine = True  # then once more cutting transfers below one layer
+                continue
             if not staging:
                 notes.append(f"deadlock in round {k}: {len(allocs)} allocation(s) can never fit")
                 rounds.append(Round((), (), (), ()))
@@ -217,6 +221,7 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool) -> Schedule:
             staged_bytes += sum(dag.frees[i].bytes for i in outs)
         check = []
         reserve = int(cap * TRANSIENT_RESERVE)
+        fine = False
         last_release = defaultdict(list)
         for i in releases + outs:
             last_release[dag.frees[i].gpu].append(i)
@@ -228,7 +233,7 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool) -> Schedule:
     return Schedule(tuple(rounds), tuple(edges), chunked, staged_bytes, False, tuple(notes))
 
 
-def _fit(dag: TransitionDag, x: Xfer, budget: int) -> tuple:
+def _fit(dag: TransitionDag, x: Xfer, budget: int, fine: bool = False) -> tuple:
     """Split send `x` into (head, tail): the longest leading slot range whose bytes fit in
     `budget` (head None when not even one slot fits; tail None when nothing is left)."""
     lo, hi = x.slots
@@ -249,7 +254,7 @@ def _fit(dag: TransitionDag, x: Xfer, budget: int) -> tuple:
     if take == layers and end == last and hi > last and last_v <= room:
         end = hi
     if end == lo:
-        return _split_slot(dag, x, budget)
+        return _split_slot(dag, x, budget) if fine else (None, x)
     if end >= hi:
         return x, None
     return xfer_slice(dag, x, lo, end), xfer_slice(dag, x, end, hi)
