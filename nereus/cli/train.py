@@ -154,7 +154,7 @@ def train_command(plan_file, plan_name, algo, nproc, steps, events, controller, 
     \b
     nereus train examples/rl/ppo-cpu.nir --nproc 4 --steps 9 --events "3:S2,6:S3"
     nereus train examples/rl/ppo-cpu.nir --nproc 4 --steps 9 --events "3:S2,6:S3" --control
-    nereus train examples/rl/grpo-cpu.nir --algo grpo --nproc 2 --steps 60 --json
+    nereus train examples/rl/grpo-cpu.nir --algo grpo --nproc 2 --steps 150 --events "50:S2,100:S3" --json
     """
     import nereus.ir as ir
 
