@@ -50,6 +50,7 @@ def placement_units(model: Model, placement: Placement) -> list[dict]:
                               for tensor, boxes in gpu_shards(model, placement, p, t))
         units.append({"id": unit_id(name, r), "model_stage": name, "replica": r,
                       "gpus": list(placement.replica_gpus(r)), "tp": placement.tp, "pp": placement.pp,
+                      "offload": placement.offload,
                       "shards": shards})
     return units
 

@@ -15,6 +15,8 @@ reused in place; a part is a local `copy`), then a GPU of the same node, then th
 replicas in rotation, so that replicas holding identical data share the load. Only units of
 the same model-stage are sources (actor.training state never feeds actor.generation: the
 weights can differ in dtype and freshness, and the optimizer state exists only in training).
+Units of an `offload` model-stage hold their state in host memory at the step boundary
+(before and after the transition); a keep needs both sides in the same memory.
 """
 
 from __future__ import annotations
@@ -235,7 +237,7 @@ def _stage_recipe(model: Model, before: Placement, after: Placement, q: int, u: 
         counts = slot_counts(model, slo, shi)
         kinds = _kinds(counts)
         skip: frozenset[int] = frozenset()
-        if here is not None and here[0] == p:
+        if here is not None and here[0] == p and before.offload == after.offload:
             skip = kept_specs(model, before.tp, here[1], after.tp, u)
             pieces = tuple(Piece(i, b) for i in sorted(skip) if specs[i].kind in kinds
                            for b in tp_boxes(specs[i].spec, after.tp, u))

@@ -56,8 +56,9 @@ class StageDiff:
 
     @property
     def unchanged(self) -> bool:
-        return self.before.gpus == self.after.gpus and (self.before.dp, self.before.tp, self.before.pp) == (
-            self.after.dp, self.after.tp, self.after.pp)
+        return self.before.gpus == self.after.gpus and (
+            self.before.dp, self.before.tp, self.before.pp, self.before.offload) == (
+            self.after.dp, self.after.tp, self.after.pp, self.after.offload)
 
 
 @dataclass(frozen=True)

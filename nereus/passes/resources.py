@@ -114,8 +114,14 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool) -> Schedule:
     host_cap = cluster.host_mem_bytes
     chosen = set(stage_ids)
     mem = list(dag.resident)
-    for f in dag.frees:
-        mem[f.gpu] += f.shard_bytes
+    host = defaultdict(int)
+    staged = [False] * len(dag.frees)
+    for i, f in enumerate(dag.frees):
+        if dag.stages[f.stage].before.offload:  # offloaded state waits in host memory
+            staged[i] = True
+            host[cluster.node_of(f.gpu)] += f.shard_bytes
+        else:
+            mem[f.gpu] += f.shard_bytes
     over = [g for g in range(len(mem)) if mem[g] > cap]
     if over:
         g = over[0]
@@ -131,8 +137,6 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool) -> Schedule:
             readers[x.free] += 1
     live = [i for i, f in enumerate(dag.frees) if f.stage in chosen]
     freed = [False] * len(dag.frees)
-    staged = [False] * len(dag.frees)
-    host = defaultdict(int)
     blocked_since: dict[int, int] = {}
     last_release: dict[int, list[int]] = {}
     rounds: list[Round] = []
@@ -149,7 +153,17 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool) -> Schedule:
         took, waiting = [], []
         for a in allocs:
             alloc = dag.allocs[a]
-            if mem[alloc.gpu] + alloc.bytes + reserve <= cap:
+            if dag.stages[alloc.stage].after.offload:
+                node = cluster.node_of(alloc.gpu)
+                if host[node] + alloc.bytes > host_cap:
+                    raise InfeasibleError(
+                        f"transition {dag.source} -> {dag.target}: offloaded state overflows node {node}'s host"
+                        f" memory ({host[node] + alloc.bytes} bytes, {host_cap} available)",
+                        hint="offload fewer model-stages or add host memory")
+                host[node] += alloc.bytes
+                took.append(a)
+                ready.extend(incoming.get(a, ()))
+            elif mem[alloc.gpu] + alloc.bytes + reserve <= cap:
                 mem[alloc.gpu] += alloc.bytes
                 took.append(a)
                 ready.extend(incoming.get(a, ()))

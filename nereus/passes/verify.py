@@ -138,10 +138,17 @@ def verify_program(program_json: dict) -> VerifyReport:
     for g, b in data["resident_bytes"].items():
         mem[int(g)] += b
     status = {}
-    for uid, per_gpu in before.items():
-        for g, shards in per_gpu.items():
-            mem[g] += shard_bytes(shards)
-            status[(uid, g)] = "gpu"
+    host = defaultdict(int)
+    offloaded = {u["id"] for u in data["units"]["after"] if u.get("offload")}
+    for unit in data["units"]["before"]:
+        uid = unit["id"]
+        for g, shards in before[uid].items():
+            if unit.get("offload"):  # state of an offloaded model-stage waits in host memory
+                host[node_of[g]] += shard_bytes(shards)
+                status[(uid, g)] = "host"
+            else:
+                mem[g] += shard_bytes(shards)
+                status[(uid, g)] = "gpu"
     kept_into, kept_out = defaultdict(int), defaultdict(int)
     for rnd in data["rounds"]:
         for op in rnd["ops"]:
@@ -152,7 +159,6 @@ def verify_program(program_json: dict) -> VerifyReport:
                     kept_out[(s["src_unit"], op["gpu"])] += b
     allocated = set()
     written: dict = defaultdict(list)
-    host = defaultdict(int)
     peak = dict(mem)
     ops = segments = moved = 0
     for k, rnd in enumerate(data["rounds"]):
@@ -180,7 +186,13 @@ def verify_program(program_json: dict) -> VerifyReport:
                 if op["bytes"] != expected:
                     _fail(f"{where}: declares {op['bytes']} bytes, the shard needs {expected}")
                 allocated.add(key)
-                mem[op["gpu"]] += op["bytes"]
+                if op["unit"] in offloaded:
+                    node = node_of[op["gpu"]]
+                    host[node] += op["bytes"]
+                    if host[node] > host_cap.get(node, float("inf")):
+                        _fail(f"{where}: host memory of node {node} overflows ({host[node]} bytes)")
+                else:
+                    mem[op["gpu"]] += op["bytes"]
             elif kind in ("free", "stage_out"):
                 key = (op["unit"], op["gpu"])
                 state = status.get(key)

@@ -74,3 +74,24 @@ def test_single_round_lowering_overflows_on_the_handover():
     compiled = compile_transition(_handover(), "S", "T", pipeline="diff,dag,lower")
     with pytest.raises(ProgramError, match="capacity"):
         verify_program(compiled.to_json())
+
+
+def test_offloaded_state_moves_in_host_memory():
+    """ref.inference is offloaded: its before and after shards live in host memory, so GPUs
+    that could not hold it still take the transition; flipping offload copies through."""
+    ref, actor = llama("ref"), llama("actor")
+    unit = shard_bytes(ref, place("ref.inference", 1, 1, 1, [0]), 0, 0)
+    train = shard_bytes(actor, place("actor.training", 1, 1, 1, [0]), 0, 0)
+    c = cluster(1, 4, train + train // 7 + unit // 2)  # actor state + grads; no room for a ref shard
+    w = workload({"inference": ["ref"], "training": ["actor"]})
+    m = module(c, [actor, ref], w, {
+        "S": [place("ref.inference", 2, 1, 1, [0, 1], offload=True), place("actor.training", 1, 1, 1, [0])],
+        "T": [place("ref.inference", 1, 2, 1, [1, 0], offload=True), place("actor.training", 1, 1, 1, [0])],
+        "U": [place("ref.inference", 2, 1, 1, [2, 3]), place("actor.training", 1, 1, 1, [0])],
+    })
+    program = compile_transition(m, "S", "T").to_json()
+    assert all(u["offload"] for u in program["units"]["after"])
+    verify_program(program)
+    flipped = compile_transition(m, "S", "U")
+    assert not flipped.summary["stages"]["ref.inference"]["unchanged"]
+    verify_program(flipped.to_json())
