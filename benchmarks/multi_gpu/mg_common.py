@@ -43,7 +43,7 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="fewer/smaller cases (CPU checks, tight budgets)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json-out", default=None, help="also write the final JSON object here (rank 0)")
-    parser.add_argument("--timeout-s", type=float, default=300.0, help="process-group timeout")
+    parser.add_argument("--timeout-s", type=float, default=180.0, help="process-group timeout")
 
 
 class Env:
@@ -150,7 +150,8 @@ def machine() -> dict:
     if torch.cuda.is_available():
         out["gpu"] = torch.cuda.get_device_name(0)
         out["gpu_mem_bytes"] = torch.cuda.get_device_properties(0).total_memory
-        out["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        version = torch.cuda.nccl.version()
+        out["nccl"] = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
     from nereus.runtime import packing
 
     out["pack_backend"] = packing.BACKEND

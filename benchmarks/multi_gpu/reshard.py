@@ -35,6 +35,7 @@ reference slices on every rank. The last stdout line is one JSON object.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import sys
@@ -136,7 +137,7 @@ def in_first_layers(k: int):
     return keep
 
 
-def run_case(env: Env, case: str, args, shape: dict, bw: dict) -> dict:
+def run_case(env: Env, case: str, args, shape: dict, bw: dict, progress=lambda out: None) -> dict:
     from nereus.backends.json_program import plan_units_json
     from nereus.runtime import Runtime
 
@@ -192,38 +193,11 @@ def run_case(env: Env, case: str, args, shape: dict, bw: dict) -> dict:
         out["paper_over_nereus"] = PAPER_4_TO_8_S / out["nereus_s"]
 
     state_a = {ms: rt.state(ms) for ms in stages}
+    progress(out)
     if not args.skip_gather_scatter:
-        warm_names = in_first_layers(1)  # warm the rank-0 pairs on one layer's tensors
-        for ms in stages:
-            gather_scatter(env, *units[ms], state_a[ms], {n: s for n, s in specs[ms].items() if warm_names(n)})
-        new, gs_s = env.timed(lambda: {ms: gather_scatter(env, *units[ms], state_a[ms], specs[ms]) for ms in stages})
-        out["gather_scatter_s"] = gs_s
-        out["verified_gather_scatter"] = verified(1, new)
-        out["gather_scatter_over_nereus"] = gs_s / out["nereus_s"]
-        del new
-        free_memory(env)
-        env.log(f"{case}: gather-scatter {gs_s:.3f} s ({out['gather_scatter_over_nereus']:.1f}x nereus)")
+        guarded(env, out, "gather_scatter", lambda: _gather_scatter(env, out, stages, units, specs, state_a, verified))
     if args.dcp_layers > 0:
-        keep = in_first_layers(min(args.dcp_layers, layers))
-        save_s = load_s = 0.0
-        subset = 0
-        loaded = {}
-        for ms in stages:
-            names = sorted(n for n in specs[ms] if keep(n))
-            subset += specs_bytes({n: specs[ms][n] for n in names})
-            folder = os.path.join(args.ckpt_dir, f"{case}-{ms}")
-            s, l, loaded[ms] = dcp_save_load(env, *units[ms], state_a[ms], specs[ms], names, folder)
-            save_s, load_s = save_s + s, load_s + l
-        ok_dcp = env.all_true(all(not check_local(loaded[ms], units[ms][1], env.rank, specs[ms], args.seed, ms,
-                                                  env.device, names=keep) for ms in stages))
-        del loaded
-        dcp_s = save_s + load_s
-        out.update(dcp_subset_layers=min(args.dcp_layers, layers), dcp_subset_bytes=subset, dcp_save_s=save_s,
-                   dcp_load_s=load_s, dcp_s=dcp_s, dcp_s_extrapolated=dcp_s * state_bytes / subset,
-                   verified_dcp=ok_dcp)
-        out["dcp_extrapolated_over_nereus"] = out["dcp_s_extrapolated"] / out["nereus_s"]
-        env.log(f"{case}: dcp {dcp_s:.2f} s on {subset / 1e9:.2f} GB, extrapolated "
-                f"{out['dcp_s_extrapolated']:.1f} s for {state_bytes / 1e9:.1f} GB")
+        guarded(env, out, "dcp", lambda: _dcp(env, out, case, args, stages, units, specs, state_a, layers, state_bytes))
     del rt, state_a
     free_memory(env)
     if env.cuda:
@@ -231,6 +205,59 @@ def run_case(env: Env, case: str, args, shape: dict, bw: dict) -> dict:
         torch.cuda.reset_peak_memory_stats(env.device)
     out["verified"] = all(v for k, v in out.items() if k.startswith("verified_"))
     return out
+
+
+def guarded(env: Env, out: dict, what: str, fn) -> None:
+    """Run a baseline; an exception (the same on every rank, e.g. an API a torch version
+    lacks) is recorded in `out` instead of ending the benchmark."""
+    try:
+        fn()
+    except Exception as error:  # noqa: BLE001 - recorded, and the other figures still count
+        out[f"{what}_error"] = f"{type(error).__name__}: {error}"[:500]
+        env.log(f"{what} failed: {out[f'{what}_error']}")
+    free_memory(env)
+
+
+def _gather_scatter(env, out, stages, units, specs, state_a, verified) -> None:
+    warm_names = in_first_layers(1)  # warm the rank-0 pairs on one layer's tensors
+    for ms in stages:
+        gather_scatter(env, *units[ms], state_a[ms], {n: s for n, s in specs[ms].items() if warm_names(n)})
+    new, gs_s = env.timed(lambda: {ms: gather_scatter(env, *units[ms], state_a[ms], specs[ms]) for ms in stages})
+    out["gather_scatter_s"] = gs_s
+    out["verified_gather_scatter"] = verified(1, new)
+    out["gather_scatter_over_nereus"] = gs_s / out["nereus_s"]
+    del new
+    env.log(f"{out['case']}: gather-scatter {gs_s:.3f} s ({out['gather_scatter_over_nereus']:.1f}x nereus)")
+
+
+def _dcp(env, out, case, args, stages, units, specs, state_a, layers, state_bytes) -> None:
+    keep = in_first_layers(min(args.dcp_layers, layers))
+    save_s = load_s = 0.0
+    subset = 0
+    loaded = {}
+    for ms in stages:
+        names = sorted(n for n in specs[ms] if keep(n))
+        subset += specs_bytes({n: specs[ms][n] for n in names})
+        folder = os.path.join(args.ckpt_dir, f"{case}-{ms}")
+        s, l, loaded[ms] = dcp_save_load(env, *units[ms], state_a[ms], specs[ms], names, folder)
+        save_s, load_s = save_s + s, load_s + l
+    ok_dcp = env.all_true(all(not check_local(loaded[ms], units[ms][1], env.rank, specs[ms], args.seed, ms,
+                                              env.device, names=keep) for ms in stages))
+    del loaded
+    dcp_s = save_s + load_s
+    out.update(dcp_subset_layers=min(args.dcp_layers, layers), dcp_subset_bytes=subset, dcp_save_s=save_s,
+               dcp_load_s=load_s, dcp_s=dcp_s, dcp_s_extrapolated=dcp_s * state_bytes / subset, verified_dcp=ok_dcp)
+    out["dcp_extrapolated_over_nereus"] = out["dcp_s_extrapolated"] / out["nereus_s"]
+    env.log(f"{case}: dcp {dcp_s:.2f} s on {subset / 1e9:.2f} GB, extrapolated "
+            f"{out['dcp_s_extrapolated']:.1f} s for {state_bytes / 1e9:.1f} GB")
+
+
+def save_partial(env: Env, args, bw: dict, cases: list) -> None:
+    """What has finished so far, in `--json-out`.partial: it survives a timeout."""
+    if env.rank == 0 and args.json_out:
+        with open(args.json_out + ".partial", "w") as f:
+            json.dump({"name": "multi_gpu_reshard", "gpus": env.world, "bandwidth": bw, "partial": True,
+                       "cases": cases}, f)
 
 
 def main(argv=None) -> int:
@@ -259,7 +286,8 @@ def main(argv=None) -> int:
     for case in names:
         if case not in case_names(env.world):
             parser.error(f"unknown case {case} for {env.world} ranks; known: {case_names(env.world)}")
-        cases.append(run_case(env, case, args, shape, bw))
+        cases.append(run_case(env, case, args, shape, bw, lambda current: save_partial(env, args, bw, cases + [current])))
+        save_partial(env, args, bw, cases)
     verified = all(c["verified"] for c in cases)
     env.finish({"name": "multi_gpu_reshard", "gpus": env.world, "backend": env.backend, "device": env.device.type,
                 "quick": args.quick, "shape": shape, "bandwidth": bw, "paper_4_to_8_s": PAPER_4_TO_8_S,

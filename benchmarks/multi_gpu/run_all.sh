@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Issue 10 in one call: correctness, resharding and weight-sync benchmarks on every GPU of
+# this host (torchrun, one process per GPU, NCCL), inside one time budget.
+#
+#   bash benchmarks/multi_gpu/run_all.sh            # GPU host: counts GPUs with nvidia-smi -L
+#   bash benchmarks/multi_gpu/run_all.sh --quick    # smaller cases (8B shapes, 8 layers)
+#   bash benchmarks/multi_gpu/run_all.sh --cpu 4    # CPU check: 4 gloo ranks, tiny models
+#
+# Logs and JSON go to $OUT/multi_gpu (./out/multi_gpu when OUT is unset); the last lines
+# printed are a summary table and one JSON object. BUDGET_S (default 560) caps the whole
+# run; each step gets what is left (capped per step), a step that cannot get 30 s is
+# skipped and listed as such. NCCL_NVLS_ENABLE is left as the machine sets it.
+set -u
+cd "$(dirname "$0")/../.." || exit 1
+OUT_DIR="${OUT:-./out}/multi_gpu"
+mkdir -p "$OUT_DIR"
+BUDGET_S="${BUDGET_S:-560}"
+PY="${PYTHON:-python3}"
+START=$(date +%s)
+QUICK=""
+CPU_RANKS=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) QUICK="--quick" ;;
+    --cpu) CPU_RANKS="$2"; shift ;;
+    *) echo "unknown option $1 (use --quick, --cpu N)"; exit 2 ;;
+  esac
+  shift
+done
+export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
+
+if [ -n "$CPU_RANKS" ]; then
+  N="$CPU_RANKS"
+  EXTRA="--backend gloo --device cpu --quick"
+  QUICK="--quick"
+else
+  N=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+  EXTRA=""
+  if [ "$N" -lt 2 ]; then
+    echo "found $N GPU(s): these scripts need at least 2 (use --cpu N to check them on CPU)"
+    exit 2
+  fi
+fi
+
+STEPS="$OUT_DIR/steps.txt"
+: > "$STEPS"
+{
+  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  echo "ranks: $N  quick: ${QUICK:-no}  budget: ${BUDGET_S}s  NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE-<unset>}"
+  "$PY" -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda)"
+  if [ -z "$CPU_RANKS" ]; then nvidia-smi -L; nvidia-smi topo -m; fi
+  df -h "${NEREUS_CKPT_DIR:-/tmp}" | tail -1
+} > "$OUT_DIR/machine.txt" 2>&1
+cat "$OUT_DIR/machine.txt"
+
+# run_step NAME RANKS CAP_S SCRIPT ARGS...: torchrun SCRIPT on RANKS processes, logs and
+# JSON under $OUT_DIR, killed after min(CAP_S, budget left - 10) seconds.
+run_step() {
+  local name="$1" ranks="$2" cap="$3" script="$4"
+  shift 4
+  local left=$(( BUDGET_S - ($(date +%s) - START) - 10 ))
+  local limit=$(( cap < left ? cap : left ))
+  if [ "$limit" -lt 30 ]; then
+    echo "$name skipped (budget: ${left}s left)" | tee -a "$STEPS"
+    return
+  fi
+  echo ">>> $name: $ranks ranks, limit ${limit}s ($(( $(date +%s) - START ))s elapsed)"
+  local t0=$(date +%s)
+  timeout -k 10 "$limit" "$PY" -m torch.distributed.run --standalone --nproc-per-node "$ranks" \
+    "benchmarks/multi_gpu/$script" $EXTRA $QUICK --json-out "$OUT_DIR/$name.json" "$@" \
+    > "$OUT_DIR/$name.log" 2>&1
+  local rc=$?
+  local status="rc=$rc"
+  [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] && status="timeout after ${limit}s (rc=$rc)"
+  echo "$name $status, $(( $(date +%s) - t0 ))s" | tee -a "$STEPS"
+  grep -E '^\[ *[0-9.]+s\]' "$OUT_DIR/$name.log" | tail -n 12
+  if [ "$rc" -ne 0 ]; then tail -n 15 "$OUT_DIR/$name.log"; fi
+}
+
+HALF=$(( N / 2 ))
+QUARTER=$(( N / 4 ))
+run_step "correctness_${N}" "$N" 150 correctness.py
+run_step "reshard_${N}" "$N" 270 reshard.py
+run_step "weight_sync_${N}" "$N" 100 weight_sync.py
+if [ "$N" -ge 4 ] && [ $(( N % 4 )) -eq 0 ]; then
+  # the smaller doubling (e.g. 2 -> 4 on an 8-GPU host), on the first N/2 GPUs
+  run_step "reshard_${HALF}" "$HALF" 150 reshard.py --cases "gpus${QUARTER}-gpus${HALF}"
+fi
+if [ "$N" -gt 2 ]; then
+  run_step "correctness_2" 2 60 correctness.py --quick
+fi
+
+echo "=== summary ($(( $(date +%s) - START ))s) ==="
+"$PY" benchmarks/multi_gpu/summarize.py "$OUT_DIR"

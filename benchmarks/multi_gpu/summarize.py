@@ -1,0 +1,99 @@
+"""Summary of a run_all.sh run: reads the JSON files it left, prints one table per
+script, writes summary.json beside them. Imports neither torch nor nereus.
+
+    python3 benchmarks/multi_gpu/summarize.py OUT/multi_gpu
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import sys
+
+
+def _s(x, digits=3) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def _x(x) -> str:
+    return "-" if x is None else f"{x:.1f}x"
+
+
+def load(folder: str) -> dict:
+    out = {}
+    for path in sorted(glob.glob(os.path.join(folder, "*.json"))):
+        if os.path.basename(path) == "summary.json":
+            continue
+        try:
+            with open(path) as f:
+                out[os.path.basename(path)[:-5]] = json.load(f)
+        except (OSError, ValueError) as error:
+            out[os.path.basename(path)[:-5]] = {"error": str(error)}
+    return out
+
+
+def lines(results: dict, steps: dict) -> list:
+    text = []
+    for step, status in steps.items():
+        text.append(f"{step:28s} {status}")
+    text.append("")
+    for key, r in results.items():
+        name = r.get("name", key)
+        if name == "multi_gpu_correctness":
+            text.append(f"{key}: {'PASSED' if r['passed'] else 'FAILED'} on {r['gpus']} x {r['device']} ({r['backend']})")
+            for s in r["scenarios"]:
+                text.append(f"  {s['scenario']:10s} {s['transitions']} transitions, up to {s['rounds_max']} rounds, "
+                            f"{s['bytes_sent'] / 1e9:.2f} GB sent, fault rollback {'ok' if s['fault_ok'] else 'FAILED'}, "
+                            f"{'passed' if s['passed'] else 'FAILED'}; coverage {s['coverage']}")
+        elif name == "multi_gpu_reshard":
+            bw = r["bandwidth"]
+            text.append(f"{key}: {r['gpus']} x {r['device']}, p2p {_s(bw['p2p_GBps'], 1)} GB/s, "
+                        f"ring {_s(bw['ring_GBps'], 1)} GB/s per GPU; verified {r['verified']}")
+            text.append("  case          models        layers  state GB  nereus s  wall s  gather-scatter s  "
+                        "dcp subset s  dcp extrap s  bound s  par.bound s  paper s")
+            for c in r["cases"]:
+                text.append(f"  {c['case']:13s} {'+'.join(c['models']):13s} {c['layers']:6d}  "
+                            f"{c['state_bytes'] / 1e9:8.1f}  {_s(c['nereus_s']):>8s}  {_s(c['nereus_wall_s']):>6s}  "
+                            f"{_s(c.get('gather_scatter_s')):>16s}  {_s(c.get('dcp_s'), 2):>12s}  "
+                            f"{_s(c.get('dcp_s_extrapolated'), 1):>12s}  {_s(c['bound_s']):>7s}  "
+                            f"{_s(c['bound_parallel_s']):>11s}  {_s(c.get('paper_s'), 2):>7s}"
+                            f"{'' if c['verified'] else '  NOT VERIFIED'}")
+                for key_, value in c.items():
+                    if key_.endswith("_error"):
+                        text.append(f"    {key_}: {value}")
+        elif name == "multi_gpu_weight_sync":
+            text.append(f"{key}: {r['gpus']} x {r['device']}, {r['shape']['layers']} layers; verified {r['verified']}")
+            for c in r["cases"]:
+                text.append(f"  {c['case']:28s} nereus {_s(c['nereus_s'] * 1e3, 1)} ms (wall "
+                            f"{_s(c['nereus_wall_s'] * 1e3, 1)}), gather-push {_s(c['gather_push_s'] * 1e3, 1)} ms "
+                            f"({_x(c.get('gather_push_over_nereus'))}), bound {_s((c['bound_s'] or 0) * 1e3, 1)} ms, "
+                            f"parallel bound {_s((c['bound_parallel_s'] or 0) * 1e3, 1)} ms, "
+                            f"{c['bytes_moved'] / 1e9:.2f} GB moved")
+        else:
+            text.append(f"{key}: {r}")
+    return text
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    folder = argv[0]
+    steps = {}
+    status_path = os.path.join(folder, "steps.txt")
+    if os.path.exists(status_path):
+        for line in open(status_path):
+            if line.strip():
+                step, _, status = line.strip().partition(" ")
+                steps[step] = status
+    results = load(folder)
+    text = lines(results, steps)
+    print("\n".join(text))
+    with open(os.path.join(folder, "summary.json"), "w") as f:
+        json.dump({"steps": steps, "results": results}, f)
+    print(json.dumps({"name": "multi_gpu_run_all", "steps": steps,
+                      "passed": bool(results) and all(r.get("passed", r.get("verified", False)) for r in results.values())}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
