@@ -79,3 +79,25 @@ def program_text(program, summary: dict | None = None) -> str:
         else:
             lines.append(f"  {kind:<9} gpu {record.dst_gpu:<4} {_xfer_text(dag, record)}  {human_bytes(record.bytes)}")
     return "\n".join(lines) + "\n"
+
+
+def dag_text(dag) -> str:
+    """The TransitionDag's records in their stable order (before any scheduling): per
+    model-stage its allocs, transfers (with source choice) and frees."""
+    from nereus.passes.layout import unit_id
+
+    lines = [f"dag {dag.source} -> {dag.target}: {len(dag.allocs)} allocs, {len(dag.xfers)} transfers,"
+             f" {len(dag.frees)} frees"]
+    if dag.untouched:
+        lines.append(f"untouched: {', '.join(dag.untouched)}")
+    for index, info in enumerate(dag.stages):
+        lines.append(f"{info.name}: dp {info.before.dp} tp {info.before.tp} pp {info.before.pp} -> "
+                     f"dp {info.after.dp} tp {info.after.tp} pp {info.after.pp}")
+        for a in (a for a in dag.allocs if a.stage == index):
+            lines.append(f"  alloc  gpu {a.gpu:<4} {unit_id(info.name, a.replica)} {human_bytes(a.bytes)}")
+        for x in (x for x in dag.xfers if x.stage == index):
+            where = f"gpu {x.dst_gpu}" if x.src_gpu == x.dst_gpu else f"{x.src_gpu} -> {x.dst_gpu}"
+            lines.append(f"  {x.kind:<6} {where:<8} {_xfer_text(dag, x)}  {human_bytes(x.bytes)}")
+        for f in (f for f in dag.frees if f.stage == index):
+            lines.append(f"  free   gpu {f.gpu:<4} {unit_id(info.name, f.replica)} {human_bytes(f.bytes)}")
+    return "\n".join(lines) + "\n"

@@ -3,7 +3,8 @@
 Without --emit: check every plan's memory (the `check` table), then compile every declared
 transition and print its summary; exit 1 if a plan does not fit. With --emit: compile the
 chosen transition (`--transition`, or the only one declared) and write that level: summary,
-text (a listing of rounds), dot (Graphviz) or json (the program, docs/program.md).
+dag (the transition DAG's records in their stable order), text (a listing of rounds),
+dot (Graphviz) or json (the program, docs/program.md).
 """
 
 from __future__ import annotations
@@ -87,7 +88,8 @@ def _print_after(name: str, state) -> None:
 @click.option("--transition", metavar="S1->S2", help="Compile this transition (any two plans of FILE).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a value first, e.g. --set workload.response=8192 (repeatable).")
-@click.option("--emit", type=click.Choice(["summary", "text", "dot", "json"]), help="Output level.")
+@click.option("--emit", type=click.Choice(["summary", "dag", "text", "dot", "json"]),
+              help="Output level: summary, dag (the transition DAG's records), text (rounds), dot, json (program).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True, allow_dash=True),
               help="Write the output here instead of stdout.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (summaries and plan checks as JSON).")
@@ -128,6 +130,10 @@ def compile_command(file, transition, overrides, emit, output, as_json, time_pas
             text = "\n".join(summary_text(c.summary) for c in results)
     elif emit == "json":
         text = json.dumps(results[0].to_json(), separators=(",", ":"))
+    elif emit == "dag":
+        from nereus.backends.text import dag_text
+
+        text = dag_text(results[0].dag).rstrip("\n")
     elif emit == "text":
         from nereus.backends.text import program_text
 

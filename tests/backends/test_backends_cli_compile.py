@@ -95,3 +95,12 @@ def test_emit_dot_renders(nir, tmp_path):
     assert result.exit_code == 0 and result.output.startswith("digraph")
     svg = subprocess.run(["dot", "-Tsvg"], input=result.output, capture_output=True, text=True, check=True)
     assert "<svg" in svg.stdout
+
+
+def test_emit_dag_lists_records_in_stable_order(nir):
+    runner = CliRunner()
+    first = runner.invoke(nereusc, [str(nir), "--transition", "A->B", "--emit", "dag"])
+    second = runner.invoke(nereusc, [str(nir), "--transition", "A->B", "--emit", "dag"])
+    assert first.exit_code == 0, first.output
+    assert first.output == second.output and first.output.startswith("dag A -> B")
+    assert "actor.generation: dp 2 tp 4 pp 1 -> dp 4 tp 2 pp 1" in first.output
