@@ -190,24 +190,36 @@ def salt_of(seed: int, tag: str, name: str) -> int:
     return zlib.crc32(f"{seed}:{tag}:{name}".encode()) & 0xFFFFF
 
 
-def box_values(salt: int, box, shape, dtype, device) -> torch.Tensor:
+def box_values(salt: int, box, shape, dtype, device, chunk: int = 1 << 26) -> torch.Tensor:
     """Reference values of one global box of a tensor of `shape`: a hash of each
-    element's linear index, in [-128, 128) with step 1/256 (exact in fp32)."""
+    element's linear index, in [-128, 128) with step 1/256 (exact in fp32). Computed in
+    slabs of dim 0 of at most about `chunk` elements, so temporaries stay small."""
     if not shape:
         return torch.tensor(float(salt % 97), dtype=dtype, device=device)
-    idx = torch.zeros([hi - lo for lo, hi in box], dtype=torch.int64, device=device)
-    stride = 1
-    for d in reversed(range(len(shape))):
-        lo, hi = box[d]
-        view = [1] * len(shape)
-        view[d] = hi - lo
-        idx += torch.arange(lo, hi, dtype=torch.int64, device=device).view(view) * stride
-        stride *= shape[d]
-    x = ((idx + salt) & _M31) * 0x5BD1E995 & _M31  # products stay below 2^62
-    x ^= x >> 13
-    x = (x * 0x27D4EB2D) & _M31
-    x ^= x >> 15
-    return ((x % 65521) - 32760).to(torch.float32).mul_(1 / 256).to(dtype)
+    sizes = [hi - lo for lo, hi in box]
+    out = torch.empty(sizes, dtype=dtype, device=device)
+    inner = 1
+    for n in sizes[1:]:
+        inner *= n
+    step = max(1, chunk // max(1, inner))
+    for start in range(box[0][0], box[0][1], step):
+        stop = min(start + step, box[0][1])
+        part = [(start, stop)] + [tuple(b) for b in box[1:]]
+        idx = torch.zeros([hi - lo for lo, hi in part], dtype=torch.int64, device=device)
+        stride = 1
+        for d in reversed(range(len(shape))):
+            lo, hi = part[d]
+            view = [1] * len(shape)
+            view[d] = hi - lo
+            idx += torch.arange(lo, hi, dtype=torch.int64, device=device).view(view) * stride
+            stride *= shape[d]
+        x = ((idx + salt) & _M31) * 0x5BD1E995 & _M31  # products stay below 2^62
+        del idx
+        x ^= x >> 13
+        x = (x * 0x27D4EB2D) & _M31
+        x ^= x >> 15
+        out[start - box[0][0]: stop - box[0][0]] = ((x % 65521) - 32760).to(torch.float32).mul_(1 / 256).to(dtype)
+    return out
 
 
 def shard_values(salt: int, boxes, shape, dtype, device) -> torch.Tensor:
