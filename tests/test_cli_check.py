@@ -16,7 +16,7 @@ def run(*args):
     return CliRunner().invoke(nereusc, list(args), catch_exceptions=False)
 
 
-@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.nir")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted(EXAMPLES.rglob("*.nir")), ids=lambda p: str(p.relative_to(EXAMPLES)))
 def test_every_example_checks(path):
     result = run("check", str(path))
     if path.name in INFEASIBLE:
