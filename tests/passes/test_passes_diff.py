@@ -49,3 +49,35 @@ def test_unchanged_and_reordered():
 def test_unrelated_shapes_split_then_merge():
     d = diff_stage(place("actor.training", 1, 4, 1, range(4)), place("actor.training", 1, 2, 3, range(6)))
     assert [p.kind for p in d.primitives] == ["split", "merge"]
+
+
+def test_extend_spreads_sources_over_live_replicas():
+    from collections import Counter
+
+    from builders import cluster, llama, module, workload
+    from nereus.passes import compile_transition
+
+    m = module(cluster(2, 4), [llama("actor")], workload({"generation": ["actor"]}), {
+        "S": [place("actor.generation", 2, 1, 1, [0, 4])],
+        "T": [place("actor.generation", 6, 1, 1, [0, 4, 1, 2, 5, 6])],
+    })
+    dag = compile_transition(m, "S", "T").dag
+    load = Counter(x.src_gpu for x in dag.xfers if x.kind == "send")
+    node_of = m.cluster.node_of
+    assert all(node_of(x.src_gpu) == node_of(x.dst_gpu) for x in dag.xfers)  # same node preferred
+    assert set(load) == {0, 4} and load[0] == load[4]  # both live replicas serve
+
+
+def test_remote_extend_rotates_over_replicas():
+    from collections import Counter
+
+    from builders import cluster, llama, module, workload
+    from nereus.passes import compile_transition
+
+    m = module(cluster(2, 4), [llama("actor")], workload({"generation": ["actor"]}), {
+        "S": [place("actor.generation", 2, 1, 1, [0, 1])],
+        "T": [place("actor.generation", 6, 1, 1, [0, 1, 4, 5, 6, 7])],
+    })
+    dag = compile_transition(m, "S", "T").dag
+    load = Counter(x.src_gpu for x in dag.xfers if x.kind == "send")
+    assert load == Counter({0: load[0], 1: load[1]}) and abs(load[0] - load[1]) <= 1 and load[0] > 0
