@@ -142,7 +142,9 @@ def compile_command(file, transition, overrides, emit, output, as_json, time_pas
         from nereus.backends.dot import program_dot
 
         text = program_dot(results[0].program).rstrip("\n")
-    if output and output != "-":
+    if not results:
+        pass  # nothing declared: the plan table said it all
+    elif output and output != "-":
         with open(output, "w", encoding="utf-8") as handle:
             handle.write(text + "\n")
     else:

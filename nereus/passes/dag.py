@@ -313,3 +313,20 @@ def _build_stage(module: Module, index: int, info: StageInfo, allocs: list, free
     for i in range(first, len(frees)):
         f = frees[i]
         frees[i] = Free(f.stage, f.replica, f.pos, f.gpu, f.shard_bytes - kept_from[i], f.shard_bytes)
+
+
+def dag_graph(dag: TransitionDag, schedule=None):
+    """A networkx view (for graph algorithms only; the records above are the IR): nodes
+    ("alloc", i), ("xfer", i), ("free", i); edges alloc → xfer → free, plus the resource
+    edges free → alloc of `schedule` when given (attribute kind)."""
+    import networkx as nx
+
+    graph = nx.DiGraph()
+    graph.add_nodes_from(("alloc", i) for i in range(len(dag.allocs)))
+    graph.add_nodes_from(("free", i) for i in range(len(dag.frees)))
+    for i, x in enumerate(dag.xfers):
+        graph.add_edge(("alloc", x.alloc), ("xfer", i))
+        graph.add_edge(("xfer", i), ("free", x.free))
+    for e in getattr(schedule, "edges", ()):
+        graph.add_edge(("free", e.free), ("alloc", e.alloc), kind=e.kind)
+    return graph

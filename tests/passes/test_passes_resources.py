@@ -95,3 +95,14 @@ def test_offloaded_state_moves_in_host_memory():
     flipped = compile_transition(m, "S", "U")
     assert not flipped.summary["stages"]["ref.inference"]["unchanged"]
     verify_program(flipped.to_json())
+
+
+def test_dag_view_with_resource_edges_is_acyclic():
+    import networkx as nx
+
+    from nereus.passes.dag import dag_graph
+
+    compiled = compile_transition(_handover(), "S", "T")
+    graph = dag_graph(compiled.dag, compiled.state.schedule)
+    assert nx.is_directed_acyclic_graph(graph)
+    assert any(d.get("kind") == "same-model-cross-stage" for _, _, d in graph.edges(data=True))
