@@ -31,6 +31,10 @@ class AdmissionSettings:
     rho_min: float = 0.03  # least relative gain worth a switch
     min_interval: int = 1  # least steps between two switches
     default_error: float = 0.05  # ε before the model has two observations of a model-stage
+    # ε floor for a candidate layout never measured: the fit is checked only on layouts the
+    # job ran, and its error on other layouts is larger (the simulator's hidden per-term
+    # coefficients differ from the prior by ~25%)
+    unobserved_error: float = 0.05
 
 
 @dataclass(frozen=True)

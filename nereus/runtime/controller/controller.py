@@ -188,8 +188,14 @@ class Controller:
             decision = Decision(decision.step, decision.switch, decision.reason, decision.current_s,
                                 decision.candidate_s, remaining, transition, 0.0, 0.0, decision.saving_s, found.plan)
         else:
-            errors = [self.cost.relative_error(ModelStage.parse(ms)) for ms in candidate.stage_seconds]
-            errors = [e for e in errors if math.isfinite(e)]
+            errors = []
+            for placement in found.plan.placements:
+                ms = placement.model_stage
+                fitted = self.cost.relative_error(ms)
+                error = fitted if math.isfinite(fitted) else self.settings.default_error
+                if not self.cost.observed_layout(ms, layout_of(self.module, placement)):
+                    error = max(error, self.settings.unobserved_error)
+                errors.append(error)
             epsilon = max(errors) if errors else self.settings.default_error
             measured_std = statistics.pstdev(self._step_times) if len(self._step_times) > 1 else 0.0
             sigma = gain_sigma(candidate.step_s, epsilon, measured_std, len(self._step_times))

@@ -216,6 +216,7 @@ class CostModel:
     fixed_theta: Optional[dict] = None  # str(ms) -> θ, never refitted (a simulator's ground truth)
     _errors: dict = field(default_factory=dict)  # key -> leave-one-out ε (cache)
     _fitted_at: dict = field(default_factory=dict)  # key -> rows when θ was last invalidated
+    _layouts: dict = field(default_factory=dict)  # key -> {(dp, tp, pp, offload)} observed
 
     def terms(self, workload: Workload, model_stage: ModelStage, layout: Layout) -> np.ndarray:
         key = (model_stage, layout, workload_key(workload))
@@ -253,6 +254,7 @@ class CostModel:
         key = str(model_stage)
         rows = self._rows.setdefault(key, [])
         rows.append((self.terms(workload, model_stage, layout), float(seconds)))
+        self._layouts.setdefault(key, set()).add((layout.dp, layout.tp, layout.pp, layout.offload))
         if len(rows) > self.max_rows:
             del rows[: len(rows) - self.max_rows]
         fitted = self._fitted_at.get(key, 0)
@@ -260,6 +262,10 @@ class CostModel:
             self._theta.pop(key, None)
             self._fitted_at[key] = len(rows)
             self.version += 1
+
+    def observed_layout(self, model_stage: ModelStage, layout: Layout) -> bool:
+        """Has this model-stage been measured under this (dp, tp, pp, offload)?"""
+        return (layout.dp, layout.tp, layout.pp, layout.offload) in self._layouts.get(str(model_stage), ())
 
     def observations(self, model_stage: ModelStage) -> int:
         return len(self._rows.get(str(model_stage), []))
