@@ -20,9 +20,9 @@ After every transition each rank compares its shards with freshly computed refer
 slices (no gather), checks that ranks without a unit hold nothing, that the step
 counter survived, and that its peak bytes stay within the compiler's replay. Every other
 transition runs with the executor's checksum verify mode. One transition per scenario
-first runs with an injected failure (rank 1, round 0, after the exchange): every rank
-must raise TransitionAborted and keep its old state byte for byte, then the transition
-is retried. The last stdout line is one JSON object.
+first runs with an injected failure (on the receiver of its first message, after the
+exchange): every rank must raise TransitionAborted and keep its old state byte for byte,
+then the transition is retried. The last stdout line is one JSON object.
 """
 
 from __future__ import annotations
@@ -122,6 +122,17 @@ def chain_source(rng: random.Random, shape: dict, layers: int, world: int, steps
     return text, cover
 
 
+def fault_point(program: dict, world: int) -> tuple:
+    """Where to inject a failure: after the exchange ("unpack") on the receiver of the
+    first message, so the data has moved when it fails; before any exchange ("pack") on
+    rank 1 when the transition sends nothing."""
+    for index, rnd in enumerate(program["rounds"]):
+        for op in rnd["ops"]:
+            if op["op"] == "send":
+                return (op["dst"], index, "unpack")
+    return (1 % world, 0, "pack")
+
+
 def check_all(rt, env, seed: int, step: int) -> list:
     """Mismatches over every model-stage of this rank (empty when right)."""
     bad = []
@@ -163,11 +174,14 @@ def scenario(env: Env, name: str, shape: dict, layers: int, steps: int, mem: int
         target = f"S{k}"
         record = {"target": target}
         if k == fault_at and env.world > 1:
+            fault = fault_point(rt.compile(target)[0], env.world)
+            record["fault_at"] = list(fault)
             try:
-                rt.transition(target, fault=(1, 0, "unpack"))
+                rt.transition(target, fault=fault)
                 record["fault"] = "no error raised"
             except TransitionAborted as error:
-                record["fault"] = "aborted" if "rank 1, round 0" in str(error) else f"wrong error: {error}"
+                expected = f"rank {fault[0]}, round {fault[1]}"
+                record["fault"] = "aborted" if expected in str(error) else f"wrong error: {error}"
             intact = check_all(rt, env, seed, step)
             record["fault_state_intact"] = env.all_true(not intact and rt.plan == f"S{k - 1}")
             record["fault_ok"] = env.all_true(record["fault"] == "aborted") and record["fault_state_intact"]

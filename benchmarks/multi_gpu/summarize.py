@@ -22,14 +22,17 @@ def _x(x) -> str:
 
 def load(folder: str) -> dict:
     out = {}
-    for path in sorted(glob.glob(os.path.join(folder, "*.json"))):
-        if os.path.basename(path) == "summary.json":
-            continue
+    paths = sorted(glob.glob(os.path.join(folder, "*.json")) + glob.glob(os.path.join(folder, "*.json.partial")))
+    for path in paths:
+        base = os.path.basename(path)
+        key = base[:-5] if base.endswith(".json") else base[:-len(".json.partial")] + " (partial)"
+        if base == "summary.json" or (base.endswith(".partial") and os.path.exists(path[:-len(".partial")])):
+            continue  # a finished run's partial file is superseded by its JSON
         try:
             with open(path) as f:
-                out[os.path.basename(path)[:-5]] = json.load(f)
+                out[key] = json.load(f)
         except (OSError, ValueError) as error:
-            out[os.path.basename(path)[:-5]] = {"error": str(error)}
+            out[key] = {"error": str(error)}
     return out
 
 
@@ -48,8 +51,8 @@ def lines(results: dict, steps: dict) -> list:
                             f"{'passed' if s['passed'] else 'FAILED'}; coverage {s['coverage']}")
         elif name == "multi_gpu_reshard":
             bw = r["bandwidth"]
-            text.append(f"{key}: {r['gpus']} x {r['device']}, p2p {_s(bw['p2p_GBps'], 1)} GB/s, "
-                        f"ring {_s(bw['ring_GBps'], 1)} GB/s per GPU; verified {r['verified']}")
+            text.append(f"{key}: {r['gpus']} x {r.get('device', '?')}, p2p {_s(bw['p2p_GBps'], 1)} GB/s, "
+                        f"ring {_s(bw['ring_GBps'], 1)} GB/s per GPU; verified {r.get('verified')}")
             text.append("  case          models        layers  state GB  nereus s  wall s  gather-scatter s  "
                         "dcp subset s  dcp extrap s  bound s  par.bound s  paper s")
             for c in r["cases"]:
@@ -58,7 +61,7 @@ def lines(results: dict, steps: dict) -> list:
                             f"{_s(c.get('gather_scatter_s')):>16s}  {_s(c.get('dcp_s'), 2):>12s}  "
                             f"{_s(c.get('dcp_s_extrapolated'), 1):>12s}  {_s(c['bound_s']):>7s}  "
                             f"{_s(c['bound_parallel_s']):>11s}  {_s(c.get('paper_s'), 2):>7s}"
-                            f"{'' if c['verified'] else '  NOT VERIFIED'}")
+                            f"{'' if c.get('verified', c.get('verified_nereus')) else '  NOT VERIFIED'}")
                 for key_, value in c.items():
                     if key_.endswith("_error"):
                         text.append(f"    {key_}: {value}")
