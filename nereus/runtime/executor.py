@@ -174,12 +174,9 @@ def execute(prog: RankProgram, before: dict, *, group, control, device: torch.de
                     live.add(tensor)
                 written[(alias.dst_unit, alias.tensor)] = tensor.numel()
                 result.kept_bytes += tensor.numel() * tensor.element_size()
-            for piece in work.copies:
-                step = f"copy {piece.tensor} {piece.src_unit} -> {piece.dst_unit}"
-                dst = _dst(prog, new, live, device, piece)
-                dst[piece.dst_slices].copy_(sources[piece.src_unit][piece.tensor][piece.src_slices])
-                written[(piece.dst_unit, piece.tensor)] = written.get((piece.dst_unit, piece.tensor), 0) + piece.numel
-                result.copied_bytes += piece.nbytes
+            for piece in work.copies:  # allocated now, copied while the messages travel
+                step = f"alloc {piece.dst_unit} {piece.tensor}"
+                _dst(prog, new, live, device, piece)
             for msg in work.sends:
                 step, peer = "pack send", msg.peer
                 sends.append(_outgoing(msg, sources, device))
@@ -211,8 +208,17 @@ def execute(prog: RankProgram, before: dict, *, group, control, device: torch.de
                 sums_in.append(sums)
                 ops.append(dist.P2POp(dist.irecv, sums, w.msg.peer, group, _VERIFY_TAG + w.msg.op_index))
         try:
-            if ops:
-                for req in dist.batch_isend_irecv(ops):
+            requests = dist.batch_isend_irecv(ops) if ops else []
+            try:
+                for piece in work.copies:  # same-GPU copies overlap the transfers
+                    step = f"copy {piece.tensor} {piece.src_unit} -> {piece.dst_unit}"
+                    new[piece.dst_unit][piece.tensor][piece.dst_slices].copy_(
+                        sources[piece.src_unit][piece.tensor][piece.src_slices])
+                    written[(piece.dst_unit, piece.tensor)] = written.get((piece.dst_unit, piece.tensor), 0) + piece.numel
+                    result.copied_bytes += piece.nbytes
+            finally:
+                step = "exchange"
+                for req in requests:
                     req.wait()
             timing.exchange_s = time.perf_counter() - t1
             t2 = time.perf_counter()

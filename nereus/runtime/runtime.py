@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from nereus.ir.architecture import OPTIMIZER_DTYPE, OPTIMIZER_STATES, optimizer_name, tensor_table
-from nereus.ir.diagnostics import NereusError, SemanticError
+from nereus.ir.diagnostics import NereusError, ProgramError, SemanticError
 from nereus.ir.model import ModelStage, Module
 
 from . import packing
@@ -213,7 +213,10 @@ class Runtime:
 
                     box[0] = ("ok", compile_transition(self.module, self._plan, target).to_json())
                 except NereusError as error:
-                    box[0] = ("error", error)
+                    box[0] = ("error", type(error)(error.message, loc=error.loc, hint=error.hint))
+                except Exception as error:  # noqa: BLE001 - the other ranks wait on the broadcast
+                    box[0] = ("error", ProgramError(f"compiling {self._plan} -> {target} failed: "
+                                                    f"{type(error).__name__}: {error}"))
             dist.broadcast_object_list(box, src=0, group=self._control)
             if box[0][0] == "error":
                 raise box[0][1]

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import nereus.ir as ir
+from nereus.ir.diagnostics import NereusError
 from nereus.passes.verify import verify_program
 from nereus.runtime import Runtime, TransitionAborted
 from nereus.runtime.state import shard_of, step_name
@@ -107,7 +108,14 @@ def _chain(rank, world, source, fault):
     refs = {ms: _reference(rt, ms, seed=i) for i, ms in enumerate(STAGES)}
     for ms, full in refs.items():
         rt.register(ms, rt.shard_state_dict(ms, full))
-    out = {"initial": _check(rt, refs), "steps": []}
+    out = {"initial": _check(rt, refs), "steps": [], "errors": []}
+    for attempt in (lambda: rt.transition("S9"), lambda: rt.register("actor.training", {"actor/embed.weight": 0}),
+                    lambda: rt.state("actor.inference")):
+        try:
+            attempt()
+            out["errors"].append("no error")
+        except NereusError as error:
+            out["errors"].append(error.message)
     for k in range(1, len(MESHES)):
         target = f"S{k}"
         if fault is not None and k == 2:
@@ -168,3 +176,11 @@ def test_an_injected_failure_rolls_back_every_rank(chain):
     for rank, result in enumerate(chain):
         assert "rank 2, round 0" in result["fault"], (rank, result["fault"])
         assert result["after_fault"] == {"plan": True, "bad": []}, rank
+
+
+def test_user_errors_are_nereus_errors_that_leave_the_runtime_usable(chain):
+    for result in chain:
+        unknown_plan, bad_register, unknown_stage = result["errors"]
+        assert unknown_plan == "unknown plan 'S9'"
+        assert "missing" in bad_register
+        assert unknown_stage == "unknown model-stage 'actor.inference'"
