@@ -200,7 +200,13 @@ def _result(space: _Space, best, candidates: int, leaves: int, began: float, nam
 
 def search_plan(module: Module, workload: Workload, cost: CostModel, gpus: int, name: str = "best",
                 allow_waves: bool = True, allow_offload: bool = True) -> SearchResult:
-    """The plan of least predicted step latency on GPUs 0..gpus−1 (see module docstring)."""
+    """The plan of least predicted step latency on GPUs 0..gpus−1 (see module docstring).
+
+    With one generation model-stage (the RL case) the search branches first on (generation
+    layout, waves w), cheapest T_gen(w) first: fixing w turns the KV cache into a plain
+    working set of ⌈B_r/w⌉ sequences, so the rest is a branch and bound with a fixed time for
+    generation. An assignment's true waves are the least w that fits, and a larger w only
+    costs more, so the minimum over (layout, w) is the true optimum."""
     began = time.perf_counter()
     space = _Space(module, workload, cost, gpus, allow_waves, allow_offload)
     count = sum(len(c) for c in space.choices.values())
@@ -214,12 +220,11 @@ def search_plan(module: Module, workload: Workload, cost: CostModel, gpus: int, 
     order = sorted(range(len(lists)), key=lambda i: -(lists[i][-1].seconds - lists[i][0].seconds))
     lists = [lists[i] for i in order]
     n, stages, period = len(lists), len(space.stages), space.period
-    all_lists = lists + gen_lists
-    # lower bounds of what remains from level i on
-    min_seconds = [min(c.seconds for c in lst) for lst in all_lists]
-    lb_seconds = [sum(min_seconds[i:]) for i in range(len(all_lists) + 1)]
-    min_res = [np.min([c.resident for c in lst], axis=0) for lst in all_lists]
-    lb_res = [sum(min_res[i:], np.zeros((stages, period))) for i in range(len(all_lists) + 1)]
+    cap = space.capacity
+    min_seconds = [min(c.seconds for c in lst) for lst in lists]
+    lb_seconds = [sum(min_seconds[i:]) for i in range(n + 1)]
+    min_res = [np.min([c.resident for c in lst], axis=0) for lst in lists]
+    lb_res = [sum(min_res[i:], np.zeros((stages, period))) for i in range(n + 1)]
     lb_work = []
     for i in range(n + 1):
         w = np.zeros((stages, period))
@@ -227,42 +232,69 @@ def search_plan(module: Module, workload: Workload, cost: CostModel, gpus: int, 
             x = space.stages.index(lst[0].choice.model_stage.stage)
             w[x] = np.maximum(w[x], np.min([c.working for c in lst], axis=0))
         lb_work.append(w)
-    cap = space.capacity
-    best = None
-    best_seconds = math.inf
-    leaves = 0
+    state = {"best": None, "seconds": math.inf, "leaves": 0}
     chosen: list[_Candidate] = []
 
-    def descend(i: int, seconds: float, resident: np.ndarray, working: np.ndarray):
-        nonlocal best, best_seconds, leaves
-        if seconds + lb_seconds[i] >= best_seconds:
+    def descend(i: int, seconds: float, resident: np.ndarray, working: np.ndarray, leaf):
+        if seconds + lb_seconds[i] >= state["seconds"]:
             return
         if (resident + lb_res[i] + np.maximum(working, lb_work[i]) > cap).any():
             return
         if i == n:
-            for gens in itertools.product(*gen_lists):
-                lower = seconds + sum(g.seconds for g in gens)
-                if lower >= best_seconds:
-                    continue
-                leaves += 1
-                done = space.finish(resident, working, list(gens))
-                if done is None:
-                    continue
-                total = seconds + done[0]
-                if total < best_seconds:
-                    choices = {c.choice.model_stage: c.choice for c in chosen + list(gens)}
-                    best_seconds, best = total, (total, choices, done[1])
+            leaf(seconds, resident, working)
             return
         for c in lists[i]:
             x = space.stages.index(c.choice.model_stage.stage)
             new_working = working.copy()
             new_working[x] = np.maximum(new_working[x], c.working)
             chosen.append(c)
-            descend(i + 1, seconds + c.seconds, resident + c.resident, new_working)
+            descend(i + 1, seconds + c.seconds, resident + c.resident, new_working, leaf)
             chosen.pop()
 
-    descend(0, 0.0, np.zeros((stages, period)), np.zeros((stages, period)))
-    return _result(space, best, count, leaves, began, name)
+    zeros = np.zeros((stages, period))
+    if len(gen_lists) == 1 and "generation" in space.stages:
+        x_gen = space.stages.index("generation")
+        pairs = []
+        for g in gen_lists[0]:
+            replica_batch = math.ceil(workload.batch / g.choice.dp)
+            wave_counts = sorted({math.ceil(replica_batch / b) for b in range(1, replica_batch + 1)})
+            if not allow_waves:
+                wave_counts = [1]
+            for w in wave_counts:
+                pairs.append((space.seconds(g.choice, w), w, g, replica_batch))
+        pairs.sort(key=lambda item: (item[0], item[1]))
+        for gen_seconds, w, g, replica_batch in pairs:
+            if gen_seconds + lb_seconds[0] >= state["seconds"]:
+                break
+            working = zeros.copy()
+            working[x_gen] = g.working * math.ceil(replica_batch / w)
+
+            def leaf(seconds, resident, work, g=g, w=w):
+                state["leaves"] += 1
+                total = seconds  # descend started from gen_seconds
+                if total < state["seconds"]:
+                    choices = {c.choice.model_stage: c.choice for c in chosen + [g]}
+                    state["seconds"], state["best"] = total, (total, choices, {g.choice.model_stage: w})
+
+            descend(0, gen_seconds, g.resident.copy(), working, leaf)
+        return _result(space, state["best"], count, state["leaves"], began, name)
+
+    def leaf(seconds, resident, working):
+        for gens in itertools.product(*gen_lists):
+            lower = seconds + sum(g.seconds for g in gens)
+            if lower >= state["seconds"]:
+                continue
+            state["leaves"] += 1
+            done = space.finish(resident, working, list(gens))
+            if done is None:
+                continue
+            total = seconds + done[0]
+            if total < state["seconds"]:
+                choices = {c.choice.model_stage: c.choice for c in chosen + list(gens)}
+                state["seconds"], state["best"] = total, (total, choices, done[1])
+
+    descend(0, 0.0, zeros.copy(), zeros.copy(), leaf)
+    return _result(space, state["best"], count, state["leaves"], began, name)
 
 
 def brute_force_plan(module: Module, workload: Workload, cost: CostModel, gpus: int, name: str = "best",
