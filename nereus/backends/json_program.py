@@ -12,6 +12,7 @@ compilations of the same input give byte-identical JSON. Imports neither torch n
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
@@ -101,6 +102,17 @@ def program_to_json(program) -> dict:
     """The v1 dict of a lowered `Program` (nereus.passes.lower) or a `JsonProgram`."""
     if isinstance(program, JsonProgram):
         return program.data
+    # millions of small lists, none cyclic: the cycle collector would only rescan them
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _emit(program)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _emit(program) -> dict:
     from nereus.passes.layout import unit_id
 
     dag = program.dag
