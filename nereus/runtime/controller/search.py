@@ -17,10 +17,12 @@ Decomposition: a model-stage's latency depends only on its own layout, except ge
 whose KV waves depend on what else is resident; memory couples all choices through per-GPU
 sums. So: (1) per model-stage candidates with their times and per-GPU memory vectors over
 one period Q = lcm(tp·pp) of GPU positions (every position ≡ q mod Q holds the same bytes);
-(2) drop candidates dominated in time and in every memory entry; (3) branch and bound over
-the non-generation model-stages, cheapest first, bounding time by the sum of remaining minima
-and memory by elementwise minima; generation units are enumerated at the leaves, where the
-free memory fixes their waves.
+(2) drop candidates dominated in time and in every memory entry; (3) enumerate (generation
+layout, waves w) pairs cheapest first — fixing w makes the KV cache a fixed working set — and
+under each, branch and bound over the other model-stages, bounding time by the sum of
+remaining minima and memory by elementwise minima; stop when a pair's time plus the
+remaining minima cannot beat the incumbent. (With several generation model-stages their
+layouts are enumerated at the leaves instead.)
 """
 
 from __future__ import annotations
