@@ -8,7 +8,9 @@ corrects it with measured times):
     destination node's network port, each direction at `inter` bytes/s (so 8 GPUs of a node
     sending off-node share one port: per-link contention);
   - a local copy reads and writes HBM: 2·bytes / hbm; a keep costs nothing;
-  - a host staging moves bytes over PCIe at `host_bytes_per_s` (default 50 GB/s, PCIe 5 x16).
+  - a host staging moves bytes over PCIe at `host_bytes_per_s` (default 50 GB/s, PCIe 5 x16),
+    and so do sends read from host memory (staged or offloaded shards, on the source GPU's
+    PCIe link) and sends into offloaded after units (on the destination's).
 Bytes: total = copy + send + staged; local = copy; intra / inter by node of the endpoints;
 lower_bound = bytes whose owner GPU changes (computed from layouts, independently of the
 DAG's source choices): after-shard bytes not already on the same GPU in the same
@@ -96,9 +98,15 @@ def estimate(program, host_bytes_per_s: float = HOST_BYTES_PER_S) -> CostEstimat
     hbm = cluster.gpu.hbm_bytes_per_s
     seconds = []
     local = intra = inter = staged = kept = 0
+    in_host = {i for i, f in enumerate(dag.frees) if dag.stages[f.stage].before.offload}
     for rnd, messages in zip(program.schedule.rounds, program.messages):
         out_g, in_g, out_n, in_n, copy_g, host_g = (defaultdict(int) for _ in range(6))
         for m in messages:
+            for x in m.xfers:  # reads from / writes to host memory cross PCIe
+                if x.free in in_host:
+                    host_g[m.src] += x.bytes
+                if dag.stages[x.stage].after.offload:
+                    host_g[m.dst] += x.bytes
             if node_of(m.src) == node_of(m.dst):
                 out_g[m.src] += m.bytes
                 in_g[m.dst] += m.bytes
@@ -116,6 +124,7 @@ def estimate(program, host_bytes_per_s: float = HOST_BYTES_PER_S) -> CostEstimat
         for f in rnd.stage_outs:
             host_g[dag.frees[f].gpu] += dag.frees[f].bytes
             staged += dag.frees[f].bytes
+            in_host.add(f)
         t = max([0.0]
                 + [b / cluster.intra_bytes_per_s for b in list(out_g.values()) + list(in_g.values())]
                 + [b / cluster.inter_bytes_per_s for b in list(out_n.values()) + list(in_n.values())]

@@ -123,3 +123,15 @@ def test_coalesce_joins_row_chunks_of_one_box():
     (joined,) = coalesce(dag, [b, a])
     assert sorted(joined.pieces, key=lambda p: (p.spec, p.box)) == sorted(x.pieces, key=lambda p: (p.spec, p.box))
     assert joined.bytes == x.bytes and joined.volumes == x.volumes
+
+
+def test_cost_of_offloaded_state_is_bound_by_pcie():
+    a = llama("ref")
+    c = cluster(1, 2, 10**9, intra=100e9, inter=10e9)
+    w = workload({"inference": ["ref"]})
+    m = module(c, [a], w, {"S": [place("ref.inference", 1, 1, 1, [0], offload=True)],
+                           "T": [place("ref.inference", 1, 1, 1, [1], offload=True)]})
+    cost = compile_transition(m, "S", "T").cost
+    b = shard_bytes(a, place("ref.inference", 1, 1, 1, [0]), 0, 0)
+    assert cost.bytes_intra == b
+    assert cost.seconds == pytest.approx(b / 50e9)  # host read and host write at 50 GB/s, NVLink at 100
