@@ -93,8 +93,9 @@ def main(argv=None) -> int:
     print("\n".join(text))
     with open(os.path.join(folder, "summary.json"), "w") as f:
         json.dump({"steps": steps, "results": results}, f)
-    print(json.dumps({"name": "multi_gpu_run_all", "steps": steps,
-                      "passed": bool(results) and all(r.get("passed", r.get("verified", False)) for r in results.values())}))
+    complete = bool(steps) and all(status.startswith("rc=0") for status in steps.values())
+    checked = bool(results) and all(r.get("passed", r.get("verified", False)) for r in results.values())
+    print(json.dumps({"name": "multi_gpu_run_all", "steps": steps, "complete": complete, "passed": complete and checked}))
     return 0
 
 
