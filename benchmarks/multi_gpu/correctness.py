@@ -32,8 +32,6 @@ import random
 import sys
 import time
 
-import torch
-
 from mg_common import SHAPES, Env, add_common_args, build_local, check_local, cluster_source, free_memory, \
     machine, model_source, plan_source
 

@@ -377,5 +377,3 @@ def free_memory(env: Env) -> None:
     if env.cuda:
         torch.cuda.empty_cache()
 
-
-__all__ = [n for n in dir() if not n.startswith("_")]
