@@ -77,13 +77,13 @@ def _rank(rank: int, world: int, port: int, args, out: str) -> None:
         module = build(case, world, dict(arch))
         engine_input = CASES[case][3]
         model = module.model("actor")
-        gen = torch.Generator().manual_seed(0)
-        full = {f"actor/{s.name}": torch.randn(s.shape, generator=gen).to(torch.bfloat16 if model.dtype == "bf16"
-                                                                            else torch.float32)
+        gen = torch.Generator(device=device).manual_seed(0)  # the same stream on every rank
+        dtype = torch.bfloat16 if model.dtype == "bf16" else torch.float32
+        full = {f"actor/{s.name}": torch.randn(s.shape, generator=gen, device=device, dtype=dtype)
                 for s in tensor_table(model)}
         unit = unit_on_gpu(placement_units(model, module.plan("P").placement("actor.training")), rank)
         unit = dict(unit, shards=[s for s in unit["shards"] if "#" not in s["tensor"]])
-        local = {k: v.to(device) for k, v in shard_unit(unit, rank, full).items()}
+        local = shard_unit(unit, rank, full)
         del full
         sync = WeightSync(module, engine_input=engine_input, device=device)
         figures = {"nereus": [], "baseline": []}
@@ -118,8 +118,9 @@ def _rank(rank: int, world: int, port: int, args, out: str) -> None:
                  "nereus": {"bytes": n[0][1], "seconds": statistics.median(x[0] for x in n), "rounds": n[0][2],
                             "compile_s": sync.program("P")[1]},
                  "baseline": {"bytes": b[0][1], "seconds": statistics.median(x[0] for x in b)}}
-        entry["bytes_ratio"] = entry["nereus"]["bytes"] / entry["baseline"]["bytes"] if entry["baseline"]["bytes"] else None
-        entry["speedup"] = entry["baseline"]["seconds"] / entry["nereus"]["seconds"] if entry["nereus"]["seconds"] else None
+        base_bytes, own_s = entry["baseline"]["bytes"], entry["nereus"]["seconds"]
+        entry["bytes_ratio"] = entry["nereus"]["bytes"] / base_bytes if base_bytes else None
+        entry["speedup"] = entry["baseline"]["seconds"] / own_s if own_s else None
         results.append(entry)
     if rank == 0:
         with open(out, "w") as f:

@@ -7,8 +7,8 @@ GenerationEngine protocol (nereus.runtime.rl.engine): `generate(prompts, ...)` a
 `LLM.collective_rpc("reload_weights", ...)` (each worker's model_runner re-runs the
 model's `load_weights` and then its post-load processing, e.g. the CPU backend's weight
 repacking; with the engine core in another process, through the worker extension of
-nereus.runtime.vllm_worker, since tensors do not survive collective_rpc's codec), followed by `reset_prefix_cache()` so no KV block computed with the old
-weights is reused.
+nereus.runtime.vllm_worker, since tensors do not survive collective_rpc's codec),
+followed by `reset_prefix_cache()` so no KV block computed with the old weights is reused.
 
 Name mapping, Nereus local name → vLLM/HF parameter name. vLLM's llama `load_weights`
 fuses q/k/v into `qkv_proj` and gate/up into `gate_up_proj` itself, and accepts the
@@ -181,8 +181,8 @@ class VllmEngine:
     `llm_options` go to `vllm.LLM` unchanged. `in_process` (default: on CPU when this
     process has no torch.distributed group) runs vLLM's engine core in this process
     (VLLM_ENABLE_V1_MULTIPROCESSING=0), so weights reach the worker without
-    serialization; otherwise they are serialized to the engine core. CPU attention needs head_dim in {32, 64, 80, 96, 112,
-    128, ...} (vLLM's CPU_ATTN list)."""
+    serialization; otherwise they are serialized to the engine core. CPU attention
+    needs head_dim in {32, 64, 80, 96, 112, 128, ...} (vLLM's CPU_ATTN list)."""
 
     def __init__(self, model: Model, weights: dict, *, workdir: str | os.PathLike, tp: int = 1,
                  max_model_len: int = 512, seed: int = 0, max_num_seqs: int = 64,
@@ -265,6 +265,66 @@ class VllmEngine:
         self.llm = None
 
 
+class VllmGeneration:
+    """The actor's generation stage on vLLM inside a Nereus job; one instance per rank.
+
+    Driver ranks (first GPU of a generation replica) own a VllmEngine; every rank takes
+    part in the compiled sync, whose target is the engines' input layout
+    (`engine_placement`). `push(plan, training_state)` is collective: it moves this step's
+    trained weights and loads them into the engines. When a plan changes the generation
+    layout, the engines are restarted on the new drivers with the new tp (vLLM cannot
+    change its TP degree live), from the weights just synced."""
+
+    def __init__(self, module, plan: str, *, workdir: str | os.PathLike, source: str = "actor.training",
+                 target: str = "actor.generation", **engine_options):
+        import torch.distributed as dist
+
+        from .vllm_sync import WeightSync
+
+        self.module, self.source, self.target = module, source, target
+        self.rank = dist.get_rank()
+        self.workdir, self.engine_options = Path(workdir), engine_options
+        self.sync = WeightSync(module, source=source, target=target, engine_input=True)
+        self.engine: Optional[VllmEngine] = None
+        self._layout = None
+        self.plan = plan
+
+    def _driver_tp(self, plan: str) -> Optional[int]:
+        placement = self.module.plan(plan).placement(self.target)
+        replica = driver_replica(placement, self.rank)
+        return None if replica is None else placement.tp
+
+    def push(self, plan: str, source_state: dict):
+        """Collective: sync `source_state` (this rank's training shards) into the engines
+        of `plan`, starting or restarting them when the layout changed. Returns the
+        SyncResult (its weights are the engine input on driver ranks, {} elsewhere)."""
+        result = self.sync.run(plan, source_state)
+        layout = self._driver_tp(plan)
+        if layout != self._layout and self.engine is not None:
+            self.engine.close()
+            self.engine = None
+        if layout is not None and self.engine is None:
+            model = self.module.model(self.target.partition(".")[0])
+            self.engine = VllmEngine(model, result.weights, workdir=self.workdir / f"{plan}-{self.rank}",
+                                     tp=layout, **self.engine_options)
+        elif layout is not None:
+            self.engine.update_weights(result.weights)
+        self._layout, self.plan = layout, plan
+        return result
+
+    def generate(self, prompts: torch.Tensor, max_new_tokens: int, uniforms: Optional[torch.Tensor] = None,
+                 temperature: float = 1.0, greedy: bool = False) -> Optional[torch.Tensor]:
+        """This driver's engine generates (None on ranks that drive no replica)."""
+        if self.engine is None:
+            return None
+        return self.engine.generate(prompts, max_new_tokens, uniforms, temperature, greedy)
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
+
+
 def check_complete(model: Model, weights: Iterable[str]) -> None:
     """Raise NereusError unless `weights` names every lm weight of `model` exactly."""
     from nereus.ir.architecture import tensor_table
@@ -277,5 +337,5 @@ def check_complete(model: Model, weights: Iterable[str]) -> None:
                           hint="the engine takes a replica's whole weights (engine_placement's layout)")
 
 
-__all__ = ["VllmEngine", "check_complete", "driver_replica", "engine_placement", "hf_checkpoint_weights",
+__all__ = ["VllmEngine", "VllmGeneration", "check_complete", "driver_replica", "engine_placement", "hf_checkpoint_weights",
            "hf_config", "local_name", "row_seeds", "save_hf_checkpoint", "to_vllm_weights", "vllm_name"]

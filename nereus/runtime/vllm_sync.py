@@ -112,14 +112,16 @@ class WeightSync:
 
     Collective over the default process group (one rank per GPU of the plan, rank r on
     GPU r). `control` is a gloo group for the executor's agreement messages; one is made
-    when not given (a collective call on every rank)."""
+    when not given (a collective call on every rank), with a timeout long enough for a
+    driver rank to (re)start its engine between two syncs."""
 
     def __init__(self, module: Module, *, source: str = "actor.training", target: str = "actor.generation",
                  engine_input: bool = False, device: Optional[torch.device] = None, control=None,
-                 bucket: Optional[int] = None):
+                 bucket: Optional[int] = None, timeout_s: float = 600.0):
         self.module, self.source, self.target, self.engine_input = module, source, target, engine_input
         self.device = torch.device(device) if device is not None else torch.device("cpu")
-        self.control = control if control is not None else dist.new_group(backend="gloo", timeout=timedelta(seconds=120))
+        self.control = control if control is not None else \
+            dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
         self.options = {} if bucket is None else {"bucket": bucket}
         self._programs: dict = {}
 

@@ -20,17 +20,19 @@ from nereus.ir.model import Cluster, GpuSpec, Model, ModelStage, Module, Placeme
 
 def sync_test_module(training: tuple, generation: tuple, *, gpus: int = 4, layers: int = 2, hidden: int = 64,
                      heads: int = 4, kv_heads: int = 2, ffn: int = 128, vocab: int = 64,
-                     dtype: str = "fp32", gpus_per_node: int = 0) -> Module:
-    """An actor with actor.generation and actor.training placed as given, in plan "P"."""
+                     dtype: str = "fp32", gpus_per_node: int = 0, more_plans: dict = None) -> Module:
+    """An actor with actor.generation and actor.training placed as given, in plan "P"
+    (and in each plan of `more_plans`: {name: (training, generation)})."""
     actor = Model("actor", "llama", layers, hidden, heads, kv_heads, ffn, vocab, dtype)
     workload = Workload("rl", 8, 8, 8, 1, (("generation", ("actor",)), ("training", ("actor",))))
     per_node = gpus_per_node or gpus
     cluster = Cluster("cpu", gpus // per_node, per_node, GpuSpec(64 << 30, 1e12, 1e11), 1e10, 1e9, 1 << 36)
-    placements = []
-    for stage, (dp, tp, pp, ids) in (("generation", generation), ("training", training)):
-        placements.append(Placement(ModelStage("actor", stage), dp, tp, pp, tuple(ids), ()))
-    plan = Plan("P", None, tuple(placements), tuple(placements))
-    return Module(cluster, (actor,), workload, (plan,), ())
+    plans = []
+    for name, (train, gen) in {"P": (training, generation), **(more_plans or {})}.items():
+        placements = tuple(Placement(ModelStage("actor", stage), dp, tp, pp, tuple(ids), ())
+                           for stage, (dp, tp, pp, ids) in (("generation", gen), ("training", train)))
+        plans.append(Plan(name, None, placements, placements))
+    return Module(cluster, (actor,), workload, tuple(plans), ())
 
 
 def _free_port() -> int:
