@@ -16,7 +16,8 @@ def _placement(draw, name, layers, gpus_total):
         tp, pp = max(1, tp // 2), max(1, pp - 1)
     dp = draw(st.integers(1, max(1, gpus_total // (tp * pp))))
     gpus = draw(st.permutations(range(gpus_total)))[: dp * tp * pp]
-    return place(name, dp, tp, pp, gpus)
+    offload = not name.endswith(".training") and draw(st.booleans())  # state waits in host memory
+    return place(name, dp, tp, pp, gpus, offload)
 
 
 @st.composite
