@@ -184,6 +184,7 @@ def run_case(env: Env, case: str, args, shape: dict, bw: dict, progress=lambda o
            "nereus_reverse_s": reverse.max_seconds, "nereus_reverse_wall_s": reverse_wall,
            "nereus_compile_s": compile_s, "rounds": len(warm.rounds), "bytes_moved": warm.total_bytes_sent,
            **bounds(incoming, bw), "verified_nereus": bool(ok and ok_warm and ok_reverse)}
+    out["bytes_moved_at_lower_bound"] = out["bytes_moved"] == out["bytes_owner_change"]
     if out["bound_s"]:
         out["nereus_over_bound"] = out["nereus_s"] / out["bound_s"]
     if out["bound_parallel_s"]:

@@ -137,6 +137,7 @@ def run_case(env: Env, g: int, args, shape: dict, bw: dict) -> dict:
            "gather_push_s": statistics.median(gp_times), "gather_push_times_s": gp_times,
            "verified_nereus": ok, "verified_gather_push": ok_gp}
     out["gather_push_over_nereus"] = out["gather_push_s"] / out["nereus_s"] if out["nereus_s"] else None
+    out["bytes_moved_at_lower_bound"] = out["bytes_moved"] == out["bytes_owner_change"]
     if out["bound_s"]:
         out["nereus_over_bound"] = out["nereus_s"] / out["bound_s"]
     if out["bound_parallel_s"]:
