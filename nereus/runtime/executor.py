@@ -1,9 +1,10 @@
 """The executor: runs one rank's part of a compiled transition on live tensors.
 
-Per round: allocate destination shards, make the round's same-GPU keeps and copies,
-pack every outgoing message into one byte buffer, agree with every rank that nothing
-failed so far, exchange all of the round's messages in one `batch_isend_irecv`, unpack,
-then release what the program frees. keep = the source tensor reused in place, copy =
+Per round: allocate destination shards and message buffers, agree with every rank that
+nothing failed so far, post the large pieces (sent from and received into the shards in
+place), pack the small pieces of each message into one byte buffer and post those, make
+the same-GPU copies while the messages travel, wait, unpack, then release what the
+program frees. Each post is one `batch_isend_irecv` (it works on gloo and NCCL). keep = the source tensor reused in place, copy =
 a local `copy_`; neither touches the network. NCCL moves CUDA tensors and gloo CPU
 tensors: the caller passes the group that matches the tensors' device.
 
@@ -14,8 +15,8 @@ after a final commit in which every rank confirms. A failure anywhere is turned 
 `Failure` (round, op, peer) and broadcast by `control.agree`, so every rank raises.
 
 Fault injection for tests: `fault=(rank, round, phase)` with phase "pack" (before the
-exchange) or "unpack" (after it), or the environment variable
-NEREUS_FAULT="rank:round:phase".
+agreement), "post" (after the large pieces were posted) or "unpack" (after the
+exchange), or the environment variable NEREUS_FAULT="rank:round:phase".
 """
 
 from __future__ import annotations
@@ -192,34 +193,53 @@ def execute(prog: RankProgram, before: dict, *, group, control, device: torch.de
             failure = Failure(rank, work.index, step, peer, f"{type(error).__name__}: {error}")
         timing.local_s = time.perf_counter() - t0
         agree(failure, control, prog.source, prog.target)
+        sums_in = []
         buffers = sum(w.buffer.numel() for w in sends + recvs if w.buffer is not None)
         result.buffer_peak_bytes = max(result.buffer_peak_bytes, buffers)
         live.peak = max(live.peak, live.bytes + buffers)  # transient message buffers count too
 
         t1 = time.perf_counter()
-        ops = _p2p_ops(sends, dist.isend, group, 0) + _p2p_ops(recvs, dist.irecv, group, 0)
-        sums_in = []
-        if verify:
-            for w in sends:
-                sums = torch.tensor([c for v in w.views for c in packing.checksum(v)], dtype=torch.int64)
-                ops.append(dist.P2POp(dist.isend, sums.to(device), w.msg.peer, group, _VERIFY_TAG + w.msg.op_index))
-            for w in recvs:
-                sums = torch.empty(2 * len(w.msg.pieces), dtype=torch.int64, device=device)
-                sums_in.append(sums)
-                ops.append(dist.P2POp(dist.irecv, sums, w.msg.peer, group, _VERIFY_TAG + w.msg.op_index))
         try:
-            requests = dist.batch_isend_irecv(ops) if ops else []
+            # Large pieces go first, straight from and into the shards, so they travel while
+            # the small pieces are packed; then the packed buffers; then same-GPU copies.
+            # Every rank posts every op of the round whatever happens locally (sizes come
+            # from the program), so a local failure here cannot leave a peer waiting: it
+            # is recorded and aborts the transition at the next agreement.
+            requests = _post(_p2p_ops(sends, dist.isend, group, True) + _p2p_ops(recvs, dist.irecv, group, True))
+            late_error = None
+            try:
+                if fault == (rank, work.index, "post"):
+                    raise InjectedFault("injected fault (post)")
+                for w in sends:
+                    if w.buffer is not None:
+                        step, peer = "pack send", w.msg.peer
+                        packing.pack(w.packed, w.offsets, w.buffer.numel(), out=w.buffer)
+            except Exception as error:  # noqa: BLE001 - post the (garbage) buffers anyway
+                late_error = (step, peer, error)
+            ops = _p2p_ops(sends, dist.isend, group, False) + _p2p_ops(recvs, dist.irecv, group, False)
+            if verify:
+                for w in sends:
+                    sums = torch.tensor([c for v in w.views for c in packing.checksum(v)], dtype=torch.int64)
+                    ops.append(dist.P2POp(dist.isend, sums.to(device), w.msg.peer, group, _VERIFY_TAG + w.msg.op_index))
+                for w in recvs:
+                    sums = torch.empty(2 * len(w.msg.pieces), dtype=torch.int64, device=device)
+                    sums_in.append(sums)
+                    ops.append(dist.P2POp(dist.irecv, sums, w.msg.peer, group, _VERIFY_TAG + w.msg.op_index))
+            requests += _post(ops)
             try:
                 for piece in work.copies:  # same-GPU copies overlap the transfers
-                    step = f"copy {piece.tensor} {piece.src_unit} -> {piece.dst_unit}"
+                    step, peer = f"copy {piece.tensor} {piece.src_unit} -> {piece.dst_unit}", None
                     new[piece.dst_unit][piece.tensor][piece.dst_slices].copy_(
                         sources[piece.src_unit][piece.tensor][piece.src_slices])
                     written[(piece.dst_unit, piece.tensor)] = written.get((piece.dst_unit, piece.tensor), 0) + piece.numel
                     result.copied_bytes += piece.nbytes
             finally:
-                step = "exchange"
+                step, peer = "exchange", None
                 for req in requests:
                     req.wait()
+            if late_error is not None:
+                step, peer = late_error[0], late_error[1]
+                raise late_error[2]
             timing.exchange_s = time.perf_counter() - t1
             t2 = time.perf_counter()
             for i, w in enumerate(recvs):
@@ -279,6 +299,7 @@ def execute(prog: RankProgram, before: dict, *, group, control, device: torch.de
     return result
 
 
+_PACKED_TAG = 1 << 20
 _VERIFY_TAG = 1 << 24
 
 
@@ -301,7 +322,7 @@ def _outgoing(msg: Message, sources: dict, device) -> _Wire:
     if not all(v.is_contiguous() for v in direct):
         raise ProgramError("a direct piece is not contiguous in its source tensor")
     offsets, total = packing.layout([p.nbytes for p in msg.pieces if not p.direct])
-    buffer = packing.pack(packed, offsets, total).to(device) if packed else None
+    buffer = torch.empty(total, dtype=torch.uint8, device=device) if packed else None  # packed after the agreement
     return _Wire(msg, buffer, offsets, packed, direct, views)
 
 
@@ -314,17 +335,23 @@ def _incoming(msg: Message, prog: RankProgram, new: dict, live: "_Live", device)
     return _Wire(msg, buffer, offsets, packed, direct, views)
 
 
-def _p2p_ops(wires: list, fn, group, base: int) -> list:
-    """The p2p ops of some messages. Tags count the ops per peer in message order, which
-    the sender and the receiver enumerate identically (gloo matches on tags, NCCL on order)."""
+def _p2p_ops(wires: list, fn, group, direct: bool) -> list:
+    """The p2p ops of some messages: their direct pieces, or their packed buffers. Tags
+    count the ops per peer in message order, which the sender and the receiver enumerate
+    identically (gloo matches on tags, NCCL on order)."""
     ops, count = [], {}
+    base = 0 if direct else _PACKED_TAG
     for w in wires:
-        tensors = ([w.buffer] if w.buffer is not None else []) + w.direct
+        tensors = w.direct if direct else ([w.buffer] if w.buffer is not None else [])
         for t in tensors:
-            tag = base + count.get(w.msg.peer, 0)
-            count[w.msg.peer] = tag - base + 1
-            ops.append(dist.P2POp(fn, t, w.msg.peer, group, tag))
+            n = count.get(w.msg.peer, 0)
+            count[w.msg.peer] = n + 1
+            ops.append(dist.P2POp(fn, t, w.msg.peer, group, base + n))
     return ops
+
+
+def _post(ops: list) -> list:
+    return dist.batch_isend_irecv(ops) if ops else []
 
 
 def _allocate(prog: RankProgram, unit: str, new: dict, live: _Live, device) -> None:

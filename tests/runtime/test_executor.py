@@ -43,7 +43,7 @@ def _bytes_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
         a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
 
 
-FAULTS = [(1, 0, "pack"), (2, 1, "unpack")]
+FAULTS = [(1, 0, "pack"), (0, 0, "post"), (2, 1, "unpack")]
 
 
 def _run_cases(rank, world, cases, tensors):
