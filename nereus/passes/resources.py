@@ -258,7 +258,7 @@ def _fit(dag: TransitionDag, x: Xfer, budget: int, fine: bool = False) -> tuple:
     end = lo
     if end == 0:
         if first_v > room:
-            return None, x
+            return _split_slot(dag, x, budget) if fine else (None, x)
         room -= first_v
         end = 1
     layers = max(0, min(hi, last) - end)

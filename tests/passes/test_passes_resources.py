@@ -106,3 +106,14 @@ def test_dag_view_with_resource_edges_is_acyclic():
     graph = dag_graph(compiled.dag, compiled.state.schedule)
     assert nx.is_directed_acyclic_graph(graph)
     assert any(d.get("kind") == "same-model-cross-stage" for _, _, d in graph.edges(data=True))
+
+
+def test_fit_cuts_the_embedding_slot_when_it_alone_is_too_big():
+    from nereus.passes.resources import _fit, xfer_slice
+
+    compiled = compile_transition(_handover(), "S", "T")
+    x = next(x for x in compiled.dag.xfers if x.kind == "send" and x.slots[0] == 0)
+    first = xfer_slice(compiled.dag, x, 0, 1).bytes
+    assert _fit(compiled.dag, x, first - 1)[0] is None  # whole slots only by default
+    head, tail = _fit(compiled.dag, x, first - 1, fine=True)
+    assert head is not None and 0 < head.bytes <= first - 1 and tail is not None
