@@ -27,21 +27,22 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def main():
     big = ir.parse_file(os.path.join(ROOT, "examples", "traces", "llama70b-1024.nir"))
     cost = CostModel(big)
-    search_s = {}
+    search_s, search_cpu = {}, {}
     for response in (1024, 4096, 8192, 16384):
         w = replace(big.workload, response=response)
-        began = time.perf_counter()
+        began, began_cpu = time.perf_counter(), time.process_time()
         found = search_plan(big, w, cost, 1024)
         search_s[response] = time.perf_counter() - began
+        search_cpu[response] = time.process_time() - began_cpu
         print(f"70B / 1,024 GPUs, response {response:5d}: search {search_s[response]:.3f} s, "
               f"{found.candidates} candidates, {found.leaves} leaves, predicted {found.predicted_s:.1f} s/step")
     small = ir.parse_file(os.path.join(ROOT, "examples", "traces", "llama8b-64.nir"))
     ctl = Controller(small, small.plan("S1"), total_steps=1000, transition_method="estimate")
-    steady, every = [], []
+    steady, every, steady_cpu = [], [], []
     for step in range(200):
         w = replace(small.workload, response=2048 + 4 * step)
         searches = ctl.searches
-        began = time.perf_counter()
+        began, began_cpu = time.perf_counter(), time.process_time()
         decision = ctl.decide(step, w, 64)
         if decision.switch:
             ctl.transitioned(decision.plan, step=step)
@@ -51,12 +52,16 @@ def main():
         every.append(elapsed)
         if ctl.searches == searches:
             steady.append(elapsed)
+            steady_cpu.append(time.process_time() - began_cpu)
     result = {"name": "controller_search", "machine": os.uname().nodename, "cpus": os.cpu_count(),
               "search_s_70b_1024": {str(k): round(v, 4) for k, v in search_s.items()},
               "max_search_s": round(max(search_s.values()), 4),
+              "search_cpu_s_70b_1024": {str(k): round(v, 4) for k, v in search_cpu.items()},
               "steady_step_ms_median": round(1e3 * statistics.median(steady), 3),
               "steady_step_ms_mean": round(1e3 * statistics.mean(steady), 3),
+              "steady_step_cpu_ms_median": round(1e3 * statistics.median(steady_cpu), 3),
               "amortised_step_ms_mean": round(1e3 * statistics.mean(every), 3),
+              "loadavg_1min": os.getloadavg()[0],
               "steps": len(every), "searches": ctl.searches}
     print(json.dumps(result))
 
