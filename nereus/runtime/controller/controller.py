@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from nereus.ir.model import ModelStage, Module, Plan, Workload
@@ -66,6 +66,10 @@ class Controller:
     transition_method: str = "compile"
     allow_waves: bool = True
     research_tolerance: float = 0.05
+    # search for a response this much longer than the current one: a plan chosen at the
+    # edge of its KV capacity needs one more generation wave at the next longer step (a
+    # ~30% cliff on the length-growth trace), so candidates keep some headroom
+    headroom: float = 0.05
     refit_every: int = 50  # steps: re-search at least this often once the cost model has changed
     cost: Optional[CostModel] = None
     log: list = field(default_factory=list)
@@ -145,7 +149,8 @@ class Controller:
 
     def best_plan(self, workload: Workload, gpus: int) -> SearchResult:
         if self._needs_search(workload, gpus):
-            self._search = search_plan(self.module, workload, self.cost, gpus, name="candidate",
+            ahead = replace(workload, response=math.ceil(workload.response * (1.0 + self.headroom)))
+            self._search = search_plan(self.module, ahead, self.cost, gpus, name="candidate",
                                        allow_waves=self.allow_waves)
             self._search_key, self._search_version, self._search_workload = gpus, self.cost.version, workload
             self._search_step = self._decisions
