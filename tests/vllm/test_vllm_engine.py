@@ -17,13 +17,15 @@ pytestmark = pytest.mark.vllm
 vllm = pytest.importorskip("vllm")
 
 NEW = 8
+BLOCK = 32  # KV block (CPU attention takes multiples of 32): the 40-token probes fill one
 
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     from nereus.runtime.vllm_engine import VllmEngine
 
-    eng = VllmEngine(TINY, tiny_weights(0), workdir=tmp_path_factory.mktemp("ckpt"), max_model_len=128, seed=0)
+    eng = VllmEngine(TINY, tiny_weights(0), workdir=tmp_path_factory.mktemp("ckpt"), max_model_len=128, seed=0,
+                     block_size=BLOCK)
     yield eng
     eng.close()
 

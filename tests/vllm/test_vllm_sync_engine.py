@@ -32,7 +32,7 @@ def _rank(rank, world, workdir):
     unit = unit_on_gpu(training, rank)
     weights_only = dict(unit, shards=[s for s in unit["shards"] if "#" not in s["tensor"]])
     full = tiny_weights(0)
-    generation = VllmGeneration(module, "P", workdir=workdir, max_model_len=128)
+    generation = VllmGeneration(module, "P", workdir=workdir, max_model_len=128, block_size=32)
     probe = fixed_prompts()
     log = []
     try:

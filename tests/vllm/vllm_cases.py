@@ -28,7 +28,9 @@ def tiny_weights(seed: int, model: Model = TINY) -> dict:
 
 
 def fixed_prompts(batch: int = 4, length: int = 40, seed: int = 123, vocab: int = 256) -> torch.Tensor:
-    """Prompts longer than one KV block, so a stale prefix cache would be reused."""
+    """Prompts longer than one KV block (the tests use block_size 32), so that after a
+    weight push without reset_prefix_cache vLLM would reuse stale cached blocks (checked
+    by hand: outputs then differ from the reference)."""
     return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
