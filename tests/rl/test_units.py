@@ -6,7 +6,7 @@ from nereus.ir.architecture import tensor_table
 from nereus.ir.model import Model
 from nereus.runtime.rl import algorithms as alg
 from nereus.runtime.rl.engine import NativeEngine
-from nereus.runtime.rl.llama import hidden_states, init_full_weights, local_logits
+from nereus.runtime.rl.llama import KvCache, hidden_states, init_full_weights, local_logits
 from nereus.runtime.rl.parallel import TpGroup, vocab_parallel_logprob
 from nereus.runtime.rl.reward import make_prompts, score
 from nereus.runtime.rl.shards import local_boxes, shard, write_owned
@@ -61,6 +61,20 @@ def test_kv_cache_generation_equals_recomputing_the_whole_prefix():
         token = torch.searchsorted(probs, (uniforms[:, i] * probs[:, -1]).unsqueeze(-1))
         seq = torch.cat([seq, token], dim=1)
     assert torch.equal(cached, seq[:, 5:])
+
+
+def test_cached_prefill_and_decode_equal_a_full_forward_at_every_layer():
+    # Every layer must see the positions of the tokens it processes: a cache grown by
+    # layer 0 must not shift layer 1's rotary positions or turn its prefill non-causal.
+    model = Model("m", "llama", layers=3, hidden=32, heads=4, kv_heads=2, ffn=64, vocab=16, dtype="fp32")
+    w = init_full_weights(model, torch.Generator().manual_seed(4))
+    tokens = torch.randint(0, 16, (2, 7), generator=torch.Generator().manual_seed(5))
+    full = hidden_states(model, w, tokens, TpGroup())
+    cache = KvCache.empty(model.layers)
+    prefill = hidden_states(model, w, tokens[:, :5], TpGroup(), cache)
+    steps = [hidden_states(model, w, tokens[:, i:i + 1], TpGroup(), cache) for i in (5, 6)]
+    assert torch.allclose(prefill, full[:, :5], atol=1e-5)
+    assert torch.allclose(torch.cat(steps, dim=1), full[:, 5:], atol=1e-5)
 
 
 def test_gae_equals_discounted_sum_of_td_errors():

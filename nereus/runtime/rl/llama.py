@@ -74,12 +74,13 @@ def _rotary(x: torch.Tensor, start: int, theta: float = 10000.0) -> torch.Tensor
     return x * cos + torch.cat([-second, first], dim=-1) * sin
 
 
-def _attention(x, w: Weights, i: int, shape: LocalShape, tp: TpGroup, cache: Optional[KvCache]):
+def _attention(x, w: Weights, i: int, shape: LocalShape, tp: TpGroup, cache: Optional[KvCache], start: int):
+    """`start` is the position of x's first token: the cache length *before* this forward
+    call, read once for all layers (layer i's cache has already grown when layer i+1 runs)."""
     b, t, _ = x.shape
     hd, nq, nkv = shape.head_dim, shape.heads, shape.kv_heads
     qkv = copy_to_tp(x, tp) @ w[f"layers.{i}.attn.qkv.weight"].t()
     q, k, v = qkv.split([nq * hd, nkv * hd, nkv * hd], dim=-1)
-    start = cache.length if cache is not None else 0
     q = _rotary(q.view(b, t, nq, hd).transpose(1, 2), start)
     k = _rotary(k.view(b, t, nkv, hd).transpose(1, 2), start)
     v = v.view(b, t, nkv, hd).transpose(1, 2)
@@ -111,8 +112,9 @@ def run_layers(model: Model, w: Weights, x: torch.Tensor, layers: tuple[int, int
                cache: Optional[KvCache] = None) -> torch.Tensor:
     """Transformer layers lo..hi-1 on the residual stream x [B, T, hidden]."""
     shape = LocalShape.of(model, tp.size)
+    start = cache.length if cache is not None else 0
     for i in range(*layers):
-        x = x + _attention(rms_norm(x, w[f"layers.{i}.input_norm.weight"]), w, i, shape, tp, cache)
+        x = x + _attention(rms_norm(x, w[f"layers.{i}.input_norm.weight"]), w, i, shape, tp, cache, start)
         x = x + _mlp(rms_norm(x, w[f"layers.{i}.post_attn_norm.weight"]), w, i, shape, tp)
     return x
 
