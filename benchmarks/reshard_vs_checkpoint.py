@@ -335,12 +335,12 @@ def _restart(rank, world, port, source, case, folder):
     import nereus.ir as ir
     import torch.distributed.checkpoint as dcp
     from nereus.backends.json_program import plan_units_json
-    from nereus.runtime.runtime import Runtime
+    from nereus.runtime.runtime import tensor_specs
 
     module = ir.parse_source(source, "bench.nir")
     b = CASES[case][1]
     units_b = plan_units_json(module, b, STAGE)
-    specs = Runtime.tensor_specs.__get__(_SpecsOnly(module))(STAGE)
+    specs = tensor_specs(module, STAGE)
     target = {}
     unit = next((u for u in units_b if rank in u["gpus"]), None)
     if unit is not None:
@@ -358,18 +358,6 @@ def _restart(rank, world, port, source, case, folder):
     dist.destroy_process_group()
     with open(os.path.join(folder, f"restart-{rank}.pkl"), "wb") as f:
         pickle.dump((end, ok), f)
-
-
-class _SpecsOnly:
-    """Enough of a Runtime for `tensor_specs` (no process group of its own)."""
-
-    def __init__(self, module):
-        self.module = module
-
-    def _model_stage(self, model_stage):
-        from nereus.ir.model import ModelStage
-
-        return ModelStage.parse(model_stage)
 
 
 def _port() -> int:

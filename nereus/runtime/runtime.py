@@ -31,6 +31,7 @@ from nereus.ir.diagnostics import NereusError, ProgramError, SemanticError
 from nereus.ir.model import ModelStage, Module
 
 from . import packing
+from .boxes import as_box, shard_shape
 from .executor import TORCH_DTYPES, execute
 from .program import DIRECT_MIN_BYTES, program_model_stages, rank_program, restrict_program, unit_of_stage
 from .state import assemble, shard_unit, step_name, unit_on_gpu
@@ -130,18 +131,8 @@ class Runtime:
     def tensor_specs(self, model_stage: str) -> dict:
         """{global name: (shape, torch dtype)} of the full tensors of `model_stage`:
         weights, and for training fp32 master/exp_avg/exp_avg_sq plus the int64 step."""
-        ms = self._model_stage(model_stage)
-        model = self.module.model(ms.model)
-        specs = {}
-        for spec in tensor_table(model):
-            name = f"{model.name}/{spec.name}"
-            specs[name] = (spec.shape, TORCH_DTYPES[spec.dtype])
-            if ms.stage == "training":
-                for s in OPTIMIZER_STATES:
-                    specs[optimizer_name(name, s)] = (spec.shape, TORCH_DTYPES[OPTIMIZER_DTYPE])
-        if ms.stage == "training":
-            specs[step_name(model.name)] = ((), torch.int64)
-        return specs
+        self._model_stage(model_stage)
+        return tensor_specs(self.module, model_stage)
 
     def shard_state_dict(self, model_stage: str, full: dict) -> dict:
         """This rank's shards of a full state dict (global names; a name without its
@@ -162,8 +153,6 @@ class Runtime:
         ms = self._model_stage(model_stage)
         unit = unit_on_gpu(self.layout(model_stage), self.rank)
         expected = {} if unit is None else {s["tensor"]: s for s in unit["shards"] if s["gpu"] == self.rank}
-        from .boxes import as_box, shard_shape
-
         step = step_name(ms.model)
         missing = sorted(set(expected) - set(local))
         extra = sorted(set(local) - set(expected) - {step})
@@ -304,6 +293,22 @@ class Runtime:
         tensor = torch.tensor(values, dtype=torch.int64)
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self._control)
         return dict(zip(names, tensor.tolist()))
+
+
+def tensor_specs(module: Module, model_stage: str) -> dict:
+    """`Runtime.tensor_specs` without a Runtime (no process group needed)."""
+    ms = ModelStage.parse(model_stage)
+    model = module.model(ms.model)
+    specs = {}
+    for spec in tensor_table(model):
+        name = f"{model.name}/{spec.name}"
+        specs[name] = (spec.shape, TORCH_DTYPES[spec.dtype])
+        if ms.stage == "training":
+            for s in OPTIMIZER_STATES:
+                specs[optimizer_name(name, s)] = (spec.shape, TORCH_DTYPES[OPTIMIZER_DTYPE])
+    if ms.stage == "training":
+        specs[step_name(model.name)] = ((), torch.int64)
+    return specs
 
 
 def _plan(module: Module, name: str) -> None:
