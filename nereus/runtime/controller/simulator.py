@@ -14,7 +14,10 @@ Policies (each pays the true transition time whenever it changes plan):
   fixed   the initial plan's TP/PP per model-stage, DP scaled to the GPUs available
   greedy  switch whenever the calibrated model predicts any faster plan
   nereus  payback admission (admission.py) with the given margin
-  oracle  the best plan per step under the true coefficients, transitions free
+  oracle  the best plan per step under the true coefficients, transitions free; "best" is
+          approximate: the search reruns when the response drifts by > 1%, and each step takes
+          the best of the last three winners and of every plan another policy runs then, so a
+          policy can come out marginally below it (a winner at the edge of a KV-wave cliff)
 Per-step latencies reported are the true (noise-free) ones, so policies compare fairly.
 """
 
