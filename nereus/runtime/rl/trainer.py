@@ -2,7 +2,11 @@
 
 Model-stages (names fixed by this loop; the plan places them):
   actor.generation   rollout (engine; weights synced from actor.training after each step by
-                     Nereus' compiled weight sync, nereus.runtime.vllm_sync)
+                     Nereus' compiled weight sync, nereus.runtime.vllm_sync). `TrainSpec.engine`
+                     picks the engine: "native" (the TP/PP llama on shards Nereus holds) or
+                     "vllm" (one vLLM engine per generation replica on its driver rank; the
+                     sync targets the engines' input layout and VllmGeneration.push loads it;
+                     Nereus then holds no actor.generation shards: the engines do)
   ref.inference      log π_ref (initialised as a copy of the actor's initial weights)
   reward.inference   llama reward model: its score is logged as `rm_score`; the training
                      reward is the rule of nereus.runtime.rl.reward (so learning is checkable)
@@ -36,7 +40,7 @@ from nereus.ir.model import Module
 from nereus.runtime.state import step_name
 
 from . import algorithms as alg
-from .engine import NativeEngine
+from .engine import ENGINES, GenerationEngine, NativeEngine, make_vllm_generation
 from . import pipeline
 from .llama import init_full_weights, local_logits, values
 from .optim import adam_step, all_reduce_grads
@@ -59,6 +63,9 @@ class TrainSpec:
     rl: alg.RlConfig = field(default_factory=alg.RlConfig)
     controller: bool = False  # let the Nereus controller pick among the declared plans
     drift: tuple[tuple[int, str], ...] = ()  # (after step, "workload.response=12")
+    engine: str = "native"  # rollout engine: "native" | "vllm" (see nereus.runtime.rl.engine)
+    greedy: bool = False  # argmax decoding (exact in both engines) instead of sampling
+    workdir: str = ""  # vllm: where each engine's start-up checkpoint goes (default: a temp dir)
 
 
 @dataclass(frozen=True)
@@ -74,6 +81,7 @@ class StepRecord:
     response: int = 0
     stage_seconds: dict = field(default_factory=dict)  # model-stage → wall seconds of its phase
     sync_bytes: int = 0  # weight sync actor.training → actor.generation, bytes this rank sent
+    rollout_sha256: str = ""  # digest of the step's [batch, response] tokens (compare engines)
 
 
 def _report_dict(report: Any) -> dict:
@@ -134,7 +142,12 @@ class RlTrainer:
         self.device = getattr(runtime, "device", None) or torch.device("cpu")
         self.groups = Groups()
         self.weight_sync = None
-        if not isinstance(runtime, RestartRuntime) and dist.is_initialized():
+        self.vllm = None  # VllmGeneration when spec.engine == "vllm"
+        if spec.engine not in ENGINES:
+            raise SemanticError(f"unknown generation engine {spec.engine!r}", hint=f"engines: {', '.join(ENGINES)}")
+        if spec.engine == "vllm":
+            self.vllm = make_vllm_generation(module, spec.plan, seed=spec.seed, workdir=spec.workdir)
+        elif not isinstance(runtime, RestartRuntime) and dist.is_initialized():
             # the per-step actor → generation weight sync compiled by Nereus (vllm_sync.py);
             # the restart baseline keeps gather-everything-then-slice
             from nereus.runtime.vllm_sync import WeightSync
@@ -156,6 +169,8 @@ class RlTrainer:
         if "critic.training" in self.stages:
             full["critic"] = init_full_weights(self.module.model("critic"), gen)
         for ms in sorted(self.stages):
+            if ms == "actor.generation" and self.vllm is not None:
+                continue  # the engines hold the generation weights (started below)
             model, _, stage = ms.partition(".")
             dtype = TORCH_DTYPES[self.module.model(model).dtype]
             named = {f"{model}/{k}": v.to(dtype) for k, v in full[model].items()}  # init is fp32
@@ -168,6 +183,10 @@ class RlTrainer:
                 if name not in named:
                     named[name] = torch.zeros(shape, dtype=TORCH_DTYPES.get(dtype, dtype))
             self.rt.register(ms, self.rt.shard_state_dict(ms, named))
+        if self.vllm is not None:  # start the engines from the initial actor weights
+            self.vllm.push(self.plan_name, self.rt.state("actor.training"))
+            if dist.is_initialized():
+                dist.barrier()  # engine start-up (tens of seconds on CPU) is not part of step 1
 
     def weights(self, ms: str) -> dict[str, torch.Tensor]:
         """Local weights of a model-stage by local name (what the llama reads)."""
@@ -245,13 +264,8 @@ class RlTrainer:
         uniforms = torch.rand(B, R, generator=gen).to(self.device)
         cpu_prompts, prompts = prompts, prompts.to(self.device)
 
-        def rollout(role, rows):
-            engine = NativeEngine(self.module.model("actor"), lambda: self.weights("actor.generation"),
-                                  role.tp, role.pipe)
-            return engine.generate(prompts[rows], R, uniforms[rows], cfg.temperature)
-
         clock = _PhaseClock()
-        responses = self._per_replica("actor.generation", rollout, (B, R), torch.long)
+        responses = self._rollout(prompts, uniforms)
         clock.lap("actor.generation")
         seqs = self._seqs = torch.cat([prompts, responses], dim=1)
         logp_ref = self._per_replica("ref.inference", lambda role, rows: self._logprobs(
@@ -305,11 +319,44 @@ class RlTrainer:
         return StepRecord(step, self.plan_name, sum(losses) / len(losses),
                           sum(value_losses) / len(value_losses) if value_losses else 0.0,
                           float(rule.mean()), float((logp_old - logp_ref).mean()), float(rm.mean()),
-                          time.perf_counter() - start, R, clock.seconds, sync_bytes)
+                          time.perf_counter() - start, R, clock.seconds, sync_bytes,
+                          hashlib.sha256(responses.cpu().numpy().tobytes()).hexdigest())
+
+    def _engine(self, role: Optional[Role]) -> Optional[GenerationEngine]:
+        """The engine that generates this rank's replica rows, None where the rank writes
+        none (vllm: ranks that drive no engine; tokens come from the driver alone)."""
+        if self.vllm is not None:
+            return self.vllm.engine
+        if role is None:
+            return None
+        return NativeEngine(self.module.model("actor"), lambda: self.weights("actor.generation"), role.tp, role.pipe)
+
+    def _rollout(self, prompts: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+        """[B, R] response tokens of the whole batch on every rank. Each generation replica
+        generates its rows; the rank that holds them (native: last pipeline stage, TP rank
+        0; vllm: the engine's driver) writes them into the assembled batch."""
+        B, R = self.w.batch, self.w.response
+        role = self.roles.get("actor.generation")
+        engine = self._engine(role)
+        rows = role.rows(B) if role is not None else None
+        tokens = None
+        if engine is not None:
+            with torch.no_grad():
+                tokens = engine.generate(prompts[rows], R, uniforms[rows], self.cfg.temperature, self.spec.greedy)
+        writes = tokens is not None and (self.vllm is not None or role.contributes)
+        full = torch.zeros((B, R), dtype=torch.long, device=self.device)
+        if writes:
+            full[rows] = tokens.to(self.device)
+        if self.world > 1:
+            dist.all_reduce(full)
+        return full
 
     def sync_generation_weights(self) -> int:
         """Copy the trained actor weights into the generation stage's shards (in place);
-        returns the bytes this rank sent."""
+        returns the bytes this rank sent. With vLLM: the compiled sync into the engines'
+        input layout, then each driver loads the weights into its engine."""
+        if self.vllm is not None:
+            return self.vllm.push(self.plan_name, self.rt.state("actor.training")).bytes_sent
         if self.weight_sync is not None:
             result = self.weight_sync.run(self.plan_name, self.rt.state("actor.training"))
             local, sent = result.weights, result.bytes_sent
@@ -336,16 +383,33 @@ class RlTrainer:
         start = time.perf_counter()
         report = _report_dict(self.rt.transition(plan))
         self.roles = self.groups.for_plan(self.module, self.module.plan(plan), self.world)
+        engine_seconds = 0.0
+        if self.vllm is not None:  # engines follow the new generation layout (restarted where moved)
+            followed = time.perf_counter()
+            self.vllm.follow(plan, self.rt.state("actor.training"))
+            engine_seconds = time.perf_counter() - followed
         record = {"after_step": after_step, "from": self.plan_name, "to": plan,
                   "seconds": time.perf_counter() - start,
                   "bytes": int(report.get("total_bytes_sent", report.get("bytes", 0)) or 0),
                   "runtime_seconds": float(report.get("max_seconds", report.get("seconds", 0.0))),
-                  "compile_seconds": float(report.get("compile_s", 0.0))}
+                  "compile_seconds": float(report.get("compile_s", 0.0)), "engine_seconds": engine_seconds}
         self.plan_name = plan
         return record
 
+    def close(self) -> None:
+        """Stop the generation engines (vllm); idempotent."""
+        if self.vllm is not None:
+            self.vllm.close()
+
     def run(self) -> dict:
-        """Initialise, train, apply events; returns the result dict (same on every rank)."""
+        """Initialise, train, apply events; returns the result dict (same on every rank).
+        The vLLM engines are stopped at the end, also on errors."""
+        try:
+            return self._run()
+        finally:
+            self.close()
+
+    def _run(self) -> dict:
         self.initialise()
         events, drift = dict(self.spec.events), dict(self.spec.drift)
         steps, transitions = [], []

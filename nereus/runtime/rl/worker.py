@@ -60,7 +60,9 @@ def run(config: dict) -> dict:
     rl = RlConfig(**{k: v for k, v in config.get("rl", {}).items() if k in names})
     spec = TrainSpec(config["plan"], config["steps"], tuple((int(s), p) for s, p in config.get("events", [])),
                      config.get("seed", 0), config.get("task", "pattern"), rl, bool(config.get("controller")),
-                     tuple((int(s), o) for s, o in config.get("drift", [])))
+                     tuple((int(s), o) for s, o in config.get("drift", [])),
+                     engine=config.get("engine", "native"), greedy=bool(config.get("greedy", False)),
+                     workdir=os.path.join(config["out"], "vllm") if config.get("out") else "")
     runtime = make_runtime(config.get("runtime", "nereus"), config["plan_file"], config["plan"], module)
     result = RlTrainer(module, runtime, spec, emit=_emit).run()
     final = result.pop("_final_state")
