@@ -59,17 +59,22 @@ def feasibility_table(reports) -> str:
     return "\n".join(lines)
 
 
-def report_plans(module: Module, as_json: bool = False, plans=None) -> bool:
+def report_plans(module: Module, as_json: bool = False, plans=None, collect: dict | None = None) -> bool:
     """Check every plan (or those named in `plans`), print the feasibility table (or JSON
-    when `as_json`), and for each infeasible plan an error at the plan's location naming
-    the worst GPU and stage. Returns True iff every plan fits."""
+    when `as_json`; with `collect`, the JSON fields are stored there for the caller to
+    print in its own object instead), and for each infeasible plan an error at the plan's
+    location naming the worst GPU and stage. Returns True iff every plan fits."""
     from nereus.passes.feasibility import check_plan
 
     selected = [p for p in module.plans if plans is None or p.name in plans]
     reports = [check_plan(module, plan) for plan in selected]
     if as_json:
-        click.echo(json.dumps({"file": module.file, "plans": [r.to_json() for r in reports],
-                               "feasible": all(r.feasible for r in reports)}))
+        payload = {"file": module.file, "plans": [r.to_json() for r in reports],
+                   "feasible": all(r.feasible for r in reports)}
+        if collect is not None:
+            collect.update(payload)
+        else:
+            click.echo(json.dumps(payload))
     else:
         click.echo(feasibility_table(reports))
     source = None

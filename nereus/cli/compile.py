@@ -107,10 +107,13 @@ def compile_command(file, transition, overrides, emit, output, as_json, time_pas
     module = load_module(file, overrides)
     pairs = _pairs(module, transition)
     fits = True
+    checked: dict = {}
     if emit is None:
-        from nereus.cli.check import report_plans
+        from nereus.cli.check import describe, report_plans
 
-        fits = report_plans(module, as_json)
+        if not as_json:
+            click.echo(f"{file}: {describe(module)}")
+        fits = report_plans(module, as_json, collect=checked)
     elif len(pairs) != 1 and emit != "summary":
         raise SemanticError(f"--emit {emit} writes one transition and {file} declares {len(pairs)}",
                             hint="choose one with --transition S1->S2")
@@ -125,7 +128,7 @@ def compile_command(file, transition, overrides, emit, output, as_json, time_pas
             click.echo(f"time {source} -> {target}: {listing}; total {total * 1000:.1f} ms", err=True)
     if emit in (None, "summary"):
         if as_json:
-            text = json.dumps({"transitions": [c.summary for c in results]}, indent=None)
+            text = json.dumps({**checked, "transitions": [c.summary for c in results]}, indent=None)
         else:
             text = "\n".join(summary_text(c.summary) for c in results)
     elif emit == "json":
@@ -142,12 +145,12 @@ def compile_command(file, transition, overrides, emit, output, as_json, time_pas
         from nereus.backends.dot import program_dot
 
         text = program_dot(results[0].program).rstrip("\n")
-    if not results:
+    if not results and not (as_json and checked):
         pass  # nothing declared: the plan table said it all
     elif output and output != "-":
         with open(output, "w", encoding="utf-8") as handle:
             handle.write(text + "\n")
     else:
         click.echo(text)
-    if not fits:
-        sys.exit(1)
+    if not fits:  # like `nereusc check`: an infeasible plan is an error
+        sys.exit(2)
