@@ -61,3 +61,18 @@ def test_missing_file_is_an_error_not_a_traceback():
 def test_examples_are_in_canonical_form(path):
     # `nereusc fmt --check` exits 1 when formatting would change the file
     assert run("fmt", "--check", str(path)).exit_code == 0
+
+
+def test_default_command_checks_then_compiles_every_transition():
+    result = run(str(EXAMPLES / "ppo-8b.nir"))
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0].startswith(f"{EXAMPLES / 'ppo-8b.nir'}: cluster h200: 64 GPUs (8 x 8")
+    assert any(line.startswith("transition S1 -> S2:") for line in lines)
+    assert any(line.startswith("transition S2 -> S3:") for line in lines)
+
+
+def test_default_command_exits_2_on_an_infeasible_plan():
+    result = run(str(EXAMPLES / "infeasible-70b-8gpu.nir"), "--json")
+    assert result.exit_code == 2
+    assert json.loads(result.output.splitlines()[0])["feasible"] is False
