@@ -75,4 +75,4 @@ def test_default_command_checks_then_compiles_every_transition():
 def test_default_command_exits_2_on_an_infeasible_plan():
     result = run(str(EXAMPLES / "infeasible-70b-8gpu.nir"), "--json")
     assert result.exit_code == 2
-    assert json.loads(result.output.splitlines()[0])["feasible"] is False
+    assert json.loads(result.stdout.strip().splitlines()[-1])["feasible"] is False
