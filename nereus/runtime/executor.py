@@ -8,11 +8,16 @@ program frees. Each post is one `batch_isend_irecv` (it works on gloo and NCCL).
 a local `copy_`; neither touches the network. NCCL moves CUDA tensors and gloo CPU
 tensors: the caller passes the group that matches the tensors' device.
 
-Safety (all or nothing): new shards are written into new buffers only, and a freed
-source is merely dropped from the live-bytes account while the caller still holds it,
-so an abort at any point leaves the old state intact; the new state is handed back only
-after a final commit in which every rank confirms. A failure anywhere is turned into a
-`Failure` (round, op, peer) and broadcast by `control.agree`, so every rank raises.
+Safety (all or nothing): new shards are written into new buffers only, and the old
+state survives until a final commit in which every rank confirms; the new state is handed
+back only then. Where the old state waits depends on `rollback`: "device" keeps every old
+tensor on its device until the commit (a freed source is merely dropped from the
+live-bytes account), so a GPU holds old + new, above the compiler's memory replay;
+"host" (the default on CUDA) copies each shard the program frees or stages out to pinned
+host memory and drops the device tensor, so the GPU follows the replay (the compiler frees
+old shards early precisely to make room for later allocations on full GPUs); an abort
+copies them back. A failure anywhere is turned into a `Failure` (round, op, peer) and
+broadcast by `control.agree`, so every rank raises.
 
 Fault injection for tests: `fault=(rank, round, phase)` with phase "pack" (before the
 agreement), "post" (after the large pieces were posted) or "unpack" (after the
@@ -23,8 +28,9 @@ from __future__ import annotations
 
 import os
 import time
+import traceback
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -32,7 +38,7 @@ import torch.distributed as dist
 from nereus.ir.diagnostics import ProgramError
 
 from . import packing
-from .control import Failure, agree
+from .control import Failure, TransitionAborted, agree
 from .program import Message, RankProgram
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
@@ -71,6 +77,8 @@ class ExecutionResult:
     peak_bytes: int = 0  # resident + live shards + message buffers on this GPU (the compiler's replay)
     buffer_peak_bytes: int = 0  # largest sum of one round's message buffers
     verified: Optional[bool] = None
+    rollback: str = "device"  # how an abort would have restored the old state ("device" | "host")
+    parked_bytes: int = 0  # before-shards copied to host memory and released on their device
 
 
 def _fault_spec(fault) -> Optional[tuple[int, int, str]]:
@@ -121,182 +129,345 @@ def _check_before(prog: RankProgram, before: dict) -> None:
                                    f"the layout says {info.shape} {info.dtype}")
 
 
+ROLLBACK_MODES = ("device", "host")
+
+
+def default_rollback(device) -> str:
+    """The rollback mode used when none is given: "host" for CUDA tensors (shards the
+    program frees leave the GPU as the compiler's memory replay assumes), "device"
+    otherwise (on CPU a host copy would only double the memory, nothing is gained)."""
+    return "host" if torch.device(device).type == "cuda" else "device"
+
+
 def execute(prog: RankProgram, before: dict, *, group, control, device: torch.device,
             resident_bytes: int = 0, verify: bool = False, progress: bool = False,
-            fault=None) -> ExecutionResult:
+            fault=None, rollback: Optional[str] = None, park_device_types=("cuda",),
+            round_hook: Optional[Callable[[int], None]] = None) -> ExecutionResult:
     """Collective over `group` (data) and `control` (gloo).
 
     Input: this rank's program and its before-state {unit: {tensor: local tensor}}
-    (the shards of every before-unit on this GPU). Output: the after-state on this GPU.
-    Invariant: `before` and its tensors are never written; on any failure on any rank
-    every rank raises TransitionAborted and the caller's old state is intact."""
-    fault = _fault_spec(fault)
-    rank = dist.get_rank()
+    (the shards of every before-unit on this GPU; extra entries are ignored). Output:
+    the after-state on this GPU. Invariant: the before tensors are never written; on any
+    failure on any rank every rank raises TransitionAborted with the old state in `before`.
+
+    rollback="device" (default off CUDA): `before` is not modified; the old tensors stay
+    on their device until the commit, so device memory holds old + new during the move.
+    rollback="host" (default on CUDA): when a round frees or stages out a before-shard
+    on a device of `park_device_types`, the shard is first copied to (pinned) host memory,
+    its entry in `before` is replaced by that copy and every reference the executor holds
+    to the device tensor is dropped, so the caching allocator reuses the memory for the
+    next rounds' allocations. On abort the copies go back to the device (new tensor
+    objects, after the new buffers were dropped) into `before`; on commit they are removed
+    from `before`. References the caller keeps elsewhere keep their device memory alive.
+    Shards handed over by a keep are never parked (their memory is not released).
+    `park_device_types={"cpu"}` makes CPU tensors take the host path (tests).
+    `round_hook(index)` runs on this rank after each round (tests, instrumentation)."""
+    rollback = default_rollback(device) if rollback is None else rollback
+    if rollback not in ROLLBACK_MODES:
+        raise ProgramError(f"unknown rollback mode {rollback!r}", hint="use rollback='host' or 'device'")
+    parking = _Parking(prog, before, park_device_types) if rollback == "host" else None
+    try:
+        result = _execute(prog, before, parking, group, control, torch.device(device), resident_bytes, verify,
+                          progress, _fault_spec(fault), round_hook)
+    except BaseException as error:
+        # the finished frames in the traceback still hold the new shards and the buffers:
+        # clear them so the device memory is free before the old shards come back
+        traceback.clear_frames(error.__traceback__)
+        if parking is not None and parking.devices:
+            _restore(parking, error, prog)
+        raise
+    result.rollback = rollback
+    if parking is not None:
+        result.parked_bytes = parking.bytes
+        parking.drop()
+    return result
+
+
+def _restore(parking: "_Parking", error: BaseException, prog: RankProgram) -> None:
+    try:
+        parking.restore()
+    except Exception as failed:  # noqa: BLE001 - say where the old state is
+        failures = list(error.failures) if isinstance(error, TransitionAborted) else \
+            [Failure(dist.get_rank(), -1, "execute", None, f"{type(error).__name__}: {error}")]
+        failures.append(Failure(dist.get_rank(), -1, "restore", None,
+                                f"{type(failed).__name__}: {failed}; the old shards are intact in host "
+                                f"memory (in the before-state) but could not return to the device"))
+        raise TransitionAborted(failures, prog.source, prog.target) from error
+
+
+class _Parking:
+    """Host copies of the before-shards a transition released from their device
+    (rollback="host"); they replace the device tensors in the caller's `before` dicts."""
+
+    def __init__(self, prog: RankProgram, before: dict, device_types):
+        self.before = before
+        self.device_types = frozenset(device_types)
+        # a kept shard becomes an after shard in place: its memory is never released
+        self.kept = {(a.src_unit, a.tensor) for w in prog.rounds for a in w.aliases}
+        self.devices: dict = {}  # (unit, name) → device the shard was parked from
+        self.bytes = 0
+
+    def release(self, unit: str, names) -> dict:
+        """Copy the shards `names` of `unit` that live on a parked device type to host
+        memory and replace their entries in `before` by the copies. Returns {name: copy}."""
+        held = self.before[unit]
+        todo = [n for n in names if (unit, n) not in self.kept and (unit, n) not in self.devices
+                and held[n].device.type in self.device_types]
+        copies = {}
+        for name in todo:
+            tensor = held[name]
+            copies[name] = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=tensor.is_cuda)
+            copies[name].copy_(tensor, non_blocking=tensor.is_cuda)
+        _synchronize([held[n].device for n in todo])  # the copies are complete before the device tensors go
+        for name in todo:
+            self.devices[(unit, name)] = held[name].device
+            self.bytes += copies[name].numel() * copies[name].element_size()
+            held[name] = copies[name]
+        return copies
+
+    def restore(self) -> None:
+        """After an abort: device copies of every parked shard replace the host copies in
+        `before` (all or none: on an error `before` keeps the host copies)."""
+        restored = {}
+        for (unit, name), device in self.devices.items():
+            host = self.before[unit][name]
+            restored[(unit, name)] = torch.empty(host.shape, dtype=host.dtype, device=device)
+            restored[(unit, name)].copy_(host, non_blocking=device.type == "cuda")
+        _synchronize(self.devices.values())
+        for (unit, name), tensor in restored.items():
+            self.before[unit][name] = tensor
+        self.devices.clear()
+
+    def drop(self) -> None:
+        """After the commit: remove the host copies from `before`."""
+        for unit, name in self.devices:
+            del self.before[unit][name]
+        self.devices.clear()
+
+
+def _synchronize(devices) -> None:
+    for device in set(devices):
+        if device.type == "cuda":
+            torch.cuda.current_stream(device).synchronize()
+
+
+class _Run:
+    """Mutable state of one rank's transition, shared by its rounds."""
+
+    def __init__(self, prog: RankProgram, before: dict, parking, group, control, device, live: _Live,
+                 verify: bool, fault):
+        self.prog, self.before, self.parking = prog, before, parking
+        self.group, self.control, self.device, self.live = group, control, device, live
+        self.verify, self.fault = verify, fault
+        self.verified = True if verify else None
+        self.rank = dist.get_rank()
+        self.result = ExecutionResult(state={})
+        self.new: dict = {}
+        self.written: dict = {}
+        self.failure: Optional[Failure] = None
+        # where each before-shard is read from now: its tensor, or a host copy after
+        # stage_out; {} after its free
+        self.sources = {unit: dict(before.get(unit, {})) for unit in prog.before}
+        self.staged: set = set()
+
+
+def _execute(prog, before, parking, group, control, device, resident_bytes, verify, progress, fault,
+             round_hook) -> ExecutionResult:
     started = time.perf_counter()
-    result = ExecutionResult(state={})
-    new: dict = {}
-    written: dict = {}
-    live = _Live(resident_bytes)
-    failure: Optional[Failure] = None
+    run = _Run(prog, before, parking, group, control, device, _Live(resident_bytes), verify, fault)
     try:
         _check_before(prog, before)
+        _count_before(run)
     except Exception as error:  # noqa: BLE001 - any local error must reach every rank
-        failure = Failure(rank, -1, "check before-state", None, str(error))
-    # sources: where each before-shard is read from now (its tensor, or a host copy
-    # after stage_out); the caller's `before` dict itself is never modified.
-    sources = {unit: dict(before.get(unit, {})) for unit in prog.before}
-    staged: set = set()
-    if failure is None:
-        for unit in prog.before:
-            for t in before[unit].values():
-                live.add(t)
-    agree(failure, control, prog.source, prog.target)
+        run.failure = Failure(run.rank, -1, "check before-state", None, str(error))
+    agree(run.failure, control, prog.source, prog.target)
 
-    bar = _progress(progress and rank == 0, len(prog.rounds))
-    verified = True if verify else None
+    bar = _progress(progress and run.rank == 0, len(prog.rounds))
     for work in prog.rounds:
-        timing = RoundTiming(work.index)
-        t0 = time.perf_counter()
-        step = "alloc"
-        peer = None
-        sends, recvs = [], []
-        try:
-            if failure is not None:  # an earlier round failed here: go straight to agree
-                raise _Skip()
-            for unit in work.allocs:
-                step = f"alloc {unit}"
-                _allocate(prog, unit, new, live, device)
-            for alias in work.aliases:
-                step = f"keep {alias.dst_unit} {alias.tensor}"
-                tensor = before[alias.src_unit][alias.tensor]
-                slot = new.setdefault(alias.dst_unit, {})
-                if alias.tensor not in slot:
-                    slot[alias.tensor] = tensor
-                    live.add(tensor)
-                written[(alias.dst_unit, alias.tensor)] = tensor.numel()
-                result.kept_bytes += tensor.numel() * tensor.element_size()
-            for piece in work.copies:  # allocated now, copied while the messages travel
-                step = f"alloc {piece.dst_unit} {piece.tensor}"
-                _dst(prog, new, live, device, piece)
-            for msg in work.sends:
-                step, peer = "pack send", msg.peer
-                sends.append(_outgoing(msg, sources, device))
-            for msg in work.recvs:
-                step, peer = "alloc recv", msg.peer
-                recvs.append(_incoming(msg, prog, new, live, device))
-            peer = None
-            if fault == (rank, work.index, "pack"):
-                raise InjectedFault("injected fault (pack)")
-        except _Skip:
-            pass
-        except Exception as error:  # noqa: BLE001
-            failure = Failure(rank, work.index, step, peer, f"{type(error).__name__}: {error}")
-        timing.local_s = time.perf_counter() - t0
-        agree(failure, control, prog.source, prog.target)
-        sums_in = []
-        buffers = sum(w.buffer.numel() for w in sends + recvs if w.buffer is not None)
-        result.buffer_peak_bytes = max(result.buffer_peak_bytes, buffers)
-        live.peak = max(live.peak, live.bytes + buffers)  # transient message buffers count too
-
-        t1 = time.perf_counter()
-        try:
-            # Large pieces go first, straight from and into the shards, so they travel while
-            # the small pieces are packed; then the packed buffers; then same-GPU copies.
-            # Every rank posts every op of the round whatever happens locally (sizes come
-            # from the program), so a local failure here cannot leave a peer waiting: it
-            # is recorded and aborts the transition at the next agreement.
-            requests = _post(_p2p_ops(sends, dist.isend, group, True) + _p2p_ops(recvs, dist.irecv, group, True))
-            late_error = None
-            try:
-                if fault == (rank, work.index, "post"):
-                    raise InjectedFault("injected fault (post)")
-                for w in sends:
-                    if w.buffer is not None:
-                        step, peer = "pack send", w.msg.peer
-                        packing.pack(w.packed, w.offsets, w.buffer.numel(), out=w.buffer)
-            except Exception as error:  # noqa: BLE001 - post the (garbage) buffers anyway
-                late_error = (step, peer, error)
-            ops = _p2p_ops(sends, dist.isend, group, False) + _p2p_ops(recvs, dist.irecv, group, False)
-            if verify:
-                for w in sends:
-                    sums = torch.tensor([c for v in w.views for c in packing.checksum(v)], dtype=torch.int64)
-                    ops.append(dist.P2POp(dist.isend, sums.to(device), w.msg.peer, group, _VERIFY_TAG + w.msg.op_index))
-                for w in recvs:
-                    sums = torch.empty(2 * len(w.msg.pieces), dtype=torch.int64, device=device)
-                    sums_in.append(sums)
-                    ops.append(dist.P2POp(dist.irecv, sums, w.msg.peer, group, _VERIFY_TAG + w.msg.op_index))
-            requests += _post(ops)
-            try:
-                for piece in work.copies:  # same-GPU copies overlap the transfers
-                    step, peer = f"copy {piece.tensor} {piece.src_unit} -> {piece.dst_unit}", None
-                    new[piece.dst_unit][piece.tensor][piece.dst_slices].copy_(
-                        sources[piece.src_unit][piece.tensor][piece.src_slices])
-                    written[(piece.dst_unit, piece.tensor)] = written.get((piece.dst_unit, piece.tensor), 0) + piece.numel
-                    result.copied_bytes += piece.nbytes
-            finally:
-                step, peer = "exchange", None
-                for req in requests:
-                    req.wait()
-            if late_error is not None:
-                step, peer = late_error[0], late_error[1]
-                raise late_error[2]
-            timing.exchange_s = time.perf_counter() - t1
-            t2 = time.perf_counter()
-            for i, w in enumerate(recvs):
-                step, peer = "unpack recv", w.msg.peer
-                if w.buffer is not None:
-                    packing.unpack(w.buffer, w.packed, w.offsets)
-                for p in w.msg.pieces:
-                    written[(p.dst_unit, p.tensor)] = written.get((p.dst_unit, p.tensor), 0) + p.numel
-                if verify:
-                    got = [c for v in w.views for c in packing.checksum(v)]
-                    if got != sums_in[i].tolist():
-                        verified = False
-                        raise ProgramError(f"checksum mismatch in the message from {w.msg.peer}")
-                if fault == (rank, work.index, "unpack"):
-                    raise InjectedFault("injected fault (unpack)")
-            peer = None
-            timing.unpack_s = time.perf_counter() - t2
-            for unit in work.stage_outs:
-                step = f"stage_out {unit}"
-                if unit not in staged:
-                    for name, t in before[unit].items():
-                        sources[unit][name] = t if t.device.type == "cpu" else t.to("cpu")
-                        live.remove(t)
-                    staged.add(unit)
-            for unit in work.frees:
-                step = f"free {unit}"
-                if unit not in staged:
-                    for t in before[unit].values():
-                        live.remove(t)  # the caller keeps the tensor until the commit
-                sources[unit] = {}
-        except Exception as error:  # noqa: BLE001
-            failure = Failure(rank, work.index, step, peer, f"{type(error).__name__}: {error}")
-        timing.sent_bytes = sum(w.msg.nbytes for w in sends)
-        timing.received_bytes = sum(w.msg.nbytes for w in recvs)
-        timing.messages = len(sends) + len(recvs)
-        timing.seconds = time.perf_counter() - t0
-        result.rounds.append(timing)
-        result.sent_bytes += timing.sent_bytes
-        result.received_bytes += timing.received_bytes
-        del sends, recvs
+        timing = _round(run, work)
+        run.result.rounds.append(timing)
+        run.result.sent_bytes += timing.sent_bytes
+        run.result.received_bytes += timing.received_bytes
+        if round_hook is not None:
+            round_hook(work.index)
         if bar is not None:
             bar[0].update(bar[1], advance=1, description=f"round {work.index}: {timing.messages} messages, "
                           f"{timing.sent_bytes / 2**20:.1f} MiB out, {timing.seconds * 1e3:.1f} ms")
     if bar is not None:
         bar[0].stop()
 
-    if failure is None:
+    if run.failure is None:
         try:
-            _check_complete(prog, new, written)
+            _check_complete(prog, run.new, run.written)
         except Exception as error:  # noqa: BLE001
-            failure = Failure(rank, len(prog.rounds), "commit", None, str(error))
-    agree(failure, control, prog.source, prog.target)  # the commit
-    result.state = new
-    result.peak_bytes = live.peak
-    result.verified = verified
+            run.failure = Failure(run.rank, len(prog.rounds), "commit", None, str(error))
+    agree(run.failure, control, prog.source, prog.target)  # the commit
+    result = run.result
+    result.state = run.new
+    result.peak_bytes = run.live.peak
+    result.verified = run.verified
     result.seconds = time.perf_counter() - started
     return result
+
+
+def _count_before(run: _Run) -> None:
+    for unit, shards in run.prog.before.items():
+        for name in shards:
+            run.live.add(run.before[unit][name])
+
+
+def _round(run: _Run, work) -> RoundTiming:
+    """One round on this rank; a local failure is recorded in `run.failure` and raised on
+    every rank at the next agreement. The round's buffers die with this frame."""
+    prog, before, sources, new, live, device = run.prog, run.before, run.sources, run.new, run.live, run.device
+    rank, fault, result = run.rank, run.fault, run.result
+    timing = RoundTiming(work.index)
+    t0 = time.perf_counter()
+    step = "alloc"
+    peer = None
+    sends, recvs = [], []
+    try:
+        if run.failure is not None:  # an earlier round failed here: go straight to agree
+            raise _Skip()
+        for unit in work.allocs:
+            step = f"alloc {unit}"
+            _allocate(prog, unit, new, live, device)
+        for alias in work.aliases:
+            step = f"keep {alias.dst_unit} {alias.tensor}"
+            tensor = before[alias.src_unit][alias.tensor]
+            slot = new.setdefault(alias.dst_unit, {})
+            if alias.tensor not in slot:
+                slot[alias.tensor] = tensor
+                live.add(tensor)
+            run.written[(alias.dst_unit, alias.tensor)] = tensor.numel()
+            result.kept_bytes += tensor.numel() * tensor.element_size()
+        for piece in work.copies:  # allocated now, copied while the messages travel
+            step = f"alloc {piece.dst_unit} {piece.tensor}"
+            _dst(prog, new, live, device, piece)
+        for msg in work.sends:
+            step, peer = "pack send", msg.peer
+            sends.append(_outgoing(msg, sources, device))
+        for msg in work.recvs:
+            step, peer = "alloc recv", msg.peer
+            recvs.append(_incoming(msg, prog, new, live, device))
+        peer = None
+        if fault == (rank, work.index, "pack"):
+            raise InjectedFault("injected fault (pack)")
+    except _Skip:
+        pass
+    except Exception as error:  # noqa: BLE001
+        run.failure = Failure(rank, work.index, step, peer, f"{type(error).__name__}: {error}")
+    timing.local_s = time.perf_counter() - t0
+    agree(run.failure, run.control, prog.source, prog.target)
+    sums_in = []
+    buffers = sum(w.buffer.numel() for w in sends + recvs if w.buffer is not None)
+    result.buffer_peak_bytes = max(result.buffer_peak_bytes, buffers)
+    live.peak = max(live.peak, live.bytes + buffers)  # transient message buffers count too
+
+    t1 = time.perf_counter()
+    group = run.group
+    try:
+        # Large pieces go first, straight from and into the shards, so they travel while
+        # the small pieces are packed; then the packed buffers; then same-GPU copies.
+        # Every rank posts every op of the round whatever happens locally (sizes come
+        # from the program), so a local failure here cannot leave a peer waiting: it
+        # is recorded and aborts the transition at the next agreement.
+        requests = _post(_p2p_ops(sends, dist.isend, group, True) + _p2p_ops(recvs, dist.irecv, group, True))
+        late_error = None
+        try:
+            if fault == (rank, work.index, "post"):
+                raise InjectedFault("injected fault (post)")
+            for w in sends:
+                if w.buffer is not None:
+                    step, peer = "pack send", w.msg.peer
+                    packing.pack(w.packed, w.offsets, w.buffer.numel(), out=w.buffer)
+        except Exception as error:  # noqa: BLE001 - post the (garbage) buffers anyway
+            late_error = (step, peer, error)
+        ops = _p2p_ops(sends, dist.isend, group, False) + _p2p_ops(recvs, dist.irecv, group, False)
+        if run.verify:
+            for w in sends:
+                sums = torch.tensor([c for v in w.views for c in packing.checksum(v)], dtype=torch.int64)
+                ops.append(dist.P2POp(dist.isend, sums.to(device), w.msg.peer, group, _VERIFY_TAG + w.msg.op_index))
+            for w in recvs:
+                sums = torch.empty(2 * len(w.msg.pieces), dtype=torch.int64, device=device)
+                sums_in.append(sums)
+                ops.append(dist.P2POp(dist.irecv, sums, w.msg.peer, group, _VERIFY_TAG + w.msg.op_index))
+        requests += _post(ops)
+        try:
+            for piece in work.copies:  # same-GPU copies overlap the transfers
+                step, peer = f"copy {piece.tensor} {piece.src_unit} -> {piece.dst_unit}", None
+                new[piece.dst_unit][piece.tensor][piece.dst_slices].copy_(
+                    sources[piece.src_unit][piece.tensor][piece.src_slices])
+                run.written[(piece.dst_unit, piece.tensor)] = run.written.get((piece.dst_unit, piece.tensor), 0) \
+                    + piece.numel
+                result.copied_bytes += piece.nbytes
+        finally:
+            step, peer = "exchange", None
+            for req in requests:
+                req.wait()
+        if late_error is not None:
+            step, peer = late_error[0], late_error[1]
+            raise late_error[2]
+        timing.exchange_s = time.perf_counter() - t1
+        t2 = time.perf_counter()
+        for i, w in enumerate(recvs):
+            step, peer = "unpack recv", w.msg.peer
+            if w.buffer is not None:
+                packing.unpack(w.buffer, w.packed, w.offsets)
+            for p in w.msg.pieces:
+                run.written[(p.dst_unit, p.tensor)] = run.written.get((p.dst_unit, p.tensor), 0) + p.numel
+            if run.verify:
+                got = [c for v in w.views for c in packing.checksum(v)]
+                if got != sums_in[i].tolist():
+                    run.verified = False
+                    raise ProgramError(f"checksum mismatch in the message from {w.msg.peer}")
+            if fault == (rank, work.index, "unpack"):
+                raise InjectedFault("injected fault (unpack)")
+        peer = None
+        timing.unpack_s = time.perf_counter() - t2
+        for unit in work.stage_outs:
+            step = f"stage_out {unit}"
+            _stage_out(run, unit)
+        for unit in work.frees:
+            step = f"free {unit}"
+            _free(run, unit)
+    except Exception as error:  # noqa: BLE001
+        run.failure = Failure(rank, work.index, step, peer, f"{type(error).__name__}: {error}")
+    timing.sent_bytes = sum(w.msg.nbytes for w in sends)
+    timing.received_bytes = sum(w.msg.nbytes for w in recvs)
+    timing.messages = len(sends) + len(recvs)
+    timing.seconds = time.perf_counter() - t0
+    return timing
+
+
+def _stage_out(run: _Run, unit: str) -> None:
+    """Move a before-unit's shards to host memory; later copies and sends read them there.
+    rollback="host": the host copy is also the parked copy and the device tensor goes."""
+    if unit in run.staged:
+        return
+    names = tuple(run.prog.before[unit])
+    for name in names:
+        run.live.remove(run.before[unit][name])
+    copies = run.parking.release(unit, names) if run.parking is not None else {}
+    for name in names:
+        tensor = run.before[unit][name]
+        if name in copies:
+            run.sources[unit][name] = copies[name]
+        else:
+            run.sources[unit][name] = tensor if tensor.device.type == "cpu" else tensor.to("cpu")
+    run.staged.add(unit)
+
+
+def _free(run: _Run, unit: str) -> None:
+    """Release a before-unit's shards. rollback="device": only from the live-bytes account
+    (the caller still holds them until the commit); "host": parked, then dropped."""
+    if unit not in run.staged:
+        names = tuple(run.prog.before[unit])
+        for name in names:
+            run.live.remove(run.before[unit][name])
+        if run.parking is not None:
+            run.parking.release(unit, names)
+    run.sources[unit] = {}
 
 
 _PACKED_TAG = 1 << 20

@@ -14,6 +14,20 @@ Rank r drives GPU r of the plan's cluster. CUDA tensors move over the default gr
 (NCCL); CPU tensors over gloo. A separate gloo group with a timeout carries the control
 messages (failure agreement, commit), so an error on one rank reaches every rank.
 Compilation runs once per (source, target) on rank 0 and is broadcast, then cached.
+
+Rollback (`Runtime(..., rollback=)`): a transition is all or nothing, so the old shards
+must survive until every rank commits. "host" (the default for CUDA tensors): each old
+shard the program frees (or stages out) is first copied to pinned host memory, then the
+runtime drops every device reference it holds to it, its registry entry included (which
+points at the host copy until the transition ends), so the caching allocator reuses the
+memory for later rounds and GPU memory follows the compiler's replay. On abort the host
+copies go back to the device and into the registry: `state()` then returns the restored
+tensors, which are new tensor objects; on commit the host copies are dropped. Tensors the
+caller still references itself (from `shard_state_dict`, `state()`, its model or
+optimizer) keep their device memory alive: drop them before `transition()` to get the
+room. "device" (the default on CPU, where a host copy gains nothing): the old tensors stay
+on their device until the commit, so a GPU holds old + new during the transition, more
+than the compiler's replay, and a full GPU may run out of memory.
 """
 
 from __future__ import annotations
@@ -32,7 +46,7 @@ from nereus.ir.model import ModelStage, Module
 
 from . import packing
 from .boxes import as_box, shard_shape
-from .executor import TORCH_DTYPES, execute
+from .executor import ROLLBACK_MODES, TORCH_DTYPES, default_rollback, execute
 from .program import DIRECT_MIN_BYTES, program_model_stages, rank_program, restrict_program, unit_of_stage
 from .state import assemble, shard_unit, step_name, unit_on_gpu
 
@@ -56,6 +70,8 @@ class TransitionReport:
     rounds: list = field(default_factory=list)  # per-round timings of this rank
     verified: Optional[bool] = None
     pack_backend: str = packing.BACKEND
+    rollback: str = "device"  # where the old shards waited for the commit ("host" | "device")
+    parked_bytes: int = 0  # old shards this rank copied to host memory and released on the device
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -66,7 +82,14 @@ class Runtime:
 
     def __init__(self, module: Module, plan: str, *, rank: Optional[int] = None, world_size: Optional[int] = None,
                  device: Optional[torch.device] = None, verify: bool = False, progress: bool = False,
-                 timeout_s: float = 120.0, direct_min_bytes: int = DIRECT_MIN_BYTES):
+                 timeout_s: float = 120.0, direct_min_bytes: int = DIRECT_MIN_BYTES,
+                 rollback: Optional[str] = None, park_device_types=("cuda",)):
+        """rollback: "host" or "device" (see the module docstring); None picks "host"
+        for CUDA tensors and "device" otherwise. park_device_types: the device types whose
+        old shards take the host path; tests pass ("cpu",) to run it on CPU."""
+        if rollback is not None and rollback not in ROLLBACK_MODES:
+            raise NereusError(f"unknown rollback mode {rollback!r}",
+                              hint="rollback='host' (old shards wait in host memory) or 'device'")
         if not isinstance(module, Module):
             raise TypeError("Runtime needs a parsed nereus.ir.Module (use Runtime.from_file for a path)")
         self.module = module
@@ -85,6 +108,8 @@ class Runtime:
             device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" \
                 else torch.device("cpu")
         self.device = torch.device(device)
+        self.rollback = default_rollback(self.device) if rollback is None else rollback
+        self.park_device_types = tuple(park_device_types)
         self.verify = verify
         self.direct_min_bytes = direct_min_bytes
         self.progress = progress
@@ -212,10 +237,13 @@ class Runtime:
             self._programs[key] = (box[0][1], time.perf_counter() - started)
         return self._programs[key]
 
-    def transition(self, target: str, *, verify: Optional[bool] = None, fault=None) -> TransitionReport:
+    def transition(self, target: str, *, verify: Optional[bool] = None, fault=None,
+                   round_hook=None) -> TransitionReport:
         """Collective: move every registered model-stage from the current plan to
         `target`. All or nothing: on failure every rank raises TransitionAborted and
-        keeps its old state. Returns this rank's TransitionReport."""
+        keeps its old state (restored from host memory with rollback="host").
+        `round_hook(index)` runs on this rank after each round (tests, instrumentation).
+        Returns this rank's TransitionReport."""
         _plan(self.module, target)
         self._check_ranks(target)
         program, compile_s = self.compile(target)
@@ -223,13 +251,14 @@ class Runtime:
         if live != program_model_stages(program):
             program = restrict_program(program, live)
         prog = rank_program(program, self.rank, self.direct_min_bytes)
-        before = {}
-        for unit in prog.before:
-            ms = prog.unit_stage[("before", unit)]
-            before[unit] = {k: v for k, v in self._state[ms].items() if k in prog.before[unit]}
+        # the registry dicts themselves: with rollback="host" the executor swaps a freed
+        # shard's entry for its host copy (no device reference left here) and back on abort
+        before = {unit: self._state[prog.unit_stage[("before", unit)]] for unit in prog.before}
         result = execute(prog, before, group=self._data, control=self._control, device=self.device,
                          resident_bytes=int(program.get("resident_bytes", {}).get(str(self.rank), 0)),
-                         verify=self.verify if verify is None else verify, progress=self.progress, fault=fault)
+                         verify=self.verify if verify is None else verify, progress=self.progress, fault=fault,
+                         rollback=self.rollback, park_device_types=self.park_device_types, round_hook=round_hook)
+        del before
         steps = self._steps(live)
         for ms in sorted(live):
             unit = unit_of_stage(result.state, prog.unit_stage, "after", ms)
@@ -247,7 +276,8 @@ class Runtime:
             source=prog.source, target=target, rank=self.rank, seconds=result.seconds, compile_s=compile_s,
             max_seconds=float(maxed[0]), bytes_sent=result.sent_bytes, bytes_received=result.received_bytes,
             bytes_copied=result.copied_bytes, bytes_kept=result.kept_bytes, total_bytes_sent=int(figures[1]),
-            peak_bytes=result.peak_bytes, rounds=[asdict(r) for r in result.rounds], verified=result.verified)
+            peak_bytes=result.peak_bytes, rounds=[asdict(r) for r in result.rounds], verified=result.verified,
+            rollback=result.rollback, parked_bytes=result.parked_bytes)
 
     # -- helpers -----------------------------------------------------------------------
 
