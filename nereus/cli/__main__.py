@@ -1,0 +1,11 @@
+"""`python -m nereus.cli ...` runs `nereusc`; `python -m nereus.cli runtime ...` runs `nereus`."""
+
+import sys
+
+from nereus.cli import nereus, nereusc
+
+if len(sys.argv) > 1 and sys.argv[1] == "runtime":
+    del sys.argv[1]
+    nereus()
+else:
+    nereusc()
