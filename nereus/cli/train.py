@@ -172,7 +172,7 @@ def train_command(plan_file, plan_name, algo, nproc, steps, events, controller, 
     nereus train examples/rl/ppo-cpu.nir --nproc 4 --steps 9 --events "3:S2,6:S3"
     nereus train examples/rl/ppo-cpu.nir --nproc 4 --steps 9 --events "3:S2,6:S3" --control
     nereus train examples/rl/grpo-cpu.nir --algo grpo --nproc 2 --steps 150 --events "50:S2,100:S3" --json
-    nereus train tests/vllm/ppo-vllm.nir --nproc 2 --steps 4 --events "2:S2" --engine vllm
+    nereus train examples/rl/ppo-1gpu.nir --engine vllm --greedy   (vLLM installed; head_dim >= 32)
     """
     import nereus.ir as ir
 
@@ -189,6 +189,12 @@ def train_command(plan_file, plan_name, algo, nproc, steps, events, controller, 
         raise NereusError("--steps must be at least 1")
     scripted = parse_events(events, set(plans), steps)
     drifts = parse_drift(drift, module, steps)
+    if engine == "vllm":
+        import torch
+
+        from nereus.runtime.rl.engine import check_vllm_plans
+
+        check_vllm_plans(module, cuda=backend == "nccl" or (backend == "auto" and torch.cuda.is_available()))
     needed = 1 + max(g for p in module.plans for pl in p.placements for g in pl.gpus)
     nproc = nproc or needed
     if nproc < needed:

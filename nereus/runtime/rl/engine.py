@@ -92,7 +92,27 @@ def make_vllm_generation(module, plan: str, *, seed: int = 0, workdir: str = "")
 
     from nereus.runtime.vllm_engine import VllmGeneration
 
+    check_vllm_plans(module, cuda=torch.cuda.is_available())
     w = module.workload
     max_len = max(128, 2 * (w.prompt + w.response))
     return VllmGeneration(module, plan, workdir=workdir or tempfile.mkdtemp(prefix="nereus-vllm-"), seed=seed,
                           max_model_len=max_len)
+
+
+def check_vllm_plans(module, cuda: bool) -> None:
+    """Errors a user can cause before any engine starts (raised on every rank alike, so
+    no rank waits on one that failed): on CPU, vLLM runs tensor_parallel_size 1 only and
+    its attention needs head_dim >= 32, a multiple of 16 (vLLM's CPU attention list)."""
+    from nereus.ir.diagnostics import SemanticError
+
+    if cuda:
+        return
+    actor = module.model("actor")
+    if actor.head_dim < 32 or actor.head_dim % 16:
+        raise SemanticError(f"vLLM on CPU needs head_dim >= 32 (a multiple of 16), the actor has {actor.head_dim}",
+                            actor.loc, hint="use hidden/heads >= 32, e.g. hidden 128 heads 4, or --engine native")
+    for plan in module.plans:
+        placement = plan.placement("actor.generation")
+        if placement.tp != 1:
+            raise SemanticError(f"plan {plan.name}: vLLM on CPU runs tp 1 only, actor.generation has tp {placement.tp}",
+                                placement.loc, hint="generate with tp 1 on CPU (dp replicas are fine), or run on GPUs")

@@ -383,16 +383,17 @@ class RlTrainer:
         start = time.perf_counter()
         report = _report_dict(self.rt.transition(plan))
         self.roles = self.groups.for_plan(self.module, self.module.plan(plan), self.world)
-        engine_seconds = 0.0
+        engine_seconds, engine_moved = 0.0, False
         if self.vllm is not None:  # engines follow the new generation layout (restarted where moved)
             followed = time.perf_counter()
-            self.vllm.follow(plan, self.rt.state("actor.training"))
+            engine_moved = self.vllm.follow(plan, self.rt.state("actor.training")) is not None
             engine_seconds = time.perf_counter() - followed
         record = {"after_step": after_step, "from": self.plan_name, "to": plan,
                   "seconds": time.perf_counter() - start,
                   "bytes": int(report.get("total_bytes_sent", report.get("bytes", 0)) or 0),
                   "runtime_seconds": float(report.get("max_seconds", report.get("seconds", 0.0))),
-                  "compile_seconds": float(report.get("compile_s", 0.0)), "engine_seconds": engine_seconds}
+                  "compile_seconds": float(report.get("compile_s", 0.0)), "engine_seconds": engine_seconds,
+                  "engine_moved": engine_moved}
         self.plan_name = plan
         return record
 
