@@ -155,7 +155,8 @@ class WeightSync:
             return SyncResult(dict(weights), 0.0, 0, 0, bytes_kept=kept, compile_s=compile_s)
         prog = rank_program(program, rank)
         before = {unit: {name: weights[name] for name in prog.before[unit] if name in weights} for unit in prog.before}
-        result = execute(prog, before, group=None, control=self.control, device=self.device)
+        # the training weights stay where they are after a sync: nothing to park on the host
+        result = execute(prog, before, group=None, control=self.control, device=self.device, rollback="device")
         unit = unit_of_stage(result.state, prog.unit_stage, "after", self.target)
         new = dict(result.state.get(unit, {})) if unit is not None else {}
         return SyncResult(new, result.seconds, result.sent_bytes, result.received_bytes, result.copied_bytes,
