@@ -46,7 +46,8 @@ from nereus.ir.model import ModelStage, Module
 
 from . import packing
 from .boxes import as_box, shard_shape
-from .executor import ROLLBACK_MODES, TORCH_DTYPES, default_rollback, execute
+from .executor import TORCH_DTYPES, execute
+from .parking import ROLLBACK_MODES, default_rollback
 from .program import DIRECT_MIN_BYTES, program_model_stages, rank_program, restrict_program, unit_of_stage
 from .state import assemble, shard_unit, step_name, unit_on_gpu
 
