@@ -14,7 +14,7 @@ import nereus.ir as ir
 from nereus.passes.feasibility import check_plan
 from nereus.runtime.controller.admission import AdmissionSettings, admit
 from nereus.runtime.controller.controller import Controller, predict_plan
-from nereus.runtime.controller.cost_model import PRIOR, TERMS, CostModel, Layout, stage_terms
+from nereus.runtime.controller.cost_model import PRIOR, CostModel, Layout, stage_terms
 from nereus.runtime.controller.layer_model import fit_layer_table
 from nereus.runtime.controller.memory import plan_memory
 from nereus.runtime.controller.nnls import fit_relative, nnls

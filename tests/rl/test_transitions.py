@@ -18,7 +18,7 @@ from nereus.runtime.rl.restart import RestartRuntime
 from nereus.runtime.rl.trainer import RlTrainer, TrainSpec
 
 from rl_harness import run_world
-from rl_plans import STAGES, tiny_module, uniform
+from rl_plans import tiny_module, uniform
 
 pytestmark = pytest.mark.multiprocess
 

@@ -25,7 +25,7 @@ from nereus.ir.model import ModelStage, Module, Plan, Workload
 from .admission import AdmissionSettings, Decision, admit, gain_sigma
 from .cost_model import CostModel, layout_of, step_seconds, workload_key
 from .memory import plan_memory
-from .search import SearchResult, build_plan, search_plan
+from .search import SearchResult, search_plan
 from .transition_cost import transition_seconds
 
 

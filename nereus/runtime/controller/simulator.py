@@ -208,12 +208,11 @@ def simulate(trace: Trace, margin: float = 0.1, policies=POLICIES, transition_me
                 oracle_plans = ([found.plan] + oracle_plans)[:3]
             oracle_key = (key, step.response)
         best = math.inf
-        best_plan = None
         # hindsight: the recent searches' winners and every plan another policy runs now
         for plan in oracle_plans + [current[name] for name in policies if name != "oracle"]:
             got = truth.step(plan, workload, step.gpus)
             if got.feasible and got.step_s < best:
-                best, best_plan = got.step_s, plan
+                best = got.step_s
         best_per_step.append(best)
         row = {"step": i, "response": step.response, "gpus": step.gpus, "best_s": best}
         for name in policies:
