@@ -41,8 +41,8 @@ def local(weights: dict) -> dict:
 @torch.no_grad()
 def torch_greedy(weights: dict, prompts: torch.Tensor, new_tokens: int, model: Model = TINY) -> torch.Tensor:
     """Greedy tokens of the plain torch llama (nereus.runtime.rl.llama, tp 1), recomputing
-    the whole sequence each step. (NativeEngine's KV-cache decode is not used: its
-    KvCache.length grows inside a forward, so layers >= 1 get shifted rotary positions.)"""
+    the whole sequence each step: an independent reference for vLLM's greedy output that
+    shares no code path with any KV cache."""
     w = local(weights)
     seqs = prompts
     for _ in range(new_tokens):
