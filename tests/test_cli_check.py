@@ -76,3 +76,13 @@ def test_default_command_exits_2_on_an_infeasible_plan():
     result = run(str(EXAMPLES / "infeasible-70b-8gpu.nir"), "--json")
     assert result.exit_code == 2
     assert json.loads(result.stdout.strip().splitlines()[-1])["feasible"] is False
+
+
+def test_the_readme_tour_of_the_ir_compiles(tmp_path):
+    readme = (EXAMPLES.parent / "README.md").read_text()
+    start = readme.index("```\n", readme.index("## The IR in one screen")) + 4
+    tour = tmp_path / "tour.nir"
+    tour.write_text(readme[start:readme.index("```", start)])
+    result = run(str(tour))
+    assert result.exit_code == 0, result.output
+    assert "transition S1 -> S2:" in result.output
