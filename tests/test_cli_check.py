@@ -86,3 +86,10 @@ def test_the_readme_tour_of_the_ir_compiles(tmp_path):
     result = run(str(tour))
     assert result.exit_code == 0, result.output
     assert "transition S1 -> S2:" in result.output
+
+
+def test_unknown_plan_in_transition_option_fails_before_any_output():
+    result = run(str(EXAMPLES / "ppo-8b.nir"), "--transition", "S1->S9")
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    assert f"error: --transition names no plan 'S9' of {EXAMPLES / 'ppo-8b.nir'}\nhint: plans: S1, S2, S3" in result.output

@@ -23,6 +23,11 @@ def _pairs(module, transition: str | None) -> list[tuple[str, str]]:
         source, sep, target = transition.partition("->")
         if not sep or not source.strip() or not target.strip():
             raise SemanticError(f"--transition {transition!r} is not of the form S1->S2", hint="e.g. --transition S1->S2")
+        names = [plan.name for plan in module.plans]
+        for plan in (source.strip(), target.strip()):
+            if plan not in names:  # before any output: the plan table would only bury the error
+                raise SemanticError(f"--transition names no plan {plan!r} of {module.file}",
+                                    hint=f"plans: {', '.join(names)}")
         return [(source.strip(), target.strip())]
     return [(t.source, t.target) for t in module.transitions]
 
