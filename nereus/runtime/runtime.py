@@ -122,6 +122,7 @@ class Runtime:
         self._plan = plan
         self._state: dict = {}  # model-stage → {name: local tensor}
         self._programs: dict = {}
+        self._lowered: dict = {}  # (from, to, live model-stages) -> this rank's program
         self._check_ranks(plan)
 
     @classmethod
@@ -251,7 +252,10 @@ class Runtime:
         live = self._live_stages(program)
         if live != program_model_stages(program):
             program = restrict_program(program, live)
-        prog = rank_program(program, self.rank, self.direct_min_bytes)
+        key = (self._plan, target, tuple(sorted(live)))
+        if key not in self._lowered:  # a job moving back and forth lowers each program once
+            self._lowered[key] = rank_program(program, self.rank, self.direct_min_bytes)
+        prog = self._lowered[key]
         # the registry dicts themselves: with rollback="host" the executor swaps a freed
         # shard's entry for its host copy (no device reference left here) and back on abort
         before = {unit: self._state[prog.unit_stage[("before", unit)]] for unit in prog.before}
