@@ -188,7 +188,7 @@ def sharded(units, rank, local, specs, groups=None) -> dict:
 
 def gather_scatter(units_a, units_b, rank, local, specs) -> dict:
     """Every tensor gathered whole on rank 0, then each new shard sent to its holder."""
-    from nereus.runtime.state import shard_of, writers
+    from nereus.runtime.state import gather_to_root, shard_of, writers
 
     write = writers(units_a)
     mine_a = {}
@@ -200,25 +200,7 @@ def gather_scatter(units_a, units_b, rank, local, specs) -> dict:
     for name in sorted(n for n in specs if not n.endswith("#step")):
         shape, dtype = specs[name]
         full = torch.empty(shape, dtype=dtype) if rank == 0 else None
-        ops, pending = [], []
-        for g, i, box in write[name]:
-            boxes = mine_a.get(name, [])
-            if g == rank:
-                off = sum(b[0][1] - b[0][0] for b in boxes[:i])
-                part = local[name][off: off + box[0][1] - box[0][0]]
-                if rank == 0:
-                    full[tuple(slice(lo, hi) for lo, hi in box)].copy_(part)
-                else:
-                    ops.append(dist.P2POp(dist.isend, part.contiguous(), 0))
-            elif rank == 0:
-                buf = torch.empty([hi - lo for lo, hi in box], dtype=dtype)
-                ops.append(dist.P2POp(dist.irecv, buf, g))
-                pending.append((box, buf))
-        if ops:
-            for req in dist.batch_isend_irecv(ops):
-                req.wait()
-        for box, buf in pending:
-            full[tuple(slice(lo, hi) for lo, hi in box)].copy_(buf)
+        gather_to_root(full, write[name], local.get(name), mine_a.get(name, []), rank)
         ops = []
         for u, s in holders:
             if s["tensor"] != name:

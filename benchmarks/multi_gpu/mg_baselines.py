@@ -17,13 +17,7 @@ import torch.distributed as dist
 
 from mg_common import Env, my_shards
 
-
-def _piece(local: torch.Tensor, boxes: list, index: int) -> torch.Tensor:
-    """Box `index` of a local shard (its boxes stacked along dim 0)."""
-    if local.dim() == 0:
-        return local
-    offset = sum(b[0][1] - b[0][0] for b in boxes[:index])
-    return local[offset: offset + boxes[index][0][1] - boxes[index][0][0]]
+from nereus.runtime.state import box_piece
 
 
 def _boxes(raw) -> list:
@@ -38,7 +32,7 @@ def gather_scatter(env: Env, units_a: list, units_b: list, local: dict, specs: d
     shard has exactly the boxes it held keeps its tensor (no copy, no transfer), like
     Nereus's keep. Output: this rank's new shards."""
     from nereus.runtime.boxes import as_box, shard_shape
-    from nereus.runtime.state import shard_of, writers
+    from nereus.runtime.state import gather_to_root, shard_of, writers
 
     rank = env.rank
     write = writers(units_a)
@@ -56,23 +50,7 @@ def gather_scatter(env: Env, units_a: list, units_b: list, local: dict, specs: d
         if not moving:
             continue
         full = torch.empty(shape, dtype=dtype, device=env.device) if rank == 0 else None
-        ops, pending = [], []
-        for g, i, box in write[name]:
-            if g == rank:
-                part = _piece(local[name], mine_a[name], i)
-                if rank == 0:
-                    full[tuple(slice(lo, hi) for lo, hi in box)].copy_(part)
-                else:
-                    ops.append(dist.P2POp(dist.isend, part.contiguous(), 0))
-            elif rank == 0:
-                buf = torch.empty([hi - lo for lo, hi in box], dtype=dtype, device=env.device)
-                ops.append(dist.P2POp(dist.irecv, buf, g))
-                pending.append((box, buf))
-        if ops:
-            for req in dist.batch_isend_irecv(ops):
-                req.wait()
-        for box, buf in pending:
-            full[tuple(slice(lo, hi) for lo, hi in box)].copy_(buf)
+        gather_to_root(full, write[name], local.get(name), mine_a.get(name, []), rank)
         ops = []
         for s in moving:
             if rank == 0:
@@ -112,7 +90,7 @@ def save_form(env: Env, units: list, local: dict, specs: dict, names: list) -> d
     mine = my_shards(units, env.rank)
     out = {}
     for name in names:
-        pieces = [(box, _piece(local[name], mine[name], i)) for g, i, box in write.get(name, ()) if g == env.rank]
+        pieces = [(box, box_piece(local[name], mine[name], i)) for g, i, box in write.get(name, ()) if g == env.rank]
         out[name] = _sharded_tensor(pieces, specs[name][0], env.rank, env.device, None)
     return out
 
@@ -143,7 +121,7 @@ def load_form(env: Env, units: list, target: dict, specs: dict, names: list, gro
             writer_of = {tuple(map(tuple, box)): g for g, _, box in first[name]}
             pieces = []
             for i, b in enumerate(boxes):
-                view = _piece(target[name], boxes, i)
+                view = box_piece(target[name], boxes, i)
                 if writer_of[b] == env.rank:
                     pieces.append((b, view))
                 else:
@@ -152,7 +130,7 @@ def load_form(env: Env, units: list, target: dict, specs: dict, names: list, gro
                 if s["tensor"] == name and s["gpu"] != env.rank:
                     for b in _boxes(s["boxes"]):
                         if writer_of[b] == env.rank:
-                            copies.append((name, _piece(target[name], boxes, boxes.index(b)), s["gpu"], "send"))
+                            copies.append((name, box_piece(target[name], boxes, boxes.index(b)), s["gpu"], "send"))
             out[name] = _sharded_tensor(pieces, shape, env.rank, env.device, groups[unit["id"]])
     return out, copies
 

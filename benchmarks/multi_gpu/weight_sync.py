@@ -57,7 +57,7 @@ def weight_specs(module) -> dict:
 def gather_push(env: Env, train_units: list, gen_units: list, local: dict, specs: dict) -> dict:
     """Collective. Each tensor gathered whole on rank 0 (p2p from its first holders),
     broadcast from rank 0 to every rank, sliced into this rank's generation shard."""
-    from nereus.runtime.state import shard_of, writers
+    from nereus.runtime.state import gather_to_root, shard_of, writers
 
     write = writers(train_units)
     mine_train, mine_gen = my_shards(train_units, env.rank), my_shards(gen_units, env.rank)
@@ -65,25 +65,8 @@ def gather_push(env: Env, train_units: list, gen_units: list, local: dict, specs
     for name in sorted(specs):
         shape, dtype = specs[name]
         full = torch.empty(shape, dtype=dtype, device=env.device)
-        ops, pending = [], []
-        for g, i, box in write[name]:
-            if g == env.rank:
-                boxes = mine_train[name]
-                offset = sum(b[0][1] - b[0][0] for b in boxes[:i])
-                part = local[name][offset: offset + box[0][1] - box[0][0]]
-                if env.rank == 0:
-                    full[tuple(slice(lo, hi) for lo, hi in box)].copy_(part)
-                else:
-                    ops.append(dist.P2POp(dist.isend, part.contiguous(), 0))
-            elif env.rank == 0:
-                buf = torch.empty([hi - lo for lo, hi in box], dtype=dtype, device=env.device)
-                ops.append(dist.P2POp(dist.irecv, buf, g))
-                pending.append((box, buf))
-        if ops:
-            for req in dist.batch_isend_irecv(ops):
-                req.wait()
-        for box, buf in pending:
-            full[tuple(slice(lo, hi) for lo, hi in box)].copy_(buf)
+        gather_to_root(full if env.rank == 0 else None, write[name], local.get(name), mine_train.get(name, []),
+                       env.rank)
         dist.broadcast(full, src=0)
         if name in mine_gen:
             out[name] = shard_of(full, mine_gen[name])

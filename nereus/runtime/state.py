@@ -89,6 +89,39 @@ def writers(units: list) -> dict:
     return out
 
 
+def box_piece(local: torch.Tensor, boxes, index: int) -> torch.Tensor:
+    """Box `index` of a local shard (its boxes stacked along dim 0), as a view."""
+    if local.dim() == 0:
+        return local
+    offset = sum(b[0][1] - b[0][0] for b in boxes[:index])
+    return local[offset: offset + boxes[index][0][1] - boxes[index][0][0]]
+
+
+def gather_to_root(full: Optional[torch.Tensor], entries, local: Optional[torch.Tensor], boxes, rank: int,
+                   group=None) -> None:
+    """Collective over rank 0 and the ranks named in `entries` (`writers(units)[name]` of
+    one tensor): every box is sent to rank 0 and written into `full` there (None on the
+    other ranks). `local` and `boxes` are this rank's shard of the tensor. This is the
+    first half of the gather-then-scatter baseline the benchmarks compare against."""
+    ops, pending = [], []
+    for holder, index, box in entries:
+        if holder == rank:
+            part = box_piece(local, boxes, index)
+            if rank == 0:
+                box_view(full, box).copy_(part)
+            else:
+                ops.append(dist.P2POp(dist.isend, part.contiguous(), 0, group))
+        elif rank == 0:
+            buf = torch.empty([hi - lo for lo, hi in box], dtype=full.dtype, device=full.device)
+            ops.append(dist.P2POp(dist.irecv, buf, holder, group))
+            pending.append((box, buf))
+    if ops:
+        for req in dist.batch_isend_irecv(ops):
+            req.wait()
+    for box, buf in pending:
+        box_view(full, box).copy_(buf)
+
+
 def assemble(units: list, gpu: int, local: dict, specs: dict, group=None) -> dict:
     """Collective over `group` (every rank calls it with its own GPU and local shards).
 
@@ -114,14 +147,8 @@ def assemble(units: list, gpu: int, local: dict, specs: dict, group=None) -> dic
             raise NereusError(f"the layout does not cover {name} exactly once")
         full = torch.zeros(shape, dtype=dtype)
         for holder, index, box in write[name]:
-            if holder != gpu:
-                continue
-            boxes = my_boxes[name]
-            offset = sum(b[0][1] - b[0][0] for b in boxes[:index]) if box else 0
-            src = local[name].cpu()
-            if box:
-                src = src[offset: offset + box[0][1] - box[0][0]]
-            box_view(full, box).copy_(src)
+            if holder == gpu:
+                box_view(full, box).copy_(box_piece(local[name], my_boxes[name], index).cpu())
         flat = full.reshape(-1).view(torch.uint8) if full.dim() else full.reshape(1).view(torch.uint8)
         dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
         out[name] = full
@@ -138,5 +165,5 @@ def specs_nbytes(specs: dict) -> int:
     return total
 
 
-__all__ = ["TORCH_DTYPES", "assemble", "box_view", "shard_of", "shard_unit", "specs_nbytes", "step_name",
+__all__ = ["TORCH_DTYPES", "assemble", "box_piece", "box_view", "gather_to_root", "shard_of", "shard_unit", "specs_nbytes", "step_name",
            "unit_on_gpu", "writers"]
