@@ -29,6 +29,7 @@ from nereus.ir.architecture import COLUMN, ROW, VOCAB
 from nereus.ir.model import Model, Module, Placement
 
 from .diff import Diff, StageDiff
+from .feasibility import placement_resident_bytes
 from .layout import (
     Box,
     bytes_per_element,
@@ -175,25 +176,6 @@ def _bytes(volumes: tuple[int, int, int], counts: dict[str, int], element_bytes:
     return (volumes[0] * counts["first"] + volumes[1] * counts["layer"] + volumes[2] * counts["last"]) * element_bytes
 
 
-def untouched_bytes(module: Module, placement: Placement) -> dict[int, int]:
-    """Per GPU, bytes an untouched model-stage keeps at the step boundary: weights, plus
-    bf16 grads and fp32 Adam state for training; none when offloaded (waits in host memory)."""
-    if placement.offload:
-        return {}
-    model = module.model(placement.model_stage.model)
-    out: dict[int, int] = {}
-    training = placement.model_stage.stage == "training"
-    for r in range(placement.dp):
-        for p in range(placement.pp):
-            for t in range(placement.tp):
-                g = placement.gpu_of(r, p, t)
-                b = shard_bytes(model, placement, p, t)
-                if training:  # gradients stay allocated but are not moved
-                    b += b * model.dtype_bytes // bytes_per_element(model, states_of(str(placement.model_stage)))
-                out[g] = out.get(g, 0) + b
-    return out
-
-
 def build_dag(module: Module, diff: Diff) -> TransitionDag:
     """Lower every changed model-stage of `diff` into symbolic ops (see module docstring)."""
     num_gpus = module.cluster.num_gpus
@@ -203,7 +185,7 @@ def build_dag(module: Module, diff: Diff) -> TransitionDag:
     for sd in diff.stages:
         if sd.unchanged:
             untouched.append(sd.model_stage)
-            for g, b in untouched_bytes(module, sd.before).items():
+            for g, b in placement_resident_bytes(module, sd.before).items():
                 resident[g] += b
             continue
         model = module.model(sd.before.model_stage.model)

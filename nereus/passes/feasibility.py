@@ -198,16 +198,19 @@ def _gpus_of_pp_stage(placement: Placement, pp_stage: int):
 def resident_bytes_by_model_stage(module: Module, plan: Plan) -> dict[str, dict[int, int]]:
     """Step-boundary resident bytes of each model-stage on each GPU it occupies
     ({model_stage: {gpu: bytes}}); offloaded model-stages hold nothing on GPUs then."""
-    out: dict[str, dict[int, int]] = {}
-    for placement in plan.placements:
-        per_gpu: dict[int, int] = {}
-        if not placement.offload:
-            for p, resident, _ in _placement_contributions(module, placement):
-                total = sum(resident.values())
-                for gpu in _gpus_of_pp_stage(placement, p):
-                    per_gpu[gpu] = total
-        out[str(placement.model_stage)] = per_gpu
-    return out
+    return {str(placement.model_stage): placement_resident_bytes(module, placement) for placement in plan.placements}
+
+
+def placement_resident_bytes(module: Module, placement: Placement) -> dict[int, int]:
+    """Step-boundary resident bytes of one model-stage on each GPU it occupies (weights;
+    training: + grads + fp32 master/m/v); {} when offloaded (it waits in host memory)."""
+    per_gpu: dict[int, int] = {}
+    if not placement.offload:
+        for p, resident, _ in _placement_contributions(module, placement):
+            total = sum(resident.values())
+            for gpu in _gpus_of_pp_stage(placement, p):
+                per_gpu[gpu] = total
+    return per_gpu
 
 
 def resident_bytes_per_gpu(module: Module, plan: Plan) -> dict[int, int]:
