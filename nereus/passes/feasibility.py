@@ -43,40 +43,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from nereus.ir.architecture import COLUMN, REPLICATED, ROW, VOCAB, edge_tensors, layer_tensors, pp_layer_range
+from nereus.ir.architecture import pp_layer_range
 from nereus.ir.model import STAGES, Model, Module, Placement, Plan
+
+from .layout import shard_elements
 
 OPTIMIZER_BYTES_PER_PARAM = 12  # fp32 master + Adam exp_avg + exp_avg_sq
 GIB = 1024**3
 
 
-def _shard_numel(tensor, tp: int) -> int:
-    """Elements of one TP rank's shard of `tensor` (every rank holds the same amount)."""
-    if tensor.sharding == REPLICATED:
-        return tensor.numel
-    if tensor.sharding in (ROW, VOCAB):
-        return tensor.numel // tp
-    assert tensor.sharding == COLUMN
-    columns = tensor.numel // tensor.shape[0]
-    rows = 0
-    for part in tensor.parts:
-        if part.groups >= tp:
-            rows += part.rows // tp
-        else:  # fewer groups (KV heads) than ranks: each rank holds one whole group
-            rows += part.rows // part.groups
-    return rows * columns
-
-
 @lru_cache(maxsize=4096)
 def _stage_params(model: Model, tp: int, pp: int, pp_stage: int) -> int:
-    first, last = edge_tensors(model)
-    lo, hi = pp_layer_range(model.layers, pp, pp_stage)
-    params = (hi - lo) * sum(_shard_numel(t, tp) for t in layer_tensors(model))
-    if pp_stage == 0:
-        params += sum(_shard_numel(t, tp) for t in first)
-    if pp_stage == pp - 1:
-        params += sum(_shard_numel(t, tp) for t in last)
-    return params
+    """Parameters on one GPU of (tp, pp stage): the layout pass's exact shard sizes (every
+    TP rank of a stage holds the same amount, replicated KV heads included)."""
+    return shard_elements(model, tp, pp, pp_stage, 0)
 
 
 def model_state_bytes_per_gpu(model: Model, stage: str, tp: int, pp: int, pp_stage: int) -> dict[str, int]:
