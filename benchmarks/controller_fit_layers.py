@@ -1,6 +1,6 @@
 """Fit the controller's per-layer latency model on part of the measured H200 table and
 predict the rest (held-out MAPE per kind; target ≤ 10%). Writes the full-table fit to
-nereus/runtime/controller/calibrated.py with --write.
+nereus/controller/calibrated.py with --write.
 
     PYTHONPATH=. python benchmarks/controller_fit_layers.py [--table benchmarks/data/h200_layers.json] [--write]
 
@@ -16,7 +16,7 @@ import json
 import os
 import random
 
-from nereus.runtime.controller.layer_model import FEATURES, KINDS, fit_layer_table
+from nereus.controller.layer_model import FEATURES, KINDS, fit_layer_table
 
 H200_FLOPS = 989e12  # datasheet dense bf16, the cluster value the .nir files declare
 H200_HBM = 4.8e12

@@ -14,7 +14,7 @@ import argparse
 import json
 import os
 
-from nereus.runtime.controller.simulator import load_trace, simulate
+from nereus.controller.simulator import load_trace, simulate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -19,7 +19,7 @@ import time
 from dataclasses import replace
 
 import nereus.ir as ir
-from nereus.runtime.controller import Controller, CostModel, search_plan
+from nereus.controller import Controller, CostModel, search_plan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -92,11 +92,12 @@ def attempt(module, **options) -> tuple[bool, int, bool, str]:
     """(verified, resource edges, staged through host, failure reason)."""
     from nereus.ir.diagnostics import NereusError
     from nereus.passes import compile_transition
+    from nereus.backends.json_program import program_json
     from nereus.passes.verify import verify_program
 
     try:
         compiled = compile_transition(module, "S", "T", **options)
-        verify_program(compiled.to_json())
+        verify_program(program_json(compiled))
     except NereusError as error:
         return False, 0, False, error.message.split(":")[0][:60]
     summary = compiled.summary

@@ -43,7 +43,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # smoke runs on the CPU
 
 from nereus.backends.triton import Packer, SegmentView, layout  # noqa: E402
-from nereus.ir.architecture import COLUMN, REPLICATED, ROW, VOCAB, tensor_table  # noqa: E402
+from nereus.models import COLUMN, REPLICATED, ROW, VOCAB, tensor_table  # noqa: E402
 from nereus.ir.model import Model  # noqa: E402
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30

@@ -67,7 +67,7 @@ def _rank(rank: int, world: int, port: int, args, out: str) -> None:
     dist.init_process_group(args.backend, rank=rank, world_size=world)
     device = torch.device("cuda", rank) if nccl else torch.device("cpu")
     from nereus.backends.json_program import placement_units
-    from nereus.ir.architecture import tensor_table
+    from nereus.models import tensor_table
     from nereus.runtime.state import shard_unit, unit_on_gpu
     from nereus.runtime.vllm_sync import WeightSync, gather_then_slice
 

@@ -1,6 +1,6 @@
 """The llama tensor table: exact parameter counts and sharding rules."""
 
-from nereus.ir.architecture import (COLUMN, REPLICATED, ROW, VOCAB, parameter_count, pp_layer_range,
+from nereus.models import (COLUMN, REPLICATED, ROW, VOCAB, parameter_count, pp_layer_range,
                                     tensor_table)
 from nereus.ir.model import Model
 

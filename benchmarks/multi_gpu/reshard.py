@@ -77,7 +77,7 @@ def module_source(world: int, mem: int, shape: dict, layers: int, models: tuple,
 
 def full_specs(module, model_stage: str) -> dict:
     """{name: (shape, torch dtype)} as Runtime.tensor_specs gives them, without the step."""
-    from nereus.ir.architecture import OPTIMIZER_DTYPE, OPTIMIZER_STATES, optimizer_name, tensor_table
+    from nereus.models import OPTIMIZER_DTYPE, OPTIMIZER_STATES, optimizer_name, tensor_table
     from nereus.runtime.executor import TORCH_DTYPES
 
     model = module.model(model_stage.split(".")[0])

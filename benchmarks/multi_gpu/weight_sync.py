@@ -48,7 +48,7 @@ def module_source(world: int, mem: int, shape: dict, layers: int, g: int) -> str
 
 
 def weight_specs(module) -> dict:
-    from nereus.ir.architecture import tensor_table
+    from nereus.models import tensor_table
     from nereus.runtime.executor import TORCH_DTYPES
 
     return {f"actor/{s.name}": (s.shape, TORCH_DTYPES[s.dtype]) for s in tensor_table(module.model("actor"))}

@@ -1,5 +1,6 @@
 """JSON program v1: the contract between compiler and runtime (docs/program.md).
 
+    program_json(compiled) -> dict              # a CompiledTransition → v1 dict
     program_to_json(program) -> dict            # a lowered Program (or a JsonProgram) → v1 dict
     program_from_json(data) -> JsonProgram      # checked wrapper of a v1 dict
     plan_units_json(module, plan, model_stage=None) -> [UNIT, ...]
@@ -13,23 +14,13 @@ compilations of the same input give byte-identical JSON. Imports neither torch n
 from __future__ import annotations
 
 import gc
-from dataclasses import dataclass
 from typing import Iterator, Optional
 
-from nereus.ir.diagnostics import ProgramError
+from nereus.ir.diagnostics import SemanticError
 from nereus.ir.model import Model, Module, Placement
 
-FORMAT, VERSION = "nereus-program", 1
-
-
-@dataclass(frozen=True)
-class JsonProgram:
-    """A program read back from JSON; `data` is the v1 dict."""
-
-    data: dict
-
-    def to_json(self) -> dict:
-        return self.data
+# the reader lives with the IR; re-exported here beside the emitter for old callers
+from nereus.ir.program import FORMAT, VERSION, JsonProgram, program_from_json  # noqa: F401
 
 
 def _box(box) -> list[list[int]]:
@@ -98,6 +89,14 @@ def _segments(dag, x) -> Iterator[dict]:
                 yield {"tensor": name + suffix, "box": box, "src_unit": src, "dst_unit": dst}
 
 
+def program_json(compiled) -> dict:
+    """The v1 dict of a CompiledTransition (nereus.passes.compile_transition)."""
+    if compiled.program is None:
+        raise SemanticError("the pipeline stopped before 'lower': no program to emit",
+                            hint="use the default pipeline (nereus.passes.DEFAULT_PIPELINE)")
+    return program_to_json(compiled.program)
+
+
 def program_to_json(program) -> dict:
     """The v1 dict of a lowered `Program` (nereus.passes.lower) or a `JsonProgram`."""
     if isinstance(program, JsonProgram):
@@ -159,19 +158,6 @@ def _emit(program) -> dict:
         "untouched": list(dag.untouched),
         "rounds": rounds,
     }
-
-
-def program_from_json(data: dict) -> JsonProgram:
-    """Check the header and required top-level fields of a v1 dict; raise ProgramError."""
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise ProgramError("not a Nereus program: 'format' must be \"nereus-program\"",
-                           hint="produce one with `nereusc FILE --emit json -o program.json`")
-    if data.get("version") != VERSION:
-        raise ProgramError(f"unsupported program version {data.get('version')!r}; this compiler reads version 1")
-    for key in ("transition", "gpus", "tensors", "units", "resident_bytes", "rounds"):
-        if key not in data:
-            raise ProgramError(f"program lacks the required field '{key}'")
-    return JsonProgram(data)
 
 
 def rank_program(data: dict, rank: int) -> list[list[dict]]:

@@ -108,6 +108,7 @@ def compile_command(file, transition, overrides, emit, output, as_json, time_pas
     """Check FILE's plans and compile its transitions."""
     from nereus.cli.check import load_module
     from nereus.passes import compile_transition
+    from nereus.backends.json_program import program_json
 
     module = load_module(file, overrides)
     pairs = _pairs(module, transition)
@@ -137,7 +138,7 @@ def compile_command(file, transition, overrides, emit, output, as_json, time_pas
         else:
             text = "\n".join(summary_text(c.summary) for c in results)
     elif emit == "json":
-        text = json.dumps(results[0].to_json(), separators=(",", ":"))
+        text = json.dumps(program_json(results[0]), separators=(",", ":"))
     elif emit == "dag":
         from nereus.backends.text import dag_text
 

@@ -1,5 +1,5 @@
 """`nereus simulate TRACE [--json] [--plot out.png] [--margin x]`: replay a drift trace under the
-fixed, greedy, Nereus and oracle policies (nereus.runtime.controller.simulator)."""
+fixed, greedy, Nereus and oracle policies (nereus.controller.simulator)."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def plot(result: dict, path: str, title: str) -> None:
 @reports_errors
 def simulate_command(trace, as_json, plot_path, margin, show_steps, estimate_transitions, traceback):
     """Replay a drift trace under fixed, greedy, Nereus and oracle policies."""
-    from nereus.runtime.controller.simulator import load_trace, simulate
+    from nereus.controller.simulator import load_trace, simulate
 
     loaded = load_trace(trace)
     result = simulate(loaded, margin=margin, transition_method="estimate" if estimate_transitions else "compile")

@@ -26,7 +26,7 @@ import click
 from nereus.cli.errors import reports_errors, traceback_option
 from nereus.ir.diagnostics import NereusError, SemanticError
 
-PREFIX = "@nereus-rl "  # same as nereus.runtime.rl.worker.PREFIX (not imported: it needs torch)
+PREFIX = "@nereus-rl "  # same as nereus.rl.worker.PREFIX (not imported: it needs torch)
 
 
 def parse_events(text: Optional[str], plans: set[str], steps: int) -> list[tuple[int, str]]:
@@ -95,7 +95,7 @@ def launch(config: dict, nproc: int, out: str, progress_label: str, quiet: bool)
                PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
                "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
-               "-m", "nereus.runtime.rl.worker", path]
+               "-m", "nereus.rl.worker", path]
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -192,7 +192,7 @@ def train_command(plan_file, plan_name, algo, nproc, steps, events, controller, 
     if engine == "vllm":
         import torch
 
-        from nereus.runtime.rl.engine import check_vllm_plans
+        from nereus.rl.engine import check_vllm_plans
 
         check_vllm_plans(module, cuda=backend == "nccl" or (backend == "auto" and torch.cuda.is_available()))
     needed = 1 + max(g for p in module.plans for pl in p.placements for g in pl.gpus)
@@ -212,7 +212,7 @@ def train_command(plan_file, plan_name, algo, nproc, steps, events, controller, 
     if control:
         control_config = dict(config, events=[], controller=False, out=os.path.join(out, "control"))
         runs["control"] = launch(control_config, nproc, control_config["out"], "control", as_json)
-        from nereus.runtime.rl.report import compare, plot
+        from nereus.rl.report import compare, plot
 
         comparison = compare(result, runs["control"], os.path.join(config["out"], "final_state.pt"),
                              os.path.join(control_config["out"], "final_state.pt"))
@@ -234,7 +234,7 @@ def _print_summary(runs: dict, comparison: Optional[dict], out: str, wall: float
     from rich.console import Console
     from rich.table import Table
 
-    from nereus.runtime.rl.report import summary
+    from nereus.rl.report import summary
 
     console = Console(stderr=quiet, width=None if sys.stdout.isatty() else 140)
     table = Table(title=f"nereus train ({wall:.1f} s wall, output in {out})")

@@ -11,19 +11,6 @@ Imports neither torch nor triton.
 
 from __future__ import annotations
 
-from .architecture import (
-    OPTIMIZER_DTYPE,
-    OPTIMIZER_STATES,
-    FusedPart,
-    TensorSpec,
-    edge_tensors,
-    layer_parameter_count,
-    layer_tensors,
-    optimizer_name,
-    parameter_count,
-    pp_layer_range,
-    tensor_table,
-)
 from .diagnostics import InfeasibleError, NereusError, ParseError, ProgramError, SemanticError
 from .model import (
     DTYPE_BYTES,
@@ -75,9 +62,6 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "OPTIMIZER_DTYPE", "OPTIMIZER_STATES", "FusedPart", "TensorSpec", "edge_tensors",
-    "layer_parameter_count", "layer_tensors", "optimizer_name", "parameter_count",
-    "pp_layer_range", "tensor_table",
     "InfeasibleError", "NereusError", "ParseError", "ProgramError", "SemanticError",
     "DTYPE_BYTES", "HEADS", "STAGES", "Cluster", "GpuSetItem", "GpuSpec", "Location", "Model",
     "ModelStage", "Module", "Placement", "Plan", "Transition", "Workload", "key_loc",

@@ -2,7 +2,7 @@
 
     from nereus.passes import compile_transition
     compiled = compile_transition(module, "S1", "S2")      # default pipeline
-    compiled.to_json()      # JSON program v1 (docs/program.md)
+    program_json(compiled)  # JSON program v1 (nereus.backends.json_program, docs/program.md)
     compiled.summary        # per model-stage primitives, op counts, rounds, bytes, lower bound
     compiled.timings        # seconds per pass
     compiled.cost           # CostEstimate (predicted seconds, bytes by link class)
@@ -46,14 +46,6 @@ class CompiledTransition:
 
             return estimate(self.state.program)
         return self.state.cost
-
-    def to_json(self) -> dict:
-        from nereus.backends.json_program import program_to_json
-
-        if self.state.program is None:
-            raise SemanticError("the pipeline stopped before 'lower': no program to emit",
-                                hint=f"use the default pipeline {DEFAULT_PIPELINE}")
-        return program_to_json(self.state.program)
 
     @property
     def summary(self) -> dict:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Optional
 
-from nereus.ir.architecture import COLUMN, ROW, VOCAB
+from nereus.models import COLUMN, ROW, VOCAB
 from nereus.ir.model import Model, Module, Placement
 
 from .diff import Diff, StageDiff

@@ -43,7 +43,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from nereus.ir.architecture import pp_layer_range
+from nereus.models import pp_layer_range
 from nereus.ir.model import STAGES, Model, Module, Placement, Plan
 
 from .layout import shard_elements

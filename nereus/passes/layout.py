@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Iterator
 
-from nereus.ir.architecture import (
+from nereus.models import (
     COLUMN,
     OPTIMIZER_DTYPE,
     OPTIMIZER_STATES,

@@ -27,6 +27,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from nereus.ir.diagnostics import ProgramError
+from nereus.ir.program import program_from_json
 from nereus.ir.model import DTYPE_BYTES
 
 PHASE = {"alloc": 0, "keep": 1, "copy": 1, "send": 1, "stage_out": 2, "free": 2}
@@ -132,8 +133,6 @@ def verify_program(program_json: dict) -> VerifyReport:
 
 
 def _verify(program_json: dict) -> VerifyReport:
-    from nereus.backends.json_program import program_from_json
-
     data = program_from_json(program_json).data
     tensors = {t["name"]: (tuple(t["shape"]), DTYPE_BYTES[t["dtype"]]) for t in data["tensors"]}
     before = _check_units(data["units"]["before"], tensors, "before")

@@ -3,7 +3,7 @@
     import nereus.runtime as nr
     rt = nr.Runtime.from_file("plan.nir", plan="S1")
 
-Names load lazily (module `__getattr__`) so that `nereus.runtime.controller` and other
+Names load lazily (module `__getattr__`) so that `nereus.controller` and other
 torch-free submodules import without torch; `Runtime` and the executor need torch.
 """
 

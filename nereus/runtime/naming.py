@@ -2,7 +2,7 @@
 
 A Hugging Face llama checkpoint keeps q/k/v and gate/up as separate tensors; Nereus
 fuses them (`layers.{i}.attn.qkv.weight` = q rows | k rows | v rows, `mlp.gate_up` =
-gate rows | up rows, see nereus.ir.architecture). Each HF name therefore maps to a global
+gate rows | up rows, see nereus.models). Each HF name therefore maps to a global
 Nereus tensor and a row range of it:
 
     model.layers.3.self_attn.k_proj.weight  →  actor/layers.3.attn.qkv.weight rows [q, q+kv)
@@ -20,7 +20,7 @@ from typing import Optional
 
 import torch
 
-from nereus.ir.architecture import tensor_table
+from nereus.models import tensor_table
 from nereus.ir.diagnostics import NereusError
 from nereus.ir.model import Model
 

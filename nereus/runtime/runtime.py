@@ -40,7 +40,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from nereus.ir.architecture import OPTIMIZER_DTYPE, OPTIMIZER_STATES, optimizer_name, tensor_table
+from nereus.models import OPTIMIZER_DTYPE, OPTIMIZER_STATES, optimizer_name, tensor_table
 from nereus.ir.diagnostics import NereusError, ProgramError, SemanticError
 from nereus.ir.model import ModelStage, Module
 
@@ -226,8 +226,9 @@ class Runtime:
             if self.rank == 0:
                 try:
                     from nereus.passes import compile_transition
+                    from nereus.backends.json_program import program_json
 
-                    box[0] = ("ok", compile_transition(self.module, self._plan, target).to_json())
+                    box[0] = ("ok", program_json(compile_transition(self.module, self._plan, target)))
                 except NereusError as error:
                     box[0] = ("error", type(error)(error.message, loc=error.loc, hint=error.hint))
                 except Exception as error:  # noqa: BLE001 - the other ranks wait on the broadcast

@@ -2,7 +2,7 @@
 
 One engine per generation replica, started on the replica's driver rank (its first GPU)
 with `tensor_parallel_size` = the plan's tp. It implements the RL loop's
-GenerationEngine protocol (nereus.runtime.rl.engine): `generate(prompts, ...)` and
+GenerationEngine protocol (nereus.rl.engine): `generate(prompts, ...)` and
 `update_weights(weights)`. New weights go through vLLM's public weight-loading path,
 `LLM.collective_rpc("reload_weights", ...)` (each worker's model_runner re-runs the
 model's `load_weights` and then its post-load processing, e.g. the CPU backend's weight
@@ -54,7 +54,9 @@ from typing import Iterable, Optional
 import torch
 
 from nereus.ir.diagnostics import NereusError, SemanticError
-from nereus.ir.model import Model, Placement
+from nereus.ir.model import Model
+
+from .vllm_sync import WeightSync, driver_replica, engine_placement
 
 _LAYER = re.compile(r"layers\.(\d+)\.(.+)")
 _LAYER_NAMES = {
@@ -120,7 +122,7 @@ def hf_checkpoint_weights(model: Model, weights: dict) -> dict:
 def hf_config(model: Model, *, max_position_embeddings: int = 4096, rms_norm_eps: float = 1e-5,
               rope_theta: float = 10000.0) -> dict:
     """config.json of `model` as a HF LlamaForCausalLM (untied head; norm eps and rope
-    theta match nereus.runtime.rl.llama). bos/eos ids are set but generation ignores eos."""
+    theta match nereus.models.llama). bos/eos ids are set but generation ignores eos."""
     if model.architecture != "llama" or model.head != "lm":
         raise SemanticError(f"model {model.name} is not a llama with an lm head; vLLM generates from actors only",
                             model.loc)
@@ -147,23 +149,6 @@ def save_hf_checkpoint(model: Model, weights: dict, path: str | os.PathLike, **c
     (out / "config.json").write_text(json.dumps(hf_config(model, **config), indent=2))
     save_file(hf_checkpoint_weights(model, weights), str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
-
-
-def engine_placement(placement: Placement) -> Placement:
-    """The layout the engines read their weights in: each replica's whole weights on its
-    driver GPU (dp replicas, tp = pp = 1). Equal to `placement` when tp = pp = 1."""
-    from dataclasses import replace
-
-    drivers = tuple(placement.replica_gpus(r)[0] for r in range(placement.dp))
-    return replace(placement, tp=1, pp=1, gpus=drivers, gpu_set=())
-
-
-def driver_replica(placement: Placement, rank: int) -> Optional[int]:
-    """The generation replica whose engine rank `rank` drives, or None."""
-    for r in range(placement.dp):
-        if placement.replica_gpus(r)[0] == rank:
-            return r
-    return None
 
 
 def row_seeds(uniforms: torch.Tensor) -> list[int]:
@@ -281,7 +266,6 @@ class VllmGeneration:
                  target: str = "actor.generation", **engine_options):
         import torch.distributed as dist
 
-        from .vllm_sync import WeightSync
 
         self.module, self.source, self.target = module, source, target
         self.rank = dist.get_rank()
@@ -345,7 +329,7 @@ class VllmGeneration:
 
 def check_complete(model: Model, weights: Iterable[str]) -> None:
     """Raise NereusError unless `weights` names every lm weight of `model` exactly."""
-    from nereus.ir.architecture import tensor_table
+    from nereus.models import tensor_table
 
     want = {s.name for s in tensor_table(model)}
     have = {local_name(n) for n in weights}

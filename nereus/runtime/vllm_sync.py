@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from nereus.ir.diagnostics import SemanticError
-from nereus.ir.model import ModelStage, Module, Plan
+from nereus.ir.model import ModelStage, Module, Placement, Plan
 
 from .boxes import as_box, box_numel
 from .executor import TORCH_DTYPES, execute
@@ -43,6 +43,21 @@ from .program import rank_program, unit_of_stage
 from .state import box_view, shard_unit, unit_on_gpu, writers
 
 SYNC_FROM, SYNC_TO = "sync.from", "sync.to"
+
+
+def engine_placement(placement: Placement) -> Placement:
+    """The layout the engines read their weights in: each replica's whole weights on its
+    driver GPU (dp replicas, tp = pp = 1). Equal to `placement` when tp = pp = 1."""
+    drivers = tuple(placement.replica_gpus(r)[0] for r in range(placement.dp))
+    return replace(placement, tp=1, pp=1, gpus=drivers, gpu_set=())
+
+
+def driver_replica(placement: Placement, rank: int) -> Optional[int]:
+    """The generation replica whose engine rank `rank` drives, or None."""
+    for r in range(placement.dp):
+        if placement.replica_gpus(r)[0] == rank:
+            return r
+    return None
 
 
 def is_weight(name: str) -> bool:
@@ -56,7 +71,7 @@ def sync_module(module: Module, plan: str, source: str = "actor.training",
     Output: a module whose only model-stage is `target`, placed in plan `sync.from` as
     `source` is placed in `plan` and in plan `sync.to` as `target` is (with
     `engine_input`, in the layout a checkpoint-format engine reads: each replica's whole
-    weights on its driver GPU, see vllm_engine.engine_placement).
+    weights on its driver GPU, see engine_placement).
     Invariant: compiling sync.from → sync.to moves exactly the weights that `target`
     needs from where `source` holds them (the target stage carries no optimizer state)."""
     src, dst = ModelStage.parse(source), ModelStage.parse(target)
@@ -74,8 +89,6 @@ def sync_module(module: Module, plan: str, source: str = "actor.training",
     workload = replace(module.workload, stages=((dst.stage, (dst.model,)),))
     before = replace(src_placement, model_stage=dst, offload=False)
     if engine_input:
-        from .vllm_engine import engine_placement
-
         dst_placement = engine_placement(dst_placement)
     after = replace(dst_placement, offload=False)
     plans = tuple(Plan(name, None, (p,), (p,)) for name, p in ((SYNC_FROM, before), (SYNC_TO, after)))
@@ -87,9 +100,10 @@ def compile_weight_sync(module: Module, plan: str, source: str = "actor.training
     """The JSON program (v1) of the weight sync of `plan`; `options` go to the passes
     (e.g. bucket=64 << 20). Pure: imports neither vLLM nor CUDA."""
     from nereus.passes import compile_transition
+    from nereus.backends.json_program import program_json
 
     synthetic = sync_module(module, plan, source, target, engine_input)
-    return compile_transition(synthetic, SYNC_FROM, SYNC_TO, **options).to_json()
+    return program_json(compile_transition(synthetic, SYNC_FROM, SYNC_TO, **options))
 
 
 @dataclass
@@ -182,8 +196,6 @@ def gather_then_slice(module: Module, plan: str, source_state: dict, *, source: 
     src_units = placement_units(module.model(ModelStage.parse(source).model), placements.placement(source))
     dst_placement = placements.placement(target)
     if engine_input:
-        from .vllm_engine import engine_placement
-
         dst_placement = engine_placement(dst_placement)
     dst_units = placement_units(module.model(ModelStage.parse(target).model), dst_placement)
     mine = unit_on_gpu(src_units, rank)
@@ -220,7 +232,7 @@ def _elem(dtype: torch.dtype) -> int:
 
 
 def _weight_specs(module: Module, model_stage: str) -> dict:
-    from nereus.ir.architecture import tensor_table
+    from nereus.models import tensor_table
 
     model = module.model(ModelStage.parse(model_stage).model)
     return {f"{model.name}/{s.name}": (s.shape, TORCH_DTYPES[s.dtype]) for s in tensor_table(model)}

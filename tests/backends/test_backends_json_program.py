@@ -6,10 +6,11 @@ from builders import fig5_module
 from nereus.backends.json_program import plan_units_json, program_from_json, rank_program
 from nereus.ir.diagnostics import ProgramError
 from nereus.passes import compile_transition
+from nereus.backends.json_program import program_json
 
 
 def test_required_fields_and_round_trip():
-    data = compile_transition(fig5_module(), "S1", "tp_up").to_json()
+    data = program_json(compile_transition(fig5_module(), "S1", "tp_up"))
     for key in ("format", "version", "transition", "gpus", "tensors", "units", "resident_bytes", "rounds"):
         assert key in data
     assert program_from_json(data).to_json() is data
@@ -28,13 +29,13 @@ def test_required_fields_and_round_trip():
 
 def test_plan_units_match_program_units():
     m = fig5_module()
-    data = compile_transition(m, "S1", "tp_up").to_json()
+    data = program_json(compile_transition(m, "S1", "tp_up"))
     assert plan_units_json(m, "S1", "actor.training") == data["units"]["before"]
     assert plan_units_json(m, "tp_up") == data["units"]["after"]
 
 
 def test_every_send_has_its_recv_in_the_same_round():
-    data = compile_transition(fig5_module(), "S1", "split").to_json()
+    data = program_json(compile_transition(fig5_module(), "S1", "split"))
     per_rank = [rank_program(data, g) for g in range(len(data["gpus"]))]
     for k in range(len(data["rounds"])):
         sends = sorted((op["id"], op["src"], op["dst"]) for ops in per_rank for op in ops[k] if op["op"] == "send")

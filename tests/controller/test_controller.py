@@ -12,14 +12,14 @@ import pytest
 
 import nereus.ir as ir
 from nereus.passes.feasibility import check_plan
-from nereus.runtime.controller.admission import AdmissionSettings, admit
-from nereus.runtime.controller.controller import Controller, predict_plan
-from nereus.runtime.controller.cost_model import PRIOR, CostModel, Layout, stage_terms
-from nereus.runtime.controller.layer_model import fit_layer_table
-from nereus.runtime.controller.memory import plan_memory
-from nereus.runtime.controller.nnls import fit_relative, nnls
-from nereus.runtime.controller.search import brute_force_plan, search_plan
-from nereus.runtime.controller.simulator import load_trace, simulate
+from nereus.controller.admission import AdmissionSettings, admit
+from nereus.controller.controller import Controller, predict_plan
+from nereus.controller.cost_model import PRIOR, CostModel, Layout, stage_terms
+from nereus.controller.layer_model import fit_layer_table
+from nereus.controller.memory import plan_memory
+from nereus.controller.nnls import fit_relative, nnls
+from nereus.controller.search import brute_force_plan, search_plan
+from nereus.controller.simulator import load_trace, simulate
 
 HERE = os.path.dirname(__file__)
 ROOT = os.path.dirname(os.path.dirname(HERE))

@@ -6,6 +6,7 @@ import pytest
 
 from builders import cluster, fig5_module, llama, module, place, workload
 from nereus.passes import compile_transition
+from nereus.backends.json_program import program_json
 from nereus.passes.layout import shard_bytes
 from nereus.passes.manager import PASSES, PipelineError, parse_pipeline
 from nereus.passes.verify import verify_program
@@ -24,8 +25,8 @@ def _messages(program):
 
 def test_fusion_keeps_writes_and_reduces_messages():
     m = fig5_module()
-    fused = compile_transition(m, "S1", "tp_up").to_json()
-    plain = compile_transition(m, "S1", "tp_up", pipeline="diff,dag,resources,lower,cost").to_json()
+    fused = program_json(compile_transition(m, "S1", "tp_up"))
+    plain = program_json(compile_transition(m, "S1", "tp_up", pipeline="diff,dag,resources,lower,cost"))
     verify_program(fused)
     verify_program(plain)
     assert _writes(fused) == _writes(plain)
@@ -38,12 +39,12 @@ def test_bucket_caps_messages():
     m = fig5_module()
     bucket = 200_000
     compiled = compile_transition(m, "S1", "split", bucket=bucket)
-    program = compiled.to_json()
+    program = program_json(compiled)
     verify_program(program)
     for msgs in compiled.program.messages:
         for msg in msgs:
             assert msg.bytes <= bucket or all(x.slots[1] - x.slots[0] == 1 for x in msg.xfers)
-    assert _writes(program) == _writes(compile_transition(m, "S1", "split").to_json())
+    assert _writes(program) == _writes(program_json(compile_transition(m, "S1", "split")))
 
 
 def _one_move(nodes, per_node, before, after):

@@ -5,7 +5,7 @@ import itertools
 import pytest
 
 from builders import llama, place
-from nereus.ir.architecture import tensor_table
+from nereus.models import tensor_table
 from nereus.passes.layout import (box_volume, gpu_shards, shard_bytes, stage_slots, tensor_entries, tp_boxes,
                                   WITH_OPTIMIZER)
 

@@ -6,6 +6,7 @@ from hypothesis import strategies as st
 
 from builders import cluster, llama, module, place, workload
 from nereus.passes import compile_transition
+from nereus.backends.json_program import program_json
 from nereus.passes.verify import verify_program
 
 
@@ -45,7 +46,7 @@ def plan_pairs(draw):
 @given(plan_pairs())
 def test_random_transitions_compile_and_verify(m):
     compiled = compile_transition(m, "S", "T")
-    report = verify_program(compiled.to_json())
+    report = verify_program(program_json(compiled))
     summary = compiled.summary
     # sends never move less than the bytes whose owner changes, and ours move exactly that
     sent = summary["bytes"]["intra_node"] + summary["bytes"]["inter_node"]
@@ -81,5 +82,5 @@ def test_random_transitions_on_full_gpus_always_succeed(m):
     cap = max(_peak_need(m, "S"), _peak_need(m, "T")) + 2 * layer
     tight = dataclasses.replace(m, cluster=cluster(m.cluster.nodes, m.cluster.gpus_per_node, cap, 10**12))
     compiled = compile_transition(tight, "S", "T")
-    report = verify_program(compiled.to_json())
+    report = verify_program(program_json(compiled))
     assert report.worst_fraction <= 1.0

@@ -6,6 +6,7 @@ import pytest
 from builders import cluster, llama, module, place, workload
 from nereus.ir.diagnostics import InfeasibleError, ProgramError
 from nereus.passes import compile_transition
+from nereus.backends.json_program import program_json
 from nereus.passes.layout import shard_bytes
 from nereus.passes.verify import verify_program
 
@@ -29,7 +30,7 @@ def _ring(n: int, host_mem: int = 10**10, slack_layers: float = 1.5):
 def test_units_trading_places_on_full_gpus_compile_and_verify(n):
     m, unit = _ring(n)
     compiled = compile_transition(m, "S", "T")
-    verify_program(compiled.to_json())
+    verify_program(program_json(compiled))
     assert compiled.summary["bytes"]["staged"] >= unit
     assert any("host memory" in note for note in compiled.summary["notes"])
 
@@ -45,7 +46,7 @@ def test_independent_baseline_fails_where_coordination_succeeds():
     baseline = compile_transition(m, "S", "T", independent=True)
     assert any("deadlock" in note for note in baseline.summary["notes"])
     with pytest.raises(ProgramError):
-        verify_program(baseline.to_json())
+        verify_program(program_json(baseline))
 
 
 def _handover():
@@ -63,7 +64,7 @@ def _handover():
 
 def test_resource_edges_are_added_and_classified():
     compiled = compile_transition(_handover(), "S", "T")
-    verify_program(compiled.to_json())
+    verify_program(program_json(compiled))
     edges = compiled.state.schedule.edges
     assert [e.kind for e in edges] == ["same-model-cross-stage"]
     assert edges[0].gpu == 0
@@ -73,7 +74,7 @@ def test_resource_edges_are_added_and_classified():
 def test_single_round_lowering_overflows_on_the_handover():
     compiled = compile_transition(_handover(), "S", "T", pipeline="diff,dag,lower")
     with pytest.raises(ProgramError, match="capacity"):
-        verify_program(compiled.to_json())
+        verify_program(program_json(compiled))
 
 
 def test_offloaded_state_moves_in_host_memory():
@@ -89,12 +90,12 @@ def test_offloaded_state_moves_in_host_memory():
         "T": [place("ref.inference", 1, 2, 1, [1, 0], offload=True), place("actor.training", 1, 1, 1, [0])],
         "U": [place("ref.inference", 2, 1, 1, [2, 3]), place("actor.training", 1, 1, 1, [0])],
     })
-    program = compile_transition(m, "S", "T").to_json()
+    program = program_json(compile_transition(m, "S", "T"))
     assert all(u["offload"] for u in program["units"]["after"])
     verify_program(program)
     flipped = compile_transition(m, "S", "U")
     assert not flipped.summary["stages"]["ref.inference"]["unchanged"]
-    verify_program(flipped.to_json())
+    verify_program(program_json(flipped))
 
 
 def test_dag_view_with_resource_edges_is_acyclic():

@@ -8,6 +8,7 @@ import pytest
 from builders import cluster, fig5_module, llama, module, place, workload
 from nereus.ir.diagnostics import ProgramError
 from nereus.passes import compile_transition
+from nereus.backends.json_program import program_json
 from nereus.passes.verify import verify_program
 
 TARGETS = ["tp_up", "extend", "destroy", "split", "moved"]
@@ -16,7 +17,7 @@ TARGETS = ["tp_up", "extend", "destroy", "split", "moved"]
 @pytest.fixture(scope="module")
 def programs():
     m = fig5_module()
-    return {t: compile_transition(m, "S1", t).to_json() for t in TARGETS}
+    return {t: program_json(compile_transition(m, "S1", t)) for t in TARGETS}
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -116,8 +117,8 @@ def test_errors_name_round_and_op(programs):
 
 def test_compile_is_deterministic():
     m = fig5_module()
-    a = json.dumps(compile_transition(m, "S1", "tp_up").to_json())
-    b = json.dumps(compile_transition(m, "S1", "tp_up").to_json())
+    a = json.dumps(program_json(compile_transition(m, "S1", "tp_up")))
+    b = json.dumps(program_json(compile_transition(m, "S1", "tp_up")))
     assert a == b
 
 
@@ -130,7 +131,7 @@ def test_colocated_actor_and_critic_with_optimizer_state():
         "B": [place("actor.generation", 4, 2, 1, [7, 6, 5, 4, 3, 2, 1, 0]), place("actor.training", 1, 4, 2, range(8)),
               place("critic.training", 2, 2, 1, [0, 1, 2, 3])],
     })
-    program = compile_transition(m, "A", "B").to_json()
+    program = program_json(compile_transition(m, "A", "B"))
     names = {t["name"] for t in program["tensors"]}
     assert "critic/value_head.weight#exp_avg_sq" in names and "actor/lm_head.weight" in names
     verify_program(program)
@@ -143,8 +144,8 @@ def test_identical_programs_across_hash_seeds():
     import sys
 
     code = ("import sys, json, hashlib; sys.path.insert(0, %r); from builders import fig5_module;"
-            "from nereus.passes import compile_transition;"
-            "print(hashlib.sha256(json.dumps(compile_transition(fig5_module(), 'S1', 'tp_up').to_json())"
+            "from nereus.passes import compile_transition; from nereus.backends.json_program import program_json;"
+            "print(hashlib.sha256(json.dumps(program_json(compile_transition(fig5_module(), 'S1', 'tp_up')))"
             ".encode()).hexdigest())") % os.path.dirname(__file__)
     digests = set()
     for seed in ("1", "2"):

@@ -1,8 +1,8 @@
 """The controller's choice is restricted to declared plans this loop can run (one process,
 no torch.distributed: rank 0 decides alone)."""
 
-from nereus.runtime.rl.adaptive import ControllerPolicy
-from nereus.runtime.rl.topology import runnable
+from nereus.rl.adaptive import ControllerPolicy
+from nereus.rl.topology import runnable
 
 from rl_plans import tiny_module, uniform
 

@@ -7,8 +7,8 @@ change to TP 2 training after step 10 on the way."""
 
 import pytest
 
-from nereus.runtime.rl.algorithms import RlConfig
-from nereus.runtime.rl.trainer import RlTrainer, TrainSpec
+from nereus.rl.algorithms import RlConfig
+from nereus.rl.trainer import RlTrainer, TrainSpec
 
 from rl_harness import run_world
 from rl_plans import tiny_module, uniform

@@ -13,9 +13,9 @@ import pytest
 import numpy as np
 
 import nereus.runtime as nr
-from nereus.runtime.rl.algorithms import RlConfig
-from nereus.runtime.rl.restart import RestartRuntime
-from nereus.runtime.rl.trainer import RlTrainer, TrainSpec
+from nereus.rl.algorithms import RlConfig
+from nereus.rl.restart import RestartRuntime
+from nereus.rl.trainer import RlTrainer, TrainSpec
 
 from rl_harness import run_world
 from rl_plans import tiny_module, uniform

@@ -2,14 +2,14 @@
 
 import torch
 
-from nereus.ir.architecture import tensor_table
+from nereus.models import tensor_table
 from nereus.ir.model import Model
-from nereus.runtime.rl import algorithms as alg
-from nereus.runtime.rl.engine import NativeEngine
-from nereus.runtime.rl.llama import KvCache, hidden_states, init_full_weights, local_logits
-from nereus.runtime.rl.parallel import TpGroup, vocab_parallel_logprob
-from nereus.runtime.rl.reward import make_prompts, score
-from nereus.runtime.rl.shards import local_boxes, shard, write_owned
+from nereus.rl import algorithms as alg
+from nereus.rl.engine import NativeEngine
+from nereus.models.llama import KvCache, hidden_states, init_full_weights, local_logits
+from nereus.models.parallel import TpGroup, vocab_parallel_logprob
+from nereus.rl.reward import make_prompts, score
+from nereus.rl.shards import local_boxes, shard, write_owned
 
 MODEL = Model("actor", "llama", layers=2, hidden=32, heads=4, kv_heads=2, ffn=64, vocab=16, dtype="fp32")
 

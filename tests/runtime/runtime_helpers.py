@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from nereus.ir.architecture import COLUMN, OPTIMIZER_STATES, REPLICATED, ROW, VOCAB, optimizer_name, \
+from nereus.models import COLUMN, OPTIMIZER_STATES, REPLICATED, ROW, VOCAB, optimizer_name, \
     pp_layer_range, tensor_table
 from nereus.ir.model import DTYPE_BYTES
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nereus.ir.architecture import parameter_count
+from nereus.models import parameter_count
 from nereus.ir.diagnostics import NereusError
 from nereus.ir.model import Model
 from nereus.runtime.naming import hf_targets, hf_to_nereus, nereus_to_hf

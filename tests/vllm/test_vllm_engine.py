@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nereus.runtime.rl.llama import hidden_states, local_logits
-from nereus.runtime.rl.parallel import TpGroup
+from nereus.models.llama import hidden_states, local_logits
+from nereus.models.parallel import TpGroup
 
 from vllm_cases import TINY, assert_greedy_matches, fixed_prompts, local, tiny_weights, torch_greedy
 

@@ -148,10 +148,10 @@ def _initial_weights_rollout_sha256(step: int) -> str:
     import torch
 
     import nereus.ir as ir
-    from nereus.runtime.rl.engine import NativeEngine
-    from nereus.runtime.rl.llama import init_full_weights
-    from nereus.runtime.rl.parallel import TpGroup
-    from nereus.runtime.rl.reward import make_prompts
+    from nereus.rl.engine import NativeEngine
+    from nereus.models.llama import init_full_weights
+    from nereus.models.parallel import TpGroup
+    from nereus.rl.reward import make_prompts
 
     module = ir.parse_source(PLAN)
     actor = module.model("actor")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from nereus.backends.json_program import placement_units
-from nereus.ir.architecture import OPTIMIZER_STATES, optimizer_name, tensor_table
+from nereus.models import OPTIMIZER_STATES, optimizer_name, tensor_table
 from nereus.runtime.state import shard_unit, unit_on_gpu
 
 from vllm_sync_cases import launch, sync_test_module

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from nereus.ir.architecture import tensor_table
+from nereus.models import tensor_table
 from nereus.ir.model import Model
-from nereus.runtime.rl.llama import hidden_states, local_logits
-from nereus.runtime.rl.parallel import TpGroup
+from nereus.models.llama import hidden_states, local_logits
+from nereus.models.parallel import TpGroup
 
 TINY = Model("actor", "llama", layers=2, hidden=128, heads=4, kv_heads=2, ffn=256, vocab=256, dtype="fp32")
 TOL = 1e-3  # logits: a token within TOL of the reference maximum counts as an argmax
@@ -40,7 +40,7 @@ def local(weights: dict) -> dict:
 
 @torch.no_grad()
 def torch_greedy(weights: dict, prompts: torch.Tensor, new_tokens: int, model: Model = TINY) -> torch.Tensor:
-    """Greedy tokens of the plain torch llama (nereus.runtime.rl.llama, tp 1), recomputing
+    """Greedy tokens of the plain torch llama (nereus.models.llama, tp 1), recomputing
     the whole sequence each step: an independent reference for vLLM's greedy output that
     shares no code path with any KV cache."""
     w = local(weights)

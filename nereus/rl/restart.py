@@ -17,7 +17,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from nereus.ir.architecture import (OPTIMIZER_DTYPE, OPTIMIZER_STATES, TensorSpec, optimizer_name, pp_layer_range,
+from nereus.models import (OPTIMIZER_DTYPE, OPTIMIZER_STATES, TensorSpec, optimizer_name, pp_layer_range,
                                     tensor_table)
 from nereus.ir.model import Module, Placement
 

@@ -9,7 +9,7 @@ Model-stages (names fixed by this loop; the plan places them):
                      Nereus then holds no actor.generation shards: the engines do)
   ref.inference      log π_ref (initialised as a copy of the actor's initial weights)
   reward.inference   llama reward model: its score is logged as `rm_score`; the training
-                     reward is the rule of nereus.runtime.rl.reward (so learning is checkable)
+                     reward is the rule of nereus.rl.reward (so learning is checkable)
   actor.training     log π_old (before the update), then the clipped-objective update
   critic.training    values (PPO only), then the clipped value-loss update
 
@@ -34,7 +34,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
-from nereus.ir.architecture import OPTIMIZER_STATES, optimizer_name
+from nereus.models import OPTIMIZER_STATES, optimizer_name
 from nereus.ir.diagnostics import SemanticError
 from nereus.ir.model import Module
 from nereus.runtime.state import step_name
@@ -42,9 +42,9 @@ from nereus.runtime.state import step_name
 from . import algorithms as alg
 from .engine import ENGINES, GenerationEngine, NativeEngine, make_vllm_generation
 from . import pipeline
-from .llama import init_full_weights, local_logits, values
+from nereus.models.llama import init_full_weights, local_logits, values
 from .optim import adam_step, all_reduce_grads
-from .parallel import vocab_parallel_logprob
+from nereus.models.parallel import vocab_parallel_logprob
 from .restart import TORCH_DTYPES, RestartRuntime
 from .reward import make_prompts, score
 from .topology import Groups, Role
@@ -63,7 +63,7 @@ class TrainSpec:
     rl: alg.RlConfig = field(default_factory=alg.RlConfig)
     controller: bool = False  # let the Nereus controller pick among the declared plans
     drift: tuple[tuple[int, str], ...] = ()  # (after step, "workload.response=12")
-    engine: str = "native"  # rollout engine: "native" | "vllm" (see nereus.runtime.rl.engine)
+    engine: str = "native"  # rollout engine: "native" | "vllm" (see nereus.rl.engine)
     greedy: bool = False  # argmax decoding (exact in both engines) instead of sampling
     workdir: str = ""  # vllm: where each engine's start-up checkpoint goes (default: a temp dir)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from nereus.ir.architecture import optimizer_name
+from nereus.models import optimizer_name
 
 
 def all_reduce_grads(grads: dict[str, torch.Tensor], group) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from nereus.ir.architecture import parameter_count
+from nereus.models import parameter_count
 from nereus.ir.diagnostics import NereusError
 from nereus.ir.model import Module, Plan, Workload
 

@@ -6,7 +6,7 @@ them from a generator seeded per (run seed, step) for the whole global batch, so
 sequence's tokens do not depend on the layout (DP chunking or TP degree) — only on the
 logits, which layouts change by float reduction order alone.
 
-NativeEngine runs the TP llama of nereus.runtime.rl.llama with a KV cache on the
+NativeEngine runs the TP llama of nereus.models.llama with a KV cache on the
 weights Nereus holds for the generation model-stage. The other engine is vLLM
 (nereus.runtime.vllm_engine.VllmEngine, one per generation replica, on the replica's
 first GPU): the trainer picks one by name (`TrainSpec.engine`, one of ENGINES). vLLM
@@ -23,8 +23,8 @@ import torch
 from nereus.ir.model import Model
 
 from . import pipeline
-from .llama import KvCache, Weights, local_logits
-from .parallel import TpGroup, gather_vocab
+from nereus.models.llama import KvCache, Weights, local_logits
+from nereus.models.parallel import TpGroup, gather_vocab
 from .pipeline import PipeStage
 
 ENGINES = ("native", "vllm")

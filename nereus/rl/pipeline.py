@@ -18,8 +18,8 @@ import torch.distributed as dist
 
 from nereus.ir.model import Model
 
-from .llama import KvCache, Weights, embed, final_norm, run_layers
-from .parallel import TpGroup
+from nereus.models.llama import KvCache, Weights, embed, final_norm, run_layers
+from nereus.models.parallel import TpGroup
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """A tensor-parallel llama whose weights are plain local tensors (the Nereus shards).
 
 `weights` maps local names (`layers.0.attn.qkv.weight`, no `{model}/` prefix) to this TP
-rank's local tensors laid out per the shard contract (nereus.runtime.rl.shards): qkv is
+rank's local tensors laid out per the shard contract (nereus.rl.shards): qkv is
 [q rows; k rows; v rows] of this rank, gate_up [gate rows; up rows], o and down hold this
 rank's columns, embed and lm_head this rank's vocab rows. Nothing is copied into modules,
 so whatever tensors the runtime holds are the ones that compute, and after a transition
@@ -16,14 +16,72 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-import torch
-import torch.nn.functional as F
+from functools import lru_cache
+from typing import TYPE_CHECKING
 
 from nereus.ir.model import Model
 
-from .parallel import TpGroup, copy_to_tp, reduce_from_tp, vocab_parallel_embedding
+from ._lazy import LazyModule
+from .tensors import COLUMN, REPLICATED, ROW, VOCAB, FusedPart, TensorSpec
 
-Weights = dict[str, torch.Tensor]
+torch = LazyModule("torch")
+F = LazyModule("torch.nn.functional")
+parallel = LazyModule("nereus.models.parallel")
+if TYPE_CHECKING:
+    from .parallel import TpGroup
+
+Weights = dict  # local name -> torch.Tensor
+
+
+# --- tensor table and sharding rules (read by the compiler: no torch here) ---
+
+def layer_tensors(model: Model) -> tuple[TensorSpec, ...]:
+    """One layer's tensors with `layers.{i}` as a pattern (see nereus.models.tensors)."""
+    return _layer_pattern(model.hidden, model.heads, model.kv_heads, model.ffn, model.dtype)
+
+
+@lru_cache(maxsize=64)
+def _layer_pattern(hidden: int, heads: int, kv_heads: int, ffn: int, dtype: str) -> tuple[TensorSpec, ...]:
+    hd = hidden // heads
+    q, kv = heads * hd, kv_heads * hd
+    return (
+        TensorSpec("layers.{i}.input_norm.weight", (hidden,), dtype, REPLICATED, None),
+        TensorSpec(
+            "layers.{i}.attn.qkv.weight",
+            (q + 2 * kv, hidden),
+            dtype,
+            COLUMN,
+            None,
+            (FusedPart("q", q, heads), FusedPart("k", kv, kv_heads), FusedPart("v", kv, kv_heads)),
+        ),
+        TensorSpec("layers.{i}.attn.o.weight", (hidden, q), dtype, ROW, None),
+        TensorSpec("layers.{i}.post_attn_norm.weight", (hidden,), dtype, REPLICATED, None),
+        TensorSpec(
+            "layers.{i}.mlp.gate_up.weight",
+            (2 * ffn, hidden),
+            dtype,
+            COLUMN,
+            None,
+            (FusedPart("gate", ffn, ffn), FusedPart("up", ffn, ffn)),
+        ),
+        TensorSpec("layers.{i}.mlp.down.weight", (hidden, ffn), dtype, ROW, None),
+    )
+
+
+def edge_tensors(model: Model) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+    """(tensors before the first layer, tensors after the last layer)."""
+    first = (TensorSpec("embed.weight", (model.vocab, model.hidden), model.dtype, VOCAB, None, role="embed"),)
+    if model.head == "value":
+        head = TensorSpec("value_head.weight", (1, model.hidden), model.dtype, REPLICATED, None, role="head")
+    else:
+        head = TensorSpec("lm_head.weight", (model.vocab, model.hidden), model.dtype, VOCAB, None, role="head")
+    last = (TensorSpec("final_norm.weight", (model.hidden,), model.dtype, REPLICATED, None, role="final_norm"), head)
+    return first, last
+
+
+
+# --- forward (torch, through the lazy proxies above) ---
+
 
 
 @dataclass(frozen=True)
@@ -79,7 +137,7 @@ def _attention(x, w: Weights, i: int, shape: LocalShape, tp: TpGroup, cache: Opt
     call, read once for all layers (layer i's cache has already grown when layer i+1 runs)."""
     b, t, _ = x.shape
     hd, nq, nkv = shape.head_dim, shape.heads, shape.kv_heads
-    qkv = copy_to_tp(x, tp) @ w[f"layers.{i}.attn.qkv.weight"].t()
+    qkv = parallel.copy_to_tp(x, tp) @ w[f"layers.{i}.attn.qkv.weight"].t()
     q, k, v = qkv.split([nq * hd, nkv * hd, nkv * hd], dim=-1)
     q = _rotary(q.view(b, t, nq, hd).transpose(1, 2), start)
     k = _rotary(k.view(b, t, nkv, hd).transpose(1, 2), start)
@@ -95,17 +153,17 @@ def _attention(x, w: Weights, i: int, shape: LocalShape, tp: TpGroup, cache: Opt
     # Prefill (start == 0) is causal; a decode step's queries see every cached key.
     out = F.scaled_dot_product_attention(q, k, v, is_causal=(start == 0 and t > 1))
     out = out.transpose(1, 2).reshape(b, t, nq * hd)
-    return reduce_from_tp(out @ w[f"layers.{i}.attn.o.weight"].t(), tp)
+    return parallel.reduce_from_tp(out @ w[f"layers.{i}.attn.o.weight"].t(), tp)
 
 
 def _mlp(x, w: Weights, i: int, shape: LocalShape, tp: TpGroup):
-    gate, up = (copy_to_tp(x, tp) @ w[f"layers.{i}.mlp.gate_up.weight"].t()).split(shape.ffn, dim=-1)
-    return reduce_from_tp((F.silu(gate) * up) @ w[f"layers.{i}.mlp.down.weight"].t(), tp)
+    gate, up = (parallel.copy_to_tp(x, tp) @ w[f"layers.{i}.mlp.gate_up.weight"].t()).split(shape.ffn, dim=-1)
+    return parallel.reduce_from_tp((F.silu(gate) * up) @ w[f"layers.{i}.mlp.down.weight"].t(), tp)
 
 
 def embed(model: Model, w: Weights, tokens: torch.Tensor, tp: TpGroup) -> torch.Tensor:
     """[B, T] token ids → [B, T, hidden] (first pipeline stage)."""
-    return vocab_parallel_embedding(tokens, w["embed.weight"], model.vocab, tp)
+    return parallel.vocab_parallel_embedding(tokens, w["embed.weight"], model.vocab, tp)
 
 
 def run_layers(model: Model, w: Weights, x: torch.Tensor, layers: tuple[int, int], tp: TpGroup,
@@ -135,7 +193,7 @@ def hidden_states(model: Model, w: Weights, tokens: torch.Tensor, tp: TpGroup,
 
 def local_logits(w: Weights, hidden: torch.Tensor, tp: TpGroup) -> torch.Tensor:
     """This rank's vocab columns of the logits [B, T, vocab/tp]."""
-    return copy_to_tp(hidden, tp) @ w["lm_head.weight"].t()
+    return parallel.copy_to_tp(hidden, tp) @ w["lm_head.weight"].t()
 
 
 def values(w: Weights, hidden: torch.Tensor) -> torch.Tensor:
@@ -143,13 +201,14 @@ def values(w: Weights, hidden: torch.Tensor) -> torch.Tensor:
     return (hidden @ w["value_head.weight"].t()).squeeze(-1)
 
 
-def init_full_weights(model: Model, generator: torch.Generator, dtype=torch.float32,
+def init_full_weights(model: Model, generator: torch.Generator, dtype=None,
                       zero_value_head: bool = True) -> Weights:
     """Random full (unsharded) weights, GPT-2 style: normal(0, 0.02), output projections
     scaled by 1/sqrt(2·layers), norms 1; the value head is 0 when `zero_value_head` (a
     critic starts predicting 0) and random otherwise (a reward model with a spread)."""
-    from nereus.ir.architecture import tensor_table
+    from .tensors import tensor_table
 
+    dtype = torch.float32 if dtype is None else dtype
     out: Weights = {}
     for spec in tensor_table(model):
         if spec.name.endswith("norm.weight"):

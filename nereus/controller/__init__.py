@@ -1,6 +1,6 @@
 """The Nereus controller: calibrated cost model, plan search, payback admission, drift simulator.
 
-    from nereus.runtime.controller import Controller, search_plan, CostModel
+    from nereus.controller import Controller, search_plan, CostModel
     ctl = Controller(module, module.plan("S1"), total_steps=1000, settings=AdmissionSettings(margin=0.1))
     ctl.observe("actor.generation", plan, workload, seconds)   # after each step, per model-stage
     decision = ctl.decide(step, workload, gpus)                # decision.switch, decision.plan, decision.why

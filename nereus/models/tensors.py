@@ -30,15 +30,19 @@ Llama-3.1-70B = 70,553,706,496.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Optional
 
-from .model import Model
+import importlib
+
+from nereus.ir.model import Model
 
 OPTIMIZER_STATES: tuple[str, ...] = ("master", "exp_avg", "exp_avg_sq")
 OPTIMIZER_DTYPE = "fp32"
 
 COLUMN, ROW, VOCAB, REPLICATED = "column", "row", "vocab", "replicated"
+
+# architecture name (the IR's `= llama {...}`) -> the module holding its family
+FAMILIES: dict[str, str] = {"llama": "nereus.models.llama"}
 
 
 @dataclass(frozen=True)
@@ -76,49 +80,24 @@ class TensorSpec:
         return n
 
 
+def family(model: Model):
+    """The module of `model`'s architecture family (its tensor table and forward)."""
+    try:
+        name = FAMILIES[model.architecture]
+    except KeyError:
+        raise ValueError(f"unknown architecture {model.architecture!r}; families: {', '.join(FAMILIES)}") from None
+    return importlib.import_module(name)
+
+
 def layer_tensors(model: Model) -> tuple[TensorSpec, ...]:
     """The tensors of one transformer layer, with `layers.{i}` left as a `{i}` pattern
     (layer None): all layers share this pattern, which the compiler exploits."""
-    return _layer_pattern(model.hidden, model.heads, model.kv_heads, model.ffn, model.dtype)
-
-
-@lru_cache(maxsize=64)
-def _layer_pattern(hidden: int, heads: int, kv_heads: int, ffn: int, dtype: str) -> tuple[TensorSpec, ...]:
-    hd = hidden // heads
-    q, kv = heads * hd, kv_heads * hd
-    return (
-        TensorSpec("layers.{i}.input_norm.weight", (hidden,), dtype, REPLICATED, None),
-        TensorSpec(
-            "layers.{i}.attn.qkv.weight",
-            (q + 2 * kv, hidden),
-            dtype,
-            COLUMN,
-            None,
-            (FusedPart("q", q, heads), FusedPart("k", kv, kv_heads), FusedPart("v", kv, kv_heads)),
-        ),
-        TensorSpec("layers.{i}.attn.o.weight", (hidden, q), dtype, ROW, None),
-        TensorSpec("layers.{i}.post_attn_norm.weight", (hidden,), dtype, REPLICATED, None),
-        TensorSpec(
-            "layers.{i}.mlp.gate_up.weight",
-            (2 * ffn, hidden),
-            dtype,
-            COLUMN,
-            None,
-            (FusedPart("gate", ffn, ffn), FusedPart("up", ffn, ffn)),
-        ),
-        TensorSpec("layers.{i}.mlp.down.weight", (hidden, ffn), dtype, ROW, None),
-    )
+    return family(model).layer_tensors(model)
 
 
 def edge_tensors(model: Model) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
     """(tensors before the first layer, tensors after the last layer)."""
-    first = (TensorSpec("embed.weight", (model.vocab, model.hidden), model.dtype, VOCAB, None, role="embed"),)
-    if model.head == "value":
-        head = TensorSpec("value_head.weight", (1, model.hidden), model.dtype, REPLICATED, None, role="head")
-    else:
-        head = TensorSpec("lm_head.weight", (model.vocab, model.hidden), model.dtype, VOCAB, None, role="head")
-    last = (TensorSpec("final_norm.weight", (model.hidden,), model.dtype, REPLICATED, None, role="final_norm"), head)
-    return first, last
+    return family(model).edge_tensors(model)
 
 
 def tensor_table(model: Model) -> tuple[TensorSpec, ...]:

@@ -1,6 +1,6 @@
 """Controller-driven transitions for the RL loop (`nereus train --controller`).
 
-Rank 0 feeds the Nereus controller (nereus.runtime.controller.Controller) the step's
+Rank 0 feeds the Nereus controller (nereus.controller.Controller) the step's
 measured per-model-stage seconds, asks it at each step boundary whether to move, and
 broadcasts the answer, so every rank enters the collective `transition` together (the
 ranks' own timings differ, their decisions must not).
@@ -20,8 +20,8 @@ from typing import Optional
 import torch.distributed as dist
 
 from nereus.ir.model import Module, Plan, Workload
-from nereus.runtime.controller.controller import Controller
-from nereus.runtime.controller.search import SearchResult
+from nereus.controller.controller import Controller
+from nereus.controller.search import SearchResult
 
 
 class DeclaredPlans(Controller):

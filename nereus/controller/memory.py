@@ -21,7 +21,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from nereus.ir.architecture import pp_layer_range
+from nereus.models import pp_layer_range
 from nereus.ir.model import STAGES, ModelStage, Module, Plan, Workload
 from nereus.passes.feasibility import model_state_bytes_per_gpu, working_bytes_per_gpu
 

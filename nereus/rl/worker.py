@@ -1,6 +1,6 @@
 """The per-process entry point `nereus train` starts under torchrun.
 
-    python -m torch.distributed.run --nproc-per-node N -m nereus.runtime.rl.worker CONFIG.json
+    python -m torch.distributed.run --nproc-per-node N -m nereus.rl.worker CONFIG.json
 
 Rank 0 prints one `@nereus-rl {json}` line per step and transition (the launcher turns
 them into a progress bar) and, at the end, writes OUT/result.json and OUT/final_state.pt

@@ -19,10 +19,10 @@ from typing import Any, Optional
 import torch.distributed as dist
 
 from nereus.ir.diagnostics import SemanticError
-from nereus.ir.architecture import pp_layer_range
+from nereus.models import pp_layer_range
 from nereus.ir.model import Module, Placement, Plan
 
-from .parallel import TpGroup
+from nereus.models.parallel import TpGroup
 from .pipeline import PipeStage
 
 

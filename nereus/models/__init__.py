@@ -1,0 +1,36 @@
+"""Model families: per architecture, one file with its tensor table, sharding rules and
+forward (`llama.py`); `tensors.py` holds what all families share (TensorSpec, sharding
+kinds, optimizer-state names, the pipeline split) and dispatches on the architecture.
+
+    from nereus.models import tensor_table, parameter_count
+    tensor_table(model)          # every weight tensor, in execution order, local names
+
+The tables import neither torch nor triton (the compiler reads them); each family's
+forward imports torch on first use.
+"""
+
+from .tensors import (
+    COLUMN,
+    FAMILIES,
+    OPTIMIZER_DTYPE,
+    OPTIMIZER_STATES,
+    REPLICATED,
+    ROW,
+    VOCAB,
+    FusedPart,
+    TensorSpec,
+    edge_tensors,
+    family,
+    layer_parameter_count,
+    layer_tensors,
+    optimizer_name,
+    parameter_count,
+    pp_layer_range,
+    tensor_table,
+)
+
+__all__ = [
+    "COLUMN", "FAMILIES", "OPTIMIZER_DTYPE", "OPTIMIZER_STATES", "REPLICATED", "ROW", "VOCAB",
+    "FusedPart", "TensorSpec", "edge_tensors", "family", "layer_parameter_count", "layer_tensors",
+    "optimizer_name", "parameter_count", "pp_layer_range", "tensor_table",
+]
