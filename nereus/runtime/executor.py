@@ -10,14 +10,15 @@ tensors: the caller passes the group that matches the tensors' device.
 
 Safety (all or nothing): new shards are written into new buffers only, and the old
 state survives until a final commit in which every rank confirms; the new state is handed
-back only then. Where the old state waits depends on `rollback`: "device" keeps every old
-tensor on its device until the commit (a freed source is merely dropped from the
-live-bytes account), so a GPU holds old + new, above the compiler's memory replay;
-"host" (the default on CUDA) copies each shard the program frees or stages out to pinned
-host memory and drops the device tensor, so the GPU follows the replay (the compiler frees
-old shards early precisely to make room for later allocations on full GPUs); an abort
-copies them back. A failure anywhere is turned into a `Failure` (round, op, peer) and
-broadcast by `control.agree`, so every rank raises.
+back only then. Where the old state waits depends on `rollback` (see parking.py):
+"device" keeps every old tensor on its device until the commit; "host" copies each shard
+the program frees or stages out to pinned host memory on a side stream (overlapping the
+next rounds) and drops the device tensor, so the GPU follows the compiler's memory
+replay; "auto" (the default on CUDA) keeps on the device every freed shard the replay
+leaves room for and parks only the rest. An abort copies parked shards back. A failure
+anywhere is turned into a `Failure` (round, op, peer) and broadcast by `control.agree`,
+so every rank raises. Before the commit each rank synchronizes its device, so the
+commit (and `ExecutionResult.seconds`) marks the point where the new state is usable.
 
 Fault injection for tests: `fault=(rank, round, phase)` with phase "pack" (before the
 agreement), "post" (after the large pieces were posted) or "unpack" (after the
@@ -39,7 +40,7 @@ from nereus.ir.diagnostics import ProgramError
 
 from . import packing
 from .control import Failure, agree
-from .parking import ROLLBACK_MODES, Parking, default_rollback, restore_parked
+from .parking import ROLLBACK_MODES, Parking, default_rollback, park_plan, real_room, restore_parked
 from .program import Message, RankProgram
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
@@ -78,8 +79,9 @@ class ExecutionResult:
     peak_bytes: int = 0  # resident + live shards + message buffers on this GPU (the compiler's replay)
     buffer_peak_bytes: int = 0  # largest sum of one round's message buffers
     verified: Optional[bool] = None
-    rollback: str = "device"  # how an abort would have restored the old state ("device" | "host")
+    rollback: str = "device"  # how an abort would have restored the old state ("auto" | "device" | "host")
     parked_bytes: int = 0  # before-shards copied to host memory and released on their device
+    held_bytes: int = 0  # before-shards the program freed that stayed on their device until the commit
 
 
 def _fault_spec(fault) -> Optional[tuple[int, int, str]]:
@@ -133,7 +135,8 @@ def _check_before(prog: RankProgram, before: dict) -> None:
 def execute(prog: RankProgram, before: dict, *, group, control, device: torch.device,
             resident_bytes: int = 0, verify: bool = False, progress: bool = False,
             fault=None, rollback: Optional[str] = None, park_device_types=("cuda",),
-            round_hook: Optional[Callable[[int], None]] = None) -> ExecutionResult:
+            round_hook: Optional[Callable[[int], None]] = None,
+            capacity_bytes: Optional[int] = None) -> ExecutionResult:
     """Collective over `group` (data) and `control` (gloo).
 
     Input: this rank's program and its before-state {unit: {tensor: local tensor}}
@@ -143,20 +146,27 @@ def execute(prog: RankProgram, before: dict, *, group, control, device: torch.de
 
     rollback="device" (default off CUDA): `before` is not modified; the old tensors stay
     on their device until the commit, so device memory holds old + new during the move.
-    rollback="host" (default on CUDA): when a round frees or stages out a before-shard
-    on a device of `park_device_types`, the shard is first copied to (pinned) host memory,
-    its entry in `before` is replaced by that copy and every reference the executor holds
-    to the device tensor is dropped, so the caching allocator reuses the memory for the
-    next rounds' allocations. On abort the copies go back to the device (new tensor
-    objects, after the new buffers were dropped) into `before`; on commit they are removed
-    from `before`. References the caller keeps elsewhere keep their device memory alive.
-    Shards handed over by a keep are never parked (their memory is not released).
-    `park_device_types={"cpu"}` makes CPU tensors take the host path (tests).
-    `round_hook(index)` runs on this rank after each round (tests, instrumentation)."""
+    rollback="host": when a round frees or stages out a before-shard on a device of
+    `park_device_types`, the shard is copied to (pinned) host memory (on a side stream
+    for CUDA), its entry in `before` is replaced by that copy and every reference the
+    executor holds to the device tensor is dropped, so the caching allocator reuses the
+    memory for the next rounds' allocations. On abort the copies go back to the device
+    (new tensor objects, after the new buffers were dropped) into `before`; on commit they
+    are removed from `before`. References the caller keeps elsewhere keep their device
+    memory alive. Shards handed over by a keep are never parked.
+    rollback="auto" (default on CUDA): "host" only for the units `park_plan` picks (the
+    replay has no room for them within `capacity_bytes` and the device's free memory),
+    "device" for the others. `park_device_types={"cpu"}` makes CPU tensors take the host
+    path (tests). `round_hook(index)` runs on this rank after each round."""
     rollback = default_rollback(device) if rollback is None else rollback
     if rollback not in ROLLBACK_MODES:
         raise ProgramError(f"unknown rollback mode {rollback!r}", hint="use rollback='host' or 'device'")
-    parking = Parking(prog, before, park_device_types) if rollback == "host" else None
+    parking = None
+    if rollback == "host":
+        parking = Parking(prog, before, park_device_types)
+    elif rollback == "auto":
+        room = real_room(device) if torch.device(device).type in park_device_types else None
+        parking = Parking(prog, before, park_device_types, park_plan(prog, resident_bytes, capacity_bytes, room))
     try:
         result = _execute(prog, before, parking, group, control, torch.device(device), resident_bytes, verify,
                           progress, _fault_spec(fault), round_hook)
@@ -170,6 +180,7 @@ def execute(prog: RankProgram, before: dict, *, group, control, device: torch.de
     result.rollback = rollback
     if parking is not None:
         result.parked_bytes = parking.bytes
+        result.held_bytes = parking.held_bytes
         parking.drop()
     return result
 
@@ -222,6 +233,8 @@ def _execute(prog, before, parking, group, control, device, resident_bytes, veri
     if run.failure is None:
         try:
             _check_complete(prog, run.new, run.written)
+            if device.type == "cuda":  # the new state is usable (and a late device error surfaces) here
+                torch.cuda.current_stream(device).synchronize()
         except Exception as error:  # noqa: BLE001
             run.failure = Failure(run.rank, len(prog.rounds), "commit", None, str(error))
     agree(run.failure, control, prog.source, prog.target)  # the commit
@@ -371,7 +384,7 @@ def _stage_out(run: _Run, unit: str) -> None:
     names = tuple(run.prog.before[unit])
     for name in names:
         run.live.remove(run.before[unit][name])
-    copies = run.parking.release(unit, names) if run.parking is not None else {}
+    copies = run.parking.release(unit, names, wait=True) if run.parking is not None else {}
     for name in names:
         tensor = run.before[unit][name]
         if name in copies:

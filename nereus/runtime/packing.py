@@ -62,6 +62,11 @@ _KERNELS = _kernels()
 BACKEND = "triton" if _KERNELS is not None else "torch"
 
 
+def kernels():
+    """The Triton kernels package, or None where the torch fallback runs."""
+    return _KERNELS
+
+
 def pack(views: Sequence[torch.Tensor], offsets: Sequence[int], nbytes: int,
          out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Input: strided views (the pieces), their byte offsets and the total size.

@@ -1,13 +1,29 @@
 """Parking: where a transition keeps the old shards it has released from the GPU.
 
-With rollback="host", a before-shard that the program frees (or stages out) on a CUDA
-device is copied to (pinned) host memory and the device tensor is dropped, so GPU memory
-follows the compiler's memory replay; an abort copies the parked shards back, a commit
-drops them. With rollback="device" nothing is parked and old shards stay on the device
-until the commit.
+A transition is all or nothing, so every old shard must stay restorable until the commit.
+Three ways to do that (`rollback=`):
+
+- "device": nothing is parked; an old shard stays on its device until the commit, so a
+  GPU holds old + new, above the compiler's memory replay wherever the program frees
+  old shards early to make room.
+- "host": every before-shard the program frees (or stages out) on a parked device type
+  is copied to (pinned) host memory and the device tensor is dropped, so GPU memory
+  follows the replay. The copies run on a side CUDA stream and overlap the next rounds'
+  transfers (the caching allocator reuses the memory only once the copy is done:
+  `record_stream`).
+- "auto" (the default on CUDA): "device" for every freed shard whose stay on the GPU
+  still fits the replay (`park_plan`: the replay's later peaks plus the shards kept so
+  far stay within the GPU's capacity and its real free memory), "host" for the rest. On
+  a GPU with room nothing is copied and the transition runs at link speed; on a full
+  GPU only what must leave does.
+
+An abort copies the parked shards back; a commit drops them. Shards kept on the device
+are released by the caller's registry at the commit.
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -15,14 +31,17 @@ import torch.distributed as dist
 from .control import Failure, TransitionAborted
 from .program import RankProgram
 
-ROLLBACK_MODES = ("device", "host")
+ROLLBACK_MODES = ("auto", "device", "host")
+# fraction of the device's real free memory the kept old shards may use (allocator
+# fragmentation and the caller's own allocations during the transition take the rest)
+REAL_ROOM_FRACTION = 0.9
 
 
 def default_rollback(device) -> str:
-    """The rollback mode used when none is given: "host" for CUDA tensors (shards the
-    program frees leave the GPU as the compiler's memory replay assumes), "device"
-    otherwise (on CPU a host copy would only double the memory, nothing is gained)."""
-    return "host" if torch.device(device).type == "cuda" else "device"
+    """The rollback mode used when none is given: "auto" for CUDA tensors (old shards stay
+    on the GPU where the replay leaves room, the rest leaves as the compiler's replay
+    assumes), "device" otherwise (on CPU a host copy would only double the memory)."""
+    return "auto" if torch.device(device).type == "cuda" else "device"
 
 
 def restore_parked(parking: "Parking", error: BaseException, prog: RankProgram) -> None:
@@ -37,39 +56,158 @@ def restore_parked(parking: "Parking", error: BaseException, prog: RankProgram) 
         raise TransitionAborted(failures, prog.source, prog.target) from error
 
 
+def _released(prog: RankProgram) -> list:
+    """[(round, unit, bytes)] of the before-units this rank releases (first free or
+    stage_out), in round order; bytes exclude shards a keep hands over in place."""
+    kept = {(a.src_unit, a.tensor) for w in prog.rounds for a in w.aliases}
+    seen, out = set(), []
+    for work in prog.rounds:
+        for unit in work.stage_outs + work.frees:
+            if unit not in seen:
+                seen.add(unit)
+                size = sum(i.nbytes for n, i in prog.before[unit].items() if (unit, n) not in kept)
+                out.append((work.index, unit, size))
+    return out
+
+
+def replay(prog: RankProgram, resident_bytes: int = 0) -> tuple[list, int]:
+    """This rank's memory replay of the program: ([peak bytes of each round], bytes live
+    after the last round). A round's peak = resident + live shards after its allocations
+    + its message buffers (packed bytes), before its frees; aliased shards count once."""
+    kept = {(a.src_unit, a.tensor) for w in prog.rounds for a in w.aliases}
+    aliased_dst = {(a.dst_unit, a.tensor) for w in prog.rounds for a in w.aliases}
+    live = resident_bytes + sum(i.nbytes for shards in prog.before.values() for i in shards.values())
+    allocated: set = set()
+    released: set = set()
+    peaks = []
+
+    def alloc(unit, name):
+        nonlocal live
+        if (unit, name) not in allocated and (unit, name) not in aliased_dst:
+            allocated.add((unit, name))
+            live += prog.after[unit][name].nbytes
+
+    for work in prog.rounds:
+        for unit in work.allocs:
+            for name in prog.after.get(unit, {}):
+                alloc(unit, name)
+        for piece in work.copies:
+            alloc(piece.dst_unit, piece.tensor)
+        for msg in work.recvs:
+            for p in msg.pieces:
+                alloc(p.dst_unit, p.tensor)
+        buffers = sum(p.nbytes for m in work.sends + work.recvs for p in m.pieces if not p.direct)
+        peaks.append(live + buffers)
+        for unit in work.stage_outs + work.frees:
+            if unit not in released:
+                released.add(unit)
+                live -= sum(i.nbytes for n, i in prog.before[unit].items() if (unit, n) not in kept)
+    return peaks, live
+
+
+def park_plan(prog: RankProgram, resident_bytes: int, capacity_bytes: Optional[int],
+              real_room_bytes: Optional[int] = None) -> set:
+    """rollback="auto": the before-units this rank must park (host memory) at their
+    release; every other released unit stays on the device until the commit.
+
+    Greedy in release order: a unit released at round r stays when, with it and every
+    unit kept so far, each later round's replay peak (and the final state) stays within
+    `capacity_bytes` (the program's capacity of this GPU) and the growth over the start
+    stays within `real_room_bytes` (what the device can still give now). None: no limit.
+    Stage_outs always park (later sends read them from host memory)."""
+    peaks, final = replay(prog, resident_bytes)
+    start = resident_bytes + sum(i.nbytes for shards in prog.before.values() for i in shards.values())
+    staged = {u for w in prog.rounds for u in w.stage_outs}
+    held = 0
+    out = set()
+    for index, unit, size in _released(prog):
+        later = max(peaks[index + 1:] + [final])
+        fits = (capacity_bytes is None or later + held + size <= capacity_bytes) and \
+               (real_room_bytes is None or later - start + held + size <= real_room_bytes)
+        if unit in staged or not fits:
+            out.add(unit)
+        else:
+            held += size
+    return out
+
+
+def real_room(device) -> Optional[int]:
+    """Bytes the caching allocator can still hand out on a CUDA device (free device memory
+    plus its own unused reserve), times REAL_ROOM_FRACTION; None off CUDA."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    free, _ = torch.cuda.mem_get_info(device)
+    spare = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return int(REAL_ROOM_FRACTION * (free + spare))
+
+
 class Parking:
     """Host copies of the before-shards a transition released from their device
-    (rollback="host"); they replace the device tensors in the caller's `before` dicts."""
+    (rollback="host" or "auto"); they replace the device tensors in the caller's `before`
+    dicts. `units`: the before-units to park (None: every released one)."""
 
-    def __init__(self, prog: RankProgram, before: dict, device_types):
+    def __init__(self, prog: RankProgram, before: dict, device_types, units: Optional[set] = None):
         self.before = before
         self.device_types = frozenset(device_types)
+        self.units = units
         # a kept shard becomes an after shard in place: its memory is never released
         self.kept = {(a.src_unit, a.tensor) for w in prog.rounds for a in w.aliases}
         self.devices: dict = {}  # (unit, name) → device the shard was parked from
+        self.streams: dict = {}  # CUDA device → the side stream the copies run on
         self.bytes = 0
+        self.held_bytes = 0  # released shards that stayed on their device (auto)
 
-    def release(self, unit: str, names) -> dict:
+    def parks(self, unit: str) -> bool:
+        return self.units is None or unit in self.units
+
+    def release(self, unit: str, names, wait: bool = False) -> dict:
         """Copy the shards `names` of `unit` that live on a parked device type to host
-        memory and replace their entries in `before` by the copies. Returns {name: copy}."""
+        memory and replace their entries in `before` by the copies. Returns {name: copy}.
+        CUDA copies are queued on a side stream after the work queued so far, and the
+        device tensor is handed to the allocator with `record_stream`, so its memory is
+        reused only after the copy; `wait=True` returns when the copies are complete."""
         held = self.before[unit]
         todo = [n for n in names if (unit, n) not in self.kept and (unit, n) not in self.devices
                 and held[n].device.type in self.device_types]
+        if not self.parks(unit):
+            self.held_bytes += sum(held[n].numel() * held[n].element_size() for n in todo)
+            return {}
         copies = {}
         for name in todo:
             tensor = held[name]
             copies[name] = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=tensor.is_cuda)
-            copies[name].copy_(tensor, non_blocking=tensor.is_cuda)
-        synchronize([held[n].device for n in todo])  # the copies are complete before the device tensors go
+            if tensor.is_cuda:
+                stream = self._stream(tensor.device)
+                with torch.cuda.stream(stream):
+                    copies[name].copy_(tensor, non_blocking=True)
+                tensor.record_stream(stream)
+            else:
+                copies[name].copy_(tensor)
+        if wait:
+            self.synchronize()
         for name in todo:
             self.devices[(unit, name)] = held[name].device
             self.bytes += copies[name].numel() * copies[name].element_size()
             held[name] = copies[name]
         return copies
 
+    def _stream(self, device: torch.device):
+        if device not in self.streams:
+            stream = torch.cuda.Stream(device)
+            self.streams[device] = stream
+        stream = self.streams[device]
+        stream.wait_stream(torch.cuda.current_stream(device))  # the shard's last writes and reads first
+        return stream
+
+    def synchronize(self) -> None:
+        for stream in self.streams.values():
+            stream.synchronize()
+
     def restore(self) -> None:
         """After an abort: device copies of every parked shard replace the host copies in
         `before` (all or none: on an error `before` keeps the host copies)."""
+        self.synchronize()
         restored = {}
         for (unit, name), device in self.devices.items():
             host = self.before[unit][name]
@@ -81,7 +219,8 @@ class Parking:
         self.devices.clear()
 
     def drop(self) -> None:
-        """After the commit: remove the host copies from `before`."""
+        """After the commit: remove the host copies from `before` (a copy still in flight
+        keeps its pinned block busy until done: the host allocator records the stream)."""
         for unit, name in self.devices:
             del self.before[unit][name]
         self.devices.clear()

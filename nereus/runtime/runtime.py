@@ -16,18 +16,28 @@ messages (failure agreement, commit), so an error on one rank reaches every rank
 Compilation runs once per (source, target) on rank 0 and is broadcast, then cached.
 
 Rollback (`Runtime(..., rollback=)`): a transition is all or nothing, so the old shards
-must survive until every rank commits. "host" (the default for CUDA tensors): each old
-shard the program frees (or stages out) is first copied to pinned host memory, then the
-runtime drops every device reference it holds to it, its registry entry included (which
-points at the host copy until the transition ends), so the caching allocator reuses the
-memory for later rounds and GPU memory follows the compiler's replay. On abort the host
-copies go back to the device and into the registry: `state()` then returns the restored
-tensors, which are new tensor objects; on commit the host copies are dropped. Tensors the
-caller still references itself (from `shard_state_dict`, `state()`, its model or
-optimizer) keep their device memory alive: drop them before `transition()` to get the
-room. "device" (the default on CPU, where a host copy gains nothing): the old tensors stay
-on their device until the commit, so a GPU holds old + new during the transition, more
-than the compiler's replay, and a full GPU may run out of memory.
+must survive until every rank commits. "auto" (the default for CUDA tensors): an old
+shard the program frees stays on its GPU until the commit wherever the compiler's memory
+replay (plus what the device really has free) leaves room for it; only the shards that
+must leave for later rounds to fit are copied to pinned host memory, on a side stream
+that overlaps the next rounds' transfers. On a GPU with room a transition therefore
+copies nothing to the host and runs at link speed. "host": every freed (or staged-out)
+old shard is parked that way, so GPU memory follows the replay exactly. A parked shard's
+registry entry points at the host copy until the transition ends; the runtime holds no
+other device reference to it. On abort the host copies go back to the device and into
+the registry: `state()` then returns the restored tensors, which are new tensor objects;
+on commit the host copies are dropped and the old shards kept on the device are released
+with the registry's old entries. Tensors the caller still references itself (from
+`shard_state_dict`, `state()`, its model or optimizer) keep their device memory alive:
+drop them before `transition()` to get the room. "device" (the default on CPU, where a
+host copy gains nothing): every old tensor stays on its device until the commit, so a
+GPU holds old + new during the transition, more than the compiler's replay.
+
+Preparing (`rt.prepare(target)`, collective): compiles and lowers the program, compiles
+the pack kernels for its message shapes, opens the links to every peer and pins the host
+blocks parking will use, so a `transition(target)` right after runs at warm speed.
+`TransitionReport.seconds` runs from the call (after compiling) to the commit, which
+comes after every rank synchronized its device: the new state is usable then.
 """
 
 from __future__ import annotations
@@ -59,8 +69,8 @@ class TransitionReport:
     source: str
     target: str
     rank: int
-    seconds: float  # this rank, compile excluded
-    compile_s: float
+    seconds: float  # this rank, from the call to the commit (device synchronized), compile excluded
+    compile_s: float  # this call's compile (0 when the program was cached, e.g. by prepare)
     max_seconds: float  # slowest rank
     bytes_sent: int  # this rank
     bytes_received: int
@@ -71,8 +81,11 @@ class TransitionReport:
     rounds: list = field(default_factory=list)  # per-round timings of this rank
     verified: Optional[bool] = None
     pack_backend: str = packing.BACKEND
-    rollback: str = "device"  # where the old shards waited for the commit ("host" | "device")
+    rollback: str = "device"  # where the old shards waited for the commit ("auto" | "host" | "device")
     parked_bytes: int = 0  # old shards this rank copied to host memory and released on the device
+    held_bytes: int = 0  # old shards the program freed that stayed on this device until the commit (auto)
+    wall_s: float = 0.0  # this rank, the whole call: compile (if not cached) + seconds + the report's reductions
+    prepared: bool = False  # prepare(target) had run for this (source, target) pair
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -85,12 +98,12 @@ class Runtime:
                  device: Optional[torch.device] = None, verify: bool = False, progress: bool = False,
                  timeout_s: float = 120.0, direct_min_bytes: int = DIRECT_MIN_BYTES,
                  rollback: Optional[str] = None, park_device_types=("cuda",)):
-        """rollback: "host" or "device" (see the module docstring); None picks "host"
-        for CUDA tensors and "device" otherwise. park_device_types: the device types whose
+        """rollback: "auto", "host" or "device" (see the module docstring); None picks
+        "auto" for CUDA tensors and "device" otherwise. park_device_types: the device types whose
         old shards take the host path; tests pass ("cpu",) to run it on CPU."""
         if rollback is not None and rollback not in ROLLBACK_MODES:
             raise NereusError(f"unknown rollback mode {rollback!r}",
-                              hint="rollback='host' (old shards wait in host memory) or 'device'")
+                              hint="rollback='auto' (default on CUDA), 'host' (old shards wait in host memory) or 'device'")
         if not isinstance(module, Module):
             raise TypeError("Runtime needs a parsed nereus.ir.Module (use Runtime.from_file for a path)")
         self.module = module
@@ -123,6 +136,7 @@ class Runtime:
         self._state: dict = {}  # model-stage → {name: local tensor}
         self._programs: dict = {}
         self._lowered: dict = {}  # (from, to, live model-stages) -> this rank's program
+        self._prepared: set = set()  # (from, to, live model-stages) that prepare() warmed
         self._check_ranks(plan)
 
     @classmethod
@@ -240,30 +254,50 @@ class Runtime:
             self._programs[key] = (box[0][1], time.perf_counter() - started)
         return self._programs[key]
 
+    def prepare(self, target: str) -> dict:
+        """Collective: do now everything `transition(target)` would do before moving a
+        byte (compile, lower this rank's program, compile the pack kernels for its message
+        shapes, open the links to its peers, pin the host blocks parking would use), so
+        the transition right after runs at warm speed. Registered tensors are neither
+        read nor written. Returns this rank's figures: seconds, compile_s, kernels,
+        peers, pinned_bytes."""
+        from .parking import park_plan, real_room
+        from .prepare import warm_kernels, warm_links, warm_parking
+
+        started = time.perf_counter()
+        program, compile_s, prog, key = self._lower(target)
+        kernels = warm_kernels(prog, self.device, TORCH_DTYPES)
+        peers = warm_links(prog, self._data, self.device)
+        pinned = 0
+        if self.rollback != "device" and self.device.type in self.park_device_types:
+            units = None
+            if self.rollback == "auto":
+                units = park_plan(prog, self._resident(program), self._capacity(program), real_room(self.device))
+            pinned = warm_parking(prog, units, TORCH_DTYPES)
+        self._prepared.add(key)
+        return {"seconds": time.perf_counter() - started, "compile_s": compile_s, "kernels": kernels,
+                "peers": peers, "pinned_bytes": pinned}
+
     def transition(self, target: str, *, verify: Optional[bool] = None, fault=None,
                    round_hook=None) -> TransitionReport:
         """Collective: move every registered model-stage from the current plan to
         `target`. All or nothing: on failure every rank raises TransitionAborted and
-        keeps its old state (restored from host memory with rollback="host").
+        keeps its old state (restored from host memory where it was parked).
         `round_hook(index)` runs on this rank after each round (tests, instrumentation).
-        Returns this rank's TransitionReport."""
-        _plan(self.module, target)
-        self._check_ranks(target)
-        program, compile_s = self.compile(target)
-        live = self._live_stages(program)
-        if live != program_model_stages(program):
-            program = restrict_program(program, live)
-        key = (self._plan, target, tuple(sorted(live)))
-        if key not in self._lowered:  # a job moving back and forth lowers each program once
-            self._lowered[key] = rank_program(program, self.rank, self.direct_min_bytes)
-        prog = self._lowered[key]
-        # the registry dicts themselves: with rollback="host" the executor swaps a freed
-        # shard's entry for its host copy (no device reference left here) and back on abort
+        Returns this rank's TransitionReport; its `seconds` end at the commit, after every
+        rank synchronized its device (the new state is usable)."""
+        called = time.perf_counter()
+        program, compile_s, prog, key = self._lower(target)
+        started = called + compile_s  # compiling is reported apart (compile_s, 0 when cached)
+        live = set(key[2])
+        # the registry dicts themselves: where a freed shard is parked, the executor swaps
+        # its entry for the host copy (no device reference left here) and back on abort
         before = {unit: self._state[prog.unit_stage[("before", unit)]] for unit in prog.before}
         result = execute(prog, before, group=self._data, control=self._control, device=self.device,
-                         resident_bytes=int(program.get("resident_bytes", {}).get(str(self.rank), 0)),
+                         resident_bytes=self._resident(program),
                          verify=self.verify if verify is None else verify, progress=self.progress, fault=fault,
-                         rollback=self.rollback, park_device_types=self.park_device_types, round_hook=round_hook)
+                         rollback=self.rollback, park_device_types=self.park_device_types, round_hook=round_hook,
+                         capacity_bytes=self._capacity(program))
         del before
         steps = self._steps(live)
         for ms in sorted(live):
@@ -274,16 +308,46 @@ class Runtime:
                 new[step_name(model)] = torch.tensor(steps[ms], dtype=torch.int64)
             self._state[ms] = new
         self._plan = target
-        figures = torch.tensor([result.seconds, float(result.sent_bytes)], dtype=torch.float64)
+        seconds = time.perf_counter() - started  # the commit was the executor's last step
+        figures = torch.tensor([seconds, float(result.sent_bytes)], dtype=torch.float64)
         maxed = figures.clone()
         dist.all_reduce(figures, op=dist.ReduceOp.SUM, group=self._control)
         dist.all_reduce(maxed, op=dist.ReduceOp.MAX, group=self._control)
         return TransitionReport(
-            source=prog.source, target=target, rank=self.rank, seconds=result.seconds, compile_s=compile_s,
+            source=prog.source, target=target, rank=self.rank, seconds=seconds, compile_s=compile_s,
             max_seconds=float(maxed[0]), bytes_sent=result.sent_bytes, bytes_received=result.received_bytes,
             bytes_copied=result.copied_bytes, bytes_kept=result.kept_bytes, total_bytes_sent=int(figures[1]),
             peak_bytes=result.peak_bytes, rounds=[asdict(r) for r in result.rounds], verified=result.verified,
-            rollback=result.rollback, parked_bytes=result.parked_bytes)
+            rollback=result.rollback, parked_bytes=result.parked_bytes, held_bytes=result.held_bytes,
+            wall_s=time.perf_counter() - called, prepared=key in self._prepared)
+
+    def _lower(self, target: str) -> tuple:
+        """Collective: (program restricted to the live model-stages, compile seconds of
+        this call (0 when cached), this rank's lowered program, its cache key)."""
+        _plan(self.module, target)
+        self._check_ranks(target)
+        cached = (self._plan, target) in self._programs
+        program, compile_s = self.compile(target)
+        if cached:
+            compile_s = 0.0
+        live = self._live_stages(program)
+        if live != program_model_stages(program):
+            program = restrict_program(program, live)
+        key = (self._plan, target, tuple(sorted(live)))
+        if key not in self._lowered:  # a job moving back and forth lowers each program once
+            self._lowered[key] = (program, rank_program(program, self.rank, self.direct_min_bytes))
+        program, prog = self._lowered[key]
+        return program, compile_s, prog, key
+
+    def _resident(self, program: dict) -> int:
+        return int(program.get("resident_bytes", {}).get(str(self.rank), 0))
+
+    def _capacity(self, program: dict) -> Optional[int]:
+        """This GPU's capacity in the program (bytes the verifier allows), None if absent."""
+        for gpu in program.get("gpus", ()):
+            if gpu.get("id") == self.rank:
+                return int(gpu.get("capacity_bytes", gpu.get("mem_bytes")))
+        return None
 
     # -- helpers -----------------------------------------------------------------------
 

@@ -84,7 +84,7 @@ def _released_by_round(prog) -> dict:
     return out
 
 
-def _executor_case(rank, control, program, full, rollback, fault=None):
+def _executor_case(rank, control, program, full, rollback, fault=None, capacity=None):
     """Run one program; report what the hook saw after each round and the final state."""
     prog = rank_program(program, rank)
     before = {u["id"]: shard_unit(u, rank, full) for u in program["units"]["before"] if rank in u["gpus"]}
@@ -110,7 +110,8 @@ def _executor_case(rank, control, program, full, rollback, fault=None):
     out = {"released": len(released)}
     try:
         result = execute(prog, before, group=None, control=control, device=torch.device("cpu"), verify=True,
-                         fault=fault, rollback=rollback, park_device_types=CPU_AS_DEVICE, round_hook=hook)
+                         fault=fault, rollback=rollback, park_device_types=CPU_AS_DEVICE, round_hook=hook,
+                         capacity_bytes=capacity)
     except TransitionAborted as error:
         out["aborted"] = str(error)
         out["restored_exact"] = all(_bytes_equal(before[u][k], snapshot[u][k]) for u in snapshot for k in snapshot[u])
@@ -127,6 +128,7 @@ def _executor_case(rank, control, program, full, rollback, fault=None):
                                                              shard_of(full[shard["tensor"]], shard["boxes"])):
                     bad.append(shard["tensor"])
         out.update(mismatched=bad, parked_bytes=result.parked_bytes, rollback=result.rollback,
+                   held_bytes=result.held_bytes,
                    peak=result.peak_bytes,
                    parked_left=sum(name in before.get(unit, {}) for unit, name in released))
         del result

@@ -11,6 +11,7 @@ imports torch, and triton only where the kernels run):
     pack_many(messages, *, key=None) -> [uint8 buffer per message]   one launch per round
     unpack_many(buffers, messages, *, key=None)
     copy(pairs, *, key=None)                  local box-to-box copies, one launch
+    warm(calls, device)                        compile the kernel variants of pack_into/unpack_from calls
     pack_into(views, offsets, nbytes, out=None) / unpack_from(buffer, views, offsets)
                                               the executor's contract (nereus.runtime.packing)
     Packer(backend=None|"auto"|"triton"|"torch", tile=None, max_vec=2)
@@ -35,7 +36,7 @@ _EXPORTS = {
     "ALIGN": "segments",
     "Packer": "packer",
 }
-_FUNCTIONS = ("pack", "unpack", "pack_many", "unpack_many", "copy", "pack_into", "unpack_from")
+_FUNCTIONS = ("pack", "unpack", "pack_many", "unpack_many", "copy", "pack_into", "unpack_from", "warm")
 _default = None
 
 __all__ = sorted(_EXPORTS) + list(_FUNCTIONS) + ["default_packer"]

@@ -194,6 +194,42 @@ class Packer:
                           lambda: _describe([views], [offsets], [size]))
         self._execute(plan, [_bytes(buffer, size)])
 
+    def warm(self, calls: Sequence[tuple[str, Sequence[torch.Tensor], Sequence[int]]], device: torch.device) -> int:
+        """Compile (and run once, on a small scratch buffer) every kernel variant that the
+        given `pack_into`/`unpack_from` calls would launch, so the first real call does
+        not wait for Triton's compiler. calls: [(kind "pack" | "unpack", views, offsets)];
+        the views may be meta tensors of the real shapes and strides (a caching-allocator
+        base is at least 512-byte aligned, as is a meta tensor's 0, so the word and vector
+        classes come out the same). Returns the number of variants run (0 off Triton)."""
+        device = torch.device(device)
+        if self.backend_for(device) != "triton":
+            return 0
+        classes = set()
+        for kind, views, offsets in calls:
+            pieces = [p for v, o in zip(views, offsets) for p in view_pieces(v, o, 0, kind)]
+            if pieces:
+                for x in build_launches(pieces, 0, "dst" if kind == "pack" else "src", self.tile, self.max_vec):
+                    classes.add((kind, x.word, x.vec, x.rows, x.cols))
+        if not classes:
+            return 0
+        from .segments import Piece
+
+        kernels = _kernels()
+        base = kernels.anchor(device).data_ptr()
+        scratch = torch.zeros(1024, dtype=torch.uint8, device=device)
+        data, buffer = scratch.data_ptr(), scratch[512:].data_ptr()
+        bases = torch.tensor([buffer - base], dtype=torch.int64).to(device)
+        for kind, word, vec, rows, cols in sorted(classes):
+            inner = 64 // word  # 64 bytes: every word size and alignment hint holds
+            far = data // word
+            src, dst = (far, 0) if kind == "pack" else (0, far)
+            piece = Piece(word, vec, src, dst, 1, inner, inner, inner, 0)
+            rel = "dst" if kind == "pack" else "src"
+            for launch in build_launches([piece], base, rel, (rows, cols), vec):
+                kernels.run_launch(launch.to(device), kernels.REL_DST if kind == "pack" else kernels.REL_SRC, bases)
+        torch.cuda.current_stream(device).synchronize()
+        return len(classes)
+
     # -- plans ---------------------------------------------------------------------
     def _plan(self, kind: str, key: Optional[Hashable], counts: tuple[int, ...], residues: tuple[int, ...],
               describe) -> _Plan:
