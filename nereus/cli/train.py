@@ -84,8 +84,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(config: dict, nproc: int, out: str, progress_label: str, quiet: bool) -> dict:
-    """Run the worker under torchrun; returns the result dict of rank 0."""
+def launch(config: dict, nproc: int, out: str, progress_label: str, quiet: bool,
+           failure_timeout_s: Optional[float] = None) -> dict:
+    """Run the worker under torchrun; returns the result dict of rank 0. When a rank
+    fails, the job ends within `failure_timeout_s` (torchrun stops the other ranks as
+    soon as the failing one exits; past the limit the launcher stops torchrun) and
+    TrainingFailed carries the first failing rank's error and traceback (with `quiet`,
+    the --json mode, also printed as one JSON line {"error": {...}}). The limit defaults
+    to NEREUS_FAILURE_TIMEOUT_S, else FAILURE_TIMEOUT_S."""
+    if failure_timeout_s is None:
+        failure_timeout_s = float(os.environ.get("NEREUS_FAILURE_TIMEOUT_S", FAILURE_TIMEOUT_S))
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, "config.json")
     with open(path, "w") as f:
@@ -101,7 +109,7 @@ def launch(config: dict, nproc: int, out: str, progress_label: str, quiet: bool)
 
     console = Console(stderr=True)
     other: list[str] = []
-    result, error = None, None
+    result, error, guard = None, None, None
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console,
                   disable=quiet) as progress:
@@ -111,7 +119,11 @@ def launch(config: dict, nproc: int, out: str, progress_label: str, quiet: bool)
             if not line.startswith(PREFIX):
                 other.append(line)
                 continue
-            event = json.loads(line[len(PREFIX):])
+            try:
+                event = json.loads(line[len(PREFIX):])
+            except json.JSONDecodeError:  # another rank's output cut into the line
+                other.append(line)
+                continue
             if event["event"] == "step":
                 progress.update(task, completed=event["step"], description=f"{progress_label} [{event['plan']}]",
                                 info=f"reward {event['reward']:.3f}  kl {event['kl']:+.4f}  loss {event['loss']:+.4f}")
@@ -123,16 +135,72 @@ def launch(config: dict, nproc: int, out: str, progress_label: str, quiet: bool)
             elif event["event"] == "done":
                 result = event
             elif event["event"] == "error":
-                error = event["message"]
+                if error is None:  # the first rank to fail is the root cause; the rest follow from it
+                    error = _error_event(event)
+                    guard = failure_guard(proc, failure_timeout_s)
         proc.wait()
+        if guard is not None:
+            guard.cancel()
     if error:
-        raise NereusError(error.split(": error: ")[-1] if "error: " in error else error)
+        failed = TrainingFailed(error)
+        if quiet:
+            click.echo(json.dumps({"error": failed.details}))
+        raise failed
     if proc.returncode != 0 or result is None:
         tail = "".join(other[-40:])
         raise NereusError(f"the training processes failed (exit code {proc.returncode}):\n{tail}",
                           hint="rerun with --traceback for the launcher's own traceback")
     result.pop("event", None)
     return result
+
+
+FAILURE_TIMEOUT_S = 60.0
+
+
+class TrainingFailed(NereusError):
+    """A rank of `nereus train` raised; `details` is its error event (rank, type,
+    message, traceback), the root cause: the first rank to fail."""
+
+    kind = "training failed"
+
+    def __init__(self, event: dict):
+        self.details = {k: event.get(k) for k in ("rank", "type", "message", "traceback")}
+        if event.get("user_error"):  # a NereusError: its own formatted text says it all
+            message = f"rank {event.get('rank')}: {event.get('message', '')}"
+        else:
+            message = (f"rank {event.get('rank')} raised {event.get('type')}: {event.get('message', '')}\n"
+                       f"{event.get('traceback', '')}").rstrip()
+        super().__init__(message)
+
+
+def _error_event(event: dict) -> dict:
+    """The worker's full error event (written to a file named in the line, when it could)."""
+    if "file" in event:
+        try:
+            with open(event["file"]) as f:
+                return json.load(f)
+        except (OSError, json.JSONDecodeError):
+            return dict(event, message=f"rank {event.get('rank')} failed; its report {event['file']} is unreadable")
+    return event
+
+
+def failure_guard(proc, seconds: float):
+    """After a rank failed: stop torchrun (SIGTERM, then SIGKILL 10 s later) if the job
+    has not ended within `seconds`."""
+    import threading
+
+    def stop():
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+    timer = threading.Timer(seconds, stop)
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 @click.command("train")

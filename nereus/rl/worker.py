@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
+import traceback
 from dataclasses import fields
 
 import torch
@@ -44,8 +46,46 @@ def _device() -> torch.device:
 
 
 def _emit(event: dict) -> None:
+    _injected_fault(event)
     if not dist.is_initialized() or dist.get_rank() == 0:
         print(PREFIX + json.dumps(event), flush=True)
+
+
+def _injected_fault(event: dict) -> None:
+    """Tests: NEREUS_STEP_FAULT="rank:step" makes that rank raise after that step."""
+    spec = os.environ.get("NEREUS_STEP_FAULT")
+    if spec and event.get("event") == "step" and dist.is_initialized():
+        rank, step = map(int, spec.split(":"))
+        if dist.get_rank() == rank and event.get("step") == step:
+            raise RuntimeError(f"injected fault on rank {rank} after step {step}")
+
+
+def _fail(error: BaseException, code: int, out: str = "") -> None:
+    """Any rank that raises: report its error and traceback as an event (every rank, not
+    only rank 0, so the launcher sees the root cause) and leave at once. The full event
+    goes to OUT/error-rank<r>.json and a short line naming it to stdout in one write
+    (atomic in a pipe, so ranks' lines never interleave). No destroy_process_group: a
+    peer may wait in a collective, and the teardown would wait with it; once this
+    process is gone torchrun stops the others."""
+    rank = dist.get_rank() if dist.is_initialized() else -1
+    event = {"event": "error", "rank": rank, "type": type(error).__name__, "time": time.time(),
+             "user_error": isinstance(error, NereusError),
+             "message": error.format() if isinstance(error, NereusError) else str(error),
+             "traceback": "".join(traceback.format_exception(type(error), error, error.__traceback__))}
+    line = event
+    if out:
+        try:
+            os.makedirs(out, exist_ok=True)
+            path = os.path.join(out, f"error-rank{rank}.json")
+            with open(path, "w") as f:
+                json.dump(event, f)
+            line = {"event": "error", "rank": rank, "time": event["time"], "file": path}
+        except OSError:
+            pass
+    sys.stdout.flush()
+    os.write(1, (PREFIX + json.dumps(line) + "\n").encode())
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def run(config: dict) -> dict:
@@ -91,13 +131,12 @@ def main(argv: list[str]) -> int:
     try:
         result = run(config)
         _emit({"event": "done", **result})
-        return 0
     except NereusError as error:
-        if dist.get_rank() == 0:
-            print(PREFIX + json.dumps({"event": "error", "message": error.format()}), flush=True)
-        return 2
-    finally:
-        dist.destroy_process_group()
+        _fail(error, 2, config.get("out", ""))
+    except BaseException as error:  # noqa: BLE001 - any failure must end the job, not hang it
+        _fail(error, 1, config.get("out", ""))
+    dist.destroy_process_group()
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,47 @@
+"""A rank that raises ends `nereus train` quickly, with its own error first (gloo, 2 ranks).
+
+NEREUS_STEP_FAULT="1:2" makes rank 1 raise after step 2 while rank 0 goes on into the
+next step's collectives (where it would wait forever): the job must end well within the
+failure timeout, the CLI must show rank 1's error and traceback, and --json must print an
+error object."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PLAN = os.path.join(ROOT, "examples", "rl", "grpo-cpu.nir")
+
+pytestmark = pytest.mark.multiprocess
+
+
+def _train(tmp_path, *extra):
+    env = dict(os.environ, PYTHONPATH=ROOT, NEREUS_STEP_FAULT="1:2", NEREUS_FAILURE_TIMEOUT_S="60")
+    started = time.perf_counter()
+    run = subprocess.run([sys.executable, "-c", "from nereus.cli import nereus; nereus()", "train", PLAN,
+                          "--algo", "grpo", "--nproc", "2", "--steps", "6", "--out", str(tmp_path), *extra],
+                         capture_output=True, text=True, env=env, timeout=240)
+    return run, time.perf_counter() - started
+
+
+def test_a_failing_rank_ends_the_job_with_its_own_error_first(tmp_path):
+    run, seconds = _train(tmp_path)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert seconds < 60, seconds
+    text = run.stderr
+    first = text.index("training failed: rank 1 raised RuntimeError: injected fault on rank 1 after step 2")
+    assert "Traceback" in text[first:] and "_injected_fault" in text[first:]
+    assert "rank 0" not in text[:first]
+
+
+def test_json_mode_prints_the_error_object(tmp_path):
+    run, seconds = _train(tmp_path, "--json")
+    assert run.returncode == 2 and seconds < 60, run.stdout + run.stderr
+    error = json.loads(run.stdout.strip().splitlines()[-1])["error"]
+    assert error["rank"] == 1 and error["type"] == "RuntimeError"
+    assert "injected fault on rank 1 after step 2" in error["message"]
+    assert "Traceback" in error["traceback"]
