@@ -10,24 +10,31 @@ starting from plan A = dp 1 tp h on GPUs 0..h-1:
 - gpus{h}-gpus{n}: GPU-count doubling, B = dp 2 tp h on 0..n-1 (Extend: the paper's
   Table 4 case for n = 8, 4 -> 8 GPUs, 2.45 s there);
 - tp{h}-tp{n}: TP doubling onto n GPUs, B = dp 1 tp n;
-- pp1-pp2: PP change onto n GPUs, B = dp 1 tp h pp 2.
+- pp1-pp2: PP change onto n GPUs, B = dp 1 tp h pp 2;
+- mixed: the actor doubles TP (dp 1 tp n) while the critic goes to PP 2 (dp 1 tp h pp 2).
 
 When a case's peak (old state + new shards on one GPU) would not fit in 88% of GPU
 memory less 8 GB of headroom, the critic is dropped, then layers are halved; each case
 reports the models and layers it ran with (at n = 8 every case runs the full 8B pair).
 
-Per case, all measured in the same process group:
-- nereus_s: `Runtime.transition` executor time (slowest rank) on the warm A -> B run
-  (after a cold A -> B and the way back); nereus_wall_s: the same call barrier to
-  barrier, which adds the per-rank lowering of the program (`rank_program`) that the
-  runtime does not cache yet; nereus_cold_s, nereus_reverse_s (B -> A), compile_s.
-- gather_scatter_s: every tensor gathered whole on rank 0 and scattered in layout B.
+Per case, all measured in the same process group; every time is barrier to barrier with
+the devices synchronized (`Env.timed`), the slowest rank:
+- nereus_cold_s: the first `transition` of a fresh Runtime (compile and lowering
+  included; `process_cold` marks the first case, which also pays the process's first
+  pack kernels and NCCL links); nereus_s: median of `--repeats` warm A -> B calls (the
+  way back in between, nereus_reverse_s) with the default rollback; `modes`: the same for
+  each of `--modes`; nereus_prepared_s: a fresh Runtime on the same tensors, `prepare("B")`
+  untimed (nereus_prepare_s), then the timed call; nereus_exec_s: the executor's own
+  figure (TransitionReport.max_seconds, which also ends at the synchronized commit).
+- gather_scatter_s: every tensor gathered whole on rank 0 and scattered in layout B
+  (one warm-up, then the median of as many runs as Nereus).
 - dcp: torch.distributed.checkpoint save in layout A + load in layout B on local disk
   (`--ckpt-dir`), for the tensors of the first `--dcp-layers` layers only (the whole
-  state would not fit on the disk); dcp_s is that subset, dcp_s_extrapolated scales it
-  by bytes to the whole state (an estimate, marked as such).
-- bound_s = bytes that change owner / measured P2P bandwidth (one 1 GiB send GPU 0 ->
-  1 in this run); bound_parallel_s = busiest GPU's incoming bytes / per-GPU ring rate.
+  state would not fit on the disk); dcp_s is that subset (one run), dcp_s_extrapolated
+  scales it by bytes to the whole state (an estimate, marked as such).
+- bound_link_s = the busiest rank's max(bytes sent, bytes received) / measured P2P
+  bandwidth (one 1 GiB send GPU 0 -> 1 in this run); bound_s = bytes that change owner /
+  the same bandwidth; bound_parallel_s = busiest GPU's incoming bytes / per-GPU ring rate.
 Every result (Nereus, gather-scatter, DCP) is checked byte for byte against the
 reference slices on every rank. The last stdout line is one JSON object.
 """
@@ -52,26 +59,30 @@ STEP = 7
 
 
 def case_plans(case: str, world: int) -> tuple:
-    """(A, B) as {model-stage suffix: (dp, tp, pp, gpus)} for one model."""
+    """(A, B) as {model: (dp, tp, pp, gpus)}; "mixed" changes each model differently
+    (actor: TP doubling; critic: PP 1 -> 2), the others change both models alike."""
     h = world // 2
     a = (1, h, 1, list(range(h)))
+    if case == "mixed":
+        return {"actor": a, "critic": a}, {"actor": (1, world, 1, list(range(world))),
+                                           "critic": (1, h, 2, list(range(world)))}
     b = {f"gpus{h}-gpus{world}": (2, h, 1, list(range(world))),
          f"tp{h}-tp{world}": (1, world, 1, list(range(world))),
          "pp1-pp2": (1, h, 2, list(range(world)))}[case]
-    return a, b
+    return {"actor": a, "critic": a}, {"actor": b, "critic": b}
 
 
 def case_names(world: int) -> list:
     h = world // 2
-    return [f"gpus{h}-gpus{world}", f"tp{h}-tp{world}", "pp1-pp2"]
+    return [f"gpus{h}-gpus{world}", f"tp{h}-tp{world}", "pp1-pp2", "mixed"]
 
 
-def module_source(world: int, mem: int, shape: dict, layers: int, models: tuple, a, b) -> str:
+def module_source(world: int, mem: int, shape: dict, layers: int, models: tuple, a: dict, b: dict) -> str:
     stages = ", ".join(models)
     text = cluster_source(world, mem) + model_source(shape, layers)
     text += f"workload ppo {{\n  batch 8  prompt 16  response 16  microbatch 1\n  training: {stages}\n}}\n"
-    text += plan_source("A", {f"{m}.training": a for m in models})
-    text += plan_source("B", {f"{m}.training": b for m in models})
+    text += plan_source("A", {f"{m}.training": a[m] for m in models})
+    text += plan_source("B", {f"{m}.training": b[m] for m in models})
     return text
 
 
@@ -137,7 +148,44 @@ def in_first_layers(k: int):
     return keep
 
 
-def run_case(env: Env, case: str, args, shape: dict, bw: dict, progress=lambda out: None) -> dict:
+def warm_cycle(env: Env, rt, repeats: int) -> dict:
+    """A -> B and back `repeats` times (after the cold call), each timed barrier to
+    barrier with the devices synchronized; medians, and the last A -> B report."""
+    import statistics
+
+    walls, execs, back = [], [], []
+    report = None
+    for _ in range(repeats):
+        report, wall = env.timed(lambda: rt.transition("B"))
+        walls.append(wall)
+        execs.append(report.max_seconds)
+        back.append(env.timed(lambda: rt.transition("A"))[1])
+    return {"wall_s": statistics.median(walls), "walls": walls, "exec_s": statistics.median(execs),
+            "reverse_s": statistics.median(back), "parked_bytes": int(env.total(report.parked_bytes)),
+            "held_bytes": int(env.total(report.held_bytes)), "report": report}
+
+
+def profile(env: Env, fn, path: str, label: str) -> None:
+    """One call under the PyTorch profiler (CPU + CUDA); rank 0 writes the busiest ops."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if env.cuda else [])
+    env.barrier()
+    with torch_profile(activities=activities) as prof:
+        fn()
+        env.sync()
+    if env.rank == 0:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "a") as f:
+            f.write(f"== {label} (rank 0), by self CUDA time ==\n")
+            sort = "self_cuda_time_total" if env.cuda else "self_cpu_time_total"
+            f.write(prof.key_averages().table(sort_by=sort, row_limit=25) + "\n")
+            f.write(f"== {label} (rank 0), by CPU time ==\n")
+            f.write(prof.key_averages().table(sort_by="cpu_time_total", row_limit=25) + "\n")
+
+
+def run_case(env: Env, case: str, args, shape: dict, bw: dict, progress=lambda out: None,
+             first_case: bool = False) -> dict:
     from nereus.backends.json_program import plan_units_json
     from nereus.runtime import Runtime
 
@@ -160,30 +208,60 @@ def run_case(env: Env, case: str, args, shape: dict, bw: dict, progress=lambda o
                                step=STEP if state is None else None)
         return env.all_true(not bad)
 
-    t0 = time.perf_counter()
-    rt.compile("B")
-    compile_s = env.slowest(time.perf_counter() - t0)
+    # cold: the first call of a fresh Runtime (compile + lowering included; in the first
+    # case of the run also the process's first pack kernels and NCCL links)
     cold, cold_wall = env.timed(lambda: rt.transition("B"))
     ok = verified(1)
     rt.transition("A")
     ok = verified(0) and ok
-    warm, warm_wall = env.timed(lambda: rt.transition("B"))
-    ok_warm = verified(1)
-    reverse, reverse_wall = env.timed(lambda: rt.transition("A"))
-    ok_reverse = verified(0)
-    env.log(f"{case}: nereus {warm.max_seconds:.3f} s (wall {warm_wall:.3f}, cold {cold.max_seconds:.3f}, "
-            f"reverse {reverse.max_seconds:.3f}), {warm.total_bytes_sent / 1e9:.2f} GB sent, verified {ok and ok_warm}")
+    modes = {}
+    for mode in [rt.rollback] + [m for m in args.modes.split(",") if m and m != rt.rollback]:
+        rt.rollback = mode
+        modes[mode] = warm_cycle(env, rt, args.repeats)
+        ok = verified(0) and ok
+    default = modes[next(iter(modes))]
+    rt.rollback = next(iter(modes))
+    if args.profile_dir and not os.path.exists(os.path.join(args.profile_dir, "profile_reshard.txt")):
+        profile(env, lambda: rt.transition("B"), os.path.join(args.profile_dir, "profile_reshard.txt"), case)
+        rt.transition("A")
+    # prepared: a fresh Runtime on the same live tensors, prepare() untimed, then timed
+    state = {ms: rt.state(ms) for ms in stages}
+    del rt
+    rt = Runtime(module, "A", device=env.device, timeout_s=args.timeout_s)
+    for ms in stages:
+        rt.register(ms, state[ms])
+    del state
+    prep = rt.prepare("B")
+    prepared, prepared_wall = env.timed(lambda: rt.transition("B"))
+    ok_prepared = verified(1)
+    rt.transition("A")
+    warm = default["report"]
+    link = env.slowest(float(max(warm.bytes_sent, warm.bytes_received)))
+    env.log(f"{case}: nereus warm {default['wall_s']:.3f} s (exec {default['exec_s']:.3f}), cold "
+            f"{cold_wall:.3f}, prepared {prepared_wall:.3f} (prepare {env.slowest(prep['seconds']):.3f}), "
+            f"{warm.total_bytes_sent / 1e9:.2f} GB sent, modes "
+            + ", ".join(f"{m} {v['wall_s']:.3f}" for m, v in modes.items()) + f", verified {ok and ok_prepared}")
     incoming = {}
     for ms in stages:
         for g, n in incoming_bytes(units[ms][0], units[ms][1], specs[ms]).items():
             incoming[g] = incoming.get(g, 0) + n
     state_bytes = sum(specs_bytes(specs[ms]) for ms in stages)
     out = {"case": case, "models": list(models), "layers": layers, "state_bytes": state_bytes,
-           "peak_estimate_bytes": peak, "nereus_s": warm.max_seconds, "nereus_wall_s": warm_wall,
-           "nereus_cold_s": cold.max_seconds, "nereus_cold_wall_s": cold_wall,
-           "nereus_reverse_s": reverse.max_seconds, "nereus_reverse_wall_s": reverse_wall,
-           "nereus_compile_s": compile_s, "rounds": len(warm.rounds), "bytes_moved": warm.total_bytes_sent,
-           **bounds(incoming, bw), "verified_nereus": bool(ok and ok_warm and ok_reverse)}
+           "peak_estimate_bytes": peak, "rollback": warm.rollback,
+           "nereus_s": default["wall_s"], "nereus_times_s": default["walls"], "nereus_exec_s": default["exec_s"],
+           "nereus_reverse_s": default["reverse_s"],
+           "nereus_cold_s": cold_wall, "nereus_cold_exec_s": cold.max_seconds, "nereus_cold_compile_s": cold.compile_s,
+           "process_cold": first_case, "nereus_prepared_s": prepared_wall, "nereus_prepared_exec_s": prepared.max_seconds,
+           "nereus_prepare_s": env.slowest(prep["seconds"]), "prepared_kernels": prep["kernels"],
+           "modes": {m: {k: v for k, v in d.items() if k != "report"} for m, d in modes.items()},
+           "rounds": len(warm.rounds), "bytes_moved": warm.total_bytes_sent,
+           "bytes_busiest_link": int(link), "bound_link_s": link / (bw["p2p_GBps"] * 1e9) if bw.get("p2p_GBps") else None,
+           **bounds(incoming, bw), "verified_nereus": bool(ok and ok_prepared)}
+    out["cold_over_warm"] = out["nereus_cold_s"] / out["nereus_s"]
+    out["cold_target_s"] = 2 * out["nereus_s"] + 0.3
+    out["prepared_over_warm"] = out["nereus_prepared_s"] / out["nereus_s"]
+    if out["bound_link_s"]:
+        out["nereus_over_bound_link"] = out["nereus_s"] / out["bound_link_s"]
     out["bytes_moved_at_lower_bound"] = out["bytes_moved"] == out["bytes_owner_change"]
     if out["bound_s"]:
         out["nereus_over_bound"] = out["nereus_s"] / out["bound_s"]
@@ -220,11 +298,22 @@ def guarded(env: Env, out: dict, what: str, fn) -> None:
 
 
 def _gather_scatter(env, out, stages, units, specs, state_a, verified) -> None:
-    warm_names = in_first_layers(1)  # warm the rank-0 pairs on one layer's tensors
-    for ms in stages:
-        gather_scatter(env, *units[ms], state_a[ms], {n: s for n, s in specs[ms].items() if warm_names(n)})
-    new, gs_s = env.timed(lambda: {ms: gather_scatter(env, *units[ms], state_a[ms], specs[ms]) for ms in stages})
+    """Timed like Nereus: one untimed warm-up run, then `--repeats` runs barrier to
+    barrier (devices synchronized), median."""
+    import statistics
+
+    run = lambda: {ms: gather_scatter(env, *units[ms], state_a[ms], specs[ms]) for ms in stages}  # noqa: E731
+    new = run()
+    del new
+    times = []
+    for _ in range(len(out["nereus_times_s"])):
+        new, seconds = env.timed(run)
+        times.append(seconds)
+        if len(times) < len(out["nereus_times_s"]):
+            del new
+    gs_s = statistics.median(times)
     out["gather_scatter_s"] = gs_s
+    out["gather_scatter_times_s"] = times
     out["verified_gather_scatter"] = verified(1, new)
     out["gather_scatter_over_nereus"] = gs_s / out["nereus_s"]
     del new
@@ -270,6 +359,10 @@ def main(argv=None) -> int:
     parser.add_argument("--ckpt-dir", default=os.environ.get("NEREUS_CKPT_DIR", "/tmp/nereus-mg-dcp"))
     parser.add_argument("--bandwidth-mib", type=int, default=None, help="default 1024 on GPU, 4 on CPU")
     parser.add_argument("--skip-gather-scatter", action="store_true")
+    parser.add_argument("--repeats", type=int, default=None, help="warm A -> B -> A cycles (default 5, quick 3)")
+    parser.add_argument("--modes", default="host,device",
+                        help="rollback modes timed warm besides the default (comma-separated)")
+    parser.add_argument("--profile-dir", default=None, help="profile one warm transition (first case) here")
     args = parser.parse_args(argv)
     env = Env(args)
     if env.world < 2 or env.world % 2:
@@ -277,6 +370,8 @@ def main(argv=None) -> int:
     shape = SHAPES["8b"] if env.cuda else SHAPES["tiny"]
     if args.layers is None:
         args.layers = shape["layers"] if not args.quick else min(8, shape["layers"])
+    if args.repeats is None:
+        args.repeats = 3 if args.quick else 5
     if args.dcp_layers is None:
         args.dcp_layers = 1 if args.quick else 2
     mib = args.bandwidth_mib or (1024 if env.cuda else 4)
@@ -287,7 +382,8 @@ def main(argv=None) -> int:
     for case in names:
         if case not in case_names(env.world):
             parser.error(f"unknown case {case} for {env.world} ranks; known: {case_names(env.world)}")
-        cases.append(run_case(env, case, args, shape, bw, lambda current: save_partial(env, args, bw, cases + [current])))
+        cases.append(run_case(env, case, args, shape, bw, lambda current: save_partial(env, args, bw, cases + [current]),
+                              first_case=not cases))
         save_partial(env, args, bw, cases)
     verified = all(c["verified"] for c in cases)
     env.finish({"name": "multi_gpu_reshard", "gpus": env.world, "backend": env.backend, "device": env.device.type,

@@ -78,11 +78,44 @@ run_step() {
   if [ "$rc" -ne 0 ]; then tail -n 15 "$OUT_DIR/$name.log"; fi
 }
 
+# failure_step NAME RANKS CAP_S: `nereus train` with rank 1 raising after step 2
+# (NEREUS_STEP_FAULT); records how long the job took to end and the error it showed.
+failure_step() {
+  local name="$1" ranks="$2" cap="$3" backend="nccl"
+  [ -n "$CPU_RANKS" ] && backend="gloo"
+  local t0=$(date +%s.%N)
+  NEREUS_STEP_FAULT=1:2 timeout -k 10 "$cap" "$PY" -c "from nereus.cli import nereus; nereus()" train examples/rl/grpo-cpu.nir --algo grpo \
+    --nproc "$ranks" --steps 6 --backend "$backend" --json --out "/tmp/nereus-$name" \
+    > "$OUT_DIR/$name.out" 2> "$OUT_DIR/$name.log"
+  local rc=$?
+  local t1=$(date +%s.%N)
+  "$PY" - "$OUT_DIR/$name.out" "$rc" "$t0" "$t1" "$backend" "/tmp/nereus-$name" > "$OUT_DIR/$name.json" <<'PYEOF'
+import glob, json, sys
+path, rc, t0, t1, backend, run = sys.argv[1:]
+failed_at = min((json.load(open(p))["time"] for p in glob.glob(run + "/*/error-rank*.json")), default=None)
+lines = [l for l in open(path).read().splitlines() if l.strip()]
+try:
+    error = json.loads(lines[-1]).get("error")
+except (IndexError, ValueError):
+    error = None
+print(json.dumps({"name": "failure", "backend": backend, "exit_code": int(rc), "seconds": float(t1) - float(t0),
+                  "seconds_after_failure": None if failed_at is None else float(t1) - failed_at,
+                  "error_rank": (error or {}).get("rank"), "error_message": (error or {}).get("message"),
+                  "passed": int(rc) == 2 and bool(error) and error.get("rank") == 1}))
+PYEOF
+  local status="rc=1 (the failure was not surfaced as expected: train exit $rc)"
+  grep -q '"passed": true' "$OUT_DIR/$name.json" && status="rc=0 (train exit $rc: rank 1's error surfaced)"
+  echo "$name $status, $(cat "$OUT_DIR/$name.json")" | tee -a "$STEPS"
+}
+
 HALF=$(( N / 2 ))
 QUARTER=$(( N / 4 ))
-run_step "correctness_${N}" "$N" 150 correctness.py
-run_step "reshard_${N}" "$N" 270 reshard.py
+run_step "correctness_${N}" "$N" "${CORRECTNESS_CAP_S:-150}" correctness.py
+run_step "reshard_${N}" "$N" "${RESHARD_CAP_S:-270}" reshard.py --modes "${RESHARD_MODES:-device}" \
+  --profile-dir "$OUT_DIR"
 run_step "weight_sync_${N}" "$N" 100 weight_sync.py
+run_step "dtensor_${N}" "$N" 90 dtensor_compare.py --profile-dir "$OUT_DIR"
+failure_step "failure_${N}" "$N" 60
 if [ "$N" -ge 4 ] && [ $(( N % 4 )) -eq 0 ]; then
   # the smaller doubling (e.g. 2 -> 4 on an 8-GPU host), on the first N/2 GPUs
   run_step "reshard_${HALF}" "$HALF" 150 reshard.py --cases "gpus${QUARTER}-gpus${HALF}"

@@ -53,15 +53,21 @@ def lines(results: dict, steps: dict) -> list:
             bw = r["bandwidth"]
             text.append(f"{key}: {r['gpus']} x {r.get('device', '?')}, p2p {_s(bw['p2p_GBps'], 1)} GB/s, "
                         f"ring {_s(bw['ring_GBps'], 1)} GB/s per GPU; verified {r.get('verified')}")
-            text.append("  case          models        layers  state GB  nereus s  wall s  gather-scatter s  "
-                        "dcp subset s  dcp extrap s  bound s  par.bound s  paper s")
+            text.append("  case          models        layers  state GB  warm s  cold s  prepared s  link bound s  "
+                        "warm/bound  gather-scatter s  dcp subset s  dcp extrap s  bound s  par.bound s  paper s")
             for c in r["cases"]:
                 text.append(f"  {c['case']:13s} {'+'.join(c['models']):13s} {c['layers']:6d}  "
-                            f"{c['state_bytes'] / 1e9:8.1f}  {_s(c['nereus_s']):>8s}  {_s(c['nereus_wall_s']):>6s}  "
+                            f"{c['state_bytes'] / 1e9:8.1f}  {_s(c['nereus_s']):>6s}  {_s(c.get('nereus_cold_s')):>6s}  "
+                            f"{_s(c.get('nereus_prepared_s')):>10s}  {_s(c.get('bound_link_s')):>12s}  "
+                            f"{_x(c.get('nereus_over_bound_link')):>10s}  "
                             f"{_s(c.get('gather_scatter_s')):>16s}  {_s(c.get('dcp_s'), 2):>12s}  "
                             f"{_s(c.get('dcp_s_extrapolated'), 1):>12s}  {_s(c['bound_s']):>7s}  "
                             f"{_s(c['bound_parallel_s']):>11s}  {_s(c.get('paper_s'), 2):>7s}"
                             f"{'' if c.get('verified', c.get('verified_nereus')) else '  NOT VERIFIED'}")
+                if c.get("modes"):
+                    text.append("    rollback modes (warm s): " + ", ".join(
+                        f"{m} {_s(v['wall_s'])} (parked {v['parked_bytes'] / 1e9:.1f} GB, held "
+                        f"{v['held_bytes'] / 1e9:.1f} GB)" for m, v in c["modes"].items()))
                 for key_, value in c.items():
                     if key_.endswith("_error"):
                         text.append(f"    {key_}: {value}")
@@ -73,6 +79,16 @@ def lines(results: dict, steps: dict) -> list:
                             f"({_x(c.get('gather_push_over_nereus'))}), bound {_s((c['bound_s'] or 0) * 1e3, 1)} ms, "
                             f"parallel bound {_s((c['bound_parallel_s'] or 0) * 1e3, 1)} ms, "
                             f"{c['bytes_moved'] / 1e9:.2f} GB moved")
+        elif name == "multi_gpu_dtensor":
+            text.append(f"{key}: {r['gpus']} x {r['device']}, {r['shape']['layers']} layers, "
+                        f"{r['weight_bytes'] / 1e9:.2f} GB of bf16 weights; verified {r['verified']}; Nereus first call "
+                        f"after prepare {_s(r['nereus_prepared_s'] * 1e3, 1)} ms, cold {_s(r['nereus_cold_s'] * 1e3, 1)} ms")
+            for case, c in r["cases"].items():
+                text.append(f"  {case:6s} nereus {_s(c['nereus_s'] * 1e3, 1)} ms, dtensor {c['dtensor']} "
+                            f"{_s(c['dtensor_s'] * 1e3, 1)} ms ({_x(c.get('dtensor_over_nereus'))}), bound "
+                            f"{_s((c['bound_s'] or 0) * 1e3, 1)} ms, {c['bytes_moved'] / 1e9:.2f} GB moved")
+        elif name == "failure":
+            text.append(f"{key}: {r}")
         else:
             text.append(f"{key}: {r}")
     return text
