@@ -142,7 +142,8 @@ def check_all(rt, env, seed: int, step: int) -> list:
     return bad
 
 
-def scenario(env: Env, name: str, shape: dict, layers: int, steps: int, mem: int, seed: int) -> dict:
+def scenario(env: Env, name: str, shape: dict, layers: int, steps: int, mem: int, seed: int,
+             rollback=None) -> dict:
     import torch.distributed as dist
 
     import nereus.ir as ir
@@ -156,7 +157,7 @@ def scenario(env: Env, name: str, shape: dict, layers: int, steps: int, mem: int
     dist.broadcast_object_list(box, src=0, group=env.ctrl)
     source, cover = box[0]
     module = ir.parse_source(source, f"{name}.nir")
-    rt = Runtime(module, "S0", device=env.device, direct_min_bytes=64 * 1024)
+    rt = Runtime(module, "S0", device=env.device, direct_min_bytes=64 * 1024, rollback=rollback)
     step = 1000 + seed
     for ms in STAGES:
         local = build_local(rt.layout(ms), env.rank, rt.tensor_specs(ms), seed, ms, env.device,
@@ -193,7 +194,9 @@ def scenario(env: Env, name: str, shape: dict, layers: int, steps: int, mem: int
         within = report.peak_bytes <= max(replay, 1) or report.peak_bytes == 0
         ok = env.all_true(not bad and within and (report.verified is not False))
         record.update(ok=ok, rounds=len(program["rounds"]), seconds=report.max_seconds, verify=verify,
-                      bytes_sent=int(report.total_bytes_sent), peak_within_replay=env.all_true(within))
+                      bytes_sent=int(report.total_bytes_sent), peak_within_replay=env.all_true(within),
+                      rollback=report.rollback, parked_bytes=int(env.total(report.parked_bytes)),
+                      held_bytes=int(env.total(report.held_bytes)))
         if not ok:
             failures.append({"step": k, "rank": env.rank, "bad": bad[:5], "peak": report.peak_bytes,
                              "replay": replay})
@@ -209,6 +212,7 @@ def scenario(env: Env, name: str, shape: dict, layers: int, steps: int, mem: int
     return {"scenario": name, "shape": dict(shape, layers=layers), "transitions": steps, "coverage": cover,
             "rounds_max": max(r["rounds"] for r in records), "bytes_sent": sum(r["bytes_sent"] for r in records),
             "fault_checked": any("fault" in r for r in records), "fault_ok": fault_ok,
+            "parked_bytes": sum(r["parked_bytes"] for r in records), "held_bytes": sum(r["held_bytes"] for r in records),
             "passed": not failures and fault_ok and all(r["ok"] for r in records),
             "failures": failures[:10], "steps": records, "seconds": time.perf_counter() - started}
 
@@ -219,6 +223,8 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=None, help="transitions per scenario (default 8, quick 4)")
     parser.add_argument("--big-layers", type=int, default=2, help="layers of the 8B-shaped model")
     parser.add_argument("--scenarios", default="small,8b-shaped")
+    parser.add_argument("--rollback", choices=("auto", "host", "device"), default=None,
+                        help="the Runtime's rollback mode (default: its own, auto on CUDA)")
     args = parser.parse_args(argv)
     env = Env(args)
     steps = args.steps or (4 if args.quick else 8)
@@ -235,7 +241,7 @@ def main(argv=None) -> int:
         else:
             parser.error(f"unknown scenario {name}")
         env.log(f"scenario {name}: {shape}, layers {layers}, {steps} transitions on {env.world} ranks")
-        out.append(scenario(env, name, shape, layers, steps, mem, args.seed + len(out)))
+        out.append(scenario(env, name, shape, layers, steps, mem, args.seed + len(out), args.rollback))
     passed = all(s["passed"] for s in out)
     env.log(f"correctness: {'PASSED' if passed else 'FAILED'}")
     env.finish({"name": "multi_gpu_correctness", "gpus": env.world, "backend": env.backend,

@@ -204,12 +204,7 @@ class Packer:
         device = torch.device(device)
         if self.backend_for(device) != "triton":
             return 0
-        classes = set()
-        for kind, views, offsets in calls:
-            pieces = [p for v, o in zip(views, offsets) for p in view_pieces(v, o, 0, kind)]
-            if pieces:
-                for x in build_launches(pieces, 0, "dst" if kind == "pack" else "src", self.tile, self.max_vec):
-                    classes.add((kind, x.word, x.vec, x.rows, x.cols))
+        classes = self.launch_classes(calls)
         if not classes:
             return 0
         from .segments import Piece
@@ -227,8 +222,20 @@ class Packer:
             rel = "dst" if kind == "pack" else "src"
             for launch in build_launches([piece], base, rel, (rows, cols), vec):
                 kernels.run_launch(launch.to(device), kernels.REL_DST if kind == "pack" else kernels.REL_SRC, bases)
-        torch.cuda.current_stream(device).synchronize()
+        if device.type == "cuda":
+            torch.cuda.current_stream(device).synchronize()
         return len(classes)
+
+    def launch_classes(self, calls: Sequence[tuple[str, Sequence[torch.Tensor], Sequence[int]]]) -> set:
+        """{(kind, word, vec, ROWS, COLS)} of the launches the Triton plans of these
+        `pack_into`/`unpack_from` calls would make (see `warm`)."""
+        classes = set()
+        for kind, views, offsets in calls:
+            pieces = [p for v, o in zip(views, offsets) for p in view_pieces(v, o, 0, kind)]
+            if pieces:
+                for x in build_launches(pieces, 0, "dst" if kind == "pack" else "src", self.tile, self.max_vec):
+                    classes.add((kind, x.word, x.vec, x.rows, x.cols))
+        return classes
 
     # -- plans ---------------------------------------------------------------------
     def _plan(self, kind: str, key: Optional[Hashable], counts: tuple[int, ...], residues: tuple[int, ...],

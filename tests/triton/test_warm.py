@@ -1,0 +1,40 @@
+"""Packer.warm: the kernel variants a transition will launch, found from meta views of the
+real shapes (nothing allocated at full size) and run once on a scratch buffer."""
+
+import torch
+
+from nereus.backends.triton.packer import Packer
+from nereus.runtime import packing
+
+
+def _calls(device):
+    big = torch.zeros(64, 48, dtype=torch.bfloat16, device=device)
+    state = torch.zeros(96, 40, dtype=torch.float32, device=device)
+    odd = torch.zeros(33, 7, dtype=torch.bfloat16, device=device)
+    views = [big[:, 8:24], big[3:9], state[:, 4:36], odd[:, 1:4], state[5:6]]
+    offsets, _ = packing.layout([v.numel() * v.element_size() for v in views])
+    return [("pack", views, offsets), ("unpack", views[::-1], offsets)]
+
+
+def test_meta_views_give_the_launch_classes_of_the_real_calls():
+    packer = Packer(backend="triton")
+    real = _calls("cpu")
+    meta = _calls("meta")
+    classes = packer.launch_classes(meta)
+    assert classes == packer.launch_classes(real)
+    assert {c[0] for c in classes} == {"pack", "unpack"} and len({c[1] for c in classes}) > 1  # several word sizes
+    # the plans a real pack and unpack build launch exactly these classes
+    for kind, views, offsets in real:
+        total = offsets[-1] + views[-1].numel() * views[-1].element_size() + 8
+        if kind == "pack":
+            packer.pack_into(views, offsets, total)
+        else:
+            packer.unpack_from(torch.zeros(total, dtype=torch.uint8), views, offsets)
+    built = {(kind, x.word, x.vec, x.rows, x.cols) for (kind, _), plan in packer._plans.items() for x in plan.launches}
+    assert built == classes
+
+
+def test_warm_runs_every_variant_once_without_touching_real_data():
+    packer = Packer(backend="triton")
+    assert packer.warm(_calls("meta"), torch.device("cpu")) == len(packer.launch_classes(_calls("meta")))
+    assert Packer(backend="torch").warm(_calls("meta"), torch.device("cpu")) == 0
