@@ -309,10 +309,11 @@ class Runtime:
             self._state[ms] = new
         self._plan = target
         seconds = time.perf_counter() - started  # the commit was the executor's last step
-        figures = torch.tensor([seconds, float(result.sent_bytes)], dtype=torch.float64)
-        maxed = figures.clone()
-        dist.all_reduce(figures, op=dist.ReduceOp.SUM, group=self._control)
-        dist.all_reduce(maxed, op=dist.ReduceOp.MAX, group=self._control)
+        # one collective for the slowest rank's seconds and the total bytes sent
+        gathered = torch.zeros(self.world_size * 2, dtype=torch.float64)
+        dist.all_gather_into_tensor(gathered, torch.tensor([seconds, float(result.sent_bytes)], dtype=torch.float64),
+                                    group=self._control)
+        figures, maxed = gathered.view(-1, 2).sum(0), gathered.view(-1, 2).max(0).values
         return TransitionReport(
             source=prog.source, target=target, rank=self.rank, seconds=seconds, compile_s=compile_s,
             max_seconds=float(maxed[0]), bytes_sent=result.sent_bytes, bytes_received=result.received_bytes,
