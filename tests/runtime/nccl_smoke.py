@@ -4,7 +4,10 @@
 
 Two ranks, one GPU each, NCCL for the data and gloo for control; a chain of plan changes
 of a small GQA llama (TP 2→1→2 via PP and DP), with verify on and small pieces packed
-(the Triton pack kernels run on CUDA), every shard checked byte for byte on the GPU.
+(the Triton pack kernels run on CUDA), every shard checked byte for byte on the GPU; the
+chain runs with each rollback mode ("auto", "host": parking on the side stream, "device"),
+with an injected fault in the middle of each (the old state must come back intact), the
+last transition of each after `prepare()`.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ def _worker(rank: int, world: int, port: int) -> None:
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
     import nereus.ir as ir
-    from nereus.runtime import Runtime
+    from nereus.runtime import Runtime, TransitionAborted
     from nereus.runtime.state import shard_of
 
     rt = Runtime(ir.parse_source(SOURCE, "two.nir"), "A", verify=True, direct_min_bytes=64 * 1024)
@@ -41,19 +44,33 @@ def _worker(rank: int, world: int, port: int) -> None:
     full = {n: (torch.randn(s, generator=gen).to(d) if s else torch.tensor(3)) for n, (s, d) in
             rt.tensor_specs("actor.training").items()}
     rt.register("actor.training", rt.shard_state_dict("actor.training", full))
-    ok = True
-    for target in ("B", "C", "D", "A"):
-        report = rt.transition(target)
+    def check() -> bool:
         local = rt.state("actor.training")
         unit = next(u for u in rt.layout("actor.training") if rank in u["gpus"])
+        good = int(local["actor/#step"]) == 3
         for s in unit["shards"]:
             if s["gpu"] == rank:
                 got = local[s["tensor"]]
-                same = got.is_cuda and torch.equal(got.cpu(), shard_of(full[s["tensor"]], s["boxes"]))
-                ok &= bool(same)
-        ok &= int(local["actor/#step"]) == 3
-        print(f"rank {rank} -> {target}: {report.max_seconds * 1e3:.1f} ms, sent {report.bytes_sent} B, "
-              f"verified {report.verified}, pack backend {report.pack_backend}, ok {ok}", flush=True)
+                good &= bool(got.is_cuda and torch.equal(got.cpu(), shard_of(full[s["tensor"]], s["boxes"])))
+        return good
+
+    ok = True
+    for mode in ("auto", "host", "device"):
+        rt.rollback = mode
+        for k, target in enumerate(("B", "C", "D", "A")):
+            if k == 1:  # an injected fault after the exchange: every rank keeps its old state
+                try:
+                    rt.transition(target, fault=(1, 0, "unpack"))
+                    ok = False
+                except TransitionAborted:
+                    ok &= check()
+            if k == 3:
+                rt.prepare(target)
+            report = rt.transition(target)
+            ok &= check()
+            print(f"rank {rank} {mode} -> {target}: {report.max_seconds * 1e3:.1f} ms, sent {report.bytes_sent} B, "
+                  f"parked {report.parked_bytes} B, held {report.held_bytes} B, prepared {report.prepared}, "
+                  f"verified {report.verified}, pack backend {report.pack_backend}, ok {ok}", flush=True)
     dist.destroy_process_group()
     if not ok:
         sys.exit(1)
