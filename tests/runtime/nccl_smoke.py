@@ -58,9 +58,9 @@ def _worker(rank: int, world: int, port: int) -> None:
     for mode in ("auto", "host", "device"):
         rt.rollback = mode
         for k, target in enumerate(("B", "C", "D", "A")):
-            if k == 1:  # an injected fault after the exchange: every rank keeps its old state
+            if k == 1:  # an injected fault: every rank keeps its old state
                 try:
-                    rt.transition(target, fault=(1, 0, "unpack"))
+                    rt.transition(target, fault=(1, 0, "pack"))
                     ok = False
                 except TransitionAborted:
                     ok &= check()
