@@ -203,6 +203,8 @@ class _Run:
         # stage_out; {} after its free
         self.sources = {unit: dict(before.get(unit, {})) for unit in prog.before}
         self.staged: set = set()
+        # after-shards a keep hands over in place (not allocated)
+        self.aliased = {(a.dst_unit, a.tensor) for w in prog.rounds for a in w.aliases}
 
 
 def _execute(prog, before, parking, group, control, device, resident_bytes, verify, progress, fault,
@@ -267,7 +269,7 @@ def _round(run: _Run, work) -> RoundTiming:
             raise _Skip()
         for unit in work.allocs:
             step = f"alloc {unit}"
-            _allocate(prog, unit, new, live, device)
+            _allocate(prog, unit, new, live, device, run.aliased)
         for alias in work.aliases:
             step = f"keep {alias.dst_unit} {alias.tensor}"
             tensor = before[alias.src_unit][alias.tensor]
@@ -308,7 +310,7 @@ def _round(run: _Run, work) -> RoundTiming:
         # Every rank posts every op of the round whatever happens locally (sizes come
         # from the program), so a local failure here cannot leave a peer waiting: it
         # is recorded and aborts the transition at the next agreement.
-        requests = _post(_p2p_ops(sends, dist.isend, group, True) + _p2p_ops(recvs, dist.irecv, group, True))
+        requests = _post(_p2p_ops(sends, dist.isend, group, True), _p2p_ops(recvs, dist.irecv, group, True))
         late_error = None
         try:
             if fault == (rank, work.index, "post"):
@@ -319,16 +321,17 @@ def _round(run: _Run, work) -> RoundTiming:
                     packing.pack(w.packed, w.offsets, w.buffer.numel(), out=w.buffer)
         except Exception as error:  # noqa: BLE001 - post the (garbage) buffers anyway
             late_error = (step, peer, error)
-        ops = _p2p_ops(sends, dist.isend, group, False) + _p2p_ops(recvs, dist.irecv, group, False)
-        if run.verify:
+        out_ops, in_ops = _p2p_ops(sends, dist.isend, group, False), _p2p_ops(recvs, dist.irecv, group, False)
+        if run.verify:  # after every data op of its peer: the last batch
             for w in sends:
                 sums = torch.tensor([c for v in w.views for c in packing.checksum(v)], dtype=torch.int64)
-                ops.append(dist.P2POp(dist.isend, sums.to(device), w.msg.peer, group, _VERIFY_TAG + w.msg.op_index))
+                out_ops.append((1 << 30, dist.P2POp(dist.isend, sums.to(device), w.msg.peer, group,
+                                                    _VERIFY_TAG + w.msg.op_index)))
             for w in recvs:
                 sums = torch.empty(2 * len(w.msg.pieces), dtype=torch.int64, device=device)
                 sums_in.append(sums)
-                ops.append(dist.P2POp(dist.irecv, sums, w.msg.peer, group, _VERIFY_TAG + w.msg.op_index))
-        requests += _post(ops)
+                in_ops.append((1 << 30, dist.P2POp(dist.irecv, sums, w.msg.peer, group, _VERIFY_TAG + w.msg.op_index)))
+        requests += _post(out_ops, in_ops)
         try:
             for piece in work.copies:  # same-GPU copies overlap the transfers
                 step, peer = f"copy {piece.tensor} {piece.src_unit} -> {piece.dst_unit}", None
@@ -443,9 +446,10 @@ def _incoming(msg: Message, prog: RankProgram, new: dict, live: "_Live", device)
 
 
 def _p2p_ops(wires: list, fn, group, direct: bool) -> list:
-    """The p2p ops of some messages: their direct pieces, or their packed buffers. Tags
-    count the ops per peer in message order, which the sender and the receiver enumerate
-    identically (gloo matches on tags, NCCL on order)."""
+    """[(index, op)]: the p2p ops of some messages, their direct pieces or their packed
+    buffers, each with its index among this direction's ops to the same peer. Tags are
+    those indices (plus a base), which the sender and the receiver enumerate identically
+    (gloo matches on tags, NCCL on order)."""
     ops, count = [], {}
     base = 0 if direct else _PACKED_TAG
     for w in wires:
@@ -453,27 +457,47 @@ def _p2p_ops(wires: list, fn, group, direct: bool) -> list:
         for t in tensors:
             n = count.get(w.msg.peer, 0)
             count[w.msg.peer] = n + 1
-            ops.append(dist.P2POp(fn, t, w.msg.peer, group, base + n))
+            ops.append((n, dist.P2POp(fn, t, w.msg.peer, group, base + n)))
     return ops
 
 
-def _post(ops: list) -> list:
-    return dist.batch_isend_irecv(ops) if ops else []
+# How a round's ops are handed to the backend. P2P_BATCH > 0 posts them in batches of the
+# ops whose per-peer index falls in the same block of P2P_BATCH: the matching op of a peer
+# then sits in the batch of the same number there, so NCCL cannot deadlock, and the first
+# batch starts moving while the host still posts the next. P2P_INTERLEAVE alternates sends
+# and receives within a batch. (Environment: NEREUS_P2P_BATCH, NEREUS_P2P_INTERLEAVE.)
+P2P_BATCH = int(os.environ.get("NEREUS_P2P_BATCH", "0"))
+P2P_INTERLEAVE = os.environ.get("NEREUS_P2P_INTERLEAVE", "0") == "1"
 
 
-def _allocate(prog: RankProgram, unit: str, new: dict, live: _Live, device) -> None:
+def _post(sends: list, recvs: list) -> list:
+    """Post [(index, op)] sends and receives (see P2P_BATCH); returns the requests."""
+    if not sends and not recvs:
+        return []
+    block = (lambda n: n // P2P_BATCH) if P2P_BATCH > 0 else (lambda n: 0)
+    if P2P_INTERLEAVE:
+        merged = [x for pair in zip(sends, recvs) for x in pair]
+        merged += sends[len(recvs):] + recvs[len(sends):]
+    else:
+        merged = sends + recvs
+    batches: dict = {}
+    for n, op in merged:
+        batches.setdefault(block(n), []).append(op)
+    requests = []
+    for key in sorted(batches):
+        requests += dist.batch_isend_irecv(batches[key])
+    return requests
+
+
+def _allocate(prog: RankProgram, unit: str, new: dict, live: _Live, device, aliased: set) -> None:
     shards = prog.after.get(unit)
     if shards is None:
         raise ProgramError(f"alloc of {unit}, which holds nothing on GPU {prog.gpu}")
     slot = new.setdefault(unit, {})
     for name, info in shards.items():
-        if name not in slot and not _aliased(prog, unit, name):
+        if name not in slot and (unit, name) not in aliased:
             slot[name] = torch.empty(info.shape, dtype=TORCH_DTYPES[info.dtype], device=device)
             live.add(slot[name])
-
-
-def _aliased(prog: RankProgram, unit: str, name: str) -> bool:
-    return any(a.dst_unit == unit and a.tensor == name for w in prog.rounds for a in w.aliases)
 
 
 def _dst(prog: RankProgram, new: dict, live: _Live, device, piece) -> torch.Tensor:

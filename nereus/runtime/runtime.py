@@ -310,10 +310,11 @@ class Runtime:
         self._plan = target
         seconds = time.perf_counter() - started  # the commit was the executor's last step
         # one collective for the slowest rank's seconds and the total bytes sent
-        gathered = torch.zeros(self.world_size * 2, dtype=torch.float64)
-        dist.all_gather_into_tensor(gathered, torch.tensor([seconds, float(result.sent_bytes)], dtype=torch.float64),
-                                    group=self._control)
-        figures, maxed = gathered.view(-1, 2).sum(0), gathered.view(-1, 2).max(0).values
+        parts = [torch.zeros(2, dtype=torch.float64) for _ in range(self.world_size)]
+        dist.all_gather(parts, torch.tensor([seconds, float(result.sent_bytes)], dtype=torch.float64),
+                        group=self._control)
+        gathered = torch.stack(parts)
+        figures, maxed = gathered.sum(0), gathered.max(0).values
         return TransitionReport(
             source=prog.source, target=target, rank=self.rank, seconds=seconds, compile_s=compile_s,
             max_seconds=float(maxed[0]), bytes_sent=result.sent_bytes, bytes_received=result.received_bytes,
