@@ -61,11 +61,13 @@ def _value(value) -> str:
     return "none" if value is None else str(value)
 
 
-def _implied_head_dim(reference_head_dim, hidden: int, heads: int):
+def _implied_head_dim(reference: dict, hidden: int, heads: int):
     """The head_dim a declaration gets without writing it (mirrors build.py): its
-    reference's when that is not hidden / heads, else hidden / heads of its own sizes."""
-    if reference_head_dim is not None and reference_head_dim * heads != hidden:
-        return reference_head_dim
+    reference's when that is not the reference's hidden / heads, else hidden / heads of
+    its own sizes."""
+    given = reference.get("head_dim")
+    if given is not None and given * reference.get("heads", 0) != reference.get("hidden"):
+        return given
     return hidden // heads if heads > 0 and hidden % heads == 0 else None
 
 
@@ -82,7 +84,7 @@ def _model_body(model: Model, base: Optional[Model]) -> str:
     else:
         reference = {**_DEFAULTS, **ARCHITECTURE_DEFAULTS.get(model.architecture, {}), "head_dim": None}
     if reference:
-        reference["head_dim"] = _implied_head_dim(reference.get("head_dim"), model.hidden, model.heads)
+        reference["head_dim"] = _implied_head_dim(reference, model.hidden, model.heads)
     keys = [key for key in _MODEL_KEYS if key not in reference or getattr(model, key) != reference[key]
             or (base is None and model.checkpoint is None and key in _ALWAYS)]
     if not keys:

@@ -186,3 +186,17 @@ def test_unknown_function_and_bad_values(tmp_path):
         with pytest.raises(ir.SemanticError) as caught:
             ir.parse_source(_module(f"model actor = llama {{ {sizes} {keys} }}", "actor.training dp 1 on 0"))
         assert caught.value.message == message
+
+
+@pytest.mark.parametrize("overrides", ["hidden 1024", "head_dim 128", "rope_scaling none", "tie_embeddings false",
+                                       "norm_eps 1e-6 rope_theta 10000", "heads 16 kv_heads 4", "qk_norm true",
+                                       "rope_scaling { type llama3 factor 4 }", "dtype fp32 head value"])
+def test_overrides_of_a_checkpoint_round_trip(checkpoints, overrides):
+    text = _module(f'model actor = hf("ckpt/Llama-3.2-1B") {{ {overrides} }}\nmodel ref = actor {{ layers 4 }}',
+                   "actor.training dp 8 on 0..7")
+    module = _parse(checkpoints, text)
+    printed = ir.print_module(module)
+    assert ir.parse_source(printed, str(checkpoints / "plan.nir")) == module
+    assert ir.print_module(ir.parse_source(printed, str(checkpoints / "plan.nir"))) == printed
+    if overrides == "hidden 1024":  # the config's head_dim was hidden / heads: it follows the override
+        assert module.model("actor").head_dim == 32 and 'hf("ckpt/Llama-3.2-1B") { hidden 1024 }' in printed
