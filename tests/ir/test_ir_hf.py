@@ -200,3 +200,12 @@ def test_overrides_of_a_checkpoint_round_trip(checkpoints, overrides):
     assert ir.print_module(ir.parse_source(printed, str(checkpoints / "plan.nir"))) == printed
     if overrides == "hidden 1024":  # the config's head_dim was hidden / heads: it follows the override
         assert module.model("actor").head_dim == 32 and 'hf("ckpt/Llama-3.2-1B") { hidden 1024 }' in printed
+
+
+def test_a_hash_inside_the_path_is_not_a_comment(tmp_path):
+    shutil.copytree(DATA / "Qwen2.5-7B", tmp_path / "run#2")
+    text = _module('model actor = hf("run#2")  # Qwen2.5', "actor.training dp 2 tp 4 on 0..7")
+    (tmp_path / "plan.nir").write_text(text)
+    formatted = ir.format_source(text, str(tmp_path / "plan.nir"))
+    assert 'model actor = hf("run#2")  # Qwen2.5' in formatted
+    assert ir.parse_source(formatted, str(tmp_path / "plan.nir")).model("actor").architecture == "qwen2"
