@@ -198,8 +198,10 @@ def _attention(x, w: Weights, i: int, shape: LocalShape, tp: TpGroup, cache: Opt
     q, k = q.view(b, t, nq, hd), k.view(b, t, nkv, hd)
     eps = model.norm_eps if model is not None else 1e-5
     if f"layers.{i}.attn.q_norm.weight" in w:  # Qwen3: RMSNorm over each head's dimensions
-        q = rms_norm(q, w[f"layers.{i}.attn.q_norm.weight"], eps)
-        k = rms_norm(k, w[f"layers.{i}.attn.k_norm.weight"], eps)
+        # A replicated weight applied to this rank's heads only: copy_to_tp all-reduces
+        # its gradient over the TP group, so every rank gets the whole (same) gradient.
+        q = rms_norm(q, parallel.copy_to_tp(w[f"layers.{i}.attn.q_norm.weight"], tp), eps)
+        k = rms_norm(k, parallel.copy_to_tp(w[f"layers.{i}.attn.k_norm.weight"], tp), eps)
     theta, scaling = (model.rope_theta, model.rope_scaling) if model is not None else (10000.0, None)
     q = _rotary(q.transpose(1, 2), start, theta, scaling)
     k = _rotary(k.transpose(1, 2), start, theta, scaling)

@@ -85,3 +85,43 @@ def test_distributed_forward_equals_reference():
     errors = run_world(4, _max_errors, timeout=400)
     assert len(errors) == 4 * 3 - 1  # the tied model keeps pp 1
     assert max(errors.values()) < 1e-5, errors
+
+
+def _qk_norm_gradients():
+    """On 2 ranks (TP 2, GPUs in reverse order): the largest difference between each
+    rank's gradient of the replicated q/k norm weights and the single-process gradient."""
+    import torch
+    import torch.distributed as dist
+
+    from nereus.models import tensor_table
+    from nereus.models.hf import hf_to_nereus
+    from nereus.models.llama import hidden_states, local_logits
+    from nereus.models.parallel import TpGroup, vocab_parallel_logprob
+    from nereus.rl.shards import shard
+
+    model = MODELS["qwen3"]
+    full = {k.split("/", 1)[1]: v for k, v in hf_to_nereus(model, _hf_state(model, 7)).items()}
+    specs = {spec.name: spec for spec in tensor_table(model)}
+    ids = torch.randint(0, model.vocab, (2, 16), generator=torch.Generator().manual_seed(7))
+    norms = [n for n in full if "q_norm" in n or "k_norm" in n]
+
+    def grads(weights, tp):
+        for name in norms:
+            weights[name].requires_grad_()
+        logp = vocab_parallel_logprob(local_logits(weights, hidden_states(model, weights, ids[:, :-1], tp), tp),
+                                      ids[:, 1:], model.vocab, tp)
+        return torch.autograd.grad(logp.sum(), [weights[n] for n in norms])
+
+    expected = grads({n: t.clone() for n, t in full.items()}, TpGroup())
+    rank = 1 - dist.get_rank()  # process 1 is TP rank 0
+    group = dist.new_group([0, 1])
+    local = {n: shard(t, specs[n], 2, rank) for n, t in full.items()}
+    ours = grads(local, TpGroup(2, rank, group))
+    error = torch.stack([(a - b).abs().max() for a, b in zip(ours, expected)]).max()
+    dist.all_reduce(error, op=dist.ReduceOp.MAX)
+    return error.item(), max(g.abs().max().item() for g in expected)
+
+
+def test_replicated_qk_norm_gradients_are_whole_on_every_tp_rank():
+    error, scale = run_world(2, _qk_norm_gradients)
+    assert scale > 1e-3 and error < 1e-5 * max(1.0, scale)
