@@ -1,6 +1,8 @@
 """Model families: per architecture, one file with its tensor table, sharding rules and
-forward (`llama.py`); `tensors.py` holds what all families share (TensorSpec, sharding
-kinds, optimizer-state names, the pipeline split) and dispatches on the architecture.
+forward (`llama.py`; `qwen2.py` and `qwen3.py` reuse llama's code through its flags and
+document what differs); `tensors.py` holds what all families share (TensorSpec, sharding
+kinds, optimizer-state names, the pipeline split) and dispatches on the architecture;
+`hf.py` maps transformers' parameter names onto the tables.
 
     from nereus.models import tensor_table, parameter_count
     tensor_table(model)          # every weight tensor, in execution order, local names
