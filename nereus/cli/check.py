@@ -59,6 +59,15 @@ def feasibility_table(reports) -> str:
     return "\n".join(lines)
 
 
+def model_sizes(module: Module) -> list[dict]:
+    """Each model's parameter count (as transformers' num_parameters() counts it: a tied
+    head once) and the bytes of its weights at its dtype."""
+    from nereus.models import parameter_count
+
+    return [{"model": m.name, "architecture": m.architecture, "parameters": parameter_count(m), "dtype": m.dtype,
+             "bytes": parameter_count(m) * m.dtype_bytes, "checkpoint": m.checkpoint} for m in module.models]
+
+
 def report_plans(module: Module, as_json: bool = False, plans=None, collect: dict | None = None) -> bool:
     """Check every plan (or those named in `plans`), print the feasibility table (or JSON
     when `as_json`; with `collect`, the JSON fields are stored there for the caller to
@@ -69,7 +78,7 @@ def report_plans(module: Module, as_json: bool = False, plans=None, collect: dic
     selected = [p for p in module.plans if plans is None or p.name in plans]
     reports = [check_plan(module, plan) for plan in selected]
     if as_json:
-        payload = {"file": module.file, "plans": [r.to_json() for r in reports],
+        payload = {"file": module.file, "models": model_sizes(module), "plans": [r.to_json() for r in reports],
                    "feasible": all(r.feasible for r in reports)}
         if collect is not None:
             collect.update(payload)

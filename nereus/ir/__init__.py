@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from .diagnostics import InfeasibleError, NereusError, ParseError, ProgramError, SemanticError
 from .model import (
+    ARCHITECTURE_DEFAULTS,
     DTYPE_BYTES,
     HEADS,
     STAGES,
@@ -25,6 +26,7 @@ from .model import (
     Module,
     Placement,
     Plan,
+    RopeScaling,
     Transition,
     Workload,
     key_loc,
@@ -63,7 +65,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "InfeasibleError", "NereusError", "ParseError", "ProgramError", "SemanticError",
-    "DTYPE_BYTES", "HEADS", "STAGES", "Cluster", "GpuSetItem", "GpuSpec", "Location", "Model",
-    "ModelStage", "Module", "Placement", "Plan", "Transition", "Workload", "key_loc",
+    "ARCHITECTURE_DEFAULTS", "DTYPE_BYTES", "HEADS", "STAGES", "Cluster", "GpuSetItem", "GpuSpec", "Location", "Model",
+    "ModelStage", "Module", "Placement", "Plan", "RopeScaling", "Transition", "Workload", "key_loc",
     *_LAZY,
 ]

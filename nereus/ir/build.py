@@ -16,8 +16,9 @@ from typing import Callable, Optional
 from . import units
 from .diagnostics import SemanticError
 from .gpuset import resolve_gpu_set
+from .hf import read_hf_config
 from .model import (
-    DTYPE_BYTES, HEADS, STAGES, Cluster, GpuSpec, Location, Model, ModelStage, Module, Placement, Plan,
+    ARCHITECTURE_DEFAULTS, DTYPE_BYTES, HEADS, ROPE_SCALING_TYPES, STAGES, Cluster, RopeScaling, GpuSpec, Location, Model, ModelStage, Module, Placement, Plan,
     Transition, Workload,
 )
 from .syntax import Declaration, Entry, PlacementSyntax, Word
@@ -40,6 +41,12 @@ def _int(text: str, what: str) -> int:
     return units.parse_int(text, what)
 
 
+def _bool(text: str, what: str) -> bool:
+    if text not in ("true", "false"):
+        raise units.UnitError(f"{what} must be 'true' or 'false', found '{text}'", f"write it like {what} true")
+    return text == "true"
+
+
 # key → value parser, per block; "gpu" in a cluster is a nested block.
 CLUSTER_KEYS: dict[str, Callable] = {
     "nodes": _int, "gpus_per_node": _int, "gpu": dict, "intra": units.parse_rate,
@@ -48,7 +55,18 @@ CLUSTER_KEYS: dict[str, Callable] = {
 GPU_KEYS: dict[str, Callable] = {"mem": units.parse_size, "flops": units.parse_flops, "hbm": units.parse_rate}
 MODEL_KEYS: dict[str, Callable] = {
     **{key: _int for key in MODEL_INTS}, "dtype": _choice(tuple(DTYPE_BYTES)), "head": _choice(HEADS),
+    "rope_theta": units.parse_positive_float, "rope_scaling": dict, "norm_eps": units.parse_positive_float,
+    "head_dim": _int, "tie_embeddings": _bool, "qkv_bias": _bool, "qk_norm": _bool,
 }
+# Every Model field a model declaration sets (an alias copies them from its base).
+MODEL_FIELDS: tuple[str, ...] = ("architecture", *MODEL_INTS, *(k for k in MODEL_KEYS if k not in MODEL_INTS),
+                                 "checkpoint", "checkpoint_dir", "checkpoint_fields")
+ROPE_SCALING_KEYS: dict[str, Callable] = {
+    "type": _choice(ROPE_SCALING_TYPES), "factor": units.parse_positive_float,
+    "low_freq_factor": units.parse_positive_float, "high_freq_factor": units.parse_positive_float,
+    "original_max_position_embeddings": _int,
+}
+NULLABLE_BLOCKS: tuple[str, ...] = ("rope_scaling",)  # `rope_scaling none` turns scaling off
 WORKLOAD_KEYS: dict[str, Callable] = {**{key: _int for key in WORKLOAD_INTS}, "recompute": _choice(RECOMPUTE)}
 PLACEMENT_KEYS: tuple[str, ...] = ("dp", "tp", "pp", "on", "offload")
 EXAMPLES = {
@@ -57,6 +75,9 @@ EXAMPLES = {
     "flops": "flops 989TFLOPS", "hbm": "hbm 4.8TB/s", "layers": "layers 32", "hidden": "hidden 4096",
     "heads": "heads 32", "kv_heads": "kv_heads 8", "ffn": "ffn 14336", "vocab": "vocab 128256",
     "batch": "batch 512", "prompt": "prompt 1024", "response": "response 2048", "microbatch": "microbatch 4",
+    "rope_theta": "rope_theta 500000", "norm_eps": "norm_eps 1e-5", "head_dim": "head_dim 128",
+    "rope_scaling": "rope_scaling { type llama3 factor 8 low_freq_factor 1 high_freq_factor 4 "
+                    "original_max_position_embeddings 8192 }",
 }
 
 
@@ -116,6 +137,10 @@ def _read_block(entries: tuple[Entry, ...], schema: dict[str, Callable], where: 
             continue
         parse = schema[name]
         if parse is dict:
+            if name in NULLABLE_BLOCKS and entry.kind == "value" and entry.value.text == "none":
+                values[name] = None
+                locs[name] = entry.value.loc
+                continue
             if entry.kind != "block":
                 raise SemanticError(f"'{name}' takes a block", key.loc, f"write it like {EXAMPLES[name]}",
                                     width=key.width)
@@ -153,9 +178,38 @@ def build_cluster(decl: Declaration) -> Cluster:
                    key_locs=top.key_locs() + gpu.key_locs("gpu."))
 
 
-def build_models(decls: list[Declaration]) -> tuple[Model, ...]:
+def _rope_scaling(values: _Values, where: str) -> None:
+    """Replace the `rope_scaling { ... }` entries by a RopeScaling (keys left out keep
+    Llama-3.1's values)."""
+    entries = values.values.get("rope_scaling")
+    if entries is not None:
+        read = _read_block(entries, ROPE_SCALING_KEYS, f"the rope_scaling block of {where}")
+        values.values["rope_scaling"] = RopeScaling(**read.values)
+        values.locs.update({f"rope_scaling.{k}": loc for k, loc in read.locs.items()})
+
+
+def _checkpoint_fields(decl: Declaration, file: str) -> dict:
+    """The fields of a model declared `= hf("path")`, read from the checkpoint's config.json."""
+    base, argument = decl.base, decl.argument
+    if base.text != "hf":
+        raise SemanticError(f"unknown function '{base.text}'", base.loc,
+                            did_you_mean(base.text, ("hf",)) + "a model is read from a checkpoint with "
+                            "hf(\"path/to/checkpoint\")", width=base.width)
+    path = argument.text[1:-1]
+    if not path:
+        raise SemanticError("hf(\"\") needs a path", argument.loc,
+                            "give the checkpoint directory or its config.json, relative to the .nir file",
+                            width=argument.width)
+    config = read_hf_config(argument, path, file)
+    fields = {**config.fields, "checkpoint": path, "checkpoint_dir": config.directory, "base": None}
+    fields["checkpoint_fields"] = tuple(sorted((k, v) for k, v in config.fields.items() if k != "architecture"))
+    return fields
+
+
+def build_models(decls: list[Declaration], file: str = "<input>") -> tuple[Model, ...]:
     """Models in declaration order, aliases resolved (fields copied from the base, then the
-    alias's own keys applied). Bases may be declared later; cycles are errors."""
+    alias's own keys applied), `hf("path")` models read from their config.json. Bases may
+    be declared later; cycles are errors."""
     by_name: dict[str, Declaration] = {}
     for decl in decls:
         name = decl.name
@@ -174,13 +228,17 @@ def build_models(decls: list[Declaration]) -> tuple[Model, ...]:
         where = f"model '{decl.name.text}'"
         base = decl.base
         own = _read_block(decl.body or (), MODEL_KEYS, where)
-        if base.text in ARCHITECTURES:
+        _rope_scaling(own, where)
+        if decl.argument is not None:
+            fields = _checkpoint_fields(decl, file)
+        elif base.text in ARCHITECTURES:
             if decl.body is None:
                 raise SemanticError(f"{where} needs its architecture's sizes", base.loc,
                                     "write it like llama { layers 32 hidden 4096 heads 32 kv_heads 8 ffn 14336 "
                                     "vocab 128256 }", width=base.width)
             _require(own, MODEL_INTS, decl.name, where)
-            fields = {"architecture": base.text, "dtype": "bf16", "head": "lm", "base": None}
+            fields = {"architecture": base.text, "dtype": "bf16", "head": "lm", "base": None,
+                      **ARCHITECTURE_DEFAULTS[base.text]}
         elif base.text in by_name:
             if base.text in chain:
                 cycle = " -> ".join(chain[chain.index(base.text):] + (base.text,))
@@ -188,13 +246,15 @@ def build_models(decls: list[Declaration]) -> tuple[Model, ...]:
                                     "one model of the cycle must be declared with an architecture (= llama {...})",
                                     width=base.width)
             source = build(by_name[base.text], chain + (base.text,))
-            fields = {key: getattr(source, key) for key in ("architecture", "dtype", "head", *MODEL_INTS)}
+            fields = {key: getattr(source, key) for key in MODEL_FIELDS}
             fields["base"] = base.text
         else:
             options = list(ARCHITECTURES) + list(by_name)
             raise SemanticError(f"unknown model or architecture '{base.text}'", base.loc,
                                 did_you_mean(base.text, options) + f"architectures: {', '.join(ARCHITECTURES)}; "
                                 f"models: {', '.join(by_name)}", width=base.width)
+        if fields.get("head_dim") is not None and fields["head_dim"] * fields["heads"] == fields["hidden"]:
+            fields["head_dim"] = None  # hidden / heads: follows an override of hidden or heads
         fields.update(own.values)
         model = Model(name=decl.name.text, loc=decl.name.loc, key_locs=own.key_locs(), **fields)
         built[decl.name.text] = model
@@ -348,7 +408,7 @@ def build_module(decls: tuple[Declaration, ...], file: str) -> Module:
                                 f"is at {_at(found[0].keyword)}", width=len(kind))
     cluster = build_cluster(by_kind["cluster"][0])
     validate_cluster(cluster)  # before GPU sets are resolved against it
-    models = build_models(by_kind["model"])
+    models = build_models(by_kind["model"], file)
     workload = build_workload(by_kind["workload"][0])
     plans = build_plans(by_kind["plan"], cluster, workload)
     transitions = build_transitions(by_kind["transition"], plans)

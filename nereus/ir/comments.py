@@ -24,14 +24,26 @@ from .syntax import Declaration, parse_syntax
 _WORKLOAD_COUNTS = ("batch", "prompt", "response", "microbatch")
 
 
+def _comment_start(line: str) -> int:
+    """The offset of the `#` that starts the line's comment, or -1. A `#` inside a quoted
+    string (`hf("ckpt#2")`) starts none; strings do not span lines."""
+    quoted = False
+    for offset, char in enumerate(line):
+        if char == '"':
+            quoted = not quoted
+        elif char == "#" and not quoted:
+            return offset
+    return -1
+
+
 def _comments(text: str) -> list[tuple[int, str, bool]]:
-    """(line, comment text, stands alone on its line) for every `#` comment. The grammar
-    has no strings, so every `#` starts a comment. A comment on its own line followed by
-    a blank line is followed by an empty comment "", which prints as that blank line."""
+    """(line, comment text, stands alone on its line) for every `#` comment. A comment on
+    its own line followed by a blank line is followed by an empty comment "", which
+    prints as that blank line."""
     found = []
     lines = text.splitlines()
     for number, line in enumerate(lines, start=1):
-        index = line.find("#")
+        index = _comment_start(line)
         if index >= 0:
             alone = not line[:index].strip()
             found.append((number, line[index:].rstrip(), alone))

@@ -17,6 +17,14 @@ STAGES: tuple[str, ...] = ("generation", "inference", "training")
 DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
 HEADS: tuple[str, ...] = ("lm", "value")
 RECOMPUTE: tuple[str, ...] = ("none", "selective", "full")
+ROPE_SCALING_TYPES: tuple[str, ...] = ("llama3",)
+# Each architecture family and the Model fields in which its plain `= family { ... }`
+# declaration differs from Model's defaults (the llama of Llama-2/3).
+ARCHITECTURE_DEFAULTS: dict[str, dict] = {
+    "llama": {},
+    "qwen2": {"qkv_bias": True},  # Qwen2/2.5: q/k/v projections with bias
+    "qwen3": {"qk_norm": True},  # Qwen3 (dense): RMSNorm on each q and k head
+}
 
 
 @dataclass(frozen=True)
@@ -83,12 +91,35 @@ class Cluster:
 
 
 @dataclass(frozen=True)
+class RopeScaling:
+    """Llama-3.1's rotary frequency scaling (transformers' `rope_type: llama3`): wavelengths
+    above original_max_position_embeddings / low_freq_factor are divided by `factor`,
+    those below original_max_position_embeddings / high_freq_factor are kept, and the
+    band between is interpolated."""
+
+    type: str = "llama3"
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclass(frozen=True)
 class Model:
     """A model declaration. `base` is the model it was declared as an alias of
-    (`model ref = actor`), kept for printing; the architecture fields are resolved."""
+    (`model ref = actor`), kept for printing; the architecture fields are resolved.
+
+    The numerics fields default to the plain llama (rope theta 10,000 without scaling,
+    RMSNorm eps 1e-5, head_dim = hidden / heads, untied head, no q/k/v bias, no q/k
+    norm). `head_dim` left None is resolved to hidden / heads when heads divides hidden
+    (otherwise it stays None and validation asks for it). `checkpoint` is the path written
+    in `hf("...")` (the model was read from that checkpoint's config.json);
+    `checkpoint_dir` is where it resolved to and `checkpoint_fields` the values the
+    config gave, against which the printer writes only overrides (both derived from the
+    file, so excluded from equality)."""
 
     name: str
-    architecture: str  # "llama"
+    architecture: str  # "llama", "qwen2" or "qwen3"
     layers: int
     hidden: int
     heads: int
@@ -98,12 +129,22 @@ class Model:
     dtype: str = "bf16"
     head: str = "lm"  # "lm" (vocab projection) or "value" ([1, hidden] critic head)
     base: Optional[str] = None
+    rope_theta: float = 10000.0
+    rope_scaling: Optional[RopeScaling] = None
+    norm_eps: float = 1e-5
+    head_dim: Optional[int] = None
+    tie_embeddings: bool = False
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    checkpoint: Optional[str] = None
+    checkpoint_dir: Optional[str] = field(default=None, compare=False, hash=False, repr=False)
+    checkpoint_fields: tuple[tuple[str, object], ...] = field(default=(), compare=False, hash=False, repr=False)
     loc: Optional[Location] = _loc()
     key_locs: tuple[tuple[str, Location], ...] = _key_locs()
 
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
+    def __post_init__(self):
+        if self.head_dim is None and self.heads > 0 and self.hidden % self.heads == 0:
+            object.__setattr__(self, "head_dim", self.hidden // self.heads)
 
     @property
     def dtype_bytes(self) -> int:

@@ -15,13 +15,17 @@ annotated (`nereus.ir.comments`); the Module itself holds no comments.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Mapping, Optional, Sequence
 
 from .gpuset import format_gpu_set, items_for
-from .model import Cluster, Model, Module, Placement, Plan, Workload
-from .units import format_flops, format_fraction, format_rate, format_size
+from .model import ARCHITECTURE_DEFAULTS, Cluster, Model, Module, Placement, Plan, RopeScaling, Workload
+from .units import format_flops, format_fraction, format_number, format_rate, format_size
 
-_MODEL_KEYS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "dtype", "head")
+_MODEL_KEYS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "dtype", "head", "head_dim", "rope_theta",
+               "rope_scaling", "norm_eps", "tie_embeddings", "qkv_bias", "qk_norm")
+_ALWAYS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "dtype")  # of a hand-written model
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Model) if f.default is not dataclasses.MISSING}
 
 Anchor = tuple[str, ...]
 Line = tuple[Anchor, str]
@@ -45,15 +49,47 @@ def print_cluster(cluster: Cluster) -> list[Line]:
     return lines + [(("cluster", "}"), "}")]
 
 
+def _value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return format_number(value)
+    if isinstance(value, RopeScaling):
+        return (f"{{ type {value.type} factor {format_number(value.factor)} low_freq_factor "
+                f"{format_number(value.low_freq_factor)} high_freq_factor {format_number(value.high_freq_factor)} "
+                f"original_max_position_embeddings {value.original_max_position_embeddings} }}")
+    return "none" if value is None else str(value)
+
+
+def _implied_head_dim(reference: dict, hidden: int, heads: int):
+    """The head_dim a declaration gets without writing it (mirrors build.py): its
+    reference's when that is not the reference's hidden / heads, else hidden / heads of
+    its own sizes."""
+    given = reference.get("head_dim")
+    if given is not None and given * reference.get("heads", 0) != reference.get("hidden"):
+        return given
+    return hidden // heads if heads > 0 and hidden % heads == 0 else None
+
+
 def _model_body(model: Model, base: Optional[Model]) -> str:
-    """The `{ ... }` keys of a model: all of them, or for an alias those that differ."""
-    if base is None:  # dtype always (it sizes every tensor), head only when not the default
-        keys = [key for key in _MODEL_KEYS if key != "head" or model.head != "lm"]
+    """The `{ ... }` keys of a model: those that differ from what its right-hand side
+    gives (an alias: its base; `hf(...)`: the checkpoint's config; an architecture: the
+    family's defaults, sizes and dtype always written, as they size every tensor)."""
+    if base is not None:
+        reference = {key: getattr(base, key) for key in _MODEL_KEYS}
+    elif model.checkpoint is not None:
+        reference = {**_DEFAULTS, **ARCHITECTURE_DEFAULTS.get(model.architecture, {}), **dict(model.checkpoint_fields)}
+        if not model.checkpoint_fields:  # built by code: what the config gives is unknown, write every key
+            reference = {}
     else:
-        keys = [key for key in _MODEL_KEYS if getattr(model, key) != getattr(base, key)]
+        reference = {**_DEFAULTS, **ARCHITECTURE_DEFAULTS.get(model.architecture, {}), "head_dim": None}
+    if reference:
+        reference["head_dim"] = _implied_head_dim(reference, model.hidden, model.heads)
+    keys = [key for key in _MODEL_KEYS if key not in reference or getattr(model, key) != reference[key]
+            or (base is None and model.checkpoint is None and key in _ALWAYS)]
     if not keys:
         return ""
-    return " { " + " ".join(f"{key} {getattr(model, key)}" for key in keys) + " }"
+    return " { " + " ".join(f"{key} {_value(getattr(model, key))}" for key in keys) + " }"
 
 
 def print_models(models: tuple[Model, ...]) -> list[Line]:
@@ -62,7 +98,8 @@ def print_models(models: tuple[Model, ...]) -> list[Line]:
     lines = []
     for model in models:
         base = by_name.get(model.base) if model.base else None
-        head = model.base if base is not None else model.architecture
+        head = model.base if base is not None else \
+            f'hf("{model.checkpoint}")' if model.checkpoint is not None else model.architecture
         lines.append((("model", model.name), f"model {model.name:<{width}} = {head}{_model_body(model, base)}"))
     return lines
 

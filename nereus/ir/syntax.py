@@ -62,7 +62,8 @@ class PlacementSyntax:
 class Declaration:
     """A top-level declaration. kind: cluster, model, workload, plan, transition.
     `base` is the word after `=` (model alias / architecture, plan base) or the target of a
-    transition; `body` is None for a model alias written without braces."""
+    transition; `body` is None for a model alias written without braces. A model written
+    `= hf("path")` has `base` hf and `argument` the quoted string as written, quotes included."""
 
     kind: str
     keyword: Word
@@ -71,6 +72,7 @@ class Declaration:
     body: Optional[tuple[Entry, ...]] = None
     placements: tuple[PlacementSyntax, ...] = ()
     end_line: int = 0  # the line of the declaration's last token (its closing brace)
+    argument: Optional[Word] = None
 
 
 _WORDS = {
@@ -79,6 +81,7 @@ _WORDS = {
     "MODEL_STAGE": "a model-stage like actor.training",
     "GPU_ID": "a GPU id",
     "NODE": "a node like n2",
+    "STRING": "a quoted path",
     "$END": "end of input",
 }
 _DECLARATION_KEYWORDS = {"CLUSTER", "MODEL", "WORKLOAD", "PLAN", "TRANSITION"}
@@ -262,7 +265,11 @@ def _declaration_of(node: Tree, file: str) -> Declaration:
         return Declaration(kind, keyword, name, body=_block(children[1], file))
     if kind == "model":
         body = _block(children[2], file) if len(children) > 2 else None
-        return Declaration(kind, keyword, name, _word(children[1], file), body)
+        base = children[1]
+        if isinstance(base, Tree):  # `hf("path")`
+            return Declaration(kind, keyword, name, _word(base.children[0], file), body,
+                               argument=_word(base.children[1], file))
+        return Declaration(kind, keyword, name, _word(base, file), body)
     if kind == "plan":
         base_node = children[1]
         base = _word(base_node.children[0], file) if base_node.children else None

@@ -148,3 +148,31 @@ def format_fraction(value: float) -> str:
     with localcontext() as context:
         context.prec = 80
         return _decimal_text(Decimal(repr(float(value))) * 100) + "%"
+
+
+_NUMBER = re.compile(r"[0-9]+(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?")
+
+
+def parse_positive_float(text: str, what: str) -> float:
+    """A positive number without unit, in decimal or exponent form: `500000`, `1e-5`."""
+    if not _NUMBER.fullmatch(text):
+        number, unit = _split(text, what)
+        if unit:
+            raise UnitError(f"{what} takes a plain number, found unit '{unit}'", f"write it like {what} 1e-5")
+        raise UnitError(f"{what} must be positive, found {text}")
+    value = float(text)
+    if value <= 0:
+        raise UnitError(f"{what} must be positive, found {text}")
+    if value == float("inf"):
+        raise UnitError(f"{what} is too large, found {text}")
+    return value
+
+
+def format_number(value: float) -> str:
+    """The shortest text that `parse_positive_float` reads back as `value`: `500000`,
+    `1e-5`, `0.5`, `1.5e-6`."""
+    value = float(value)
+    if value.is_integer() and abs(value) < 1e16:
+        return str(int(value))
+    mantissa, e, exponent = repr(value).partition("e")
+    return mantissa + (f"e{int(exponent)}" if e else "")

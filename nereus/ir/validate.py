@@ -13,10 +13,11 @@ from typing import Optional
 from .diagnostics import SemanticError
 from .gpuset import resolve_gpu_set, set_location
 from .model import (
-    DTYPE_BYTES, HEADS, STAGES, Cluster, Model, Module, Placement, Plan, Workload, key_loc,
+    ARCHITECTURE_DEFAULTS, DTYPE_BYTES, HEADS, ROPE_SCALING_TYPES, STAGES, Cluster, Model, Module, Placement, Plan,
+    Workload, key_loc,
 )
 
-ARCHITECTURES: tuple[str, ...] = ("llama",)
+ARCHITECTURES: tuple[str, ...] = tuple(ARCHITECTURE_DEFAULTS)
 RECOMPUTE: tuple[str, ...] = ("none", "selective", "full")
 MAX_GPUS = 1 << 20  # GPU sets are expanded to id lists; this keeps them in memory
 
@@ -63,14 +64,42 @@ def validate_model(model: Model) -> None:
         raise _error(f"unknown dtype '{model.dtype}'", model, "dtype", f"dtypes: {', '.join(DTYPE_BYTES)}")
     if model.head not in HEADS:
         raise _error(f"unknown head '{model.head}'", model, "head", f"heads: {', '.join(HEADS)}")
-    if model.hidden % model.heads:
+    if model.head_dim is None:
         raise _error(f"hidden {model.hidden} must be divisible by heads ({model.heads})", model, "hidden",
-                     f"head_dim = hidden / heads must be whole; e.g. hidden {model.heads * max(1, model.hidden // model.heads)}",
-                     _width(model, "hidden", model.hidden))
+                     f"head_dim = hidden / heads must be whole; e.g. hidden {model.heads * max(1, model.hidden // model.heads)}"
+                     ", or give head_dim", _width(model, "hidden", model.hidden))
+    _validate_numerics(model)
     if model.kv_heads > model.heads or model.heads % model.kv_heads:
         raise _error(f"kv_heads {model.kv_heads} must divide heads ({model.heads})", model, "kv_heads",
                      f"each KV head serves heads / kv_heads query heads; use one of {_divisors(model.heads)}",
                      _width(model, "kv_heads", model.kv_heads))
+
+
+def _validate_numerics(model: Model) -> None:
+    """head_dim positive; theta and eps positive and finite; a known rope scaling whose
+    frequency band is not empty."""
+    if model.head_dim < 1:
+        raise _error(f"head_dim must be at least 1, found {model.head_dim}", model, "head_dim",
+                     "e.g. head_dim 128", _width(model, "head_dim", model.head_dim))
+    for key in ("rope_theta", "norm_eps"):
+        value = getattr(model, key)
+        if not 0 < value < float("inf"):
+            raise _error(f"{key} must be positive and finite, found {value}", model, key)
+    scaling = model.rope_scaling
+    if scaling is None:
+        return
+    if scaling.type not in ROPE_SCALING_TYPES:
+        raise _error(f"unknown rope scaling type '{scaling.type}'", model, "rope_scaling.type",
+                     f"types: {', '.join(ROPE_SCALING_TYPES)}")
+    for key in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
+        value = getattr(scaling, key)
+        if not 0 < value < float("inf"):
+            raise _error(f"rope_scaling {key} must be positive and finite, found {value}", model,
+                         f"rope_scaling.{key}")
+    if scaling.high_freq_factor <= scaling.low_freq_factor:
+        raise _error(f"rope_scaling high_freq_factor ({scaling.high_freq_factor:g}) must be above low_freq_factor "
+                     f"({scaling.low_freq_factor:g})", model, "rope_scaling.high_freq_factor",
+                     "Llama-3.1 uses low_freq_factor 1 and high_freq_factor 4")
 
 
 def validate_workload(workload: Workload, models: tuple[Model, ...]) -> None:
@@ -149,6 +178,10 @@ def validate_placement(placement: Placement, module: Module) -> None:
     if tp > model.kv_heads and tp % model.kv_heads:
         raise _error(f"tp {tp} is above kv_heads ({model.kv_heads}) of {model.name} but not a multiple of it",
                      placement, "tp", f"each KV head is replicated on tp / kv_heads ranks; {_tp_hint(model)}", width)
+    if placement.pp > 1 and model.tie_embeddings and model.head == "lm":
+        raise _error(f"{model.name} ties its embedding and lm head, which needs pp 1 (both on one stage)", placement,
+                     "pp", "use pp 1 for this model-stage, or tie_embeddings false (separate head weights)",
+                     _width(placement, "pp", placement.pp))
     if placement.pp > model.layers:
         raise _error(f"pp {placement.pp} is more than the {model.layers} layers of {model.name}", placement, "pp",
                      f"use a pp of at most {model.layers}", _width(placement, "pp", placement.pp))

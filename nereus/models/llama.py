@@ -2,24 +2,27 @@
 
 `weights` maps local names (`layers.0.attn.qkv.weight`, no `{model}/` prefix) to this TP
 rank's local tensors laid out per the shard contract (nereus.rl.shards): qkv is
-[q rows; k rows; v rows] of this rank, gate_up [gate rows; up rows], o and down hold this
-rank's columns, embed and lm_head this rank's vocab rows. Nothing is copied into modules,
-so whatever tensors the runtime holds are the ones that compute, and after a transition
-the next call simply reads the new shards.
+[q rows; k rows; v rows] of this rank (its bias the same rows), gate_up [gate rows; up
+rows], o and down hold this rank's columns, embed and lm_head this rank's vocab rows.
+Nothing is copied into modules, so whatever tensors the runtime holds are the ones that
+compute, and after a transition the next call simply reads the new shards.
 
-Architecture (Llama-2/3): RMSNorm (eps 1e-5), rotary embeddings (theta 10000), GQA
-attention, SwiGLU MLP, untied embedding and head; `head value` gives a [1, hidden] head.
+Architecture (Llama-2/3.x, and through their flags Qwen2/2.5 and Qwen3, whose family files
+reuse this one): RMSNorm (eps `norm_eps`), rotary embeddings (`rope_theta`, optionally
+Llama-3.1's `llama3` frequency scaling), GQA attention with `head_dim` per head, q/k/v
+biases when `qkv_bias`, per-head RMSNorm of q and k before rotary when `qk_norm`, SwiGLU
+MLP, a head tied to the embedding when `tie_embeddings`; `head value` gives a [1, hidden]
+head. These follow transformers' LlamaForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Optional
-
 from functools import lru_cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
-from nereus.ir.model import Model
+from nereus.ir.model import Model, RopeScaling
 
 from ._lazy import LazyModule
 from .tensors import COLUMN, REPLICATED, ROW, VOCAB, FusedPart, TensorSpec
@@ -37,23 +40,24 @@ Weights = dict  # local name -> torch.Tensor
 
 def layer_tensors(model: Model) -> tuple[TensorSpec, ...]:
     """One layer's tensors with `layers.{i}` as a pattern (see nereus.models.tensors)."""
-    return _layer_pattern(model.hidden, model.heads, model.kv_heads, model.ffn, model.dtype)
+    return _layer_pattern(model.hidden, model.heads, model.kv_heads, model.head_dim, model.ffn, model.dtype,
+                          model.qkv_bias, model.qk_norm)
 
 
 @lru_cache(maxsize=64)
-def _layer_pattern(hidden: int, heads: int, kv_heads: int, ffn: int, dtype: str) -> tuple[TensorSpec, ...]:
-    hd = hidden // heads
-    q, kv = heads * hd, kv_heads * hd
+def _layer_pattern(hidden: int, heads: int, kv_heads: int, head_dim: int, ffn: int, dtype: str,
+                   qkv_bias: bool = False, qk_norm: bool = False) -> tuple[TensorSpec, ...]:
+    q, kv = heads * head_dim, kv_heads * head_dim
+    qkv_parts = (FusedPart("q", q, heads), FusedPart("k", kv, kv_heads), FusedPart("v", kv, kv_heads))
+    attention = [TensorSpec("layers.{i}.attn.qkv.weight", (q + 2 * kv, hidden), dtype, COLUMN, None, qkv_parts)]
+    if qkv_bias:  # a bias row per weight row: sharded exactly like the weight's rows
+        attention.append(TensorSpec("layers.{i}.attn.qkv.bias", (q + 2 * kv,), dtype, COLUMN, None, qkv_parts))
+    if qk_norm:  # one weight per head dimension, shared by all heads: every TP rank holds it whole
+        attention += [TensorSpec("layers.{i}.attn.q_norm.weight", (head_dim,), dtype, REPLICATED, None),
+                      TensorSpec("layers.{i}.attn.k_norm.weight", (head_dim,), dtype, REPLICATED, None)]
     return (
         TensorSpec("layers.{i}.input_norm.weight", (hidden,), dtype, REPLICATED, None),
-        TensorSpec(
-            "layers.{i}.attn.qkv.weight",
-            (q + 2 * kv, hidden),
-            dtype,
-            COLUMN,
-            None,
-            (FusedPart("q", q, heads), FusedPart("k", kv, kv_heads), FusedPart("v", kv, kv_heads)),
-        ),
+        *attention,
         TensorSpec("layers.{i}.attn.o.weight", (hidden, q), dtype, ROW, None),
         TensorSpec("layers.{i}.post_attn_norm.weight", (hidden,), dtype, REPLICATED, None),
         TensorSpec(
@@ -69,15 +73,43 @@ def _layer_pattern(hidden: int, heads: int, kv_heads: int, ffn: int, dtype: str)
 
 
 def edge_tensors(model: Model) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
-    """(tensors before the first layer, tensors after the last layer)."""
+    """(tensors before the first layer, tensors after the last layer). A tied lm head has
+    no tensor of its own: it reads embed.weight (so tied models keep pp 1)."""
     first = (TensorSpec("embed.weight", (model.vocab, model.hidden), model.dtype, VOCAB, None, role="embed"),)
     if model.head == "value":
-        head = TensorSpec("value_head.weight", (1, model.hidden), model.dtype, REPLICATED, None, role="head")
+        head = (TensorSpec("value_head.weight", (1, model.hidden), model.dtype, REPLICATED, None, role="head"),)
+    elif model.tie_embeddings:
+        head = ()
     else:
-        head = TensorSpec("lm_head.weight", (model.vocab, model.hidden), model.dtype, VOCAB, None, role="head")
-    last = (TensorSpec("final_norm.weight", (model.hidden,), model.dtype, REPLICATED, None, role="final_norm"), head)
+        head = (TensorSpec("lm_head.weight", (model.vocab, model.hidden), model.dtype, VOCAB, None, role="head"),)
+    last = (TensorSpec("final_norm.weight", (model.hidden,), model.dtype, REPLICATED, None, role="final_norm"),) + head
     return first, last
 
+
+# Transformers' parameter names (the same for LlamaForCausalLM, Qwen2ForCausalLM and
+# Qwen3ForCausalLM): (HF name pattern, Nereus local name pattern, fused part or None).
+# Entries whose Nereus tensor a model lacks (biases, q/k norms, lm_head when tied) are
+# skipped by nereus.models.hf.
+HF_NAMES: tuple[tuple[str, str, Optional[str]], ...] = (
+    ("model.embed_tokens.weight", "embed.weight", None),
+    ("model.layers.{i}.input_layernorm.weight", "layers.{i}.input_norm.weight", None),
+    ("model.layers.{i}.self_attn.q_proj.weight", "layers.{i}.attn.qkv.weight", "q"),
+    ("model.layers.{i}.self_attn.k_proj.weight", "layers.{i}.attn.qkv.weight", "k"),
+    ("model.layers.{i}.self_attn.v_proj.weight", "layers.{i}.attn.qkv.weight", "v"),
+    ("model.layers.{i}.self_attn.q_proj.bias", "layers.{i}.attn.qkv.bias", "q"),
+    ("model.layers.{i}.self_attn.k_proj.bias", "layers.{i}.attn.qkv.bias", "k"),
+    ("model.layers.{i}.self_attn.v_proj.bias", "layers.{i}.attn.qkv.bias", "v"),
+    ("model.layers.{i}.self_attn.q_norm.weight", "layers.{i}.attn.q_norm.weight", None),
+    ("model.layers.{i}.self_attn.k_norm.weight", "layers.{i}.attn.k_norm.weight", None),
+    ("model.layers.{i}.self_attn.o_proj.weight", "layers.{i}.attn.o.weight", None),
+    ("model.layers.{i}.post_attention_layernorm.weight", "layers.{i}.post_attn_norm.weight", None),
+    ("model.layers.{i}.mlp.gate_proj.weight", "layers.{i}.mlp.gate_up.weight", "gate"),
+    ("model.layers.{i}.mlp.up_proj.weight", "layers.{i}.mlp.gate_up.weight", "up"),
+    ("model.layers.{i}.mlp.down_proj.weight", "layers.{i}.mlp.down.weight", None),
+    ("model.norm.weight", "final_norm.weight", None),
+    ("lm_head.weight", "lm_head.weight", None),
+    ("score.weight", "value_head.weight", None),
+)
 
 
 # --- forward (torch, through the lazy proxies above) ---
@@ -120,10 +152,29 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) -> torch.
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
 
-def _rotary(x: torch.Tensor, start: int, theta: float = 10000.0) -> torch.Tensor:
+def inverse_frequencies(head_dim: int, theta: float = 10000.0, scaling: Optional[RopeScaling] = None,
+                        device=None) -> torch.Tensor:
+    """Rotary inverse frequencies [head_dim / 2] in fp32, with Llama-3.1's `llama3`
+    scaling when given (transformers' _compute_llama3_parameters): wavelengths above
+    original/low_freq_factor are divided by `factor`, those below original/high_freq_factor
+    kept, the band between interpolated smoothly."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim))
+    if scaling is None:
+        return inv
+    original = scaling.original_max_position_embeddings
+    low_wavelen, high_wavelen = original / scaling.low_freq_factor, original / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > low_wavelen, inv / scaling.factor, inv)
+    smooth = (original / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def _rotary(x: torch.Tensor, start: int, theta: float = 10000.0, scaling: Optional[RopeScaling] = None) -> torch.Tensor:
     """Rotate-half rotary embedding of x [B, heads, T, hd] at positions start..start+T-1."""
     hd = x.shape[-1]
-    inv = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float32, device=x.device) / hd))
+    inv = inverse_frequencies(hd, theta, scaling, x.device)
     pos = torch.arange(start, start + x.shape[2], dtype=torch.float32, device=x.device)
     angles = torch.outer(pos, inv)
     cos = torch.cat([angles.cos(), angles.cos()], dim=-1).to(x.dtype)
@@ -132,15 +183,28 @@ def _rotary(x: torch.Tensor, start: int, theta: float = 10000.0) -> torch.Tensor
     return x * cos + torch.cat([-second, first], dim=-1) * sin
 
 
-def _attention(x, w: Weights, i: int, shape: LocalShape, tp: TpGroup, cache: Optional[KvCache], start: int):
+def _attention(x, w: Weights, i: int, shape: LocalShape, tp: TpGroup, cache: Optional[KvCache], start: int,
+               model: Optional[Model] = None):
     """`start` is the position of x's first token: the cache length *before* this forward
-    call, read once for all layers (layer i's cache has already grown when layer i+1 runs)."""
+    call, read once for all layers (layer i's cache has already grown when layer i+1 runs).
+    `model` gives the numerics (rope, q/k norm, eps); None is the plain llama."""
     b, t, _ = x.shape
     hd, nq, nkv = shape.head_dim, shape.heads, shape.kv_heads
     qkv = parallel.copy_to_tp(x, tp) @ w[f"layers.{i}.attn.qkv.weight"].t()
+    bias = w.get(f"layers.{i}.attn.qkv.bias")
+    if bias is not None:  # this rank's bias rows match its weight rows
+        qkv = qkv + bias
     q, k, v = qkv.split([nq * hd, nkv * hd, nkv * hd], dim=-1)
-    q = _rotary(q.view(b, t, nq, hd).transpose(1, 2), start)
-    k = _rotary(k.view(b, t, nkv, hd).transpose(1, 2), start)
+    q, k = q.view(b, t, nq, hd), k.view(b, t, nkv, hd)
+    eps = model.norm_eps if model is not None else 1e-5
+    if f"layers.{i}.attn.q_norm.weight" in w:  # Qwen3: RMSNorm over each head's dimensions
+        # A replicated weight applied to this rank's heads only: copy_to_tp all-reduces
+        # its gradient over the TP group, so every rank gets the whole (same) gradient.
+        q = rms_norm(q, parallel.copy_to_tp(w[f"layers.{i}.attn.q_norm.weight"], tp), eps)
+        k = rms_norm(k, parallel.copy_to_tp(w[f"layers.{i}.attn.k_norm.weight"], tp), eps)
+    theta, scaling = (model.rope_theta, model.rope_scaling) if model is not None else (10000.0, None)
+    q = _rotary(q.transpose(1, 2), start, theta, scaling)
+    k = _rotary(k.transpose(1, 2), start, theta, scaling)
     v = v.view(b, t, nkv, hd).transpose(1, 2)
     if cache is not None:
         if cache.keys[i] is not None:
@@ -171,14 +235,16 @@ def run_layers(model: Model, w: Weights, x: torch.Tensor, layers: tuple[int, int
     """Transformer layers lo..hi-1 on the residual stream x [B, T, hidden]."""
     shape = LocalShape.of(model, tp.size)
     start = cache.length if cache is not None else 0
+    eps = model.norm_eps
     for i in range(*layers):
-        x = x + _attention(rms_norm(x, w[f"layers.{i}.input_norm.weight"]), w, i, shape, tp, cache, start)
-        x = x + _mlp(rms_norm(x, w[f"layers.{i}.post_attn_norm.weight"]), w, i, shape, tp)
+        x = x + _attention(rms_norm(x, w[f"layers.{i}.input_norm.weight"], eps), w, i, shape, tp, cache, start, model)
+        x = x + _mlp(rms_norm(x, w[f"layers.{i}.post_attn_norm.weight"], eps), w, i, shape, tp)
     return x
 
 
-def final_norm(w: Weights, x: torch.Tensor) -> torch.Tensor:
-    return rms_norm(x, w["final_norm.weight"])
+def final_norm(w: Weights, x: torch.Tensor, model: Optional[Model] = None) -> torch.Tensor:
+    """The last RMSNorm (eps of `model`; None: the plain llama's 1e-5)."""
+    return rms_norm(x, w["final_norm.weight"], model.norm_eps if model is not None else 1e-5)
 
 
 def hidden_states(model: Model, w: Weights, tokens: torch.Tensor, tp: TpGroup,
@@ -188,12 +254,14 @@ def hidden_states(model: Model, w: Weights, tokens: torch.Tensor, tp: TpGroup,
 
     Invariant: identical on every TP rank of the group (all partial sums are reduced)."""
     x = run_layers(model, w, embed(model, w, tokens, tp), (0, model.layers), tp, cache)
-    return final_norm(w, x)
+    return final_norm(w, x, model)
 
 
 def local_logits(w: Weights, hidden: torch.Tensor, tp: TpGroup) -> torch.Tensor:
-    """This rank's vocab columns of the logits [B, T, vocab/tp]."""
-    return parallel.copy_to_tp(hidden, tp) @ w["lm_head.weight"].t()
+    """This rank's vocab columns of the logits [B, T, vocab/tp] (a tied head reads the
+    embedding's rows, which are sharded like lm_head's)."""
+    head = w["lm_head.weight"] if "lm_head.weight" in w else w["embed.weight"]
+    return parallel.copy_to_tp(hidden, tp) @ head.t()
 
 
 def values(w: Weights, hidden: torch.Tensor) -> torch.Tensor:

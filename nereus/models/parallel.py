@@ -121,4 +121,10 @@ def gather_vocab(logits: torch.Tensor, tp: TpGroup) -> torch.Tensor:
         return logits
     parts = [torch.empty_like(logits) for _ in range(tp.size)]
     dist.all_gather(parts, logits.contiguous(), group=tp.group)
-    return torch.cat(parts, dim=-1)
+    # all_gather orders by rank in the process group, which torch numbers by sorted
+    # global rank; the vocab slices follow the TP rank (mesh order, any GPU order).
+    mine = torch.tensor([tp.rank], device=logits.device)
+    ranks = [torch.empty_like(mine) for _ in range(tp.size)]
+    dist.all_gather(ranks, mine, group=tp.group)
+    order = sorted(range(tp.size), key=lambda i: int(ranks[i]))
+    return torch.cat([parts[i] for i in order], dim=-1)

@@ -1,7 +1,7 @@
 """Model architectures expanded into their global tensor tables.
 
 The `llama` builtin (Llama-2/3 family: RMSNorm, GQA attention with fused qkv, SwiGLU MLP
-with fused gate_up, untied embedding and lm_head) gives, per model:
+with fused gate_up, untied embedding and lm_head) gives, per model (hd = head_dim):
 
     embed.weight                       [vocab, hidden]                 vocab       (first PP stage)
     layers.{i}.input_norm.weight       [hidden]                        replicated
@@ -14,6 +14,11 @@ with fused gate_up, untied embedding and lm_head) gives, per model:
     lm_head.weight                     [vocab, hidden]                 vocab       (last PP stage)
  or value_head.weight                  [1, hidden]                     replicated  (critic, `head value`)
 
+`tie_embeddings` drops lm_head (the head reads embed.weight); `qkv_bias` (qwen2) adds
+layers.{i}.attn.qkv.bias [(heads+2*kv_heads)*hd], column with the weight's parts;
+`qk_norm` (qwen3) adds layers.{i}.attn.{q,k}_norm.weight [hd], replicated. The family
+files (llama.py, qwen2.py, qwen3.py) hold the details.
+
 Global names are `{model}/{local name}`. Training units also hold optimizer state with
 the same shape and sharding, in fp32, named `{model}/{local name}#{state}` for state in
 OPTIMIZER_STATES.
@@ -23,8 +28,10 @@ fused tensors (a TP shard of qkv is three boxes: its q rows, its k rows, its v r
 tp > kv_heads each KV head is replicated on tp/kv_heads consecutive TP ranks. row splits
 dim 1. vocab splits dim 0. replicated tensors are whole on every TP rank.
 
-Parameter counts check against MODELS.md: Llama-3.1-8B = 8,030,261,248 and
-Llama-3.1-70B = 70,553,706,496.
+Parameter counts equal transformers' num_parameters() for the published configs
+(tests/models/test_parameter_counts.py): Llama-3.1-8B 8,030,261,248, Llama-3.1-70B
+70,553,706,496, Llama-3.2-1B 1,235,814,400, Qwen2.5-7B 7,615,616,512, Qwen3-8B
+8,190,735,360.
 """
 
 from __future__ import annotations
@@ -42,7 +49,9 @@ OPTIMIZER_DTYPE = "fp32"
 COLUMN, ROW, VOCAB, REPLICATED = "column", "row", "vocab", "replicated"
 
 # architecture name (the IR's `= llama {...}`) -> the module holding its family
-FAMILIES: dict[str, str] = {"llama": "nereus.models.llama"}
+FAMILIES: dict[str, str] = {
+    "llama": "nereus.models.llama", "qwen2": "nereus.models.qwen2", "qwen3": "nereus.models.qwen3",
+}
 
 
 @dataclass(frozen=True)

@@ -69,7 +69,7 @@ def forward(model: Model, w: Weights, tokens: torch.Tensor, tp: TpGroup, pipe: P
     if not pipe.is_last:
         dist.send(y.detach().contiguous(), dst=pipe.next)
         return None, x_in, y
-    return head(final_norm(w, y)), x_in, y
+    return head(final_norm(w, y, model)), x_in, y
 
 
 def backward(pipe: PipeStage, loss: Optional[torch.Tensor], x_in: Optional[torch.Tensor], y: torch.Tensor) -> None:

@@ -7,108 +7,15 @@ Nereus tensor and a row range of it:
 
     model.layers.3.self_attn.k_proj.weight  →  actor/layers.3.attn.qkv.weight rows [q, q+kv)
 
-`HF_NAMES[architecture]` is the declaration; `hf_targets`, `hf_to_nereus` and
-`nereus_to_hf` derive everything else from it and the tensor table. A critic's value
-head is HF's `score.weight` (LlamaForSequenceClassification with one label).
+Each family declares its names in its own file (`nereus/models/llama.py` HF_NAMES);
+the converters live in nereus.models.hf (the single-process reference forward needs them
+below the runtime) and are re-exported here, where the runtime API has always had them.
+A critic's value head is HF's `score.weight` (LlamaForSequenceClassification with one
+label).
 """
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
-from typing import Optional
+from nereus.models.hf import Target, hf_targets, hf_to_nereus, nereus_to_hf, parse_layer
 
-import torch
-
-from nereus.models import tensor_table
-from nereus.ir.diagnostics import NereusError
-from nereus.ir.model import Model
-
-# (HF name pattern, Nereus local name pattern, fused part or None)
-HF_NAMES: dict[str, tuple[tuple[str, str, Optional[str]], ...]] = {
-    "llama": (
-        ("model.embed_tokens.weight", "embed.weight", None),
-        ("model.layers.{i}.input_layernorm.weight", "layers.{i}.input_norm.weight", None),
-        ("model.layers.{i}.self_attn.q_proj.weight", "layers.{i}.attn.qkv.weight", "q"),
-        ("model.layers.{i}.self_attn.k_proj.weight", "layers.{i}.attn.qkv.weight", "k"),
-        ("model.layers.{i}.self_attn.v_proj.weight", "layers.{i}.attn.qkv.weight", "v"),
-        ("model.layers.{i}.self_attn.o_proj.weight", "layers.{i}.attn.o.weight", None),
-        ("model.layers.{i}.post_attention_layernorm.weight", "layers.{i}.post_attn_norm.weight", None),
-        ("model.layers.{i}.mlp.gate_proj.weight", "layers.{i}.mlp.gate_up.weight", "gate"),
-        ("model.layers.{i}.mlp.up_proj.weight", "layers.{i}.mlp.gate_up.weight", "up"),
-        ("model.layers.{i}.mlp.down_proj.weight", "layers.{i}.mlp.down.weight", None),
-        ("model.norm.weight", "final_norm.weight", None),
-        ("lm_head.weight", "lm_head.weight", None),
-        ("score.weight", "value_head.weight", None),
-    ),
-}
-
-
-@dataclass(frozen=True)
-class Target:
-    """Where a user tensor lives in Nereus: a global tensor and a row range of it."""
-
-    tensor: str
-    rows: tuple[int, int]
-    shape: tuple[int, ...]  # the user tensor's shape
-
-
-def hf_targets(model: Model) -> dict[str, Target]:
-    """Input: a model. Output: {HF name: Target} for every weight of the model.
-    Invariant: the targets of one Nereus tensor tile its rows exactly once."""
-    if model.architecture not in HF_NAMES:
-        raise NereusError(f"no parameter-name mapping for architecture {model.architecture!r}",
-                          hint=f"declare one in nereus.runtime.naming.HF_NAMES ({', '.join(HF_NAMES)} exist)")
-    specs = {spec.name: spec for spec in tensor_table(model)}
-    out = {}
-    for hf, local, part in HF_NAMES[model.architecture]:
-        layers = range(model.layers) if "{i}" in hf else [None]
-        for i in layers:
-            name = local.format(i=i) if i is not None else local
-            spec = specs.get(name)
-            if spec is None:  # e.g. lm_head on a critic
-                continue
-            lo, hi = 0, spec.shape[0]
-            if part is not None:
-                for p in spec.parts:
-                    if p.name == part:
-                        hi = lo + p.rows
-                        break
-                    lo += p.rows
-            shape = (hi - lo,) + tuple(spec.shape[1:])
-            out[hf.format(i=i) if i is not None else hf] = Target(f"{model.name}/{name}", (lo, hi), shape)
-    return out
-
-
-def hf_to_nereus(model: Model, hf_state: dict) -> dict:
-    """Input: an HF-named state dict of `model`. Output: full Nereus tensors by global
-    name (fused tensors assembled). Raises NereusError naming a missing, unknown or
-    mis-shaped tensor."""
-    targets = hf_targets(model)
-    unknown = sorted(set(hf_state) - set(targets))
-    missing = sorted(set(targets) - set(hf_state))
-    if unknown or missing:
-        raise NereusError(f"{model.name}: unknown parameters {unknown[:3]}, missing {missing[:3]}",
-                          hint="names follow transformers' LlamaForCausalLM (or score.weight for a critic)")
-    out: dict = {}
-    specs = {f"{model.name}/{s.name}": s for s in tensor_table(model)}
-    for hf, target in targets.items():
-        value = hf_state[hf]
-        if tuple(value.shape) != target.shape:
-            raise NereusError(f"{hf}: shape {tuple(value.shape)}, {model.name} needs {target.shape}")
-        if target.tensor not in out:
-            spec = specs[target.tensor]
-            out[target.tensor] = torch.empty(spec.shape, dtype=value.dtype, device=value.device)
-        out[target.tensor][target.rows[0]:target.rows[1]].copy_(value)
-    return out
-
-
-def nereus_to_hf(model: Model, full: dict) -> dict:
-    """Inverse of hf_to_nereus: HF-named views of full Nereus tensors (no copy)."""
-    return {hf: full[t.tensor][t.rows[0]:t.rows[1]] for hf, t in hf_targets(model).items()}
-
-
-def parse_layer(name: str) -> Optional[int]:
-    """The layer index in an HF or Nereus parameter name, or None."""
-    match = re.search(r"layers\.(\d+)\.", name)
-    return int(match.group(1)) if match else None
+__all__ = ["Target", "hf_targets", "hf_to_nereus", "nereus_to_hf", "parse_layer"]

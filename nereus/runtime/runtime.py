@@ -9,6 +9,8 @@ Nereus and changes plan in place.
     report = rt.transition("S2")                        # collective
     rt.state("actor.training")                          # this rank's new shards ({} if none)
     rt.gather_state_dict("actor.training")              # full tensors on every rank
+    rt.shard_hf_checkpoint("actor.training")            # this rank's shards from hf("dir")
+    rt.gather_hf_state_dict("actor.training")           # weights under transformers' names
 
 Rank r drives GPU r of the plan's cluster. CUDA tensors move over the default group
 (NCCL); CPU tensors over gloo. A separate gloo group with a timeout carries the control
@@ -227,6 +229,30 @@ class Runtime:
             if int(value) >= 0:
                 out[step] = value[0].clone()
         return out
+
+    def shard_hf_checkpoint(self, model_stage: str, path: Optional[str] = None) -> dict:
+        """This rank's shards of `model_stage` read from a Hugging Face checkpoint directory
+        (default: the model's `hf("...")` directory), only this rank's boxes; training
+        stages get an fp32 master copy and zeroed Adam state. Ready for `register`; {} when
+        this rank holds no unit of it. See nereus.runtime.hf_checkpoint."""
+        from .hf_checkpoint import shard_checkpoint
+
+        ms = self._model_stage(model_stage)
+        model = self.module.model(ms.model)
+        directory = path or model.checkpoint_dir
+        if directory is None:
+            raise NereusError(f"model {model.name} has no checkpoint", hint='declare it = hf("dir") or pass path=')
+        local = shard_checkpoint(model, ms, unit_on_gpu(self.layout(model_stage), self.rank), self.rank, directory)
+        return {name: tensor.to(self.device) for name, tensor in local.items()}
+
+    def gather_hf_state_dict(self, model_stage: str) -> dict:
+        """Collective: the weights of `model_stage` under transformers' names, full, on
+        every rank (for checks and export)."""
+        from .hf_checkpoint import gather_hf
+
+        ms = self._model_stage(model_stage)
+        return gather_hf(self.module.model(ms.model), self.layout(model_stage), self.rank,
+                         self._state.get(model_stage, {}), group=self._control)
 
     # -- transitions -------------------------------------------------------------------
 

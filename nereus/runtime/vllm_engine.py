@@ -119,13 +119,18 @@ def hf_checkpoint_weights(model: Model, weights: dict) -> dict:
     return out
 
 
-def hf_config(model: Model, *, max_position_embeddings: int = 4096, rms_norm_eps: float = 1e-5,
-              rope_theta: float = 10000.0) -> dict:
+def hf_config(model: Model, *, max_position_embeddings: int = 4096, rms_norm_eps: Optional[float] = None,
+              rope_theta: Optional[float] = None) -> dict:
     """config.json of `model` as a HF LlamaForCausalLM (untied head; norm eps and rope
-    theta match nereus.models.llama). bos/eos ids are set but generation ignores eos."""
+    theta the model's unless given). bos/eos ids are set but generation ignores eos."""
     if model.architecture != "llama" or model.head != "lm":
         raise SemanticError(f"model {model.name} is not a llama with an lm head; vLLM generates from actors only",
                             model.loc)
+    if model.rope_scaling is not None or model.tie_embeddings or model.qkv_bias or model.qk_norm:
+        raise SemanticError(f"model {model.name}: the vLLM export writes a plain llama (no rope scaling, tied head, "
+                            "q/k/v bias or q/k norm)", model.loc, hint="use the native engine for this model")
+    rms_norm_eps = model.norm_eps if rms_norm_eps is None else rms_norm_eps
+    rope_theta = model.rope_theta if rope_theta is None else rope_theta
     return {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama",
         "vocab_size": model.vocab, "hidden_size": model.hidden, "intermediate_size": model.ffn,

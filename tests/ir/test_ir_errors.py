@@ -101,13 +101,13 @@ CASES = [
          "t.nir:9:15: error: unknown model or architecture 'lama'",
          '    9 | model actor = lama { layers 4 hidden 256 heads 8 kv_heads 2 ffn 512 vocab 1024 }',
          '      |               ^^^^',
-         "hint: did you mean 'llama'? architectures: llama; models: actor, critic"])),
+         "hint: did you mean 'llama'? architectures: llama, qwen2, qwen3; models: actor, critic"])),
     ('alias_of_unknown_model', [('critic = actor', 'critic = actr')], None,
      "\n".join([
          "t.nir:10:16: error: unknown model or architecture 'actr'",
          '   10 | model critic = actr { head value }',
          '      |                ^^^^',
-         "hint: did you mean 'actor'? architectures: llama; models: actor, critic"])),
+         "hint: did you mean 'actor'? architectures: llama, qwen2, qwen3; models: actor, critic"])),
     ('alias_cycle', [('model actor = llama { layers 4 hidden 256 heads 8 kv_heads 2 ffn 512 vocab 1024 }', 'model actor = critic')], None,
      "\n".join([
          't.nir:10:16: error: model alias cycle: actor -> critic -> actor',
@@ -136,7 +136,7 @@ CASES = [
          't.nir:9:39: error: hidden 250 must be divisible by heads (8)',
          '    9 | model actor = llama { layers 4 hidden 250 heads 8 kv_heads 2 ffn 512 vocab 1024 }',
          '      |                                       ^^^',
-         'hint: head_dim = hidden / heads must be whole; e.g. hidden 248'])),
+         'hint: head_dim = hidden / heads must be whole; e.g. hidden 248, or give head_dim'])),
     ('kv_heads_not_dividing', [('kv_heads 2', 'kv_heads 3')], None,
      "\n".join([
          't.nir:9:60: error: kv_heads 3 must divide heads (8)',

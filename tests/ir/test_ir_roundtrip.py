@@ -121,13 +121,44 @@ def clusters(draw):
         draw(st.one_of(st.just(0.0), st.floats(min_value=0.0, max_value=0.99))))
 
 
+NUMBER = st.one_of(st.sampled_from([1e-5, 1e-6, 10000.0, 500000.0, 1e6, 8.0, 0.5]),
+                   st.floats(min_value=1e-12, max_value=1e12, allow_nan=False, allow_infinity=False))
+NUMERICS = ("rope_theta", "rope_scaling", "norm_eps", "head_dim", "tie_embeddings", "qkv_bias", "qk_norm")
+
+
+@st.composite
+def rope_scalings(draw):
+    low = draw(NUMBER)
+    return ir.RopeScaling("llama3", draw(NUMBER), low, low * draw(st.sampled_from([2.0, 4.0, 1.5])),
+                          draw(st.integers(1, 2**17)))
+
+
+@st.composite
+def numerics(draw):
+    """The numerics keys, each left at its default or drawn (head_dim: explicit or derived)."""
+    out = {}
+    if draw(st.booleans()):
+        out["rope_theta"] = draw(NUMBER)
+    if draw(st.booleans()):
+        out["norm_eps"] = draw(NUMBER)
+    if draw(st.booleans()):
+        out["rope_scaling"] = draw(rope_scalings())
+    if draw(st.booleans()):
+        out["head_dim"] = draw(st.sampled_from([8, 16, 64, 128]))
+    for key in ("tie_embeddings", "qkv_bias", "qk_norm"):
+        if draw(st.booleans()):
+            out[key] = draw(st.booleans())
+    return out
+
+
 @st.composite
 def architectures(draw):
     heads = draw(st.sampled_from([1, 2, 4, 8]))
     kv = draw(st.sampled_from([d for d in (1, 2, 4, 8) if heads % d == 0]))
     return dict(layers=draw(st.integers(1, 8)), hidden=heads * draw(st.sampled_from([8, 16, 24])), heads=heads,
                 kv_heads=kv, ffn=8 * draw(st.integers(1, 40)), vocab=8 * draw(st.integers(1, 300)),
-                dtype=draw(st.sampled_from(sorted(ir.DTYPE_BYTES))), head=draw(st.sampled_from(ir.HEADS)))
+                dtype=draw(st.sampled_from(sorted(ir.DTYPE_BYTES))), head=draw(st.sampled_from(ir.HEADS)),
+                **draw(numerics()))
 
 
 @st.composite
@@ -136,18 +167,25 @@ def model_lists(draw):
     models: list[ir.Model] = []
     for index, name in enumerate(names):
         if index == 0 or draw(st.booleans()):
-            models.append(ir.Model(name=name, architecture="llama", **draw(architectures())))
+            family = draw(st.sampled_from(sorted(ir.ARCHITECTURE_DEFAULTS)))
+            fields = {**ir.ARCHITECTURE_DEFAULTS[family], **draw(architectures())}
+            models.append(ir.Model(name=name, architecture=family, **fields))
             continue
         base = draw(st.sampled_from(models))
-        fields = {k: getattr(base, k) for k in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "dtype", "head")}
+        fields = {k: getattr(base, k) for k in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "dtype", "head",
+                                                *NUMERICS)}
+        overridden = []
         if draw(st.booleans()):  # an alias that overrides some keys
             fresh = draw(architectures())
-            for key in draw(st.lists(st.sampled_from(sorted(fresh)), max_size=3, unique=True)):
+            overridden = draw(st.lists(st.sampled_from(sorted(fresh)), max_size=3, unique=True))
+            for key in overridden:
                 fields[key] = fresh[key]
             if fields["hidden"] % fields["heads"] or fields["heads"] % fields["kv_heads"] or \
                     fields["kv_heads"] > fields["heads"]:
                 fields.update({k: fresh[k] for k in ("hidden", "heads", "kv_heads")})
-        models.append(ir.Model(name=name, architecture="llama", base=base.name, **fields))
+        if base.head_dim * base.heads == base.hidden and "head_dim" not in overridden:
+            fields["head_dim"] = None  # derived in the base: derived again from the alias's sizes
+        models.append(ir.Model(name=name, architecture=base.architecture, base=base.name, **fields))
     return draw(st.permutations(models))  # aliases may come before their base
 
 
@@ -179,7 +217,8 @@ def _encode(gpus: list[int], per_node: int, plain: bool) -> tuple[ir.GpuSetItem,
 def placements(draw, ms, model, cluster):
     total = cluster.num_gpus
     tp = draw(st.sampled_from([t for t in valid_tps(model) if t <= total]))
-    pp = draw(st.integers(1, min(model.layers, total // tp)))
+    tied = model.tie_embeddings and model.head == "lm"  # embed and head on one stage
+    pp = 1 if tied else draw(st.integers(1, min(model.layers, total // tp)))
     dp = draw(st.integers(1, total // (tp * pp)))
     gpus = draw(st.permutations(range(total)))[: dp * tp * pp]
     items = _encode(list(gpus), cluster.gpus_per_node, draw(st.booleans()))

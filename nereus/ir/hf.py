@@ -1,0 +1,209 @@
+"""`model actor = hf("path")`: a model's fields read from a Hugging Face config.json.
+
+Input: the path as written (a checkpoint directory or its config.json, relative to the
+`.nir` file) and the word that wrote it. Output: `HfConfig`, the Model fields the config
+gives (same names as the `.nir` keys) and the checkpoint directory. Invariant: every
+field the config sets that changes the computation is either read or rejected; fields
+that do not (token ids, dropout 0, cache flags, max positions) are ignored.
+
+Both spellings of rotary settings are read: `rope_theta` + `rope_scaling` (the published
+Llama-3.x / Qwen configs) and `rope_parameters` (what transformers 5 writes). Errors are
+SemanticErrors at the path's token, naming config.json's field, with a hint.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+from .diagnostics import SemanticError
+from .model import RopeScaling
+from .syntax import Word
+
+# transformers' class name (config.json `architectures`) -> Nereus family
+HF_ARCHITECTURES: dict[str, str] = {
+    "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+HF_DTYPES: dict[str, str] = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+# config.json field -> Model field, for the plain integer sizes
+_SIZES: tuple[tuple[str, str], ...] = (
+    ("num_hidden_layers", "layers"), ("hidden_size", "hidden"), ("num_attention_heads", "heads"),
+    ("intermediate_size", "ffn"), ("vocab_size", "vocab"),
+)
+
+
+@dataclass(frozen=True)
+class HfConfig:
+    """What a config.json gives: Model fields by `.nir` key, and the checkpoint directory."""
+
+    fields: dict
+    directory: str
+
+
+class _Reader:
+    """Reads fields of one config.json, raising errors located at the `hf("...")` path."""
+
+    def __init__(self, config: dict, where: Word, shown: str):
+        self.config = config
+        self.where = where
+        self.shown = shown  # the config file as the user wrote it, for messages
+
+    def error(self, message: str, hint: str) -> SemanticError:
+        return SemanticError(f"{self.shown}: {message}", self.where.loc, hint, width=self.where.width)
+
+    def int(self, key: str, default: Optional[int] = None) -> int:
+        value = self.config.get(key, default)
+        if value is None:
+            raise self.error(f"'{key}' is missing", f"a transformers config.json sets {key}")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise self.error(f"'{key}' must be a positive integer, found {json.dumps(value)}",
+                             "is this a transformers config.json?")
+        return value
+
+    def float(self, key: str, value) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise self.error(f"'{key}' must be a positive number, found {json.dumps(value)}",
+                             "is this a transformers config.json?")
+        return float(value)
+
+    def bool(self, key: str, default: bool) -> bool:
+        value = self.config.get(key, default)
+        if not isinstance(value, bool):
+            raise self.error(f"'{key}' must be true or false, found {json.dumps(value)}",
+                             "is this a transformers config.json?")
+        return value
+
+    def unsupported(self, key: str, value, hint: str) -> SemanticError:
+        return self.error(f"{key} {json.dumps(value)} is not supported", hint)
+
+
+def _resolve(path: str, nir_file: str) -> str:
+    if os.path.isabs(path):
+        return path
+    here = os.path.dirname(nir_file) if nir_file and not nir_file.startswith("<") else ""
+    return os.path.normpath(os.path.join(here or os.getcwd(), path))
+
+
+def _load(word: Word, path: str, nir_file: str) -> tuple[dict, str, str]:
+    """(parsed config.json, its directory, the config file as written) or a located error."""
+    resolved = _resolve(path, nir_file)
+    directory_given = os.path.isdir(resolved) or not path.endswith(".json")
+    file = os.path.join(resolved, "config.json") if directory_given else resolved
+    shown = os.path.join(path, "config.json") if directory_given else path
+    if not os.path.isfile(file):
+        raise SemanticError(f"no config.json at '{path}'" if directory_given else f"no file '{path}'", word.loc,
+                            f"hf(\"...\") takes a checkpoint directory holding config.json (or that file), "
+                            f"relative to the .nir file (looked for {file})", width=word.width)
+    try:
+        with open(file, encoding="utf-8") as handle:
+            config = json.load(handle)
+    except (OSError, UnicodeDecodeError) as error:
+        raise SemanticError(f"cannot read {shown}: {error}", word.loc, "check the file's permissions and encoding",
+                            width=word.width) from None
+    except json.JSONDecodeError as error:
+        raise SemanticError(f"{shown} is not valid JSON: {error.msg} at line {error.lineno} column {error.colno}",
+                            word.loc, "transformers writes config.json with save_pretrained; fix or re-export it",
+                            width=word.width) from None
+    if not isinstance(config, dict):
+        raise SemanticError(f"{shown} is not a JSON object", word.loc, "a config.json holds one {...} object",
+                            width=word.width)
+    return config, os.path.dirname(file), shown
+
+
+def _architecture(read: _Reader) -> str:
+    config = read.config
+    names = config.get("architectures") or []
+    if not isinstance(names, list) or len(names) != 1:
+        raise read.error(f"'architectures' must list one class, found {json.dumps(names)}",
+                         f"supported: {', '.join(HF_ARCHITECTURES)}")
+    if names[0] not in HF_ARCHITECTURES:
+        raise read.error(f"unsupported architecture '{names[0]}'", f"supported: {', '.join(HF_ARCHITECTURES)}")
+    return HF_ARCHITECTURES[names[0]]
+
+
+def _rope(read: _Reader) -> tuple[float, Optional[RopeScaling]]:
+    """(rope theta, scaling) from rope_theta/rope_scaling or transformers 5's rope_parameters."""
+    config = read.config
+    params = config.get("rope_parameters")
+    if isinstance(params, dict):
+        theta_key, theta = "rope_parameters.rope_theta", params.get("rope_theta", 10000.0)
+        scaling, scaling_key = params, "rope_parameters"
+    else:
+        theta_key, theta = "rope_theta", config.get("rope_theta", 10000.0)
+        scaling, scaling_key = config.get("rope_scaling"), "rope_scaling"
+    theta = read.float(theta_key, theta)
+    if scaling is None:
+        return theta, None
+    if not isinstance(scaling, dict):
+        raise read.error(f"'{scaling_key}' must be an object or null, found {json.dumps(scaling)}",
+                         "is this a transformers config.json?")
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "default":
+        return theta, None
+    if kind != "llama3":
+        raise read.unsupported(f"{scaling_key}.rope_type", kind, "supported rope scaling: llama3 (or none)")
+    values = {}
+    for key in ("factor", "low_freq_factor", "high_freq_factor"):
+        if key not in scaling:
+            raise read.error(f"'{scaling_key}.{key}' is missing", "llama3 rope scaling sets factor, low_freq_factor, "
+                             "high_freq_factor and original_max_position_embeddings")
+        values[key] = read.float(f"{scaling_key}.{key}", scaling[key])
+    original = scaling.get("original_max_position_embeddings")
+    if isinstance(original, bool) or not isinstance(original, int) or original < 1:
+        raise read.error(f"'{scaling_key}.original_max_position_embeddings' must be a positive integer, found "
+                         f"{json.dumps(original)}", "llama3 rope scaling sets it (8192 for Llama-3.1)")
+    return theta, RopeScaling("llama3", original_max_position_embeddings=original, **values)
+
+
+def _reject_unsupported(read: _Reader, family: str) -> None:
+    """Fields whose non-default values change the computation in ways Nereus does not implement."""
+    config = read.config
+    act = config.get("hidden_act", "silu")
+    if act != "silu":
+        raise read.unsupported("hidden_act", act, "the llama/qwen MLP here is SwiGLU (silu)")
+    if config.get("mlp_bias", False):
+        raise read.unsupported("mlp_bias", True, "MLP biases are not implemented")
+    if family != "qwen2" and config.get("attention_bias", False):
+        raise read.unsupported("attention_bias", True, "an o_proj bias is not implemented; only qwen2's q/k/v bias is")
+    if config.get("use_sliding_window", False):
+        raise read.unsupported("use_sliding_window", True, "sliding-window attention is not implemented")
+    layer_types = config.get("layer_types")
+    if isinstance(layer_types, list) and any(t != "full_attention" for t in layer_types):
+        bad = next(t for t in layer_types if t != "full_attention")
+        raise read.unsupported("layer_types entry", bad, "only full attention layers are implemented")
+
+
+def read_hf_config(word: Word, path: str, nir_file: str) -> HfConfig:
+    """Input: the `hf("...")` argument (`word` is its token, `path` its text) and the
+    `.nir` file's name. Output: the Model fields the config gives and the checkpoint
+    directory. Raises a SemanticError at `word` for a missing or unreadable file, bad
+    JSON, an unsupported architecture or field."""
+    config, directory, shown = _load(word, path, nir_file)
+    read = _Reader(config, word, shown)
+    family = _architecture(read)
+    _reject_unsupported(read, family)
+    fields: dict = {"architecture": family}
+    for hf_key, key in _SIZES:
+        fields[key] = read.int(hf_key)
+    fields["kv_heads"] = read.int("num_key_value_heads", fields["heads"])
+    if config.get("head_dim") is not None:
+        fields["head_dim"] = read.int("head_dim")
+    elif fields["hidden"] % fields["heads"] == 0:
+        fields["head_dim"] = fields["hidden"] // fields["heads"]
+    fields["rope_theta"], fields["rope_scaling"] = _rope(read)
+    fields["norm_eps"] = read.float("rms_norm_eps", config.get("rms_norm_eps", 1e-6))
+    fields["tie_embeddings"] = read.bool("tie_word_embeddings", False)
+    fields["qkv_bias"] = family == "qwen2"  # Qwen2Attention always has q/k/v biases
+    fields["qk_norm"] = family == "qwen3"  # Qwen3Attention always normalizes q and k per head
+    dtype_key = "torch_dtype" if "torch_dtype" in config else "dtype"
+    dtype = config.get(dtype_key)
+    if dtype is not None:
+        if dtype not in HF_DTYPES:
+            raise read.unsupported(dtype_key, dtype, f"dtypes: {', '.join(HF_DTYPES)}; or set dtype in braces")
+        fields["dtype"] = HF_DTYPES[dtype]
+    return HfConfig(fields, directory)

@@ -1,0 +1,111 @@
+"""Transformers parameter names ↔ Nereus tensors, declared once per family.
+
+A Hugging Face checkpoint keeps q/k/v (weights and biases) and gate/up as separate
+tensors; Nereus fuses them (`layers.{i}.attn.qkv.weight` = q rows | k rows | v rows,
+`mlp.gate_up` = gate rows | up rows, see nereus.models). Each HF name therefore maps to a
+global Nereus tensor and a row range of it:
+
+    model.layers.3.self_attn.k_proj.weight  →  actor/layers.3.attn.qkv.weight rows [q, q+kv)
+
+Each family file declares `HF_NAMES` (HF pattern, Nereus pattern, fused part); `hf_targets`,
+`hf_to_nereus` and `nereus_to_hf` derive everything else from it and the tensor table. A
+critic's value head is HF's `score.weight` (a ...ForSequenceClassification with one
+label). A tied model's `lm_head.weight` is the embedding: accepted and ignored on input.
+
+The names are torch-free (the compiler may read them); the two converters use torch.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Optional
+
+from nereus.ir.diagnostics import NereusError
+from nereus.ir.model import Model
+
+from ._lazy import LazyModule
+from .tensors import family, tensor_table
+
+torch = LazyModule("torch")
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a user tensor lives in Nereus: a global tensor and a row range of it."""
+
+    tensor: str
+    rows: tuple[int, int]
+    shape: tuple[int, ...]  # the user tensor's shape
+
+
+def hf_names(model: Model) -> tuple[tuple[str, str, Optional[str]], ...]:
+    """The (HF pattern, Nereus pattern, part) declarations of `model`'s family."""
+    names = getattr(family(model), "HF_NAMES", None)
+    if names is None:
+        raise NereusError(f"no parameter-name mapping for architecture {model.architecture!r}",
+                          hint="declare HF_NAMES in its family file under nereus/models")
+    return names
+
+
+def hf_targets(model: Model) -> dict[str, Target]:
+    """Input: a model. Output: {HF name: Target} for every weight of the model.
+    Invariant: the targets of one Nereus tensor tile its rows exactly once."""
+    specs = {spec.name: spec for spec in tensor_table(model)}
+    out = {}
+    for hf, local, part in hf_names(model):
+        layers = range(model.layers) if "{i}" in hf else [None]
+        for i in layers:
+            name = local.format(i=i) if i is not None else local
+            spec = specs.get(name)
+            if spec is None:  # e.g. lm_head on a critic, a bias the family lacks
+                continue
+            lo, hi = 0, spec.shape[0]
+            if part is not None:
+                for p in spec.parts:
+                    if p.name == part:
+                        hi = lo + p.rows
+                        break
+                    lo += p.rows
+            shape = (hi - lo,) + tuple(spec.shape[1:])
+            out[hf.format(i=i) if i is not None else hf] = Target(f"{model.name}/{name}", (lo, hi), shape)
+    return out
+
+
+def tied_alias(model: Model) -> Optional[str]:
+    """The HF name a tied model's checkpoint may carry for its head (the embedding again)."""
+    return "lm_head.weight" if model.tie_embeddings and model.head == "lm" else None
+
+
+def hf_to_nereus(model: Model, hf_state: dict) -> dict:
+    """Input: an HF-named state dict of `model`. Output: full Nereus tensors by global
+    name (fused tensors assembled). Raises NereusError naming a missing, unknown or
+    mis-shaped tensor."""
+    targets = hf_targets(model)
+    unknown = sorted(set(hf_state) - set(targets) - {tied_alias(model)})
+    missing = sorted(set(targets) - set(hf_state))
+    if unknown or missing:
+        raise NereusError(f"{model.name}: unknown parameters {unknown[:3]}, missing {missing[:3]}",
+                          hint=f"names follow transformers' {model.architecture} models (or score.weight for a critic)")
+    out: dict = {}
+    specs = {f"{model.name}/{s.name}": s for s in tensor_table(model)}
+    for hf, target in targets.items():
+        value = hf_state[hf]
+        if tuple(value.shape) != target.shape:
+            raise NereusError(f"{hf}: shape {tuple(value.shape)}, {model.name} needs {target.shape}")
+        if target.tensor not in out:
+            spec = specs[target.tensor]
+            out[target.tensor] = torch.empty(spec.shape, dtype=value.dtype, device=value.device)
+        out[target.tensor][target.rows[0]:target.rows[1]].copy_(value)
+    return out
+
+
+def nereus_to_hf(model: Model, full: dict) -> dict:
+    """Inverse of hf_to_nereus: HF-named views of full Nereus tensors (no copy)."""
+    return {hf: full[t.tensor][t.rows[0]:t.rows[1]] for hf, t in hf_targets(model).items()}
+
+
+def parse_layer(name: str) -> Optional[int]:
+    """The layer index in an HF or Nereus parameter name, or None."""
+    match = re.search(r"layers\.(\d+)\.", name)
+    return int(match.group(1)) if match else None

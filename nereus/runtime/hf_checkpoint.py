@@ -1,0 +1,204 @@
+"""Hugging Face checkpoints ↔ this rank's shards, without materializing the model.
+
+    local = rt.shard_hf_checkpoint("actor.training")     # reads only this rank's boxes
+    rt.register("actor.training", local)
+    hf = rt.gather_hf_state_dict("actor.training")       # collective: HF names, full tensors
+
+Loading. Input: a model, the UNIT this rank holds (JSON program v1 layout) and a
+checkpoint directory (`model.safetensors`, or shards listed by
+`model.safetensors.index.json`). Output: {global name: local tensor} in the local shard
+contract (boxes stacked along dim 0), at the model's dtype, ready for `register`;
+training units also get `#master` (fp32 copy of the weight), zeroed `#exp_avg` /
+`#exp_avg_sq` and Adam step 0. Invariant: only the bytes of this rank's boxes are read
+from the files (a row range is one positioned read, a column range one read per row), each
+straight into the local tensor when the dtypes agree, so peak host memory is about this
+rank's shards, not the model (a tensor whose dtype differs costs one piece more).
+
+The safetensors format is read directly (8-byte header length, JSON header with dtype,
+shape and byte offsets, then raw little-endian data): positioned reads into the target
+tensor keep the file's pages out of this process, which memory-mapping the file (what
+safetensors' own slicing does) would not for column slices.
+
+A value head (`score.weight`) missing from a causal-LM checkpoint starts at zero (a critic
+that predicts 0, as nereus.models.llama.init_full_weights does); a tied model reads its
+head from the embedding.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from typing import Optional
+
+import torch
+
+from nereus.ir.diagnostics import NereusError
+from nereus.ir.model import Model, ModelStage
+from nereus.models import OPTIMIZER_STATES, optimizer_name, tensor_table
+from nereus.models.hf import hf_targets, nereus_to_hf
+
+from .boxes import as_box
+from .executor import TORCH_DTYPES
+from .state import assemble, step_name
+
+SAFETENSORS_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64,
+                      "I64": torch.int64, "I32": torch.int32}
+_MAX_READ = 1 << 30  # bytes per pread call (Linux caps a single read below 2 GiB)
+
+
+class SafetensorsFiles:
+    """The tensors of a checkpoint directory by name: where each lies in which file."""
+
+    def __init__(self, directory: str):
+        self.directory = directory
+        index = os.path.join(directory, "model.safetensors.index.json")
+        if os.path.isfile(index):
+            with open(index, encoding="utf-8") as handle:
+                files = sorted(set(json.load(handle)["weight_map"].values()))
+        elif os.path.isfile(os.path.join(directory, "model.safetensors")):
+            files = ["model.safetensors"]
+        else:
+            raise NereusError(f"no model.safetensors or model.safetensors.index.json in {directory}",
+                              hint="save the model with save_pretrained(..., safe_serialization=True)")
+        self.entries: dict = {}  # name -> (file, dtype, shape, data start)
+        for file in files:
+            path = os.path.join(directory, file)
+            with open(path, "rb") as handle:
+                (length,) = struct.unpack("<Q", handle.read(8))
+                header = json.loads(handle.read(length))
+            for name, info in header.items():
+                if name == "__metadata__":
+                    continue
+                if info["dtype"] not in SAFETENSORS_DTYPES:
+                    raise NereusError(f"{path}: {name} has dtype {info['dtype']}, which Nereus does not read")
+                self.entries[name] = (path, SAFETENSORS_DTYPES[info["dtype"]], tuple(info["shape"]),
+                                      8 + length + info["data_offsets"][0])
+        self._fds: dict = {}
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.entries
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    def _fd(self, path: str) -> int:
+        if path not in self._fds:
+            self._fds[path] = os.open(path, os.O_RDONLY)
+        return self._fds[path]
+
+    def dtype(self, name: str) -> torch.dtype:
+        return self.entries[name][1]
+
+    def read_into(self, name: str, box: tuple, out: torch.Tensor) -> None:
+        """Read box `box` (half-open ranges per dim) of tensor `name` into the contiguous
+        tensor `out` (the checkpoint's dtype, the box's shape)."""
+        path, dtype, shape, start = self.entries[name]
+        if len(box) != len(shape) or any(hi > n for (_, hi), n in zip(box, shape)):
+            raise NereusError(f"{name}: box {box} outside its shape {shape} in {path}")
+        size = out.element_size()
+        row = size
+        for n in shape[1:]:
+            row *= n
+        target = memoryview(out.view(torch.uint8).reshape(-1).numpy()) if out.numel() else memoryview(b"")
+        fd = self._fd(path)
+        (lo, hi), rest = box[0], box[1:]
+        if all(a == 0 and b == n for (a, b), n in zip(rest, shape[1:])):  # whole rows: one read
+            _pread(fd, target, start + lo * row)
+            return
+        if len(shape) != 2:
+            raise NereusError(f"{name}: reading a column range of a {len(shape)}-D tensor is not supported")
+        (c0, c1) = rest[0]
+        width = (c1 - c0) * size
+        for i, r in enumerate(range(lo, hi)):
+            _pread(fd, target[i * width:(i + 1) * width], start + r * row + c0 * size)
+
+
+def _pread(fd: int, target: memoryview, offset: int) -> None:
+    done = 0
+    while done < len(target):
+        n = os.preadv(fd, [target[done:done + _MAX_READ]], offset + done)
+        if n <= 0:
+            raise NereusError("unexpected end of a safetensors file", hint="the checkpoint may be truncated")
+        done += n
+
+
+def _sources(model: Model) -> dict:
+    """{global Nereus tensor: [(HF name, first row, end row), ...]} tiling its rows."""
+    out: dict = {}
+    for hf, target in hf_targets(model).items():
+        out.setdefault(target.tensor, []).append((hf, *target.rows))
+    return out
+
+
+def _read_shard(files: SafetensorsFiles, pieces: list, boxes: list, dtype: torch.dtype) -> torch.Tensor:
+    """The local tensor of one shard: its boxes, stacked along dim 0, read piece by piece
+    (a fused tensor's rows come from several HF tensors)."""
+    rest = [hi - lo for lo, hi in boxes[0][1:]]
+    out = torch.empty([sum(b[0][1] - b[0][0] for b in boxes), *rest], dtype=dtype)
+    row = 0
+    for box in boxes:
+        lo, hi = box[0]
+        for hf, first, end in pieces:
+            a, b = max(lo, first), min(hi, end)
+            if a >= b:
+                continue
+            part = out[row + a - lo: row + b - lo]
+            hf_box = ((a - first, b - first), *box[1:])
+            if files.dtype(hf) == dtype:
+                files.read_into(hf, hf_box, part)
+            else:  # one piece at the checkpoint's dtype, then cast
+                staged = torch.empty(part.shape, dtype=files.dtype(hf))
+                files.read_into(hf, hf_box, staged)
+                part.copy_(staged)
+        row += hi - lo
+    return out
+
+
+def shard_checkpoint(model: Model, model_stage: ModelStage, unit: Optional[dict], gpu: int,
+                     directory: str) -> dict:
+    """Input: the model, the UNIT on this GPU (None: it holds none) and the checkpoint
+    directory. Output: this GPU's local tensors by global name (see the module docstring)."""
+    if unit is None:
+        return {}
+    files = SafetensorsFiles(directory)
+    try:
+        sources = _sources(model)
+        dtype = TORCH_DTYPES[model.dtype]
+        weights = {f"{model.name}/{spec.name}" for spec in tensor_table(model)}
+        out = {}
+        for shard in unit["shards"]:
+            name = shard["tensor"]
+            if shard["gpu"] != gpu or name not in weights:
+                continue
+            boxes = [as_box(b) for b in shard["boxes"]]
+            pieces = sources.get(name, [])
+            absent = [hf for hf, _, _ in pieces if hf not in files]
+            if absent and name.endswith("/value_head.weight"):
+                out[name] = torch.zeros([sum(b[0][1] - b[0][0] for b in boxes), *[hi - lo for lo, hi in boxes[0][1:]]],
+                                        dtype=dtype)
+                continue
+            if absent:
+                raise NereusError(f"{directory} lacks {absent[0]}, which {model.name} needs for {name}",
+                                  hint="is the checkpoint of the model's architecture and sizes?")
+            out[name] = _read_shard(files, pieces, boxes, dtype)
+    finally:
+        files.close()
+    if model_stage.stage == "training":
+        for name in [n for n in out if n in weights]:
+            out[optimizer_name(name, OPTIMIZER_STATES[0])] = out[name].float()
+            for state in OPTIMIZER_STATES[1:]:
+                out[optimizer_name(name, state)] = torch.zeros(out[name].shape, dtype=torch.float32)
+        out[step_name(model.name)] = torch.tensor(0, dtype=torch.int64)
+    return out
+
+
+def gather_hf(model: Model, units: list, gpu: int, local: dict, group=None) -> dict:
+    """Collective over `group`: the full weights (no optimizer state) under HF names on
+    every rank, each a contiguous tensor at the model's dtype."""
+    dtype = TORCH_DTYPES[model.dtype]
+    specs = {f"{model.name}/{spec.name}": (spec.shape, dtype) for spec in tensor_table(model)}
+    full = assemble(units, gpu, local, specs, group=group)
+    return {name: tensor.contiguous().clone() for name, tensor in nereus_to_hf(model, full).items()}
