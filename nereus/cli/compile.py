@@ -1,4 +1,4 @@
-"""`nereusc FILE [--transition S1->S2] [--set K=V]... [--emit summary|text|dot|json] [-o OUT]`.
+"""`nereusc FILE [--transition S1:S2] [--set K=V]... [--emit summary|text|dot|json] [-o OUT]`.
 
 Without --emit: check every plan's memory (the `check` table), then compile every declared
 transition and print its summary; exit 1 if a plan does not fit. With --emit: compile the
@@ -18,17 +18,28 @@ from nereus.cli.errors import reports_errors, traceback_option
 from nereus.ir.diagnostics import SemanticError
 
 
+TRANSITION_HINT = "write --transition S1:S2 (or quote the arrow: --transition 'S1->S2')"
+
+
+def split_transition(text: str) -> tuple[str, str]:
+    """`S1:S2` (shell-safe, the documented form) or `S1->S2` (needs quotes in a shell,
+    where an unquoted `>` is a redirect) → ("S1", "S2"); SemanticError otherwise."""
+    for separator in ("->", ":"):
+        source, sep, target = text.partition(separator)
+        if sep and source.strip() and target.strip() and ":" not in target and "->" not in target:
+            return source.strip(), target.strip()
+    raise SemanticError(f"--transition {text!r} is not of the form S1:S2", hint=TRANSITION_HINT)
+
+
 def _pairs(module, transition: str | None) -> list[tuple[str, str]]:
     if transition:
-        source, sep, target = transition.partition("->")
-        if not sep or not source.strip() or not target.strip():
-            raise SemanticError(f"--transition {transition!r} is not of the form S1->S2", hint="e.g. --transition S1->S2")
+        source, target = split_transition(transition)
         names = [plan.name for plan in module.plans]
-        for plan in (source.strip(), target.strip()):
+        for plan in (source, target):
             if plan not in names:  # before any output: the plan table would only bury the error
                 raise SemanticError(f"--transition names no plan {plan!r} of {module.file}",
                                     hint=f"plans: {', '.join(names)}")
-        return [(source.strip(), target.strip())]
+        return [(source, target)]
     return [(t.source, t.target) for t in module.transitions]
 
 
@@ -90,7 +101,8 @@ def _print_after(name: str, state) -> None:
 
 @click.command("compile")
 @click.argument("file", type=click.Path(dir_okay=False))
-@click.option("--transition", metavar="S1->S2", help="Compile this transition (any two plans of FILE).")
+@click.option("--transition", metavar="S1:S2",
+              help="Compile this transition (any two plans of FILE); 'S1->S2' quoted also works.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a value first, e.g. --set workload.response=8192 (repeatable).")
 @click.option("--emit", type=click.Choice(["summary", "dag", "text", "dot", "json"]),
@@ -122,7 +134,7 @@ def compile_command(file, transition, overrides, emit, output, as_json, time_pas
         fits = report_plans(module, as_json, collect=checked)
     elif len(pairs) != 1 and emit != "summary":
         raise SemanticError(f"--emit {emit} writes one transition and {file} declares {len(pairs)}",
-                            hint="choose one with --transition S1->S2")
+                            hint="choose one with --transition S1:S2")
     hook = _print_after if print_after_all else None
     results = []
     for source, target in pairs:
