@@ -16,6 +16,7 @@ import click
 
 from nereus.cli.errors import reports_errors, traceback_option
 from nereus.ir.diagnostics import SemanticError
+from nereus.ir.units import human_bytes
 
 
 TRANSITION_HINT = "write --transition S1:S2 (or quote the arrow: --transition 'S1->S2')"
@@ -45,8 +46,6 @@ def _pairs(module, transition: str | None) -> list[tuple[str, str]]:
 
 def summary_text(summary: dict) -> str:
     """A human summary of `nereus.passes.summarize`'s dict."""
-    from nereus.backends.text import human_bytes as hb
-
     if "bytes" not in summary:  # the pipeline stopped before lower
         return "\n".join([f"transition {summary['transition']}"] + [
             f"  {name}  {' '.join(s['primitives']) or ('unchanged' if s['unchanged'] else '-')}"
@@ -54,10 +53,10 @@ def summary_text(summary: dict) -> str:
     b = summary["bytes"]
     lines = [f"transition {summary['transition']}: {summary['rounds']} rounds, {summary['messages']} messages,"
              f" predicted {summary['predicted_seconds']:.3f} s",
-             f"  bytes moved {hb(b['total'])} (local {hb(b['local'])}, intra-node {hb(b['intra_node'])},"
-             f" inter-node {hb(b['inter_node'])}, staged {hb(b['staged'])}); kept in place {hb(b['kept'])}",
-             f"  lower bound (bytes whose owner changes) {hb(summary['lower_bound_bytes'])};"
-             f" sent {hb(b['intra_node'] + b['inter_node'])}"]
+             f"  bytes moved {human_bytes(b['total'])} (local {human_bytes(b['local'])}, intra-node {human_bytes(b['intra_node'])},"
+             f" inter-node {human_bytes(b['inter_node'])}, staged {human_bytes(b['staged'])}); kept in place {human_bytes(b['kept'])}",
+             f"  lower bound (bytes whose owner changes) {human_bytes(summary['lower_bound_bytes'])};"
+             f" sent {human_bytes(b['intra_node'] + b['inter_node'])}"]
     if summary["resource_edges"]:
         edges = ", ".join(f"{k} {v}" for k, v in sorted(summary["resource_edges"].items()))
         lines.append(f"  resource edges: {edges}")
@@ -95,7 +94,7 @@ def _print_after(name: str, state) -> None:
     elif name == "lower":
         parts.append(f"program of {state.program.num_rounds} rounds")
     elif name == "cost":
-        parts.append(f"{state.cost.seconds:.4f} s predicted, {state.cost.bytes_total} bytes")
+        parts.append(f"{state.cost.seconds:.4f} s predicted, {human_bytes(state.cost.bytes_total)}")
     click.echo(" ".join(parts), err=True)
 
 
