@@ -17,6 +17,7 @@ import click
 from nereus.cli.errors import reports_errors, traceback_option
 from nereus.ir.diagnostics import SemanticError
 from nereus.ir.units import human_bytes
+from nereus.passes import PEAK_WARNING_FRACTION
 
 
 TRANSITION_HINT = "write --transition S1:S2 (or quote the arrow: --transition 'S1->S2')"
@@ -57,6 +58,14 @@ def summary_text(summary: dict) -> str:
              f" inter-node {human_bytes(b['inter_node'])}, staged {human_bytes(b['staged'])}); kept in place {human_bytes(b['kept'])}",
              f"  lower bound (bytes whose owner changes) {human_bytes(summary['lower_bound_bytes'])};"
              f" sent {human_bytes(b['intra_node'] + b['inter_node'])}"]
+    peak = summary["peak_memory"]
+    when = "before round 0" if peak["round"] < 0 else f"in round {peak['round']}"
+    lines.append(f"  peak memory {human_bytes(peak['bytes'])} of {human_bytes(peak['capacity_bytes'])} usable"
+                 f" ({peak['fraction']:.1%}) on GPU {peak['gpu']} {when}; headroom {human_bytes(peak['headroom_bytes'])}")
+    if peak["warning"]:
+        lines.append(f"  warning: GPU {peak['gpu']} peaks above {PEAK_WARNING_FRACTION:.0%} of its usable memory during"
+                     " this transition (allocator fragmentation can make it run out); a larger `reserve` in the cluster"
+                     " makes the scheduler keep more free")
     if summary["resource_edges"]:
         edges = ", ".join(f"{k} {v}" for k, v in sorted(summary["resource_edges"].items()))
         lines.append(f"  resource edges: {edges}")
