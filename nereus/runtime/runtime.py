@@ -70,7 +70,7 @@ class TransitionReport:
     peak_bytes: int
     rounds: list = field(default_factory=list)  # per-round timings of this rank
     verified: Optional[bool] = None
-    pack_backend: str = packing.BACKEND
+    pack_backend: str = "torch"  # the pack/unpack path this call ran: "torch" or "triton" (CUDA only)
     rollback: str = "device"  # where the old shards waited for the commit ("host" | "device")
     parked_bytes: int = 0  # old shards this rank copied to host memory and released on the device
 
@@ -283,7 +283,7 @@ class Runtime:
             max_seconds=float(maxed[0]), bytes_sent=result.sent_bytes, bytes_received=result.received_bytes,
             bytes_copied=result.copied_bytes, bytes_kept=result.kept_bytes, total_bytes_sent=int(figures[1]),
             peak_bytes=result.peak_bytes, rounds=[asdict(r) for r in result.rounds], verified=result.verified,
-            rollback=result.rollback, parked_bytes=result.parked_bytes)
+            rollback=result.rollback, parked_bytes=result.parked_bytes, pack_backend=packing.backend_for(self.device))
 
     # -- helpers -----------------------------------------------------------------------
 
