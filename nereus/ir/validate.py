@@ -1,4 +1,4 @@
-"""The rules of DESIGN.md ("Rules the compiler enforces") checked on a Module.
+"""The rules of docs/ir.md ("Rules the compiler enforces") checked on a Module.
 
 `validate_module` runs on every parsed module and again after `--set` overrides, so a
 rule holds whichever way a value got into the module. Errors point at the value that
@@ -232,7 +232,7 @@ def validate_plan(plan: Plan, module: Module) -> None:
 
 
 def validate_module(module: Module) -> None:
-    """Input: a built Module. Output: None. Invariant on return: every rule of DESIGN.md
+    """Input: a built Module. Output: None. Invariant on return: every rule of docs/ir.md
     holds; otherwise the first broken rule, in declaration order, is raised."""
     validate_cluster(module.cluster)
     for model in module.models:

@@ -23,7 +23,7 @@ fused tensors (a TP shard of qkv is three boxes: its q rows, its k rows, its v r
 tp > kv_heads each KV head is replicated on tp/kv_heads consecutive TP ranks. row splits
 dim 1. vocab splits dim 0. replicated tensors are whole on every TP rank.
 
-Parameter counts check against MODELS.md: Llama-3.1-8B = 8,030,261,248 and
+Parameter counts check against the published ones: Llama-3.1-8B = 8,030,261,248 and
 Llama-3.1-70B = 70,553,706,496.
 """
 

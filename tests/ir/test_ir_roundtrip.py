@@ -13,7 +13,7 @@ from nereus.ir.validate import valid_tps, validate_module
 EXAMPLES = sorted((Path(__file__).parents[2] / "examples").glob("*.nir"))
 
 HAND_WRITTEN = [
-    # the DESIGN.md example, verbatim
+    # the original design example, verbatim
     """
 cluster h200 {
   nodes 8
