@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 import traceback as traceback_module
 
@@ -62,6 +63,9 @@ def reports_errors(function):
     def wrapper(*args, **kwargs):
         try:
             return function(*args, **kwargs)
+        except BrokenPipeError:  # the reader stopped early (`nereusc ... | head`): no error to report
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's documented recipe
+            sys.exit(1)
         except (NereusError, OSError) as error:
             report_error(error, bool(kwargs.get("as_json")))
 

@@ -36,6 +36,12 @@ def test_a_smaller_bucket_sends_more_messages_and_costs_more():
     assert fused.cost.seconds - a.cost.seconds >= MESSAGE_LATENCY_S * len(fused.program.messages) - 1e-12
 
 
+def test_the_cost_pass_defaults_to_the_documented_latency():
+    from nereus.passes.manager import CostPass
+
+    assert CostPass().message_latency_s == MESSAGE_LATENCY_S
+
+
 def _cases():
     """Small transitions (the 8B/70B examples take minutes to verify on a 2-core box): the
     CPU examples, units trading places on full GPUs (host staging), a cross-stage handover,
