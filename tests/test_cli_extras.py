@@ -14,9 +14,11 @@ TRACE = ROOT / "examples" / "traces" / "length-growth-1024.json"
 
 
 @pytest.fixture()
-def without(monkeypatch):
+def without(monkeypatch, tmp_path):
     """Make `find_spec` report these top-level modules as not installed (as on a machine
-    where only `pip install -e .` ran), and forget that they were imported."""
+    where only `pip install -e .` ran). Runs in a scratch directory: a command that got
+    past its check would write its outputs (runs/...) there, not into the tree."""
+    monkeypatch.chdir(tmp_path)
 
     def hide(*names):
         real = importlib.util.find_spec
