@@ -46,7 +46,7 @@ WORKLOAD = """workload ppo {
 
 
 def valid_tps(shape: dict, world: int) -> list:
-    """TP degrees DESIGN.md allows for this shape (divide heads, ffn, vocab; the kv rule)."""
+    """TP degrees docs/ir.md allows for this shape (divide heads, ffn, vocab; the kv rule)."""
     out = []
     for tp in (1, 2, 4, 8, 16):
         if tp > world or shape["heads"] % tp or shape["ffn"] % tp or shape["vocab"] % tp:

@@ -24,7 +24,7 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
-# Llama-3.1-8B (DESIGN.md's `model actor`); "tiny" keeps its GQA ratio for CPU checks.
+# Llama-3.1-8B (examples/ppo-8b.nir's `model actor`); "tiny" keeps its GQA ratio for CPU checks.
 SHAPES = {
     "8b": dict(layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=128256),
     "small": dict(layers=4, hidden=256, heads=8, kv_heads=4, ffn=512, vocab=1024),

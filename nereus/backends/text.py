@@ -1,24 +1,19 @@
 """Text listing of a lowered program: one line per symbolic op, rounds in order.
 
-    transition S1 -> S2: 2 rounds, 3 messages, 4.0 MB moved, 2.0 MB sent (lower bound 2.0 MB)
+    transition S1 -> S2: 2 rounds, 3 messages, 4.0 MiB moved, 2.0 MiB sent (lower bound 2.0 MiB)
     round 0
-      alloc     gpu 4   actor.training/1                         1.0 MB
+      alloc     gpu 4   actor.training/1                         1.0 MiB
       keep      gpu 0   actor.training/0 -> actor.training/0     embed..head  12 pieces
-      send      0 -> 4  2 transfers                              1.0 MB
-        actor.training/0 -> actor.training/1  layers 0..3  9 pieces  1.0 MB
-      free      gpu 0   actor.training/0                         2.0 MB
+      send      0 -> 4  2 transfers                              1.0 MiB
+        actor.training/0 -> actor.training/1  layers 0..3  9 pieces  1.0 MiB
+      free      gpu 0   actor.training/0                         2.0 MiB
 
 Stable (the golden test compares it byte for byte); layer ranges are not expanded.
 """
 
 from __future__ import annotations
 
-
-def human_bytes(n: int) -> str:
-    for unit, scale in (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("KB", 10**3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
+from nereus.ir.units import human_bytes  # noqa: F401  (the one byte unit of user-facing text)
 
 
 def slot_text(layers: int, lo: int, hi: int) -> str:

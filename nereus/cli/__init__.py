@@ -36,22 +36,34 @@ class _LazyGroup(click.Group):
         super().__init__(*args, **kwargs)
         self._lazy = lazy
         self._default = default
+        self._helping = False  # the command line asks for help: do not require the runtime extras
 
     def list_commands(self, ctx):
         return sorted(set(self._lazy) | set(super().list_commands(ctx)))
 
     def get_command(self, ctx, name):
         if name in self._lazy:
+            from nereus.cli.errors import report_error
+            from nereus.cli.extras import COMMAND_NEEDS, MissingDependency, require
+            from nereus.ir.diagnostics import NereusError
+
             module, attribute, help_text = self._lazy[name]
+            helping = ctx.resilient_parsing or self._helping or "--help" in sys.argv
             try:
+                if not helping:  # help needs no runtime: the command modules import it lazily
+                    require(COMMAND_NEEDS.get(name, ()), f"`{ctx.info_name} {name}`")
                 return getattr(importlib.import_module(module), attribute)
+            except MissingDependency as error:
+                report_error(error, as_json=False)
             except (ImportError, AttributeError) as error:
-                if ctx.resilient_parsing or "--help" in sys.argv:
+                if helping:
                     return click.Command(name, help=f"{help_text} (unavailable: {error})", short_help=help_text)
-                raise click.ClickException(f"command '{name}' is unavailable: {error}")
+                report_error(NereusError(f"command '{name}' is unavailable: {error}",
+                                         hint="install nereus[runtime]: pip install 'nereus[runtime]'"), as_json=False)
         return super().get_command(ctx, name)
 
     def resolve_command(self, ctx, args):
+        self._helping = any(arg in ("--help", "-h") for arg in args)
         # `nereusc plan.nir` → `nereusc compile plan.nir`
         if self._default and args and args[0] not in self._lazy and not args[0].startswith("-"):
             args = [self._default, *args]

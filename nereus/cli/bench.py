@@ -42,4 +42,8 @@ def bench_command(name, args, traceback):
         return
     if name not in names:
         raise NereusError(f"no benchmark named {name!r}", hint=f"choose one of: {', '.join(names)}")
-    sys.exit(subprocess.call([sys.executable, str(benchmarks_dir() / f"{name}.py"), *args]))
+    from nereus.cli.extras import require, script_needs
+
+    script = benchmarks_dir() / f"{name}.py"
+    require(script_needs(script.read_text(encoding="utf-8")), f"`nereus bench {name}`")
+    sys.exit(subprocess.call([sys.executable, str(script), *args]))

@@ -8,10 +8,9 @@ import sys
 import click
 
 from nereus.cli.errors import reports_errors, traceback_option
-from nereus.ir.diagnostics import InfeasibleError
+from nereus.ir.diagnostics import InfeasibleError, SemanticError
 from nereus.ir.model import Module
-
-GIB = 1024**3
+from nereus.ir.units import human_bytes
 
 set_option = click.option(
     "--set", "overrides", multiple=True, metavar="KEY=VALUE",
@@ -28,17 +27,13 @@ def load_module(path: str, overrides=()) -> Module:
     return module
 
 
-def _gib(n: int) -> str:
-    return f"{n / GIB:.1f} GiB"
-
-
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def describe(module: Module) -> str:
     c, w = module.cluster, module.workload
-    return (f"cluster {c.name}: {c.num_gpus} GPUs ({c.nodes} x {c.gpus_per_node}, {_gib(c.usable_gpu_bytes)} usable each); "
+    return (f"cluster {c.name}: {c.num_gpus} GPUs ({c.nodes} x {c.gpus_per_node}, {human_bytes(c.usable_gpu_bytes)} usable each); "
             f"{_count(len(module.models), 'model')}; workload {w.name} (batch {w.batch}, "
             f"prompt {w.prompt}, response {w.response}); "
             f"{_count(len(module.plans), 'plan')}; {_count(len(module.transitions), 'transition')}")
@@ -48,10 +43,10 @@ def feasibility_table(reports) -> str:
     header = ("plan", "fits", "worst GPU", "stage", "used", "headroom", "largest contributors")
     rows = []
     for r in reports:
-        top = ", ".join(f"{c.model_stage} {c.kind} {_gib(c.bytes)}" for c in r.worst.contributors[:3])
+        top = ", ".join(f"{c.model_stage} {c.kind} {human_bytes(c.bytes)}" for c in r.worst.contributors[:3])
         headroom = r.headroom_bytes
         rows.append((r.plan, "yes" if r.feasible else "NO", str(r.worst.gpu), r.worst.stage,
-                     _gib(r.worst.bytes), ("+" if headroom >= 0 else "-") + _gib(abs(headroom)), top))
+                     human_bytes(r.worst.bytes), ("+" if headroom >= 0 else "-") + human_bytes(abs(headroom)), top))
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
     lines = []
     for row in [header, *rows]:
@@ -99,10 +94,10 @@ def report_plans(module: Module, as_json: bool = False, plans=None, collect: dic
                 source = ""
         top = worst.contributors[0]
         error = InfeasibleError(
-            f"plan {plan.name} does not fit: GPU {worst.gpu} needs {_gib(worst.bytes)} in {worst.stage} "
-            f"but has {_gib(report.capacity_bytes)} ({len(report.overflowing)} GPU x stage pairs overflow)",
+            f"plan {plan.name} does not fit: GPU {worst.gpu} needs {human_bytes(worst.bytes)} in {worst.stage} "
+            f"but has {human_bytes(report.capacity_bytes)} ({len(report.overflowing)} GPU x stage pairs overflow)",
             plan.loc,
-            f"the largest contributor is {top.model_stage} {top.kind} ({_gib(top.bytes)}); raise its tp/pp, "
+            f"the largest contributor is {top.model_stage} {top.kind} ({human_bytes(top.bytes)}); raise its tp/pp, "
             f"offload it, or lower the microbatch",
             source or None, width=len(plan.name) if plan.loc else 1)
         click.echo(error.format(), err=True)
@@ -124,7 +119,8 @@ def check_command(file, overrides, plans, as_json, traceback):
     module = load_module(file, overrides)
     unknown = [p for p in plans if p not in {plan.name for plan in module.plans}]
     if unknown:
-        raise click.BadParameter(f"no plan named {unknown[0]!r} in {file}", param_hint="--plan")
+        raise SemanticError(f"no plan named {unknown[0]!r} in {file}",
+                            hint=f"--plan takes one of: {', '.join(plan.name for plan in module.plans)}")
     if not as_json:
         click.echo(f"{file}: {describe(module)}")
     if not report_plans(module, as_json, set(plans) if plans else None):

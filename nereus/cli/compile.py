@@ -1,4 +1,4 @@
-"""`nereusc FILE [--transition S1->S2] [--set K=V]... [--emit summary|text|dot|json] [-o OUT]`.
+"""`nereusc FILE [--transition S1:S2] [--set K=V]... [--emit summary|text|dot|json] [-o OUT]`.
 
 Without --emit: check every plan's memory (the `check` table), then compile every declared
 transition and print its summary; exit 1 if a plan does not fit. With --emit: compile the
@@ -16,26 +16,37 @@ import click
 
 from nereus.cli.errors import reports_errors, traceback_option
 from nereus.ir.diagnostics import SemanticError
+from nereus.ir.units import human_bytes
+from nereus.passes import PEAK_WARNING_FRACTION
+
+
+TRANSITION_HINT = "write --transition S1:S2 (or quote the arrow: --transition 'S1->S2')"
+
+
+def split_transition(text: str) -> tuple[str, str]:
+    """`S1:S2` (shell-safe, the documented form) or `S1->S2` (needs quotes in a shell,
+    where an unquoted `>` is a redirect) → ("S1", "S2"); SemanticError otherwise."""
+    for separator in ("->", ":"):
+        source, sep, target = text.partition(separator)
+        if sep and source.strip() and target.strip() and ":" not in target and "->" not in target:
+            return source.strip(), target.strip()
+    raise SemanticError(f"--transition {text!r} is not of the form S1:S2", hint=TRANSITION_HINT)
 
 
 def _pairs(module, transition: str | None) -> list[tuple[str, str]]:
     if transition:
-        source, sep, target = transition.partition("->")
-        if not sep or not source.strip() or not target.strip():
-            raise SemanticError(f"--transition {transition!r} is not of the form S1->S2", hint="e.g. --transition S1->S2")
+        source, target = split_transition(transition)
         names = [plan.name for plan in module.plans]
-        for plan in (source.strip(), target.strip()):
+        for plan in (source, target):
             if plan not in names:  # before any output: the plan table would only bury the error
                 raise SemanticError(f"--transition names no plan {plan!r} of {module.file}",
                                     hint=f"plans: {', '.join(names)}")
-        return [(source.strip(), target.strip())]
+        return [(source, target)]
     return [(t.source, t.target) for t in module.transitions]
 
 
 def summary_text(summary: dict) -> str:
     """A human summary of `nereus.passes.summarize`'s dict."""
-    from nereus.backends.text import human_bytes as hb
-
     if "bytes" not in summary:  # the pipeline stopped before lower
         return "\n".join([f"transition {summary['transition']}"] + [
             f"  {name}  {' '.join(s['primitives']) or ('unchanged' if s['unchanged'] else '-')}"
@@ -43,10 +54,18 @@ def summary_text(summary: dict) -> str:
     b = summary["bytes"]
     lines = [f"transition {summary['transition']}: {summary['rounds']} rounds, {summary['messages']} messages,"
              f" predicted {summary['predicted_seconds']:.3f} s",
-             f"  bytes moved {hb(b['total'])} (local {hb(b['local'])}, intra-node {hb(b['intra_node'])},"
-             f" inter-node {hb(b['inter_node'])}, staged {hb(b['staged'])}); kept in place {hb(b['kept'])}",
-             f"  lower bound (bytes whose owner changes) {hb(summary['lower_bound_bytes'])};"
-             f" sent {hb(b['intra_node'] + b['inter_node'])}"]
+             f"  bytes moved {human_bytes(b['total'])} (local {human_bytes(b['local'])}, intra-node {human_bytes(b['intra_node'])},"
+             f" inter-node {human_bytes(b['inter_node'])}, staged {human_bytes(b['staged'])}); kept in place {human_bytes(b['kept'])}",
+             f"  lower bound (bytes whose owner changes) {human_bytes(summary['lower_bound_bytes'])};"
+             f" sent {human_bytes(b['intra_node'] + b['inter_node'])}"]
+    peak = summary["peak_memory"]
+    when = "before round 0" if peak["round"] < 0 else f"in round {peak['round']}"
+    lines.append(f"  peak memory {human_bytes(peak['bytes'])} of {human_bytes(peak['capacity_bytes'])} usable"
+                 f" ({peak['fraction']:.1%}) on GPU {peak['gpu']} {when}; headroom {human_bytes(peak['headroom_bytes'])}")
+    if peak["warning"]:
+        lines.append(f"  warning: GPU {peak['gpu']} peaks above {PEAK_WARNING_FRACTION:.0%} of its usable memory during"
+                     " this transition (allocator fragmentation can make it run out); a larger `reserve` in the cluster"
+                     " makes the scheduler keep more free")
     if summary["resource_edges"]:
         edges = ", ".join(f"{k} {v}" for k, v in sorted(summary["resource_edges"].items()))
         lines.append(f"  resource edges: {edges}")
@@ -84,13 +103,14 @@ def _print_after(name: str, state) -> None:
     elif name == "lower":
         parts.append(f"program of {state.program.num_rounds} rounds")
     elif name == "cost":
-        parts.append(f"{state.cost.seconds:.4f} s predicted, {state.cost.bytes_total} bytes")
+        parts.append(f"{state.cost.seconds:.4f} s predicted, {human_bytes(state.cost.bytes_total)}")
     click.echo(" ".join(parts), err=True)
 
 
 @click.command("compile")
 @click.argument("file", type=click.Path(dir_okay=False))
-@click.option("--transition", metavar="S1->S2", help="Compile this transition (any two plans of FILE).")
+@click.option("--transition", metavar="S1:S2",
+              help="Compile this transition (any two plans of FILE); 'S1->S2' quoted also works.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a value first, e.g. --set workload.response=8192 (repeatable).")
 @click.option("--emit", type=click.Choice(["summary", "dag", "text", "dot", "json"]),
@@ -122,7 +142,7 @@ def compile_command(file, transition, overrides, emit, output, as_json, time_pas
         fits = report_plans(module, as_json, collect=checked)
     elif len(pairs) != 1 and emit != "summary":
         raise SemanticError(f"--emit {emit} writes one transition and {file} declares {len(pairs)}",
-                            hint="choose one with --transition S1->S2")
+                            hint="choose one with --transition S1:S2")
     hook = _print_after if print_after_all else None
     results = []
     for source, target in pairs:

@@ -1,38 +1,76 @@
-"""How commands report user errors: `file:line:col: error: ...`, a caret, a hint; exit 2."""
+"""How commands report user errors: `file:line:col: error: ...`, a caret, a hint; exit 2.
+
+With `--json` the same error is one JSON object on stdout instead, so that a script reading
+stdout always gets JSON:
+
+    {"error": {"file": "bad.nir", "line": 11, "col": 44, "type": "SemanticError",
+               "message": "microbatch 3 must divide batch (256)", "hint": "..."}}
+
+`--traceback` (or NEREUS_TRACEBACK=1) prints the Python traceback in addition, for bug
+reports; the exit code stays 2 because the error is still the user's.
+"""
 
 from __future__ import annotations
 
 import functools
+import json
+import os
 import sys
+import traceback as traceback_module
 
 import click
 
 from nereus.ir.diagnostics import NereusError
 
 
+def error_json(error: Exception) -> dict:
+    """The fields of a user error: where (file, line, col; None when unknown), what, and the hint."""
+    if isinstance(error, NereusError):
+        loc = error.loc
+        return {"file": loc.file if loc else None, "line": loc.line if loc else None,
+                "col": loc.column if loc else None, "type": type(error).__name__,
+                "message": error.message, "hint": error.hint}
+    filename = getattr(error, "filename", None)
+    return {"file": None if filename is None else str(filename), "line": None, "col": None,
+            "type": type(error).__name__, "message": getattr(error, "strerror", None) or str(error), "hint": None}
+
+
+def _error_text(error: Exception) -> str:
+    if isinstance(error, NereusError):
+        return error.format()
+    return f"error: {error.strerror or error}: {error.filename or ''}".rstrip(": ")
+
+
+def report_error(error: Exception, as_json: bool) -> None:
+    """Print `error` the way every command does (see the module docstring); exit 2."""
+    from nereus.cli import traceback_requested
+
+    if traceback_requested():
+        traceback_module.print_exception(type(error), error, error.__traceback__, file=sys.stderr)
+    if as_json:
+        click.echo(json.dumps({"error": error_json(error)}))
+    else:
+        click.echo(_error_text(error), err=True)
+    sys.exit(2)
+
+
 def reports_errors(function):
-    """Decorate a click callback so that a NereusError prints its formatted text to stderr
-    and exits with code 2; `--traceback` (or NEREUS_TRACEBACK=1) re-raises instead."""
+    """Decorate a click callback so that a NereusError or an OSError (a file that cannot be
+    read or written) is reported by `report_error`: text on stderr, or JSON on stdout when
+    the command was given `--json`; exit 2."""
 
     @functools.wraps(function)
     def wrapper(*args, **kwargs):
-        from nereus.cli import traceback_requested
-
         try:
             return function(*args, **kwargs)
-        except NereusError as error:
-            if traceback_requested():
-                raise
-            click.echo(error.format(), err=True)
-            sys.exit(2)
-        except OSError as error:
-            if traceback_requested():
-                raise
-            click.echo(f"error: {error.strerror or error}: {error.filename or ''}".rstrip(": "), err=True)
-            sys.exit(2)
+        except BrokenPipeError:  # the reader stopped early (`nereusc ... | head`): no error to report
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's documented recipe
+            sys.exit(1)
+        except (NereusError, OSError) as error:
+            report_error(error, bool(kwargs.get("as_json")))
 
     return wrapper
 
 
 traceback_option = click.option("--traceback", is_flag=True, hidden=False,
-                                help="Show a Python traceback on errors (for bug reports).")
+                                help="Also print a Python traceback on errors (for bug reports); still exits 2.")

@@ -56,6 +56,10 @@ def plot(result: dict, path: str, title: str) -> None:
 @reports_errors
 def simulate_command(trace, as_json, plot_path, margin, show_steps, estimate_transitions, traceback):
     """Replay a drift trace under fixed, greedy, Nereus and oracle policies."""
+    if plot_path:
+        from nereus.cli.extras import require
+
+        require(("matplotlib",), "`nereus simulate --plot`")
     from nereus.controller.simulator import load_trace, simulate
 
     loaded = load_trace(trace)

@@ -25,6 +25,7 @@ import click
 
 from nereus.cli.errors import reports_errors, traceback_option
 from nereus.ir.diagnostics import NereusError, SemanticError
+from nereus.ir.units import human_bytes
 
 PREFIX = "@nereus-rl "  # same as nereus.rl.worker.PREFIX (not imported: it needs torch)
 
@@ -129,7 +130,7 @@ def launch(config: dict, nproc: int, out: str, progress_label: str, quiet: bool,
                                 info=f"reward {event['reward']:.3f}  kl {event['kl']:+.4f}  loss {event['loss']:+.4f}")
             elif event["event"] == "transition":
                 progress.console.print(f"  after step {event['after_step']}: {event['from']} → {event['to']} in "
-                                       f"{event['seconds']:.2f} s, {event['bytes']:,} bytes sent")
+                                       f"{event['seconds']:.2f} s, {human_bytes(event['bytes'])} sent")
             elif event["event"] == "drift":
                 progress.console.print(f"  after step {event['after_step']}: {event['set']}")
             elif event["event"] == "done":
@@ -312,7 +313,7 @@ def _print_summary(runs: dict, comparison: Optional[dict], out: str, wall: float
     for label, result in runs.items():
         s = summary(result)
         table.add_row(label, str(s["steps"]), f"{s['mean_step_seconds']:.3f} s", str(s["transitions"]),
-                      f"{s['bytes_moved']:,}", f"{s['transition_seconds']:.3f} s", f"{100 * s['transition_share']:.2f}%",
+                      human_bytes(s['bytes_moved']), f"{s['transition_seconds']:.3f} s", f"{100 * s['transition_share']:.2f}%",
                       f"{s['first_reward']:.3f} → {s['last_reward']:.3f}")
     console.print(table)
     if comparison:

@@ -1,7 +1,7 @@
 """Admission: switch plans only when the current plan cannot run the next step, or when the
 predicted saving over the remaining steps repays the transition with confidence.
 
-Rule (issue 7; MODELS.md "Admission", after Pollux's discounted speedups and Sia's
+Rule (issue 7; after Pollux's discounted speedups and Sia's
 restart-cost accounting):
   1. infeasible now — the current plan does not fit the next step's workload or GPUs — and a
      feasible candidate exists: switch.
@@ -101,6 +101,6 @@ def admit(step: int, current_s: float, current_feasible: bool, candidate_s: floa
 
 
 def gain_sigma(candidate_s: float, model_error: float, measured_std: float = 0.0, measured_count: int = 0) -> float:
-    """σ = √(s0²/k + (ε·t_cand)²) of MODELS.md (measured term dropped when k = 0)."""
+    """σ = √(s0²/k + (ε·t_cand)²) of the admission rule (measured term dropped when k = 0)."""
     measured = measured_std ** 2 / measured_count if measured_count > 0 else 0.0
     return math.sqrt(measured + (model_error * candidate_s) ** 2)

@@ -3,10 +3,10 @@
 A model-stage's latency is T = Σ_j θ_j·φ_j, φ the stage terms below (seconds at nominal
 rates), θ ≥ 0 fitted per model-stage by non-negative least squares on relative error to the
 job's own measurements (`CostModel.observe`), pulled toward a prior (θ = 1: the per-layer
-H200 calibration is trusted until the job says otherwise). Sources: MODELS.md, which
-collects Narayanan et al. SC'21 (FLOPs, pipeline schedule), Korthikanti et al. 2022
-(activations), Megatron-LM (two all-reduces per layer forward, two backward), the ZeRO paper
-(16 B/param), vLLM (CUDA-graph decode, KV cache).
+H200 calibration is trusted until the job says otherwise). Sources: Narayanan et al. SC'21
+(FLOPs, pipeline schedule), Korthikanti et al. 2022 (activations), Megatron-LM (two
+all-reduces per layer forward, two backward), the ZeRO paper (16 B/param), vLLM (CUDA-graph
+decode, KV cache).
 
 Notation: L layers, h hidden, V vocab, t/p/d = tp/pp/dp, B = workload.batch sequences,
 s_p prompt, n response, S = s_p + n, b = microbatch, L_p = ⌈L/p⌉, B_r = ⌈B/d⌉ sequences per
@@ -36,7 +36,7 @@ of x bytes; 0 when t = 1).
     pp        = w·n·(p − 1)·λ
   every stage: fixed = 1 s (a per-step constant the fit may use; prior θ = 0)
 
-Waves w are forced by KV memory (MODELS.md T_gen): the memory pass (`memory.py`) gives the
+Waves w are forced by KV memory (T_gen): the memory pass (`memory.py`) gives the
 largest per-replica batch whose KV cache fits beside everything resident.
 
 Links: B_intra = cluster.intra (TP groups sit inside a node: the search keeps them there);
@@ -272,7 +272,7 @@ class CostModel:
 
     def relative_error(self, model_stage: ModelStage) -> float:
         """RMS relative error ε of this model-stage's fit, inflated by √(n/(n − k)) for the k
-        coefficients fitted (an O(1) stand-in for the leave-one-out error of MODELS.md that
+        coefficients fitted (an O(1) stand-in for the leave-one-out error that
         `nnls.leave_one_out_error` computes exactly at n fits' cost); NaN with < 2 rows."""
         key = str(model_stage)
         rows = self._rows.get(key, [])

@@ -42,7 +42,7 @@ class UnitMemory:
 
     def vectors(self, period: int) -> tuple[np.ndarray, np.ndarray]:
         """(resident, working) over GPU positions 0..period-1 of a placement on consecutive
-        GPUs: position q is pipeline stage (q mod tp·pp) // tp (mesh order of DESIGN.md)."""
+        GPUs: position q is pipeline stage (q mod tp·pp) // tp (mesh order of docs/ir.md)."""
         index = (np.arange(period) % (self.tp * self.pp)) // self.tp
         return np.asarray(self.resident, dtype=float)[index], np.asarray(self.working, dtype=float)[index]
 

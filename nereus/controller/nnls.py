@@ -3,7 +3,7 @@
 Pure numpy, so the controller needs no scipy. `nnls(A, y)` returns θ ≥ 0 minimising ‖Aθ − y‖₂.
 `fit_relative(A, y, prior, weight)` is what the cost model uses: it minimises the *relative*
 error Σ ((a_i·θ − y_i)/y_i)² (so that a 50 ms stage and a 50 s stage count alike, as
-MODELS.md asks) plus a pull `weight`·‖θ − prior‖² toward the prior coefficients, which keeps
+the calibration asks) plus a pull `weight`·‖θ − prior‖² toward the prior coefficients, which keeps
 coefficients that the observations do not determine (a term that is zero in every row) at
 their calibrated values instead of wherever the solver leaves them. Both terms stack into one
 NNLS problem: [A/y; √w·I] θ ≈ [1; √w·prior].
@@ -84,7 +84,7 @@ def relative_errors(features: np.ndarray, seconds: np.ndarray, theta: np.ndarray
 def leave_one_out_error(features: np.ndarray, seconds: np.ndarray, prior: np.ndarray,
                         prior_weight: float = 1e-3, max_rows: int = 40) -> float:
     """Root-mean-square relative error of each row predicted by a fit on the others (the
-    ε of MODELS.md's confidence margin). Uses the last `max_rows` rows to bound the cost;
+    ε of the admission's confidence margin). Uses the last `max_rows` rows to bound the cost;
     returns NaN with fewer than 2 rows."""
     x = np.asarray(features, dtype=float)[-max_rows:]
     y = np.asarray(seconds, dtype=float)[-max_rows:]

@@ -63,7 +63,7 @@ class SearchResult:
 
 
 def tp_allowed(model, tp: int, gpus_per_node: int) -> bool:
-    """The IR's TP rules (DESIGN.md) plus node alignment."""
+    """The IR's TP rules (docs/ir.md) plus node alignment."""
     if gpus_per_node % tp or model.heads % tp or model.ffn % tp:
         return False
     if model.head == "lm" and model.vocab % tp:

@@ -175,7 +175,7 @@ class Workload:
     response: int  # response tokens
     microbatch: int
     stages: tuple[tuple[str, tuple[str, ...]], ...]  # (stage, models) in STAGES order
-    # Activation recomputation in training (MODELS.md, Korthikanti et al. 2022):
+    # Activation recomputation in training (docs/ir.md; Korthikanti et al. 2022):
     # "none" keeps sbh(34 + 5as/h)/t per layer, "selective" 34sbh/t (attention core
     # recomputed, as with FlashAttention), "full" 2sbh per layer.
     recompute: str = "none"

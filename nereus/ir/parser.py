@@ -20,7 +20,7 @@ from .validate import validate_module
 
 def parse_source(text: str, file: str = "<input>") -> Module:
     """Input: the text of a `.nir` file and its name (for locations). Output: the Module.
-    Invariant: every rule of DESIGN.md holds for the result; otherwise a ParseError or
+    Invariant: every rule of docs/ir.md holds for the result; otherwise a ParseError or
     SemanticError at the offending token is raised."""
     try:
         module = build_module(parse_syntax(text, file), file)

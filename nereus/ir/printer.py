@@ -1,6 +1,6 @@
 """Module → canonical `.nir` text.
 
-Canonical form: the DESIGN.md example's style; 2-space indent; declarations grouped as
+Canonical form: the style of docs/ir.md's examples; 2-space indent; declarations grouped as
 cluster, models, workload, plans, transitions, each group in declaration order and
 separated by a blank line; sizes and rates in their most readable exact unit; model and
 plan columns aligned; a derived plan (`plan S2 = S1 {`) prints only its own entries; an

@@ -176,3 +176,14 @@ def format_number(value: float) -> str:
         return str(int(value))
     mantissa, e, exponent = repr(value).partition("e")
     return mantissa + (f"e{int(exponent)}" if e else "")
+
+
+def human_bytes(n: int) -> str:
+    """A byte count for people, in binary units with one decimal: `352785678336` →
+    `328.6 GiB`, `512` → `512 B`. Every user-facing text of Nereus uses this one unit
+    system (the `.nir` sizes a user writes may be decimal or binary; exact byte counts
+    appear only in JSON output)."""
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"

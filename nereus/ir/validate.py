@@ -1,4 +1,4 @@
-"""The rules of DESIGN.md ("Rules the compiler enforces") checked on a Module.
+"""The rules of docs/ir.md ("Rules the compiler enforces") checked on a Module.
 
 `validate_module` runs on every parsed module and again after `--set` overrides, so a
 rule holds whichever way a value got into the module. Errors point at the value that
@@ -21,6 +21,16 @@ ARCHITECTURES: tuple[str, ...] = tuple(ARCHITECTURE_DEFAULTS)
 RECOMPUTE: tuple[str, ...] = ("none", "selective", "full")
 MAX_GPUS = 1 << 20  # GPU sets are expanded to id lists; this keeps them in memory
 
+# Sanity bounds (docs/ir.md, "Ranges"). They are far above any real model or machine
+# (llama 3.1 405B: 126 layers, hidden 16384, ffn 53248, vocab 128256, 128k context) and
+# catch typos before the memory model turns them into "needs 1.4e26 GiB".
+MAX_MODEL: dict[str, int] = {"layers": 4096, "hidden": 1 << 18, "heads": 1 << 14, "kv_heads": 1 << 14,
+                             "ffn": 1 << 20, "vocab": 1 << 24}
+MAX_WORKLOAD: dict[str, int] = {"batch": 1 << 24, "prompt": 1 << 24, "response": 1 << 24, "microbatch": 1 << 24}
+MAX_BYTES = 10**15                # 1000TB: GPU and host memory
+MAX_BYTES_PER_S = 10**15          # 1000TB/s: HBM and network rates
+MAX_FLOPS = 10**18                # 1000PFLOPS
+
 
 def _error(message: str, node, key: str, hint: Optional[str] = None, width: int = 1) -> SemanticError:
     return SemanticError(message, key_loc(node, key), hint, width=width)
@@ -38,8 +48,25 @@ def _at_least_one(node, keys: tuple[str, ...], owner: str) -> None:
                          _width(node, key, value))
 
 
+def _at_most(node, keys: dict[str, int], owner: str) -> None:
+    for key, maximum in keys.items():
+        value = getattr(node, key)
+        if value > maximum:
+            raise _error(f"{key} {value} is above the limit of {maximum}", node, key,
+                         f"{owner} takes {key} from 1 to {maximum} (a sanity bound; a larger value is almost surely a typo)",
+                         _width(node, key, value))
+
+
+def _quantity_at_most(cluster: Cluster, key: str, value, maximum, written) -> None:
+    if value > maximum:
+        text = written(value)
+        raise _error(f"{key.split('.')[-1]} {text} is above the limit of {written(maximum)}", cluster, key,
+                     f"cluster {cluster.name} takes {key.split('.')[-1]} up to {written(maximum)} (a sanity bound; "
+                     "a larger value is almost surely a typo)", len(text))
+
+
 def validate_cluster(cluster: Cluster) -> None:
-    """Every count, size and rate positive; 0 <= reserve < 1."""
+    """Every count, size and rate positive and below its sanity bound; 0 <= reserve < 1."""
     _at_least_one(cluster, ("nodes", "gpus_per_node"), f"cluster {cluster.name}")
     if cluster.num_gpus > MAX_GPUS:
         raise _error(f"a cluster of {cluster.num_gpus} GPUs is larger than Nereus supports ({MAX_GPUS})", cluster,
@@ -49,6 +76,16 @@ def validate_cluster(cluster: Cluster) -> None:
                        ("inter", cluster.inter_bytes_per_s), ("host_mem", cluster.host_mem_bytes)):
         if not value > 0:
             raise _error(f"{key.split('.')[-1]} must be positive", cluster, key)
+    from .units import format_flops, format_rate, format_size
+
+    for key, value, maximum, written in (
+            ("gpu.mem", cluster.gpu.mem_bytes, MAX_BYTES, format_size),
+            ("host_mem", cluster.host_mem_bytes, MAX_BYTES, format_size),
+            ("gpu.flops", cluster.gpu.flops, MAX_FLOPS, format_flops),
+            ("gpu.hbm", cluster.gpu.hbm_bytes_per_s, MAX_BYTES_PER_S, format_rate),
+            ("intra", cluster.intra_bytes_per_s, MAX_BYTES_PER_S, format_rate),
+            ("inter", cluster.inter_bytes_per_s, MAX_BYTES_PER_S, format_rate)):
+        _quantity_at_most(cluster, key, value, maximum, written)
     if not 0 <= cluster.reserve < 1:
         raise _error(f"reserve must be at least 0% and below 100%, found {cluster.reserve * 100:g}%", cluster,
                      "reserve")
@@ -60,6 +97,7 @@ def validate_model(model: Model) -> None:
         raise _error(f"unknown architecture '{model.architecture}'", model, "architecture",
                      f"architectures: {', '.join(ARCHITECTURES)}")
     _at_least_one(model, ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab"), f"model {model.name}")
+    _at_most(model, MAX_MODEL, f"model {model.name}")
     if model.dtype not in DTYPE_BYTES:
         raise _error(f"unknown dtype '{model.dtype}'", model, "dtype", f"dtypes: {', '.join(DTYPE_BYTES)}")
     if model.head not in HEADS:
@@ -103,11 +141,18 @@ def _validate_numerics(model: Model) -> None:
 
 
 def validate_workload(workload: Workload, models: tuple[Model, ...]) -> None:
-    """Positive counts, microbatch <= batch, known stages, declared models, none twice."""
+    """Positive counts below their sanity bounds, microbatch dividing batch, known stages,
+    declared models, none twice."""
     _at_least_one(workload, ("batch", "prompt", "response", "microbatch"), f"workload {workload.name}")
+    _at_most(workload, MAX_WORKLOAD, f"workload {workload.name}")
     if workload.microbatch > workload.batch:
         raise _error(f"microbatch {workload.microbatch} is larger than batch {workload.batch}", workload,
                      "microbatch", f"use a microbatch of at most {workload.batch}",
+                     _width(workload, "microbatch", workload.microbatch))
+    if workload.batch % workload.microbatch:
+        raise _error(f"microbatch {workload.microbatch} must divide batch ({workload.batch})", workload,
+                     "microbatch", f"a step runs batch / microbatch whole microbatches; microbatches that divide "
+                     f"{workload.batch}: {_divisors(workload.batch)}",
                      _width(workload, "microbatch", workload.microbatch))
     if workload.recompute not in RECOMPUTE:
         raise _error(f"unknown recompute mode '{workload.recompute}'", workload, "recompute",
@@ -220,7 +265,7 @@ def validate_plan(plan: Plan, module: Module) -> None:
 
 
 def validate_module(module: Module) -> None:
-    """Input: a built Module. Output: None. Invariant on return: every rule of DESIGN.md
+    """Input: a built Module. Output: None. Invariant on return: every rule of docs/ir.md
     holds; otherwise the first broken rule, in declaration order, is raised."""
     validate_cluster(module.cluster)
     for model in module.models:

@@ -94,7 +94,8 @@ def _with_options(text: str, options: dict) -> str:
 
 
 def summarize(compiled: CompiledTransition) -> dict:
-    """Per model-stage primitives and op counts; rounds; bytes by class; lower bound; edges."""
+    """Per model-stage primitives and op counts; rounds; bytes by class; lower bound; edges;
+    the peak memory of the worst GPU during the transition (`cost.memory_peak`)."""
     state = compiled.state
     out: dict = {"transition": f"{compiled.source} -> {compiled.target}", "stages": {}}
     if state.diff is not None:
@@ -131,6 +132,7 @@ def summarize(compiled: CompiledTransition) -> dict:
                       "inter_node": cost.bytes_inter, "staged": cost.bytes_staged, "kept": cost.bytes_kept},
             "lower_bound_bytes": cost.lower_bound,
             "predicted_seconds": cost.seconds,
+            "peak_memory": _peak_json(cost.peak),
             "resource_edges": _edge_counts(sched),
             "chunked": sched.chunked,
             "notes": list(sched.notes),
@@ -138,6 +140,15 @@ def summarize(compiled: CompiledTransition) -> dict:
     if compiled.timings:
         out["timings"] = dict(compiled.timings)
     return out
+
+
+PEAK_WARNING_FRACTION = 0.95  # above this the summary warns: a transition on the edge of its GPUs
+
+
+def _peak_json(peak) -> dict:
+    return {"gpu": peak.gpu, "round": peak.round, "bytes": peak.bytes, "capacity_bytes": peak.capacity_bytes,
+            "headroom_bytes": peak.headroom_bytes, "fraction": peak.fraction,
+            "warning": peak.fraction > PEAK_WARNING_FRACTION}
 
 
 def _edge_counts(schedule) -> dict:

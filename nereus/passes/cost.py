@@ -1,12 +1,15 @@
-"""cost: Program → CostEstimate (predicted seconds and bytes by link class).
+"""cost: Program → CostEstimate (predicted seconds, bytes by link class, peak memory).
 
-Input: a lowered `Program`. Output: a `CostEstimate`. Model (bandwidth-only; the runtime
-corrects it with measured times):
+Input: a lowered `Program`. Output: a `CostEstimate`. Model (bandwidth plus a per-message
+latency; the runtime corrects it with measured times):
   - a round lasts as long as its most loaded link; rounds run one after another;
   - a send inside a node loads its source GPU's NVLink egress and its destination's
     ingress, each at `intra` bytes/s; across nodes it loads the source node's and the
     destination node's network port, each direction at `inter` bytes/s (so 8 GPUs of a node
     sending off-node share one port: per-link contention);
+  - every message also costs `MESSAGE_LATENCY_S` on the link of each of its ends (the
+    launch and rendezvous of one NCCL point-to-point pair, serialized per link), so
+    splitting the same bytes into more messages (a smaller fusion bucket) costs time;
   - a local copy reads and writes HBM: 2·bytes / hbm; a keep costs nothing;
   - a host staging moves bytes over PCIe at `host_bytes_per_s` (default 50 GB/s, PCIe 5 x16),
     and so do sends read from host memory (staged or offloaded shards, on the source GPU's
@@ -15,6 +18,12 @@ Bytes: total = copy + send + staged; local = copy; intra / inter by node of the 
 lower_bound = bytes whose owner GPU changes (computed from layouts, independently of the
 DAG's source choices): after-shard bytes not already on the same GPU in the same
 model-stage's before layout. Sends can never move fewer bytes than that.
+
+Peak memory (`memory_peak`) replays the rounds as the resources pass scheduled them and as
+`nereus.passes.verify` checks them: resident bytes of untouched model-stages + before
+shards still on the GPU + allocations + the round's send buffers (on both GPUs; a send
+from a host-staged or offloaded shard packs in host memory), measured after each round's
+allocs and transfers; stage_outs and frees then release.
 """
 
 from __future__ import annotations
@@ -26,6 +35,11 @@ from .dag import COPY, TransitionDag
 from .layout import box_volume, slot_counts, slot_specs, stage_slots, tp_boxes
 
 HOST_BYTES_PER_S = 50e9
+# Per-message latency: an NCCL send/recv pair costs of the order of 10-30 µs before its
+# first byte moves (kernel launch, rendezvous, protocol setup; nccl-tests' sendrecv_perf at
+# small sizes on NVLink). An assumed constant, not a measurement of this machine; the
+# controller's calibration corrects the whole estimate with measured transition times.
+MESSAGE_LATENCY_S = 20e-6
 
 
 @dataclass(frozen=True)
@@ -39,6 +53,58 @@ class CostEstimate:
     bytes_staged: int
     bytes_kept: int
     lower_bound: int  # bytes whose owner changes
+    messages: int = 0
+    peak: "MemoryPeak | None" = None
+
+
+@dataclass(frozen=True)
+class MemoryPeak:
+    """The highest memory of the worst GPU during a transition (the replay in the module
+    docstring) against its usable memory (`cluster.usable_gpu_bytes`)."""
+
+    gpu: int
+    round: int  # the round at whose allocs and transfers the peak is reached; -1: before the first
+    bytes: int
+    capacity_bytes: int
+
+    @property
+    def headroom_bytes(self) -> int:
+        return self.capacity_bytes - self.bytes
+
+    @property
+    def fraction(self) -> float:
+        return self.bytes / self.capacity_bytes
+
+
+def memory_peak(program) -> MemoryPeak:
+    """The peak of the per-GPU memory replay of `program` (module docstring)."""
+    dag = program.dag
+    in_host = {i for i, f in enumerate(dag.frees) if dag.stages[f.stage].before.offload}
+    mem = list(dag.resident)
+    for i, f in enumerate(dag.frees):
+        if i not in in_host:
+            mem[f.gpu] += f.shard_bytes
+    best = max(range(len(mem)), key=lambda g: (mem[g], -g))
+    peak = (mem[best], -1, best)
+    for k, (rnd, messages) in enumerate(zip(program.schedule.rounds, program.messages)):
+        for a in rnd.allocs:
+            alloc = dag.allocs[a]
+            if not dag.stages[alloc.stage].after.offload:
+                mem[alloc.gpu] += alloc.bytes
+        used = list(mem)
+        for m in messages:
+            used[m.dst] += m.bytes
+            used[m.src] += sum(x.bytes for x in m.xfers if x.free not in in_host)
+        for g, b in enumerate(used):
+            if b > peak[0]:
+                peak = (b, k, g)
+        for f in rnd.stage_outs:
+            mem[dag.frees[f].gpu] -= dag.frees[f].bytes
+            in_host.add(f)
+        for f in rnd.frees:
+            if f not in in_host:
+                mem[dag.frees[f].gpu] -= dag.frees[f].bytes
+    return MemoryPeak(peak[2], peak[1], peak[0], dag.module.cluster.usable_gpu_bytes)
 
 
 def _intersection(x, y) -> int:
@@ -90,8 +156,9 @@ def _missing_elements(model, before, after, q: int, u: int, held) -> int:
     return need - present
 
 
-def estimate(program, host_bytes_per_s: float = HOST_BYTES_PER_S) -> CostEstimate:
-    """Predicted seconds and byte counts of `program` (module docstring)."""
+def estimate(program, host_bytes_per_s: float = HOST_BYTES_PER_S,
+             message_latency_s: float = MESSAGE_LATENCY_S) -> CostEstimate:
+    """Predicted seconds, byte counts and peak memory of `program` (module docstring)."""
     dag = program.dag
     cluster = dag.module.cluster
     node_of = cluster.node_of
@@ -101,6 +168,7 @@ def estimate(program, host_bytes_per_s: float = HOST_BYTES_PER_S) -> CostEstimat
     in_host = {i for i, f in enumerate(dag.frees) if dag.stages[f.stage].before.offload}
     for rnd, messages in zip(program.schedule.rounds, program.messages):
         out_g, in_g, out_n, in_n, copy_g, host_g = (defaultdict(int) for _ in range(6))
+        sends_g, sends_n = defaultdict(int), defaultdict(int)  # messages per GPU link / node port
         for m in messages:
             for x in m.xfers:  # reads from / writes to host memory cross PCIe
                 if x.free in in_host:
@@ -110,10 +178,14 @@ def estimate(program, host_bytes_per_s: float = HOST_BYTES_PER_S) -> CostEstimat
             if node_of(m.src) == node_of(m.dst):
                 out_g[m.src] += m.bytes
                 in_g[m.dst] += m.bytes
+                sends_g[("out", m.src)] += 1
+                sends_g[("in", m.dst)] += 1
                 intra += m.bytes
             else:
                 out_n[node_of(m.src)] += m.bytes
                 in_n[node_of(m.dst)] += m.bytes
+                sends_n[("out", node_of(m.src))] += 1
+                sends_n[("in", node_of(m.dst))] += 1
                 inter += m.bytes
         for x in rnd.xfers:
             if x.kind == COPY:
@@ -125,11 +197,14 @@ def estimate(program, host_bytes_per_s: float = HOST_BYTES_PER_S) -> CostEstimat
             host_g[dag.frees[f].gpu] += dag.frees[f].bytes
             staged += dag.frees[f].bytes
             in_host.add(f)
+        alpha = message_latency_s
         t = max([0.0]
-                + [b / cluster.intra_bytes_per_s for b in list(out_g.values()) + list(in_g.values())]
-                + [b / cluster.inter_bytes_per_s for b in list(out_n.values()) + list(in_n.values())]
+                + [out_g[g] / cluster.intra_bytes_per_s + alpha * sends_g[("out", g)] for g in out_g]
+                + [in_g[g] / cluster.intra_bytes_per_s + alpha * sends_g[("in", g)] for g in in_g]
+                + [out_n[n] / cluster.inter_bytes_per_s + alpha * sends_n[("out", n)] for n in out_n]
+                + [in_n[n] / cluster.inter_bytes_per_s + alpha * sends_n[("in", n)] for n in in_n]
                 + [2 * b / hbm for b in copy_g.values()]
                 + [b / host_bytes_per_s for b in host_g.values()])
         seconds.append(t)
     return CostEstimate(sum(seconds), tuple(seconds), local + intra + inter + staged, local, intra, inter, staged,
-                        kept, owner_change_bytes(dag))
+                        kept, owner_change_bytes(dag), sum(len(m) for m in program.messages), memory_peak(program))

@@ -5,7 +5,7 @@ bytes in use on every (GPU, stage) pair, split into named contributors, and the 
 pair. Invariant: `report.feasible` iff every GPU × stage total ≤ usable memory
 (`gpu.mem × (1 − reserve)`). The pass is pure and never mutates its input.
 
-Memory model (DESIGN.md "Memory model"; formulas from ../shared/MODELS.md):
+Memory model (docs/ir.md, "The memory model"; sources cited per term):
 
 Resident state of a model-stage on a GPU, present in every stage of the step (unless the
 model-stage is marked `offload`, in which case it is resident only during its own stage

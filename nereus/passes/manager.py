@@ -149,11 +149,13 @@ class LowerPass:
 class CostPass:
     name = "cost"
     host_bytes_per_s: float = 50e9
+    message_latency_s: float = 20e-6  # cost.MESSAGE_LATENCY_S
 
     def run(self, state: CompileState) -> CompileState:
         from .cost import estimate
 
-        return replace(state, cost=estimate(_need(state, "program", self.name), self.host_bytes_per_s))
+        return replace(state, cost=estimate(_need(state, "program", self.name), self.host_bytes_per_s,
+                                            self.message_latency_s))
 
     def check(self, state: CompileState) -> None:
         if state.cost.seconds < 0:

@@ -30,6 +30,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from nereus.ir.diagnostics import InfeasibleError
+from nereus.ir.units import human_bytes
 
 from .dag import SEND, Piece, TransitionDag, Xfer
 from .layout import box_volume as _volume
@@ -126,7 +127,7 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool) -> Schedule:
     if over:
         g = over[0]
         raise InfeasibleError(
-            f"plan {dag.source} does not fit before the transition: GPU {g} holds {mem[g]} bytes, usable {cap}"
+            f"plan {dag.source} does not fit before the transition: GPU {g} holds {human_bytes(mem[g])}, usable {human_bytes(cap)}"
             f" ({len(over)} GPU(s) over)", hint="check the source plan's feasibility with `nereusc check`")
     allocs = [i for i, a in enumerate(dag.allocs) if a.stage in chosen]
     incoming: dict[int, list[Xfer]] = defaultdict(list)
@@ -158,7 +159,7 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool) -> Schedule:
                 if host[node] + alloc.bytes > host_cap:
                     raise InfeasibleError(
                         f"transition {dag.source} -> {dag.target}: offloaded state overflows node {node}'s host"
-                        f" memory ({host[node] + alloc.bytes} bytes, {host_cap} available)",
+                        f" memory ({human_bytes(host[node] + alloc.bytes)}, {human_bytes(host_cap)} available)",
                         hint="offload fewer model-stages or add host memory")
                 host[node] += alloc.bytes
                 took.append(a)
@@ -241,7 +242,7 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool) -> Schedule:
             last_release[dag.frees[i].gpu].append(i)
         rounds.append(Round(tuple(took), tuple(done), tuple(outs), tuple(releases)))
     if staged_bytes:
-        notes.append(f"cycle broken by staging {staged_bytes} bytes through host memory")
+        notes.append(f"cycle broken by staging {human_bytes(staged_bytes)} through host memory")
     if chunked:
         notes.append(f"{chunked} transfer split(s) to fit transient buffers")
     return Schedule(tuple(rounds), tuple(edges), chunked, staged_bytes, False, tuple(notes))
@@ -356,8 +357,9 @@ def _break_cycle(dag, allocs, ready, mem, cap, host, host_cap, freed, staged, li
             covered += dag.frees[i].bytes
         if host[node] + covered > host_cap:
             raise InfeasibleError(
-                f"transition {dag.source} -> {dag.target} cannot break a memory cycle: GPU {gpu} needs {deficit} more"
-                f" bytes and staging {covered} bytes exceeds node {node}'s host memory ({host_cap - host[node]} left)",
+                f"transition {dag.source} -> {dag.target} cannot break a memory cycle: GPU {gpu} needs {human_bytes(deficit)}"
+                f" more and staging {human_bytes(covered)} exceeds node {node}'s host memory"
+                f" ({human_bytes(host_cap - host[node])} left)",
                 hint="free GPUs for the transition, or add host memory")
         host[node] += covered
         for i in picked:
@@ -365,7 +367,7 @@ def _break_cycle(dag, allocs, ready, mem, cap, host, host_cap, freed, staged, li
             mem[gpu] -= dag.frees[i].bytes
         return picked
     worst = sorted(needs.items(), key=lambda item: (item[1], item[0]))[:4]
-    listing = ", ".join(f"GPU {g} short of {d} bytes" for g, d in worst) or "no GPU can make progress"
+    listing = ", ".join(f"GPU {g} short of {human_bytes(d)}" for g, d in worst) or "no GPU can make progress"
     raise InfeasibleError(f"transition {dag.source} -> {dag.target} cannot fit: {listing} even with every"
                           " movable shard staged to host memory",
                           hint="the target plan does not fit next to the state that stays; check it with `nereusc check`")

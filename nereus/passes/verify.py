@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from nereus.ir.diagnostics import ProgramError
 from nereus.ir.program import program_from_json
 from nereus.ir.model import DTYPE_BYTES
+from nereus.ir.units import human_bytes
 
 PHASE = {"alloc": 0, "keep": 1, "copy": 1, "send": 1, "stage_out": 2, "free": 2}
 
@@ -44,7 +45,7 @@ class VerifyReport:
     worst_fraction: float  # peak / capacity on the worst GPU
 
     def __str__(self) -> str:
-        return (f"ok: {self.rounds} rounds, {self.ops} ops, {self.segments} segments, {self.bytes_moved} bytes moved;"
+        return (f"ok: {self.rounds} rounds, {self.ops} ops, {self.segments} segments, {human_bytes(self.bytes_moved)} moved;"
                 f" peak {self.worst_fraction:.1%} of capacity on GPU {self.worst_gpu}")
 
 
@@ -200,7 +201,7 @@ def _verify(program_json: dict) -> VerifyReport:
                     node = node_of[op["gpu"]]
                     host[node] += op["bytes"]
                     if host[node] > host_cap.get(node, float("inf")):
-                        _fail(f"{where}: host memory of node {node} overflows ({host[node]} bytes)")
+                        _fail(f"{where}: host memory of node {node} overflows ({human_bytes(host[node])})")
                 else:
                     mem[op["gpu"]] += op["bytes"]
             elif kind in ("free", "stage_out"):
@@ -218,7 +219,7 @@ def _verify(program_json: dict) -> VerifyReport:
                     mem[op["gpu"]] -= op["bytes"]
                     host[node] += op["bytes"]
                     if host[node] > host_cap.get(node, float("inf")):
-                        _fail(f"{where}: host memory of node {node} overflows ({host[node]} bytes)")
+                        _fail(f"{where}: host memory of node {node} overflows ({human_bytes(host[node])})")
                     status[key] = "host"
                 else:
                     if state == "host":
@@ -301,5 +302,6 @@ def _check_memory(k, mem, transient, capacity, peak) -> None:
         used = mem[g] + transient.get(g, 0)
         peak[g] = max(peak.get(g, 0), used)
         if used > capacity[g]:
-            _fail(f"round {k}: GPU {g} needs {used} bytes, capacity {capacity[g]} (over by {used - capacity[g]})",
+            _fail(f"round {k}: GPU {g} needs {human_bytes(used)}, capacity {human_bytes(capacity[g])}"
+                  f" (over by {human_bytes(used - capacity[g])})",
                   hint="memory = resident + unfreed before-shards + allocations + send buffers")

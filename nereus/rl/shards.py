@@ -1,7 +1,7 @@
 """Which rows/columns of a global tensor a TP rank holds: the local-shard contract.
 
 A (unit, gpu, tensor)'s local tensor is the concatenation along dim 0 of its boxes
-(DESIGN.md, "layout"). For the llama table (nereus.models):
+(docs/ir.md, "model"). For the llama table (nereus.models):
 
 - column: dim 0 split into tp parts, part-wise for fused tensors, so a TP shard of qkv is
   [its q rows; its k rows; its v rows] and of gate_up [its gate rows; its up rows]. When a

@@ -2,7 +2,7 @@
 
 Global rank r is GPU r of the plan (one process per GPU, as torchrun starts them). A
 placement's mesh order is replica-major, then pipeline stage, then TP innermost
-(DESIGN.md): gpu(r, p, t) = gpus[r·pp·tp + p·tp + t]. The TP group of (r, p) is
+(docs/ir.md): gpu(r, p, t) = gpus[r·pp·tp + p·tp + t]. The TP group of (r, p) is
 {gpu(r, p, t) for all t}; the DP group of (p, t) is {gpu(r, p, t) for all r}; pipeline
 neighbours are gpu(r, p±1, t).
 

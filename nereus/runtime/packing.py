@@ -59,7 +59,13 @@ def _kernels():
 
 
 _KERNELS = _kernels()
-BACKEND = "triton" if _KERNELS is not None else "torch"
+BACKEND = "triton" if _KERNELS is not None else "torch"  # the best available; see backend_for
+
+
+def backend_for(device: torch.device) -> str:
+    """The pack/unpack path that runs for tensors on `device`: the Triton kernels only for
+    CUDA tensors when they are available, the torch `copy_` path otherwise (CPU, gloo)."""
+    return "triton" if _KERNELS is not None and torch.device(device).type == "cuda" else "torch"
 
 
 def kernels():

@@ -1,4 +1,4 @@
-"""Lowering of a JSON program v1 (see DESIGN.md) into one rank's work list.
+"""Lowering of a JSON program v1 (docs/program.md) into one rank's work list.
 
 Pure Python, no torch: `rank_program(program, gpu)` reads only the JSON contract (never
 compiler internals) and returns a frozen `RankProgram` that the executor runs. Every

@@ -1,4 +1,4 @@
-"""The embedding API (DESIGN.md, "Embedding"): training code hands its live tensors to
+"""The embedding API (README, "Embedding the runtime"): training code hands its live tensors to
 Nereus and changes plan in place.
 
     import nereus.runtime as nr
@@ -82,7 +82,7 @@ class TransitionReport:
     peak_bytes: int
     rounds: list = field(default_factory=list)  # per-round timings of this rank
     verified: Optional[bool] = None
-    pack_backend: str = packing.BACKEND
+    pack_backend: str = "torch"  # the pack/unpack path this call ran: "torch" or "triton" (CUDA only)
     rollback: str = "device"  # where the old shards waited for the commit ("auto" | "host" | "device")
     parked_bytes: int = 0  # old shards this rank copied to host memory and released on the device
     held_bytes: int = 0  # old shards the program freed that stayed on this device until the commit (auto)
@@ -347,7 +347,8 @@ class Runtime:
             bytes_copied=result.copied_bytes, bytes_kept=result.kept_bytes, total_bytes_sent=int(figures[1]),
             peak_bytes=result.peak_bytes, rounds=[asdict(r) for r in result.rounds], verified=result.verified,
             rollback=result.rollback, parked_bytes=result.parked_bytes, held_bytes=result.held_bytes,
-            wall_s=time.perf_counter() - called, prepared=key in self._prepared)
+            wall_s=time.perf_counter() - called, prepared=key in self._prepared,
+            pack_backend=packing.backend_for(self.device))
 
     def _lower(self, target: str) -> tuple:
         """Collective: (program restricted to the live model-stages, compile seconds of

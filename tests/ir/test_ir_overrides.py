@@ -154,8 +154,8 @@ def test_random_workload_overrides(module, key, value):
         changed = ir.apply_overrides(module, [text])
     except ir.SemanticError as error:
         assert error.loc is not None and error.loc.file == "<--set>"
-        assert value < 1 or (key == "microbatch" and value > module.workload.batch) or \
-            (key == "batch" and value < module.workload.microbatch)
+        w = module.workload
+        assert value < 1 or (key == "microbatch" and w.batch % value) or (key == "batch" and value % w.microbatch)
         return
     assert getattr(changed.workload, key) == value
     assert ir.parse_source(ir.print_module(changed)) == changed

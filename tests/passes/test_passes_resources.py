@@ -37,7 +37,7 @@ def test_units_trading_places_on_full_gpus_compile_and_verify(n):
 
 def test_cycle_without_host_memory_is_infeasible_naming_gpus_and_bytes():
     m, _ = _ring(2, host_mem=1000)
-    with pytest.raises(InfeasibleError, match=r"GPU \d+ needs \d+ more bytes"):
+    with pytest.raises(InfeasibleError, match=r"GPU \d+ needs [0-9.]+ [KMGT]?i?B more"):
         compile_transition(m, "S", "T")
 
 

@@ -1,7 +1,7 @@
 """Test helpers: an independent layout oracle, a naive reference program builder and a
 gloo launcher. Nothing here is used by the runtime itself.
 
-`oracle_units` re-derives DESIGN.md's layout rules (mesh order replica-major, then pp
+`oracle_units` re-derives docs/ir.md's layout rules (mesh order replica-major, then pp
 stage, then tp; column part-wise with replicated KV heads when tp > kv_heads; row; vocab;
 replicated; PP by `pp_layer_range`) so the executor can be tested without the compiler.
 `naive_program` cuts every tensor into the grid of all box edges and moves each cell

@@ -135,6 +135,7 @@ def _chain(rank, world, source, fault):
             "peak": report.peak_bytes, "replay": replay, "verified": report.verified,
             "gather_ok": all(_same(gathered[n], refs["actor.training"][n]) for n in refs["actor.training"]),
             "sent": report.bytes_sent, "rounds": len(report.rounds), "compiled_rounds": len(program["rounds"]),
+            "pack_backend": report.pack_backend,
         })
     return out
 
@@ -158,6 +159,11 @@ def test_every_rank_holds_exactly_its_new_shards_after_each_transition(chain):
     assert sum(step["sent"] for rank in chain for step in rank["steps"]) > 0
     assert max(step["rounds"] for step in chain[0]["steps"]) > 1  # memory forces several rounds
     assert all(step["rounds"] == step["compiled_rounds"] for rank in chain for step in rank["steps"])
+
+
+def test_reports_name_the_pack_backend_that_ran(chain):
+    # CPU tensors over gloo: the torch copy_ path, whether or not Triton is installed
+    assert {step["pack_backend"] for rank in chain for step in rank["steps"]} == {"torch"}
 
 
 def test_a_rank_without_a_unit_holds_nothing(chain):

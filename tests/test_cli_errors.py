@@ -1,0 +1,108 @@
+"""How every command reports a user error: text with a caret on stderr, or with --json one
+JSON object on stdout; exit 2 with or without --traceback; bytes in one human unit."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+BAD = """cluster c {
+  nodes 1
+  gpus_per_node 2
+  gpu { mem 80GB flops 989TFLOPS hbm 3.35TB/s }
+  intra 900GB/s
+  inter 25GB/s
+  host_mem 1TB
+}
+model m = llama { layers 4 hidden 256 heads 8 kv_heads 2 ffn 512 vocab 1024 }
+workload w {
+  batch 256 prompt 16 response 16 microbatch 3
+  training: m
+}
+plan A { m.training dp 2 on 0..1 }
+"""
+
+
+def nereusc(*args, cwd=None):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("NEREUS_TRACEBACK", None)
+    return subprocess.run([sys.executable, "-m", "nereus.cli", *map(str, args)], cwd=cwd, env=env,
+                          capture_output=True, text=True)
+
+
+@pytest.fixture()
+def bad(tmp_path):
+    path = tmp_path / "bad.nir"
+    path.write_text(BAD)
+    return path
+
+
+EXPECTED = {"file": None, "line": 11, "col": 46, "type": "SemanticError",
+            "message": "microbatch 3 must divide batch (256)",
+            "hint": "a step runs batch / microbatch whole microbatches; microbatches that divide 256: "
+                    "1, 2, 4, 8, 16, 32, 64, 128, ..."}
+
+
+@pytest.mark.parametrize("command", [["check"], ["compile"], []], ids=["check", "compile", "default"])
+def test_json_error_is_one_object_on_stdout(bad, command):
+    result = nereusc(*command, bad, "--json")
+    assert result.returncode == 2
+    assert json.loads(result.stdout) == {"error": {**EXPECTED, "file": str(bad)}}
+    assert "Traceback" not in result.stderr
+
+
+def test_text_error_keeps_stdout_empty(bad):
+    result = nereusc("check", bad)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith(f"{bad}:11:46: error: microbatch 3 must divide batch (256)\n")
+
+
+def test_traceback_prints_the_traceback_and_still_exits_2(bad):
+    result = nereusc("check", bad, "--traceback")
+    assert result.returncode == 2
+    assert "Traceback (most recent call last)" in result.stderr
+    assert result.stderr.rstrip().endswith("hint: a step runs batch / microbatch whole microbatches; "
+                                           "microbatches that divide 256: 1, 2, 4, 8, 16, 32, 64, 128, ...")
+
+
+def test_missing_file_with_json(tmp_path):
+    result = nereusc("check", tmp_path / "nope.nir", "--json")
+    assert result.returncode == 2
+    error = json.loads(result.stdout)["error"]
+    assert error["file"] == str(tmp_path / "nope.nir") and error["line"] is None
+    assert error["message"].startswith("No such file or directory")
+
+
+def test_verify_json_error(tmp_path):
+    path = tmp_path / "p.json"
+    path.write_text("{not json")
+    result = nereusc("verify", path, "--json")
+    assert result.returncode == 2
+    error = json.loads(result.stdout)["error"]
+    assert error["message"].startswith(f"{path} is not JSON")
+
+
+def test_unknown_plan_with_json_is_a_json_error():
+    result = nereusc("check", EXAMPLES / "ppo-8b.nir", "--plan", "S9", "--json")
+    assert result.returncode == 2
+    assert json.loads(result.stdout)["error"]["message"] == f"no plan named 'S9' in {EXAMPLES / 'ppo-8b.nir'}"
+
+
+def test_infeasible_plan_says_bytes_in_one_unit():
+    text = nereusc("check", EXAMPLES / "infeasible-70b-8gpu.nir")
+    assert text.returncode == 2
+    assert "GiB" in text.stderr and " bytes" not in text.stderr + text.stdout
+    assert " GB" not in text.stdout and " TB" not in text.stdout
+    exact = json.loads(nereusc("check", EXAMPLES / "infeasible-70b-8gpu.nir", "--json").stdout)
+    assert isinstance(exact["plans"][0]["worst"]["bytes"], int)  # exact bytes only inside --json
+
+
+def test_summary_uses_binary_units():
+    result = nereusc(EXAMPLES / "ppo-8b.nir", "--transition", "S1:S2", "--emit", "summary")
+    assert result.returncode == 0, result.stderr
+    assert "GiB" in result.stdout and not any(f" {unit} " in result.stdout for unit in ("GB", "TB", "MB"))
