@@ -90,7 +90,7 @@ class Groups:
                                  prev=p.gpu_of(r, s - 1, t) if s > 0 else None,
                                  next=p.gpu_of(r, s + 1, t) if s < p.pp - 1 else None,
                                  first=p.gpu_of(r, 0, t), last=p.gpu_of(r, p.pp - 1, t))
-                return Role(r, p.dp, TpGroup(p.tp, t, made[ranks]), made[dp_groups[(s, t)]], pipe)
+                return Role(r, p.dp, TpGroup(p.tp, t, made[ranks], ranks), made[dp_groups[(s, t)]], pipe)
         return None
 
 

