@@ -117,7 +117,10 @@ class KvCache:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+    """RMSNorm computed in fp32 and returned in x's dtype (as Megatron-LM and HF do for
+    bf16: the mean of squares is where low precision hurts); a no-op cast for fp32."""
+    x32 = x.float()
+    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
 
 
 def _rotary(x: torch.Tensor, start: int, theta: float = 10000.0) -> torch.Tensor:
