@@ -18,6 +18,7 @@ from nereus.ir.model import Module, Placement, key_loc
 REQUIRED = {"ppo": ("actor.generation", "ref.inference", "actor.training", "critic.training"),
             "grpo": ("actor.generation", "ref.inference", "actor.training")}
 OPTIONAL = ("reward.inference",)
+MINIBATCHES = 2  # updates per step (one epoch over the batch), RlConfig's default
 
 
 def check_stages(module: Module, algo: str) -> None:
