@@ -4,7 +4,8 @@ Each run starts in plan A and moves A → B → C at step boundaries; its contro
 throughout with the same seeds. The moves cover what the compiler accepts and the loop
 must compute on: TP → PP (actor.training tp → pp 2), PP → DP, a GPU-order reversal
 (`tp N on N-1, ..., 0`: TP rank 0 on the highest GPU) and tp > kv_heads (replicated KV
-heads, in training too: kv_heads 1 on 2 processes, 2 on 4). Models are bf16 (weights,
+heads, in training too: kv_heads 1 on 2 processes, 2 on 4), and an offloaded inference
+stage (2 processes, plan C). Models are bf16 (weights,
 activations, pipeline messages); master weights, Adam state, log-probs and losses are fp32.
 The GRPO workloads declare no reward model: the reward is the task's rule.
 
@@ -55,7 +56,7 @@ TWO = {
     "B": _stages(actor_training=(1, 1, (0, 1), 2), critic_training=(1, 1, (1, 0), 2),  # TP → PP
                  ref_inference=(1, 1, (0, 1), 2)),
     "C": _stages(actor_training=(2, 1, (0, 1)), critic_training=(1, 2, (1, 0)),  # PP → DP; reversed tp 2
-                 actor_generation=(1, 2, (1, 0)), ref_inference=(1, 2, (1, 0))),
+                 actor_generation=(1, 2, (1, 0)), ref_inference=(1, 2, (1, 0), 1, True)),  # offloaded
 }
 # 4 processes, kv_heads 2: tp 4 replicates each KV head on two ranks.
 FOUR = {
