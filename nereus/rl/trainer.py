@@ -52,7 +52,6 @@ from .reward import make_prompts, score
 from .topology import Groups, Role
 
 
-
 @dataclass(frozen=True)
 class TrainSpec:
     plan: str
