@@ -14,15 +14,19 @@ by the order of float additions its layouts imply (TP partial sums all-reduced i
 DP gradients summed in another order, pipeline stages). One bf16 rounding is a relative
 2^-9 ≈ 2e-3 (fp32: 2^-24), so log-probs, computed in fp32 from bf16 logits, differ by a
 few 1e-3 per token and their means (losses, KL) by ~1e-4: measured here (2-core CPU,
-gloo, these seeds) at most 3.5e-4 (loss), 1.1e-4 (KL), 2e-5 (value loss), 0 (reward-model
+gloo, these seeds) at most 3.5e-4 (loss), 1.1e-4 (KL), 1e-6 (value loss), 0 (reward-model
 score), with identical rollouts. TOL = 1e-3 leaves a 3x margin and is 9x under what a
 real fault moves: a transition that reverses the actor's lm_head rows (weights and Adam
-state, as a gather in the wrong rank order would) moves KL by 9e-3 to 2.3e-2.
+state, as a gather in the wrong rank order would) moved KL by 9.4e-3 to 2.3e-2 in the
+four cases (CI runs the fault in one).
 Final fp32 master weights: Adam normalises each gradient, so where a gradient element is
 near zero its sign, and so a whole update of size ~lr, is decided by rounding; 2 updates
 a step for 3 steps bound the difference by ~6·lr = 1.8e-3 (LR = 3e-4 keeps this small
 against weights of scale 0.02; measured ≤ 6.4e-4): MASTER_TOL = 2e-3. bf16 weights are
 the masters rounded, so they may differ by one more bf16 ulp (2^-8 of their value).
+The bugs this test was written against fail it: the bf16 pipeline message (a crash), an
+all-gather in process-group order (`tp 2 on 1, 0`: a rollout differs), replicated KV
+rows without their gradient sum (masters differ by 2.8e-3).
 """
 
 import numpy as np
