@@ -71,13 +71,14 @@ def check_before_launch(plan_file: str, module, algo: str, group: int, nproc: in
     """What every worker would refuse (nereus.rl.checks), also after each --drift, raised
     here with the plan file's line and caret instead of after starting nproc processes."""
     import nereus.ir as ir
-    from nereus.rl.checks import MINIBATCHES, check_batch, check_run
+    from nereus.rl.checks import MINIBATCHES, check_batch, check_replicas, check_run
 
     try:
         check_run(module, algo, MINIBATCHES, group, nproc)
         for _, key in drifts:
             module = ir.apply_overrides(module, [key])
             check_batch(module, algo, MINIBATCHES, group)
+            check_replicas(module, MINIBATCHES)
     except NereusError as error:
         with open(plan_file) as f:
             raise error.with_source(f.read()) from None

@@ -50,10 +50,24 @@ def check_placement(p: Placement, world: int) -> None:
             p.loc, hint=f"run with --nproc {max(p.gpus) + 1} or more")
 
 
+def check_replicas(module: Module, minibatches: int) -> None:
+    """Every DP replica of every placement gets at least one row of each minibatch (the
+    loop splits rows unevenly when dp does not divide them, but cannot run a replica on
+    none: its pipeline would send empty messages)."""
+    rows = module.workload.batch // minibatches
+    for plan in module.plans:
+        for p in plan.placements:
+            if p.dp > rows:
+                raise SemanticError(f"plan {plan.name}: {p.model_stage} has dp {p.dp} but a minibatch has {rows} rows",
+                                    key_loc(p, "dp"), hint=f"use dp <= {rows} or a batch of at least "
+                                                           f"{p.dp * minibatches}")
+
+
 def check_run(module: Module, algo: str, minibatches: int, group: int, world: int) -> None:
     """Everything above, for every plan of the module."""
     check_stages(module, algo)
     check_batch(module, algo, minibatches, group)
+    check_replicas(module, minibatches)
     for plan in module.plans:
         for placement in plan.placements:
             check_placement(placement, world)

@@ -43,9 +43,12 @@ class Role:
         return self.pipe.is_last and self.tp.rank == 0
 
     def rows(self, batch: int, offset: int = 0) -> slice:
-        """This replica's contiguous share of `batch` rows starting at `offset`."""
-        per = batch // self.dp
-        return slice(offset + self.replica * per, offset + (self.replica + 1) * per)
+        """This replica's contiguous share of `batch` rows starting at `offset`: dp need not
+        divide the batch, so the first batch % dp replicas take one row more (the split
+        pp_layer_range makes of layers). Losses are sums over the global token count, so
+        uneven shares still sum to the global mean."""
+        lo, hi = pp_layer_range(batch, self.dp, self.replica)
+        return slice(offset + lo, offset + hi)
 
 
 class Groups:

@@ -46,7 +46,7 @@ from . import pipeline
 from nereus.models.llama import init_full_weights, local_logits, values
 from .optim import adam_step, all_reduce_grads, reduce_replicated_kv_grads
 from nereus.models.parallel import vocab_parallel_logprob
-from .checks import check_batch, check_stages
+from .checks import check_batch, check_replicas, check_stages
 from .restart import TORCH_DTYPES, RestartRuntime
 from .reward import make_prompts, score
 from .topology import Groups, Role
@@ -130,6 +130,7 @@ class RlTrainer:
         self.stages = {str(ms) for ms in module.workload.model_stages()}
         check_stages(module, self.cfg.algo)
         check_batch(module, self.cfg.algo, self.cfg.minibatches, self.cfg.group)
+        check_replicas(module, self.cfg.minibatches)
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         self.device = getattr(runtime, "device", None) or torch.device("cpu")
         self.groups = Groups()
@@ -374,6 +375,7 @@ class RlTrainer:
         self.module = ir.apply_overrides(self.module, [override])
         self.w = self.module.workload
         check_batch(self.module, self.cfg.algo, self.cfg.minibatches, self.cfg.group)
+        check_replicas(self.module, self.cfg.minibatches)
 
     def transition(self, after_step: int, plan: str) -> dict:
         start = time.perf_counter()

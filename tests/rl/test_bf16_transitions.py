@@ -4,8 +4,8 @@ Each run starts in plan A and moves A → B → C at step boundaries; its contro
 throughout with the same seeds. The moves cover what the compiler accepts and the loop
 must compute on: TP → PP (actor.training tp → pp 2), PP → DP, a GPU-order reversal
 (`tp N on N-1, ..., 0`: TP rank 0 on the highest GPU) and tp > kv_heads (replicated KV
-heads, in training too: kv_heads 1 on 2 processes, 2 on 4), and an offloaded inference
-stage (2 processes, plan C). Models are bf16 (weights,
+heads, in training too: kv_heads 1 on 2 processes, 2 on 4), an offloaded inference
+stage (2 processes, plan C) and a dp that does not divide the batch (4 processes, plan C). Models are bf16 (weights,
 activations, pipeline messages); master weights, Adam state, log-probs and losses are fp32.
 The GRPO workloads declare no reward model: the reward is the task's rule.
 
@@ -26,7 +26,8 @@ against weights of scale 0.02; measured ≤ 6.4e-4): MASTER_TOL = 2e-3. bf16 wei
 the masters rounded, so they may differ by one more bf16 ulp (2^-8 of their value).
 The bugs this test was written against fail it: the bf16 pipeline message (a crash), an
 all-gather in process-group order (`tp 2 on 1, 0`: a rollout differs), replicated KV
-rows without their gradient sum (masters differ by 2.8e-3).
+rows without their gradient sum (masters differ by 2.8e-3), replica rows split as
+batch // dp (with dp 3 two rows get no reference log-probs: KL differs by 0.7).
 """
 
 import numpy as np
@@ -70,7 +71,7 @@ FOUR = {
     "B": _stages(actor_training=(2, 1, (0, 1, 2, 3), 2), critic_training=(1, 2, (3, 2, 1, 0), 2),  # TP → PP
                  ref_inference=(1, 2, (0, 1, 2, 3), 2)),
     "C": _stages(actor_training=(4, 1, (0, 1, 2, 3)), critic_training=(1, 4, (3, 2, 1, 0)),  # PP → DP; reversed
-                 actor_generation=(1, 4, (3, 2, 1, 0)), ref_inference=(2, 2, (3, 2, 1, 0))),
+                 actor_generation=(1, 4, (3, 2, 1, 0)), ref_inference=(3, 1, (3, 2, 1))),  # dp 3: 3+3+2 rows
 }
 
 

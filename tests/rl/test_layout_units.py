@@ -91,3 +91,28 @@ def test_replicated_kv_head_gradients_equal_the_single_rank_gradient():
         for name, grad in grads.items():
             expected, grad = shard(ref[name].grad, specs[name], 2, rank), torch.from_numpy(grad)
             assert torch.allclose(grad, expected, atol=1e-6), (name, rank, (grad - expected).abs().max())
+
+
+def test_replica_rows_cover_the_batch_for_any_dp():
+    # dp need not divide the batch (the compiler does not ask it to): contiguous shares
+    # that differ by at most one row, together exactly the batch.
+    from nereus.rl.pipeline import PipeStage
+    from nereus.rl.topology import Role
+
+    for batch, dp in ((8, 3), (4, 4), (7, 2), (12, 5)):
+        rows = [Role(r, dp, TpGroup(), None, PipeStage()).rows(batch, offset=10) for r in range(dp)]
+        assert [i for s in rows for i in range(s.start, s.stop)] == list(range(10, 10 + batch))
+        assert max(s.stop - s.start for s in rows) - min(s.stop - s.start for s in rows) <= 1
+
+
+def test_a_replica_without_rows_is_refused_at_its_placement():
+    from nereus.ir.diagnostics import SemanticError
+    from nereus.rl.checks import check_run
+
+    from rl_plans import tiny_module, uniform
+
+    module = tiny_module({"S1": uniform(1, 1, (0,)), "S2": {**uniform(1, 1, (0,)), "actor.training": (3, 1, (0, 1, 2))}},
+                         gpus=4, batch=4)
+    check_run(module, "ppo", 1, 1, 4)  # 4 rows a minibatch: 3 replicas get 2, 1, 1
+    with pytest.raises(SemanticError, match="actor.training has dp 3 but a minibatch has 2 rows"):
+        check_run(module, "ppo", 2, 1, 4)
