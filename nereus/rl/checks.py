@@ -19,6 +19,10 @@ REQUIRED = {"ppo": ("actor.generation", "ref.inference", "actor.training", "crit
             "grpo": ("actor.generation", "ref.inference", "actor.training")}
 OPTIONAL = ("reward.inference",)
 MINIBATCHES = 2  # updates per step (one epoch over the batch), RlConfig's default
+TASK_TOKENS = 11  # the tasks' token ids: digits 0..9 and BOS 10 (nereus.rl.reward)
+# The head each model of the loop computes with: log-probs need a vocab projection,
+# values and reward-model scores a scalar head.
+HEADS = {"actor": "lm", "ref": "lm", "critic": "value", "reward": "value"}
 
 
 def check_stages(module: Module, algo: str) -> None:
@@ -50,6 +54,19 @@ def check_placement(p: Placement, world: int) -> None:
             p.loc, hint=f"run with --nproc {max(p.gpus) + 1} or more")
 
 
+def check_models(module: Module) -> None:
+    """The workload's models read the tasks' tokens and have the head the loop uses."""
+    for name in sorted({ms.model for ms in module.workload.model_stages()}):
+        model = module.model(name)
+        if model.vocab < TASK_TOKENS:
+            raise SemanticError(f"{name} has vocab {model.vocab} but the tasks use {TASK_TOKENS} tokens",
+                                key_loc(model, "vocab"), hint=f"use a vocab of at least {TASK_TOKENS}")
+        wanted = HEADS.get(name)
+        if wanted is not None and model.head != wanted:
+            raise SemanticError(f"{name} needs `head {wanted}` in the RL loop, it has head {model.head}",
+                                key_loc(model, "head"), hint="actor and ref: head lm; critic and reward: head value")
+
+
 def check_replicas(module: Module, minibatches: int) -> None:
     """Every DP replica of every placement gets at least one row of each minibatch (the
     loop splits rows unevenly when dp does not divide them, but cannot run a replica on
@@ -66,6 +83,7 @@ def check_replicas(module: Module, minibatches: int) -> None:
 def check_run(module: Module, algo: str, minibatches: int, group: int, world: int) -> None:
     """Everything above, for every plan of the module."""
     check_stages(module, algo)
+    check_models(module)
     check_batch(module, algo, minibatches, group)
     check_replicas(module, minibatches)
     for plan in module.plans:

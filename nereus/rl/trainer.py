@@ -46,7 +46,7 @@ from . import pipeline
 from nereus.models.llama import init_full_weights, local_logits, values
 from .optim import adam_step, all_reduce_grads, reduce_replicated_kv_grads
 from nereus.models.parallel import vocab_parallel_logprob
-from .checks import check_batch, check_replicas, check_stages
+from .checks import check_batch, check_models, check_replicas, check_stages
 from .restart import TORCH_DTYPES, RestartRuntime
 from .reward import make_prompts, score
 from .topology import Groups, Role
@@ -129,6 +129,7 @@ class RlTrainer:
         self.cfg, self.w = spec.rl, module.workload
         self.stages = {str(ms) for ms in module.workload.model_stages()}
         check_stages(module, self.cfg.algo)
+        check_models(module)
         check_batch(module, self.cfg.algo, self.cfg.minibatches, self.cfg.group)
         check_replicas(module, self.cfg.minibatches)
         self.world = dist.get_world_size() if dist.is_initialized() else 1

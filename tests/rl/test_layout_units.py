@@ -116,3 +116,24 @@ def test_a_replica_without_rows_is_refused_at_its_placement():
     check_run(module, "ppo", 1, 1, 4)  # 4 rows a minibatch: 3 replicas get 2, 1, 1
     with pytest.raises(SemanticError, match="actor.training has dp 3 but a minibatch has 2 rows"):
         check_run(module, "ppo", 2, 1, 4)
+
+
+def test_models_the_loop_cannot_use_are_refused_at_their_declaration():
+    from dataclasses import replace
+
+    from nereus.ir.diagnostics import SemanticError
+    from nereus.rl import reward
+    from nereus.rl.checks import TASK_TOKENS, check_run
+
+    from rl_plans import tiny_module, uniform
+
+    assert TASK_TOKENS == reward.BOS + 1  # digits 0..9 and BOS
+    module = tiny_module({"S1": uniform(1, 1, (0,))}, gpus=1)
+    models = {m.name: m for m in module.models}
+    small = replace(module, models=tuple(replace(m, vocab=8) if m.name == "ref" else m for m in module.models))
+    with pytest.raises(SemanticError, match="ref has vocab 8 but the tasks use 11 tokens"):
+        check_run(small, "ppo", 2, 1, 1)
+    no_value = replace(module, models=tuple(replace(m, head="lm") if m.name == "critic" else m for m in module.models))
+    with pytest.raises(SemanticError, match="critic needs `head value`"):
+        check_run(no_value, "ppo", 2, 1, 1)
+    assert models["actor"].head == "lm"
