@@ -69,7 +69,7 @@ FOUR = {
                  reward_inference=(1, 4, (0, 1, 2, 3)), actor_training=(1, 4, (0, 1, 2, 3)),
                  critic_training=(2, 2, (0, 1, 2, 3))),
     "B": _stages(actor_training=(2, 1, (0, 1, 2, 3), 2), critic_training=(1, 2, (3, 2, 1, 0), 2),  # TP → PP
-                 ref_inference=(1, 2, (0, 1, 2, 3), 2)),
+                 ref_inference=(1, 2, (0, 1, 2, 3), 2), actor_generation=(1, 2, (1, 0, 3, 2), 2)),
     "C": _stages(actor_training=(4, 1, (0, 1, 2, 3)), critic_training=(1, 4, (3, 2, 1, 0)),  # PP → DP; reversed
                  actor_generation=(1, 4, (3, 2, 1, 0)), ref_inference=(3, 1, (3, 2, 1))),  # dp 3: 3+3+2 rows
 }
