@@ -67,6 +67,24 @@ def parse_drift(text: Optional[str], module, steps: int) -> list[tuple[int, str]
     return sorted(out)
 
 
+def check_before_launch(plan_file: str, module, algo: str, group: int, nproc: int,
+                        drifts: list[tuple[int, str]]) -> None:
+    """What every worker would refuse (nereus.rl.checks), also after each --drift, raised
+    here with the plan file's line and caret instead of after starting nproc processes."""
+    import nereus.ir as ir
+    from nereus.rl.checks import MINIBATCHES, check_batch, check_replicas, check_run
+
+    try:
+        check_run(module, algo, MINIBATCHES, group, nproc)
+        for _, key in drifts:
+            module = ir.apply_overrides(module, [key])
+            check_batch(module, algo, MINIBATCHES, group)
+            check_replicas(module, MINIBATCHES)
+    except NereusError as error:
+        with open(plan_file) as f:
+            raise error.with_source(f.read()) from None
+
+
 def check_vllm_importable() -> None:
     """Raise NereusError (exit 2, no traceback) unless this Python can import vllm. The
     workers run under the same interpreter (sys.executable), so checking here suffices;
@@ -269,6 +287,7 @@ def train_command(plan_file, plan_name, algo, nproc, steps, events, controller, 
     if nproc < needed:
         raise NereusError(f"the plans use GPUs 0..{needed - 1} but --nproc is {nproc}",
                           hint=f"use --nproc {needed} (one process per GPU id)")
+    check_before_launch(plan_file, module, algo, group, nproc, drifts)
     out = out or os.path.join("runs", f"{os.path.splitext(os.path.basename(plan_file))[0]}-{algo}")
     config = {"plan_file": os.path.abspath(plan_file), "plan": plan_name, "steps": steps, "events": scripted,
               "seed": seed, "task": task, "runtime": runtime, "overrides": list(overrides),

@@ -149,7 +149,10 @@ class KvCache:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+    """RMSNorm computed in fp32 and returned in x's dtype (as Megatron-LM and HF do for
+    bf16: the mean of squares is where low precision hurts); a no-op cast for fp32."""
+    x32 = x.float()
+    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
 
 
 def inverse_frequencies(head_dim: int, theta: float = 10000.0, scaling: Optional[RopeScaling] = None,
@@ -183,6 +186,15 @@ def _rotary(x: torch.Tensor, start: int, theta: float = 10000.0, scaling: Option
     return x * cos + torch.cat([-second, first], dim=-1) * sin
 
 
+def _causal_mask(t: int, start: int, device) -> Optional[torch.Tensor]:
+    """Boolean [t, start + t] mask for t queries at positions start..start+t-1 over the
+    cached keys and their own: query i sees keys 0..start+i. None where SDPA needs none:
+    a single query sees every key, and a prefill (start 0) is plain is_causal."""
+    if t == 1 or start == 0:
+        return None
+    return torch.ones(t, start + t, dtype=torch.bool, device=device).tril(diagonal=start)
+
+
 def _attention(x, w: Weights, i: int, shape: LocalShape, tp: TpGroup, cache: Optional[KvCache], start: int,
                model: Optional[Model] = None):
     """`start` is the position of x's first token: the cache length *before* this forward
@@ -214,8 +226,8 @@ def _attention(x, w: Weights, i: int, shape: LocalShape, tp: TpGroup, cache: Opt
     if nq != nkv:
         k = k.repeat_interleave(nq // nkv, dim=1)
         v = v.repeat_interleave(nq // nkv, dim=1)
-    # Prefill (start == 0) is causal; a decode step's queries see every cached key.
-    out = F.scaled_dot_product_attention(q, k, v, is_causal=(start == 0 and t > 1))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=_causal_mask(t, start, x.device),
+                                         is_causal=(start == 0 and t > 1))
     out = out.transpose(1, 2).reshape(b, t, nq * hd)
     return parallel.reduce_from_tp(out @ w[f"layers.{i}.attn.o.weight"].t(), tp)
 

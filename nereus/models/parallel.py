@@ -6,7 +6,8 @@
   and the partial embeddings are summed.
 - vocab_parallel_logprob: log p(target) from vocab-sharded logits without gathering them:
   max and sum-exp are all-reduced, gradient (onehot - softmax) stays local.
-- gather_vocab: full logits on every TP rank (for layout-independent sampling).
+- gather_vocab: full logits on every TP rank (for layout-independent sampling), in TP-rank
+  order whatever the GPU order of the group.
 
 A TpGroup with size 1 makes every collective a no-op, so the tp=1 run is plain torch.
 """
@@ -22,11 +23,34 @@ import torch.distributed as dist
 
 @dataclass(frozen=True)
 class TpGroup:
-    """This rank's tensor-parallel group: `group` is None when size == 1."""
+    """This rank's tensor-parallel group: `group` is None when size == 1.
+
+    `ranks` are the group's global ranks in TP-rank order (the placement's mesh order,
+    which may be descending: `tp 2 on 1, 0`). torch numbers a group's members by sorted
+    global rank, so collectives whose result has an order (all-gather) are put back in
+    TP-rank order through `ranks`; when empty, the members' TP ranks are exchanged."""
 
     size: int = 1
     rank: int = 0
     group: Optional[Any] = None
+    ranks: tuple[int, ...] = ()
+
+    def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        """[tensor of TP rank 0, ..., of TP rank size-1] (no gradient)."""
+        if self.size == 1:
+            return [tensor]
+        parts = [torch.empty_like(tensor) for _ in range(self.size)]
+        dist.all_gather(parts, tensor.contiguous(), group=self.group)
+        if self.ranks:
+            group_rank = {g: i for i, g in enumerate(sorted(self.ranks))}
+            return [parts[group_rank[g]] for g in self.ranks]
+        # order unknown to this group: learn each member's TP rank (one tiny all-gather)
+        # rather than assume the group's numbering is the TP order
+        mine = torch.tensor([self.rank], device=tensor.device)
+        tp_ranks = [torch.empty_like(mine) for _ in range(self.size)]
+        dist.all_gather(tp_ranks, mine, group=self.group)
+        by_tp = sorted(range(self.size), key=lambda i: int(tp_ranks[i]))
+        return [parts[i] for i in by_tp]
 
     def all_reduce(self, tensor: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:
         if self.size > 1:
@@ -119,12 +143,4 @@ def gather_vocab(logits: torch.Tensor, tp: TpGroup) -> torch.Tensor:
     """Full-vocab logits on every TP rank (no gradient)."""
     if tp.size == 1:
         return logits
-    parts = [torch.empty_like(logits) for _ in range(tp.size)]
-    dist.all_gather(parts, logits.contiguous(), group=tp.group)
-    # all_gather orders by rank in the process group, which torch numbers by sorted
-    # global rank; the vocab slices follow the TP rank (mesh order, any GPU order).
-    mine = torch.tensor([tp.rank], device=logits.device)
-    ranks = [torch.empty_like(mine) for _ in range(tp.size)]
-    dist.all_gather(ranks, mine, group=tp.group)
-    order = sorted(range(tp.size), key=lambda i: int(ranks[i]))
-    return torch.cat([parts[i] for i in order], dim=-1)
+    return torch.cat(tp.all_gather(logits), dim=-1)

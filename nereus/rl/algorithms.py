@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .checks import MINIBATCHES
+
 
 @dataclass(frozen=True)
 class RlConfig:
@@ -35,7 +37,7 @@ class RlConfig:
     gamma: float = 1.0
     lam: float = 0.95
     group: int = 4  # GRPO: responses per prompt
-    minibatches: int = 2  # per step, one epoch
+    minibatches: int = MINIBATCHES  # per step, one epoch
     temperature: float = 1.0
 
 

@@ -30,6 +30,36 @@ def all_reduce_grads(grads: dict[str, torch.Tensor], group) -> None:
 
 
 @torch.no_grad()
+def reduce_replicated_kv_grads(grads: dict[str, torch.Tensor], model, tp) -> None:
+    """Sum the gradients of replicated KV-head rows over the TP ranks that share them (in
+    place); a no-op unless tp > kv_heads.
+
+    With tp > kv_heads each KV head is replicated on tp/kv_heads consecutive TP ranks (the
+    compiler's layout, nereus.models.tensors) and each copy only sees the gradient through
+    its own rank's q heads: the true gradient of the shared rows is the sum over the copies.
+    One all-reduce over the whole TP group does every layer: rank t writes its k and v rows
+    into slot t // (tp / kv_heads) of a zero buffer, so slot j sums exactly head j's sharers.
+    Invariant: afterwards every copy of a KV head has the same gradient (so Adam keeps the
+    copies equal)."""
+    if tp.size <= model.kv_heads:
+        return
+    names = sorted(n for n in grads if n.endswith(".attn.qkv.weight"))
+    if not names:
+        return
+    kv_rows = model.head_dim  # one local KV head: head_dim k rows then head_dim v rows
+    q_rows = (model.heads // tp.size) * model.head_dim
+    head = tp.rank // (tp.size // model.kv_heads)
+    sample = grads[names[0]]
+    slots = torch.zeros((len(names), model.kv_heads, 2 * kv_rows, sample.shape[1]), dtype=sample.dtype,
+                        device=sample.device)
+    for layer, name in enumerate(names):
+        slots[layer, head] = grads[name][q_rows:q_rows + 2 * kv_rows]
+    tp.all_reduce(slots)
+    for layer, name in enumerate(names):
+        grads[name][q_rows:q_rows + 2 * kv_rows] = slots[layer, head]
+
+
+@torch.no_grad()
 def adam_step(state: dict[str, torch.Tensor], grads: dict[str, torch.Tensor], step: int,
               lr: float, betas: tuple[float, float], eps: float) -> None:
     """One Adam step (Kingma & Ba, bias-corrected, no weight decay) on `state` in place.

@@ -6,6 +6,10 @@ Each TP rank talks to the same TP rank of the neighbouring stage (the activation
 identical on every TP rank of a stage). Shapes are known to both ends (batch rows,
 tokens, hidden), so every send has a matching receive of the same size by construction.
 Generation returns the last stage's sampled token to the first stage each decode step.
+
+Messages travel in the model's dtype (bf16 activations and their gradients for a bf16
+model, as Megatron-LM sends them); the head runs on the last stage, which computes
+log-probs and losses in fp32 itself.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from nereus.ir.model import Model
 
 from nereus.models.llama import KvCache, Weights, embed, final_norm, run_layers
 from nereus.models.parallel import TpGroup
+
+from .restart import TORCH_DTYPES
 
 
 @dataclass(frozen=True)
@@ -61,7 +67,7 @@ def forward(model: Model, w: Weights, tokens: torch.Tensor, tp: TpGroup, pipe: P
         x_in = None
         x = embed(model, w, tokens, tp)
     else:
-        x_in = _recv((*tokens.shape, model.hidden), pipe.prev, tokens.device)
+        x_in = _recv((*tokens.shape, model.hidden), pipe.prev, tokens.device, TORCH_DTYPES[model.dtype])
         if torch.is_grad_enabled():
             x_in.requires_grad_()
         x = x_in
@@ -80,7 +86,7 @@ def backward(pipe: PipeStage, loss: Optional[torch.Tensor], x_in: Optional[torch
     else:
         # (y·g).sum() has gradient g w.r.t. y exactly; y.backward(g) would do the same but
         # torch checks g's shape by importing sympy on first use (~2.5 s, once per process).
-        (y * _recv(y.shape, pipe.next, y.device)).sum().backward()
+        (y * _recv(y.shape, pipe.next, y.device, y.dtype)).sum().backward()
     if not pipe.is_first:
         grad = x_in.grad if x_in.grad is not None else torch.zeros_like(x_in)
         dist.send(grad.contiguous(), dst=pipe.prev)

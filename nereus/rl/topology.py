@@ -18,11 +18,11 @@ from typing import Any, Optional
 
 import torch.distributed as dist
 
-from nereus.ir.diagnostics import SemanticError
 from nereus.models import pp_layer_range
 from nereus.ir.model import Module, Placement, Plan
 
 from nereus.models.parallel import TpGroup
+from .checks import check_placement
 from .pipeline import PipeStage
 
 
@@ -43,9 +43,12 @@ class Role:
         return self.pipe.is_last and self.tp.rank == 0
 
     def rows(self, batch: int, offset: int = 0) -> slice:
-        """This replica's contiguous share of `batch` rows starting at `offset`."""
-        per = batch // self.dp
-        return slice(offset + self.replica * per, offset + (self.replica + 1) * per)
+        """This replica's contiguous share of `batch` rows starting at `offset`: dp need not
+        divide the batch, so the first batch % dp replicas take one row more (the split
+        pp_layer_range makes of layers). Losses are sums over the global token count, so
+        uneven shares still sum to the global mean."""
+        lo, hi = pp_layer_range(batch, self.dp, self.replica)
+        return slice(offset + lo, offset + hi)
 
 
 class Groups:
@@ -69,13 +72,7 @@ class Groups:
         roles: dict[str, Optional[Role]] = {}
         for placement in plan.placements:
             check_placement(placement, world)
-            model = module.model(placement.model_stage.model)
-            if placement.model_stage.stage == "training" and placement.tp > model.kv_heads:
-                raise SemanticError(
-                    f"{placement.model_stage}: training with tp {placement.tp} > kv_heads {model.kv_heads} "
-                    "(replicated KV heads) is not supported by the bundled RL loop", placement.loc,
-                    hint=f"train with tp <= {model.kv_heads}; generation and inference may use more")
-            layers = model.layers
+            layers = module.model(placement.model_stage.model).layers
             roles[str(placement.model_stage)] = self._role(placement, layers, me)
         return roles
 
@@ -90,24 +87,13 @@ class Groups:
                                  prev=p.gpu_of(r, s - 1, t) if s > 0 else None,
                                  next=p.gpu_of(r, s + 1, t) if s < p.pp - 1 else None,
                                  first=p.gpu_of(r, 0, t), last=p.gpu_of(r, p.pp - 1, t))
-                return Role(r, p.dp, TpGroup(p.tp, t, made[ranks]), made[dp_groups[(s, t)]], pipe)
+                return Role(r, p.dp, TpGroup(p.tp, t, made[ranks], ranks), made[dp_groups[(s, t)]], pipe)
         return None
-
-
-def check_placement(p: Placement, world: int) -> None:
-    """Errors a user can cause with a plan this loop cannot run."""
-    if max(p.gpus) >= world:
-        raise SemanticError(
-            f"{p.model_stage} uses GPU {max(p.gpus)} but only {world} processes run",
-            p.loc, hint=f"run with --nproc {max(p.gpus) + 1} or more")
 
 
 def runnable(module: Module, plan: Plan, world: int) -> bool:
     """Whether this loop can compute with `plan` on `world` processes (no groups made)."""
     for placement in plan.placements:
-        model = module.model(placement.model_stage.model)
         if max(placement.gpus) >= world:
-            return False
-        if placement.model_stage.stage == "training" and placement.tp > model.kv_heads:
             return False
     return True

@@ -8,8 +8,9 @@ Model-stages (names fixed by this loop; the plan places them):
                      sync targets the engines' input layout and VllmGeneration.push loads it;
                      Nereus then holds no actor.generation shards: the engines do)
   ref.inference      log π_ref (initialised as a copy of the actor's initial weights)
-  reward.inference   llama reward model: its score is logged as `rm_score`; the training
-                     reward is the rule of nereus.rl.reward (so learning is checkable)
+  reward.inference   optional llama reward model: its score is logged as `rm_score` (None
+                     without one); the training reward is always the task's rule
+                     (nereus.rl.reward, `--task`), so learning is checkable
   actor.training     log π_old (before the update), then the clipped-objective update
   critic.training    values (PPO only), then the clipped value-loss update
 
@@ -43,14 +44,12 @@ from . import algorithms as alg
 from .engine import ENGINES, GenerationEngine, NativeEngine, make_vllm_generation
 from . import pipeline
 from nereus.models.llama import init_full_weights, local_logits, values
-from .optim import adam_step, all_reduce_grads
+from .optim import adam_step, all_reduce_grads, reduce_replicated_kv_grads
 from nereus.models.parallel import vocab_parallel_logprob
+from .checks import check_batch, check_models, check_replicas, check_stages
 from .restart import TORCH_DTYPES, RestartRuntime
 from .reward import make_prompts, score
 from .topology import Groups, Role
-
-REQUIRED = {"ppo": ("actor.generation", "ref.inference", "reward.inference", "actor.training", "critic.training"),
-            "grpo": ("actor.generation", "ref.inference", "reward.inference", "actor.training")}
 
 
 @dataclass(frozen=True)
@@ -76,7 +75,7 @@ class StepRecord:
     value_loss: float
     reward: float
     kl: float
-    rm_score: float
+    rm_score: Optional[float]  # None when the workload has no reward model
     seconds: float
     response: int = 0
     stage_seconds: dict = field(default_factory=dict)  # model-stage → wall seconds of its phase
@@ -129,15 +128,10 @@ class RlTrainer:
         self.module, self.rt, self.spec, self.emit = module, runtime, spec, emit
         self.cfg, self.w = spec.rl, module.workload
         self.stages = {str(ms) for ms in module.workload.model_stages()}
-        missing = [ms for ms in REQUIRED[self.cfg.algo] if ms not in self.stages]
-        if missing:
-            raise SemanticError(f"the workload lacks {', '.join(missing)}, which {self.cfg.algo} needs",
-                                module.workload.loc, hint="declare generation: actor, inference: ref, reward, "
-                                "training: actor (and critic for ppo)")
-        if self.w.batch % (self.cfg.minibatches * (self.cfg.group if self.cfg.algo == "grpo" else 1)):
-            raise SemanticError(f"batch {self.w.batch} must divide into {self.cfg.minibatches} minibatches"
-                                + (f" of whole groups of {self.cfg.group}" if self.cfg.algo == "grpo" else ""),
-                                module.workload.loc)
+        check_stages(module, self.cfg.algo)
+        check_models(module)
+        check_batch(module, self.cfg.algo, self.cfg.minibatches, self.cfg.group)
+        check_replicas(module, self.cfg.minibatches)
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         self.device = getattr(runtime, "device", None) or torch.device("cpu")
         self.groups = Groups()
@@ -165,7 +159,8 @@ class RlTrainer:
         same = _architecture(self.module.model("ref")) == _architecture(self.module.model("actor"))
         full["ref"] = ({k: v.clone() for k, v in full["actor"].items()} if same
                        else init_full_weights(self.module.model("ref"), gen))
-        full["reward"] = init_full_weights(self.module.model("reward"), gen, zero_value_head=False)
+        if "reward.inference" in self.stages:
+            full["reward"] = init_full_weights(self.module.model("reward"), gen, zero_value_head=False)
         if "critic.training" in self.stages:
             full["critic"] = init_full_weights(self.module.model("critic"), gen)
         for ms in sorted(self.stages):
@@ -226,7 +221,7 @@ class RlTrainer:
         return self._forward(model_name, w, seqs[:, :-1], role, self._logprob_head(model_name, w, seqs, role.tp))
 
     def _values(self, model_name: str, w, seqs, role: Role):
-        return self._forward(model_name, w, seqs[:, :-1], role, lambda h: values(w, h[:, self.w.prompt - 1:]))
+        return self._forward(model_name, w, seqs[:, :-1], role, lambda h: values(w, h[:, self.w.prompt - 1:]).float())
 
     def _train(self, ms: str, loss_head, step: int, lr: float, offset: int, mb: int) -> float:
         """One minibatch update of a training model-stage (forward and backward through
@@ -245,6 +240,7 @@ class RlTrainer:
             pipeline.backward(role.pipe, loss, x_in, y)
             grads = {f"{model_name}/{k}": (p.grad if p.grad is not None else torch.zeros_like(p)).float()
                      for k, p in params.items()}
+            reduce_replicated_kv_grads(grads, self.module.model(model_name), role.tp)
             all_reduce_grads(grads, role.dp_group)
             adam_step(state, grads, step, lr, self.cfg.betas, self.cfg.eps)
             counter = step_name(model_name)
@@ -271,10 +267,12 @@ class RlTrainer:
         logp_ref = self._per_replica("ref.inference", lambda role, rows: self._logprobs(
             "ref", self.weights("ref.inference"), seqs[rows], role), (B, R))
         clock.lap("ref.inference")
-        rm_weights = self.weights("reward.inference")
-        rm = self._per_replica("reward.inference", lambda role, rows: self._forward(
-            "reward", rm_weights, seqs[rows], role, lambda h: values(rm_weights, h[:, -1])), (B,))
-        clock.lap("reward.inference")
+        rm = None  # the reward model's score, logged; the training reward is the task's rule
+        if "reward.inference" in self.stages:
+            rm_weights = self.weights("reward.inference")
+            rm = self._per_replica("reward.inference", lambda role, rows: self._forward(
+                "reward", rm_weights, seqs[rows], role, lambda h: values(rm_weights, h[:, -1]).float()), (B,))
+            clock.lap("reward.inference")
         logp_old = self._per_replica("actor.training", lambda role, rows: self._logprobs(
             "actor", self.weights("actor.training"), seqs[rows], role), (B, R))
         clock.lap("actor.training")
@@ -308,7 +306,7 @@ class RlTrainer:
             clock.lap("actor.training")
             if cfg.algo == "ppo":
                 def critic_loss(params, role, rows):
-                    return lambda h: alg.value_loss(values(params, h[:, self.w.prompt - 1:]), v_old[rows],
+                    return lambda h: alg.value_loss(values(params, h[:, self.w.prompt - 1:]).float(), v_old[rows],
                                                     returns[rows], cfg.value_clip, tokens)
 
                 value_losses.append(self._train("critic.training", critic_loss, opt_step, cfg.critic_lr, offset, mb))
@@ -318,7 +316,8 @@ class RlTrainer:
         clock.lap("actor.generation")
         return StepRecord(step, self.plan_name, sum(losses) / len(losses),
                           sum(value_losses) / len(value_losses) if value_losses else 0.0,
-                          float(rule.mean()), float((logp_old - logp_ref).mean()), float(rm.mean()),
+                          float(rule.mean()), float((logp_old - logp_ref).mean()),
+                          float(rm.mean()) if rm is not None else None,
                           time.perf_counter() - start, R, clock.seconds, sync_bytes,
                           hashlib.sha256(responses.cpu().numpy().tobytes()).hexdigest())
 
@@ -376,8 +375,8 @@ class RlTrainer:
 
         self.module = ir.apply_overrides(self.module, [override])
         self.w = self.module.workload
-        if self.w.batch % (self.cfg.minibatches * (self.cfg.group if self.cfg.algo == "grpo" else 1)):
-            raise SemanticError(f"drift {override}: batch {self.w.batch} no longer divides into minibatches")
+        check_batch(self.module, self.cfg.algo, self.cfg.minibatches, self.cfg.group)
+        check_replicas(self.module, self.cfg.minibatches)
 
     def transition(self, after_step: int, plan: str) -> dict:
         start = time.perf_counter()

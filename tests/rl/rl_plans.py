@@ -6,13 +6,17 @@ STAGES = (("generation", ("actor",)), ("inference", ("ref", "reward")), ("traini
 
 
 def tiny_module(plans: dict, *, gpus: int = 4, batch: int = 8, prompt: int = 6, response: int = 4,
-                algo: str = "ppo", layers: int = 2, hidden: int = 32) -> Module:
-    """plans: {name: {model_stage: (dp, tp, gpus tuple[, pp])}}; unspecified stages default
-    to the first plan's entry."""
-    arch = dict(layers=layers, hidden=hidden, heads=4, kv_heads=2, ffn=2 * hidden, vocab=16, dtype="fp32")
+                algo: str = "ppo", layers: int = 2, hidden: int = 32, dtype: str = "fp32", kv_heads: int = 2,
+                reward_model: bool = True) -> Module:
+    """plans: {name: {model_stage: (dp, tp, gpus tuple[, pp[, offload]])}}; unspecified stages default
+    to the first plan's entry. Without `reward_model` the workload has no reward.inference
+    (the reward is the task's rule alone)."""
+    arch = dict(layers=layers, hidden=hidden, heads=4, kv_heads=kv_heads, ffn=2 * hidden, vocab=16, dtype=dtype)
     models = (Model("actor", "llama", **arch), Model("critic", "llama", head="value", **arch),
               Model("ref", "llama", base="actor", **arch), Model("reward", "llama", head="value", base="critic", **arch))
-    stages = STAGES if algo == "ppo" else tuple((s, tuple(m for m in ms if m != "critic")) for s, ms in STAGES)
+    dropped = ({"critic"} if algo != "ppo" else set()) | ({"reward"} if not reward_model else set())
+    stages = tuple((s, tuple(m for m in ms if m not in dropped)) for s, ms in STAGES)
+    models = tuple(m for m in models if reward_model or m.name != "reward")
     workload = Workload("rl", batch, prompt, response, 1, stages)
     cluster = Cluster("cpu", 1, gpus, GpuSpec(1 << 30, 1e12, 1e11), 1e10, 1e9, 1 << 34)
     first = next(iter(plans.values()))
@@ -20,8 +24,9 @@ def tiny_module(plans: dict, *, gpus: int = 4, batch: int = 8, prompt: int = 6, 
     for name, entries in plans.items():
         placements = []
         for ms in workload.model_stages():
-            dp, tp, ids, *pp = entries.get(str(ms), first[str(ms)])
-            placements.append(Placement(ms, dp, tp, pp[0] if pp else 1, tuple(ids), ()))
+            dp, tp, ids, *rest = entries.get(str(ms), first[str(ms)])
+            pp, offload = (rest + [1, False][len(rest):])[:2]
+            placements.append(Placement(ms, dp, tp, pp, tuple(ids), (), offload))
         built.append(Plan(name, None, tuple(placements), tuple(placements)))
     return Module(cluster, models, workload, tuple(built), ())
 

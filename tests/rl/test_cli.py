@@ -38,3 +38,42 @@ def test_bad_events_are_reported_without_traceback():
     assert "unknown plan 'S9'" in run.stderr and "Traceback" not in run.stderr
     run = _nereus(PLAN, "--steps", "3", "--events", "3:S2")
     assert run.returncode == 2 and "not a step boundary" in run.stderr
+
+
+def _without(text: str, *lines: str) -> str:
+    for line in lines:
+        assert line in text, line
+        text = text.replace(line, "")
+    return text
+
+
+def test_workload_errors_are_reported_before_any_process_starts(tmp_path):
+    # The workers would refuse these; the launcher finds them first (no torchrun, located).
+    with open(PLAN) as f:
+        text = f.read()
+    no_critic = tmp_path / "no-critic.nir"
+    no_critic.write_text(text)
+    run = _nereus(str(no_critic), "--algo", "ppo", "--steps", "2", "--out", str(tmp_path / "a"))
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "lacks critic.training, which ppo needs" in run.stderr and "no-critic.nir:" in run.stderr
+    assert "Traceback" not in run.stderr and not (tmp_path / "a").exists()
+    run = _nereus(PLAN, "--algo", "grpo", "--group", "3", "--steps", "2", "--out", str(tmp_path / "b"))
+    assert run.returncode == 2 and "batch 32 must divide into 2 minibatches of whole groups of 3" in run.stderr
+    assert "grpo-cpu.nir:" in run.stderr and not (tmp_path / "b").exists()
+    run = _nereus(PLAN, "--algo", "grpo", "--steps", "3", "--drift", "1:batch=12", "--out", str(tmp_path / "c"))
+    assert run.returncode == 2 and "batch 12 must divide" in run.stderr, run.stderr
+
+
+@pytest.mark.multiprocess
+def test_grpo_without_a_reward_model_trains_on_the_task_rule(tmp_path):
+    with open(PLAN) as f:
+        text = _without(f.read(), "inference:  ref, reward", "  reward.inference  dp 1 tp 2  on 0, 1\n")
+    text = text.replace("workload grpo {", "workload grpo {\n  inference: ref")
+    plan = tmp_path / "rule.nir"
+    plan.write_text(text)
+    run = _nereus(str(plan), "--algo", "grpo", "--nproc", "2", "--steps", "2", "--events", "1:S2",
+                  "--out", str(tmp_path / "run"), "--json")
+    assert run.returncode == 0, run.stdout + run.stderr
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert [s["rm_score"] for s in result["steps"]] == [None, None]
+    assert all(0.0 <= s["reward"] <= 1.0 for s in result["steps"])

@@ -20,16 +20,17 @@ def _observed(runnable_plans):
     return module, policy
 
 
-def test_runnable_excludes_training_tp_beyond_kv_heads_and_missing_ranks():
+def test_runnable_excludes_plans_with_missing_ranks_only():
     module = _module()
-    assert [runnable(module, p, 4) for p in module.plans] == [True, True, False]
+    assert [runnable(module, p, 4) for p in module.plans] == [True, True, True]  # tp > kv_heads trains
+    assert [runnable(module, p, 3) for p in module.plans] == [True, True, False]
     assert [runnable(module, p, 1) for p in module.plans] == [True, False, False]
 
 
 def test_controller_never_names_a_plan_the_loop_cannot_run():
     module, free = _observed(())
-    assert free.controller.best_plan(module.workload, 4).plan.name == "S3"  # fastest, not trainable here
-    ok = tuple(p.name for p in module.plans if runnable(module, p, 4))
+    assert free.controller.best_plan(module.workload, 4).plan.name == "S3"  # fastest, needs 4 ranks
+    ok = tuple(p.name for p in module.plans if runnable(module, p, 3))
     module, policy = _observed(ok)
     assert policy.controller.best_plan(module.workload, 4).plan.name in ok
     targets = [policy.decide(step, module.workload, 4) for step in range(2, 6)]
