@@ -15,7 +15,7 @@ import sys
 import click
 
 from nereus.cli.errors import reports_errors, traceback_option
-from nereus.ir.diagnostics import SemanticError
+from nereus.ir.diagnostics import NereusError, SemanticError
 
 
 def _pairs(module, transition: str | None) -> list[tuple[str, str]]:
@@ -30,6 +30,14 @@ def _pairs(module, transition: str | None) -> list[tuple[str, str]]:
                                     hint=f"plans: {', '.join(names)}")
         return [(source.strip(), target.strip())]
     return [(t.source, t.target) for t in module.transitions]
+
+
+def _source_text(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+    except OSError:
+        return None
 
 
 def summary_text(summary: dict) -> str:
@@ -125,8 +133,18 @@ def compile_command(file, transition, overrides, emit, output, as_json, time_pas
                             hint="choose one with --transition S1->S2")
     hook = _print_after if print_after_all else None
     results = []
+    unfit = set()
+    if not fits:  # the table above already reported these plans: compile only what fits
+        from nereus.passes.feasibility import check_plan
+
+        unfit = {p.name for p in module.plans if not check_plan(module, p).feasible}
     for source, target in pairs:
-        compiled = compile_transition(module, source, target, pipeline=pipeline, print_after_all=hook)
+        if source in unfit or target in unfit:
+            continue
+        try:
+            compiled = compile_transition(module, source, target, pipeline=pipeline, print_after_all=hook)
+        except NereusError as error:  # quote the source line, as `nereusc check` does
+            raise error.with_source(_source_text(module.file)) if error.loc is not None else error
         results.append(compiled)
         if time_passes:
             total = sum(compiled.timings.values())

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from nereus.models import pp_layer_range
+from nereus.ir.diagnostics import InfeasibleError
 from nereus.ir.model import STAGES, Model, Module, Placement, Plan
 
 from .layout import shard_elements
@@ -250,3 +251,33 @@ def check_plan(module: Module, plan: Plan | str) -> FeasibilityReport:
 
 def check_module(module: Module) -> list[FeasibilityReport]:
     return [check_plan(module, plan) for plan in module.plans]
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.1f} GiB"
+
+
+def infeasible_error(plan: Plan, report: FeasibilityReport, source: str | None = None) -> InfeasibleError:
+    """The error `nereusc check` prints for a plan that does not fit, at the plan's name:
+    the worst GPU and stage, and the largest contributor in the hint. One wording for the
+    check and for every command that refuses an infeasible plan."""
+    worst = report.worst
+    top = worst.contributors[0]
+    return InfeasibleError(
+        f"plan {plan.name} does not fit: GPU {worst.gpu} needs {_gib(worst.bytes)} in {worst.stage} "
+        f"but has {_gib(report.capacity_bytes)} ({len(report.overflowing)} GPU x stage pairs overflow)",
+        plan.loc,
+        f"the largest contributor is {top.model_stage} {top.kind} ({_gib(top.bytes)}); raise its tp/pp, "
+        f"offload it, or lower the microbatch",
+        source or None, width=len(plan.name) if plan.loc else 1)
+
+
+def require_fit(module: Module, *plans: str) -> None:
+    """Raise `infeasible_error` for the first of `plans` that does not fit (the check is
+    what `nereusc check` runs: a transition into or out of such a plan is refused before
+    any pass spends time on it)."""
+    for name in plans:
+        plan = module.plan(name)
+        report = check_plan(module, plan)
+        if not report.feasible:
+            raise infeasible_error(plan, report)

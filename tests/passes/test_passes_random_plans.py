@@ -72,7 +72,9 @@ def _peak_need(m, plan_name):
 @given(plan_pairs())
 def test_random_transitions_on_full_gpus_always_succeed(m):
     """GPUs sized to the fuller of the two plans plus two layers of message buffer: the
-    coordinated schedule (resource edges, chunking, host staging) must always succeed."""
+    coordinated schedule (resource edges, chunking, host staging) must always succeed.
+    The step's own memory (grads, activations) is left out of this capacity on purpose, so
+    the plan check is skipped: the scheduler is what is under test."""
     import dataclasses
 
     from nereus.passes.layout import shard_bytes
@@ -81,6 +83,6 @@ def test_random_transitions_on_full_gpus_always_succeed(m):
     layer = shard_bytes(actor, place("actor.training", 1, 1, 1, [0]), 0, 0) // (actor.layers + 2)
     cap = max(_peak_need(m, "S"), _peak_need(m, "T")) + 2 * layer
     tight = dataclasses.replace(m, cluster=cluster(m.cluster.nodes, m.cluster.gpus_per_node, cap, 10**12))
-    compiled = compile_transition(tight, "S", "T")
+    compiled = compile_transition(tight, "S", "T", check_fit=False)
     report = verify_program(program_json(compiled))
     assert report.worst_fraction <= 1.0
