@@ -39,11 +39,15 @@ def placement_units(model: Model, placement: Placement) -> list[dict]:
             for t in range(placement.tp):
                 g = placement.gpu_of(r, p, t)
                 shards.extend({"gpu": g, "tensor": tensor, "boxes": [_box(b) for b in boxes]}
-                              for tensor, boxes in gpu_shards(model, placement, p, t))
-        units.append({"id": unit_id(name, r), "model_stage": name, "replica": r,
-                      "gpus": list(placement.replica_gpus(r)), "tp": placement.tp, "pp": placement.pp,
-                      "offload": placement.offload,
-                      "shards": shards})
+                              for tensor, boxes in gpu_shards(model, placement, p, t, r))
+        unit = {"id": unit_id(name, r), "model_stage": name, "replica": r,
+                "gpus": list(placement.replica_gpus(r)), "tp": placement.tp, "pp": placement.pp,
+                "offload": placement.offload}
+        if placement.zero:  # optimizer state chunked over the dp units (docs/program.md)
+            unit["zero"] = placement.zero
+            unit["dp"] = placement.dp
+        unit["shards"] = shards
+        units.append(unit)
     return units
 
 
@@ -85,7 +89,7 @@ def _segments(dag, x) -> Iterator[dict]:
                 continue
             name = spec.name(model.name, slot)
             box = _box(piece.box)
-            for suffix in info.states:
+            for suffix in x.states:
                 yield {"tensor": name + suffix, "box": box, "src_unit": src, "dst_unit": dst}
 
 

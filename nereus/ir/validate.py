@@ -13,7 +13,7 @@ from typing import Optional
 from .diagnostics import SemanticError
 from .gpuset import resolve_gpu_set, set_location
 from .model import (
-    DTYPE_BYTES, HEADS, STAGES, Cluster, Model, Module, Placement, Plan, Workload, key_loc,
+    DTYPE_BYTES, HEADS, STAGES, ZERO_STAGES, Cluster, Model, Module, Placement, Plan, Workload, key_loc,
 )
 
 ARCHITECTURES: tuple[str, ...] = ("llama",)
@@ -137,6 +137,13 @@ def validate_placement(placement: Placement, module: Module) -> None:
         raise SemanticError(f"{ms} is not in workload {workload.name}", loc,
                             f"workload {workload.name} runs {runs} in {ms.stage}", width=len(str(ms)))
     _at_least_one(placement, ("dp", "tp", "pp"), str(ms))
+    if placement.zero not in ZERO_STAGES:
+        raise _error(f"zero {placement.zero} is not supported", placement, "zero",
+                     "zero 1 shards the optimizer state over dp (zero 3 is not implemented yet); zero 0 replicates it",
+                     _width(placement, "zero", placement.zero))
+    if placement.zero and ms.stage != "training":
+        raise _error(f"zero applies to training only; {ms} holds no optimizer state", placement, "zero",
+                     "drop zero here, or put it on a .training model-stage", _width(placement, "zero", placement.zero))
     model = module.model(ms.model)
     tp, width = placement.tp, _width(placement, "tp", placement.tp)
     for what, size in (("heads", model.heads), ("ffn", model.ffn), ("vocab", model.vocab)):

@@ -17,6 +17,14 @@ the same model-stage are sources (actor.training state never feeds actor.generat
 weights can differ in dtype and freshness, and the optimizer state exists only in training).
 Units of an `offload` model-stage hold their state in host memory at the step boundary
 (before and after the transition); a keep needs both sides in the same memory.
+
+ZeRO: when either side of a training model-stage has `zero 1`, its tensor states form two
+groups (`StageInfo.groups`): the weights, replicated per replica and moved as above, and
+the optimizer states, whose boxes depend on the replica (`layout.zero_boxes`). For the
+second group the pieces an after GPU needs are cut by the (replica, TP rank) pairs that
+hold them (`sharded_pieces`), so each chunk comes from the one replica that owns it: a DP
+change re-partitions the optimizer state instead of copying it into every new replica.
+An `Xfer` names the states it carries (`states`).
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ from .layout import (
     shard_bytes,
     slot_counts,
     slot_specs,
+    zero_boxes,
     stage_slots,
     states_of,
     tp_boxes,
@@ -87,6 +96,7 @@ class Xfer:
     pieces: tuple[Piece, ...]
     bytes: int
     volumes: tuple[int, int, int]  # elements per slot of each kind (first, layer, last), one state
+    states: tuple[str, ...] = ("",)  # tensor suffixes carried ("" weights, "#master", ...)
 
 
 @dataclass(frozen=True)
@@ -100,6 +110,18 @@ class StageInfo:
     states: tuple[str, ...]
     element_bytes: int
     diff: StageDiff
+
+    @property
+    def groups(self) -> tuple[tuple[str, ...], ...]:
+        """State groups moved separately: all states together, or under ZeRO on either side
+        the weights and the (replica-dependent) optimizer states."""
+        if (self.before.zero or self.after.zero) and len(self.states) > 1:
+            return (self.states[:1], self.states[1:])
+        return (self.states,)
+
+    def xfer_element_bytes(self, states: tuple[str, ...]) -> int:
+        """Bytes per element of a transfer carrying `states`."""
+        return self.element_bytes if states == self.states else bytes_per_element(self.model, states)
 
 
 @dataclass(frozen=True)
@@ -168,6 +190,77 @@ def source_groups(model: Model, tp_before: int, tp_after: int, rank_after: int, 
     return tuple((h, tuple(p), tuple(v)) for h, (p, v) in sorted(groups.items()))
 
 
+def _cut(box: Box, holders: list[tuple[object, Box]]) -> list[tuple[Box, tuple]]:
+    """`box` cut into boxes each held by one set of holders ((id, held box) pairs):
+    the grid of every holder boundary inside `box`, cells merged along each dimension
+    (last first) while their holder sets agree."""
+    inside = []
+    for who, held in holders:
+        clip = tuple((max(a, c), min(b, d)) for (a, b), (c, d) in zip(box, held))
+        if all(lo < hi for lo, hi in clip):
+            inside.append((who, clip))
+    cuts = [sorted({lo, hi} | {x for _, c in inside for x in c[d] if lo < x < hi}) for d, (lo, hi) in enumerate(box)]
+    cells: list[tuple[Box, tuple]] = []
+
+    def grid(prefix: tuple, d: int) -> None:
+        if d == len(box):
+            ids = tuple(sorted(w for w, c in inside if all(a <= lo and hi <= b for (lo, hi), (a, b) in zip(prefix, c))))
+            cells.append((prefix, ids))
+            return
+        for lo, hi in zip(cuts[d], cuts[d][1:]):
+            grid(prefix + ((lo, hi),), d + 1)
+
+    grid((), 0)
+    for d in reversed(range(len(box))):
+        merged: list[tuple[Box, tuple]] = []
+        for cell, ids in cells:
+            if merged:
+                prev, prev_ids = merged[-1]
+                if (prev_ids == ids and prev[d][1] == cell[d][0]
+                        and prev[:d] + prev[d + 1:] == cell[:d] + cell[d + 1:]):
+                    merged[-1] = (prev[:d] + ((prev[d][0], cell[d][1]),) + prev[d + 1:], ids)
+                    continue
+            merged.append((cell, ids))
+        cells = merged
+    return cells
+
+
+def mesh_key(placement: Placement) -> tuple[int, int, int]:
+    """(tp, dp, zero): all that the optimizer boxes of a placement depend on (a cache key
+    that does not hash the GPU list)."""
+    return placement.tp, placement.dp, placement.zero
+
+
+def opt_boxes(spec, mesh: tuple[int, int, int], replica: int, rank: int) -> tuple[Box, ...]:
+    tp, dp, zero = mesh
+    return zero_boxes(spec, tp, rank, dp, replica) if zero >= 1 else tp_boxes(spec, tp, rank)
+
+
+@lru_cache(maxsize=None)
+def sharded_pieces(spec, before: tuple[int, int, int], after: tuple[int, int, int], replica: int,
+                   rank: int) -> tuple[tuple[Box, tuple], ...]:
+    """The boxes of `spec`'s optimizer states that (replica, TP rank `rank`) of the `after`
+    mesh (`mesh_key`) holds, cut by their holders in the `before` mesh: ((box, holders),
+    ...), holders being TP ranks of any replica when `before` replicates the state,
+    (replica, TP rank) pairs when it shards it. Pure, cached."""
+    mine = opt_boxes(spec, after, replica, rank)
+    if not mine:
+        return ()
+    tp, dp, zero = before
+    if zero >= 1:
+        holders = []
+        for t in range(tp):
+            if any(_touches(b, m) for b in tp_boxes(spec, tp, t) for m in mine):
+                holders.extend(((d, t), b) for d in range(dp) for b in zero_boxes(spec, tp, t, dp, d))
+    else:
+        holders = [(t, b) for t in range(tp) for b in tp_boxes(spec, tp, t)]
+    return tuple(cell for box in mine for cell in _cut(box, holders))
+
+
+def _touches(x: Box, y: Box) -> bool:
+    return all(a < d and c < b for (a, b), (c, d) in zip(x, y))
+
+
 def _kinds(counts: dict[str, int]) -> tuple[str, ...]:
     return tuple(k for k in _KINDS if counts[k])
 
@@ -202,40 +295,88 @@ def build_dag(module: Module, diff: Diff) -> TransitionDag:
 
 
 def _stage_recipe(model: Model, before: Placement, after: Placement, q: int, u: int,
-                  here: Optional[tuple[int, int]], element_bytes: int) -> tuple[tuple, ...]:
-    """What the after GPU at (pp stage q, tp rank u) needs, per before pipeline stage:
-    ("keep", p, slots, pieces, bytes, ()) for shards identical on its own GPU (`here` is the
-    (pp stage, tp rank) that GPU had before, or None) and ("pull", p, slots, pieces, bytes,
-    holders) for each group of pieces held by the same before TP ranks. The same for every
-    replica: computed once per (q, u, here)."""
+                  here: Optional[tuple[int, int]], element_bytes: int, states: tuple[str, ...]) -> tuple[tuple, ...]:
+    """What the after GPU at (pp stage q, tp rank u) needs of the replicated `states`, per
+    before pipeline stage: ("keep", p, slots, pieces, bytes, (), volumes, states) for shards
+    identical on its own GPU (`here` is the (pp stage, tp rank) that GPU had before, or
+    None) and ("pull", p, slots, pieces, bytes, holders, volumes, states) for each group of
+    pieces held by the same before TP ranks. The same for every replica: computed once per
+    (q, u, here)."""
     specs = slot_specs(model)
-    lo, hi = stage_slots(model.layers, after.pp, q)
     out = []
-    for p in range(before.pp):
-        blo, bhi = stage_slots(model.layers, before.pp, p)
-        slo, shi = max(lo, blo), min(hi, bhi)
-        if slo >= shi:
-            continue
-        counts = slot_counts(model, slo, shi)
-        kinds = _kinds(counts)
+    for p, slots, counts, kinds in _overlaps(model, before, after, q):
         skip: frozenset[int] = frozenset()
         if here is not None and here[0] == p and before.offload == after.offload:
             skip = kept_specs(model, before.tp, here[1], after.tp, u)
             pieces = tuple(Piece(i, b) for i in sorted(skip) if specs[i].kind in kinds
                            for b in tp_boxes(specs[i].spec, after.tp, u))
             if pieces:
-                volumes = [0, 0, 0]
-                for piece in pieces:
-                    volumes[_KINDS.index(specs[piece.spec].kind)] += box_volume(piece.box)
-                volumes = tuple(volumes)
-                out.append((KEEP, p, (slo, shi), pieces, _bytes(volumes, counts, element_bytes), (), volumes))
+                volumes = _volumes(specs, pieces)
+                out.append((KEEP, p, slots, pieces, _bytes(volumes, counts, element_bytes), (), volumes, states))
         for holders, pieces, volumes in source_groups(model, before.tp, after.tp, u, kinds, skip):
-            out.append(("pull", p, (slo, shi), pieces, _bytes(volumes, counts, element_bytes), holders, volumes))
+            out.append(("pull", p, slots, pieces, _bytes(volumes, counts, element_bytes), holders, volumes, states))
     return tuple(out)
 
 
+def _sharded_recipe(model: Model, before: Placement, after: Placement, r: int, q: int, u: int,
+                    here: Optional[tuple[int, int, int]], element_bytes: int,
+                    states: tuple[str, ...]) -> tuple[tuple, ...]:
+    """`_stage_recipe` for the optimizer states under ZeRO: the after GPU is (replica r,
+    q, u), `here` the (replica, pp stage, tp rank) its GPU had before (or None); holders of
+    a pull are (replica, tp rank) pairs when the before side shards the state."""
+    specs = slot_specs(model)
+    bkey, akey = mesh_key(before), mesh_key(after)
+    out = []
+    for p, slots, counts, kinds in _overlaps(model, before, after, q):
+        skip = set()
+        if here is not None and here[1] == p and before.offload == after.offload:
+            for i, slot_spec in enumerate(specs):
+                if slot_spec.kind in kinds:
+                    mine = opt_boxes(slot_spec.spec, akey, r, u)
+                    if mine and mine == opt_boxes(slot_spec.spec, bkey, here[0], here[2]):
+                        skip.add(i)
+            pieces = tuple(Piece(i, b) for i in sorted(skip) for b in opt_boxes(specs[i].spec, akey, r, u))
+            if pieces:
+                volumes = _volumes(specs, pieces)
+                out.append((KEEP, p, slots, pieces, _bytes(volumes, counts, element_bytes), (), volumes, states))
+        groups: dict[tuple, list] = {}
+        for i, slot_spec in enumerate(specs):
+            if i in skip or slot_spec.kind not in kinds:
+                continue
+            for box, holders in sharded_pieces(slot_spec.spec, bkey, akey, r, u):
+                entry = groups.setdefault(holders, [[], [0, 0, 0]])
+                entry[0].append(Piece(i, box))
+                entry[1][_KINDS.index(slot_spec.kind)] += box_volume(box)
+        for holders, (pieces, volumes) in sorted(groups.items()):
+            volumes = tuple(volumes)
+            out.append(("pull", p, slots, tuple(pieces), _bytes(volumes, counts, element_bytes), holders, volumes,
+                        states))
+    return tuple(out)
+
+
+def _overlaps(model: Model, before: Placement, after: Placement, q: int):
+    """(before pp stage p, slot range, slot counts, slot kinds) of every before stage whose
+    slots overlap after pp stage q's."""
+    lo, hi = stage_slots(model.layers, after.pp, q)
+    for p in range(before.pp):
+        blo, bhi = stage_slots(model.layers, before.pp, p)
+        slo, shi = max(lo, blo), min(hi, bhi)
+        if slo < shi:
+            counts = slot_counts(model, slo, shi)
+            yield p, (slo, shi), counts, _kinds(counts)
+
+
+def _volumes(specs, pieces) -> tuple[int, int, int]:
+    volumes = [0, 0, 0]
+    for piece in pieces:
+        volumes[_KINDS.index(specs[piece.spec].kind)] += box_volume(piece.box)
+    return tuple(volumes)
+
+
 def _build_stage(module: Module, index: int, info: StageInfo, allocs: list, frees: list, xfers: list) -> None:
-    model, before, after, eb = info.model, info.before, info.after, info.element_bytes
+    model, before, after = info.model, info.before, info.after
+    groups = info.groups
+    sharded = groups[1] if len(groups) > 1 else None
     node_of = module.cluster.node_of
     first = len(frees)
     free_index: dict[tuple[int, int, int], int] = {}
@@ -247,15 +388,25 @@ def _build_stage(module: Module, index: int, info: StageInfo, allocs: list, free
             for t in range(before.tp):
                 g = before.gpu_of(r, p, t)
                 free_index[(r, p, t)] = len(frees)
-                frees.append(Free(index, r, (p, t), g, 0, before_bytes[(p, t)]))
+                nbytes = shard_bytes(model, before, p, t, r) if before.zero else before_bytes[(p, t)]
+                frees.append(Free(index, r, (p, t), g, 0, nbytes))
                 position[g] = (r, p, t)
                 near.setdefault((node_of(g), p), []).append((r, t, g))
     kept_from = [0] * len(frees)
     rotation: dict[tuple, int] = {}
     recipes: dict[tuple, tuple] = {}
 
-    def choose(g: int, p: int, holders: tuple[int, ...]) -> tuple[int, int, int]:
+    def choose(g: int, p: int, holders: tuple) -> tuple[int, int, int]:
         here = position.get(g)
+        if holders and isinstance(holders[0], tuple):  # (replica, tp rank) pairs: a sharded state
+            if here is not None and here[1] == p and (here[0], here[2]) in holders:
+                return here
+            close = [c for c in near.get((node_of(g), p), ()) if (c[0], c[1]) in holders]
+            key = (p, holders) if not close else (p, holders, node_of(g))
+            turn = rotation.get(key, 0)
+            rotation[key] = turn + 1
+            r, t = (close[turn % len(close)][:2]) if close else holders[turn % len(holders)]
+            return r, p, t
         if here is not None and here[1] == p and here[2] in holders:
             return here
         close = [c for c in near.get((node_of(g), p), ()) if c[1] in holders]
@@ -267,6 +418,8 @@ def _build_stage(module: Module, index: int, info: StageInfo, allocs: list, free
             return r, p, t
         return turn // len(holders) % before.dp, p, holders[turn % len(holders)]
 
+    weight_bytes = info.xfer_element_bytes(groups[0])
+    sharded_bytes = info.xfer_element_bytes(sharded) if sharded else 0
     after_bytes = {(q, u): shard_bytes(model, after, q, u) for q in range(after.pp) for u in range(after.tp)}
     for r in range(after.dp):
         for q in range(after.pp):
@@ -277,20 +430,30 @@ def _build_stage(module: Module, index: int, info: StageInfo, allocs: list, free
                 key = (q, u, here[1:] if here else None)
                 recipe = recipes.get(key)
                 if recipe is None:
-                    recipe = recipes[key] = _stage_recipe(model, before, after, q, u, key[2], eb)
+                    recipe = recipes[key] = _stage_recipe(model, before, after, q, u, key[2], weight_bytes, groups[0])
+                if sharded:
+                    # replica indices matter only on a side that shards the state
+                    ra = r if after.zero else 0
+                    mine = (here[0] if before.zero else 0, here[1], here[2]) if here else None
+                    skey = ("zero", ra, q, u, mine)
+                    extra = recipes.get(skey)
+                    if extra is None:
+                        extra = recipes[skey] = _sharded_recipe(model, before, after, ra, q, u, mine, sharded_bytes,
+                                                                sharded)
+                    recipe = recipe + extra
                 kept = 0
-                for kind, p, slots, pieces, nbytes, holders, volumes in recipe:
+                for kind, p, slots, pieces, nbytes, holders, volumes, states in recipe:
                     if kind == KEEP:
                         src = free_index[here]
                         kept += nbytes
                         kept_from[src] += nbytes
-                        xfers.append(Xfer(KEEP, index, alloc, src, g, g, slots, pieces, nbytes, volumes))
+                        xfers.append(Xfer(KEEP, index, alloc, src, g, g, slots, pieces, nbytes, volumes, states))
                         continue
                     src = free_index[choose(g, p, holders)]
                     src_gpu = frees[src].gpu
                     xfers.append(Xfer(COPY if src_gpu == g else SEND, index, alloc, src, src_gpu, g, slots,
-                                      pieces, nbytes, volumes))
-                full = after_bytes[(q, u)]
+                                      pieces, nbytes, volumes, states))
+                full = shard_bytes(model, after, q, u, r) if after.zero else after_bytes[(q, u)]
                 allocs.append(Alloc(index, r, (q, u), g, full - kept, full))
     for i in range(first, len(frees)):
         f = frees[i]

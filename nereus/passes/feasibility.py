@@ -47,7 +47,7 @@ from nereus.models import pp_layer_range
 from nereus.ir.diagnostics import InfeasibleError
 from nereus.ir.model import STAGES, Model, Module, Placement, Plan
 
-from .layout import shard_elements
+from .layout import shard_elements, zero_shard_elements
 
 OPTIMIZER_BYTES_PER_PARAM = 12  # fp32 master + Adam exp_avg + exp_avg_sq
 GIB = 1024**3
@@ -60,14 +60,17 @@ def _stage_params(model: Model, tp: int, pp: int, pp_stage: int) -> int:
     return shard_elements(model, tp, pp, pp_stage, 0)
 
 
-def model_state_bytes_per_gpu(model: Model, stage: str, tp: int, pp: int, pp_stage: int) -> dict[str, int]:
+def model_state_bytes_per_gpu(model: Model, stage: str, tp: int, pp: int, pp_stage: int, dp: int = 1,
+                              zero: int = 0, replica: int = 0) -> dict[str, int]:
     """Resident bytes on one GPU of a unit at (tp, pp, pp_stage), by kind:
-    {"weights": n} and, for training units, also "grads" and "optimizer"."""
+    {"weights": n} and, for training units, also "grads" and "optimizer" (under zero >= 1,
+    replica `replica`'s chunk of a dp-way split)."""
     params = _stage_params(model, tp, pp, pp_stage)
     out = {"weights": params * model.dtype_bytes}
     if stage == "training":
         out["grads"] = params * model.dtype_bytes
-        out["optimizer"] = params * OPTIMIZER_BYTES_PER_PARAM
+        owned = zero_shard_elements(model, tp, pp, pp_stage, 0, dp, replica) if zero >= 1 else params
+        out["optimizer"] = owned * OPTIMIZER_BYTES_PER_PARAM
     return out
 
 
@@ -160,18 +163,22 @@ class FeasibilityReport:
 
 
 def _placement_contributions(module: Module, placement: Placement):
-    """Yield (pp_stage, resident_by_kind, working_by_kind) once per PP stage: every TP rank
-    and replica of a stage holds the same amount."""
+    """Yield (gpus, resident_by_kind, working_by_kind) once per PP stage: every TP rank and
+    replica of a stage holds the same amount (every TP rank of a replica under zero, whose
+    chunks differ between replicas by up to one row: then once per (replica, PP stage))."""
     model = module.model(placement.model_stage.model)
     stage = placement.model_stage.stage
+    zero = placement.zero if stage == "training" else 0
     for p in range(placement.pp):
-        resident = model_state_bytes_per_gpu(model, stage, placement.tp, placement.pp, p)
         working = working_bytes_per_gpu(module, model, stage, placement.dp, placement.tp, placement.pp, p)
-        yield p, resident, working
+        for r in range(placement.dp) if zero else (None,):
+            resident = model_state_bytes_per_gpu(model, stage, placement.tp, placement.pp, p, placement.dp, zero,
+                                                 r or 0)
+            yield _gpus_of_pp_stage(placement, p, r), resident, working
 
 
-def _gpus_of_pp_stage(placement: Placement, pp_stage: int):
-    for r in range(placement.dp):
+def _gpus_of_pp_stage(placement: Placement, pp_stage: int, replica=None):
+    for r in range(placement.dp) if replica is None else (replica,):
         for t in range(placement.tp):
             yield placement.gpu_of(r, pp_stage, t)
 
@@ -187,9 +194,9 @@ def placement_resident_bytes(module: Module, placement: Placement) -> dict[int, 
     training: + grads + fp32 master/m/v); {} when offloaded (it waits in host memory)."""
     per_gpu: dict[int, int] = {}
     if not placement.offload:
-        for p, resident, _ in _placement_contributions(module, placement):
+        for gpus, resident, _ in _placement_contributions(module, placement):
             total = sum(resident.values())
-            for gpu in _gpus_of_pp_stage(placement, p):
+            for gpu in gpus:
                 per_gpu[gpu] = total
     return per_gpu
 
@@ -217,8 +224,8 @@ def check_plan(module: Module, plan: Plan | str) -> FeasibilityReport:
     for placement in plan.placements:
         name = str(placement.model_stage)
         own = placement.model_stage.stage
-        for p, resident, working in _placement_contributions(module, placement):
-            for gpu in _gpus_of_pp_stage(placement, p):
+        for gpus, resident, working in _placement_contributions(module, placement):
+            for gpu in gpus:
                 for stage in stages:
                     cell = resident_cells.setdefault((gpu, stage), {})
                     if not placement.offload or stage == own:

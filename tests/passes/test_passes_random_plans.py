@@ -1,5 +1,9 @@
 """Hypothesis: random plan pairs (cluster sizes, dp/tp/pp changes, GPUs added and removed,
-reordered GPU sets, colocated actor + critic, optimizer state) compile and verify."""
+reordered GPU sets, colocated actor + critic, optimizer state replicated or sharded by
+`zero 1` on either side) compile and verify."""
+
+import dataclasses
+
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -18,7 +22,8 @@ def _placement(draw, name, layers, gpus_total):
     dp = draw(st.integers(1, max(1, gpus_total // (tp * pp))))
     gpus = draw(st.permutations(range(gpus_total)))[: dp * tp * pp]
     offload = not name.endswith(".training") and draw(st.booleans())  # state waits in host memory
-    return place(name, dp, tp, pp, gpus, offload)
+    zero = draw(st.sampled_from([0, 1])) if name.endswith(".training") else 0  # optimizer sharded over dp
+    return dataclasses.replace(place(name, dp, tp, pp, gpus, offload), zero=zero)
 
 
 @st.composite
