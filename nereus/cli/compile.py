@@ -109,10 +109,12 @@ def _print_after(name: str, state) -> None:
 @click.option("--time-passes", is_flag=True, help="Print each pass's wall time to stderr.")
 @click.option("--print-after-all", is_flag=True, help="Print a line about the IR after every pass to stderr.")
 @click.option("--pipeline", metavar="PASSES", help="Pass pipeline, e.g. diff,dag,resources,fusion{bucket=256MiB},lower,cost.")
+@click.option("--rank", type=int, metavar="R",
+              help="With --emit json: write rank R's program alone (its ops, shards and peers; docs/program.md).")
 @traceback_option
 @reports_errors
 def compile_command(file, transition, overrides, emit, output, as_json, time_passes, print_after_all, pipeline,
-                    traceback):
+                    rank, traceback):
     """Check FILE's plans and compile its transitions."""
     from nereus.cli.check import load_module
     from nereus.passes import compile_transition
@@ -122,6 +124,9 @@ def compile_command(file, transition, overrides, emit, output, as_json, time_pas
     pairs = _pairs(module, transition)
     fits = True
     checked: dict = {}
+    if rank is not None and emit != "json":
+        raise SemanticError("--rank selects one rank's program: it needs --emit json",
+                            hint="nereusc FILE --transition S1->S2 --emit json --rank R")
     if emit is None:
         from nereus.cli.check import describe, report_plans
 
@@ -155,6 +160,10 @@ def compile_command(file, transition, overrides, emit, output, as_json, time_pas
             text = json.dumps({**checked, "transitions": [c.summary for c in results]}, indent=None)
         else:
             text = "\n".join(summary_text(c.summary) for c in results)
+    elif emit == "json" and rank is not None:
+        from nereus.backends.rank_json import rank_program_json
+
+        text = json.dumps(rank_program_json(results[0], rank), separators=(",", ":"))
     elif emit == "json":
         text = json.dumps(program_json(results[0]), separators=(",", ":"))
     elif emit == "dag":

@@ -250,11 +250,28 @@ def sharded_pieces(spec, before: tuple[int, int, int], after: tuple[int, int, in
     if zero >= 1:
         holders = []
         for t in range(tp):
-            if any(_touches(b, m) for b in tp_boxes(spec, tp, t) for m in mine):
-                holders.extend(((d, t), b) for d in range(dp) for b in zero_boxes(spec, tp, t, dp, d))
+            for d in _chunks_touching(spec, tp, t, dp, mine):
+                holders.extend(((d, t), b) for b in zero_boxes(spec, tp, t, dp, d))
     else:
         holders = [(t, b) for t in range(tp) for b in tp_boxes(spec, tp, t)]
     return tuple(cell for box in mine for cell in _cut(box, holders))
+
+
+def _chunks_touching(spec, tp: int, rank: int, dp: int, boxes: tuple[Box, ...]) -> list[int]:
+    """Replicas whose chunk of TP rank `rank`'s local tensor (`zero_boxes`) meets `boxes`:
+    computed from local row offsets instead of testing all dp chunks."""
+    local = tp_boxes(spec, tp, rank)
+    size = -(-sum(b[0][1] - b[0][0] for b in local) // dp)
+    found: set[int] = set()
+    offset = 0
+    for b in local:
+        for m in boxes:
+            if _touches(b, m):
+                lo = offset + max(b[0][0], m[0][0]) - b[0][0]
+                hi = offset + min(b[0][1], m[0][1]) - b[0][0]
+                found.update(range(lo // size, (hi - 1) // size + 1))
+        offset += b[0][1] - b[0][0]
+    return sorted(found)
 
 
 def _touches(x: Box, y: Box) -> bool:
