@@ -142,3 +142,47 @@ def estimate(program, host_bytes_per_s: float = HOST_BYTES_PER_S) -> CostEstimat
         seconds.append(t)
     return CostEstimate(sum(seconds), tuple(seconds), local + intra + inter + staged, local, intra, inter, staged,
                         kept, owner_change_bytes(dag))
+
+
+@dataclass(frozen=True)
+class LinkBounds:
+    """Lower bounds on a program's time from its bytes alone (any schedule, same sources):
+    `aggregate_seconds` spreads the inter-node bytes over every node's port (each
+    direction at `inter`), `busiest_nic_seconds` is the most loaded port's own bytes
+    (out or in, summed over rounds) at `inter`, `busiest_gpu_seconds` the same for
+    NVLink at `intra`. The predicted time is at least the largest of them."""
+
+    aggregate_seconds: float
+    busiest_nic_seconds: float
+    busiest_node: int
+    busiest_gpu_seconds: float
+    predicted_seconds: float
+
+    def to_json(self) -> dict:
+        return {"aggregate_s": self.aggregate_seconds, "busiest_nic_s": self.busiest_nic_seconds,
+                "busiest_node": self.busiest_node, "busiest_gpu_s": self.busiest_gpu_seconds,
+                "predicted_s": self.predicted_seconds,
+                "predicted_over_busiest": (self.predicted_seconds / self.busiest_nic_seconds
+                                           if self.busiest_nic_seconds else None)}
+
+
+def link_bounds(program, estimate_: CostEstimate | None = None) -> LinkBounds:
+    """`LinkBounds` of `program` (a lowered Program)."""
+    cluster = program.dag.module.cluster
+    node_of = cluster.node_of
+    out_n, in_n, out_g, in_g = (defaultdict(int) for _ in range(4))
+    inter = 0
+    for messages in program.messages:
+        for m in messages:
+            if node_of(m.src) == node_of(m.dst):
+                out_g[m.src] += m.bytes
+                in_g[m.dst] += m.bytes
+            else:
+                out_n[node_of(m.src)] += m.bytes
+                in_n[node_of(m.dst)] += m.bytes
+                inter += m.bytes
+    busiest = max(((max(out_n.get(n, 0), in_n.get(n, 0)), n) for n in set(out_n) | set(in_n)), default=(0, 0))
+    gpu = max(list(out_g.values()) + list(in_g.values()), default=0)
+    seconds = (estimate_ or estimate(program)).seconds
+    return LinkBounds(inter / (cluster.nodes * cluster.inter_bytes_per_s), busiest[0] / cluster.inter_bytes_per_s,
+                      busiest[1], gpu / cluster.intra_bytes_per_s, seconds)

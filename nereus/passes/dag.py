@@ -337,33 +337,51 @@ def _stage_recipe(model: Model, before: Placement, after: Placement, q: int, u: 
 
 def _sharded_recipe(model: Model, before: Placement, after: Placement, r: int, q: int, u: int,
                     here: Optional[tuple[int, int, int]], element_bytes: int,
-                    states: tuple[str, ...]) -> tuple[tuple, ...]:
+                    states: tuple[str, ...], memo: dict) -> tuple[tuple, ...]:
     """`_stage_recipe` for the optimizer states under ZeRO: the after GPU is (replica r,
     q, u), `here` the (replica, pp stage, tp rank) its GPU had before (or None); holders of
-    a pull are (replica, tp rank) pairs when the before side shards the state."""
+    a pull are (replica, tp rank) pairs when the before side shards the state. `memo`
+    caches boxes and pieces by spec index for one model-stage (this runs once per GPU:
+    small-int keys hash much faster than tensor specs)."""
     specs = slot_specs(model)
     bkey, akey = mesh_key(before), mesh_key(after)
+
+    def boxes(i: int, side: tuple, replica: int, rank: int):
+        key = (i, side, replica, rank)
+        found = memo.get(key)
+        if found is None:
+            found = memo[key] = opt_boxes(specs[i].spec, side, replica, rank)
+        return found
+
+    def pieces_of(i: int):
+        key = ("pieces", i, r, u)
+        found = memo.get(key)
+        if found is None:
+            found = memo[key] = sharded_pieces(specs[i].spec, bkey, akey, r, u)
+        return found
+
     out = []
     for p, slots, counts, kinds in _overlaps(model, before, after, q):
+        present = [i for i, slot_spec in enumerate(specs) if slot_spec.kind in kinds]
         skip = set()
         if here is not None and here[1] == p and before.offload == after.offload:
-            for i, slot_spec in enumerate(specs):
-                if slot_spec.kind in kinds:
-                    mine = opt_boxes(slot_spec.spec, akey, r, u)
-                    if mine and mine == opt_boxes(slot_spec.spec, bkey, here[0], here[2]):
-                        skip.add(i)
-            pieces = tuple(Piece(i, b) for i in sorted(skip) for b in opt_boxes(specs[i].spec, akey, r, u))
+            for i in present:
+                mine = boxes(i, akey, r, u)
+                if mine and mine == boxes(i, bkey, here[0], here[2]):
+                    skip.add(i)
+            pieces = tuple(Piece(i, b) for i in sorted(skip) for b in boxes(i, akey, r, u))
             if pieces:
                 volumes = _volumes(specs, pieces)
                 out.append((KEEP, p, slots, pieces, _bytes(volumes, counts, element_bytes), (), volumes, states))
         groups: dict[tuple, list] = {}
-        for i, slot_spec in enumerate(specs):
-            if i in skip or slot_spec.kind not in kinds:
+        for i in present:
+            if i in skip:
                 continue
-            for box, holders in sharded_pieces(slot_spec.spec, bkey, akey, r, u):
+            kind = _KINDS.index(specs[i].kind)
+            for box, holders in pieces_of(i):
                 entry = groups.setdefault(holders, [[], [0, 0, 0]])
                 entry[0].append(Piece(i, box))
-                entry[1][_KINDS.index(slot_spec.kind)] += box_volume(box)
+                entry[1][kind] += box_volume(box)
         for holders, (pieces, volumes) in sorted(groups.items()):
             volumes = tuple(volumes)
             out.append(("pull", p, slots, tuple(pieces), _bytes(volumes, counts, element_bytes), holders, volumes,
@@ -374,13 +392,20 @@ def _sharded_recipe(model: Model, before: Placement, after: Placement, r: int, q
 def _overlaps(model: Model, before: Placement, after: Placement, q: int):
     """(before pp stage p, slot range, slot counts, slot kinds) of every before stage whose
     slots overlap after pp stage q's."""
-    lo, hi = stage_slots(model.layers, after.pp, q)
-    for p in range(before.pp):
-        blo, bhi = stage_slots(model.layers, before.pp, p)
+    return _overlap_table(model, before.pp, after.pp, q)
+
+
+@lru_cache(maxsize=4096)
+def _overlap_table(model: Model, before_pp: int, after_pp: int, q: int) -> tuple:
+    lo, hi = stage_slots(model.layers, after_pp, q)
+    out = []
+    for p in range(before_pp):
+        blo, bhi = stage_slots(model.layers, before_pp, p)
         slo, shi = max(lo, blo), min(hi, bhi)
         if slo < shi:
             counts = slot_counts(model, slo, shi)
-            yield p, (slo, shi), counts, _kinds(counts)
+            out.append((p, (slo, shi), counts, _kinds(counts)))
+    return tuple(out)
 
 
 def _volumes(specs, pieces) -> tuple[int, int, int]:
@@ -412,6 +437,7 @@ def _build_stage(module: Module, index: int, info: StageInfo, allocs: list, free
     kept_from = [0] * len(frees)
     rotation: dict[tuple, int] = {}
     recipes: dict[tuple, tuple] = {}
+    memo: dict = {}
 
     def choose(g: int, p: int, holders: tuple) -> tuple[int, int, int]:
         here = position.get(g)
@@ -456,7 +482,7 @@ def _build_stage(module: Module, index: int, info: StageInfo, allocs: list, free
                     extra = recipes.get(skey)
                     if extra is None:
                         extra = recipes[skey] = _sharded_recipe(model, before, after, ra, q, u, mine, sharded_bytes,
-                                                                sharded)
+                                                                sharded, memo)
                     recipe = recipe + extra
                 kept = 0
                 for kind, p, slots, pieces, nbytes, holders, volumes, states in recipe:
