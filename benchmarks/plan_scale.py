@@ -23,6 +23,12 @@ TRANSITION` for the generated PPO plans above (same per-rank shards at every siz
     python benchmarks/plan_scale.py --rank-programs examples/grpo-70b-1024.nir,gen:70b:256:length-growth
 
 Last stdout line: {"name": "plan_scale_rank_programs", "cases": [...]}.
+
+ZeRO (issue 19): bytes sent per model-stage by a file's transition as written (`zero 1`)
+and with `zero` removed from every placement (compiled with the plan check off, since the
+replicated optimizer state may not fit), next to the training optimizer state's size:
+
+    python benchmarks/plan_scale.py --zero-compare examples/grpo-405b-4096.nir
 """
 
 from __future__ import annotations
@@ -169,6 +175,56 @@ def _rank_case(case: str) -> dict:
     return out
 
 
+def zero_compare(path: str) -> dict:
+    """Bytes sent per model-stage with and without zero (module docstring)."""
+    import dataclasses
+
+    from nereus.ir import parse_file
+    from nereus.passes import compile_transition
+    from nereus.passes.layout import OPTIMIZER_SUFFIXES, tensor_entries
+
+    module = parse_file(path)
+    (t,) = module.transitions
+    plain = dataclasses.replace(module, plans=tuple(
+        dataclasses.replace(p, placements=tuple(dataclasses.replace(x, zero=0) for x in p.placements),
+                            declared=tuple(dataclasses.replace(x, zero=0) for x in p.declared))
+        for p in module.plans))
+    out = {"file": path, "transition": str(t)}
+    for label, m in (("zero", module), ("replicated", plain)):
+        cpu = time.process_time()
+        compiled = compile_transition(m, t.source, t.target, check_fit=False)
+        sent: dict = {}
+        for messages in compiled.program.messages:
+            for message in messages:
+                for x in message.xfers:
+                    name = compiled.dag.stages[x.stage].name
+                    key = "optimizer" if x.states[0] in OPTIMIZER_SUFFIXES else "weights"
+                    if len(x.states) > 1:  # replicated: weights and state move together
+                        per = compiled.dag.stages[x.stage].element_bytes
+                        sent[f"{name} optimizer"] = sent.get(f"{name} optimizer", 0) + x.bytes * 12 // per
+                        key = "weights"
+                        sent[f"{name} {key}"] = sent.get(f"{name} {key}", 0) + x.bytes - x.bytes * 12 // per
+                        continue
+                    sent[f"{name} {key}"] = sent.get(f"{name} {key}", 0) + x.bytes
+        summary = compiled.summary
+        out[label] = {"bytes_sent": summary["bytes"]["intra_node"] + summary["bytes"]["inter_node"],
+                      "lower_bound_bytes": summary["lower_bound_bytes"], "predicted_s": summary["predicted_seconds"],
+                      "by_model_stage": sent, "compile_cpu_s": round(time.process_time() - cpu, 2)}
+    training = [m for m in module.models if any(ms.stage == "training" and ms.model == m.name
+                                                for ms in module.workload.model_stages())]
+    out["optimizer_state_bytes"] = {m.name: sum(4 * _numel(shape) for name, shape, _ in
+                                                tensor_entries(m, ("",) + OPTIMIZER_SUFFIXES) if "#" in name)
+                                    for m in training}
+    return out
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
 def rank_programs(cases: list[str]) -> list[dict]:
     """Each case in a fresh interpreter (peak memory per case)."""
     import subprocess
@@ -192,6 +248,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rank-programs", metavar="CASES", help="comma-separated .nir files or gen:MODEL:GPUS:T")
     parser.add_argument("--rank-case", help=argparse.SUPPRESS)
+    parser.add_argument("--zero-compare", metavar="FILE", help="bytes sent with and without zero")
     parser.add_argument("--sizes", default="32,64,128,256,512,1024")
     parser.add_argument("--models", default="8b,70b")
     parser.add_argument("--transitions", default="length-growth,gpu-count")
@@ -199,6 +256,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.rank_case:
         print(json.dumps(_rank_case(args.rank_case)))
+        return 0
+    if args.zero_compare:
+        print(json.dumps({"name": "plan_scale_zero", **zero_compare(args.zero_compare)}))
         return 0
     if args.rank_programs:
         print(json.dumps({"name": "plan_scale_rank_programs", "cases": rank_programs(args.rank_programs.split(","))}))
