@@ -32,6 +32,9 @@ def _pairs(module, transition: str | None) -> list[tuple[str, str]]:
     return [(t.source, t.target) for t in module.transitions]
 
 
+RANK_PIPELINE = "diff,dag,resources,fusion,lower"
+
+
 def _source_text(path: str) -> str | None:
     try:
         with open(path, encoding="utf-8") as handle:
@@ -143,6 +146,8 @@ def compile_command(file, transition, overrides, emit, output, as_json, time_pas
         from nereus.passes.feasibility import check_plan
 
         unfit = {p.name for p in module.plans if not check_plan(module, p).feasible}
+    if rank is not None and pipeline is None:
+        pipeline = RANK_PIPELINE  # one rank's program needs no cost estimate
     for source, target in pairs:
         if source in unfit or target in unfit:
             continue
