@@ -96,7 +96,7 @@ class Xfer:
     pieces: tuple[Piece, ...]
     bytes: int
     volumes: tuple[int, int, int]  # elements per slot of each kind (first, layer, last), one state
-    states: tuple[str, ...] = ("",)  # tensor suffixes carried ("" weights, "#master", ...)
+    states: tuple[str, ...]  # tensor suffixes carried ("" weights, "#master", ...)
 
 
 @dataclass(frozen=True)
