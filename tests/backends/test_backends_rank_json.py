@@ -7,7 +7,6 @@ import json
 import sys
 from collections import defaultdict
 
-import pytest
 from click.testing import CliRunner
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1] / "passes"))
