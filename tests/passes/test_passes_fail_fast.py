@@ -52,7 +52,7 @@ def test_compile_fails_in_about_the_time_of_check():
     start = time.perf_counter()
     with pytest.raises(InfeasibleError):
         compile_transition(module, "S1", "S2")
-    assert time.perf_counter() - start < 3 * check_s + 0.5
+    assert time.perf_counter() - start < 3 * check_s + 1.0  # the check, not the passes
 
 
 def test_cli_transition_into_an_infeasible_plan_exits_2_with_the_check_message(tmp_path):
@@ -76,12 +76,10 @@ def test_cli_default_mode_reports_once_and_skips_the_transition(tmp_path):
     assert "transition roomy -> tight:" not in result.output
 
 
-def test_check_fit_false_compiles_anyway():
+def test_check_fit_false_leaves_it_to_the_scheduler():
     module = parse_source(SOURCE, "two.nir")
-    from nereus.ir.diagnostics import NereusError
-
-    # the scheduler then says what it can; it never passes silently
-    try:
+    # the passes run: the scheduler finds no memory-safe order and says so in its own words
+    with pytest.raises(InfeasibleError) as info:
         compile_transition(module, "roomy", "tight", check_fit=False)
-    except NereusError:
-        pass
+    assert "transition roomy -> tight cannot fit" in info.value.message
+    assert "does not fit: GPU" not in info.value.message
