@@ -2,6 +2,8 @@
 without emitting the whole (docs/program.md, "Rank programs").
 
     rank_program_json(compiled, rank) -> dict     # a CompiledTransition or lowered Program
+    split_by_rank(whole) -> {rank: dict}          # the same parts, cut from a whole v1 dict
+    rank_digests(whole) -> {rank: sha256}; rank_digest(part) -> sha256
 
 Input: a compiled transition and a rank (its GPU id). Output: a v1 dict with the same
 fields as the whole program, holding only what that rank executes and reads:
@@ -108,3 +110,68 @@ def _replica_of(placement, gpu: int):
         return placement.gpus.index(gpu) // (placement.tp * placement.pp)
     except ValueError:
         return None
+
+
+def rank_digest(rank_program: dict) -> str:
+    """SHA-256 of a rank program's canonical JSON (sorted keys, no spaces): what a rank
+    compares against the digest its part had in the verified whole program."""
+    import hashlib
+    import json
+
+    text = json.dumps(rank_program, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def split_by_rank(whole: dict) -> dict[int, dict]:
+    """Every rank's program cut out of a whole program (v1 dict) in one pass: the same
+    dicts `rank_program_json` lowers (tested). For the place that verifies the whole
+    program once: `rank_digests` of it let each rank check the part it lowered alone."""
+    gpu_info = {g["id"]: g for g in whole["gpus"]}
+    node_info = {n["id"]: n for n in whole.get("nodes", [])}
+    ranks = sorted(gpu_info)
+    rounds = {r: [{"ops": []} for _ in whole["rounds"]] for r in ranks}
+    peers: dict = defaultdict(set)
+    readers: dict = defaultdict(set)  # (side, unit, gpu, tensor) -> peer ranks whose messages name it
+    for k, rnd in enumerate(whole["rounds"]):
+        for index, op in enumerate(rnd["ops"]):
+            if op["op"] == "send":
+                src, dst = op["src"], op["dst"]
+                for rank in (src, dst):
+                    rounds[rank][k]["ops"].append(dict(op, index=index))
+                peers[src].add(dst)
+                peers[dst].add(src)
+                for seg in op["segments"]:
+                    readers[("before", seg["src_unit"], src, seg["tensor"])].add(dst)
+                    readers[("after", seg["dst_unit"], dst, seg["tensor"])].add(src)
+            else:
+                rounds[op["gpu"]][k]["ops"].append(dict(op, index=index))
+    units: dict = {r: {"before": [], "after": []} for r in ranks}
+    for side, listing in whole["units"].items():
+        for unit in listing:
+            shards: dict = defaultdict(list)
+            for shard in unit["shards"]:
+                for rank in {shard["gpu"]} | readers.get((side, unit["id"], shard["gpu"], shard["tensor"]), set()):
+                    shards[rank].append(shard)
+            for rank in set(shards) | set(unit["gpus"]):
+                units[rank][side].append(dict(unit, shards=shards.get(rank, [])))
+    out = {}
+    for rank in ranks:
+        names = {s["tensor"] for side in units[rank].values() for u in side for s in u["shards"]}
+        gpus = sorted(peers[rank] | {rank})
+        out[rank] = {
+            "format": whole["format"], "version": whole["version"], "transition": whole["transition"],
+            "rank": rank, "peers": sorted(peers[rank]),
+            "gpus": [gpu_info[g] for g in gpus],
+            "nodes": [node_info[n] for n in sorted({gpu_info[g]["node"] for g in gpus}) if n in node_info],
+            "tensors": [t for t in whole["tensors"] if t["name"] in names],
+            "units": units[rank],
+            "resident_bytes": {str(g): whole["resident_bytes"][str(g)] for g in gpus},
+            "untouched": whole["untouched"],
+            "rounds": rounds[rank],
+        }
+    return out
+
+
+def rank_digests(whole: dict) -> dict[int, str]:
+    """{rank: rank_digest of its part} of a whole program (see `split_by_rank`)."""
+    return {rank: rank_digest(part) for rank, part in split_by_rank(whole).items()}

@@ -13,7 +13,7 @@ sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]
 from builders import cluster, llama, module, place, workload  # noqa: E402
 
 from nereus.backends.json_program import program_json  # noqa: E402
-from nereus.backends.rank_json import rank_program_json  # noqa: E402
+from nereus.backends.rank_json import rank_digest, rank_digests, rank_program_json, split_by_rank  # noqa: E402
 from nereus.cli import nereusc  # noqa: E402
 from nereus.ir import parse_source  # noqa: E402
 from nereus.passes import compile_transition  # noqa: E402
@@ -79,6 +79,23 @@ def test_every_rank_program_is_the_whole_program_filtered_to_that_rank():
                     recv += op["bytes"] if op["dst"] == rank else 0
     total = sum(op["bytes"] for rnd in whole["rounds"] for op in rnd["ops"] if op["op"] == "send")
     assert sent == recv == total > 0
+
+
+def test_split_of_the_verified_whole_gives_each_rank_a_digest_of_its_own_part():
+    from nereus.passes.verify import verify_program
+
+    compiled = compile_transition(_mixed_module(), "S", "T")
+    whole = program_json(compiled)
+    verify_program(whole)  # the global proof, once, where the compile runs
+    parts, digests = split_by_rank(whole), rank_digests(whole)
+    assert sorted(parts) == list(range(8))
+    for rank in range(8):
+        mine = rank_program_json(compiled, rank)  # lowered alone on the rank
+        assert parts[rank] == mine and digests[rank] == rank_digest(mine)
+    tampered = rank_program_json(compiled, 2)
+    op = next(op for rnd in tampered["rounds"] for op in rnd["ops"] if op["op"] == "send")
+    op["segments"][0]["box"][0][1] -= 1
+    assert rank_digest(tampered) != digests[2]
 
 
 def test_the_runtime_reader_lowers_a_rank_program_as_it_lowers_the_whole():
