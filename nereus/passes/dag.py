@@ -350,22 +350,29 @@ def _build_stage(module: Module, index: int, info: StageInfo, allocs: list, free
     rotation: dict[tuple, int] = {}
     recipes: dict[tuple, tuple] = {}
     memo: dict = {}
+    nearby: dict[tuple, list] = {}  # (node, before pp stage, holders) -> candidates on that node
 
     def choose(g: int, p: int, holders: tuple) -> tuple[int, int, int]:
         here = position.get(g)
         if holders and isinstance(holders[0], tuple):  # (replica, tp rank) pairs: a sharded state
             if here is not None and here[1] == p and (here[0], here[2]) in holders:
                 return here
-            close = [c for c in near.get((node_of(g), p), ()) if (c[0], c[1]) in holders]
-            key = (p, holders) if not close else (p, holders, node_of(g))
+            node = node_of(g)
+            close = nearby.get((node, p, holders))
+            if close is None:
+                close = nearby[(node, p, holders)] = [c for c in near.get((node, p), ()) if (c[0], c[1]) in holders]
+            key = (p, holders) if not close else (p, holders, node)
             turn = rotation.get(key, 0)
             rotation[key] = turn + 1
             r, t = (close[turn % len(close)][:2]) if close else holders[turn % len(holders)]
             return r, p, t
         if here is not None and here[1] == p and here[2] in holders:
             return here
-        close = [c for c in near.get((node_of(g), p), ()) if c[1] in holders]
-        key = (p, holders) if not close else (p, holders, node_of(g))
+        node = node_of(g)
+        close = nearby.get((node, p, holders))
+        if close is None:
+            close = nearby[(node, p, holders)] = [c for c in near.get((node, p), ()) if c[1] in holders]
+        key = (p, holders) if not close else (p, holders, node)
         turn = rotation.get(key, 0)
         rotation[key] = turn + 1
         if close:

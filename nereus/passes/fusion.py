@@ -57,6 +57,8 @@ def coalesce(dag: TransitionDag, xfers: list[Xfer]) -> list[Xfer]:
     shard over the same layers into one, and join adjacent pieces of one tensor (touching
     along dim 0, equal elsewhere) when the union stays inside one source box and one
     destination box, so that the receiver still unpacks each segment into one box."""
+    if len(xfers) == 1:
+        return list(xfers)
     groups: dict[tuple, list[Xfer]] = {}
     for x in xfers:
         groups.setdefault((x.stage, x.alloc, x.free, x.slots, x.states), []).append(x)
