@@ -17,7 +17,7 @@ STAGES: tuple[str, ...] = ("generation", "inference", "training")
 DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
 HEADS: tuple[str, ...] = ("lm", "value")
 RECOMPUTE: tuple[str, ...] = ("none", "selective", "full")
-ZERO_STAGES: tuple[int, ...] = (0, 1)
+ZERO_STAGES: tuple[int, ...] = (0, 1, 3)
 
 
 @dataclass(frozen=True)
@@ -189,8 +189,9 @@ class Placement:
     gpu_set: tuple[GpuSetItem, ...] = field(compare=False, hash=False)
     offload: bool = False
     # ZeRO stage of a training model-stage (ZERO_STAGES): 1 shards the fp32 master weights
-    # and Adam state over the dp replicas (Megatron's distributed optimizer); 0 replicates
-    # them on every replica. The partitioning is nereus.passes.layout.zero_boxes.
+    # and Adam state over the dp replicas (Megatron's distributed optimizer), 3 the bf16
+    # weights (and grads) too (FSDP); 0 replicates them on every replica. The partitioning
+    # is nereus.passes.layout.zero_boxes.
     zero: int = 0
     loc: Optional[Location] = _loc()
     key_locs: tuple[tuple[str, Location], ...] = _key_locs()

@@ -139,7 +139,7 @@ def validate_placement(placement: Placement, module: Module) -> None:
     _at_least_one(placement, ("dp", "tp", "pp"), str(ms))
     if placement.zero not in ZERO_STAGES:
         raise _error(f"zero {placement.zero} is not supported", placement, "zero",
-                     "zero 1 shards the optimizer state over dp (zero 3 is not implemented yet); zero 0 replicates it",
+                     "zero 1 shards the optimizer state over dp, zero 3 the weights too; zero 0 replicates them",
                      _width(placement, "zero", placement.zero))
     if placement.zero and ms.stage != "training":
         raise _error(f"zero applies to training only; {ms} holds no optimizer state", placement, "zero",

@@ -18,7 +18,7 @@ weights can differ in dtype and freshness, and the optimizer state exists only i
 Units of an `offload` model-stage hold their state in host memory at the step boundary
 (before and after the transition); a keep needs both sides in the same memory.
 
-ZeRO: when either side of a training model-stage has `zero 1`, its tensor states form two
+ZeRO: when either side of a training model-stage has `zero 1` or 3, its states form two
 groups (`StageInfo.groups`): the weights, replicated per replica and moved as above, and
 the optimizer states, whose boxes depend on the replica (`layout.zero_boxes`). For the
 second group the pieces an after GPU needs are cut by the (replica, TP rank) pairs that
@@ -41,6 +41,7 @@ from .feasibility import placement_resident_bytes
 from .layout import (
     Box,
     bytes_per_element,
+    is_sharded,
     shard_bytes,
     slot_counts,
     slot_specs,
@@ -256,7 +257,7 @@ def _sharded_recipe(model: Model, before: Placement, after: Placement, r: int, q
     caches boxes and pieces by spec index for one model-stage (this runs once per GPU:
     small-int keys hash much faster than tensor specs)."""
     specs = slot_specs(model)
-    bkey, akey = mesh_key(before), mesh_key(after)
+    bkey, akey = mesh_key(before, states), mesh_key(after, states)
 
     def boxes(i: int, side: tuple, replica: int, rank: int):
         key = (i, side, replica, rank)
@@ -266,7 +267,7 @@ def _sharded_recipe(model: Model, before: Placement, after: Placement, r: int, q
         return found
 
     def pieces_of(i: int):
-        key = ("pieces", i, r, u)
+        key = ("pieces", i, bkey, akey, r, u)
         found = memo.get(key)
         if found is None:
             found = memo[key] = sharded_pieces(specs[i].spec, bkey, akey, r, u)
@@ -330,7 +331,6 @@ def _volumes(specs, pieces) -> tuple[int, int, int]:
 def _build_stage(module: Module, index: int, info: StageInfo, allocs: list, frees: list, xfers: list) -> None:
     model, before, after = info.model, info.before, info.after
     groups = info.groups
-    sharded = groups[1] if len(groups) > 1 else None
     node_of = module.cluster.node_of
     first = len(frees)
     free_index: dict[tuple[int, int, int], int] = {}
@@ -380,8 +380,23 @@ def _build_stage(module: Module, index: int, info: StageInfo, allocs: list, free
             return r, p, t
         return turn // len(holders) % before.dp, p, holders[turn % len(holders)]
 
-    weight_bytes = info.xfer_element_bytes(groups[0])
-    sharded_bytes = info.xfer_element_bytes(sharded) if sharded else 0
+    def group_recipe(r: int, q: int, u: int, here, states: tuple[str, ...]) -> tuple:
+        """The recipe of one state group, shared by every GPU it can be shared by."""
+        if not (is_sharded(before, states) or is_sharded(after, states)):
+            key = (states, q, u, here[1:] if here else None)
+            if key not in recipes:
+                recipes[key] = _stage_recipe(model, before, after, q, u, key[3], info.xfer_element_bytes(states),
+                                             states)
+            return recipes[key]
+        # replica indices matter only on a side that shards the group
+        ra = r if is_sharded(after, states) else 0
+        mine = (here[0] if is_sharded(before, states) else 0, here[1], here[2]) if here else None
+        key = (states, ra, q, u, mine)
+        if key not in recipes:
+            recipes[key] = _sharded_recipe(model, before, after, ra, q, u, mine, info.xfer_element_bytes(states),
+                                           states, memo)
+        return recipes[key]
+
     after_bytes = {(q, u): shard_bytes(model, after, q, u) for q in range(after.pp) for u in range(after.tp)}
     for r in range(after.dp):
         for q in range(after.pp):
@@ -389,20 +404,9 @@ def _build_stage(module: Module, index: int, info: StageInfo, allocs: list, free
                 g = after.gpu_of(r, q, u)
                 alloc = len(allocs)
                 here = position.get(g)
-                key = (q, u, here[1:] if here else None)
-                recipe = recipes.get(key)
-                if recipe is None:
-                    recipe = recipes[key] = _stage_recipe(model, before, after, q, u, key[2], weight_bytes, groups[0])
-                if sharded:
-                    # replica indices matter only on a side that shards the state
-                    ra = r if after.zero else 0
-                    mine = (here[0] if before.zero else 0, here[1], here[2]) if here else None
-                    skey = ("zero", ra, q, u, mine)
-                    extra = recipes.get(skey)
-                    if extra is None:
-                        extra = recipes[skey] = _sharded_recipe(model, before, after, ra, q, u, mine, sharded_bytes,
-                                                                sharded, memo)
-                    recipe = recipe + extra
+                recipe = ()
+                for states in groups:
+                    recipe += group_recipe(r, q, u, here, states)
                 kept = 0
                 for kind, p, slots, pieces, nbytes, holders, volumes, states in recipe:
                     if kind == KEEP:

@@ -17,7 +17,13 @@ and waits in host memory otherwise):
     contiguous layer split: the first `layers % pp` stages hold one more layer).
   - training units additionally hold bf16 gradients (dtype bytes/param) and fp32 master
     weights, Adam m and v (12 B/param): 16 B/param for bf16 weights, as in the ZeRO paper
-    (Rajbhandari et al. 2019, §3.1) without optimizer-state sharding.
+    (Rajbhandari et al. 2019, §3.1) without optimizer-state sharding. With `zero 1`
+    (ZeRO stage 1, Megatron's distributed optimizer) the 12 B/param are split over the dp
+    replicas: 2 + 2 + 12/dp B/param, exactly the chunk each replica holds
+    (nereus.passes.layout.zero_boxes: ceil-sized dim-0 chunks, so replica 0 holds the most).
+    With `zero 3` (ZeRO stage 3, FSDP) the weights and grads are chunked too: 16/dp
+    B/param, plus working memory in training for 3 layers all-gathered to whole TP shards
+    (the computed layer, the prefetched one, one layer of grads before reduce-scatter).
 
 Working memory of a model-stage, only during its own stage; model-stages that share a
 GPU in one stage run one after another, so only the largest working set counts (b = microbatch, s = prompt +
@@ -47,7 +53,7 @@ from nereus.models import pp_layer_range
 from nereus.ir.diagnostics import InfeasibleError
 from nereus.ir.model import STAGES, Model, Module, Placement, Plan
 
-from .layout import shard_elements, zero_shard_elements
+from .layout import kind_volume, shard_elements, zero_shard_elements
 
 OPTIMIZER_BYTES_PER_PARAM = 12  # fp32 master + Adam exp_avg + exp_avg_sq
 GIB = 1024**3
@@ -68,10 +74,19 @@ def model_state_bytes_per_gpu(model: Model, stage: str, tp: int, pp: int, pp_sta
     params = _stage_params(model, tp, pp, pp_stage)
     out = {"weights": params * model.dtype_bytes}
     if stage == "training":
-        out["grads"] = params * model.dtype_bytes
         owned = zero_shard_elements(model, tp, pp, pp_stage, 0, dp, replica) if zero >= 1 else params
+        if zero >= 3:  # weights and grads sharded like the optimizer state
+            out["weights"] = owned * model.dtype_bytes
+        out["grads"] = (owned if zero >= 3 else params) * model.dtype_bytes
         out["optimizer"] = owned * OPTIMIZER_BYTES_PER_PARAM
     return out
+
+
+def gathered_bytes_per_gpu(model: Model, tp: int) -> int:
+    """ZeRO-3 working memory of a training GPU: the layer being computed and the next one
+    (prefetched) all-gathered to whole TP shards, and one layer's unsharded grads before
+    their reduce-scatter: 3 layers x TP-shard parameters x dtype bytes."""
+    return 3 * kind_volume(model, tp, 0)["layer"] * model.dtype_bytes
 
 
 def _activation_bytes_per_layer(model: Model, seq: int, micro: int, tp: int, recompute: str = "none") -> float:
@@ -171,6 +186,8 @@ def _placement_contributions(module: Module, placement: Placement):
     zero = placement.zero if stage == "training" else 0
     for p in range(placement.pp):
         working = working_bytes_per_gpu(module, model, stage, placement.dp, placement.tp, placement.pp, p)
+        if zero >= 3:
+            working = dict(working, gathered=gathered_bytes_per_gpu(model, placement.tp))
         for r in range(placement.dp) if zero else (None,):
             resident = model_state_bytes_per_gpu(model, stage, placement.tp, placement.pp, p, placement.dp, zero,
                                                  r or 0)

@@ -18,15 +18,16 @@ Local shard contract (the runtime relies on it, docs/program.md): the local tens
 (unit, GPU, tensor) is the concatenation along dim 0 of its boxes in the listed order;
 boxes of one shard differ only in dim 0.
 
-ZeRO-1 (`zero 1` on a training placement): the fp32 master weights and Adam state are
+ZeRO (`zero 1` on a training placement): the fp32 master weights and Adam state are
 sharded over the dp replicas as FSDP2 shards a parameter: the GPU's TP shard of a tensor
 (its local tensor) is cut along dim 0 into dp chunks of ceil(rows / dp) rows
 (`torch.chunk`), replica d holding chunk d (`zero_boxes`; a chunk may be empty, then the
-GPU holds no shard of that state). The bf16 weights stay whole on every replica. So a
-unit no longer tiles the optimizer tensors alone: the dp units of the model-stage do,
-together. Per-parameter dim-0 chunks of TP boxes are boxes again, so diff, DAG, lowering
-and the verifier need no new concept; Megatron's alternative (contiguous ranges of one
-flattened, padded buffer per bucket) cuts rows and would need segments over flat views:
+GPU holds no shard of that state). The bf16 weights stay whole on every replica, unless
+`zero 3`, which chunks them the same way. So a unit no longer tiles the sharded tensors
+alone: the dp units of the model-stage do, together. Per-parameter dim-0 chunks of TP
+boxes are boxes again, so diff, DAG, lowering and the verifier need no new concept;
+Megatron's alternative (contiguous ranges of one flattened, padded buffer per bucket)
+cuts rows and would need segments over flat views:
 it can be added as another partition function beside `zero_boxes`.
 """
 
@@ -177,8 +178,8 @@ def kind_volume(model: Model, tp: int, rank: int) -> dict[str, int]:
 
 def is_sharded(placement: Placement, states: tuple[str, ...]) -> bool:
     """Whether `states` (one group of a unit's tensor suffixes) are split over the dp
-    replicas in `placement`: the optimizer group under zero >= 1."""
-    return placement.zero >= 1 and states[0] in OPTIMIZER_SUFFIXES
+    replicas in `placement`: the optimizer group under zero >= 1, everything under 3."""
+    return placement.zero >= 3 or placement.zero >= 1 and states[0] in OPTIMIZER_SUFFIXES
 
 
 @lru_cache(maxsize=None)
@@ -235,13 +236,15 @@ def shard_elements(model: Model, tp: int, pp: int, stage: int, rank: int) -> int
 
 def shard_bytes(model: Model, placement: Placement, stage: int, rank: int, replica: int = 0) -> int:
     """Bytes of the state one GPU of a unit of `placement` holds (weights, plus fp32 Adam
-    state for training units, a dp-th of it under zero 1; gradients are not part of the
+    state for training units, a dp-th of it under zero 1, of everything under zero 3;
+    gradients are not part of the
     moved state). `replica` matters only under zero (chunks may differ by one row)."""
     states = states_of(str(placement.model_stage))
     elements = shard_elements(model, placement.tp, placement.pp, stage, rank)
     if placement.zero >= 1 and len(states) > 1:
         sharded = zero_shard_elements(model, placement.tp, placement.pp, stage, rank, placement.dp, replica)
-        return elements * bytes_per_element(model, states[:1]) + sharded * bytes_per_element(model, states[1:])
+        weights = sharded if placement.zero >= 3 else elements
+        return weights * bytes_per_element(model, states[:1]) + sharded * bytes_per_element(model, states[1:])
     return elements * bytes_per_element(model, states)
 
 
@@ -273,7 +276,7 @@ def gpu_shards(model: Model, placement: Placement, stage: int, rank: int,
             chunk = zero_boxes(slot_spec.spec, placement.tp, rank, placement.dp, replica) if sharded else boxes
             name = slot_spec.name(model.name, slot)
             for suffix in states:
-                mine = boxes if suffix == "" else chunk
+                mine = boxes if suffix == "" and placement.zero < 3 else chunk
                 if mine:
                     yield name + suffix, mine
 

@@ -1,4 +1,4 @@
-"""sharded: box geometry of optimizer state sharded over dp replicas (`zero 1`), for `dag`.
+"""sharded: box geometry of state sharded over dp replicas (`zero 1` / `zero 3`), for `dag`.
 
 Input: a tensor pattern and the (tp, dp, zero) meshes of both sides. Output: the boxes an
 after (replica, TP rank) holds of the optimizer states, cut into pieces each held by one
@@ -13,7 +13,7 @@ from functools import lru_cache
 
 from nereus.ir.model import Placement
 
-from .layout import Box, tp_boxes, zero_boxes
+from .layout import Box, is_sharded, tp_boxes, zero_boxes
 
 
 def _cut(box: Box, holders: list[tuple[object, Box]]) -> list[tuple[Box, tuple]]:
@@ -51,10 +51,10 @@ def _cut(box: Box, holders: list[tuple[object, Box]]) -> list[tuple[Box, tuple]]
     return cells
 
 
-def mesh_key(placement: Placement) -> tuple[int, int, int]:
-    """(tp, dp, zero): all that the optimizer boxes of a placement depend on (a cache key
-    that does not hash the GPU list)."""
-    return placement.tp, placement.dp, placement.zero
+def mesh_key(placement: Placement, states: tuple[str, ...]) -> tuple[int, int, int]:
+    """(tp, dp, 1 if `states` are sharded over dp else 0): all that the boxes of a state
+    group depend on (a cache key that does not hash the GPU list)."""
+    return placement.tp, placement.dp, int(is_sharded(placement, states))
 
 
 def opt_boxes(spec, mesh: tuple[int, int, int], replica: int, rank: int) -> tuple[Box, ...]:

@@ -101,11 +101,16 @@ def _check_units(units, tensors, where: str) -> dict:
             shards[g][name] = boxes
         model, _, stage = unit["model_stage"].partition(".")
         zero = bool(unit.get("zero"))
-        expected = {n for n in tensors if n.startswith(model + "/") and ("#" not in n or stage == "training" and not zero)}
+        if zero:  # every chunk of a GPU may be empty (dim 0 shorter than dp): it still has its ops
+            for g in unit["gpus"]:
+                shards.setdefault(g, {})
+        expected = {n for n in tensors if n.startswith(model + "/") and ("#" not in n or stage == "training" and not zero)
+                    and not (zero and unit["zero"] >= 3)}
         boxes_of: dict = defaultdict(set)
         for per_gpu in shards.values():
             for name, boxes in per_gpu.items():
-                (sharded[unit["model_stage"]][name] if zero and "#" in name else boxes_of[name]).update(boxes)
+                split = zero and ("#" in name or unit["zero"] >= 3)  # zero 3: the weights too
+                (sharded[unit["model_stage"]][name] if split else boxes_of[name]).update(boxes)
         if set(boxes_of) != expected:
             missing = sorted(expected - set(boxes_of))[:3]
             _fail(f"{where} unit {uid} does not cover its tensors (missing {missing or 'none'},"
@@ -114,7 +119,8 @@ def _check_units(units, tensors, where: str) -> dict:
         out[uid] = shards
     for model_stage, boxes_of in sharded.items():
         model = model_stage.partition(".")[0]
-        missing = {n for n in tensors if n.startswith(model + "/") and "#" in n} - set(boxes_of)
+        every = any(u.get("zero", 0) >= 3 for u in units if u["model_stage"] == model_stage)
+        missing = {n for n in tensors if n.startswith(model + "/") and ("#" in n or every)} - set(boxes_of)
         if missing:
             _fail(f"{where} units of {model_stage} (zero) hold no chunk of {sorted(missing)[:3]}")
         _check_tiling(boxes_of, tensors, f"{where} units of {model_stage} (zero)")

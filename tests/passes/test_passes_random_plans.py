@@ -1,6 +1,6 @@
 """Hypothesis: random plan pairs (cluster sizes, dp/tp/pp changes, GPUs added and removed,
 reordered GPU sets, colocated actor + critic, optimizer state replicated or sharded by
-`zero 1` on either side) compile and verify."""
+`zero 1` or `zero 3` on either side) compile and verify."""
 
 import dataclasses
 
@@ -22,7 +22,7 @@ def _placement(draw, name, layers, gpus_total):
     dp = draw(st.integers(1, max(1, gpus_total // (tp * pp))))
     gpus = draw(st.permutations(range(gpus_total)))[: dp * tp * pp]
     offload = not name.endswith(".training") and draw(st.booleans())  # state waits in host memory
-    zero = draw(st.sampled_from([0, 1])) if name.endswith(".training") else 0  # optimizer sharded over dp
+    zero = draw(st.sampled_from([0, 1, 3])) if name.endswith(".training") else 0  # state sharded over dp
     return dataclasses.replace(place(name, dp, tp, pp, gpus, offload), zero=zero)
 
 

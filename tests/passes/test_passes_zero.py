@@ -1,4 +1,5 @@
-"""`zero 1`: optimizer state (fp32 master, Adam m and v) sharded over the dp replicas.
+"""`zero 1`: optimizer state (fp32 master, Adam m and v) sharded over the dp replicas;
+`zero 3`: the bf16 weights too.
 
 IR (parse, print, rules), memory model (optimizer bytes / dp), layouts (dp units tile the
 optimizer tensors together), diff (Repartition), and transitions: a DP change moves the
@@ -80,10 +81,10 @@ def test_zero_parses_prints_and_round_trips():
 
 @pytest.mark.parametrize("edit,message", [
     ("actor.generation dp 2 tp 4 on 0..7", "zero applies to training only"),
-    ("actor.training   dp 2 tp 2 on 0..3 zero 1", "zero 3 is not supported"),
+    ("actor.training   dp 2 tp 2 on 0..3 zero 1", "zero 2 is not supported"),
 ])
 def test_zero_rules_point_at_the_value(edit, message):
-    bad = edit + " zero 1" if "generation" in edit else edit.replace("zero 1", "zero 3")
+    bad = edit + " zero 1" if "generation" in edit else edit.replace("zero 1", "zero 2")
     with pytest.raises(SemanticError) as info:
         parse_source(PLAN_TEXT.replace(edit, bad), "z.nir")
     assert message in info.value.message
@@ -191,3 +192,57 @@ def test_same_plan_with_zero_is_unchanged():
     m = _zero_module((2, 1), (2, 1))
     summary = compile_transition(m, "S", "T").summary
     assert summary["stages"]["actor.training"]["unchanged"]
+
+
+def test_zero_3_divides_weights_grads_and_state_and_gathers_three_layers():
+    actor = llama("actor", 4, 64, 8, 2, 128, 256)
+    full = model_state_bytes_per_gpu(actor, "training", 2, 1, 0)
+    sharded = [model_state_bytes_per_gpu(actor, "training", 2, 1, 0, 4, 3, d) for d in range(4)]
+    for kind in ("weights", "grads", "optimizer"):
+        assert sum(s[kind] for s in sharded) == full[kind]
+    from nereus.passes.feasibility import gathered_bytes_per_gpu
+
+    one = parse_source(PLAN_TEXT, "z1.nir")
+    three = parse_source(PLAN_TEXT.replace("zero 1", "zero 3"), "z3.nir")
+    z1 = model_state_bytes_per_gpu(actor, "training", 2, 1, 0, 2, 1, 0)
+    z3 = model_state_bytes_per_gpu(actor, "training", 2, 1, 0, 2, 3, 0)
+    # GPU 0 holds replica 0 of actor.training; in training its resident state shrinks by
+    # the weights and grads it no longer holds whole, and 3 gathered layers are added
+    expected = sum(z3.values()) - sum(z1.values()) + gathered_bytes_per_gpu(actor, 2)
+    assert check_plan(three, "S").bytes_on(0, "training") - check_plan(one, "S").bytes_on(0, "training") == expected
+    text = print_module(three)
+    assert "zero 3" in text and parse_source(text, "again.nir") == three
+
+
+@pytest.mark.parametrize("dp", [(1, 2), (2, 4)])
+def test_zero_3_dp_doubling_moves_weights_and_state_once(dp):
+    d1, d2 = dp
+    compiled = compile_transition(_zero_module((d1, 3), (d2, 3)), "S", "T")
+    data = program_json(compiled)
+    verify_program(data)
+    summary = compiled.summary
+    assert summary["bytes"]["intra_node"] + summary["bytes"]["inter_node"] == summary["lower_bound_bytes"]
+    moved = _moved_bytes(data)
+    replicated = program_json(compile_transition(_zero_module((d1, 0), (d2, 0)), "S", "T"))
+    weights_once = sum(2 * _volume(b) for s in replicated["units"]["after"][0]["shards"] if "#" not in s["tensor"]
+                       for b in s["boxes"])
+    assert _moved_bytes(replicated)["weights"] == (d2 - d1) * weights_once  # a copy per new replica
+    assert moved["weights"] <= weights_once  # sharded: at most once
+    assert moved["optimizer"] <= _optimizer_total(data)
+    for unit in data["units"]["after"]:
+        assert unit["zero"] == 3
+
+
+@pytest.mark.parametrize("before,after", [((2, 1), (2, 3)), ((2, 3), (4, 1)), ((4, 3), (2, 0)), ((3, 3), (2, 3))])
+def test_zero_3_changes_verify_and_send_the_lower_bound(before, after):
+    compiled = compile_transition(_zero_module(before, after, tp=1, pp=2), "S", "T")
+    verify_program(program_json(compiled))
+    summary = compiled.summary
+    assert summary["bytes"]["intra_node"] + summary["bytes"]["inter_node"] == summary["lower_bound_bytes"]
+
+
+def _volume(box) -> int:
+    n = 1
+    for lo, hi in box:
+        n *= hi - lo
+    return n
