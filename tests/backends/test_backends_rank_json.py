@@ -7,6 +7,7 @@ import json
 import sys
 from collections import defaultdict
 
+import pytest
 from click.testing import CliRunner
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1] / "passes"))
@@ -53,10 +54,10 @@ def rank_view(whole: dict, rank: int) -> dict:
                 resident_bytes={g: b for g, b in whole["resident_bytes"].items() if int(g) in gpus})
 
 
-def _mixed_module():
+def _mixed_module(level: int = 1):
     actor, critic = llama("actor", 3, 64, 8, 2, 128, 256), llama("critic", 3, 64, 8, 2, 128, 256, head="value")
     w = workload({"generation": ["actor"], "training": ["actor", "critic"]})
-    zero = lambda p: dataclasses.replace(p, zero=1)  # noqa: E731
+    zero = lambda p: dataclasses.replace(p, zero=level)  # noqa: E731
     return module(cluster(2, 4, 10**9), [actor, critic], w, {
         "S": [place("actor.generation", 2, 4, 1, range(8)), zero(place("actor.training", 2, 2, 2, range(8))),
               place("critic.training", 1, 2, 2, [4, 5, 6, 7])],
@@ -65,8 +66,9 @@ def _mixed_module():
     })
 
 
-def test_every_rank_program_is_the_whole_program_filtered_to_that_rank():
-    compiled = compile_transition(_mixed_module(), "S", "T")
+@pytest.mark.parametrize("level", [1, 3])
+def test_every_rank_program_is_the_whole_program_filtered_to_that_rank(level):
+    compiled = compile_transition(_mixed_module(level), "S", "T")
     whole = program_json(compiled)
     sent = recv = 0
     for rank in range(8):
