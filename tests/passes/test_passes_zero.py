@@ -246,3 +246,17 @@ def _volume(box) -> int:
     for lo, hi in box:
         n *= hi - lo
     return n
+
+
+@pytest.mark.parametrize("before,after", [(9, 4), (4, 9)])
+def test_a_replica_whose_chunks_are_all_empty_still_verifies(before, after):
+    # 1 layer, hidden 16: no tensor has more than 64 rows, so at dp 9 (chunks of 8 rows)
+    # replica 8 holds nothing at all; its GPU still gets its alloc and free
+    actor = llama("actor", 1, 16, 4, 1, 32, 32)
+    plans = {name: [dataclasses.replace(place("actor.training", dp, 1, 1, range(dp)), zero=3)]
+             for name, dp in (("S", before), ("T", after))}
+    m = module(cluster(3, 4, 10**9), [actor], workload({"training": ["actor"]}), plans)
+    data = program_json(compile_transition(m, "S", "T"))
+    empty = [u for side in data["units"].values() for u in side if not u["shards"]]
+    assert [u["id"] for u in empty] == ["actor.training/8"]
+    verify_program(data)
