@@ -50,7 +50,7 @@ from .layout import (
     tp_boxes,
     box_volume,
 )
-from .sharded import mesh_key, opt_boxes, sharded_pieces
+from .sharded import mesh_key, group_boxes, sharded_pieces
 
 KEEP, COPY, SEND = "keep", "copy", "send"
 _KINDS = ("first", "layer", "last")
@@ -263,7 +263,7 @@ def _sharded_recipe(model: Model, before: Placement, after: Placement, r: int, q
         key = (i, side, replica, rank)
         found = memo.get(key)
         if found is None:
-            found = memo[key] = opt_boxes(specs[i].spec, side, replica, rank)
+            found = memo[key] = group_boxes(specs[i].spec, side, replica, rank)
         return found
 
     def pieces_of(i: int):

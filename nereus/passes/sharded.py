@@ -1,7 +1,7 @@
 """sharded: box geometry of state sharded over dp replicas (`zero 1` / `zero 3`), for `dag`.
 
 Input: a tensor pattern and the (tp, dp, zero) meshes of both sides. Output: the boxes an
-after (replica, TP rank) holds of the optimizer states, cut into pieces each held by one
+after (replica, TP rank) holds of a state group, cut into pieces each held by one
 set of before holders (`sharded_pieces`). Invariant: the pieces tile the after boxes, and
 each piece lies inside a box of every holder named for it. Pure and cached: the same for
 every layer.
@@ -57,7 +57,8 @@ def mesh_key(placement: Placement, states: tuple[str, ...]) -> tuple[int, int, i
     return placement.tp, placement.dp, int(is_sharded(placement, states))
 
 
-def opt_boxes(spec, mesh: tuple[int, int, int], replica: int, rank: int) -> tuple[Box, ...]:
+def group_boxes(spec, mesh: tuple[int, int, int], replica: int, rank: int) -> tuple[Box, ...]:
+    """Boxes of `spec` that (replica, TP rank) holds of a state group with `mesh_key` `mesh`."""
     tp, dp, zero = mesh
     return zero_boxes(spec, tp, rank, dp, replica) if zero >= 1 else tp_boxes(spec, tp, rank)
 
@@ -65,11 +66,11 @@ def opt_boxes(spec, mesh: tuple[int, int, int], replica: int, rank: int) -> tupl
 @lru_cache(maxsize=None)
 def sharded_pieces(spec, before: tuple[int, int, int], after: tuple[int, int, int], replica: int,
                    rank: int) -> tuple[tuple[Box, tuple], ...]:
-    """The boxes of `spec`'s optimizer states that (replica, TP rank `rank`) of the `after`
+    """The boxes of `spec`'s state group that (replica, TP rank `rank`) of the `after`
     mesh (`mesh_key`) holds, cut by their holders in the `before` mesh: ((box, holders),
     ...), holders being TP ranks of any replica when `before` replicates the state,
     (replica, TP rank) pairs when it shards it. Pure, cached."""
-    mine = opt_boxes(spec, after, replica, rank)
+    mine = group_boxes(spec, after, replica, rank)
     if not mine:
         return ()
     tp, dp, zero = before
