@@ -19,11 +19,12 @@ Units of an `offload` model-stage hold their state in host memory at the step bo
 (before and after the transition); a keep needs both sides in the same memory.
 
 ZeRO: when either side of a training model-stage has `zero 1` or 3, its states form two
-groups (`StageInfo.groups`): the weights, replicated per replica and moved as above, and
-the optimizer states, whose boxes depend on the replica (`layout.zero_boxes`). For the
-second group the pieces an after GPU needs are cut by the (replica, TP rank) pairs that
-hold them (`sharded_pieces`), so each chunk comes from the one replica that owns it: a DP
-change re-partitions the optimizer state instead of copying it into every new replica.
+groups (`StageInfo.groups`): the weights and the optimizer states. A group replicated on
+both sides moves as above; a group sharded on either side (optimizer states under zero 1,
+both under zero 3: boxes that depend on the replica, `layout.zero_boxes`) has the pieces
+an after GPU needs cut by the (replica, TP rank) pairs that hold them (`sharded_pieces`),
+so each chunk comes from the one replica that owns it: a DP change re-partitions sharded
+state instead of copying it into every new replica.
 An `Xfer` names the states it carries (`states`).
 """
 
@@ -115,7 +116,7 @@ class StageInfo:
     @property
     def groups(self) -> tuple[tuple[str, ...], ...]:
         """State groups moved separately: all states together, or under ZeRO on either side
-        the weights and the (replica-dependent) optimizer states."""
+        the weights and the optimizer states (each replica-dependent where sharded)."""
         if (self.before.zero or self.after.zero) and len(self.states) > 1:
             return (self.states[:1], self.states[1:])
         return (self.states,)
