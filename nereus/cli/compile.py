@@ -152,7 +152,9 @@ def compile_command(file, transition, overrides, emit, output, as_json, time_pas
         if source in unfit or target in unfit:
             continue
         try:
-            compiled = compile_transition(module, source, target, pipeline=pipeline, print_after_all=hook)
+            # the plan table above has checked every plan already (emit None)
+            compiled = compile_transition(module, source, target, pipeline=pipeline, print_after_all=hook,
+                                          check_fit=emit is not None)
         except NereusError as error:  # quote the source line, as `nereusc check` does
             raise error.with_source(_source_text(module.file)) if error.loc is not None else error
         results.append(compiled)
