@@ -12,6 +12,23 @@ compiled `--repeat` times and the fastest run is reported (per pass and in total
 
 Last stdout line: {"name": "plan_scale", "cases": [{"gpus", "model", "transition",
 "total_s", "passes": {...}, "ops", "bytes"}, ...], "linearity": {...}}.
+
+Rank programs (issue 19): one rank's JSON program lowered alone from the symbolic program
+(`nereus.backends.rank_json`), per case in a fresh process (so that its peak memory is its
+own): compile time, per-rank lowering time and size for the first, a middle and the last
+rank, the link bounds of the schedule (aggregate and busiest-NIC, `cost.link_bounds`) and
+the process's peak RSS. A case is a .nir file (its only transition), or `gen:MODEL:GPUS:
+TRANSITION` for the generated PPO plans above (same per-rank shards at every size):
+
+    python benchmarks/plan_scale.py --rank-programs examples/grpo-70b-1024.nir,gen:70b:256:length-growth
+
+Last stdout line: {"name": "plan_scale_rank_programs", "cases": [...]}.
+
+ZeRO (issue 19): bytes sent per model-stage by a file's transition as written (`zero 1`)
+and with `zero` removed from every placement (compiled with the plan check off, since the
+replicated optimizer state may not fit), next to the training optimizer state's size:
+
+    python benchmarks/plan_scale.py --zero-compare examples/grpo-405b-4096.nir
 """
 
 from __future__ import annotations
@@ -121,13 +138,133 @@ def linearity(cases: list[dict]) -> dict:
     return out
 
 
+def _rank_case(case: str) -> dict:
+    """Compile `case` and lower three rank programs (runs in its own process)."""
+    import resource
+
+    from nereus.backends.rank_json import rank_program_json
+    from nereus.cli.compile import RANK_PIPELINE
+    from nereus.ir import parse_file, parse_source
+    from nereus.passes import compile_transition
+    from nereus.passes.cost import link_bounds
+
+    if case.startswith("gen:"):
+        _, model, gpus, transition = case.split(":")
+        module = parse_source(nir_source(int(gpus), model, transition), case)
+    else:
+        module = parse_file(case)
+    (t,) = module.transitions
+    wall, cpu = time.perf_counter(), time.process_time()
+    # what `nereusc --emit json --rank R` runs: the plan check and every pass but cost
+    compiled = compile_transition(module, t.source, t.target, pipeline=RANK_PIPELINE)
+    out = {"case": case, "gpus": module.cluster.num_gpus, "transition": str(t),
+           "compile_wall_s": round(time.perf_counter() - wall, 3), "compile_cpu_s": round(time.process_time() - cpu, 3),
+           "passes_wall_s": {k: round(v, 3) for k, v in compiled.timings.items()}}
+    summary = compiled.summary
+    out["bytes_sent"] = summary["bytes"]["intra_node"] + summary["bytes"]["inter_node"]
+    out["lower_bound_bytes"] = summary["lower_bound_bytes"]
+    out["rounds"], out["messages"] = summary["rounds"], summary["messages"]
+    out["bounds"] = link_bounds(compiled.program, compiled.cost).to_json()
+    n = module.cluster.num_gpus
+    out["ranks"] = []
+    for rank in (0, n // 2 + 3, n - 1):
+        wall, cpu = time.perf_counter(), time.process_time()
+        text = json.dumps(rank_program_json(compiled, rank), separators=(",", ":"))
+        out["ranks"].append({"rank": rank, "lower_wall_s": round(time.perf_counter() - wall, 3),
+                             "lower_cpu_s": round(time.process_time() - cpu, 3), "bytes": len(text),
+                             "ops": text.count('"op":'), "peers": len(json.loads(text)["peers"])})
+    out["peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    return out
+
+
+def zero_compare(path: str) -> dict:
+    """Bytes sent per model-stage with and without zero (module docstring)."""
+    import dataclasses
+
+    from nereus.ir import parse_file
+    from nereus.passes import compile_transition
+    from nereus.passes.layout import OPTIMIZER_SUFFIXES, tensor_entries
+
+    module = parse_file(path)
+    (t,) = module.transitions
+    plain = dataclasses.replace(module, plans=tuple(
+        dataclasses.replace(p, placements=tuple(dataclasses.replace(x, zero=0) for x in p.placements),
+                            declared=tuple(dataclasses.replace(x, zero=0) for x in p.declared))
+        for p in module.plans))
+    out = {"file": path, "transition": str(t)}
+    for label, m in (("zero", module), ("replicated", plain)):
+        cpu = time.process_time()
+        compiled = compile_transition(m, t.source, t.target, check_fit=False)
+        sent: dict = {}
+        for messages in compiled.program.messages:
+            for message in messages:
+                for x in message.xfers:
+                    name = compiled.dag.stages[x.stage].name
+                    key = "optimizer" if x.states[0] in OPTIMIZER_SUFFIXES else "weights"
+                    if len(x.states) > 1:  # replicated: weights and state move together
+                        per = compiled.dag.stages[x.stage].element_bytes
+                        sent[f"{name} optimizer"] = sent.get(f"{name} optimizer", 0) + x.bytes * 12 // per
+                        key = "weights"
+                        sent[f"{name} {key}"] = sent.get(f"{name} {key}", 0) + x.bytes - x.bytes * 12 // per
+                        continue
+                    sent[f"{name} {key}"] = sent.get(f"{name} {key}", 0) + x.bytes
+        summary = compiled.summary
+        out[label] = {"bytes_sent": summary["bytes"]["intra_node"] + summary["bytes"]["inter_node"],
+                      "lower_bound_bytes": summary["lower_bound_bytes"], "predicted_s": summary["predicted_seconds"],
+                      "by_model_stage": sent, "compile_cpu_s": round(time.process_time() - cpu, 2)}
+    training = [m for m in module.models if any(ms.stage == "training" and ms.model == m.name
+                                                for ms in module.workload.model_stages())]
+    out["optimizer_state_bytes"] = {m.name: sum(4 * _numel(shape) for name, shape, _ in
+                                                tensor_entries(m, ("",) + OPTIMIZER_SUFFIXES) if "#" in name)
+                                    for m in training}
+    return out
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def rank_programs(cases: list[str]) -> list[dict]:
+    """Each case in a fresh interpreter (peak memory per case)."""
+    import subprocess
+
+    results = []
+    for case in cases:
+        done = subprocess.run([sys.executable, __file__, "--rank-case", case], capture_output=True, text=True,
+                              check=True)
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        results.append(result)
+        worst = max(result["ranks"], key=lambda r: r["bytes"])
+        print(f"{case}: compile {result['compile_cpu_s']:.2f} s CPU ({result['compile_wall_s']:.2f} s wall); rank"
+              f" program up to {worst['bytes'] / 1e6:.3f} MB, {max(r['lower_cpu_s'] for r in result['ranks']):.3f}"
+              f" s CPU; peak RSS {result['peak_rss_mib']} MiB; predicted {result['bounds']['predicted_s']:.2f} s vs"
+              f" busiest NIC {result['bounds']['busiest_nic_s']:.2f} s, aggregate"
+              f" {result['bounds']['aggregate_s']:.2f} s", file=sys.stderr, flush=True)
+    return results
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rank-programs", metavar="CASES", help="comma-separated .nir files or gen:MODEL:GPUS:T")
+    parser.add_argument("--rank-case", help=argparse.SUPPRESS)
+    parser.add_argument("--zero-compare", metavar="FILE", help="bytes sent with and without zero")
     parser.add_argument("--sizes", default="32,64,128,256,512,1024")
     parser.add_argument("--models", default="8b,70b")
     parser.add_argument("--transitions", default="length-growth,gpu-count")
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args(argv)
+    if args.rank_case:
+        print(json.dumps(_rank_case(args.rank_case)))
+        return 0
+    if args.zero_compare:
+        print(json.dumps({"name": "plan_scale_zero", **zero_compare(args.zero_compare)}))
+        return 0
+    if args.rank_programs:
+        print(json.dumps({"name": "plan_scale_rank_programs", "cases": rank_programs(args.rank_programs.split(","))}))
+        return 0
     cases = []
     for model in args.models.split(","):
         for transition in args.transitions.split(","):

@@ -29,22 +29,33 @@ def _box(box) -> list[list[int]]:
 
 def placement_units(model: Model, placement: Placement) -> list[dict]:
     """UNIT dicts (id, model_stage, replica, gpus, shards) of every replica of `placement`."""
+    return [unit_json(model, placement, r) for r in range(placement.dp)]
+
+
+def unit_json(model: Model, placement: Placement, replica: int, only: Optional[dict] = None) -> dict:
+    """The UNIT dict of one replica; with `only` ({gpu: set of tensor names, or None for
+    all}), just those shards (a rank program lists its own shards and the ones its
+    messages touch)."""
     from nereus.passes.layout import gpu_shards, unit_id
 
-    name = str(placement.model_stage)
-    units = []
-    for r in range(placement.dp):
-        shards = []
-        for p in range(placement.pp):
-            for t in range(placement.tp):
-                g = placement.gpu_of(r, p, t)
-                shards.extend({"gpu": g, "tensor": tensor, "boxes": [_box(b) for b in boxes]}
-                              for tensor, boxes in gpu_shards(model, placement, p, t))
-        units.append({"id": unit_id(name, r), "model_stage": name, "replica": r,
-                      "gpus": list(placement.replica_gpus(r)), "tp": placement.tp, "pp": placement.pp,
-                      "offload": placement.offload,
-                      "shards": shards})
-    return units
+    shards = []
+    for p in range(placement.pp):
+        for t in range(placement.tp):
+            g = placement.gpu_of(replica, p, t)
+            if only is not None and g not in only:
+                continue
+            names = None if only is None else only[g]
+            shards.extend({"gpu": g, "tensor": tensor, "boxes": [_box(b) for b in boxes]}
+                          for tensor, boxes in gpu_shards(model, placement, p, t, replica)
+                          if names is None or tensor in names)
+    unit = {"id": unit_id(str(placement.model_stage), replica), "model_stage": str(placement.model_stage),
+            "replica": replica, "gpus": list(placement.replica_gpus(replica)), "tp": placement.tp,
+            "pp": placement.pp, "offload": placement.offload}
+    if placement.zero:  # optimizer state chunked over the dp units (docs/program.md)
+        unit["zero"] = placement.zero
+        unit["dp"] = placement.dp
+    unit["shards"] = shards
+    return unit
 
 
 def plan_units_json(module: Module, plan_name: str, model_stage: Optional[str] = None) -> list[dict]:
@@ -85,7 +96,7 @@ def _segments(dag, x) -> Iterator[dict]:
                 continue
             name = spec.name(model.name, slot)
             box = _box(piece.box)
-            for suffix in info.states:
+            for suffix in x.states:
                 yield {"tensor": name + suffix, "box": box, "src_unit": src, "dst_unit": dst}
 
 
@@ -111,9 +122,26 @@ def program_to_json(program) -> dict:
             gc.enable()
 
 
-def _emit(program) -> dict:
+def op_json(dag, kind: str, record) -> dict:
+    """The v1 dict of one op of `Program.ops()` (without its `id` and `round`)."""
     from nereus.passes.layout import unit_id
 
+    if kind == "alloc":
+        a = dag.allocs[record]
+        return {"op": "alloc", "gpu": a.gpu, "unit": unit_id(dag.stages[a.stage].name, a.replica), "bytes": a.bytes}
+    if kind in ("free", "stage_out"):
+        f = dag.frees[record]
+        return {"op": kind, "gpu": f.gpu, "unit": unit_id(dag.stages[f.stage].name, f.replica), "bytes": f.bytes}
+    if kind == "send":
+        segments = [s for x in record.xfers for s in _segments(dag, x)]
+        return {"op": "send", "src": record.src, "dst": record.dst, "segments": segments, "bytes": record.bytes}
+    op = {"op": kind, "gpu": record.dst_gpu, "segments": list(_segments(dag, record))}
+    if kind == "copy":
+        op["bytes"] = record.bytes
+    return op
+
+
+def _emit(program) -> dict:
     dag = program.dag
     module = dag.module
     cluster = module.cluster
@@ -128,19 +156,7 @@ def _emit(program) -> dict:
     for k, kind, record in program.ops():
         while len(rounds) <= k:
             rounds.append({"ops": []})
-        if kind == "alloc":
-            a = dag.allocs[record]
-            op = {"op": "alloc", "gpu": a.gpu, "unit": unit_id(dag.stages[a.stage].name, a.replica), "bytes": a.bytes}
-        elif kind in ("free", "stage_out"):
-            f = dag.frees[record]
-            op = {"op": kind, "gpu": f.gpu, "unit": unit_id(dag.stages[f.stage].name, f.replica), "bytes": f.bytes}
-        elif kind == "send":
-            segments = [s for x in record.xfers for s in _segments(dag, x)]
-            op = {"op": "send", "src": record.src, "dst": record.dst, "segments": segments, "bytes": record.bytes}
-        else:
-            op = {"op": kind, "gpu": record.dst_gpu, "segments": list(_segments(dag, record))}
-            if kind == "copy":
-                op["bytes"] = record.bytes
+        op = op_json(dag, kind, record)
         op["id"] = next_id
         op["round"] = k
         next_id += 1

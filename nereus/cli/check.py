@@ -8,7 +8,7 @@ import sys
 import click
 
 from nereus.cli.errors import reports_errors, traceback_option
-from nereus.ir.diagnostics import InfeasibleError, SemanticError
+from nereus.ir.diagnostics import SemanticError
 from nereus.ir.model import Module
 from nereus.ir.units import human_bytes
 
@@ -68,7 +68,7 @@ def report_plans(module: Module, as_json: bool = False, plans=None, collect: dic
     when `as_json`; with `collect`, the JSON fields are stored there for the caller to
     print in its own object instead), and for each infeasible plan an error at the plan's
     location naming the worst GPU and stage. Returns True iff every plan fits."""
-    from nereus.passes.feasibility import check_plan
+    from nereus.passes.feasibility import check_plan, infeasible_error
 
     selected = [p for p in module.plans if plans is None or p.name in plans]
     reports = [check_plan(module, plan) for plan in selected]
@@ -85,21 +85,13 @@ def report_plans(module: Module, as_json: bool = False, plans=None, collect: dic
     for plan, report in zip(selected, reports):
         if report.feasible:
             continue
-        worst = report.worst
         if source is None:
             try:
                 with open(module.file, encoding="utf-8") as handle:
                     source = handle.read()
             except OSError:
                 source = ""
-        top = worst.contributors[0]
-        error = InfeasibleError(
-            f"plan {plan.name} does not fit: GPU {worst.gpu} needs {human_bytes(worst.bytes)} in {worst.stage} "
-            f"but has {human_bytes(report.capacity_bytes)} ({len(report.overflowing)} GPU x stage pairs overflow)",
-            plan.loc,
-            f"the largest contributor is {top.model_stage} {top.kind} ({human_bytes(top.bytes)}); raise its tp/pp, "
-            f"offload it, or lower the microbatch",
-            source or None, width=len(plan.name) if plan.loc else 1)
+        error = infeasible_error(plan, report, source)
         click.echo(error.format(), err=True)
     return all(r.feasible for r in reports)
 

@@ -15,7 +15,7 @@ import sys
 import click
 
 from nereus.cli.errors import reports_errors, traceback_option
-from nereus.ir.diagnostics import SemanticError
+from nereus.ir.diagnostics import NereusError, SemanticError
 from nereus.ir.units import human_bytes
 from nereus.passes import PEAK_WARNING_FRACTION
 
@@ -43,6 +43,17 @@ def _pairs(module, transition: str | None) -> list[tuple[str, str]]:
                                     hint=f"plans: {', '.join(names)}")
         return [(source, target)]
     return [(t.source, t.target) for t in module.transitions]
+
+
+RANK_PIPELINE = "diff,dag,resources,fusion,lower"
+
+
+def _source_text(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+    except OSError:
+        return None
 
 
 def summary_text(summary: dict) -> str:
@@ -121,10 +132,12 @@ def _print_after(name: str, state) -> None:
 @click.option("--time-passes", is_flag=True, help="Print each pass's wall time to stderr.")
 @click.option("--print-after-all", is_flag=True, help="Print a line about the IR after every pass to stderr.")
 @click.option("--pipeline", metavar="PASSES", help="Pass pipeline, e.g. diff,dag,resources,fusion{bucket=256MiB},lower,cost.")
+@click.option("--rank", type=int, metavar="R",
+              help="With --emit json: write rank R's program alone (its ops, shards and peers; docs/program.md).")
 @traceback_option
 @reports_errors
 def compile_command(file, transition, overrides, emit, output, as_json, time_passes, print_after_all, pipeline,
-                    traceback):
+                    rank, traceback):
     """Check FILE's plans and compile its transitions."""
     from nereus.cli.check import load_module
     from nereus.passes import compile_transition
@@ -134,6 +147,9 @@ def compile_command(file, transition, overrides, emit, output, as_json, time_pas
     pairs = _pairs(module, transition)
     fits = True
     checked: dict = {}
+    if rank is not None and emit != "json":
+        raise SemanticError("--rank selects one rank's program: it needs --emit json",
+                            hint="nereusc FILE --transition S1:S2 --emit json --rank R")
     if emit is None:
         from nereus.cli.check import describe, report_plans
 
@@ -145,8 +161,22 @@ def compile_command(file, transition, overrides, emit, output, as_json, time_pas
                             hint="choose one with --transition S1:S2")
     hook = _print_after if print_after_all else None
     results = []
+    unfit = set()
+    if not fits:  # the table above already reported these plans: compile only what fits
+        from nereus.passes.feasibility import check_plan
+
+        unfit = {p.name for p in module.plans if not check_plan(module, p).feasible}
+    if rank is not None and pipeline is None:
+        pipeline = RANK_PIPELINE  # one rank's program needs no cost estimate
     for source, target in pairs:
-        compiled = compile_transition(module, source, target, pipeline=pipeline, print_after_all=hook)
+        if source in unfit or target in unfit:
+            continue
+        try:
+            # the plan table above has checked every plan already (emit None)
+            compiled = compile_transition(module, source, target, pipeline=pipeline, print_after_all=hook,
+                                          check_fit=emit is not None)
+        except NereusError as error:  # quote the source line, as `nereusc check` does
+            raise error.with_source(_source_text(module.file)) if error.loc is not None else error
         results.append(compiled)
         if time_passes:
             total = sum(compiled.timings.values())
@@ -157,6 +187,10 @@ def compile_command(file, transition, overrides, emit, output, as_json, time_pas
             text = json.dumps({**checked, "transitions": [c.summary for c in results]}, indent=None)
         else:
             text = "\n".join(summary_text(c.summary) for c in results)
+    elif emit == "json" and rank is not None:
+        from nereus.backends.rank_json import rank_program_json
+
+        text = json.dumps(rank_program_json(results[0], rank), separators=(",", ":"))
     elif emit == "json":
         text = json.dumps(program_json(results[0]), separators=(",", ":"))
     elif emit == "dag":

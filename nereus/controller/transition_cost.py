@@ -30,7 +30,10 @@ def compiled_seconds(module: Module, workload: Workload, source: Plan, target: P
     """The transition compiler's predicted seconds for source → target (raises NereusError)."""
     from nereus.passes import compile_transition
 
-    compiled = compile_transition(_pair_module(module, workload, source, target), "current", "candidate")
+    # check_fit off: the running plan may have stopped fitting the drifted workload (which
+    # is why the controller looks elsewhere), and candidates are checked by the search
+    compiled = compile_transition(_pair_module(module, workload, source, target), "current", "candidate",
+                                  check_fit=False)
     return float(compiled.cost.seconds)
 
 

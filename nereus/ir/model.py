@@ -25,6 +25,7 @@ ARCHITECTURE_DEFAULTS: dict[str, dict] = {
     "qwen2": {"qkv_bias": True},  # Qwen2/2.5: q/k/v projections with bias
     "qwen3": {"qk_norm": True},  # Qwen3 (dense): RMSNorm on each q and k head
 }
+ZERO_STAGES: tuple[int, ...] = (0, 1, 3)
 
 
 @dataclass(frozen=True)
@@ -228,6 +229,11 @@ class Placement:
     # node) place the same GPUs, and a placement built by code may leave it empty.
     gpu_set: tuple[GpuSetItem, ...] = field(compare=False, hash=False)
     offload: bool = False
+    # ZeRO stage of a training model-stage (ZERO_STAGES): 1 shards the fp32 master weights
+    # and Adam state over the dp replicas (Megatron's distributed optimizer), 3 the bf16
+    # weights (and grads) too (FSDP); 0 replicates them on every replica. The partitioning
+    # is nereus.passes.layout.zero_boxes.
+    zero: int = 0
     loc: Optional[Location] = _loc()
     key_locs: tuple[tuple[str, Location], ...] = _key_locs()
 

@@ -142,7 +142,8 @@ def print_plan(plan: Plan) -> list[Line]:
     for p, cells in zip(entries, meshes):
         mesh = " ".join(cell.ljust(width) for cell, width in zip(cells, mesh_widths) if width)
         gpus = format_gpu_set(p.gpu_set or items_for(p.gpus))
-        rows.append((str(p.model_stage), mesh, f"on {gpus}", "offload" if p.offload else ""))
+        flags = " ".join(f for f in ("offload" if p.offload else "", f"zero {p.zero}" if p.zero else "") if f)
+        rows.append((str(p.model_stage), mesh, f"on {gpus}", flags))
     body = [(anchor + (str(p.model_stage),), f"  {line}") for p, line in zip(entries, _aligned(rows))]
     return [(anchor, head)] + body + [(anchor + ("}",), "}")]
 

@@ -13,8 +13,8 @@ from typing import Optional
 from .diagnostics import SemanticError
 from .gpuset import resolve_gpu_set, set_location
 from .model import (
-    ARCHITECTURE_DEFAULTS, DTYPE_BYTES, HEADS, ROPE_SCALING_TYPES, STAGES, Cluster, Model, Module, Placement, Plan,
-    Workload, key_loc,
+    ARCHITECTURE_DEFAULTS, DTYPE_BYTES, HEADS, ROPE_SCALING_TYPES, STAGES, ZERO_STAGES, Cluster, Model, Module,
+    Placement, Plan, Workload, key_loc,
 )
 
 ARCHITECTURES: tuple[str, ...] = tuple(ARCHITECTURE_DEFAULTS)
@@ -211,6 +211,13 @@ def validate_placement(placement: Placement, module: Module) -> None:
         raise SemanticError(f"{ms} is not in workload {workload.name}", loc,
                             f"workload {workload.name} runs {runs} in {ms.stage}", width=len(str(ms)))
     _at_least_one(placement, ("dp", "tp", "pp"), str(ms))
+    if placement.zero not in ZERO_STAGES:
+        raise _error(f"zero {placement.zero} is not supported", placement, "zero",
+                     "zero 1 shards the optimizer state over dp, zero 3 the weights too; zero 0 replicates them",
+                     _width(placement, "zero", placement.zero))
+    if placement.zero and ms.stage != "training":
+        raise _error(f"zero applies to training only; {ms} holds no optimizer state", placement, "zero",
+                     "drop zero here, or put it on a .training model-stage", _width(placement, "zero", placement.zero))
     model = module.model(ms.model)
     tp, width = placement.tp, _width(placement, "tp", placement.tp)
     for what, size in (("heads", model.heads), ("ffn", model.ffn), ("vocab", model.vocab)):

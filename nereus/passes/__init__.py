@@ -53,15 +53,23 @@ class CompiledTransition:
 
 
 def compile_transition(module: Module, source: str, target: str, *, pipeline: Optional[str] = None,
-                       print_after_all=None, **options) -> CompiledTransition:
+                       print_after_all=None, check_fit: bool = True, **options) -> CompiledTransition:
     """Compile the move from plan `source` to plan `target` of `module`.
 
+    Both plans must fit (`nereusc check`'s memory model): otherwise an InfeasibleError
+    with the check's wording is raised before any pass runs, in the time the check takes,
+    instead of after the scheduler has searched for a memory-safe order that cannot exist.
+    `check_fit=False` skips that (tests of the scheduler on deliberately full GPUs).
     `options` set pass options by name (`bucket=256 << 20`, `independent=True`,
     `staging=False`) on the passes of the pipeline that have them."""
     names = {p.name for p in module.plans}
     for plan in (source, target):
         if plan not in names:
             raise SemanticError(f"no plan named {plan!r}", hint=f"plans: {', '.join(sorted(names))}")
+    if check_fit:
+        from .feasibility import require_fit
+
+        require_fit(module, source, target)
     text = pipeline or DEFAULT_PIPELINE
     if options:
         text = _with_options(text, options)

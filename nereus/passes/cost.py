@@ -32,7 +32,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from .dag import COPY, TransitionDag
-from .layout import box_volume, slot_counts, slot_specs, stage_slots, tp_boxes
+from .layout import box_volume, held_boxes, is_sharded, slot_counts, slot_specs, stage_slots
 
 HOST_BYTES_PER_S = 50e9
 # Per-message latency: an NCCL send/recv pair costs of the order of 10-30 µs before its
@@ -118,32 +118,40 @@ def _intersection(x, y) -> int:
 
 
 def owner_change_bytes(dag: TransitionDag) -> int:
-    """Bytes of after shards not held on the same GPU by the same model-stage before."""
+    """Bytes of after shards not held on the same GPU by the same model-stage before
+    (per state group: under ZeRO the optimizer chunk of the GPU's own replica)."""
     total = 0
     for info in dag.stages:
         model, before, after = info.model, info.before, info.after
-        here = {before.gpu_of(r, p, t): (p, t) for r in range(before.dp) for p in range(before.pp)
+        here = {before.gpu_of(r, p, t): (r, p, t) for r in range(before.dp) for p in range(before.pp)
                 for t in range(before.tp)}
         missing: dict = {}
-        for r in range(after.dp):
-            for q in range(after.pp):
-                for u in range(after.tp):
-                    key = (q, u, here.get(after.gpu_of(r, q, u)))
-                    if key not in missing:
-                        missing[key] = _missing_elements(model, before, after, *key)
-                    total += missing[key] * info.element_bytes
+        for states in info.groups:
+            element_bytes = info.xfer_element_bytes(states)
+            zb, za = is_sharded(before, states), is_sharded(after, states)
+            for r in range(after.dp):
+                for q in range(after.pp):
+                    for u in range(after.tp):
+                        held = here.get(after.gpu_of(r, q, u))
+                        if held is not None:
+                            held = (held[0] if zb else 0,) + held[1:]
+                        key = (states, r if za else 0, q, u, held)
+                        if key not in missing:
+                            missing[key] = _missing_elements(model, before, after, states, *key[1:])
+                        total += missing[key] * element_bytes
     return total
 
 
-def _missing_elements(model, before, after, q: int, u: int, held) -> int:
-    """Elements the after GPU at (q, u) needs that its own before shard `held` = (p, t) lacks."""
+def _missing_elements(model, before, after, states, r: int, q: int, u: int, held) -> int:
+    """Elements of `states` the after GPU at (r, q, u) needs that its own before shard
+    `held` = (replica, p, t) lacks."""
     specs = slot_specs(model)
     lo, hi = stage_slots(model.layers, after.pp, q)
     counts = slot_counts(model, lo, hi)
-    need = sum(counts[s.kind] * sum(box_volume(b) for b in tp_boxes(s.spec, after.tp, u)) for s in specs)
+    need = sum(counts[s.kind] * sum(box_volume(b) for b in held_boxes(s.spec, after, r, u, states)) for s in specs)
     if held is None:
         return need
-    p, t = held
+    d, p, t = held
     blo, bhi = stage_slots(model.layers, before.pp, p)
     if max(lo, blo) >= min(hi, bhi):
         return need
@@ -151,8 +159,9 @@ def _missing_elements(model, before, after, q: int, u: int, held) -> int:
     present = 0
     for s in specs:
         if both[s.kind]:
-            mine = set(tp_boxes(s.spec, before.tp, t))
-            present += both[s.kind] * sum(_intersection(a, b) for a in tp_boxes(s.spec, after.tp, u) for b in mine)
+            mine = set(held_boxes(s.spec, before, d, t, states))
+            present += both[s.kind] * sum(_intersection(a, b) for a in held_boxes(s.spec, after, r, u, states)
+                                          for b in mine)
     return need - present
 
 
@@ -208,3 +217,47 @@ def estimate(program, host_bytes_per_s: float = HOST_BYTES_PER_S,
         seconds.append(t)
     return CostEstimate(sum(seconds), tuple(seconds), local + intra + inter + staged, local, intra, inter, staged,
                         kept, owner_change_bytes(dag), sum(len(m) for m in program.messages), memory_peak(program))
+
+
+@dataclass(frozen=True)
+class LinkBounds:
+    """Lower bounds on a program's time from its bytes alone (any schedule, same sources):
+    `aggregate_seconds` spreads the inter-node bytes over every node's port (each
+    direction at `inter`), `busiest_nic_seconds` is the most loaded port's own bytes
+    (out or in, summed over rounds) at `inter`, `busiest_gpu_seconds` the same for
+    NVLink at `intra`. The predicted time is at least the largest of them."""
+
+    aggregate_seconds: float
+    busiest_nic_seconds: float
+    busiest_node: int
+    busiest_gpu_seconds: float
+    predicted_seconds: float
+
+    def to_json(self) -> dict:
+        return {"aggregate_s": self.aggregate_seconds, "busiest_nic_s": self.busiest_nic_seconds,
+                "busiest_node": self.busiest_node, "busiest_gpu_s": self.busiest_gpu_seconds,
+                "predicted_s": self.predicted_seconds,
+                "predicted_over_busiest": (self.predicted_seconds / self.busiest_nic_seconds
+                                           if self.busiest_nic_seconds else None)}
+
+
+def link_bounds(program, estimate_: CostEstimate | None = None) -> LinkBounds:
+    """`LinkBounds` of `program` (a lowered Program)."""
+    cluster = program.dag.module.cluster
+    node_of = cluster.node_of
+    out_n, in_n, out_g, in_g = (defaultdict(int) for _ in range(4))
+    inter = 0
+    for messages in program.messages:
+        for m in messages:
+            if node_of(m.src) == node_of(m.dst):
+                out_g[m.src] += m.bytes
+                in_g[m.dst] += m.bytes
+            else:
+                out_n[node_of(m.src)] += m.bytes
+                in_n[node_of(m.dst)] += m.bytes
+                inter += m.bytes
+    busiest = max(((max(out_n.get(n, 0), in_n.get(n, 0)), n) for n in set(out_n) | set(in_n)), default=(0, 0))
+    gpu = max(list(out_g.values()) + list(in_g.values()), default=0)
+    seconds = (estimate_ or estimate(program)).seconds
+    return LinkBounds(inter / (cluster.nodes * cluster.inter_bytes_per_s), busiest[0] / cluster.inter_bytes_per_s,
+                      busiest[1], gpu / cluster.intra_bytes_per_s, seconds)

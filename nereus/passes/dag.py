@@ -17,6 +17,15 @@ the same model-stage are sources (actor.training state never feeds actor.generat
 weights can differ in dtype and freshness, and the optimizer state exists only in training).
 Units of an `offload` model-stage hold their state in host memory at the step boundary
 (before and after the transition); a keep needs both sides in the same memory.
+
+ZeRO: when either side of a training model-stage has `zero 1` or 3, its states form two
+groups (`StageInfo.groups`): the weights and the optimizer states. A group replicated on
+both sides moves as above; a group sharded on either side (optimizer states under zero 1,
+both under zero 3: boxes that depend on the replica, `layout.zero_boxes`) has the pieces
+an after GPU needs cut by the (replica, TP rank) pairs that hold them (`sharded_pieces`),
+so each chunk comes from the one replica that owns it: a DP change re-partitions sharded
+state instead of copying it into every new replica.
+An `Xfer` names the states it carries (`states`).
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ from .feasibility import placement_resident_bytes
 from .layout import (
     Box,
     bytes_per_element,
+    is_sharded,
     shard_bytes,
     slot_counts,
     slot_specs,
@@ -41,6 +51,7 @@ from .layout import (
     tp_boxes,
     box_volume,
 )
+from .sharded import mesh_key, group_boxes, sharded_pieces
 
 KEEP, COPY, SEND = "keep", "copy", "send"
 _KINDS = ("first", "layer", "last")
@@ -87,6 +98,7 @@ class Xfer:
     pieces: tuple[Piece, ...]
     bytes: int
     volumes: tuple[int, int, int]  # elements per slot of each kind (first, layer, last), one state
+    states: tuple[str, ...]  # tensor suffixes carried ("" weights, "#master", ...)
 
 
 @dataclass(frozen=True)
@@ -100,6 +112,18 @@ class StageInfo:
     states: tuple[str, ...]
     element_bytes: int
     diff: StageDiff
+
+    @property
+    def groups(self) -> tuple[tuple[str, ...], ...]:
+        """State groups moved separately: all states together, or under ZeRO on either side
+        the weights and the optimizer states (each replica-dependent where sharded)."""
+        if (self.before.zero or self.after.zero) and len(self.states) > 1:
+            return (self.states[:1], self.states[1:])
+        return (self.states,)
+
+    def xfer_element_bytes(self, states: tuple[str, ...]) -> int:
+        """Bytes per element of a transfer carrying `states`."""
+        return self.element_bytes if states == self.states else bytes_per_element(self.model, states)
 
 
 @dataclass(frozen=True)
@@ -202,40 +226,112 @@ def build_dag(module: Module, diff: Diff) -> TransitionDag:
 
 
 def _stage_recipe(model: Model, before: Placement, after: Placement, q: int, u: int,
-                  here: Optional[tuple[int, int]], element_bytes: int) -> tuple[tuple, ...]:
-    """What the after GPU at (pp stage q, tp rank u) needs, per before pipeline stage:
-    ("keep", p, slots, pieces, bytes, ()) for shards identical on its own GPU (`here` is the
-    (pp stage, tp rank) that GPU had before, or None) and ("pull", p, slots, pieces, bytes,
-    holders) for each group of pieces held by the same before TP ranks. The same for every
-    replica: computed once per (q, u, here)."""
+                  here: Optional[tuple[int, int]], element_bytes: int, states: tuple[str, ...]) -> tuple[tuple, ...]:
+    """What the after GPU at (pp stage q, tp rank u) needs of the replicated `states`, per
+    before pipeline stage: ("keep", p, slots, pieces, bytes, (), volumes, states) for shards
+    identical on its own GPU (`here` is the (pp stage, tp rank) that GPU had before, or
+    None) and ("pull", p, slots, pieces, bytes, holders, volumes, states) for each group of
+    pieces held by the same before TP ranks. The same for every replica: computed once per
+    (q, u, here)."""
     specs = slot_specs(model)
-    lo, hi = stage_slots(model.layers, after.pp, q)
     out = []
-    for p in range(before.pp):
-        blo, bhi = stage_slots(model.layers, before.pp, p)
-        slo, shi = max(lo, blo), min(hi, bhi)
-        if slo >= shi:
-            continue
-        counts = slot_counts(model, slo, shi)
-        kinds = _kinds(counts)
+    for p, slots, counts, kinds in _overlaps(model, before, after, q):
         skip: frozenset[int] = frozenset()
         if here is not None and here[0] == p and before.offload == after.offload:
             skip = kept_specs(model, before.tp, here[1], after.tp, u)
             pieces = tuple(Piece(i, b) for i in sorted(skip) if specs[i].kind in kinds
                            for b in tp_boxes(specs[i].spec, after.tp, u))
             if pieces:
-                volumes = [0, 0, 0]
-                for piece in pieces:
-                    volumes[_KINDS.index(specs[piece.spec].kind)] += box_volume(piece.box)
-                volumes = tuple(volumes)
-                out.append((KEEP, p, (slo, shi), pieces, _bytes(volumes, counts, element_bytes), (), volumes))
+                volumes = _volumes(specs, pieces)
+                out.append((KEEP, p, slots, pieces, _bytes(volumes, counts, element_bytes), (), volumes, states))
         for holders, pieces, volumes in source_groups(model, before.tp, after.tp, u, kinds, skip):
-            out.append(("pull", p, (slo, shi), pieces, _bytes(volumes, counts, element_bytes), holders, volumes))
+            out.append(("pull", p, slots, pieces, _bytes(volumes, counts, element_bytes), holders, volumes, states))
     return tuple(out)
 
 
+def _sharded_recipe(model: Model, before: Placement, after: Placement, r: int, q: int, u: int,
+                    here: Optional[tuple[int, int, int]], element_bytes: int,
+                    states: tuple[str, ...], memo: dict) -> tuple[tuple, ...]:
+    """`_stage_recipe` for the optimizer states under ZeRO: the after GPU is (replica r,
+    q, u), `here` the (replica, pp stage, tp rank) its GPU had before (or None); holders of
+    a pull are (replica, tp rank) pairs when the before side shards the state. `memo`
+    caches boxes and pieces by spec index for one model-stage (this runs once per GPU:
+    small-int keys hash much faster than tensor specs)."""
+    specs = slot_specs(model)
+    bkey, akey = mesh_key(before, states), mesh_key(after, states)
+
+    def boxes(i: int, side: tuple, replica: int, rank: int):
+        key = (i, side, replica, rank)
+        found = memo.get(key)
+        if found is None:
+            found = memo[key] = group_boxes(specs[i].spec, side, replica, rank)
+        return found
+
+    def pieces_of(i: int):
+        key = ("pieces", i, bkey, akey, r, u)
+        found = memo.get(key)
+        if found is None:
+            found = memo[key] = sharded_pieces(specs[i].spec, bkey, akey, r, u)
+        return found
+
+    out = []
+    for p, slots, counts, kinds in _overlaps(model, before, after, q):
+        present = [i for i, slot_spec in enumerate(specs) if slot_spec.kind in kinds]
+        skip = set()
+        if here is not None and here[1] == p and before.offload == after.offload:
+            for i in present:
+                mine = boxes(i, akey, r, u)
+                if mine and mine == boxes(i, bkey, here[0], here[2]):
+                    skip.add(i)
+            pieces = tuple(Piece(i, b) for i in sorted(skip) for b in boxes(i, akey, r, u))
+            if pieces:
+                volumes = _volumes(specs, pieces)
+                out.append((KEEP, p, slots, pieces, _bytes(volumes, counts, element_bytes), (), volumes, states))
+        groups: dict[tuple, list] = {}
+        for i in present:
+            if i in skip:
+                continue
+            kind = _KINDS.index(specs[i].kind)
+            for box, holders in pieces_of(i):
+                entry = groups.setdefault(holders, [[], [0, 0, 0]])
+                entry[0].append(Piece(i, box))
+                entry[1][kind] += box_volume(box)
+        for holders, (pieces, volumes) in sorted(groups.items()):
+            volumes = tuple(volumes)
+            out.append(("pull", p, slots, tuple(pieces), _bytes(volumes, counts, element_bytes), holders, volumes,
+                        states))
+    return tuple(out)
+
+
+def _overlaps(model: Model, before: Placement, after: Placement, q: int):
+    """(before pp stage p, slot range, slot counts, slot kinds) of every before stage whose
+    slots overlap after pp stage q's."""
+    return _overlap_table(model, before.pp, after.pp, q)
+
+
+@lru_cache(maxsize=4096)
+def _overlap_table(model: Model, before_pp: int, after_pp: int, q: int) -> tuple:
+    lo, hi = stage_slots(model.layers, after_pp, q)
+    out = []
+    for p in range(before_pp):
+        blo, bhi = stage_slots(model.layers, before_pp, p)
+        slo, shi = max(lo, blo), min(hi, bhi)
+        if slo < shi:
+            counts = slot_counts(model, slo, shi)
+            out.append((p, (slo, shi), counts, _kinds(counts)))
+    return tuple(out)
+
+
+def _volumes(specs, pieces) -> tuple[int, int, int]:
+    volumes = [0, 0, 0]
+    for piece in pieces:
+        volumes[_KINDS.index(specs[piece.spec].kind)] += box_volume(piece.box)
+    return tuple(volumes)
+
+
 def _build_stage(module: Module, index: int, info: StageInfo, allocs: list, frees: list, xfers: list) -> None:
-    model, before, after, eb = info.model, info.before, info.after, info.element_bytes
+    model, before, after = info.model, info.before, info.after
+    groups = info.groups
     node_of = module.cluster.node_of
     first = len(frees)
     free_index: dict[tuple[int, int, int], int] = {}
@@ -247,25 +343,60 @@ def _build_stage(module: Module, index: int, info: StageInfo, allocs: list, free
             for t in range(before.tp):
                 g = before.gpu_of(r, p, t)
                 free_index[(r, p, t)] = len(frees)
-                frees.append(Free(index, r, (p, t), g, 0, before_bytes[(p, t)]))
+                nbytes = shard_bytes(model, before, p, t, r) if before.zero else before_bytes[(p, t)]
+                frees.append(Free(index, r, (p, t), g, 0, nbytes))
                 position[g] = (r, p, t)
                 near.setdefault((node_of(g), p), []).append((r, t, g))
     kept_from = [0] * len(frees)
     rotation: dict[tuple, int] = {}
     recipes: dict[tuple, tuple] = {}
+    memo: dict = {}
+    nearby: dict[tuple, list] = {}  # (node, before pp stage, holders) -> candidates on that node
 
-    def choose(g: int, p: int, holders: tuple[int, ...]) -> tuple[int, int, int]:
+    def choose(g: int, p: int, holders: tuple) -> tuple[int, int, int]:
         here = position.get(g)
+        if holders and isinstance(holders[0], tuple):  # (replica, tp rank) pairs: a sharded state
+            if here is not None and here[1] == p and (here[0], here[2]) in holders:
+                return here
+            node = node_of(g)
+            close = nearby.get((node, p, holders))
+            if close is None:
+                close = nearby[(node, p, holders)] = [c for c in near.get((node, p), ()) if (c[0], c[1]) in holders]
+            key = (p, holders) if not close else (p, holders, node)
+            turn = rotation.get(key, 0)
+            rotation[key] = turn + 1
+            r, t = (close[turn % len(close)][:2]) if close else holders[turn % len(holders)]
+            return r, p, t
         if here is not None and here[1] == p and here[2] in holders:
             return here
-        close = [c for c in near.get((node_of(g), p), ()) if c[1] in holders]
-        key = (p, holders) if not close else (p, holders, node_of(g))
+        node = node_of(g)
+        close = nearby.get((node, p, holders))
+        if close is None:
+            close = nearby[(node, p, holders)] = [c for c in near.get((node, p), ()) if c[1] in holders]
+        key = (p, holders) if not close else (p, holders, node)
         turn = rotation.get(key, 0)
         rotation[key] = turn + 1
         if close:
             r, t, _ = close[turn % len(close)]
             return r, p, t
         return turn // len(holders) % before.dp, p, holders[turn % len(holders)]
+
+    def group_recipe(r: int, q: int, u: int, here, states: tuple[str, ...]) -> tuple:
+        """The recipe of one state group, shared by every GPU it can be shared by."""
+        if not (is_sharded(before, states) or is_sharded(after, states)):
+            key = (states, q, u, here[1:] if here else None)
+            if key not in recipes:
+                recipes[key] = _stage_recipe(model, before, after, q, u, key[3], info.xfer_element_bytes(states),
+                                             states)
+            return recipes[key]
+        # replica indices matter only on a side that shards the group
+        ra = r if is_sharded(after, states) else 0
+        mine = (here[0] if is_sharded(before, states) else 0, here[1], here[2]) if here else None
+        key = (states, ra, q, u, mine)
+        if key not in recipes:
+            recipes[key] = _sharded_recipe(model, before, after, ra, q, u, mine, info.xfer_element_bytes(states),
+                                           states, memo)
+        return recipes[key]
 
     after_bytes = {(q, u): shard_bytes(model, after, q, u) for q in range(after.pp) for u in range(after.tp)}
     for r in range(after.dp):
@@ -274,23 +405,22 @@ def _build_stage(module: Module, index: int, info: StageInfo, allocs: list, free
                 g = after.gpu_of(r, q, u)
                 alloc = len(allocs)
                 here = position.get(g)
-                key = (q, u, here[1:] if here else None)
-                recipe = recipes.get(key)
-                if recipe is None:
-                    recipe = recipes[key] = _stage_recipe(model, before, after, q, u, key[2], eb)
+                recipe = ()
+                for states in groups:
+                    recipe += group_recipe(r, q, u, here, states)
                 kept = 0
-                for kind, p, slots, pieces, nbytes, holders, volumes in recipe:
+                for kind, p, slots, pieces, nbytes, holders, volumes, states in recipe:
                     if kind == KEEP:
                         src = free_index[here]
                         kept += nbytes
                         kept_from[src] += nbytes
-                        xfers.append(Xfer(KEEP, index, alloc, src, g, g, slots, pieces, nbytes, volumes))
+                        xfers.append(Xfer(KEEP, index, alloc, src, g, g, slots, pieces, nbytes, volumes, states))
                         continue
                     src = free_index[choose(g, p, holders)]
                     src_gpu = frees[src].gpu
                     xfers.append(Xfer(COPY if src_gpu == g else SEND, index, alloc, src, src_gpu, g, slots,
-                                      pieces, nbytes, volumes))
-                full = after_bytes[(q, u)]
+                                      pieces, nbytes, volumes, states))
+                full = shard_bytes(model, after, q, u, r) if after.zero else after_bytes[(q, u)]
                 allocs.append(Alloc(index, r, (q, u), g, full - kept, full))
     for i in range(first, len(frees)):
         f = frees[i]

@@ -20,6 +20,11 @@ movement is exact whatever the decomposition. Rules (docs/passes.md has an examp
     raises TP at constant DP); extra before-units are Destroyed.
   - shapes not multiples of each other (e.g. tp 4 pp 1 → tp 2 pp 3): Split every leftover
     before-unit to single GPUs, then Merge into the after-units.
+  - ZeRO (`zero 1` on either side): the optimizer state is one object split over the dp
+    replicas, not a copy per replica. When its partition changes (dp, zero, or a kept unit
+    changing replica index), one Repartition over all replicas of both sides says so: the
+    DAG then moves each chunk from the replica that holds it, about the optimizer state
+    once in total, instead of a full copy into every new replica.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from dataclasses import dataclass
 
 from nereus.ir.model import Module, Placement
 
-SPLIT, MERGE, EXTEND, DESTROY = "split", "merge", "extend", "destroy"
+SPLIT, MERGE, EXTEND, DESTROY, REPARTITION = "split", "merge", "extend", "destroy", "repartition"
 
 
 @dataclass(frozen=True)
@@ -57,8 +62,8 @@ class StageDiff:
     @property
     def unchanged(self) -> bool:
         return self.before.gpus == self.after.gpus and (
-            self.before.dp, self.before.tp, self.before.pp, self.before.offload) == (
-            self.after.dp, self.after.tp, self.after.pp, self.after.offload)
+            self.before.dp, self.before.tp, self.before.pp, self.before.offload, self.before.zero) == (
+            self.after.dp, self.after.tp, self.after.pp, self.after.offload, self.after.zero)
 
 
 @dataclass(frozen=True)
@@ -137,4 +142,7 @@ def diff_stage(before: Placement, after: Placement) -> StageDiff:
             prims.append(Primitive(SPLIT, name, tuple(left_b), ()))
         for a in left_a:
             prims.append(Primitive(MERGE, name, (), (a,)))
+    if (before.zero or after.zero) and ((before.dp, before.zero) != (after.dp, after.zero)
+                                        or any(b != a for b, a in kept) or left_b or left_a):
+        prims.append(Primitive(REPARTITION, name, tuple(range(before.dp)), tuple(range(after.dp))))
     return StageDiff(name, before, after, tuple(kept), tuple(prims))

@@ -17,7 +17,13 @@ and waits in host memory otherwise):
     contiguous layer split: the first `layers % pp` stages hold one more layer).
   - training units additionally hold bf16 gradients (dtype bytes/param) and fp32 master
     weights, Adam m and v (12 B/param): 16 B/param for bf16 weights, as in the ZeRO paper
-    (Rajbhandari et al. 2019, §3.1) without optimizer-state sharding.
+    (Rajbhandari et al. 2019, §3.1) without optimizer-state sharding. With `zero 1`
+    (ZeRO stage 1, Megatron's distributed optimizer) the 12 B/param are split over the dp
+    replicas: 2 + 2 + 12/dp B/param, exactly the chunk each replica holds
+    (nereus.passes.layout.zero_boxes: ceil-sized dim-0 chunks, so replica 0 holds the most).
+    With `zero 3` (ZeRO stage 3, FSDP) the weights and grads are chunked too: 16/dp
+    B/param, plus working memory in training for 3 layers all-gathered to whole TP shards
+    (the computed layer, the prefetched one, one layer of grads before reduce-scatter).
 
 Working memory of a model-stage, only during its own stage; model-stages that share a
 GPU in one stage run one after another, so only the largest working set counts (b = microbatch, s = prompt +
@@ -44,9 +50,11 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from nereus.models import pp_layer_range
+from nereus.ir.diagnostics import InfeasibleError
 from nereus.ir.model import STAGES, Model, Module, Placement, Plan
+from nereus.ir.units import human_bytes
 
-from .layout import shard_elements
+from .layout import kind_volume, shard_elements, zero_shard_elements
 
 OPTIMIZER_BYTES_PER_PARAM = 12  # fp32 master + Adam exp_avg + exp_avg_sq
 GIB = 1024**3
@@ -59,15 +67,27 @@ def _stage_params(model: Model, tp: int, pp: int, pp_stage: int) -> int:
     return shard_elements(model, tp, pp, pp_stage, 0)
 
 
-def model_state_bytes_per_gpu(model: Model, stage: str, tp: int, pp: int, pp_stage: int) -> dict[str, int]:
+def model_state_bytes_per_gpu(model: Model, stage: str, tp: int, pp: int, pp_stage: int, dp: int = 1,
+                              zero: int = 0, replica: int = 0) -> dict[str, int]:
     """Resident bytes on one GPU of a unit at (tp, pp, pp_stage), by kind:
-    {"weights": n} and, for training units, also "grads" and "optimizer"."""
+    {"weights": n} and, for training units, also "grads" and "optimizer" (under zero >= 1,
+    replica `replica`'s chunk of a dp-way split)."""
     params = _stage_params(model, tp, pp, pp_stage)
     out = {"weights": params * model.dtype_bytes}
     if stage == "training":
-        out["grads"] = params * model.dtype_bytes
-        out["optimizer"] = params * OPTIMIZER_BYTES_PER_PARAM
+        owned = zero_shard_elements(model, tp, pp, pp_stage, 0, dp, replica) if zero >= 1 else params
+        if zero >= 3:  # weights and grads sharded like the optimizer state
+            out["weights"] = owned * model.dtype_bytes
+        out["grads"] = (owned if zero >= 3 else params) * model.dtype_bytes
+        out["optimizer"] = owned * OPTIMIZER_BYTES_PER_PARAM
     return out
+
+
+def gathered_bytes_per_gpu(model: Model, tp: int) -> int:
+    """ZeRO-3 working memory of a training GPU: the layer being computed and the next one
+    (prefetched) all-gathered to whole TP shards, and one layer's unsharded grads before
+    their reduce-scatter: 3 layers x TP-shard parameters x dtype bytes."""
+    return 3 * kind_volume(model, tp, 0)["layer"] * model.dtype_bytes
 
 
 def _activation_bytes_per_layer(model: Model, seq: int, micro: int, tp: int, recompute: str = "none") -> float:
@@ -159,18 +179,24 @@ class FeasibilityReport:
 
 
 def _placement_contributions(module: Module, placement: Placement):
-    """Yield (pp_stage, resident_by_kind, working_by_kind) once per PP stage: every TP rank
-    and replica of a stage holds the same amount."""
+    """Yield (gpus, resident_by_kind, working_by_kind) once per PP stage: every TP rank and
+    replica of a stage holds the same amount (every TP rank of a replica under zero, whose
+    chunks differ between replicas by up to one row: then once per (replica, PP stage))."""
     model = module.model(placement.model_stage.model)
     stage = placement.model_stage.stage
+    zero = placement.zero if stage == "training" else 0
     for p in range(placement.pp):
-        resident = model_state_bytes_per_gpu(model, stage, placement.tp, placement.pp, p)
         working = working_bytes_per_gpu(module, model, stage, placement.dp, placement.tp, placement.pp, p)
-        yield p, resident, working
+        if zero >= 3:
+            working = dict(working, gathered=gathered_bytes_per_gpu(model, placement.tp))
+        for r in range(placement.dp) if zero else (None,):
+            resident = model_state_bytes_per_gpu(model, stage, placement.tp, placement.pp, p, placement.dp, zero,
+                                                 r or 0)
+            yield _gpus_of_pp_stage(placement, p, r), resident, working
 
 
-def _gpus_of_pp_stage(placement: Placement, pp_stage: int):
-    for r in range(placement.dp):
+def _gpus_of_pp_stage(placement: Placement, pp_stage: int, replica=None):
+    for r in range(placement.dp) if replica is None else (replica,):
         for t in range(placement.tp):
             yield placement.gpu_of(r, pp_stage, t)
 
@@ -186,9 +212,9 @@ def placement_resident_bytes(module: Module, placement: Placement) -> dict[int, 
     training: + grads + fp32 master/m/v); {} when offloaded (it waits in host memory)."""
     per_gpu: dict[int, int] = {}
     if not placement.offload:
-        for p, resident, _ in _placement_contributions(module, placement):
+        for gpus, resident, _ in _placement_contributions(module, placement):
             total = sum(resident.values())
-            for gpu in _gpus_of_pp_stage(placement, p):
+            for gpu in gpus:
                 per_gpu[gpu] = total
     return per_gpu
 
@@ -216,8 +242,8 @@ def check_plan(module: Module, plan: Plan | str) -> FeasibilityReport:
     for placement in plan.placements:
         name = str(placement.model_stage)
         own = placement.model_stage.stage
-        for p, resident, working in _placement_contributions(module, placement):
-            for gpu in _gpus_of_pp_stage(placement, p):
+        for gpus, resident, working in _placement_contributions(module, placement):
+            for gpu in gpus:
                 for stage in stages:
                     cell = resident_cells.setdefault((gpu, stage), {})
                     if not placement.offload or stage == own:
@@ -250,3 +276,29 @@ def check_plan(module: Module, plan: Plan | str) -> FeasibilityReport:
 
 def check_module(module: Module) -> list[FeasibilityReport]:
     return [check_plan(module, plan) for plan in module.plans]
+
+
+def infeasible_error(plan: Plan, report: FeasibilityReport, source: str | None = None) -> InfeasibleError:
+    """The error `nereusc check` prints for a plan that does not fit, at the plan's name:
+    the worst GPU and stage, and the largest contributor in the hint. One wording for the
+    check and for every command that refuses an infeasible plan."""
+    worst = report.worst
+    top = worst.contributors[0]
+    return InfeasibleError(
+        f"plan {plan.name} does not fit: GPU {worst.gpu} needs {human_bytes(worst.bytes)} in {worst.stage} "
+        f"but has {human_bytes(report.capacity_bytes)} ({len(report.overflowing)} GPU x stage pairs overflow)",
+        plan.loc,
+        f"the largest contributor is {top.model_stage} {top.kind} ({human_bytes(top.bytes)}); raise its tp/pp, "
+        f"offload it, or lower the microbatch",
+        source or None, width=len(plan.name) if plan.loc else 1)
+
+
+def require_fit(module: Module, *plans: str) -> None:
+    """Raise `infeasible_error` for the first of `plans` that does not fit (the check is
+    what `nereusc check` runs: a transition into or out of such a plan is refused before
+    any pass spends time on it)."""
+    for name in plans:
+        plan = module.plan(name)
+        report = check_plan(module, plan)
+        if not report.feasible:
+            raise infeasible_error(plan, report)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .dag import SEND, Piece, TransitionDag, Xfer
-from .layout import box_volume, slot_specs, tp_boxes
+from .layout import box_volume, held_boxes, slot_specs
 from .resources import Schedule, xfer_slice
 
 
@@ -57,17 +57,20 @@ def coalesce(dag: TransitionDag, xfers: list[Xfer]) -> list[Xfer]:
     shard over the same layers into one, and join adjacent pieces of one tensor (touching
     along dim 0, equal elsewhere) when the union stays inside one source box and one
     destination box, so that the receiver still unpacks each segment into one box."""
+    if len(xfers) == 1:
+        return list(xfers)
     groups: dict[tuple, list[Xfer]] = {}
     for x in xfers:
-        groups.setdefault((x.stage, x.alloc, x.free, x.slots), []).append(x)
+        groups.setdefault((x.stage, x.alloc, x.free, x.slots, x.states), []).append(x)
     out = []
-    for (stage, alloc, free, slots), xs in groups.items():
+    for (stage, alloc, free, slots, states), xs in groups.items():
         if len(xs) == 1:
             out.append(xs[0])
             continue
         info = dag.stages[stage]
         specs = slot_specs(info.model)
         src_pos, dst_pos = dag.frees[free].pos, dag.allocs[alloc].pos
+        src_replica, dst_replica = dag.frees[free].replica, dag.allocs[alloc].replica
         pieces = sorted((p for x in xs for p in x.pieces), key=lambda p: (p.spec, p.box))
         merged: list[Piece] = []
         for piece in pieces:
@@ -76,8 +79,8 @@ def coalesce(dag: TransitionDag, xfers: list[Xfer]) -> list[Xfer]:
                 if prev.box[0][1] == piece.box[0][0] and prev.box[1:] == piece.box[1:]:
                     union = ((prev.box[0][0], piece.box[0][1]),) + piece.box[1:]
                     spec = specs[piece.spec].spec
-                    if _within(union, tp_boxes(spec, info.before.tp, src_pos[1])) and \
-                            _within(union, tp_boxes(spec, info.after.tp, dst_pos[1])):
+                    if _within(union, held_boxes(spec, info.before, src_replica, src_pos[1], states)) and \
+                            _within(union, held_boxes(spec, info.after, dst_replica, dst_pos[1], states)):
                         merged[-1] = Piece(piece.spec, union)
                         continue
             merged.append(piece)
@@ -86,7 +89,7 @@ def coalesce(dag: TransitionDag, xfers: list[Xfer]) -> list[Xfer]:
             volumes[("first", "layer", "last").index(specs[piece.spec].kind)] += box_volume(piece.box)
         x = xs[0]
         out.append(Xfer(x.kind, stage, alloc, free, x.src_gpu, x.dst_gpu, slots, tuple(merged),
-                        sum(y.bytes for y in xs), tuple(volumes)))
+                        sum(y.bytes for y in xs), tuple(volumes), states))
     return out
 
 

@@ -17,6 +17,18 @@ tensor pattern, so the boxes of a tensor depend only on (spec, tp, t) and are co
 Local shard contract (the runtime relies on it, docs/program.md): the local tensor of a
 (unit, GPU, tensor) is the concatenation along dim 0 of its boxes in the listed order;
 boxes of one shard differ only in dim 0.
+
+ZeRO (`zero 1` on a training placement): the fp32 master weights and Adam state are
+sharded over the dp replicas as FSDP2 shards a parameter: the GPU's TP shard of a tensor
+(its local tensor) is cut along dim 0 into dp chunks of ceil(rows / dp) rows
+(`torch.chunk`), replica d holding chunk d (`zero_boxes`; a chunk may be empty, then the
+GPU holds no shard of that state). The bf16 weights stay whole on every replica, unless
+`zero 3`, which chunks them the same way. So a unit no longer tiles the sharded tensors
+alone: the dp units of the model-stage do, together. Per-parameter dim-0 chunks of TP
+boxes are boxes again, so diff, DAG, lowering and the verifier need no new concept;
+Megatron's alternative (contiguous ranges of one flattened, padded buffer per bucket)
+cuts rows and would need segments over flat views:
+it can be added as another partition function beside `zero_boxes`.
 """
 
 from __future__ import annotations
@@ -43,7 +55,8 @@ Box = tuple[tuple[int, int], ...]
 
 # Suffixes of the tensors a unit holds per weight: training units also hold Adam state.
 WEIGHTS_ONLY: tuple[str, ...] = ("",)
-WITH_OPTIMIZER: tuple[str, ...] = ("",) + tuple(f"#{s}" for s in OPTIMIZER_STATES)
+OPTIMIZER_SUFFIXES: tuple[str, ...] = tuple(f"#{s}" for s in OPTIMIZER_STATES)
+WITH_OPTIMIZER: tuple[str, ...] = ("",) + OPTIMIZER_SUFFIXES
 
 
 def unit_id(model_stage: str, replica: int) -> str:
@@ -163,6 +176,57 @@ def kind_volume(model: Model, tp: int, rank: int) -> dict[str, int]:
     return out
 
 
+def is_sharded(placement: Placement, states: tuple[str, ...]) -> bool:
+    """Whether `states` (one group of a unit's tensor suffixes) are split over the dp
+    replicas in `placement`: the optimizer group under zero >= 1, everything under 3."""
+    return placement.zero >= 3 or placement.zero >= 1 and states[0] in OPTIMIZER_SUFFIXES
+
+
+@lru_cache(maxsize=None)
+def zero_boxes(spec: TensorSpec, tp: int, rank: int, dp: int, replica: int) -> tuple[Box, ...]:
+    """Replica `replica`'s chunk of TP rank `rank`'s local tensor of `spec`: the
+    concatenation of `tp_boxes` along dim 0 cut into dp chunks of ceil(rows / dp) rows
+    (torch.chunk; the last chunks may be short or empty), as boxes of the global tensor in
+    local order. Pure, cached; the same for every layer."""
+    boxes = tp_boxes(spec, tp, rank)
+    rows = sum(b[0][1] - b[0][0] for b in boxes)
+    size = -(-rows // dp)
+    lo, hi = replica * size, min((replica + 1) * size, rows)
+    out = []
+    offset = 0
+    for b in boxes:
+        n = b[0][1] - b[0][0]
+        a, z = max(lo, offset), min(hi, offset + n)
+        if a < z:
+            out.append(((b[0][0] + a - offset, b[0][0] + z - offset),) + b[1:])
+        offset += n
+    return tuple(out)
+
+
+def held_boxes(spec: TensorSpec, placement: Placement, replica: int, rank: int, states: tuple[str, ...]):
+    """Boxes of `spec`'s tensors with suffixes `states` on TP rank `rank` of `replica`."""
+    if is_sharded(placement, states):
+        return zero_boxes(spec, placement.tp, rank, placement.dp, replica)
+    return tp_boxes(spec, placement.tp, rank)
+
+
+@lru_cache(maxsize=None)
+def zero_kind_volume(model: Model, tp: int, rank: int, dp: int, replica: int) -> dict[str, int]:
+    """`kind_volume` of the chunk replica `replica` holds of each sharded state."""
+    out = {"first": 0, "layer": 0, "last": 0}
+    for slot_spec in slot_specs(model):
+        out[slot_spec.kind] += sum(box_volume(b) for b in zero_boxes(slot_spec.spec, tp, rank, dp, replica))
+    return out
+
+
+def zero_shard_elements(model: Model, tp: int, pp: int, stage: int, rank: int, dp: int, replica: int) -> int:
+    """Elements of one sharded state (master, exp_avg or exp_avg_sq) on the GPU of
+    (replica, stage, rank) under zero >= 1."""
+    counts = slot_counts(model, *stage_slots(model.layers, pp, stage))
+    volume = zero_kind_volume(model, tp, rank, dp, replica)
+    return sum(counts[k] * volume[k] for k in counts)
+
+
 def shard_elements(model: Model, tp: int, pp: int, stage: int, rank: int) -> int:
     """Elements of every weight a GPU at (stage, rank) holds (per state)."""
     counts = slot_counts(model, *stage_slots(model.layers, pp, stage))
@@ -170,11 +234,18 @@ def shard_elements(model: Model, tp: int, pp: int, stage: int, rank: int) -> int
     return sum(counts[k] * volume[k] for k in counts)
 
 
-def shard_bytes(model: Model, placement: Placement, stage: int, rank: int) -> int:
+def shard_bytes(model: Model, placement: Placement, stage: int, rank: int, replica: int = 0) -> int:
     """Bytes of the state one GPU of a unit of `placement` holds (weights, plus fp32 Adam
-    state for training units; gradients are not part of the moved state)."""
-    per = bytes_per_element(model, states_of(str(placement.model_stage)))
-    return shard_elements(model, placement.tp, placement.pp, stage, rank) * per
+    state for training units, a dp-th of it under zero 1, of everything under zero 3;
+    gradients are not part of the
+    moved state). `replica` matters only under zero (chunks may differ by one row)."""
+    states = states_of(str(placement.model_stage))
+    elements = shard_elements(model, placement.tp, placement.pp, stage, rank)
+    if placement.zero >= 1 and len(states) > 1:
+        sharded = zero_shard_elements(model, placement.tp, placement.pp, stage, rank, placement.dp, replica)
+        weights = sharded if placement.zero >= 3 else elements
+        return weights * bytes_per_element(model, states[:1]) + sharded * bytes_per_element(model, states[1:])
+    return elements * bytes_per_element(model, states)
 
 
 def mesh_positions(placement: Placement) -> Iterator[tuple[int, int, int, int]]:
@@ -187,11 +258,14 @@ def mesh_positions(placement: Placement) -> Iterator[tuple[int, int, int, int]]:
                 i += 1
 
 
-def gpu_shards(model: Model, placement: Placement, stage: int, rank: int) -> Iterator[tuple[str, tuple[Box, ...]]]:
-    """(global tensor name, boxes) of everything the GPU at (stage, rank) holds, in slot
-    order, optimizer state after each weight. Expands layers: use for emission only."""
+def gpu_shards(model: Model, placement: Placement, stage: int, rank: int,
+               replica: int = 0) -> Iterator[tuple[str, tuple[Box, ...]]]:
+    """(global tensor name, boxes) of everything the GPU at (replica, stage, rank) holds,
+    in slot order, optimizer state after each weight (under zero, only the non-empty
+    chunks of it). Expands layers: use for emission only."""
     lo, hi = stage_slots(model.layers, placement.pp, stage)
     states = states_of(str(placement.model_stage))
+    sharded = placement.zero >= 1 and len(states) > 1
     specs = slot_specs(model)
     for slot in range(lo, hi):
         kind = slot_kind(model, slot)
@@ -199,9 +273,12 @@ def gpu_shards(model: Model, placement: Placement, stage: int, rank: int) -> Ite
             if slot_spec.kind != kind:
                 continue
             boxes = tp_boxes(slot_spec.spec, placement.tp, rank)
+            chunk = zero_boxes(slot_spec.spec, placement.tp, rank, placement.dp, replica) if sharded else boxes
             name = slot_spec.name(model.name, slot)
             for suffix in states:
-                yield name + suffix, boxes
+                mine = boxes if suffix == "" and placement.zero < 3 else chunk
+                if mine:
+                    yield name + suffix, mine
 
 
 def tensor_entries(model: Model, states: tuple[str, ...]) -> Iterator[tuple[str, tuple[int, ...], str]]:

@@ -91,7 +91,7 @@ def xfer_slice(dag: TransitionDag, x: Xfer, lo: int, hi: int) -> Xfer:
     elements = (first_v if lo <= 0 < hi else 0) + layer_v * max(0, min(hi, last) - max(lo, 1)) + \
         (last_v if lo <= last < hi else 0)
     return Xfer(x.kind, x.stage, x.alloc, x.free, x.src_gpu, x.dst_gpu, (lo, hi), x.pieces,
-                elements * info.element_bytes, x.volumes)
+                elements * info.xfer_element_bytes(x.states), x.volumes, x.states)
 
 
 def schedule(dag: TransitionDag, *, independent: bool = False, staging: bool = True) -> Schedule:
@@ -255,7 +255,7 @@ def _fit(dag: TransitionDag, x: Xfer, budget: int, fine: bool = False) -> tuple:
     info = dag.stages[x.stage]
     last = info.model.layers + 1
     first_v, layer_v, last_v = x.volumes
-    room = budget // info.element_bytes
+    room = budget // info.xfer_element_bytes(x.states)
     end = lo
     if end == 0:
         if first_v > room:
@@ -283,7 +283,7 @@ def _with_pieces(dag: TransitionDag, x: Xfer, pieces: tuple) -> Xfer:
     for piece in pieces:
         volumes[_KIND_INDEX[specs[piece.spec].kind]] += _volume(piece.box)
     return Xfer(x.kind, x.stage, x.alloc, x.free, x.src_gpu, x.dst_gpu, x.slots, pieces,
-                sum(volumes) * info.element_bytes, tuple(volumes))
+                sum(volumes) * info.xfer_element_bytes(x.states), tuple(volumes), x.states)
 
 
 def _split_slot(dag: TransitionDag, x: Xfer, budget: int) -> tuple:
@@ -296,7 +296,7 @@ def _split_slot(dag: TransitionDag, x: Xfer, budget: int) -> tuple:
     specs = slot_specs(info.model)
     kind = "first" if lo == 0 else ("last" if lo == info.model.layers + 1 else "layer")
     pieces = [p for p in one.pieces if specs[p.spec].kind == kind]
-    room = budget // info.element_bytes
+    room = budget // info.xfer_element_bytes(x.states)
     head: list = []
     for i, piece in enumerate(pieces):
         volume = _volume(piece.box)

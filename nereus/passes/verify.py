@@ -4,7 +4,8 @@ Input: a program dict (docs/program.md). Output: a `VerifyReport` (rounds, ops, 
 per-GPU peak memory). A symbolic replay proves:
   - layouts: every unit's shards lie inside their tensors, boxes of one shard differ only
     in dim 0 (local shard contract), and per unit the boxes of each tensor its model-stage
-    holds tile the tensor (replicated copies identical, others disjoint);
+    holds tile the tensor (replicated copies identical, others disjoint); under `zero` the
+    optimizer tensors (`#` names) are tiled by the model-stage's units together instead;
   - every box of every after-unit shard is written exactly once (keep, copy or send), from a
     before-unit shard that holds it (box inside one of its boxes) and is not yet freed, into
     an allocated after shard (box inside one of its boxes); a keep hands a whole identical
@@ -75,6 +76,7 @@ def _fail(message: str, hint: str | None = None):
 def _check_units(units, tensors, where: str) -> dict:
     """{unit id: {gpu: {tensor: tuple(boxes)}}} after checking shapes, contract and coverage."""
     out: dict = {}
+    sharded: dict = defaultdict(lambda: defaultdict(set))  # model-stage -> optimizer tensor -> boxes
     for unit in units:
         uid = unit["id"]
         if uid in out:
@@ -99,26 +101,44 @@ def _check_units(units, tensors, where: str) -> dict:
                 _fail(f"{where} unit {uid}: two shards of {name} on GPU {g}")
             shards[g][name] = boxes
         model, _, stage = unit["model_stage"].partition(".")
-        expected = {n for n in tensors if n.startswith(model + "/") and ("#" not in n or stage == "training")}
+        zero = bool(unit.get("zero"))
+        if zero:  # every chunk of a GPU may be empty (dim 0 shorter than dp): it still has its ops
+            for g in unit["gpus"]:
+                shards.setdefault(g, {})
+        expected = {n for n in tensors if n.startswith(model + "/") and ("#" not in n or stage == "training" and not zero)
+                    and not (zero and unit["zero"] >= 3)}
         boxes_of: dict = defaultdict(set)
         for per_gpu in shards.values():
             for name, boxes in per_gpu.items():
-                boxes_of[name].update(boxes)
+                split = zero and ("#" in name or unit["zero"] >= 3)  # zero 3: the weights too
+                (sharded[unit["model_stage"]][name] if split else boxes_of[name]).update(boxes)
         if set(boxes_of) != expected:
             missing = sorted(expected - set(boxes_of))[:3]
             _fail(f"{where} unit {uid} does not cover its tensors (missing {missing or 'none'},"
                   f" extra {sorted(set(boxes_of) - expected)[:3] or 'none'})")
-        for name, boxes in boxes_of.items():
-            distinct = sorted(boxes)
-            for i, x in enumerate(distinct):
-                for y in distinct[i + 1:]:
-                    if _overlap(x, y):
-                        _fail(f"{where} unit {uid}: boxes {x} and {y} of {name} overlap without being identical")
-            shape = tensors[name][0]
-            if sum(_volume(b) for b in distinct) != _volume(tuple((0, n) for n in shape)):
-                _fail(f"{where} unit {uid}: the boxes of {name} do not cover the tensor")
+        _check_tiling(boxes_of, tensors, f"{where} unit {uid}")
         out[uid] = shards
+    for model_stage, boxes_of in sharded.items():
+        model = model_stage.partition(".")[0]
+        every = any(u.get("zero", 0) >= 3 for u in units if u["model_stage"] == model_stage)
+        missing = {n for n in tensors if n.startswith(model + "/") and ("#" in n or every)} - set(boxes_of)
+        if missing:
+            _fail(f"{where} units of {model_stage} (zero) hold no chunk of {sorted(missing)[:3]}")
+        _check_tiling(boxes_of, tensors, f"{where} units of {model_stage} (zero)")
     return out
+
+
+def _check_tiling(boxes_of: dict, tensors: dict, who: str) -> None:
+    """The boxes of each tensor tile it: identical or disjoint, covering every element."""
+    for name, boxes in boxes_of.items():
+        distinct = sorted(boxes)
+        for i, x in enumerate(distinct):
+            for y in distinct[i + 1:]:
+                if _overlap(x, y):
+                    _fail(f"{who}: boxes {x} and {y} of {name} overlap without being identical")
+        shape = tensors[name][0]
+        if sum(_volume(b) for b in distinct) != _volume(tuple((0, n) for n in shape)):
+            _fail(f"{who}: the boxes of {name} do not cover the tensor")
 
 
 def verify_program(program_json: dict) -> VerifyReport:

@@ -244,7 +244,7 @@ CASES = [
          "t.nir:22:23: error: unknown key 'zp' in a placement",
          '   22 |   actor.training dp 8 zp 2 on 7..0',
          '      |                       ^^',
-         "hint: a placement takes 'dp', 'tp', 'pp', 'on' or 'offload'"])),
+         "hint: a placement takes 'dp', 'tp', 'pp', 'on', 'offload' or 'zero'"])),
     ('placement_key_twice', [('actor.training dp 8 on 7..0', 'actor.training dp 8 dp 4 on 7..0')], None,
      "\n".join([
          "t.nir:22:23: error: 'dp' is given twice for actor.training in plan B",
@@ -488,7 +488,7 @@ CASES = [
          '      |          ^'])),
     ('eof_inside_block', [('  actor.training dp 8 on 7..0\n}\ntransition A -> B\n', '  actor.training dp 8 on 7..0\n')], None,
      "\n".join([
-         "t.nir:22:30: error: unexpected end of input; expected a placement key (dp, tp, pp, on, offload), the next model-stage or '}'",
+         "t.nir:22:30: error: unexpected end of input; expected a placement key (dp, tp, pp, on, offload, zero), the next model-stage or '}'",
          '   22 |   actor.training dp 8 on 7..0',
          '      |                              ^',
          "hint: the '{' at 21:12 is not closed"])),

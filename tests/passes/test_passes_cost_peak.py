@@ -61,7 +61,8 @@ def _cases():
 
 @pytest.mark.parametrize("build,source,target", list(_cases()))
 def test_summary_peak_is_the_verifiers_peak(build, source, target):
-    compiled = compile_transition(build(), source, target)
+    # the staged rings size GPUs to the moved state alone, which `check` calls full
+    compiled = compile_transition(build(), source, target, check_fit=False)
     peak = compiled.summary["peak_memory"]
     report = verify_program(program_json(compiled))
     assert peak["bytes"] == max(report.peak_bytes.values())

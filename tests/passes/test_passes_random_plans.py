@@ -1,5 +1,9 @@
 """Hypothesis: random plan pairs (cluster sizes, dp/tp/pp changes, GPUs added and removed,
-reordered GPU sets, colocated actor + critic, optimizer state) compile and verify."""
+reordered GPU sets, colocated actor + critic, optimizer state replicated or sharded by
+`zero 1` or `zero 3` on either side) compile and verify."""
+
+import dataclasses
+
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -18,7 +22,8 @@ def _placement(draw, name, layers, gpus_total):
     dp = draw(st.integers(1, max(1, gpus_total // (tp * pp))))
     gpus = draw(st.permutations(range(gpus_total)))[: dp * tp * pp]
     offload = not name.endswith(".training") and draw(st.booleans())  # state waits in host memory
-    return place(name, dp, tp, pp, gpus, offload)
+    zero = draw(st.sampled_from([0, 1, 3])) if name.endswith(".training") else 0  # state sharded over dp
+    return dataclasses.replace(place(name, dp, tp, pp, gpus, offload), zero=zero)
 
 
 @st.composite
@@ -72,7 +77,9 @@ def _peak_need(m, plan_name):
 @given(plan_pairs())
 def test_random_transitions_on_full_gpus_always_succeed(m):
     """GPUs sized to the fuller of the two plans plus two layers of message buffer: the
-    coordinated schedule (resource edges, chunking, host staging) must always succeed."""
+    coordinated schedule (resource edges, chunking, host staging) must always succeed.
+    The step's own memory (grads, activations) is left out of this capacity on purpose, so
+    the plan check is skipped: the scheduler is what is under test."""
     import dataclasses
 
     from nereus.passes.layout import shard_bytes
@@ -81,6 +88,6 @@ def test_random_transitions_on_full_gpus_always_succeed(m):
     layer = shard_bytes(actor, place("actor.training", 1, 1, 1, [0]), 0, 0) // (actor.layers + 2)
     cap = max(_peak_need(m, "S"), _peak_need(m, "T")) + 2 * layer
     tight = dataclasses.replace(m, cluster=cluster(m.cluster.nodes, m.cluster.gpus_per_node, cap, 10**12))
-    compiled = compile_transition(tight, "S", "T")
+    compiled = compile_transition(tight, "S", "T", check_fit=False)
     report = verify_program(program_json(compiled))
     assert report.worst_fraction <= 1.0

@@ -1,0 +1,105 @@
+"""sharded: box geometry of state sharded over dp replicas (`zero 1` / `zero 3`), for `dag`.
+
+Input: a tensor pattern and the (tp, dp, zero) meshes of both sides. Output: the boxes an
+after (replica, TP rank) holds of a state group, cut into pieces each held by one
+set of before holders (`sharded_pieces`). Invariant: the pieces tile the after boxes, and
+each piece lies inside a box of every holder named for it. Pure and cached: the same for
+every layer.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from nereus.ir.model import Placement
+
+from .layout import Box, is_sharded, tp_boxes, zero_boxes
+
+
+def _cut(box: Box, holders: list[tuple[object, Box]]) -> list[tuple[Box, tuple]]:
+    """`box` cut into boxes each held by one set of holders ((id, held box) pairs):
+    the grid of every holder boundary inside `box`, cells merged along each dimension
+    (last first) while their holder sets agree."""
+    inside = []
+    for who, held in holders:
+        clip = tuple((max(a, c), min(b, d)) for (a, b), (c, d) in zip(box, held))
+        if all(lo < hi for lo, hi in clip):
+            inside.append((who, clip))
+    cuts = [sorted({lo, hi} | {x for _, c in inside for x in c[d] if lo < x < hi}) for d, (lo, hi) in enumerate(box)]
+    cells: list[tuple[Box, tuple]] = []
+
+    def grid(prefix: tuple, d: int) -> None:
+        if d == len(box):
+            ids = tuple(sorted(w for w, c in inside if all(a <= lo and hi <= b for (lo, hi), (a, b) in zip(prefix, c))))
+            cells.append((prefix, ids))
+            return
+        for lo, hi in zip(cuts[d], cuts[d][1:]):
+            grid(prefix + ((lo, hi),), d + 1)
+
+    grid((), 0)
+    for d in reversed(range(len(box))):
+        merged: list[tuple[Box, tuple]] = []
+        for cell, ids in cells:
+            if merged:
+                prev, prev_ids = merged[-1]
+                if (prev_ids == ids and prev[d][1] == cell[d][0]
+                        and prev[:d] + prev[d + 1:] == cell[:d] + cell[d + 1:]):
+                    merged[-1] = (prev[:d] + ((prev[d][0], cell[d][1]),) + prev[d + 1:], ids)
+                    continue
+            merged.append((cell, ids))
+        cells = merged
+    return cells
+
+
+def mesh_key(placement: Placement, states: tuple[str, ...]) -> tuple[int, int, int]:
+    """(tp, dp, 1 if `states` are sharded over dp else 0): all that the boxes of a state
+    group depend on (a cache key that does not hash the GPU list)."""
+    return placement.tp, placement.dp, int(is_sharded(placement, states))
+
+
+def group_boxes(spec, mesh: tuple[int, int, int], replica: int, rank: int) -> tuple[Box, ...]:
+    """Boxes of `spec` that (replica, TP rank) holds of a state group with `mesh_key` `mesh`."""
+    tp, dp, zero = mesh
+    return zero_boxes(spec, tp, rank, dp, replica) if zero >= 1 else tp_boxes(spec, tp, rank)
+
+
+@lru_cache(maxsize=None)
+def sharded_pieces(spec, before: tuple[int, int, int], after: tuple[int, int, int], replica: int,
+                   rank: int) -> tuple[tuple[Box, tuple], ...]:
+    """The boxes of `spec`'s state group that (replica, TP rank `rank`) of the `after`
+    mesh (`mesh_key`) holds, cut by their holders in the `before` mesh: ((box, holders),
+    ...), holders being TP ranks of any replica when `before` replicates the state,
+    (replica, TP rank) pairs when it shards it. Pure, cached."""
+    mine = group_boxes(spec, after, replica, rank)
+    if not mine:
+        return ()
+    tp, dp, zero = before
+    if zero >= 1:
+        holders = []
+        for t in range(tp):
+            for d in _chunks_touching(spec, tp, t, dp, mine):
+                holders.extend(((d, t), b) for b in zero_boxes(spec, tp, t, dp, d))
+    else:
+        holders = [(t, b) for t in range(tp) for b in tp_boxes(spec, tp, t)]
+    return tuple(cell for box in mine for cell in _cut(box, holders))
+
+
+def _chunks_touching(spec, tp: int, rank: int, dp: int, boxes: tuple[Box, ...]) -> list[int]:
+    """Replicas whose chunk of TP rank `rank`'s local tensor (`zero_boxes`) meets `boxes`:
+    computed from local row offsets instead of testing all dp chunks."""
+    local = tp_boxes(spec, tp, rank)
+    size = -(-sum(b[0][1] - b[0][0] for b in local) // dp)
+    found: set[int] = set()
+    offset = 0
+    for b in local:
+        for m in boxes:
+            if _touches(b, m):
+                lo = offset + max(b[0][0], m[0][0]) - b[0][0]
+                hi = offset + min(b[0][1], m[0][1]) - b[0][0]
+                found.update(range(lo // size, (hi - 1) // size + 1))
+        offset += b[0][1] - b[0][0]
+    return sorted(found)
+
+
+def _touches(x: Box, y: Box) -> bool:
+    return all(a < d and c < b for (a, b), (c, d) in zip(x, y))
