@@ -137,3 +137,21 @@ def test_models_the_loop_cannot_use_are_refused_at_their_declaration():
     with pytest.raises(SemanticError, match="critic needs `head value`"):
         check_run(no_value, "ppo", 2, 1, 1)
     assert models["actor"].head == "lm"
+
+
+def test_zero_layouts_are_refused_before_launch_at_the_key(tmp_path):
+    """The compiler lays out `zero 1`, the runtime does not execute it yet: the loop says
+    so at the key instead of failing inside a transition."""
+    import pathlib
+
+    import nereus.ir as ir
+    from nereus.ir.diagnostics import SemanticError
+    from nereus.rl.checks import check_run
+
+    text = (pathlib.Path(__file__).resolve().parents[2] / "examples/rl/ppo-cpu.nir").read_text()
+    path = tmp_path / "zero.nir"
+    path.write_text(text.replace("  actor.training    dp 2 tp 2  on 0..3", "  actor.training    dp 2 tp 2  on 0..3 zero 1", 1))
+    module = ir.parse_file(str(path))
+    with pytest.raises(SemanticError, match="has zero 1, which the runtime and the RL loop do not execute yet") as err:
+        check_run(module, "ppo", 2, 1, 4)
+    assert err.value.loc is not None and err.value.loc.line == 33
