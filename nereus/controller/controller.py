@@ -11,6 +11,12 @@ Cheap per step: the plan search runs only when the GPU budget changes, the workl
 by more than `research_tolerance` since the last search, or `refit_every` new observations
 have changed the cost model; otherwise decide() re-predicts two cached plans (current and
 candidate) and applies the admission rule. Transition costs are cached per plan pair.
+
+Noise: decisions are judged at the workload *level* — the median response of the last
+`level_window` steps — so one long step neither triggers a search nor flips a plan, while
+feasibility is judged on the step's own workload (a plan that cannot run the next step
+forces a move). The admission rule (admission.py) adds a confidence term σ on the gain and
+a confirmation over consecutive decisions.
 """
 
 from __future__ import annotations
@@ -71,6 +77,7 @@ class Controller:
     # ~30% cliff on the length-growth trace), so candidates keep some headroom
     headroom: float = 0.05
     refit_every: int = 50  # steps: re-search at least this often once the cost model has changed
+    level_window: int = 8  # responses whose median the decisions are judged at (1: the step's own)
     cost: Optional[CostModel] = None
     log: list = field(default_factory=list)
 
@@ -89,6 +96,8 @@ class Controller:
         self.searches = 0
         self._decisions = 0
         self._search_step = 0
+        self._responses: list[int] = []
+        self._streak: tuple = (None, 0)  # (candidate key, consecutive decisions that wanted it)
 
     # -- observations -------------------------------------------------------------------
     def observe(self, model_stage, plan: Plan, workload: Workload, seconds: float) -> None:
@@ -112,6 +121,7 @@ class Controller:
             self._correction.append((predicted, seconds))
         self.plan = plan
         self._step_times.clear()
+        self._streak = (None, 0)
         if step is not None:
             self._last_switch = step
 
@@ -165,46 +175,79 @@ class Controller:
                                                              self.transition_method)[0]
         return self._transition_cache[key]
 
+    def level(self, workload: Workload) -> Workload:
+        """The workload the decision is judged at: the step's own, with the response replaced by
+        the median of the last `level_window` responses (this one included), so that a single
+        long or short step neither triggers a search nor makes a plan look better."""
+        self._responses.append(workload.response)
+        del self._responses[:-self.level_window]
+        if self.level_window <= 1:
+            return workload
+        return replace(workload, response=int(statistics.median(self._responses)))
+
+    def _sigma(self, candidate: Plan, current_pred: PlanPrediction, candidate_pred: PlanPrediction) -> float:
+        """σ of the predicted gain: measured step noise over the k steps on the current plan,
+        and the model error of each model-stage whose layout the switch changes."""
+        changed = []
+        for placement in candidate.placements:
+            ms = placement.model_stage
+            try:
+                before = self.plan.placement(ms)
+            except KeyError:
+                before = None
+            if before is not None and (before.dp, before.tp, before.pp, before.offload, before.gpus) == \
+                    (placement.dp, placement.tp, placement.pp, placement.offload, placement.gpus):
+                continue  # the same layout on the same GPUs: its error cancels in the difference
+            fitted = self.cost.relative_error(ms)
+            error = fitted if math.isfinite(fitted) else self.settings.default_error
+            if not self.cost.observed_layout(ms, layout_of(self.module, placement)):
+                error = max(error, self.settings.unobserved_error)
+            changed.append((error, candidate_pred.stage_seconds[str(ms)]))
+            if before is not None:
+                changed.append((error, current_pred.stage_seconds.get(str(ms), 0.0)))
+        measured_std = statistics.pstdev(self._step_times) if len(self._step_times) > 1 else 0.0
+        return gain_sigma(changed, measured_std, len(self._step_times))
+
     def decide(self, step: int, workload: Workload, gpus: int) -> Decision:
         """Should the job leave `self.plan` before running `step` under `workload` on GPUs
-        0..gpus−1? Returns (and logs) a Decision; it does not change `self.plan`."""
+        0..gpus−1? Feasibility is judged on `workload` itself, latencies at `level(workload)`.
+        Returns (and logs) a Decision; it does not change `self.plan`."""
         self._decisions += 1
         remaining = max(0, self.total_steps - step)
-        current = self._predict(self.plan, workload, gpus)
-        found = self.best_plan(workload, gpus)
-        if found.plan is None:
-            decision = admit(step, current.step_s, current.feasible, math.inf, False, remaining, 0.0, self.settings)
+        level = self.level(workload)
+        fits = self._predict(self.plan, workload, gpus).feasible
+        current = self._predict(self.plan, level, gpus)
+        found = self.best_plan(level, gpus)
+        candidate = self._predict(found.plan, workload, gpus) if found.plan is not None else None
+        if not fits and (candidate is None or not candidate.feasible):
+            self._search = None  # forced: search at this step's own workload, which the level hid
+            found = self.best_plan(workload, gpus)
+            candidate = self._predict(found.plan, workload, gpus) if found.plan is not None else None
+        if candidate is None or not candidate.feasible or plan_key(found.plan) == plan_key(self.plan):
+            self._streak = (None, 0)
+            if not fits and candidate is not None and candidate.feasible:
+                decision = admit(step, current.step_s, False, candidate.step_s, True, remaining, 0.0,
+                                 self.settings, candidate=found.plan)
+            else:
+                decision = admit(step, current.step_s, fits, current.step_s, fits or bool(candidate and candidate.feasible),
+                                 remaining, 0.0, self.settings, candidate=None)
             self.log.append(decision)
             return decision
-        candidate = self._predict(found.plan, workload, gpus)
-        if plan_key(found.plan) == plan_key(self.plan) or not candidate.feasible:
-            decision = admit(step, current.step_s, current.feasible, current.step_s, current.feasible or candidate.feasible,
-                             remaining, 0.0, self.settings, candidate=None)
-            if not current.feasible and candidate.feasible:
-                decision = admit(step, current.step_s, False, candidate.step_s, True, remaining,
-                                 0.0, self.settings, candidate=found.plan)
-            self.log.append(decision)
-            return decision
+        candidate = self._predict(found.plan, level, gpus)
         transition = self.transition_estimate(workload, self.plan, found.plan) * self.correction
         if self.greedy:
-            settings = AdmissionSettings(margin=0.0, z=0.0, rho_min=0.0, min_interval=0)
-            decision = admit(step, current.step_s, current.feasible, candidate.step_s, True, remaining, 0.0,
+            settings = AdmissionSettings(margin=0.0, z=0.0, rho_min=0.0, min_interval=0, confirm=1)
+            decision = admit(step, current.step_s, fits, candidate.step_s, True, remaining, 0.0,
                              settings, candidate=found.plan)
             decision = Decision(decision.step, decision.switch, decision.reason, decision.current_s,
                                 decision.candidate_s, remaining, transition, 0.0, 0.0, decision.saving_s, found.plan)
         else:
-            errors = []
-            for placement in found.plan.placements:
-                ms = placement.model_stage
-                fitted = self.cost.relative_error(ms)
-                error = fitted if math.isfinite(fitted) else self.settings.default_error
-                if not self.cost.observed_layout(ms, layout_of(self.module, placement)):
-                    error = max(error, self.settings.unobserved_error)
-                errors.append(error)
-            epsilon = max(errors) if errors else self.settings.default_error
-            measured_std = statistics.pstdev(self._step_times) if len(self._step_times) > 1 else 0.0
-            sigma = gain_sigma(candidate.step_s, epsilon, measured_std, len(self._step_times))
-            decision = admit(step, current.step_s, current.feasible, candidate.step_s, True, remaining, transition,
-                             self.settings, sigma, step - self._last_switch, found.plan)
+            sigma = self._sigma(found.plan, current, candidate) if fits else 0.0
+            key = plan_key(found.plan)
+            streak = self._streak[1] if self._streak[0] == key else 0
+            decision = admit(step, current.step_s, fits, candidate.step_s, True, remaining, transition,
+                             self.settings, sigma, step - self._last_switch, found.plan, streak)
+            passed = decision.reason in ("confirming", "pays-back")
+            self._streak = (key, streak + 1) if passed else (None, 0)
         self.log.append(decision)
         return decision
