@@ -11,12 +11,18 @@ carries every number and says why (`Decision.why`). Pure.
 Rule (after Pollux's discounted speedups and Sia's restart-cost accounting):
   1. infeasible now — the current plan does not fit the next step's workload or GPUs — and a
      feasible candidate exists: switch (a forced move, charged its transition like any other).
-  2. otherwise switch iff all of
-       (t_cur − t_cand − z·σ) · H · (1 − margin) > Ĉ          (payback with confidence)
-       (t_cur − t_cand) / t_cur ≥ ρ_min                          (not a tie)
+  2. otherwise, with g = t_cur − t_cand, switch iff all of
+       (g − z·σ)·H·(1 − margin) > Ĉ                             (payback with confidence)
+         or g·H·(1 − margin) − Ĉ > 2Ĉ + D·max(0, z·σ − g)       (a trial worth its risk)
+       g / t_cur ≥ ρ_min                                         (not a tie)
        steps since the last switch ≥ D_min
        the same candidate passed the three tests above at the `confirm` − 1 previous
-       decisions too                                             (hysteresis)
+       decisions too, unless the GPU budget just changed         (hysteresis)
+     The trial test covers a candidate the model cannot vouch for yet (a layout never
+     measured): a move is reversible, so its worst plausible loss is the move, the move back,
+     and D = `trial_steps` steps at up to z·σ − g slower before the measurements show it;
+     when the expected saving over the remaining steps exceeds that, trying is the better bet
+     (otherwise a clearly better plan is never tried, and never measured).
 σ is the uncertainty of the *difference* t_cur − t_cand (the controller computes it):
 σ² = s0²/k + Σ_changed (ε_ms·t_ms)², with s0 the std of the k measured steps of the current
 plan (shrinks as k grows) and the sum over the model-stages whose layout the candidate
@@ -40,9 +46,10 @@ from nereus.ir.model import Plan
 class AdmissionSettings:
     margin: float = 0.1  # fraction of the predicted saving not counted on
     z: float = 1.645  # one-sided 95% confidence on the predicted gain
-    rho_min: float = 0.01  # least relative gain worth a switch (ties are not worth a move)
+    rho_min: float = 0.0025  # least relative gain worth a switch (ties are not worth a move)
     min_interval: int = 1  # least steps between two switches
     confirm: int = 2  # consecutive decisions that must want the same candidate (hysteresis)
+    trial_steps: int = 3  # steps a trial needs before the model has measured the candidate
     default_error: float = 0.05  # ε before the model has two observations of a model-stage
     # ε floor for a candidate layout never measured: the fit is checked only on layouts the
     # job ran, and its error on other layouts is larger (the simulator's hidden per-term
@@ -54,8 +61,8 @@ class AdmissionSettings:
 class Decision:
     step: int
     switch: bool
-    # infeasible-now | pays-back | no-gain | below-min-gain | no-payback | too-soon | confirming |
-    # no-feasible-plan
+    # infeasible-now | pays-back | trial | no-gain | below-min-gain | no-payback | too-soon |
+    # confirming | no-feasible-plan
     reason: str
     current_s: float  # predicted step latency of the current plan (inf if infeasible)
     candidate_s: float  # predicted step latency of the best plan found
@@ -112,13 +119,18 @@ def admit(step: int, current_s: float, current_feasible: bool, candidate_s: floa
         return decide(False, "no-gain", saving)
     if gain / current_s < settings.rho_min:
         return decide(False, "below-min-gain", saving)
-    if saving <= transition_s:
+    # a reversible trial: at worst the candidate is z·σ − gain slower per step, that shows within
+    # `trial_steps` observed steps, and moving back costs another transition
+    worst_loss = 2.0 * transition_s + settings.trial_steps * max(0.0, settings.z * sigma_s - gain)
+    expected = gain * remaining_steps * (1.0 - settings.margin) - transition_s
+    trial = expected > worst_loss
+    if saving <= transition_s and not trial:
         return decide(False, "no-payback", saving)
     if steps_since_switch < settings.min_interval:
         return decide(False, "too-soon", saving)
     if confirmations + 1 < settings.confirm:
         return decide(False, "confirming", saving)
-    return decide(True, "pays-back", saving)
+    return decide(True, "pays-back" if saving > transition_s else "trial", saving)
 
 
 def gain_sigma(changed: list, measured_std: float = 0.0, measured_count: int = 0) -> float:

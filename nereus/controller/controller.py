@@ -12,8 +12,8 @@ by more than `research_tolerance` since the last search, or `refit_every` new ob
 have changed the cost model; otherwise decide() re-predicts two cached plans (current and
 candidate) and applies the admission rule. Transition costs are cached per plan pair.
 
-Noise: decisions are judged at the workload *level* — the median response of the last
-`level_window` steps — so one long step neither triggers a search nor flips a plan, while
+Noise: decisions are judged at the workload *level* — a robust line through the last
+`level_window` responses — so one long step neither triggers a search nor flips a plan, while
 feasibility is judged on the step's own workload (a plan that cannot run the next step
 forces a move). The admission rule (admission.py) adds a confidence term σ on the gain and
 a confirmation over consecutive decisions.
@@ -25,6 +25,8 @@ import math
 import statistics
 from dataclasses import dataclass, field, replace
 from typing import Optional
+
+import numpy as np
 
 from nereus.ir.model import ModelStage, Module, Plan, Workload
 
@@ -76,8 +78,8 @@ class Controller:
     # edge of its KV capacity needs one more generation wave at the next longer step (a
     # ~30% cliff on the length-growth trace), so candidates keep some headroom
     headroom: float = 0.05
-    refit_every: int = 50  # steps: re-search at least this often once the cost model has changed
-    level_window: int = 8  # responses whose median the decisions are judged at (1: the step's own)
+    refit_every: int = 100  # steps: re-search at least this often once the cost model has changed
+    level_window: int = 16  # responses the workload level is fitted to (1: the step's own)
     cost: Optional[CostModel] = None
     log: list = field(default_factory=list)
 
@@ -98,6 +100,7 @@ class Controller:
         self._search_step = 0
         self._responses: list[int] = []
         self._streak: tuple = (None, 0)  # (candidate key, consecutive decisions that wanted it)
+        self._last_gpus: Optional[int] = None
 
     # -- observations -------------------------------------------------------------------
     def observe(self, model_stage, plan: Plan, workload: Workload, seconds: float) -> None:
@@ -177,13 +180,21 @@ class Controller:
 
     def level(self, workload: Workload) -> Workload:
         """The workload the decision is judged at: the step's own, with the response replaced by
-        the median of the last `level_window` responses (this one included), so that a single
-        long or short step neither triggers a search nor makes a plan look better."""
+        a robust line (Theil–Sen: the median of pairwise slopes, the median intercept) through
+        the last `level_window` responses (this one included), read at this step. One long or
+        short step barely moves it (it neither triggers a search nor makes a plan look better),
+        ±x% noise per step moves it by a fraction of x, and a steady trend moves it without the
+        lag of a moving median or mean."""
         self._responses.append(workload.response)
         del self._responses[:-self.level_window]
-        if self.level_window <= 1:
+        n = len(self._responses)
+        if self.level_window <= 1 or n < 3:
             return workload
-        return replace(workload, response=int(statistics.median(self._responses)))
+        y = np.asarray(self._responses, dtype=float)
+        i, j = np.triu_indices(n, 1)
+        slope = float(np.median((y[j] - y[i]) / (j - i)))
+        intercept = float(np.median(y - slope * np.arange(n)))
+        return replace(workload, response=max(1, int(round(intercept + slope * (n - 1)))))
 
     def _sigma(self, candidate: Plan, current_pred: PlanPrediction, candidate_pred: PlanPrediction) -> float:
         """σ of the predicted gain: measured step noise over the k steps on the current plan,
@@ -215,6 +226,7 @@ class Controller:
         self._decisions += 1
         remaining = max(0, self.total_steps - step)
         level = self.level(workload)
+        last_gpus, self._last_gpus = self._last_gpus, gpus
         fits = self._predict(self.plan, workload, gpus).feasible
         current = self._predict(self.plan, level, gpus)
         found = self.best_plan(level, gpus)
@@ -245,9 +257,11 @@ class Controller:
             sigma = self._sigma(found.plan, current, candidate) if fits else 0.0
             key = plan_key(found.plan)
             streak = self._streak[1] if self._streak[0] == key else 0
+            if last_gpus is not None and gpus != last_gpus:
+                streak = self.settings.confirm  # a new GPU budget is a fact, not noise: no need to confirm
             decision = admit(step, current.step_s, fits, candidate.step_s, True, remaining, transition,
                              self.settings, sigma, step - self._last_switch, found.plan, streak)
-            passed = decision.reason in ("confirming", "pays-back")
+            passed = decision.reason in ("confirming", "pays-back", "trial")
             self._streak = (key, streak + 1) if passed else (None, 0)
         self.log.append(decision)
         return decision

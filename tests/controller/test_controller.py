@@ -143,7 +143,10 @@ def test_admission_pays_back_only_when_saving_exceeds_cost():
 
 def test_admission_respects_confidence_min_gain_and_interval():
     s = AdmissionSettings(margin=0.0, z=1.645, rho_min=0.03, min_interval=10, confirm=1)
-    assert admit(0, 10.0, True, 9.0, True, 1000, 10.0, s, sigma_s=0.7).reason == "no-payback"  # 1 − 1.15 < 0
+    # gain 1 − z·σ 1.15 < 0: no confident payback; over 20 steps the expected 20 − 10 s does not
+    # cover the worst plausible loss of a trial (2·10 s + 3·0.15 s); over 1000 steps it does
+    assert admit(0, 10.0, True, 9.0, True, 20, 10.0, s, sigma_s=0.7).reason == "no-payback"
+    assert admit(0, 10.0, True, 9.0, True, 1000, 10.0, s, sigma_s=0.7).reason == "trial"
     assert admit(0, 10.0, True, 9.9, True, 10**6, 1.0, s).reason == "below-min-gain"
     assert admit(0, 10.0, True, 9.0, True, 1000, 1.0, s, steps_since_switch=3).reason == "too-soon"
     assert admit(0, 10.0, True, 9.0, True, 1000, 1.0, s, steps_since_switch=30).switch

@@ -85,7 +85,7 @@ def test_oracle_is_at_most_every_policy_that_ran_all_steps(tmp_path):
 
 
 def test_simulator_is_deterministic_for_a_seed(tmp_path):
-    strip = lambda r: {k: {m: v for m, v in s.items() if not m.startswith("controller_ms")}
+    strip = lambda r: {k: {m: v for m, v in s.items() if not m.startswith("controller_")}
                        for k, s in r["policies"].items()}
     a = simulate(load_trace(_supply(tmp_path, 3)), transition_method="estimate")
     b = simulate(load_trace(_supply(tmp_path, 3)), transition_method="estimate")
