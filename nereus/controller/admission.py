@@ -16,8 +16,9 @@ Rule (after Pollux's discounted speedups and Sia's restart-cost accounting):
          or g·H·(1 − margin) − Ĉ > 2Ĉ + D·max(0, z·σ − g)       (a trial worth its risk)
        g / t_cur ≥ ρ_min                                         (not a tie)
        steps since the last switch ≥ D_min
-       the same candidate passed the three tests above at the `confirm` − 1 previous
-       decisions too, unless the GPU budget just changed         (hysteresis)
+       for a trial (not the confident test): the same candidate passed the tests above at
+       the `confirm` − 1 previous decisions too, unless the GPU budget just changed
+                                                                 (hysteresis)
      The trial test covers a candidate the model cannot vouch for yet (a layout never
      measured): a move is reversible, so its worst plausible loss is the move, the move back,
      and D = `trial_steps` steps at up to z·σ − g slower before the measurements show it;
@@ -29,8 +30,9 @@ plan (shrinks as k grows) and the sum over the model-stages whose layout the can
 changes (unchanged ones cancel), ε_ms the fit's relative error inflated by √(n/(n − f)) for f
 fitted coefficients on n observations (shrinks with evidence), floored for a layout never
 measured. A model-stage the switch does not touch adds nothing, so a clearly better plan is
-not held back by noise elsewhere; a gain inside the noise never passes the payback test,
-and one that appears at a single noisy step never passes the confirmation.
+not held back by noise elsewhere; a gain inside the noise never passes the confident test,
+and a trial that looks worth it at a single step waits for the confirmation. A confident
+gain moves at once: a one-step delay at a generation-wave cliff costs a whole step's 25–30%.
 """
 
 from __future__ import annotations
@@ -128,8 +130,8 @@ def admit(step: int, current_s: float, current_feasible: bool, candidate_s: floa
         return decide(False, "no-payback", saving)
     if steps_since_switch < settings.min_interval:
         return decide(False, "too-soon", saving)
-    if confirmations + 1 < settings.confirm:
-        return decide(False, "confirming", saving)
+    if saving <= transition_s and confirmations + 1 < settings.confirm:
+        return decide(False, "confirming", saving)  # only a trial waits: a confident gain is no noise
     return decide(True, "pays-back" if saving > transition_s else "trial", saving)
 
 

@@ -144,7 +144,7 @@ class Controller:
                 self._prediction_cache.clear()
             hit = predict_plan(self.module, workload, self.cost, plan, None, self.allow_waves)
             self._prediction_cache[key] = hit
-        if gpus is not None and hit.feasible and any(g >= gpus for p in plan.placements for g in p.gpus):
+        if gpus is not None and hit.feasible and max(max(p.gpus) for p in plan.placements) >= gpus:
             return PlanPrediction(False, hit.step_s, hit.stage_seconds, hit.waves)
         return hit
 
@@ -178,23 +178,42 @@ class Controller:
                                                              self.transition_method)[0]
         return self._transition_cache[key]
 
-    def level(self, workload: Workload) -> Workload:
-        """The workload the decision is judged at: the step's own, with the response replaced by
-        a robust line (Theil–Sen: the median of pairwise slopes, the median intercept) through
-        the last `level_window` responses (this one included), read at this step. One long or
-        short step barely moves it (it neither triggers a search nor makes a plan look better),
-        ±x% noise per step moves it by a fraction of x, and a steady trend moves it without the
-        lag of a moving median or mean."""
+    def level(self, workload: Workload) -> tuple[Workload, tuple[Workload, ...]]:
+        """(level, spread): the workload the decision is judged at and the workloads its step
+        times are averaged over.
+
+        The level is the step's own workload with the response replaced by a robust line
+        (Theil–Sen: the median of pairwise slopes, the median intercept) through the last
+        `level_window` responses (this one included), read at this step: one long or short
+        step barely moves it, so it neither triggers a search nor makes a plan look better;
+        ±x% noise per step moves it by a fraction of x; a steady trend moves it without the lag
+        of a moving median or mean. The spread is the level shifted by the lower and upper
+        quartiles of the recent responses' residuals from that line: a plan one generation
+        wave short of the upper quartile pays its KV-wave cliff in the average, as it will in
+        about a quarter to a half of the coming steps."""
         self._responses.append(workload.response)
         del self._responses[:-self.level_window]
         n = len(self._responses)
         if self.level_window <= 1 or n < 3:
-            return workload
+            return workload, (workload,)
         y = np.asarray(self._responses, dtype=float)
+        x = np.arange(n)
         i, j = np.triu_indices(n, 1)
         slope = float(np.median((y[j] - y[i]) / (j - i)))
-        intercept = float(np.median(y - slope * np.arange(n)))
-        return replace(workload, response=max(1, int(round(intercept + slope * (n - 1)))))
+        intercept = float(np.median(y - slope * x))
+        at = intercept + slope * (n - 1)
+        low, high = np.percentile(y - (intercept + slope * x), [25, 75])
+        level, down, up = (replace(workload, response=max(1, int(round(at + d)))) for d in (0.0, low, high))
+        return level, (down, up)
+
+    def _expected(self, plan: Plan, spread: tuple, gpus: int) -> PlanPrediction:
+        """The plan's prediction with step_s averaged over the spread's workloads."""
+        predictions = [self._predict(plan, w, gpus) for w in spread]
+        if len(predictions) == 1:
+            return predictions[0]
+        first = predictions[0]
+        return PlanPrediction(first.feasible, sum(p.step_s for p in predictions) / len(predictions),
+                              first.stage_seconds, first.waves)
 
     def _sigma(self, candidate: Plan, current_pred: PlanPrediction, candidate_pred: PlanPrediction) -> float:
         """σ of the predicted gain: measured step noise over the k steps on the current plan,
@@ -221,14 +240,14 @@ class Controller:
 
     def decide(self, step: int, workload: Workload, gpus: int) -> Decision:
         """Should the job leave `self.plan` before running `step` under `workload` on GPUs
-        0..gpus−1? Feasibility is judged on `workload` itself, latencies at `level(workload)`.
+        0..gpus−1? Feasibility is judged on `workload` itself, latencies over `level(workload)`.
         Returns (and logs) a Decision; it does not change `self.plan`."""
         self._decisions += 1
         remaining = max(0, self.total_steps - step)
-        level = self.level(workload)
+        level, spread = self.level(workload)
         last_gpus, self._last_gpus = self._last_gpus, gpus
         fits = self._predict(self.plan, workload, gpus).feasible
-        current = self._predict(self.plan, level, gpus)
+        current = self._expected(self.plan, spread, gpus)
         found = self.best_plan(level, gpus)
         candidate = self._predict(found.plan, workload, gpus) if found.plan is not None else None
         if not fits and (candidate is None or not candidate.feasible):
@@ -245,7 +264,7 @@ class Controller:
                                  remaining, 0.0, self.settings, candidate=None)
             self.log.append(decision)
             return decision
-        candidate = self._predict(found.plan, level, gpus)
+        candidate = self._expected(found.plan, spread, gpus)
         transition = self.transition_estimate(workload, self.plan, found.plan) * self.correction
         if self.greedy:
             settings = AdmissionSettings(margin=0.0, z=0.0, rho_min=0.0, min_interval=0, confirm=1)

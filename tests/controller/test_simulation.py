@@ -125,10 +125,13 @@ def test_periodic_memory_equals_the_per_gpu_computation(small, monkeypatch):
             assert fast == full
 
 
-def test_admission_waits_for_confirmation_but_not_when_forced():
-    s = AdmissionSettings(margin=0.0, z=0.0, rho_min=0.01, confirm=2)
-    assert admit(0, 10.0, True, 9.0, True, 1000, 1.0, s, confirmations=0).reason == "confirming"
-    assert admit(1, 10.0, True, 9.0, True, 1000, 1.0, s, confirmations=1).switch
+def test_only_a_trial_waits_for_confirmation():
+    s = AdmissionSettings(margin=0.0, z=1.645, rho_min=0.01, confirm=2)
+    # gain 1 s/step, z·σ 1.15: not confident, but a trial worth its risk over 1000 steps
+    assert admit(0, 10.0, True, 9.0, True, 1000, 1.0, s, 0.7, confirmations=0).reason == "confirming"
+    assert admit(1, 10.0, True, 9.0, True, 1000, 1.0, s, 0.7, confirmations=1).reason == "trial"
+    # a confident gain (σ small) and a forced move go at once
+    assert admit(0, 10.0, True, 9.0, True, 1000, 1.0, s, 0.1, confirmations=0).reason == "pays-back"
     assert admit(0, 10.0, False, 9.0, True, 1000, 1.0, s, confirmations=0).switch  # infeasible-now
 
 
