@@ -45,6 +45,15 @@ class PlanPrediction:
     waves: dict  # str(ms) -> waves
 
 
+LEVEL_GRID = math.log(1.01)
+
+
+def _on_grid(response: float) -> int:
+    """The nearest point of a 1% geometric grid (whole tokens): the level moves a little every
+    step, and on the grid its memory and cost terms are computed once per 1% of drift."""
+    return max(1, int(round(math.exp(round(math.log(max(response, 1.0)) / LEVEL_GRID) * LEVEL_GRID))))
+
+
 def plan_key(plan: Plan) -> tuple:
     return tuple((str(p.model_stage), p.dp, p.tp, p.pp, p.offload, p.gpus) for p in plan.placements)
 
@@ -190,7 +199,8 @@ class Controller:
         of a moving median or mean. The spread is the level shifted by the lower and upper
         quartiles of the recent responses' residuals from that line: a plan one generation
         wave short of the upper quartile pays its KV-wave cliff in the average, as it will in
-        about a quarter to a half of the coming steps."""
+        about a quarter to a half of the coming steps. All three lie on a 1% grid (`_on_grid`):
+        memory and cost terms are then computed once per 1% of drift, not every step."""
         self._responses.append(workload.response)
         del self._responses[:-self.level_window]
         n = len(self._responses)
@@ -203,7 +213,7 @@ class Controller:
         intercept = float(np.median(y - slope * x))
         at = intercept + slope * (n - 1)
         low, high = np.percentile(y - (intercept + slope * x), [25, 75])
-        level, down, up = (replace(workload, response=max(1, int(round(at + d)))) for d in (0.0, low, high))
+        level, down, up = (replace(workload, response=_on_grid(at + d)) for d in (0.0, low, high))
         return level, (down, up)
 
     def _expected(self, plan: Plan, spread: tuple, gpus: int) -> PlanPrediction:
