@@ -11,7 +11,10 @@ carries every number and says why (`Decision.why`). Pure.
 Rule (after Pollux's discounted speedups and Sia's restart-cost accounting):
   1. infeasible now — the current plan does not fit the next step's workload or GPUs — and a
      feasible candidate exists: switch (a forced move, charged its transition like any other).
-  2. otherwise, with g = t_cur − t_cand, switch iff all of
+  2. the next step alone repays the move: its workload is known, and the candidate saves more
+     than Ĉ + z·σ on it while being no slower (up to ρ_min) at the workload level (at a generation-wave
+     cliff a step costs 25–30% more; waiting one step for the level to catch up costs that).
+  3. otherwise, with g = t_cur − t_cand, switch iff all of
        (g − z·σ)·H·(1 − margin) > Ĉ                             (payback with confidence)
          or g·H·(1 − margin) − Ĉ > 2Ĉ + D·max(0, z·σ − g)       (a trial worth its risk)
        g / t_cur ≥ ρ_min                                         (not a tie)
@@ -63,7 +66,7 @@ class AdmissionSettings:
 class Decision:
     step: int
     switch: bool
-    # infeasible-now | pays-back | trial | no-gain | below-min-gain | no-payback | too-soon |
+    # infeasible-now | pays-back-now | pays-back | trial | no-gain | below-min-gain | no-payback | too-soon |
     # confirming | no-feasible-plan
     reason: str
     current_s: float  # predicted step latency of the current plan (inf if infeasible)
@@ -102,11 +105,13 @@ class Decision:
 def admit(step: int, current_s: float, current_feasible: bool, candidate_s: float, candidate_feasible: bool,
           remaining_steps: int, transition_s: float, settings: AdmissionSettings, sigma_s: float = 0.0,
           steps_since_switch: int = 1 << 30, candidate: Optional[Plan] = None,
-          confirmations: int = 1 << 30) -> Decision:
+          confirmations: int = 1 << 30, now_gain_s: float = 0.0) -> Decision:
     """Apply the admission rule (module docstring) to predicted numbers. Pure.
 
     `confirmations`: consecutive earlier decisions that wanted this same candidate and passed
-    the payback, gain and interval tests (the caller counts them; default: confirmed)."""
+    the payback, gain and interval tests (the caller counts them; default: confirmed).
+    `now_gain_s`: predicted seconds the candidate saves on the next step itself, whose
+    workload is known (rule 2's first alternative)."""
     def decide(switch: bool, reason: str, saving: float) -> Decision:
         return Decision(step, switch, reason, current_s if current_feasible else math.inf, candidate_s,
                         remaining_steps, transition_s, sigma_s, settings.margin, saving, candidate)
@@ -117,6 +122,9 @@ def admit(step: int, current_s: float, current_feasible: bool, candidate_s: floa
         return decide(True, "infeasible-now", 0.0)
     gain = current_s - candidate_s
     saving = (gain - settings.z * sigma_s) * remaining_steps * (1.0 - settings.margin)
+    no_slower = gain >= -settings.rho_min * current_s  # at the level, up to a tie
+    if no_slower and now_gain_s - settings.z * sigma_s > transition_s and steps_since_switch >= settings.min_interval:
+        return decide(True, "pays-back-now", saving)
     if gain <= 0:
         return decide(False, "no-gain", saving)
     if gain / current_s < settings.rho_min:

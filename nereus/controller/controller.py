@@ -256,7 +256,8 @@ class Controller:
         remaining = max(0, self.total_steps - step)
         level, spread = self.level(workload)
         last_gpus, self._last_gpus = self._last_gpus, gpus
-        fits = self._predict(self.plan, workload, gpus).feasible
+        current_now = self._predict(self.plan, workload, gpus)
+        fits = current_now.feasible
         current = self._expected(self.plan, spread, gpus)
         found = self.best_plan(level, gpus)
         candidate = self._predict(found.plan, workload, gpus) if found.plan is not None else None
@@ -274,6 +275,7 @@ class Controller:
                                  remaining, 0.0, self.settings, candidate=None)
             self.log.append(decision)
             return decision
+        candidate_now = candidate
         candidate = self._expected(found.plan, spread, gpus)
         transition = self.transition_estimate(workload, self.plan, found.plan) * self.correction
         if self.greedy:
@@ -289,7 +291,8 @@ class Controller:
             if last_gpus is not None and gpus != last_gpus:
                 streak = self.settings.confirm  # a new GPU budget is a fact, not noise: no need to confirm
             decision = admit(step, current.step_s, fits, candidate.step_s, True, remaining, transition,
-                             self.settings, sigma, step - self._last_switch, found.plan, streak)
+                             self.settings, sigma, step - self._last_switch, found.plan, streak,
+                             now_gain_s=current_now.step_s - candidate_now.step_s)
             passed = decision.reason in ("confirming", "pays-back", "trial")
             self._streak = (key, streak + 1) if passed else (None, 0)
         self.log.append(decision)

@@ -135,6 +135,16 @@ def test_only_a_trial_waits_for_confirmation():
     assert admit(0, 10.0, False, 9.0, True, 1000, 1.0, s, confirmations=0).switch  # infeasible-now
 
 
+def test_a_move_that_the_next_step_alone_repays_goes_at_once():
+    s = AdmissionSettings(margin=0.1, z=1.645, rho_min=0.01, confirm=2)
+    # at the level the plans tie, but the next (known) step saves 20 s against a 5 s move
+    now = admit(0, 100.0, True, 100.0, True, 3, 5.0, s, 1.0, confirmations=0, now_gain_s=20.0)
+    assert now.switch and now.reason == "pays-back-now"
+    assert not admit(0, 100.0, True, 100.0, True, 3, 5.0, s, 1.0, confirmations=0, now_gain_s=6.0).switch
+    # not when the candidate is slower at the level: the next step's gain would be paid back later
+    assert not admit(0, 100.0, True, 103.0, True, 3, 5.0, s, 1.0, confirmations=0, now_gain_s=20.0).switch
+
+
 def test_controller_does_not_chase_a_single_long_step(small):
     """One response 2× the level: the level (a median) does not move, so the decision is judged
     on the same numbers and nothing is searched again; a level of one step would chase it."""
