@@ -46,6 +46,7 @@ class PlanPrediction:
 
 
 LEVEL_GRID = math.log(1.01)
+SPREAD_QUANTILES = (12.5, 37.5, 62.5, 87.5)  # a 4-point rule for the mean over recent residuals
 
 
 def _on_grid(response: float) -> int:
@@ -169,9 +170,13 @@ class Controller:
                 return True
         return False
 
-    def best_plan(self, workload: Workload, gpus: int) -> SearchResult:
+    def best_plan(self, workload: Workload, gpus: int, longest: int = 0) -> SearchResult:
+        """The search's best plan for `workload` (cached until `_needs_search`), planned for the
+        longer of `headroom` above its response and `longest` (the longest recent response: a
+        plan without a generation-wave cliff below the long steps that noise brings)."""
         if self._needs_search(workload, gpus):
-            ahead = replace(workload, response=math.ceil(workload.response * (1.0 + self.headroom)))
+            response = max(math.ceil(workload.response * (1.0 + self.headroom)), longest)
+            ahead = replace(workload, response=response)
             self._search = search_plan(self.module, ahead, self.cost, gpus, name="candidate",
                                        allow_waves=self.allow_waves)
             self._search_key, self._search_version, self._search_workload = gpus, self.cost.version, workload
@@ -212,9 +217,9 @@ class Controller:
         slope = float(np.median((y[j] - y[i]) / (j - i)))
         intercept = float(np.median(y - slope * x))
         at = intercept + slope * (n - 1)
-        low, high = np.percentile(y - (intercept + slope * x), [25, 75])
-        level, down, up = (replace(workload, response=_on_grid(at + d)) for d in (0.0, low, high))
-        return level, (down, up)
+        shifts = np.percentile(y - (intercept + slope * x), SPREAD_QUANTILES)
+        level = replace(workload, response=_on_grid(at))
+        return level, tuple(replace(workload, response=_on_grid(at + d)) for d in shifts)
 
     def _expected(self, plan: Plan, spread: tuple, gpus: int) -> PlanPrediction:
         """The plan's prediction with step_s averaged over the spread's workloads."""
@@ -259,7 +264,7 @@ class Controller:
         current_now = self._predict(self.plan, workload, gpus)
         fits = current_now.feasible
         current = self._expected(self.plan, spread, gpus)
-        found = self.best_plan(level, gpus)
+        found = self.best_plan(level, gpus, max(self._responses))
         candidate = self._predict(found.plan, workload, gpus) if found.plan is not None else None
         if not fits and (candidate is None or not candidate.feasible):
             self._search = None  # forced: search at this step's own workload, which the level hid
