@@ -146,16 +146,19 @@ def test_a_move_that_the_next_step_alone_repays_goes_at_once():
 
 
 def test_controller_does_not_chase_a_single_long_step(small):
-    """One response 2× the level: the level (a median) does not move, so the decision is judged
-    on the same numbers and nothing is searched again; a level of one step would chase it."""
-    for window, chases in ((8, False), (1, True)):
+    """One response 2× the level: the level (a robust line) does not move, so nothing is
+    searched again and the plan's expected step time moves by a few percent (the spike is one
+    of 16 residuals); a level of one step takes the spike at face value."""
+    for window, chases in ((16, False), (1, True)):
         ctl = Controller(small, small.plan("S1"), total_steps=200, transition_method="estimate", level_window=window)
         w = small.workload
         for step in range(10):
             before = ctl.decide(step, w, 8)
         searches = ctl.searches
         spike = ctl.decide(10, replace(w, response=2 * w.response), 8)
-        assert (ctl.searches != searches or spike.current_s != before.current_s) == chases
+        moved = abs(spike.current_s / before.current_s - 1)
+        assert (ctl.searches != searches or moved > 0.3) == chases, (window, moved)
+        assert chases or moved < 0.05
 
 
 def test_nereus_moves_less_than_greedy_under_noise(tmp_path):
