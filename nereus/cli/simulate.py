@@ -1,22 +1,44 @@
-"""`nereus simulate TRACE [--json] [--plot out.png] [--margin x]`: replay a drift trace under the
-fixed, greedy, Nereus and oracle policies (nereus.controller.simulator)."""
+"""`nereus simulate TRACE [--json] [--plot out.png] [--margin x] [--steps]`: replay a drift trace
+under the fixed, greedy and Nereus policies and the DP oracle (nereus.controller.simulator).
+Progress goes to stderr; the summary table (or, with --json, one JSON object on the last
+line) to stdout."""
 
 from __future__ import annotations
 
 import json
 import math
+import sys
+import time
 
 import click
 
 from nereus.cli.errors import reports_errors, traceback_option
 
+COLORS = {"fixed": "tab:gray", "greedy": "tab:orange", "nereus": "tab:blue", "oracle": "tab:green"}
+
 
 def _fmt(x) -> str:
-    return "inf" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.2f}"
+    return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.2f}"
+
+
+class StderrProgress:
+    """Prints `phase done/total (elapsed)` to stderr at most every `every` seconds, and at
+    each phase's end."""
+
+    def __init__(self, every: float = 2.0):
+        self.every = every
+        self.began = time.perf_counter()
+        self.last = -math.inf
+
+    def __call__(self, phase: str, done: int, total: int) -> None:
+        now = time.perf_counter()
+        if done == total or now - self.last >= self.every:
+            self.last = now
+            click.echo(f"  {phase}: {done}/{total} ({now - self.began:.0f} s)", err=True)
 
 
 def plot(result: dict, path: str, title: str) -> None:
-    """Per-step latency of every policy and the transitions each took (cf. the paper's Fig. 11)."""
+    """Per-step latency of every policy, its transitions, and an ✕ where a policy failed."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -24,12 +46,21 @@ def plot(result: dict, path: str, title: str) -> None:
 
     steps = [r["step"] for r in result["steps"]]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 6), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
-    colors = {"fixed": "tab:gray", "greedy": "tab:orange", "nereus": "tab:blue", "oracle": "tab:green"}
     for name, summary in result["policies"].items():
-        ys = [r[name] if math.isfinite(r[name]) else float("nan") for r in result["steps"]]
-        top.plot(steps, ys, label=f"{name} (mean {summary['mean_step_s']:.1f} s)", color=colors.get(name), lw=1.2)
+        ys = [r.get(name) if r.get(name) is not None else float("nan") for r in result["steps"]]
+        mean = summary["mean_step_s"]
+        label = f"{name} (mean {mean:.1f} s)" if mean is not None else name
+        failed = summary["failed_at"]
+        if failed is not None:
+            label += f", failed at step {failed}"
+        top.plot(steps, ys, label=label, color=COLORS.get(name), lw=1.2)
         for t in result["transitions"].get(name, []):
-            top.axvline(t["step"], color=colors.get(name), alpha=0.25, lw=0.8)
+            top.axvline(t["step"], color=COLORS.get(name), alpha=0.25, lw=0.8)
+        if failed is not None:
+            before = [y for y in ys[:failed] if y == y]
+            top.plot([failed], [before[-1] if before else 0.0], marker="X", markersize=12, color=COLORS.get(name),
+                     markeredgecolor="black", linestyle="none")
+            top.axvline(failed, color=COLORS.get(name), ls="--", lw=1.0)
     top.set_ylabel("step latency (s)")
     top.set_title(title)
     top.legend(loc="upper left", fontsize=8)
@@ -51,11 +82,15 @@ def plot(result: dict, path: str, title: str) -> None:
 @click.option("--margin", type=float, default=0.1, show_default=True, help="Admission margin (confidence setting).")
 @click.option("--steps", "show_steps", is_flag=True, help="Print every step's latency per policy.")
 @click.option("--estimate-transitions", is_flag=True,
-              help="Estimate transition costs from bytes/bandwidth instead of compiling each transition.")
+              help="Controllers estimate transition costs from bytes/bandwidth instead of compiling each one.")
+@click.option("--oracle-grid", type=float, default=0.05, show_default=True,
+              help="Response ratio between the oracle's extra search points.")
+@click.option("--quiet", is_flag=True, help="No progress on stderr.")
 @traceback_option
 @reports_errors
-def simulate_command(trace, as_json, plot_path, margin, show_steps, estimate_transitions, traceback):
-    """Replay a drift trace under fixed, greedy, Nereus and oracle policies."""
+def simulate_command(trace, as_json, plot_path, margin, show_steps, estimate_transitions, oracle_grid, quiet,
+                     traceback):
+    """Replay a drift trace under fixed, greedy and Nereus policies and the DP oracle."""
     if plot_path:
         from nereus.cli.extras import require
 
@@ -63,26 +98,37 @@ def simulate_command(trace, as_json, plot_path, margin, show_steps, estimate_tra
     from nereus.controller.simulator import load_trace, simulate
 
     loaded = load_trace(trace)
-    result = simulate(loaded, margin=margin, transition_method="estimate" if estimate_transitions else "compile")
+    if not quiet:
+        click.echo(f"simulating {len(loaded.steps)} steps of {trace} ...", err=True)
+    result = simulate(loaded, margin=margin, transition_method="estimate" if estimate_transitions else "compile",
+                      oracle_grid=oracle_grid, progress=None if quiet else StderrProgress())
+    names = list(result["policies"])
     if show_steps:
-        names = list(result["policies"])
-        click.echo("step  response  gpus  " + "  ".join(f"{n:>9s}" for n in names) + "   best")
+        click.echo("step  response  gpus  " + "  ".join(f"{n:>9s}" for n in names))
         for r in result["steps"]:
             click.echo(f"{r['step']:4d}  {r['response']:8d}  {r['gpus']:4d}  "
-                       + "  ".join(f"{_fmt(r[n]):>9s}" for n in names) + f"  {_fmt(r['best_s'])}")
+                       + "  ".join(f"{_fmt(r.get(n)):>9s}" for n in names))
     for name, moves in result["transitions"].items():
         for move in moves:
-            click.echo(f"{name}: step {move['step']}: transition {move['seconds']:.2f} s — {move['why']}")
-    click.echo(f"{'policy':8s} {'mean step s':>12s} {'gap to best':>12s} {'transitions':>12s} {'transition s':>13s} "
-               f"{'share':>8s} {'ctl ms/step':>12s}")
+            if name != "oracle" or show_steps:
+                click.echo(f"{name}: step {move['step']}: transition {move['seconds']:.2f} s — {move['why']}")
+    click.echo(f"{'policy':8s} {'steps run':>9s} {'failed at':>9s} {'mean step s':>12s} {'total s':>10s} "
+               f"{'vs oracle':>10s} {'transitions':>11s} {'transition s':>12s} {'share':>8s} {'ctl ms/step':>11s}")
     for name, s in result["policies"].items():
-        gap = "-" if s["mean_gap_to_best"] is None else f"{100 * s['mean_gap_to_best']:.1f}%"
+        gap = "-" if s.get("gap_to_oracle") is None else f"{100 * s['gap_to_oracle']:+.2f}%"
         ctl = f"{s['controller_ms_per_step']:.2f}" if "controller_ms_per_step" in s else "-"
-        click.echo(f"{name:8s} {s['mean_step_s']:12.2f} {gap:>12s} {s['transitions']:12d} {s['transition_s']:13.2f} "
-                   f"{100 * s['transition_share']:7.3f}% {ctl:>12s}")
+        failed = "-" if s["failed_at"] is None else str(s["failed_at"])
+        click.echo(f"{name:8s} {s['steps_run']:9d} {failed:>9s} {_fmt(s['mean_step_s']):>12s} {s['total_s']:10.1f} "
+                   f"{gap:>10s} {s['transitions']:11d} {s['transition_s']:12.2f} {100 * s['transition_share']:7.3f}% "
+                   f"{ctl:>11s}")
+    common = next(iter(result["policies"].values()))["common_steps"]
+    if common < len(result["steps"]):
+        click.echo(f"over the {common} steps every policy ran: " + ", ".join(
+            f"{name} {_fmt(s['common_mean_step_s'])} s/step" for name, s in result["policies"].items()))
     if plot_path:
         plot(result, plot_path, f"{trace} (margin {margin:g})")
         click.echo(f"wrote {plot_path}")
     if as_json:
-        click.echo(json.dumps({"name": "simulate", "trace": trace, "margin": margin,
-                               "policies": result["policies"]}))
+        click.echo(json.dumps({"name": "simulate", "trace": trace, "margin": margin, "policies": result["policies"],
+                               "oracle": result["oracle"]}))
+    sys.stderr.flush()

@@ -1,18 +1,41 @@
 """Admission: switch plans only when the current plan cannot run the next step, or when the
-predicted saving over the remaining steps repays the transition with confidence.
+predicted saving over the remaining steps repays the transition with confidence, and the
+evidence for it has held for more than one step.
 
-Rule (issue 7; after Pollux's discounted speedups and Sia's
-restart-cost accounting):
+Input: predicted step seconds of the current plan and of the best candidate (at the
+workload level, see `Controller`), their feasibility for the actual next step, the remaining
+steps H, the corrected transition estimate Ĉ, the gain's uncertainty σ, and how many
+consecutive earlier decisions already wanted this candidate. Output: a `Decision` that
+carries every number and says why (`Decision.why`). Pure.
+
+Rule (after Pollux's discounted speedups and Sia's restart-cost accounting):
   1. infeasible now — the current plan does not fit the next step's workload or GPUs — and a
-     feasible candidate exists: switch.
-  2. otherwise switch iff all of
-       (t_cur − t_cand − z·σ) · H · (1 − margin) > Ĉ          (payback with confidence)
-       (t_cur − t_cand) / t_cur ≥ ρ_min                          (a real gain, not noise)
+     feasible candidate exists: switch (a forced move, charged its transition like any other).
+  2. the next step alone repays the move: its workload is known, and the candidate saves more
+     than Ĉ + z·σ on it while being no slower (up to ρ_min) at the workload level (at a generation-wave
+     cliff a step costs 25–30% more; waiting one step for the level to catch up costs that).
+  3. otherwise, with g = t_cur − t_cand, switch iff all of
+       (g − z·σ)·H·(1 − margin) > Ĉ                             (payback with confidence)
+         or g·H·(1 − margin) − Ĉ > 2Ĉ + D·max(0, z·σ − g)       (a trial worth its risk)
+       g / t_cur ≥ ρ_min                                         (not a tie)
        steps since the last switch ≥ D_min
-     with H the remaining steps, σ = √(s0²/k + (ε·t_cand)²) (s0: std of the k measured
-     steps of the current plan; ε: the cost model's leave-one-out relative error), and Ĉ the
-     transition estimate × the measured/predicted ratio of past transitions.
-Every decision keeps its numbers; `Decision.why` says them in words.
+       for a trial (not the confident test): the same candidate passed the tests above at
+       the `confirm` − 1 previous decisions too, unless the GPU budget just changed
+                                                                 (hysteresis)
+     The trial test covers a candidate the model cannot vouch for yet (a layout never
+     measured): a move is reversible, so its worst plausible loss is the move, the move back,
+     and D = `trial_steps` steps at up to z·σ − g slower before the measurements show it;
+     when the expected saving over the remaining steps exceeds that, trying is the better bet
+     (otherwise a clearly better plan is never tried, and never measured).
+σ is the uncertainty of the *difference* t_cur − t_cand (the controller computes it):
+σ² = s0²/k + Σ_changed (ε_ms·t_ms)², with s0 the std of the k measured steps of the current
+plan (shrinks as k grows) and the sum over the model-stages whose layout the candidate
+changes (unchanged ones cancel), ε_ms the fit's relative error inflated by √(n/(n − f)) for f
+fitted coefficients on n observations (shrinks with evidence), floored for a layout never
+measured. A model-stage the switch does not touch adds nothing, so a clearly better plan is
+not held back by noise elsewhere; a gain inside the noise never passes the confident test,
+and a trial that looks worth it at a single step waits for the confirmation. A confident
+gain moves at once: a one-step delay at a generation-wave cliff costs a whole step's 25–30%.
 """
 
 from __future__ import annotations
@@ -28,8 +51,10 @@ from nereus.ir.model import Plan
 class AdmissionSettings:
     margin: float = 0.1  # fraction of the predicted saving not counted on
     z: float = 1.645  # one-sided 95% confidence on the predicted gain
-    rho_min: float = 0.03  # least relative gain worth a switch
+    rho_min: float = 0.0025  # least relative gain worth a switch (ties are not worth a move)
     min_interval: int = 1  # least steps between two switches
+    confirm: int = 2  # consecutive decisions that must want the same candidate (hysteresis)
+    trial_steps: int = 3  # steps a trial needs before the model has measured the candidate
     default_error: float = 0.05  # ε before the model has two observations of a model-stage
     # ε floor for a candidate layout never measured: the fit is checked only on layouts the
     # job ran, and its error on other layouts is larger (the simulator's hidden per-term
@@ -41,7 +66,9 @@ class AdmissionSettings:
 class Decision:
     step: int
     switch: bool
-    reason: str  # infeasible-now | pays-back | no-gain | below-min-gain | no-payback | too-soon | no-feasible-plan
+    # infeasible-now | pays-back-now | pays-back | trial | no-gain | below-min-gain | no-payback | too-soon |
+    # confirming | no-feasible-plan
+    reason: str
     current_s: float  # predicted step latency of the current plan (inf if infeasible)
     candidate_s: float  # predicted step latency of the best plan found
     remaining_steps: int
@@ -77,8 +104,14 @@ class Decision:
 
 def admit(step: int, current_s: float, current_feasible: bool, candidate_s: float, candidate_feasible: bool,
           remaining_steps: int, transition_s: float, settings: AdmissionSettings, sigma_s: float = 0.0,
-          steps_since_switch: int = 1 << 30, candidate: Optional[Plan] = None) -> Decision:
-    """Apply the admission rule (module docstring) to predicted numbers. Pure."""
+          steps_since_switch: int = 1 << 30, candidate: Optional[Plan] = None,
+          confirmations: int = 1 << 30, now_gain_s: float = 0.0) -> Decision:
+    """Apply the admission rule (module docstring) to predicted numbers. Pure.
+
+    `confirmations`: consecutive earlier decisions that wanted this same candidate and passed
+    the payback, gain and interval tests (the caller counts them; default: confirmed).
+    `now_gain_s`: predicted seconds the candidate saves on the next step itself, whose
+    workload is known (rule 2's first alternative)."""
     def decide(switch: bool, reason: str, saving: float) -> Decision:
         return Decision(step, switch, reason, current_s if current_feasible else math.inf, candidate_s,
                         remaining_steps, transition_s, sigma_s, settings.margin, saving, candidate)
@@ -89,18 +122,29 @@ def admit(step: int, current_s: float, current_feasible: bool, candidate_s: floa
         return decide(True, "infeasible-now", 0.0)
     gain = current_s - candidate_s
     saving = (gain - settings.z * sigma_s) * remaining_steps * (1.0 - settings.margin)
+    no_slower = gain >= -settings.rho_min * current_s  # at the level, up to a tie
+    if no_slower and now_gain_s - settings.z * sigma_s > transition_s and steps_since_switch >= settings.min_interval:
+        return decide(True, "pays-back-now", saving)
     if gain <= 0:
         return decide(False, "no-gain", saving)
     if gain / current_s < settings.rho_min:
         return decide(False, "below-min-gain", saving)
-    if saving <= transition_s:
+    # a reversible trial: at worst the candidate is z·σ − gain slower per step, that shows within
+    # `trial_steps` observed steps, and moving back costs another transition
+    worst_loss = 2.0 * transition_s + settings.trial_steps * max(0.0, settings.z * sigma_s - gain)
+    expected = gain * remaining_steps * (1.0 - settings.margin) - transition_s
+    trial = expected > worst_loss
+    if saving <= transition_s and not trial:
         return decide(False, "no-payback", saving)
     if steps_since_switch < settings.min_interval:
         return decide(False, "too-soon", saving)
-    return decide(True, "pays-back", saving)
+    if saving <= transition_s and confirmations + 1 < settings.confirm:
+        return decide(False, "confirming", saving)  # only a trial waits: a confident gain is no noise
+    return decide(True, "pays-back" if saving > transition_s else "trial", saving)
 
 
-def gain_sigma(candidate_s: float, model_error: float, measured_std: float = 0.0, measured_count: int = 0) -> float:
-    """σ = √(s0²/k + (ε·t_cand)²) of the admission rule (measured term dropped when k = 0)."""
+def gain_sigma(changed: list, measured_std: float = 0.0, measured_count: int = 0) -> float:
+    """σ = √(s0²/k + Σ (ε_ms·t_ms)²) over `changed` = [(ε_ms, t_ms)] of the model-stages the
+    switch changes (module docstring; the measured term is dropped when k = 0)."""
     measured = measured_std ** 2 / measured_count if measured_count > 0 else 0.0
-    return math.sqrt(measured + (model_error * candidate_s) ** 2)
+    return math.sqrt(measured + sum((error * seconds) ** 2 for error, seconds in changed))

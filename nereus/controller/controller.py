@@ -11,6 +11,12 @@ Cheap per step: the plan search runs only when the GPU budget changes, the workl
 by more than `research_tolerance` since the last search, or `refit_every` new observations
 have changed the cost model; otherwise decide() re-predicts two cached plans (current and
 candidate) and applies the admission rule. Transition costs are cached per plan pair.
+
+Noise: decisions are judged at the workload *level* — a robust line through the last
+`level_window` responses — so one long step neither triggers a search nor flips a plan, while
+feasibility is judged on the step's own workload (a plan that cannot run the next step
+forces a move). The admission rule (admission.py) adds a confidence term σ on the gain and
+a confirmation over consecutive decisions.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ import math
 import statistics
 from dataclasses import dataclass, field, replace
 from typing import Optional
+
+import numpy as np
 
 from nereus.ir.model import ModelStage, Module, Plan, Workload
 
@@ -35,6 +43,16 @@ class PlanPrediction:
     step_s: float
     stage_seconds: dict  # str(ms) -> seconds
     waves: dict  # str(ms) -> waves
+
+
+LEVEL_GRID = math.log(1.01)
+SPREAD_QUANTILES = (12.5, 37.5, 62.5, 87.5)  # a 4-point rule for the mean over recent residuals
+
+
+def _on_grid(response: float) -> int:
+    """The nearest point of a 1% geometric grid (whole tokens): the level moves a little every
+    step, and on the grid its memory and cost terms are computed once per 1% of drift."""
+    return max(1, int(round(math.exp(round(math.log(max(response, 1.0)) / LEVEL_GRID) * LEVEL_GRID))))
 
 
 def plan_key(plan: Plan) -> tuple:
@@ -70,7 +88,8 @@ class Controller:
     # edge of its KV capacity needs one more generation wave at the next longer step (a
     # ~30% cliff on the length-growth trace), so candidates keep some headroom
     headroom: float = 0.05
-    refit_every: int = 50  # steps: re-search at least this often once the cost model has changed
+    refit_every: int = 100  # steps: re-search at least this often once the cost model has changed
+    level_window: int = 16  # responses the workload level is fitted to (1: the step's own)
     cost: Optional[CostModel] = None
     log: list = field(default_factory=list)
 
@@ -89,6 +108,9 @@ class Controller:
         self.searches = 0
         self._decisions = 0
         self._search_step = 0
+        self._responses: list[int] = []
+        self._streak: tuple = (None, 0)  # (candidate key, consecutive decisions that wanted it)
+        self._last_gpus: Optional[int] = None
 
     # -- observations -------------------------------------------------------------------
     def observe(self, model_stage, plan: Plan, workload: Workload, seconds: float) -> None:
@@ -112,6 +134,7 @@ class Controller:
             self._correction.append((predicted, seconds))
         self.plan = plan
         self._step_times.clear()
+        self._streak = (None, 0)
         if step is not None:
             self._last_switch = step
 
@@ -131,7 +154,7 @@ class Controller:
                 self._prediction_cache.clear()
             hit = predict_plan(self.module, workload, self.cost, plan, None, self.allow_waves)
             self._prediction_cache[key] = hit
-        if gpus is not None and hit.feasible and any(g >= gpus for p in plan.placements for g in p.gpus):
+        if gpus is not None and hit.feasible and max(max(p.gpus) for p in plan.placements) >= gpus:
             return PlanPrediction(False, hit.step_s, hit.stage_seconds, hit.waves)
         return hit
 
@@ -147,9 +170,13 @@ class Controller:
                 return True
         return False
 
-    def best_plan(self, workload: Workload, gpus: int) -> SearchResult:
+    def best_plan(self, workload: Workload, gpus: int, longest: int = 0) -> SearchResult:
+        """The search's best plan for `workload` (cached until `_needs_search`), planned for the
+        longer of `headroom` above its response and `longest` (the longest recent response: a
+        plan without a generation-wave cliff below the long steps that noise brings)."""
         if self._needs_search(workload, gpus):
-            ahead = replace(workload, response=math.ceil(workload.response * (1.0 + self.headroom)))
+            response = max(math.ceil(workload.response * (1.0 + self.headroom)), longest)
+            ahead = replace(workload, response=response)
             self._search = search_plan(self.module, ahead, self.cost, gpus, name="candidate",
                                        allow_waves=self.allow_waves)
             self._search_key, self._search_version, self._search_workload = gpus, self.cost.version, workload
@@ -165,46 +192,113 @@ class Controller:
                                                              self.transition_method)[0]
         return self._transition_cache[key]
 
+    def level(self, workload: Workload) -> tuple[Workload, tuple[Workload, ...]]:
+        """(level, spread): the workload the decision is judged at and the workloads its step
+        times are averaged over.
+
+        The level is the step's own workload with the response replaced by a robust line
+        (Theil–Sen: the median of pairwise slopes, the median intercept) through the last
+        `level_window` responses (this one included), read at this step: one long or short
+        step barely moves it, so it neither triggers a search nor makes a plan look better;
+        ±x% noise per step moves it by a fraction of x; a steady trend moves it without the lag
+        of a moving median or mean. The spread is the level shifted by the lower and upper
+        quartiles of the recent responses' residuals from that line: a plan one generation
+        wave short of the upper quartile pays its KV-wave cliff in the average, as it will in
+        about a quarter to a half of the coming steps. All three lie on a 1% grid (`_on_grid`):
+        memory and cost terms are then computed once per 1% of drift, not every step."""
+        self._responses.append(workload.response)
+        del self._responses[:-self.level_window]
+        n = len(self._responses)
+        if self.level_window <= 1 or n < 3:
+            return workload, (workload,)
+        y = np.asarray(self._responses, dtype=float)
+        x = np.arange(n)
+        i, j = np.triu_indices(n, 1)
+        slope = float(np.median((y[j] - y[i]) / (j - i)))
+        intercept = float(np.median(y - slope * x))
+        at = intercept + slope * (n - 1)
+        shifts = np.percentile(y - (intercept + slope * x), SPREAD_QUANTILES)
+        level = replace(workload, response=_on_grid(at))
+        return level, tuple(replace(workload, response=_on_grid(at + d)) for d in shifts)
+
+    def _expected(self, plan: Plan, spread: tuple, gpus: int) -> PlanPrediction:
+        """The plan's prediction with step_s averaged over the spread's workloads."""
+        predictions = [self._predict(plan, w, gpus) for w in spread]
+        if len(predictions) == 1:
+            return predictions[0]
+        first = predictions[0]
+        return PlanPrediction(first.feasible, sum(p.step_s for p in predictions) / len(predictions),
+                              first.stage_seconds, first.waves)
+
+    def _sigma(self, candidate: Plan, current_pred: PlanPrediction, candidate_pred: PlanPrediction) -> float:
+        """σ of the predicted gain: measured step noise over the k steps on the current plan,
+        and the model error of each model-stage whose layout the switch changes."""
+        changed = []
+        for placement in candidate.placements:
+            ms = placement.model_stage
+            try:
+                before = self.plan.placement(ms)
+            except KeyError:
+                before = None
+            if before is not None and (before.dp, before.tp, before.pp, before.offload, before.gpus) == \
+                    (placement.dp, placement.tp, placement.pp, placement.offload, placement.gpus):
+                continue  # the same layout on the same GPUs: its error cancels in the difference
+            fitted = self.cost.relative_error(ms)
+            error = fitted if math.isfinite(fitted) else self.settings.default_error
+            if not self.cost.observed_layout(ms, layout_of(self.module, placement)):
+                error = max(error, self.settings.unobserved_error)
+            changed.append((error, candidate_pred.stage_seconds[str(ms)]))
+            if before is not None:
+                changed.append((error, current_pred.stage_seconds.get(str(ms), 0.0)))
+        measured_std = statistics.pstdev(self._step_times) if len(self._step_times) > 1 else 0.0
+        return gain_sigma(changed, measured_std, len(self._step_times))
+
     def decide(self, step: int, workload: Workload, gpus: int) -> Decision:
         """Should the job leave `self.plan` before running `step` under `workload` on GPUs
-        0..gpus−1? Returns (and logs) a Decision; it does not change `self.plan`."""
+        0..gpus−1? Feasibility is judged on `workload` itself, latencies over `level(workload)`.
+        Returns (and logs) a Decision; it does not change `self.plan`."""
         self._decisions += 1
         remaining = max(0, self.total_steps - step)
-        current = self._predict(self.plan, workload, gpus)
-        found = self.best_plan(workload, gpus)
-        if found.plan is None:
-            decision = admit(step, current.step_s, current.feasible, math.inf, False, remaining, 0.0, self.settings)
+        level, spread = self.level(workload)
+        last_gpus, self._last_gpus = self._last_gpus, gpus
+        current_now = self._predict(self.plan, workload, gpus)
+        fits = current_now.feasible
+        current = self._expected(self.plan, spread, gpus)
+        found = self.best_plan(level, gpus, max(self._responses))
+        candidate = self._predict(found.plan, workload, gpus) if found.plan is not None else None
+        if not fits and (candidate is None or not candidate.feasible):
+            self._search = None  # forced: search at this step's own workload, which the level hid
+            found = self.best_plan(workload, gpus)
+            candidate = self._predict(found.plan, workload, gpus) if found.plan is not None else None
+        if candidate is None or not candidate.feasible or plan_key(found.plan) == plan_key(self.plan):
+            self._streak = (None, 0)
+            if not fits and candidate is not None and candidate.feasible:
+                decision = admit(step, current.step_s, False, candidate.step_s, True, remaining, 0.0,
+                                 self.settings, candidate=found.plan)
+            else:
+                decision = admit(step, current.step_s, fits, current.step_s, fits or bool(candidate and candidate.feasible),
+                                 remaining, 0.0, self.settings, candidate=None)
             self.log.append(decision)
             return decision
-        candidate = self._predict(found.plan, workload, gpus)
-        if plan_key(found.plan) == plan_key(self.plan) or not candidate.feasible:
-            decision = admit(step, current.step_s, current.feasible, current.step_s, current.feasible or candidate.feasible,
-                             remaining, 0.0, self.settings, candidate=None)
-            if not current.feasible and candidate.feasible:
-                decision = admit(step, current.step_s, False, candidate.step_s, True, remaining,
-                                 0.0, self.settings, candidate=found.plan)
-            self.log.append(decision)
-            return decision
+        candidate_now = candidate
+        candidate = self._expected(found.plan, spread, gpus)
         transition = self.transition_estimate(workload, self.plan, found.plan) * self.correction
         if self.greedy:
-            settings = AdmissionSettings(margin=0.0, z=0.0, rho_min=0.0, min_interval=0)
-            decision = admit(step, current.step_s, current.feasible, candidate.step_s, True, remaining, 0.0,
+            settings = AdmissionSettings(margin=0.0, z=0.0, rho_min=0.0, min_interval=0, confirm=1)
+            decision = admit(step, current.step_s, fits, candidate.step_s, True, remaining, 0.0,
                              settings, candidate=found.plan)
             decision = Decision(decision.step, decision.switch, decision.reason, decision.current_s,
                                 decision.candidate_s, remaining, transition, 0.0, 0.0, decision.saving_s, found.plan)
         else:
-            errors = []
-            for placement in found.plan.placements:
-                ms = placement.model_stage
-                fitted = self.cost.relative_error(ms)
-                error = fitted if math.isfinite(fitted) else self.settings.default_error
-                if not self.cost.observed_layout(ms, layout_of(self.module, placement)):
-                    error = max(error, self.settings.unobserved_error)
-                errors.append(error)
-            epsilon = max(errors) if errors else self.settings.default_error
-            measured_std = statistics.pstdev(self._step_times) if len(self._step_times) > 1 else 0.0
-            sigma = gain_sigma(candidate.step_s, epsilon, measured_std, len(self._step_times))
-            decision = admit(step, current.step_s, current.feasible, candidate.step_s, True, remaining, transition,
-                             self.settings, sigma, step - self._last_switch, found.plan)
+            sigma = self._sigma(found.plan, current, candidate) if fits else 0.0
+            key = plan_key(found.plan)
+            streak = self._streak[1] if self._streak[0] == key else 0
+            if last_gpus is not None and gpus != last_gpus:
+                streak = self.settings.confirm  # a new GPU budget is a fact, not noise: no need to confirm
+            decision = admit(step, current.step_s, fits, candidate.step_s, True, remaining, transition,
+                             self.settings, sigma, step - self._last_switch, found.plan, streak,
+                             now_gain_s=current_now.step_s - candidate_now.step_s)
+            passed = decision.reason in ("confirming", "pays-back", "trial")
+            self._streak = (key, streak + 1) if passed else (None, 0)
         self.log.append(decision)
         return decision

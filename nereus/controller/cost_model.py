@@ -292,6 +292,10 @@ def step_seconds(module: Module, plan: Plan, stage_times: dict) -> float:
     a stage, the largest per-GPU sum of the times of model-stages placed on that GPU."""
     total = 0.0
     for stage in STAGES:
+        units = [p for p in plan.placements if p.model_stage.stage == stage]
+        if units and all(p.gpus == units[0].gpus for p in units[1:]):
+            total += sum(stage_times[p.model_stage] for p in units)  # colocated: one after another
+            continue
         groups: dict[tuple, float] = {}  # identical GPU sets (the colocated case) add up directly
         for placement in plan.placements:
             if placement.model_stage.stage == stage:

@@ -113,13 +113,25 @@ class PlanMemory:
     capacity_bytes: int
 
 
+def _period(plan: Plan):
+    """Q = lcm(tp·pp) when every placement covers the same GPUs 0..G−1 in order (then GPU g
+    holds what GPU g mod Q holds, and Q columns give the same answer as G); else None."""
+    size = len(plan.placements[0].gpus) if plan.placements else 0
+    ordered = tuple(range(size))
+    if any(p.gpus != ordered for p in plan.placements):
+        return None
+    period = math.lcm(*(p.tp * p.pp for p in plan.placements)) if plan.placements else 0
+    return period if period and size % period == 0 else None
+
+
 def plan_memory(module: Module, workload: Workload, plan: Plan, allow_waves: bool = True) -> PlanMemory:
     """Per-(GPU, stage) memory of an arbitrary plan under `workload`, with generation waves.
 
     Output: PlanMemory; with allow_waves=False `feasible` equals the feasibility pass's."""
     stages = active_stages(workload)
     module = light(module)
-    gpus = module.cluster.num_gpus
+    period = _period(plan)
+    gpus = period or module.cluster.num_gpus
     capacity = module.cluster.usable_gpu_bytes
     resident = np.zeros((len(stages), gpus))
     working = np.zeros((len(stages), gpus))
@@ -129,8 +141,8 @@ def plan_memory(module: Module, workload: Workload, plan: Plan, allow_waves: boo
         if ms.stage not in stages:
             continue
         unit = unit_memory(module, workload, ms, placement.dp, placement.tp, placement.pp, placement.offload)
-        index = np.array(placement.gpus)
-        res, work = unit.vectors(placement.world)
+        index = np.arange(period) if period else np.array(placement.gpus)
+        res, work = unit.vectors(period or placement.world)
         own = stages.index(ms.stage)
         for x in range(len(stages)):
             if not placement.offload or x == own:

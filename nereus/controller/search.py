@@ -27,6 +27,7 @@ layouts are enumerated at the leaves instead.)
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import math
 import time
@@ -256,18 +257,24 @@ def search_plan(module: Module, workload: Workload, cost: CostModel, gpus: int, 
     zeros = np.zeros((stages, period))
     if len(gen_lists) == 1 and "generation" in space.stages:
         x_gen = space.stages.index("generation")
-        pairs = []
-        for g in gen_lists[0]:
+        # (layout, w) pairs cheapest first, lazily: a layout's time grows with its waves, so
+        # its next pair is priced only once its previous one has been taken off the heap
+        # (most layouts' many wave counts are never priced at all)
+        heap = []
+        waves_of = []
+        for k, g in enumerate(gen_lists[0]):
             replica_batch = math.ceil(workload.batch / g.choice.dp)
             wave_counts = sorted({math.ceil(replica_batch / b) for b in range(1, replica_batch + 1)})
-            if not allow_waves:
-                wave_counts = [1]
-            for w in wave_counts:
-                pairs.append((space.seconds(g.choice, w), w, g, replica_batch))
-        pairs.sort(key=lambda item: (item[0], item[1]))
-        for gen_seconds, w, g, replica_batch in pairs:
+            waves_of.append((wave_counts if allow_waves else [1], replica_batch))
+            heapq.heappush(heap, (space.seconds(g.choice, waves_of[k][0][0]), waves_of[k][0][0], k, 0))
+        while heap:
+            gen_seconds, w, k, position = heapq.heappop(heap)
             if gen_seconds + lb_seconds[0] >= state["seconds"]:
                 break
+            g, (wave_counts, replica_batch) = gen_lists[0][k], waves_of[k]
+            if position + 1 < len(wave_counts):
+                nxt = wave_counts[position + 1]
+                heapq.heappush(heap, (space.seconds(g.choice, nxt), nxt, k, position + 1))
             working = zeros.copy()
             working[x_gen] = g.working * math.ceil(replica_batch / w)
 

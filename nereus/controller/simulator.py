@@ -1,122 +1,70 @@
-"""Drift simulator: replay a trace of workloads and GPU budgets under four policies.
+"""Drift simulator: replay a trace under the fixed, greedy and Nereus policies and a DP oracle.
 
-A trace (JSON): {"nir": path relative to the trace, "plan": initial plan name,
-"steps": [{"response": n, "gpus": g, "prompt"?: n, "batch"?: n}, ...], "seed"?: s}.
-GPUs available at a step are ids 0..g−1 (whole nodes).
+Input: a `Trace` (trace.py). Output: {"policies": {name: summary}, "steps": per-step rows,
+"transitions", "decisions" (Nereus' non-trivial decisions), "searches", "oracle"}.
+Invariant: deterministic for a trace (its seed); every policy is scored on the same truth,
+and the oracle's total is ≤ that of every policy that ran all steps (its plans are among the
+oracle's candidates and its costs are the same numbers).
 
-Ground truth: the simulated job's latencies come from the same stage formulas with hidden
-coefficients θ* = prior × a seeded log-normal factor per model-stage and term (σ = 0.25),
-and each measurement carries ±2% seeded noise; transitions take the compiler's estimate ×
-a hidden factor (1.3) with ±10% noise. The controllers never see θ*: they start from the
-prior and calibrate on what they observe, as in a real job.
+Ground truth (ground_truth.py): stage latencies composed from the measured H200 layer table,
+not from the cost model. The controllers never see it: after each step they observe each
+model-stage's true seconds × (1 ± `MEASUREMENT_NOISE`, seeded) and the true seconds of any
+transition they made, and learn their cost model online from those alone. Policies are
+scored on the noise-free truth (the same number for the same plan and workload). A true
+transition takes the bytes/bandwidth estimate (transition_cost.estimated_seconds) × 1.3 ×
+a seeded per-pair factor in [0.9, 1.1]; the controllers predict it with the compiler's
+estimate (or the bytes estimate under method "estimate") corrected by what they measured.
 
-Policies (each pays the true transition time whenever it changes plan):
-  fixed   the initial plan's TP/PP per model-stage, DP scaled to the GPUs available
-  greedy  switch whenever the calibrated model predicts any faster plan
-  nereus  payback admission (admission.py) with the given margin
-  oracle  the best plan per step under the true coefficients, transitions free; "best" is
-          approximate: the search reruns when the response drifts by > 1%, and each step takes
-          the best of the last three winners and of every plan another policy runs then, so a
-          policy can come out marginally below it (a winner at the edge of a KV-wave cliff)
-Per-step latencies reported are the true (noise-free) ones, so policies compare fairly.
+Semantics, the same for every policy: it starts on the trace's plan and may move before each
+step, paying the true transition time of every move, forced or chosen. A policy whose plan
+cannot run a step (memory, or GPUs no longer there) and that does not move is marked failed at
+that step (`failed_at`) and runs no later step (`steps_run`).
+  fixed   the initial plan's TP/PP per model-stage; DP rescaled when the GPU count changes
+          (a move it pays for); otherwise it never moves, so it fails where its plan stops fitting
+  greedy  moves whenever its calibrated model predicts any faster plan for the step's own
+          workload (no margin, no confidence, no confirmation)
+  nereus  the admission rule (admission.py) at the workload level (controller.py)
+  oracle  `oracle.dp_oracle` over the candidate set C = every plan a policy ran ∪ the plan
+          search's optimum under the truth (the same search the controllers run, with the
+          truth as its cost model) on a geometric grid of responses, ratio `oracle_grid`, per
+          GPU budget: the least total time of any plan sequence from C, transitions included
+Summaries: `mean_step_s`, `total_s` (steps + transitions) over the steps a policy ran, and
+`common_mean_step_s`, `common_total_s` over the steps every policy ran.
 """
 
 from __future__ import annotations
 
-import json
+import hashlib
 import math
-import os
 import random
 import time
 from dataclasses import dataclass, field, replace
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
-from nereus.ir.diagnostics import NereusError
 from nereus.ir.model import Module, Plan, Workload
 
 from .admission import AdmissionSettings
-from .controller import Controller, plan_key, predict_plan
-from .cost_model import PRIOR, TERMS, CostModel
+from .controller import Controller, PlanPrediction, plan_key, predict_plan
+from .ground_truth import GroundTruth, LayerTable
+from .oracle import dp_oracle
 from .search import build_plan, search_plan
-from .transition_cost import transition_seconds
+from .trace import Trace, TraceError, TraceStep, load_trace  # noqa: F401 - re-exported
+from .transition_cost import estimated_seconds
 
 POLICIES = ("fixed", "greedy", "nereus", "oracle")
+MEASUREMENT_NOISE = 0.03
 TRUE_TRANSITION_FACTOR = 1.3
+TRANSITION_JITTER = 0.1
 
-
-class TraceError(NereusError):
-    """A trace file that is malformed or refers to something that does not exist."""
-
-
-@dataclass(frozen=True)
-class TraceStep:
-    response: int
-    gpus: int
-    prompt: Optional[int] = None
-    batch: Optional[int] = None
-
-
-@dataclass(frozen=True)
-class Trace:
-    path: str
-    module: Module
-    plan: str
-    steps: tuple[TraceStep, ...]
-    seed: int = 0
-
-    def workload(self, step: TraceStep) -> Workload:
-        w = self.module.workload
-        return replace(w, response=step.response, prompt=step.prompt or w.prompt, batch=step.batch or w.batch)
-
-
-def load_trace(path: str) -> Trace:
-    """Parse a trace file and the `.nir` it names (errors name the file and the field)."""
-    from nereus.ir import parse_file
-
-    try:
-        with open(path) as handle:
-            data = json.load(handle)
-    except json.JSONDecodeError as error:
-        raise TraceError(f"{path}: not valid JSON: {error.msg} at line {error.lineno}",
-                         hint="a trace is {\"nir\": ..., \"plan\": ..., \"steps\": [...]}") from None
-    for key in ("nir", "plan", "steps"):
-        if key not in data:
-            raise TraceError(f"{path}: missing key {key!r}", hint="a trace is {\"nir\": ..., \"plan\": ..., \"steps\": [...]}")
-    module = parse_file(os.path.join(os.path.dirname(os.path.abspath(path)), data["nir"]))
-    names = [p.name for p in module.plans]
-    if data["plan"] not in names:
-        raise TraceError(f"{path}: no plan named {data['plan']!r} in {data['nir']}", hint=f"plans: {', '.join(names)}")
-    steps = []
-    for i, s in enumerate(data["steps"]):
-        try:
-            step = TraceStep(int(s["response"]), int(s["gpus"]), s.get("prompt"), s.get("batch"))
-        except (KeyError, TypeError, ValueError):
-            raise TraceError(f"{path}: step {i} needs integer 'response' and 'gpus'", hint='e.g. {"response": 1024, "gpus": 64}') from None
-        if step.gpus % module.cluster.gpus_per_node or not 0 < step.gpus <= module.cluster.num_gpus:
-            raise TraceError(f"{path}: step {i}: gpus {step.gpus} is not a whole number of nodes of the cluster",
-                             hint=f"use a multiple of {module.cluster.gpus_per_node} up to {module.cluster.num_gpus}")
-        steps.append(step)
-    if not steps:
-        raise TraceError(f"{path}: no steps")
-    return Trace(path, module, data["plan"], tuple(steps), int(data.get("seed", 0)))
-
-
-def true_theta(module: Module, seed: int) -> dict:
-    """Hidden coefficients of the simulated job: prior × log-normal(0, 0.25) per term."""
-    rng = np.random.default_rng(seed)
-    out = {}
-    for ms in module.workload.model_stages():
-        factors = np.exp(rng.normal(0.0, 0.25, len(TERMS)))
-        theta = PRIOR * factors
-        theta[TERMS.index("fixed")] = 0.5 * rng.random()  # a small per-stage constant the prior lacks
-        out[str(ms)] = theta
-    return out
+Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
 
 def scaled_plan(module: Module, initial: Plan, gpus: int, name: str = "fixed") -> Plan:
     """The initial plan's TP/PP per model-stage with DP scaled to `gpus` (lowest ids)."""
+    from nereus.ir.gpuset import items_for
+
     from .search import Choice
 
     choices = {}
@@ -126,142 +74,217 @@ def scaled_plan(module: Module, initial: Plan, gpus: int, name: str = "fixed") -
     plan = build_plan(module, choices, gpus, name)
     # build_plan places every unit on 0..gpus−1; trim to the world each unit actually uses
     placements = tuple(replace(p, gpus=p.gpus[: p.world], gpu_set=()) for p in plan.placements)
-    from nereus.ir.gpuset import items_for
-
     placements = tuple(replace(p, gpu_set=items_for(p.gpus)) for p in placements)
     return Plan(name, None, placements, placements)
 
 
-@dataclass
-class PolicyRun:
-    name: str
-    latencies: list = field(default_factory=list)  # true seconds per step (inf if infeasible)
-    transitions: list = field(default_factory=list)  # (step, seconds, why)
-    infeasible_steps: int = 0
-    overhead_s: list = field(default_factory=list)  # controller seconds per step (observe + decide)
+class _World:
+    """The simulated job: a registry of plans (by key) and their true step and move costs."""
 
-    def summary(self, best: list) -> dict:
-        finite = [x for x in self.latencies if math.isfinite(x)]
-        run = sum(finite)
-        spent = sum(s for _, s, _ in self.transitions)
-        gaps = [x / b - 1 for x, b in zip(self.latencies, best) if math.isfinite(x) and b > 0]
-        out = {"mean_step_s": run / max(1, len(finite)), "transitions": len(self.transitions),
-               "transition_s": spent, "transition_share": spent / (run + spent) if run + spent else 0.0,
-               "mean_gap_to_best": float(np.mean(gaps)) if gaps else None, "infeasible_steps": self.infeasible_steps}
+    def __init__(self, trace: Trace, table: LayerTable):
+        self.module = trace.module
+        self.seed = trace.seed
+        self.truth = GroundTruth(trace.module, table)
+        self.plans: list[Plan] = []
+        self.keys: list[tuple] = []
+        self.top: list[int] = []  # highest GPU id a plan uses
+        self._index: dict = {}
+        self._steps: dict = {}
+        self._moves: dict = {}
+
+    def add(self, plan: Plan) -> int:
+        key = plan_key(plan)
+        if key not in self._index:
+            self._index[key] = len(self.plans)
+            self.plans.append(plan)
+            self.keys.append(key)
+            self.top.append(max(g for p in plan.placements for g in p.gpus))
+        return self._index[key]
+
+    def step(self, index: int, workload: Workload, gpus: int) -> Optional[PlanPrediction]:
+        """True (noise-free) latency of plan `index` at `workload`; None if it cannot run."""
+        if self.top[index] >= gpus:
+            return None
+        key = (index, workload)
+        got = self._steps.get(key)
+        if got is None:
+            got = predict_plan(self.module, workload, self.truth, self.plans[index])
+            self._steps[key] = got
+        return got if got.feasible else None
+
+    def move(self, source: int, target: int) -> float:
+        """True seconds of source → target: fixed per pair (seeded), 0 when they are equal."""
+        if source == target:
+            return 0.0
+        pair = (source, target)
+        if pair not in self._moves:
+            base = estimated_seconds(self.module, self.module.workload, self.plans[source], self.plans[target])
+            digest = hashlib.sha256(repr((self.seed, self.keys[source], self.keys[target])).encode()).digest()
+            unit = int.from_bytes(digest[:8], "big") / 2 ** 64
+            self._moves[pair] = base * TRUE_TRANSITION_FACTOR * (1.0 + TRANSITION_JITTER * (2 * unit - 1))
+        return self._moves[pair]
+
+
+@dataclass
+class _Run:
+    name: str
+    plan: int  # index in the world's registry
+    latencies: list = field(default_factory=list)  # true seconds of each step run
+    path: list = field(default_factory=list)  # plan index of each step run
+    transitions: list = field(default_factory=list)  # (step, seconds, why)
+    failed_at: Optional[int] = None
+    overhead_s: list = field(default_factory=list)  # controller wall seconds per step (decide + observe)
+    overhead_cpu_s: list = field(default_factory=list)  # the same in CPU seconds of this thread
+    searches: int = 0
+
+    def summary(self, common: int) -> dict:
+        run, spent = sum(self.latencies), sum(s for _, s, _ in self.transitions)
+        steps = len(self.latencies)
+        shared = sum(self.latencies[:common]) + sum(s for i, s, _ in self.transitions if i < common)
+        out = {"steps_run": steps, "failed_at": self.failed_at,
+               "mean_step_s": run / steps if steps else None, "total_s": run + spent,
+               "transitions": len(self.transitions), "transition_s": spent,
+               "transition_share": spent / (run + spent) if run + spent else 0.0,
+               "common_steps": common, "common_mean_step_s": sum(self.latencies[:common]) / common if common else None,
+               "common_total_s": shared}
         if self.overhead_s:
-            out["controller_ms_per_step"] = 1e3 * float(np.mean(self.overhead_s))
-            out["controller_ms_median"] = 1e3 * float(np.median(self.overhead_s))
+            # CPU time of the controller's thread: what it costs, whatever else loads the machine
+            ms = 1e3 * np.array(self.overhead_cpu_s)
+            out.update(controller_ms_per_step=float(ms.mean()), controller_ms_median=float(np.median(ms)),
+                       controller_ms_p99=float(np.percentile(ms, 99)), controller_ms_max=float(ms.max()),
+                       controller_wall_ms_per_step=1e3 * float(np.mean(self.overhead_s)), searches=self.searches)
         return out
 
 
-class _Truth:
-    def __init__(self, trace: Trace, transition_method: str):
-        self.trace = trace
-        self.module = trace.module
-        self.cost = CostModel(trace.module, fixed_theta=true_theta(trace.module, trace.seed))
-        self.rng = random.Random(trace.seed)
-        self.transition_method = transition_method
-        self._transitions: dict = {}
+def _oracle_candidates(world: _World, trace: Trace, grid: float, progress: Optional[Progress]) -> None:
+    """Add the search's optimum under the truth on a geometric response grid per (GPUs,
+    prompt, batch) of the trace."""
+    spans: dict = {}
+    for step in trace.steps:
+        key = (step.gpus, step.prompt, step.batch)
+        lo, hi = spans.get(key, (step.response, step.response))
+        spans[key] = (min(lo, step.response), max(hi, step.response))
+    points = []
+    for (gpus, prompt, batch), (lo, hi) in spans.items():
+        count = 1 + math.ceil(math.log(hi / lo) / math.log1p(grid)) if hi > lo else 1
+        for k in range(count):
+            response = min(hi, round(lo * (1.0 + grid) ** k))
+            points.append((gpus, trace.workload(TraceStep(response, gpus, prompt, batch))))
+    for done, (gpus, workload) in enumerate(points):
+        found = search_plan(world.module, workload, world.truth, gpus, name="oracle")
+        if found.plan is not None:
+            world.add(found.plan)
+        if progress:
+            progress("oracle search", done + 1, len(points))
 
-    def step(self, plan: Plan, workload: Workload, gpus: int):
-        return predict_plan(self.module, workload, self.cost, plan, gpus)
 
-    def transition(self, workload: Workload, source: Plan, target: Plan) -> float:
-        key = (plan_key(source), plan_key(target))
-        if key not in self._transitions:
-            base = transition_seconds(self.module, workload, source, target, self.transition_method)[0]
-            self._transitions[key] = base * TRUE_TRANSITION_FACTOR
-        return self._transitions[key] * (1.0 + 0.1 * (2 * self.rng.random() - 1))
+def _oracle(world: _World, trace: Trace, start: int, progress: Optional[Progress]):
+    count, steps = len(world.plans), len(trace.steps)
+    step_s = np.full((steps, count), math.inf)
+    for t, step in enumerate(trace.steps):
+        workload = trace.workload(step)
+        for c in range(count):
+            got = world.step(c, workload, step.gpus)
+            if got is not None:
+                step_s[t, c] = got.step_s
+        if progress and ((t + 1) % 50 == 0 or t + 1 == steps):
+            progress("oracle table", t + 1, steps)
+    moves = np.array([[world.move(a, b) for b in range(count)] for a in range(count)])
+    return dp_oracle(step_s, moves, start), step_s
 
 
 def simulate(trace: Trace, margin: float = 0.1, policies=POLICIES, transition_method: str = "compile",
-             oracle_tolerance: float = 0.01) -> dict:
-    """Replay `trace` under `policies`. Output: {"policies": {name: summary}, "steps": per-step
-    rows, "decisions": Nereus' decision log (why it switched or stayed)}. Deterministic for a
-    trace (its seed)."""
+             oracle_grid: float = 0.05, table: Optional[LayerTable] = None,
+             progress: Optional[Progress] = None) -> dict:
+    """Replay `trace` under `policies` (module docstring). `progress(phase, done, total)` is
+    called as the replay and the oracle advance."""
     module = trace.module
+    world = _World(trace, table or LayerTable.load())
     initial = module.plan(trace.plan)
-    runs = {name: PolicyRun(name) for name in policies}
-    truth = _Truth(trace, transition_method)
+    start = world.add(initial)
     noise = random.Random(trace.seed + 1)
     total = len(trace.steps)
+    runs = {name: _Run(name, start) for name in policies if name != "oracle"}
     controllers = {}
-    current = {}
-    for name in policies:
-        current[name] = initial
+    for name in runs:
         if name in ("greedy", "nereus"):
-            settings = AdmissionSettings(margin=margin)
-            controllers[name] = Controller(module, initial, total, settings, greedy=(name == "greedy"),
-                                           transition_method=transition_method)
-    last_gpus: dict = {}
-    oracle_plans: list[Plan] = []
-    oracle_key = None
-    best_per_step = []
+            controllers[name] = Controller(module, initial, total, AdmissionSettings(margin=margin),
+                                           greedy=(name == "greedy"), transition_method=transition_method,
+                                           level_window=1 if name == "greedy" else Controller.level_window)
     rows = []
+    last_gpus = trace.steps[0].gpus
     for i, step in enumerate(trace.steps):
         workload = trace.workload(step)
-        # oracle: search under the true coefficients when the workload drifted, keep recent winners
-        key = (step.gpus, step.batch, step.prompt)
-        if oracle_key is None or oracle_key[0] != key or abs(oracle_key[1] - step.response) > oracle_tolerance * step.response:
-            found = search_plan(module, workload, truth.cost, step.gpus, name="oracle")
-            if found.plan is not None:
-                oracle_plans = ([found.plan] + oracle_plans)[:3]
-            oracle_key = (key, step.response)
-        best = math.inf
-        # hindsight: the recent searches' winners and every plan another policy runs now
-        for plan in oracle_plans + [current[name] for name in policies if name != "oracle"]:
-            got = truth.step(plan, workload, step.gpus)
-            if got.feasible and got.step_s < best:
-                best = got.step_s
-        best_per_step.append(best)
-        row = {"step": i, "response": step.response, "gpus": step.gpus, "best_s": best}
-        for name in policies:
-            run = runs[name]
-            if name == "oracle":
-                run.latencies.append(best)
-                row[name] = best
+        row = {"step": i, "response": step.response, "gpus": step.gpus}
+        for name, run in runs.items():
+            row[name] = None
+            if run.failed_at is not None:
                 continue
-            plan = current[name]
-            began = time.perf_counter()
-            if name == "fixed":
-                fits = all(g < step.gpus for p in plan.placements for g in p.gpus)
-                if step.gpus != last_gpus.get(name, step.gpus) or not fits:
-                    wanted = scaled_plan(module, initial, step.gpus)
-                    if plan_key(wanted) != plan_key(plan):
-                        seconds = truth.transition(workload, plan, wanted)
-                        run.transitions.append((i, seconds, f"rescale DP to {step.gpus} GPUs"))
-                        current[name] = plan = wanted
-                last_gpus[name] = step.gpus
+            target, why = run.plan, ""
+            controller = controllers.get(name)
+            if controller is None:  # fixed: rescale DP when the GPU count changes, nothing else
+                if step.gpus != last_gpus or world.top[run.plan] >= step.gpus:
+                    target, why = world.add(scaled_plan(module, initial, step.gpus)), f"rescale DP to {step.gpus} GPUs"
             else:
-                controller = controllers[name]
+                began, cpu = time.perf_counter(), time.thread_time()
                 decision = controller.decide(i, workload, step.gpus)
                 run.overhead_s.append(time.perf_counter() - began)
+                run.overhead_cpu_s.append(time.thread_time() - cpu)
                 if decision.switch:
-                    seconds = truth.transition(workload, plan, decision.plan)
-                    predicted = controller.transition_estimate(workload, plan, decision.plan)
-                    controller.transitioned(decision.plan, seconds, predicted, step=i)
-                    run.transitions.append((i, seconds, decision.why))
-                    current[name] = plan = decision.plan
-            got = truth.step(plan, workload, step.gpus)
-            # an infeasible step would run out of memory; its latency is still reported (as
-            # if memory allowed) and counted in infeasible_steps, so no policy hides behind it
-            latency = got.step_s
-            if not got.feasible:
-                run.infeasible_steps += 1
-            run.latencies.append(latency)
-            row[name] = latency
-            if name in controllers:
-                began = time.perf_counter()
-                controller = controllers[name]
+                    target, why = world.add(decision.plan), decision.why
+            if target != run.plan:
+                seconds = world.move(run.plan, target)
+                run.transitions.append((i, seconds, why))
+                if controller is not None:
+                    predicted = controller.transition_estimate(workload, world.plans[run.plan], world.plans[target])
+                    controller.transitioned(world.plans[target], seconds, predicted, step=i)
+                run.plan = target
+            got = world.step(run.plan, workload, step.gpus)
+            if got is None:
+                run.failed_at = i
+                continue
+            run.latencies.append(got.step_s)
+            run.path.append(run.plan)
+            row[name] = got.step_s
+            if controller is not None:
+                began, cpu = time.perf_counter(), time.thread_time()
+                plan = world.plans[run.plan]
                 for ms, seconds in got.stage_seconds.items():
-                    controller.observe(ms, plan, workload, seconds * (1.0 + 0.02 * (2 * noise.random() - 1)))
-                controller.observe_step(sum(got.stage_seconds.values()))
+                    controller.observe(ms, plan, workload, seconds * (1.0 + MEASUREMENT_NOISE * (2 * noise.random() - 1)))
+                controller.observe_step(got.step_s * (1.0 + MEASUREMENT_NOISE * (2 * noise.random() - 1)))
                 run.overhead_s[-1] += time.perf_counter() - began
+                run.overhead_cpu_s[-1] += time.thread_time() - cpu
+        last_gpus = step.gpus
         rows.append(row)
-    summary = {name: run.summary(best_per_step) for name, run in runs.items()}
+        if progress and ((i + 1) % 20 == 0 or i + 1 == total):
+            progress("replay", i + 1, total)
+    for name, controller in controllers.items():
+        runs[name].searches = controller.searches
+    common = min([run.failed_at for run in runs.values() if run.failed_at is not None] + [total])
+    summary = {name: run.summary(common) for name, run in runs.items()}
+    oracle_info = None
+    if "oracle" in policies:
+        _oracle_candidates(world, trace, oracle_grid, progress)
+        best, _ = _oracle(world, trace, start, progress)
+        run = _Run("oracle", start, failed_at=best.failed_at)
+        if best.failed_at is None:
+            previous = start
+            for t, c in enumerate(best.path):
+                if c != previous:
+                    run.transitions.append((t, world.move(previous, c), "hindsight"))
+                run.latencies.append(world.step(c, trace.workload(trace.steps[t]), trace.steps[t].gpus).step_s)
+                rows[t]["oracle"] = run.latencies[-1]
+                previous = c
+        summary["oracle"] = run.summary(common)
+        oracle_info = {"candidates": len(world.plans), "total_s": best.total_s, "grid": oracle_grid}
+        runs["oracle"] = run
+        for name, s in summary.items():
+            s["gap_to_oracle"] = s["total_s"] / best.total_s - 1 if s["failed_at"] is None and math.isfinite(
+                best.total_s) else None
     decisions = controllers["nereus"].log if "nereus" in controllers else []
     return {"policies": summary, "steps": rows,
             "transitions": {name: [{"step": s, "seconds": t, "why": w} for s, t, w in run.transitions]
                             for name, run in runs.items()},
+            "failed_at": {name: run.failed_at for name, run in runs.items()},
             "decisions": [d.to_json() for d in decisions if d.switch or d.reason not in ("no-gain",)],
-            "searches": {name: c.searches for name, c in controllers.items()}}
+            "searches": {name: c.searches for name, c in controllers.items()}, "oracle": oracle_info}

@@ -20,7 +20,7 @@ from typing import Optional
 import torch.distributed as dist
 
 from nereus.ir.model import Module, Plan, Workload
-from nereus.controller.controller import Controller
+from nereus.controller.controller import Controller, predict_plan
 from nereus.controller.search import SearchResult
 
 
@@ -29,7 +29,7 @@ class DeclaredPlans(Controller):
 
     runnable: tuple = ()
 
-    def best_plan(self, workload: Workload, gpus: int) -> SearchResult:
+    def best_plan(self, workload: Workload, gpus: int, longest: int = 0) -> SearchResult:
         started = time.perf_counter()
         best: Optional[tuple[Plan, object]] = None
         candidates = [p for p in self.module.plans if not self.runnable or p.name in self.runnable]
@@ -53,11 +53,20 @@ class ControllerPolicy:
             self.controller = DeclaredPlans(module, module.plan(plan), total_steps)
             self.controller.runnable = runnable
         self.decisions: list[dict] = []
+        self._checked: dict = {}  # last step's predicted vs measured seconds, sent with the next decision
+        self._moved: Optional[dict] = None  # the last transition's predicted vs measured seconds
 
     def observe(self, module: Module, plan: str, workload: Workload, stage_seconds: dict, step_seconds: float) -> None:
         if self.controller is None:
             return
         self.controller.module = module
+        # the model's one-step-ahead prediction of what was just measured (before it learns
+        # from it), reported with the next decision: its error is the cost model's real error
+        predicted = predict_plan(module, workload, self.controller.cost, module.plan(plan))
+        self._checked = {"plan": plan, "predicted_stage_s": predicted.stage_seconds, "predicted_step_s": predicted.step_s,
+                         "measured_stage_s": dict(stage_seconds), "measured_step_s": step_seconds}
+        if self._moved is not None:  # the move made before this step, reported once
+            self._checked["transition"], self._moved = self._moved, None
         for ms, seconds in stage_seconds.items():
             self.controller.observe(ms, module.plan(plan), workload, seconds)
         self.controller.observe_step(step_seconds)
@@ -72,6 +81,7 @@ class ControllerPolicy:
             if target == self.controller.plan.name:
                 target = None
             record["target"] = target
+            record.update(self._checked)
             box[0] = record
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.broadcast_object_list(box, src=0)
@@ -80,5 +90,10 @@ class ControllerPolicy:
 
     def transitioned(self, module: Module, plan: str, seconds: float, step: int) -> None:
         if self.controller is not None:
-            predicted = self.decisions[-1].get("transition_s") if self.decisions else None
+            # the estimate of this very move (a scripted event may differ from the decision's
+            # candidate), uncorrected, as the controller's measured/predicted ratio expects
+            source = self.controller.plan
+            predicted = self.controller.transition_estimate(module.workload, source, module.plan(plan))
+            self._moved = {"from": source.name, "to": plan, "measured_s": seconds,
+                           "predicted_s": predicted * self.controller.correction}
             self.controller.transitioned(module.plan(plan), seconds, predicted, step)
