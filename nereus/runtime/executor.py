@@ -137,7 +137,8 @@ def execute(prog: RankProgram, before: dict, *, group, control, device: torch.de
             fault=None, rollback: Optional[str] = None, park_device_types=("cuda",),
             round_hook: Optional[Callable[[int], None]] = None,
             capacity_bytes: Optional[int] = None) -> ExecutionResult:
-    """Collective over `group` (data) and `control` (gloo).
+    """Collective over `group` (data; or a list of data groups over the same ranks, whose
+    communicators then move a round's ops concurrently) and `control` (gloo).
 
     Input: this rank's program and its before-state {unit: {tensor: local tensor}}
     (the shards of every before-unit on this GPU; extra entries are ignored). Output:
@@ -322,7 +323,8 @@ def _round(run: _Run, work) -> RoundTiming:
         except Exception as error:  # noqa: BLE001 - post the (garbage) buffers anyway
             late_error = (step, peer, error)
         out_ops, in_ops = _p2p_ops(sends, dist.isend, group, False), _p2p_ops(recvs, dist.irecv, group, False)
-        if run.verify:  # after every data op of its peer: the last batch
+        if run.verify:  # after every data op of its peer: the last batch, on the first data group
+            group = group[0] if isinstance(group, (list, tuple)) else group
             for w in sends:
                 sums = torch.tensor([c for v in w.views for c in packing.checksum(v)], dtype=torch.int64)
                 out_ops.append((1 << 30, dist.P2POp(dist.isend, sums.to(device), w.msg.peer, group,
@@ -445,11 +447,14 @@ def _incoming(msg: Message, prog: RankProgram, new: dict, live: "_Live", device)
     return _Wire(msg, buffer, offsets, packed, direct, views)
 
 
-def _p2p_ops(wires: list, fn, group, direct: bool) -> list:
+def _p2p_ops(wires: list, fn, groups, direct: bool) -> list:
     """[(index, op)]: the p2p ops of some messages, their direct pieces or their packed
     buffers, each with its index among this direction's ops to the same peer. Tags are
     those indices (plus a base), which the sender and the receiver enumerate identically
-    (gloo matches on tags, NCCL on order)."""
+    (gloo matches on tags, NCCL on order). With several data groups (communicators), op
+    `index` goes over group index % len(groups): each group sees a subsequence in the same
+    order on both sides, and the groups' streams move their ops concurrently."""
+    groups = groups if isinstance(groups, (list, tuple)) else [groups]
     ops, count = [], {}
     base = 0 if direct else _PACKED_TAG
     for w in wires:
@@ -457,7 +462,7 @@ def _p2p_ops(wires: list, fn, group, direct: bool) -> list:
         for t in tensors:
             n = count.get(w.msg.peer, 0)
             count[w.msg.peer] = n + 1
-            ops.append((n, dist.P2POp(fn, t, w.msg.peer, group, base + n)))
+            ops.append((n, dist.P2POp(fn, t, w.msg.peer, groups[n % len(groups)], base + n)))
     return ops
 
 
@@ -471,7 +476,8 @@ P2P_INTERLEAVE = os.environ.get("NEREUS_P2P_INTERLEAVE", "0") == "1"
 
 
 def _post(sends: list, recvs: list) -> list:
-    """Post [(index, op)] sends and receives (see P2P_BATCH); returns the requests."""
+    """Post [(index, op)] sends and receives (see P2P_BATCH), one batch per (block, group)
+    (a batch holds ops of one group); returns the requests."""
     if not sends and not recvs:
         return []
     block = (lambda n: n // P2P_BATCH) if P2P_BATCH > 0 else (lambda n: 0)
@@ -481,8 +487,10 @@ def _post(sends: list, recvs: list) -> list:
     else:
         merged = sends + recvs
     batches: dict = {}
+    order: dict = {}
     for n, op in merged:
-        batches.setdefault(block(n), []).append(op)
+        key = (block(n), order.setdefault(id(op.group), len(order)))
+        batches.setdefault(key, []).append(op)
     requests = []
     for key in sorted(batches):
         requests += dist.batch_isend_irecv(batches[key])

@@ -55,19 +55,21 @@ def peers(prog: RankProgram) -> list:
 
 
 def warm_links(prog: RankProgram, group, device: torch.device) -> int:
-    """Collective over `group`: one tiny all_reduce (creates the communicator where the
-    backend creates it lazily), then one small exchange with each peer of the program
-    (NCCL connects a pair on its first point-to-point op). Returns the peers warmed."""
-    flag = torch.ones(1, device=device)
-    dist.all_reduce(flag, group=group)
-    ops = []
+    """Collective over `group` (or each group of a list): one tiny all_reduce (creates the
+    communicator where the backend creates it lazily), then one small exchange with each
+    peer of the program (NCCL connects a pair on its first point-to-point op). Returns
+    the peers warmed."""
     mine = peers(prog)
-    for peer in mine:
-        ops.append(dist.P2POp(dist.isend, torch.ones(1, device=device), peer, group, _WARM_TAG))
-        ops.append(dist.P2POp(dist.irecv, torch.empty(1, device=device), peer, group, _WARM_TAG))
-    if ops:
-        for req in dist.batch_isend_irecv(ops):
-            req.wait()
+    for g in (group if isinstance(group, (list, tuple)) else [group]):
+        flag = torch.ones(1, device=device)
+        dist.all_reduce(flag, group=g)
+        ops = []
+        for peer in mine:
+            ops.append(dist.P2POp(dist.isend, torch.ones(1, device=device), peer, g, _WARM_TAG))
+            ops.append(dist.P2POp(dist.irecv, torch.empty(1, device=device), peer, g, _WARM_TAG))
+        if ops:
+            for req in dist.batch_isend_irecv(ops):
+                req.wait()
     if torch.device(device).type == "cuda":
         torch.cuda.current_stream(device).synchronize()
     return len(mine)

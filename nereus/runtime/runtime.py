@@ -42,6 +42,7 @@ comes after every rank synchronized its device: the new state is usable then.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
@@ -60,6 +61,10 @@ from .executor import TORCH_DTYPES, execute
 from .parking import ROLLBACK_MODES, default_rollback
 from .program import DIRECT_MIN_BYTES, program_model_stages, rank_program, restrict_program, unit_of_stage
 from .state import assemble, shard_unit, step_name, unit_on_gpu
+
+
+# data communicators per Runtime on NCCL (see Runtime(p2p_groups=))
+P2P_GROUPS = 1
 
 
 @dataclass
@@ -97,10 +102,13 @@ class Runtime:
     def __init__(self, module: Module, plan: str, *, rank: Optional[int] = None, world_size: Optional[int] = None,
                  device: Optional[torch.device] = None, verify: bool = False, progress: bool = False,
                  timeout_s: float = 120.0, direct_min_bytes: int = DIRECT_MIN_BYTES,
-                 rollback: Optional[str] = None, park_device_types=("cuda",)):
+                 rollback: Optional[str] = None, park_device_types=("cuda",), p2p_groups: Optional[int] = None):
         """rollback: "auto", "host" or "device" (see the module docstring); None picks
         "auto" for CUDA tensors and "device" otherwise. park_device_types: the device types whose
-        old shards take the host path; tests pass ("cpu",) to run it on CPU."""
+        old shards take the host path; tests pass ("cpu",) to run it on CPU. p2p_groups:
+        data communicators a round's point-to-point ops are spread over (NCCL runs the
+        ops of one communicator one after the other; several overlap that); default
+        NEREUS_P2P_GROUPS, else P2P_GROUPS."""
         if rollback is not None and rollback not in ROLLBACK_MODES:
             raise NereusError(f"unknown rollback mode {rollback!r}",
                               hint="rollback='auto' (default on CUDA), 'host' (old shards wait in host memory) or 'device'")
@@ -132,6 +140,9 @@ class Runtime:
             self._data = None  # the default group
         else:
             self._data = self._control
+        groups = p2p_groups or int(os.environ.get("NEREUS_P2P_GROUPS", P2P_GROUPS))
+        if groups > 1 and self._data is None:  # extra communicators over every rank, same backend
+            self._data = [None] + [dist.new_group(timeout=timedelta(seconds=timeout_s)) for _ in range(groups - 1)]
         self._plan = plan
         self._state: dict = {}  # model-stage → {name: local tensor}
         self._programs: dict = {}
