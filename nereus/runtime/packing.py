@@ -13,6 +13,7 @@ any element type in place; both sides derive the offsets from the same piece lis
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Optional, Sequence
 
 import torch
@@ -60,6 +61,10 @@ def _kernels():
 
 _KERNELS = _kernels()
 BACKEND = "triton" if _KERNELS is not None else "torch"
+if _KERNELS is not None and "NEREUS_PACK_JIT" not in os.environ:
+    # a transition never waits for Triton's compiler: variants not compiled yet (by
+    # Runtime.prepare or an earlier call) take the torch path while they compile aside
+    _KERNELS.default_packer().jit = "prepared"
 
 
 def kernels():

@@ -42,7 +42,6 @@ comes after every rank synchronized its device: the new state is usable then.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
@@ -61,10 +60,6 @@ from .executor import TORCH_DTYPES, execute
 from .parking import ROLLBACK_MODES, default_rollback
 from .program import DIRECT_MIN_BYTES, program_model_stages, rank_program, restrict_program, unit_of_stage
 from .state import assemble, shard_unit, step_name, unit_on_gpu
-
-
-# data communicators per Runtime on NCCL (see Runtime(p2p_groups=))
-P2P_GROUPS = 1
 
 
 @dataclass
@@ -108,7 +103,7 @@ class Runtime:
         old shards take the host path; tests pass ("cpu",) to run it on CPU. p2p_groups:
         data communicators a round's point-to-point ops are spread over (NCCL runs the
         ops of one communicator one after the other; several overlap that); default
-        NEREUS_P2P_GROUPS, else P2P_GROUPS."""
+        NEREUS_P2P_GROUPS, else 4 on NCCL and 1 otherwise."""
         if rollback is not None and rollback not in ROLLBACK_MODES:
             raise NereusError(f"unknown rollback mode {rollback!r}",
                               hint="rollback='auto' (default on CUDA), 'host' (old shards wait in host memory) or 'device'")
@@ -140,9 +135,10 @@ class Runtime:
             self._data = None  # the default group
         else:
             self._data = self._control
-        groups = p2p_groups or int(os.environ.get("NEREUS_P2P_GROUPS", P2P_GROUPS))
-        if groups > 1 and self._data is None:  # extra communicators over every rank, same backend
-            self._data = [None] + [dist.new_group(timeout=timedelta(seconds=timeout_s)) for _ in range(groups - 1)]
+        if self._data is None:  # NCCL: several communicators (see prepare.data_groups)
+            from .prepare import data_groups
+
+            self._data = data_groups(self.device, timeout_s, p2p_groups)
         self._plan = plan
         self._state: dict = {}  # model-stage → {name: local tensor}
         self._programs: dict = {}

@@ -137,7 +137,10 @@ class WeightSync:
         self.control = control if control is not None else \
             dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
         self.options = {} if bucket is None else {"bucket": bucket}
-        self.data_group = None  # the default group (or a list of data groups, see executor.execute)
+        from .prepare import data_groups
+
+        # NCCL: several communicators (see prepare.data_groups); None: the default group
+        self.data_group = data_groups(self.device, timeout_s) if dist.is_initialized() else None
         self._programs: dict = {}
         self._rank_programs: dict = {}  # plan -> this rank's lowered program (every step reuses it)
 
