@@ -217,7 +217,8 @@ def _execute(prog, before, parking, group, control, device, resident_bytes, veri
         _count_before(run)
     except Exception as error:  # noqa: BLE001 - any local error must reach every rank
         run.failure = Failure(run.rank, -1, "check before-state", None, str(error))
-    agree(run.failure, control, prog.source, prog.target)
+    if not prog.rounds:  # otherwise the first round's agreement carries a failure here
+        agree(run.failure, control, prog.source, prog.target)
 
     bar = _progress(progress and run.rank == 0, len(prog.rounds))
     for work in prog.rounds:

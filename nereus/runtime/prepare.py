@@ -38,7 +38,14 @@ def data_groups(device, timeout_s: float, count: Optional[int] = None):
             (P2P_GROUPS_NCCL if torch.device(device).type == "cuda" and dist.get_backend() == "nccl" else 1)
     if count <= 1:
         return None
-    return [None] + [dist.new_group(timeout=timedelta(seconds=timeout_s)) for _ in range(count - 1)]
+    # one set per process and count: every Runtime (and WeightSync) of the job shares
+    # communicators whose links are already open (every rank creates them in the same order)
+    if count not in _GROUPS:
+        _GROUPS[count] = [None] + [dist.new_group(timeout=timedelta(seconds=timeout_s)) for _ in range(count - 1)]
+    return _GROUPS[count]
+
+
+_GROUPS: dict = {}
 
 
 def _meta(info, dtypes: dict) -> torch.Tensor:

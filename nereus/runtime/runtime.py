@@ -143,7 +143,9 @@ class Runtime:
         self._state: dict = {}  # model-stage → {name: local tensor}
         self._programs: dict = {}
         self._lowered: dict = {}  # (from, to, live model-stages) -> this rank's program
-        self._prepared: set = set()  # (from, to, live model-stages) that prepare() warmed
+        self._prepared: set = set()
+        self._registrations = 0  # changes of this rank's registered model-stages (see _live_stages)
+        self._gathered = None  # (registrations summed over ranks, every rank's registered model-stages)  # (from, to, live model-stages) that prepare() warmed
         self._check_ranks(plan)
 
     @classmethod
@@ -215,6 +217,7 @@ class Runtime:
                 raise NereusError(f"{name}: the local tensor is not contiguous",
                                   hint="register contiguous tensors (transitions send and receive them in place)")
         self._state[str(ms)] = dict(local)
+        self._registrations += 1
 
     def state(self, model_stage: str) -> dict:
         """This rank's shards of `model_stage` in the current plan ({} if it holds none)."""
@@ -307,6 +310,7 @@ class Runtime:
                          capacity_bytes=self._capacity(program))
         del before
         steps = self._steps(live)
+        keys = set(self._state)
         for ms in sorted(live):
             unit = unit_of_stage(result.state, prog.unit_stage, "after", ms)
             new = dict(result.state.get(unit, {})) if unit is not None else {}
@@ -314,6 +318,8 @@ class Runtime:
             if new and steps.get(ms, -1) >= 0:
                 new[step_name(model)] = torch.tensor(steps[ms], dtype=torch.int64)
             self._state[ms] = new
+        if set(self._state) != keys:  # a rank that held nothing of a model-stage now does
+            self._registrations += 1
         self._plan = target
         seconds = time.perf_counter() - started  # the commit was the executor's last step
         # one collective for the slowest rank's seconds and the total bytes sent
@@ -376,9 +382,16 @@ class Runtime:
 
     def _live_stages(self, program: dict) -> set:
         """Collective: the model-stages of `program` that some rank registered. Raises the
-        same NereusError on every rank when a holder of a live model-stage did not."""
-        gathered: list = [None] * self.world_size
-        dist.all_gather_object(gathered, sorted(self._state), group=self._control)
+        same NereusError on every rank when a holder of a live model-stage did not. The
+        ranks' registered sets are gathered only when some rank registered since the last
+        gather (one small all_reduce of the ranks' registration counts tells)."""
+        count = torch.tensor([self._registrations], dtype=torch.int64)
+        dist.all_reduce(count, group=self._control)
+        if self._gathered is None or self._gathered[0] != int(count):
+            gathered: list = [None] * self.world_size
+            dist.all_gather_object(gathered, sorted(self._state), group=self._control)
+            self._gathered = (int(count), gathered)
+        gathered = self._gathered[1]
         registered = set().union(*map(set, gathered))
         live = program_model_stages(program) & registered
         for unit in program["units"]["before"]:
