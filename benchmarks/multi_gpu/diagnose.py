@@ -8,7 +8,7 @@
    interleaved, one batch or blocks of ops; and the all-gather DTensor uses.
 2. Nereus transitions (the DTensor comparison's TP -> DP of bf16 weights, the weight
    sync's training -> generation layout, a TP 1 -> 2 reshard with Adam state) under each
-   way of posting a round's ops (`executor.P2P_BATCH`, `executor.P2P_INTERLEAVE`),
+   way of posting a round's ops (`posting.P2P_BATCH`, `posting.P2P_INTERLEAVE`),
    medians of `--repeats` calls timed barrier to barrier.
 3. One profiled call of each (PyTorch profiler): the GPU timeline per stream (kernels
    merged into busy intervals) and the host time before the first kernel, in DIR.
@@ -227,7 +227,7 @@ def main(argv=None) -> int:
     parser.add_argument("--p2p-mib", type=int, default=None, help="bytes per direction (default 2048 MiB; CPU 8)")
     args = parser.parse_args(argv)
     env = Env(args)
-    from nereus.runtime import executor
+    from nereus.runtime import posting
 
     os.makedirs(args.out_dir, exist_ok=True)
     total = (args.p2p_mib or (2048 if env.cuda else 8)) << 20
@@ -243,7 +243,7 @@ def main(argv=None) -> int:
     env.log(f"p2p: {json.dumps(result['p2p'])}; allgather {json.dumps(result['allgather'])}")
     result["variants"] = {}
     for batch, interleave, ngroups in VARIANTS:
-        executor.P2P_BATCH, executor.P2P_INTERLEAVE = batch, interleave
+        posting.P2P_BATCH, posting.P2P_INTERLEAVE = batch, interleave
         set_groups(loads, groups[:ngroups])
         key = f"batch{batch}{'-interleave' if interleave else ''}-g{ngroups}"
         row = {}
@@ -264,13 +264,13 @@ def main(argv=None) -> int:
     result["profiles"] = {}
     for key in dict.fromkeys(["batch0-g1", best]):
         batch = int(key[5:].split("-")[0])
-        executor.P2P_BATCH, executor.P2P_INTERLEAVE = batch, "-interleave" in key
+        posting.P2P_BATCH, posting.P2P_INTERLEAVE = batch, "-interleave" in key
         set_groups(loads, groups[:int(key.split("-g")[-1])])
         for name, (forth, back, _) in loads.items():
             label = f"{name} ({key})"
             result["profiles"][label] = profiled(env, forth, os.path.join(args.out_dir, "timeline"), label)
             back()
-    executor.P2P_BATCH, executor.P2P_INTERLEAVE = 0, False
+    posting.P2P_BATCH, posting.P2P_INTERLEAVE = 0, False
     set_groups(loads, [None])
     env.finish({"name": "multi_gpu_diagnose", "gpus": env.world, "device": env.device.type, "best": best,
                 "layers": args.layers, **result, "machine": machine()}, args.json_out)

@@ -40,6 +40,7 @@ from nereus.ir.diagnostics import ProgramError
 
 from . import packing
 from .control import Failure, agree
+from .posting import p2p_ops as _p2p_ops, post as _post
 from .parking import ROLLBACK_MODES, Parking, default_rollback, park_plan, real_room, restore_parked
 from .program import Message, RankProgram
 
@@ -412,7 +413,6 @@ def _free(run: _Run, unit: str) -> None:
     run.sources[unit] = {}
 
 
-_PACKED_TAG = 1 << 20
 _VERIFY_TAG = 1 << 24
 
 
@@ -446,56 +446,6 @@ def _incoming(msg: Message, prog: RankProgram, new: dict, live: "_Live", device)
     offsets, total = packing.layout([p.nbytes for p in msg.pieces if not p.direct])
     buffer = torch.empty(total, dtype=torch.uint8, device=device) if packed else None
     return _Wire(msg, buffer, offsets, packed, direct, views)
-
-
-def _p2p_ops(wires: list, fn, groups, direct: bool) -> list:
-    """[(index, op)]: the p2p ops of some messages, their direct pieces or their packed
-    buffers, each with its index among this direction's ops to the same peer. Tags are
-    those indices (plus a base), which the sender and the receiver enumerate identically
-    (gloo matches on tags, NCCL on order). With several data groups (communicators), op
-    `index` goes over group index % len(groups): each group sees a subsequence in the same
-    order on both sides, and the groups' streams move their ops concurrently."""
-    groups = groups if isinstance(groups, (list, tuple)) else [groups]
-    ops, count = [], {}
-    base = 0 if direct else _PACKED_TAG
-    for w in wires:
-        tensors = w.direct if direct else ([w.buffer] if w.buffer is not None else [])
-        for t in tensors:
-            n = count.get(w.msg.peer, 0)
-            count[w.msg.peer] = n + 1
-            ops.append((n, dist.P2POp(fn, t, w.msg.peer, groups[n % len(groups)], base + n)))
-    return ops
-
-
-# How a round's ops are handed to the backend. P2P_BATCH > 0 posts them in batches of the
-# ops whose per-peer index falls in the same block of P2P_BATCH: the matching op of a peer
-# then sits in the batch of the same number there, so NCCL cannot deadlock, and the first
-# batch starts moving while the host still posts the next. P2P_INTERLEAVE alternates sends
-# and receives within a batch. (Environment: NEREUS_P2P_BATCH, NEREUS_P2P_INTERLEAVE.)
-P2P_BATCH = int(os.environ.get("NEREUS_P2P_BATCH", "0"))
-P2P_INTERLEAVE = os.environ.get("NEREUS_P2P_INTERLEAVE", "0") == "1"
-
-
-def _post(sends: list, recvs: list) -> list:
-    """Post [(index, op)] sends and receives (see P2P_BATCH), one batch per (block, group)
-    (a batch holds ops of one group); returns the requests."""
-    if not sends and not recvs:
-        return []
-    block = (lambda n: n // P2P_BATCH) if P2P_BATCH > 0 else (lambda n: 0)
-    if P2P_INTERLEAVE:
-        merged = [x for pair in zip(sends, recvs) for x in pair]
-        merged += sends[len(recvs):] + recvs[len(sends):]
-    else:
-        merged = sends + recvs
-    batches: dict = {}
-    order: dict = {}
-    for n, op in merged:
-        key = (block(n), order.setdefault(id(op.group), len(order)))
-        batches.setdefault(key, []).append(op)
-    requests = []
-    for key in sorted(batches):
-        requests += dist.batch_isend_irecv(batches[key])
-    return requests
 
 
 def _allocate(prog: RankProgram, unit: str, new: dict, live: _Live, device, aliased: set) -> None:
