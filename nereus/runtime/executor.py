@@ -40,6 +40,7 @@ from nereus.ir.diagnostics import ProgramError
 
 from . import packing
 from .control import Failure, agree
+from .posting import p2p_ops as _p2p_ops, post as _post
 from .parking import ROLLBACK_MODES, Parking, default_rollback, park_plan, real_room, restore_parked
 from .program import Message, RankProgram
 
@@ -137,7 +138,8 @@ def execute(prog: RankProgram, before: dict, *, group, control, device: torch.de
             fault=None, rollback: Optional[str] = None, park_device_types=("cuda",),
             round_hook: Optional[Callable[[int], None]] = None,
             capacity_bytes: Optional[int] = None) -> ExecutionResult:
-    """Collective over `group` (data) and `control` (gloo).
+    """Collective over `group` (data; or a list of data groups over the same ranks, whose
+    communicators then move a round's ops concurrently) and `control` (gloo).
 
     Input: this rank's program and its before-state {unit: {tensor: local tensor}}
     (the shards of every before-unit on this GPU; extra entries are ignored). Output:
@@ -216,7 +218,8 @@ def _execute(prog, before, parking, group, control, device, resident_bytes, veri
         _count_before(run)
     except Exception as error:  # noqa: BLE001 - any local error must reach every rank
         run.failure = Failure(run.rank, -1, "check before-state", None, str(error))
-    agree(run.failure, control, prog.source, prog.target)
+    if not prog.rounds:  # otherwise the first round's agreement carries a failure here
+        agree(run.failure, control, prog.source, prog.target)
 
     bar = _progress(progress and run.rank == 0, len(prog.rounds))
     for work in prog.rounds:
@@ -322,7 +325,8 @@ def _round(run: _Run, work) -> RoundTiming:
         except Exception as error:  # noqa: BLE001 - post the (garbage) buffers anyway
             late_error = (step, peer, error)
         out_ops, in_ops = _p2p_ops(sends, dist.isend, group, False), _p2p_ops(recvs, dist.irecv, group, False)
-        if run.verify:  # after every data op of its peer: the last batch
+        if run.verify:  # after every data op of its peer: the last batch, on the first data group
+            group = group[0] if isinstance(group, (list, tuple)) else group
             for w in sends:
                 sums = torch.tensor([c for v in w.views for c in packing.checksum(v)], dtype=torch.int64)
                 out_ops.append((1 << 30, dist.P2POp(dist.isend, sums.to(device), w.msg.peer, group,
@@ -409,7 +413,6 @@ def _free(run: _Run, unit: str) -> None:
     run.sources[unit] = {}
 
 
-_PACKED_TAG = 1 << 20
 _VERIFY_TAG = 1 << 24
 
 
@@ -443,50 +446,6 @@ def _incoming(msg: Message, prog: RankProgram, new: dict, live: "_Live", device)
     offsets, total = packing.layout([p.nbytes for p in msg.pieces if not p.direct])
     buffer = torch.empty(total, dtype=torch.uint8, device=device) if packed else None
     return _Wire(msg, buffer, offsets, packed, direct, views)
-
-
-def _p2p_ops(wires: list, fn, group, direct: bool) -> list:
-    """[(index, op)]: the p2p ops of some messages, their direct pieces or their packed
-    buffers, each with its index among this direction's ops to the same peer. Tags are
-    those indices (plus a base), which the sender and the receiver enumerate identically
-    (gloo matches on tags, NCCL on order)."""
-    ops, count = [], {}
-    base = 0 if direct else _PACKED_TAG
-    for w in wires:
-        tensors = w.direct if direct else ([w.buffer] if w.buffer is not None else [])
-        for t in tensors:
-            n = count.get(w.msg.peer, 0)
-            count[w.msg.peer] = n + 1
-            ops.append((n, dist.P2POp(fn, t, w.msg.peer, group, base + n)))
-    return ops
-
-
-# How a round's ops are handed to the backend. P2P_BATCH > 0 posts them in batches of the
-# ops whose per-peer index falls in the same block of P2P_BATCH: the matching op of a peer
-# then sits in the batch of the same number there, so NCCL cannot deadlock, and the first
-# batch starts moving while the host still posts the next. P2P_INTERLEAVE alternates sends
-# and receives within a batch. (Environment: NEREUS_P2P_BATCH, NEREUS_P2P_INTERLEAVE.)
-P2P_BATCH = int(os.environ.get("NEREUS_P2P_BATCH", "0"))
-P2P_INTERLEAVE = os.environ.get("NEREUS_P2P_INTERLEAVE", "0") == "1"
-
-
-def _post(sends: list, recvs: list) -> list:
-    """Post [(index, op)] sends and receives (see P2P_BATCH); returns the requests."""
-    if not sends and not recvs:
-        return []
-    block = (lambda n: n // P2P_BATCH) if P2P_BATCH > 0 else (lambda n: 0)
-    if P2P_INTERLEAVE:
-        merged = [x for pair in zip(sends, recvs) for x in pair]
-        merged += sends[len(recvs):] + recvs[len(sends):]
-    else:
-        merged = sends + recvs
-    batches: dict = {}
-    for n, op in merged:
-        batches.setdefault(block(n), []).append(op)
-    requests = []
-    for key in sorted(batches):
-        requests += dist.batch_isend_irecv(batches[key])
-    return requests
 
 
 def _allocate(prog: RankProgram, unit: str, new: dict, live: _Live, device, aliased: set) -> None:

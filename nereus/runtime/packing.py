@@ -13,6 +13,7 @@ any element type in place; both sides derive the offsets from the same piece lis
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Optional, Sequence
 
 import torch
@@ -66,6 +67,12 @@ def backend_for(device: torch.device) -> str:
     """The pack/unpack path that runs for tensors on `device`: the Triton kernels only for
     CUDA tensors when they are available, the torch `copy_` path otherwise (CPU, gloo)."""
     return "triton" if _KERNELS is not None and torch.device(device).type == "cuda" else "torch"
+
+
+if _KERNELS is not None and "NEREUS_PACK_JIT" not in os.environ:
+    # a transition never waits for Triton's compiler: variants not compiled yet (by
+    # Runtime.prepare or an earlier call) take the torch path while they compile aside
+    _KERNELS.default_packer().jit = "prepared"
 
 
 def kernels():

@@ -99,10 +99,13 @@ class Runtime:
     def __init__(self, module: Module, plan: str, *, rank: Optional[int] = None, world_size: Optional[int] = None,
                  device: Optional[torch.device] = None, verify: bool = False, progress: bool = False,
                  timeout_s: float = 120.0, direct_min_bytes: int = DIRECT_MIN_BYTES,
-                 rollback: Optional[str] = None, park_device_types=("cuda",)):
+                 rollback: Optional[str] = None, park_device_types=("cuda",), p2p_groups: Optional[int] = None):
         """rollback: "auto", "host" or "device" (see the module docstring); None picks
         "auto" for CUDA tensors and "device" otherwise. park_device_types: the device types whose
-        old shards take the host path; tests pass ("cpu",) to run it on CPU."""
+        old shards take the host path; tests pass ("cpu",) to run it on CPU. p2p_groups:
+        data communicators a round's point-to-point ops are spread over (NCCL runs the
+        ops of one communicator one after the other; several overlap that); default
+        NEREUS_P2P_GROUPS, else 4 on NCCL and 1 otherwise."""
         if rollback is not None and rollback not in ROLLBACK_MODES:
             raise NereusError(f"unknown rollback mode {rollback!r}",
                               hint="rollback='auto' (default on CUDA), 'host' (old shards wait in host memory) or 'device'")
@@ -134,11 +137,17 @@ class Runtime:
             self._data = None  # the default group
         else:
             self._data = self._control
+        if self._data is None:  # NCCL: several communicators (see prepare.data_groups)
+            from .prepare import data_groups
+
+            self._data = data_groups(self.device, timeout_s, p2p_groups)
         self._plan = plan
         self._state: dict = {}  # model-stage → {name: local tensor}
         self._programs: dict = {}
         self._lowered: dict = {}  # (from, to, live model-stages) -> this rank's program
-        self._prepared: set = set()  # (from, to, live model-stages) that prepare() warmed
+        self._prepared: set = set()
+        self._registrations = 0  # changes of this rank's registered model-stages (see _live_stages)
+        self._gathered = None  # (registrations summed over ranks, every rank's registered model-stages)  # (from, to, live model-stages) that prepare() warmed
         self._check_ranks(plan)
 
     @classmethod
@@ -210,6 +219,7 @@ class Runtime:
                 raise NereusError(f"{name}: the local tensor is not contiguous",
                                   hint="register contiguous tensors (transitions send and receive them in place)")
         self._state[str(ms)] = dict(local)
+        self._registrations += 1
 
     def state(self, model_stage: str) -> dict:
         """This rank's shards of `model_stage` in the current plan ({} if it holds none)."""
@@ -326,6 +336,7 @@ class Runtime:
                          capacity_bytes=self._capacity(program))
         del before
         steps = self._steps(live)
+        keys = set(self._state)
         for ms in sorted(live):
             unit = unit_of_stage(result.state, prog.unit_stage, "after", ms)
             new = dict(result.state.get(unit, {})) if unit is not None else {}
@@ -333,6 +344,8 @@ class Runtime:
             if new and steps.get(ms, -1) >= 0:
                 new[step_name(model)] = torch.tensor(steps[ms], dtype=torch.int64)
             self._state[ms] = new
+        if set(self._state) != keys:  # a rank that held nothing of a model-stage now does
+            self._registrations += 1
         self._plan = target
         seconds = time.perf_counter() - started  # the commit was the executor's last step
         # one collective for the slowest rank's seconds and the total bytes sent
@@ -396,9 +409,16 @@ class Runtime:
 
     def _live_stages(self, program: dict) -> set:
         """Collective: the model-stages of `program` that some rank registered. Raises the
-        same NereusError on every rank when a holder of a live model-stage did not."""
-        gathered: list = [None] * self.world_size
-        dist.all_gather_object(gathered, sorted(self._state), group=self._control)
+        same NereusError on every rank when a holder of a live model-stage did not. The
+        ranks' registered sets are gathered only when some rank registered since the last
+        gather (one small all_reduce of the ranks' registration counts tells)."""
+        count = torch.tensor([self._registrations], dtype=torch.int64)
+        dist.all_reduce(count, group=self._control)
+        if self._gathered is None or self._gathered[0] != int(count):
+            gathered: list = [None] * self.world_size
+            dist.all_gather_object(gathered, sorted(self._state), group=self._control)
+            self._gathered = (int(count), gathered)
+        gathered = self._gathered[1]
         registered = set().union(*map(set, gathered))
         live = program_model_stages(program) & registered
         for unit in program["units"]["before"]:

@@ -137,6 +137,10 @@ class WeightSync:
         self.control = control if control is not None else \
             dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
         self.options = {} if bucket is None else {"bucket": bucket}
+        from .prepare import data_groups
+
+        # NCCL: several communicators (see prepare.data_groups); None: the default group
+        self.data_group = data_groups(self.device, timeout_s) if dist.is_initialized() else None
         self._programs: dict = {}
         self._rank_programs: dict = {}  # plan -> this rank's lowered program (every step reuses it)
 
@@ -173,7 +177,8 @@ class WeightSync:
         prog = self._rank_programs[plan]
         before = {unit: {name: weights[name] for name in prog.before[unit] if name in weights} for unit in prog.before}
         # the training weights stay where they are after a sync: nothing to park on the host
-        result = execute(prog, before, group=None, control=self.control, device=self.device, rollback="device")
+        result = execute(prog, before, group=self.data_group, control=self.control, device=self.device,
+                         rollback="device")
         unit = unit_of_stage(result.state, prog.unit_stage, "after", self.target)
         new = dict(result.state.get(unit, {})) if unit is not None else {}
         return SyncResult(new, result.seconds, result.sent_bytes, result.received_bytes, result.copied_bytes,

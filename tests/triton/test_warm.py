@@ -38,3 +38,19 @@ def test_warm_runs_every_variant_once_without_touching_real_data():
     packer = Packer(backend="triton")
     assert packer.warm(_calls("meta"), torch.device("cpu")) == len(packer.launch_classes(_calls("meta")))
     assert Packer(backend="torch").warm(_calls("meta"), torch.device("cpu")) == 0
+
+
+def test_prepared_jit_takes_the_torch_path_until_the_variants_are_compiled():
+    packer = Packer(backend="triton")
+    packer.jit = "prepared"
+    (_, views, offsets), _ = _calls("cpu")
+    for i, v in enumerate(views):
+        v.copy_(torch.arange(v.numel()).view(v.shape).to(v.dtype) + i)
+    total = offsets[-1] + views[-1].numel() * views[-1].element_size()
+    expected = packing.torch_pack(views, offsets, total)
+    first = packer.pack_into(views, offsets, total)
+    assert packer.fallback_calls == 1 and torch.equal(first, expected)
+    packer._compiling.join()  # the missing variants compiled aside
+    assert packer.launch_classes([("pack", views, offsets)]) <= packer.compiled
+    second = packer.pack_into(views, offsets, total)
+    assert packer.fallback_calls == 1 and torch.equal(second, expected)

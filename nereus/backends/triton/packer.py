@@ -95,6 +95,15 @@ class Packer:
         self._cached_bytes = 0
         self._plans: OrderedDict[Hashable, _Plan] = OrderedDict()
         self.plans_built = 0
+        # "eager": a kernel variant compiles on its first use (Triton's JIT: about a second
+        # each, in the caller's critical path); "prepared": the executor's calls run only
+        # compiled variants (`warm`) and take the torch path otherwise while a background
+        # thread compiles the missing ones for the next call. NEREUS_PACK_JIT.
+        self.jit = os.environ.get("NEREUS_PACK_JIT", "eager")
+        self.compiled: set = set()  # (kind, word, vec, ROWS, COLS) known compiled
+        self._missing: set = set()
+        self._compiling = None
+        self.fallback_calls = 0
 
     # -- backend choice ------------------------------------------------------------
     def backend_for(self, device: torch.device) -> str:
@@ -183,6 +192,9 @@ class Packer:
         residues = (_residue(out),) if out is not None else (0,)
         plan = self._plan("pack", key, (len(views),), residues, lambda: _describe([views], [offsets], [nbytes]))
         buffer = out if out is not None else torch.empty(nbytes, dtype=torch.uint8, device=plan.device)
+        if not self._ready(plan):
+            fallback.pack_entries([_bytes(buffer, nbytes)], [(0, v, o) for v, o in zip(views, offsets)])
+            return buffer
         self._execute(plan, [_bytes(buffer, nbytes)])
         return buffer
 
@@ -192,6 +204,9 @@ class Packer:
         size = _bytes(buffer, 0).numel()
         plan = self._plan("unpack", key, (len(views),), (_residue(buffer),),
                           lambda: _describe([views], [offsets], [size]))
+        if not self._ready(plan):
+            fallback.unpack_entries([_bytes(buffer, size)], [(0, v, o) for v, o in zip(views, offsets)])
+            return
         self._execute(plan, [_bytes(buffer, size)])
 
     def warm(self, calls: Sequence[tuple[str, Sequence[torch.Tensor], Sequence[int]]], device: torch.device) -> int:
@@ -205,8 +220,13 @@ class Packer:
         if self.backend_for(device) != "triton":
             return 0
         classes = self.launch_classes(calls)
+        self._compile(classes - self.compiled, device)
+        return len(classes)
+
+    def _compile(self, classes: set, device: torch.device) -> None:
+        """Run each (kind, word, vec, ROWS, COLS) variant once on a scratch buffer."""
         if not classes:
-            return 0
+            return
         from .segments import Piece
 
         kernels = _kernels()
@@ -224,7 +244,39 @@ class Packer:
                 kernels.run_launch(launch.to(device), kernels.REL_DST if kind == "pack" else kernels.REL_SRC, bases)
         if device.type == "cuda":
             torch.cuda.current_stream(device).synchronize()
-        return len(classes)
+        self.compiled |= classes
+
+    def _compile_quietly(self, classes: set, device: torch.device) -> None:
+        """The background compile: on the data's device (a new thread starts on device
+        0); a failure only means the torch path stays in use for those variants."""
+        try:
+            if device.type == "cuda":
+                with torch.cuda.device(device):
+                    self._compile(classes, device)
+            else:
+                self._compile(classes, device)
+        except Exception as error:  # noqa: BLE001 - the torch path still works
+            log.warning("background compile of pack kernels failed: %s", error)
+
+    def _ready(self, plan: _Plan) -> bool:
+        """jit="prepared": whether every variant of a Triton plan is compiled; if not,
+        the missing ones are compiled in a background thread (one at a time)."""
+        if self.jit != "prepared" or plan.backend != "triton":
+            return True
+        classes = {(plan.kind, x.word, x.vec, x.rows, x.cols) for x in plan.launches}
+        missing = classes - self.compiled
+        if not missing:
+            return True
+        self._missing |= missing
+        if self._compiling is None or not self._compiling.is_alive():
+            import threading
+
+            todo, device = set(self._missing), plan.device
+            self._missing.clear()
+            self._compiling = threading.Thread(target=self._compile_quietly, args=(todo, device), daemon=True)
+            self._compiling.start()
+        self.fallback_calls += 1
+        return False
 
     def launch_classes(self, calls: Sequence[tuple[str, Sequence[torch.Tensor], Sequence[int]]]) -> set:
         """{(kind, word, vec, ROWS, COLS)} of the launches the Triton plans of these
@@ -308,6 +360,7 @@ class Packer:
             bases = plan.bases[1]
         for launch in plan.launches:
             kernels.run_launch(launch, rel, bases)
+        self.compiled |= {(plan.kind, x.word, x.vec, x.rows, x.cols) for x in plan.launches}
 
 
 def _describe(messages: Sequence[Sequence[Any]], offsets: Optional[Sequence[Sequence[int]]] = None,
