@@ -141,6 +141,7 @@ class Runtime:
             from .prepare import data_groups
 
             self._data = data_groups(self.device, timeout_s, p2p_groups)
+        _plan(module, plan)
         self._plan = plan
         self._state: dict = {}  # model-stage → {name: local tensor}
         self._programs: dict = {}
@@ -462,6 +463,13 @@ def tensor_specs(module: Module, model_stage: str) -> dict:
 
 def _plan(module: Module, name: str) -> None:
     try:
-        module.plan(name)
+        plan = module.plan(name)
     except KeyError:
         raise SemanticError(f"unknown plan {name!r}", hint=f"plans: {', '.join(p.name for p in module.plans)}") from None
+    for p in plan.placements:
+        # the compiler lays out and verifies zero 1/3, but this executor's shard contract
+        # (whole optimizer state per unit) has not been run on them: refuse, don't guess
+        if p.zero:
+            raise SemanticError(f"plan {name}: {p.model_stage} has zero {p.zero}, which the runtime does not "
+                                "execute yet", p.loc, hint="use zero 0 (the default) in plans the runtime runs; "
+                                                           "nereusc compiles and verifies zero layouts")

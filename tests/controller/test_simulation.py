@@ -2,7 +2,6 @@
 from the cost model, robustness to noise, and the `nereus simulate` CLI."""
 
 import json
-import math
 import os
 import random
 from dataclasses import replace
