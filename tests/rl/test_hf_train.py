@@ -168,3 +168,23 @@ def test_nereus_train_with_a_transition_keeps_the_checkpoint_at_lr_0(run_dir, tm
     assert result["steps"][0]["kl"] == 0.0  # ref and actor are the same checkpoint
     # compared in a forked process: this one runs no torch op (later tests fork)
     assert run_world(1, _final_equals_checkpoint, str(run_dir), str(tmp_path / "run" / "final_state.pt"))
+
+
+def _example_loads(path: str) -> list:
+    from safetensors.torch import load_file
+
+    import nereus.ir as ir
+    from nereus.models import tensor_table
+    from nereus.models.hf import hf_to_nereus
+
+    module = ir.parse_file(path)
+    actor = module.model("actor")
+    full = hf_to_nereus(actor, load_file(str(Path(actor.checkpoint_dir) / "model.safetensors")))
+    return [actor.architecture, actor.rope_scaling is not None, module.model("ref").checkpoint_dir == actor.checkpoint_dir,
+            sorted(full) == sorted(f"actor/{spec.name}" for spec in tensor_table(actor))]
+
+
+def test_bundled_example_reads_its_checkpoint():
+    """examples/rl/grpo-hf-cpu.nir (README) names a checkpoint whose tensors are the actor's."""
+    path = ROOT / "examples" / "rl" / "grpo-hf-cpu.nir"
+    assert run_world(1, _example_loads, str(path)) == ["llama", True, True, True]
