@@ -188,3 +188,20 @@ def test_bundled_example_reads_its_checkpoint():
     """examples/rl/grpo-hf-cpu.nir (README) names a checkpoint whose tensors are the actor's."""
     path = ROOT / "examples" / "rl" / "grpo-hf-cpu.nir"
     assert run_world(1, _example_loads, str(path)) == ["llama", True, True, True]
+
+
+def test_a_checkpoint_too_small_for_the_task_is_refused_before_launch(tmp_path):
+    config = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 96,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 8,
+              "rms_norm_eps": 1e-5, "torch_dtype": "float32"}
+    for name in ("actor", "reward"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+    (tmp_path / "plan.nir").write_text(PLAN)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    run = subprocess.run([sys.executable, "-c", "from nereus.cli import nereus; nereus()", "train",
+                          str(tmp_path / "plan.nir"), "--nproc", "2", "--steps", "2", "--out", str(tmp_path / "out")],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert 'actor has vocab 8 (vocab_size of actor) but the tasks use 11 tokens' in run.stderr
+    assert "plan.nir:3:" in run.stderr and "Traceback" not in run.stderr and not (tmp_path / "out").exists()
