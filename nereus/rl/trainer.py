@@ -7,7 +7,8 @@ Model-stages (names fixed by this loop; the plan places them):
                      "vllm" (one vLLM engine per generation replica on its driver rank; the
                      sync targets the engines' input layout and VllmGeneration.push loads it;
                      Nereus then holds no actor.generation shards: the engines do)
-  ref.inference      log π_ref (initialised as a copy of the actor's initial weights)
+  ref.inference      log π_ref (initialised as a copy of the actor's initial weights:
+                     seeded, or the actor's Hugging Face checkpoint, nereus.rl.weights)
   reward.inference   optional llama reward model: its score is logged as `rm_score` (None
                      without one); the training reward is always the task's rule
                      (nereus.rl.reward, `--task`), so learning is checkable
@@ -144,6 +145,7 @@ class RlTrainer:
 
             self.weight_sync = WeightSync(module, device=self.device)
         self.plan_name = spec.plan
+        self.sources: dict = {}  # model -> checkpoint directory it started from (None: seeded), set by initialise
         self.roles = self.groups.for_plan(module, module.plan(spec.plan), self.world)
 
     # -- state ---------------------------------------------------------------------------
@@ -421,5 +423,5 @@ class RlTrainer:
         return {"name": "train", "algo": self.cfg.algo, "plan": self.spec.plan, "final_plan": self.plan_name,
                 "steps": [asdict(s) for s in steps], "transitions": transitions,
                 "run_seconds": time.perf_counter() - run_start,
-                "decisions": policy.decisions if policy is not None else [],
+                "decisions": policy.decisions if policy is not None else [], "initial_weights": self.sources,
                 "final_weights_sha256": weights_sha256(merged), "_final_state": merged}

@@ -26,8 +26,8 @@ exactly those parts in that order, so fused tensors pass through unsplit:
     final_norm.weight                model.norm.weight
     lm_head.weight                   lm_head.weight
 
-Qwen2's fused q/k/v bias and Qwen3's q/k norms pass the same way (`qkv_proj.bias`,
-`q_norm`/`k_norm`); a tied model has no lm_head. The checkpoint that starts the engine
+Qwen2 and Qwen3 models pass under the checkpoint's unfused names instead (q/k/v biases,
+q/k norms included); a tied model has no lm_head. The checkpoint that starts the engine
 (`save_hf_checkpoint`) is the family's, under the unfused HF names (q_proj/k_proj/v_proj,
 gate_proj/up_proj) as transformers writes them, with the model's eps, rope theta and
 scaling, head_dim and tying in config.json (`hf_config`).
@@ -65,9 +65,6 @@ _LAYER = re.compile(r"layers\.(\d+)\.(.+)")
 _LAYER_NAMES = {
     "input_norm.weight": "input_layernorm.weight",
     "attn.qkv.weight": "self_attn.qkv_proj.weight",
-    "attn.qkv.bias": "self_attn.qkv_proj.bias",  # qwen2; vLLM's QKV loader splits a fused bias like a weight
-    "attn.q_norm.weight": "self_attn.q_norm.weight",  # qwen3
-    "attn.k_norm.weight": "self_attn.k_norm.weight",
     "attn.o.weight": "self_attn.o_proj.weight",
     "post_attn_norm.weight": "post_attention_layernorm.weight",
     "mlp.gate_up.weight": "mlp.gate_up_proj.weight",
@@ -98,10 +95,18 @@ def vllm_name(name: str) -> str:
                       hint="pass the actor's weights only: no optimizer state (#...), no value head")
 
 
-def to_vllm_weights(weights: dict) -> list[tuple[str, torch.Tensor]]:
-    """Input: whole tensors by Nereus name. Output: (vLLM name, tensor) pairs in name
-    order, the tensors themselves (no copy): vLLM's loader copies them into its params."""
-    return [(vllm_name(name), tensor) for name, tensor in sorted(weights.items())]
+def to_vllm_weights(weights: dict, model: Optional[Model] = None) -> list[tuple[str, torch.Tensor]]:
+    """Input: whole tensors by Nereus name (and the model they belong to). Output: (vLLM
+    name, tensor) pairs in name order, the tensors themselves or row views of them (no
+    copy): vLLM's loader copies them into its params. A llama passes its fused tensors
+    (vllm_name); the other families pass the HF checkpoint's unfused names, the ones
+    every vLLM model's load_weights reads (their fused-name handling is not relied on)."""
+    if model is None or model.architecture == "llama":
+        return [(vllm_name(name), tensor) for name, tensor in sorted(weights.items())]
+    from nereus.models.hf import nereus_to_hf
+
+    full = {f"{model.name}/{local_name(name)}": tensor for name, tensor in weights.items()}
+    return sorted(nereus_to_hf(model, full).items())
 
 
 def hf_checkpoint_weights(model: Model, weights: dict) -> dict:
@@ -262,7 +267,7 @@ class VllmEngine:
         drop cached prefixes. Every weight of the model must be present."""
         check_complete(self.model, weights)  # a partial reload would leave layers unloaded
         started = time.perf_counter()
-        items = to_vllm_weights(weights)
+        items = to_vllm_weights(weights, self.model)
         if self.in_process:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": items})
         else:

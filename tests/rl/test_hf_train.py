@@ -166,6 +166,10 @@ def test_nereus_train_with_a_transition_keeps_the_checkpoint_at_lr_0(run_dir, tm
     assert [s["step"] for s in result["steps"]] == [1, 2]
     assert [t["to"] for t in result["transitions"]] == ["S2"]
     assert result["steps"][0]["kl"] == 0.0  # ref and actor are the same checkpoint
+    with open(tmp_path / "run" / "result.json") as f:
+        sources = json.load(f)["initial_weights"]
+    assert sources == {"actor": str(run_dir / "actor"), "ref": str(run_dir / "actor"),
+                       "critic": str(run_dir / "actor"), "reward": str(run_dir / "reward")}
     # compared in a forked process: this one runs no torch op (later tests fork)
     assert run_world(1, _final_equals_checkpoint, str(run_dir), str(tmp_path / "run" / "final_state.pt"))
 

@@ -19,7 +19,7 @@ import nereus.ir as ir
 from nereus.ir.diagnostics import NereusError, SemanticError
 from nereus.models import logits
 from nereus.models.hf import hf_to_nereus
-from nereus.runtime.vllm_engine import hf_checkpoint_weights, hf_config, save_hf_checkpoint, vllm_name
+from nereus.runtime.vllm_engine import hf_checkpoint_weights, hf_config, save_hf_checkpoint, to_vllm_weights
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "models"))
 from hf_tiny import TINY, nir, write_checkpoint  # noqa: E402
@@ -73,9 +73,13 @@ def test_local_names_and_completeness(tmp_path):
     assert set(hf_checkpoint_weights(model, local)) == set(files)
     with pytest.raises(NereusError, match="missing"):
         hf_checkpoint_weights(model, {k: v for k, v in local.items() if k != "final_norm.weight"})
-    # the engine's reload path names Qwen2's fused bias and Qwen3's q/k norms as vLLM's models do
-    assert vllm_name("actor/layers.1.attn.qkv.bias") == "model.layers.1.self_attn.qkv_proj.bias"
-    assert vllm_name("layers.0.attn.k_norm.weight") == "model.layers.0.self_attn.k_norm.weight"
+    # the engine's reload path: Qwen weights under the checkpoint's names and values, no copies
+    pushed = dict(to_vllm_weights(local, model))
+    assert set(pushed) == set(files) and all(torch.equal(pushed[k], files[k]) for k in files)
+    assert pushed["model.layers.0.self_attn.k_proj.bias"].data_ptr() == (
+        local["layers.0.attn.qkv.bias"][model.heads * model.head_dim:].data_ptr())
+    with pytest.raises(NereusError, match="no vLLM parameter"):  # llama: fused names, lm weights only
+        to_vllm_weights({"layers.0.attn.qkv.bias": local["layers.0.attn.qkv.bias"]})
 
 
 def test_what_no_hf_class_computes_is_refused():
