@@ -162,8 +162,9 @@ def launch(config: dict, nproc: int, out: str, progress_label: str, quiet: bool,
             guard.cancel()
     if error:
         failed = TrainingFailed(error)
-        if quiet:
+        if quiet:  # this object is the report: reports_errors would print a second, rank-less one
             click.echo(json.dumps({"error": failed.details}))
+            raise SystemExit(2)
         raise failed
     if proc.returncode != 0 or result is None:
         tail = "".join(other[-40:])

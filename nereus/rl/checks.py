@@ -59,8 +59,10 @@ def check_models(module: Module) -> None:
     for name in sorted({ms.model for ms in module.workload.model_stages()}):
         model = module.model(name)
         if model.vocab < TASK_TOKENS:
-            raise SemanticError(f"{name} has vocab {model.vocab} but the tasks use {TASK_TOKENS} tokens",
-                                key_loc(model, "vocab"), hint=f"use a vocab of at least {TASK_TOKENS}")
+            where = f" (vocab_size of {model.checkpoint})" if model.checkpoint else ""
+            raise SemanticError(f"{name} has vocab {model.vocab}{where} but the tasks use {TASK_TOKENS} tokens",
+                                key_loc(model, "vocab"),
+                                hint=f"use a model with a vocab of at least {TASK_TOKENS} (token ids 0..{TASK_TOKENS - 1})")
         wanted = HEADS.get(name)
         if wanted is not None and model.head != wanted:
             raise SemanticError(f"{name} needs `head {wanted}` in the RL loop, it has head {model.head}",

@@ -21,7 +21,7 @@ from nereus.models import (OPTIMIZER_DTYPE, OPTIMIZER_STATES, TensorSpec, optimi
                                     tensor_table)
 from nereus.ir.model import Module, Placement
 
-from .shards import shard, write_owned
+from .shards import local_boxes, shard, write_owned
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -84,6 +84,29 @@ class RestartRuntime:
         return {name: shard(full[name], spec, placement.tp, where[2]).to(self.device)
                 for name, spec in global_specs(self.module, model_stage).items()
                 if on_stage(spec, layers, placement.pp, where[1])}
+
+    def shard_hf_checkpoint(self, model_stage: str, path: Optional[str] = None) -> dict[str, torch.Tensor]:
+        """This rank's shards of `model_stage` read from a Hugging Face checkpoint directory
+        (default: the model's `hf("...")` one), only this rank's boxes, as
+        nereus.runtime.Runtime.shard_hf_checkpoint does (same reader, boxes from
+        nereus.rl.shards)."""
+        from nereus.ir.diagnostics import NereusError
+        from nereus.runtime.hf_checkpoint import shard_checkpoint
+
+        placement = self.plan.placement(model_stage)
+        model = self.module.model(placement.model_stage.model)
+        directory = path or model.checkpoint_dir
+        if directory is None:
+            raise NereusError(f"model {model.name} has no checkpoint", hint='declare it = hf("dir") or pass path=')
+        where = _position(placement, self.rank)
+        unit = None
+        if where is not None:  # the unit of this rank in the JSON program's form: boxes per tensor
+            unit = {"shards": [{"tensor": f"{model.name}/{spec.name}", "gpu": self.rank,
+                                "boxes": [list(map(list, box)) for box in local_boxes(spec, placement.tp, where[2])]}
+                               for spec in tensor_table(model) if on_stage(spec, model.layers, placement.pp, where[1])]}
+        local = shard_checkpoint(model, placement.model_stage, unit, self.rank, directory)
+        specs = global_specs(self.module, model_stage)  # no Adam step counter: this runtime keeps none
+        return {name: tensor.to(self.device) for name, tensor in local.items() if name in specs}
 
     def register(self, model_stage: str, local: dict[str, torch.Tensor]) -> None:
         self._state[model_stage] = dict(local)

@@ -7,7 +7,8 @@ Model-stages (names fixed by this loop; the plan places them):
                      "vllm" (one vLLM engine per generation replica on its driver rank; the
                      sync targets the engines' input layout and VllmGeneration.push loads it;
                      Nereus then holds no actor.generation shards: the engines do)
-  ref.inference      log π_ref (initialised as a copy of the actor's initial weights)
+  ref.inference      log π_ref (initialised as a copy of the actor's initial weights:
+                     seeded, or the actor's Hugging Face checkpoint, nereus.rl.weights)
   reward.inference   optional llama reward model: its score is logged as `rm_score` (None
                      without one); the training reward is always the task's rule
                      (nereus.rl.reward, `--task`), so learning is checkable
@@ -35,7 +36,6 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
-from nereus.models import OPTIMIZER_STATES, optimizer_name
 from nereus.ir.diagnostics import SemanticError
 from nereus.ir.model import Module
 from nereus.runtime.state import step_name
@@ -43,13 +43,14 @@ from nereus.runtime.state import step_name
 from . import algorithms as alg
 from .engine import ENGINES, GenerationEngine, NativeEngine, make_vllm_generation
 from . import pipeline
-from nereus.models.llama import init_full_weights, local_logits, values
+from nereus.models.llama import local_logits, values
 from .optim import adam_step, all_reduce_grads, reduce_replicated_kv_grads
 from nereus.models.parallel import vocab_parallel_logprob
 from .checks import check_batch, check_models, check_replicas, check_stages
-from .restart import TORCH_DTYPES, RestartRuntime
+from .restart import RestartRuntime
 from .reward import make_prompts, score
 from .topology import Groups, Role
+from .weights import register_initial_weights
 
 
 @dataclass(frozen=True)
@@ -90,10 +91,6 @@ def _report_dict(report: Any) -> dict:
         return asdict(report)
     except TypeError:
         return {k: v for k, v in vars(report).items() if isinstance(v, (int, float, str))}
-
-
-def _architecture(model) -> tuple:
-    return (model.layers, model.hidden, model.heads, model.kv_heads, model.ffn, model.vocab, model.head, model.dtype)
 
 
 def weights_sha256(full: dict[str, torch.Tensor]) -> str:
@@ -148,36 +145,17 @@ class RlTrainer:
 
             self.weight_sync = WeightSync(module, device=self.device)
         self.plan_name = spec.plan
+        self.sources: dict = {}  # model -> checkpoint directory it started from (None: seeded), set by initialise
         self.roles = self.groups.for_plan(module, module.plan(spec.plan), self.world)
 
     # -- state ---------------------------------------------------------------------------
 
     def initialise(self) -> None:
-        """Seeded full weights on every rank, sharded and registered per model-stage."""
-        gen = torch.Generator().manual_seed(self.spec.seed)
-        full = {"actor": init_full_weights(self.module.model("actor"), gen)}
-        same = _architecture(self.module.model("ref")) == _architecture(self.module.model("actor"))
-        full["ref"] = ({k: v.clone() for k, v in full["actor"].items()} if same
-                       else init_full_weights(self.module.model("ref"), gen))
-        if "reward.inference" in self.stages:
-            full["reward"] = init_full_weights(self.module.model("reward"), gen, zero_value_head=False)
-        if "critic.training" in self.stages:
-            full["critic"] = init_full_weights(self.module.model("critic"), gen)
-        for ms in sorted(self.stages):
-            if ms == "actor.generation" and self.vllm is not None:
-                continue  # the engines hold the generation weights (started below)
-            model, _, stage = ms.partition(".")
-            dtype = TORCH_DTYPES[self.module.model(model).dtype]
-            named = {f"{model}/{k}": v.to(dtype) for k, v in full[model].items()}  # init is fp32
-            if stage == "training":
-                for name in list(named):
-                    named[optimizer_name(name, "master")] = full[model][name.partition("/")[2]].float().clone()
-                    for state in OPTIMIZER_STATES[1:]:
-                        named[optimizer_name(name, state)] = torch.zeros_like(named[name], dtype=torch.float32)
-            for name, (shape, dtype) in self.rt.tensor_specs(ms).items():  # e.g. the runtime's Adam step
-                if name not in named:
-                    named[name] = torch.zeros(shape, dtype=TORCH_DTYPES.get(dtype, dtype))
-            self.rt.register(ms, self.rt.shard_state_dict(ms, named))
+        """Every model-stage's initial shards, registered (nereus.rl.weights: a model
+        declared hf("dir") reads this rank's boxes of its checkpoint, others are seeded)."""
+        stages = [ms for ms in self.stages if not (ms == "actor.generation" and self.vllm is not None)]
+        # with vLLM the engines hold the generation weights (started below)
+        self.sources = register_initial_weights(self.rt, self.module, stages, self.spec.seed)
         if self.vllm is not None:  # start the engines from the initial actor weights
             self.vllm.push(self.plan_name, self.rt.state("actor.training"))
             if dist.is_initialized():
@@ -445,5 +423,5 @@ class RlTrainer:
         return {"name": "train", "algo": self.cfg.algo, "plan": self.spec.plan, "final_plan": self.plan_name,
                 "steps": [asdict(s) for s in steps], "transitions": transitions,
                 "run_seconds": time.perf_counter() - run_start,
-                "decisions": policy.decisions if policy is not None else [],
+                "decisions": policy.decisions if policy is not None else [], "initial_weights": self.sources,
                 "final_weights_sha256": weights_sha256(merged), "_final_state": merged}

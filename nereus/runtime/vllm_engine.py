@@ -26,8 +26,11 @@ exactly those parts in that order, so fused tensors pass through unsplit:
     final_norm.weight                model.norm.weight
     lm_head.weight                   lm_head.weight
 
-The checkpoint that starts the engine (`save_hf_checkpoint`) uses the unfused HF names
-(q_proj/k_proj/v_proj, gate_proj/up_proj), as transformers writes them.
+Qwen2 and Qwen3 models pass under the checkpoint's unfused names instead (q/k/v biases,
+q/k norms included); a tied model has no lm_head. The checkpoint that starts the engine
+(`save_hf_checkpoint`) is the family's, under the unfused HF names (q_proj/k_proj/v_proj,
+gate_proj/up_proj) as transformers writes them, with the model's eps, rope theta and
+scaling, head_dim and tying in config.json (`hf_config`).
 
 What the engine takes: whole tensors ("checkpoint format"): vLLM slices its TP shards
 itself. So the engine's input layout is the replica's whole weights on its driver rank;
@@ -92,61 +95,94 @@ def vllm_name(name: str) -> str:
                       hint="pass the actor's weights only: no optimizer state (#...), no value head")
 
 
-def to_vllm_weights(weights: dict) -> list[tuple[str, torch.Tensor]]:
-    """Input: whole tensors by Nereus name. Output: (vLLM name, tensor) pairs in name
-    order, the tensors themselves (no copy): vLLM's loader copies them into its params."""
-    return [(vllm_name(name), tensor) for name, tensor in sorted(weights.items())]
+def to_vllm_weights(weights: dict, model: Optional[Model] = None) -> list[tuple[str, torch.Tensor]]:
+    """Input: whole tensors by Nereus name (and the model they belong to). Output: (vLLM
+    name, tensor) pairs in name order, the tensors themselves or row views of them (no
+    copy): vLLM's loader copies them into its params. A llama passes its fused tensors
+    (vllm_name); the other families pass the HF checkpoint's unfused names, the ones
+    every vLLM model's load_weights reads (their fused-name handling is not relied on)."""
+    if model is None or model.architecture == "llama":
+        return [(vllm_name(name), tensor) for name, tensor in sorted(weights.items())]
+    from nereus.models.hf import nereus_to_hf
+
+    full = {f"{model.name}/{local_name(name)}": tensor for name, tensor in weights.items()}
+    return sorted(nereus_to_hf(model, full).items())
 
 
 def hf_checkpoint_weights(model: Model, weights: dict) -> dict:
-    """Whole tensors by Nereus name → HF llama state dict with unfused q/k/v and gate/up
-    (contiguous copies, as safetensors wants)."""
-    hd = model.head_dim
-    q, kv = model.heads * hd, model.kv_heads * hd
-    out = {}
-    for name, tensor in weights.items():
-        target = vllm_name(name)
-        if target.endswith("qkv_proj.weight"):
-            prefix = target[: -len("qkv_proj.weight")]
-            for part, chunk in zip(("q", "k", "v"), tensor.split([q, kv, kv], dim=0)):
-                out[f"{prefix}{part}_proj.weight"] = chunk.contiguous().clone()
-        elif target.endswith("gate_up_proj.weight"):
-            prefix = target[: -len("gate_up_proj.weight")]
-            for part, chunk in zip(("gate", "up"), tensor.split(model.ffn, dim=0)):
-                out[f"{prefix}{part}_proj.weight"] = chunk.contiguous().clone()
-        else:
-            out[target] = tensor.contiguous().clone()
-    return out
+    """Whole tensors by Nereus name (global or local) → the HF state dict of `model`'s
+    family, as transformers writes it: unfused q/k/v (weights and biases) and gate/up, no
+    lm_head when the embedding is tied (contiguous copies, as safetensors wants). The
+    names come from the family's table (nereus.models.hf), as the loader's do."""
+    from nereus.models.hf import nereus_to_hf
+
+    full = {f"{model.name}/{local_name(name)}": tensor for name, tensor in weights.items()}
+    check_complete(model, full)
+    return {name: tensor.contiguous().clone() for name, tensor in nereus_to_hf(model, full).items()}
+
+
+# family → (transformers class, model_type, q/k/v bias, q/k norm): what each HF class computes
+HF_CLASSES = {"llama": ("LlamaForCausalLM", "llama", False, False),
+              "qwen2": ("Qwen2ForCausalLM", "qwen2", True, False),
+              "qwen3": ("Qwen3ForCausalLM", "qwen3", False, True)}
+
+
+def _rope_parameters(model: Model, rope_theta: float) -> dict:
+    """transformers 5's rope_parameters (rope_scaling too: older readers take that)."""
+    scaling = model.rope_scaling
+    if scaling is None:
+        return {"rope_theta": rope_theta, "rope_type": "default"}
+    return {"rope_theta": rope_theta, "rope_type": scaling.type, "factor": scaling.factor,
+            "low_freq_factor": scaling.low_freq_factor, "high_freq_factor": scaling.high_freq_factor,
+            "original_max_position_embeddings": scaling.original_max_position_embeddings}
 
 
 def hf_config(model: Model, *, max_position_embeddings: int = 4096, rms_norm_eps: Optional[float] = None,
               rope_theta: Optional[float] = None) -> dict:
-    """config.json of `model` as a HF LlamaForCausalLM (untied head; norm eps and rope
-    theta the model's unless given). bos/eos ids are set but generation ignores eos."""
-    if model.architecture != "llama" or model.head != "lm":
-        raise SemanticError(f"model {model.name} is not a llama with an lm head; vLLM generates from actors only",
-                            model.loc)
-    if model.rope_scaling is not None or model.tie_embeddings or model.qkv_bias or model.qk_norm:
-        raise SemanticError(f"model {model.name}: the vLLM export writes a plain llama (no rope scaling, tied head, "
-                            "q/k/v bias or q/k norm)", model.loc, hint="use the native engine for this model")
+    """config.json of `model` as its family's HF causal LM (LlamaForCausalLM,
+    Qwen2ForCausalLM or Qwen3ForCausalLM) with the model's numerics: norm eps, rope theta
+    and llama3 scaling (eps and theta overridable), head_dim, tied embeddings. Reading
+    it back with `hf("dir")` gives the same model. bos/eos ids are set but generation
+    ignores eos. Raises SemanticError for what no HF class of the family computes (a
+    value head; a llama with q/k/v bias or q/k norm, whose HF class would add an o_proj
+    bias or lack the norm)."""
+    if model.head != "lm" or model.architecture not in HF_CLASSES:
+        raise SemanticError(f"model {model.name} is not a llama/qwen2/qwen3 with an lm head; vLLM generates from "
+                            "actors only", model.loc)
+    architecture, model_type, bias, qk_norm = HF_CLASSES[model.architecture]
+    if (model.qkv_bias, model.qk_norm) != (bias, qk_norm):
+        raise SemanticError(f"model {model.name}: {architecture} has {'' if bias else 'no '}q/k/v bias and "
+                            f"{'' if qk_norm else 'no '}q/k norm, the model has qkv_bias "
+                            f"{str(model.qkv_bias).lower()}, qk_norm {str(model.qk_norm).lower()}", model.loc,
+                            hint="use the family that computes it (qwen2: bias, qwen3: q/k norm) or the native engine")
     rms_norm_eps = model.norm_eps if rms_norm_eps is None else rms_norm_eps
     rope_theta = model.rope_theta if rope_theta is None else rope_theta
-    return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+    rope = _rope_parameters(model, rope_theta)
+    config = {
+        "architectures": [architecture], "model_type": model_type,
         "vocab_size": model.vocab, "hidden_size": model.hidden, "intermediate_size": model.ffn,
         "num_hidden_layers": model.layers, "num_attention_heads": model.heads,
         "num_key_value_heads": model.kv_heads, "head_dim": model.head_dim, "hidden_act": "silu",
         "max_position_embeddings": max_position_embeddings, "rms_norm_eps": rms_norm_eps,
-        "rope_theta": rope_theta, "rope_parameters": {"rope_theta": rope_theta, "rope_type": "default"},
-        "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False,
+        "rope_theta": rope_theta, "rope_parameters": rope,
+        "tie_word_embeddings": model.tie_embeddings, "mlp_bias": False,
         "bos_token_id": 0, "eos_token_id": 0, "torch_dtype": VLLM_DTYPES[model.dtype],
         "dtype": VLLM_DTYPES[model.dtype],
     }
+    if model.rope_scaling is not None:
+        config["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
+    if model_type != "qwen2":  # Qwen2's biases are implied by its class
+        config["attention_bias"] = False
+    if model_type != "llama":  # no sliding windows (Nereus computes full attention only)
+        config.update(use_sliding_window=False, sliding_window=None, max_window_layers=model.layers,
+                      layer_types=["full_attention"] * model.layers)
+    return config
 
 
 def save_hf_checkpoint(model: Model, weights: dict, path: str | os.PathLike, **config) -> Path:
-    """Write `weights` (whole tensors by Nereus name) as a HF llama checkpoint directory
-    (config.json + model.safetensors) that vLLM and transformers load. Needs safetensors."""
+    """Write `weights` (whole tensors by Nereus name) as a HF checkpoint directory of the
+    model's family (config.json + model.safetensors) that vLLM and transformers load, and
+    `nereus train` reads back with `hf("dir")`. Needs safetensors."""
     from safetensors.torch import save_file
 
     out = Path(path)
@@ -231,7 +267,7 @@ class VllmEngine:
         drop cached prefixes. Every weight of the model must be present."""
         check_complete(self.model, weights)  # a partial reload would leave layers unloaded
         started = time.perf_counter()
-        items = to_vllm_weights(weights)
+        items = to_vllm_weights(weights, self.model)
         if self.in_process:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": items})
         else:

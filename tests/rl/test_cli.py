@@ -60,9 +60,10 @@ def test_workload_errors_are_reported_before_any_process_starts(tmp_path):
     run = _nereus(PLAN, "--algo", "grpo", "--group", "3", "--steps", "2", "--out", str(tmp_path / "b"))
     assert run.returncode == 2 and "batch 32 must divide into 2 minibatches of whole groups of 3" in run.stderr
     assert "grpo-cpu.nir:" in run.stderr and not (tmp_path / "b").exists()
-    run = _nereus(PLAN, "--algo", "grpo", "--steps", "3", "--drift", "1:batch=12", "--out", str(tmp_path / "c"))
-    # a drift is checked before launch too (here the IR's own rule catches it first)
-    assert run.returncode == 2 and "microbatch 8 must divide batch (12) (after --set)" in run.stderr, run.stderr
+    # batch 16 suits the microbatch (8) but not 2 minibatches of whole groups of 16
+    run = _nereus(PLAN, "--algo", "grpo", "--group", "16", "--steps", "3", "--drift", "1:batch=16",
+                  "--out", str(tmp_path / "c"))
+    assert run.returncode == 2 and "batch 16 must divide" in run.stderr, run.stderr
     assert "Traceback" not in run.stderr and not (tmp_path / "c").exists()
 
 
