@@ -17,34 +17,16 @@ import gc
 from typing import Iterator, Optional
 
 from nereus.ir.diagnostics import SemanticError
-from nereus.ir.model import Model, Module, Placement
+from nereus.ir.model import Module
 
 # the reader lives with the IR; re-exported here beside the emitter for old callers
 from nereus.ir.program import FORMAT, VERSION, JsonProgram, program_from_json  # noqa: F401
+# units are derived from the plans where the verifier derives them too
+from nereus.passes.world import placement_units  # noqa: F401
 
 
 def _box(box) -> list[list[int]]:
     return [[lo, hi] for lo, hi in box]
-
-
-def placement_units(model: Model, placement: Placement) -> list[dict]:
-    """UNIT dicts (id, model_stage, replica, gpus, shards) of every replica of `placement`."""
-    from nereus.passes.layout import gpu_shards, unit_id
-
-    name = str(placement.model_stage)
-    units = []
-    for r in range(placement.dp):
-        shards = []
-        for p in range(placement.pp):
-            for t in range(placement.tp):
-                g = placement.gpu_of(r, p, t)
-                shards.extend({"gpu": g, "tensor": tensor, "boxes": [_box(b) for b in boxes]}
-                              for tensor, boxes in gpu_shards(model, placement, p, t))
-        units.append({"id": unit_id(name, r), "model_stage": name, "replica": r,
-                      "gpus": list(placement.replica_gpus(r)), "tp": placement.tp, "pp": placement.pp,
-                      "offload": placement.offload,
-                      "shards": shards})
-    return units
 
 
 def plan_units_json(module: Module, plan_name: str, model_stage: Optional[str] = None) -> list[dict]:
