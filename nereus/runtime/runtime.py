@@ -45,6 +45,7 @@ from nereus.ir.diagnostics import NereusError, ProgramError, SemanticError
 from nereus.ir.model import ModelStage, Module
 
 from . import packing
+from .admission import verify_before_running
 from .boxes import as_box, shard_shape
 from .executor import TORCH_DTYPES, execute
 from .parking import ROLLBACK_MODES, default_rollback
@@ -73,6 +74,9 @@ class TransitionReport:
     pack_backend: str = packing.BACKEND
     rollback: str = "device"  # where the old shards waited for the commit ("host" | "device")
     parked_bytes: int = 0  # old shards this rank copied to host memory and released on the device
+    # seconds rank 0 spent proving the program before this transition (0.0 when proven by an
+    # earlier one: cached per (from, to); None with verify_programs=False)
+    verify_program_s: Optional[float] = None
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -84,10 +88,12 @@ class Runtime:
     def __init__(self, module: Module, plan: str, *, rank: Optional[int] = None, world_size: Optional[int] = None,
                  device: Optional[torch.device] = None, verify: bool = False, progress: bool = False,
                  timeout_s: float = 120.0, direct_min_bytes: int = DIRECT_MIN_BYTES,
-                 rollback: Optional[str] = None, park_device_types=("cuda",)):
+                 rollback: Optional[str] = None, park_device_types=("cuda",), verify_programs: bool = True):
         """rollback: "host" or "device" (see the module docstring); None picks "host"
         for CUDA tensors and "device" otherwise. park_device_types: the device types whose
-        old shards take the host path; tests pass ("cpu",) to run it on CPU."""
+        old shards take the host path; tests pass ("cpu",) to run it on CPU.
+        verify_programs: prove every compiled program correct before running it
+        (nereus.runtime.admission); False for programs verified ahead of time."""
         if rollback is not None and rollback not in ROLLBACK_MODES:
             raise NereusError(f"unknown rollback mode {rollback!r}",
                               hint="rollback='host' (old shards wait in host memory) or 'device'")
@@ -112,6 +118,8 @@ class Runtime:
         self.rollback = default_rollback(self.device) if rollback is None else rollback
         self.park_device_types = tuple(park_device_types)
         self.verify = verify
+        self.verify_programs = verify_programs
+        self._verify_program_s: dict = {}  # (from, to) -> seconds rank 0 took to prove it
         self.direct_min_bytes = direct_min_bytes
         self.progress = progress
         self._control = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
@@ -228,7 +236,9 @@ class Runtime:
                     from nereus.passes import compile_transition
                     from nereus.backends.json_program import program_json
 
-                    box[0] = ("ok", program_json(compile_transition(self.module, self._plan, target)))
+                    program = program_json(compile_transition(self.module, self._plan, target))
+                    proof_s = verify_before_running(program, self.module) if self.verify_programs else None
+                    box[0] = ("ok", program, proof_s)
                 except NereusError as error:
                     box[0] = ("error", type(error)(error.message, loc=error.loc, hint=error.hint))
                 except Exception as error:  # noqa: BLE001 - the other ranks wait on the broadcast
@@ -237,6 +247,7 @@ class Runtime:
             dist.broadcast_object_list(box, src=0, group=self._control)
             if box[0][0] == "error":
                 raise box[0][1]
+            self._verify_program_s[key] = box[0][2]
             self._programs[key] = (box[0][1], time.perf_counter() - started)
         return self._programs[key]
 
@@ -283,7 +294,8 @@ class Runtime:
             max_seconds=float(maxed[0]), bytes_sent=result.sent_bytes, bytes_received=result.received_bytes,
             bytes_copied=result.copied_bytes, bytes_kept=result.kept_bytes, total_bytes_sent=int(figures[1]),
             peak_bytes=result.peak_bytes, rounds=[asdict(r) for r in result.rounds], verified=result.verified,
-            rollback=result.rollback, parked_bytes=result.parked_bytes)
+            rollback=result.rollback, parked_bytes=result.parked_bytes,
+            verify_program_s=self._verify_program_s.pop((prog.source, target), 0.0 if self.verify_programs else None))
 
     # -- helpers -----------------------------------------------------------------------
 
