@@ -187,8 +187,8 @@ def _replay(data: dict, header: Header, cursor: _Cursor) -> VerifyReport:
                 for g in (src, dst):
                     if g not in capacity or not is_int(g):
                         fail(f"{where}: GPU {g!r} is not in header field 'gpus'")
-                if not isinstance(op.get("segments"), list) or not op["segments"]:
-                    fail(f"{where}: needs a non-empty list of segments")
+                if not isinstance(op.get("segments"), list):  # empty is allowed: a 0-byte message
+                    fail(f"{where}: needs a list of segments")
                 total = from_gpu = 0
                 for s in op["segments"]:
                     nbytes, box = _transfer(where, s, src, dst, header, status, allocated, written)
