@@ -131,7 +131,7 @@ def _replay(data: dict, header: Header, cursor: _Cursor) -> VerifyReport:
         for i, op in enumerate(rnd["ops"]):
             kind = op.get("op") if isinstance(op, dict) else None
             where = cursor.where = f"round {k}, op {i} ({kind})"
-            if kind not in PHASE:
+            if not isinstance(kind, str) or kind not in PHASE:
                 fail(f"{where}: unknown op", hint="ops are alloc, keep, copy, send, stage_out, free")
             if PHASE[kind] < phase:
                 fail(f"{where}: out of phase order", hint="a round runs allocs, then transfers, then frees")
@@ -141,8 +141,10 @@ def _replay(data: dict, header: Header, cursor: _Cursor) -> VerifyReport:
             ops += 1
             if kind in ("alloc", "free", "stage_out"):
                 gpu, unit = op.get("gpu"), op.get("unit")
-                if gpu not in capacity or not is_int(gpu):
+                if not is_int(gpu) or gpu not in capacity:
                     fail(f"{where}: GPU {gpu!r} is not in header field 'gpus'")
+                if not isinstance(unit, str):
+                    fail(f"{where}: unit {unit!r} is not a unit id")
                 key = (unit, gpu)
                 nbytes = nonnegative(op.get("bytes"), where, "bytes")
             if kind == "alloc":
@@ -185,7 +187,7 @@ def _replay(data: dict, header: Header, cursor: _Cursor) -> VerifyReport:
                 else:
                     src = dst = op.get("gpu")
                 for g in (src, dst):
-                    if g not in capacity or not is_int(g):
+                    if not is_int(g) or g not in capacity:
                         fail(f"{where}: GPU {g!r} is not in header field 'gpus'")
                 if not isinstance(op.get("segments"), list):  # empty is allowed: a 0-byte message
                     fail(f"{where}: needs a list of segments")
@@ -244,7 +246,9 @@ def _kept_bytes(rounds: list, tensors: dict, cursor: _Cursor) -> tuple[dict, dic
             if isinstance(op, dict) and op.get("op") == "keep" and isinstance(op.get("segments"), list):
                 cursor.where = f"round {k}, op {i} (keep)"
                 for s in op["segments"]:
-                    if not isinstance(s, dict) or s.get("tensor") not in tensors:
+                    if (not isinstance(s, dict) or not isinstance(s.get("tensor"), str) or s["tensor"] not in tensors
+                            or not isinstance(s.get("src_unit"), str) or not isinstance(s.get("dst_unit"), str)
+                            or not is_int(op.get("gpu"))):
                         continue  # the replay names it
                     box = s.get("box")
                     shape = tensors[s["tensor"]][0]
@@ -258,14 +262,14 @@ def _transfer(where, s, src, dst, header: Header, status, allocated, written) ->
     if not isinstance(s, dict):
         fail(f"{where}: a segment is an object with tensor, box, src_unit and dst_unit")
     name = s.get("tensor")
-    if name not in header.tensors:
+    if not isinstance(name, str) or name not in header.tensors:
         fail(f"{where}: unknown tensor {name!r}")
     shape, element_bytes = header.tensors[name]
     box = check_box(s.get("box"), shape, where, name)
     su, du = s.get("src_unit"), s.get("dst_unit")
-    if su not in header.before:
+    if not isinstance(su, str) or su not in header.before:
         fail(f"{where}: source {su!r} is not a before unit")
-    if du not in header.after:
+    if not isinstance(du, str) or du not in header.after:
         fail(f"{where}: destination {du!r} is not an after unit")
     if header.stage_of[("before", su)] != header.stage_of[("after", du)]:
         fail(f"{where}: {name} of {du} sourced from {su}, another model-stage",

@@ -130,7 +130,7 @@ def _tensors(listed: list) -> dict:
         shape, dtype = t.get("shape"), t.get("dtype")
         if not isinstance(shape, list) or not all(is_int(n) and n > 0 for n in shape):
             fail(f"{where}: shape {shape!r} of {t['name']} must be a list of positive integers")
-        if dtype not in DTYPE_BYTES:
+        if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
             fail(f"{where}: unknown dtype {dtype!r} of {t['name']}", hint=f"one of {sorted(DTYPE_BYTES)}")
         if "#" in t["name"] and dtype != "fp32":
             fail(f"{where}: optimizer state {t['name']} must be fp32, not {dtype}")
@@ -215,7 +215,7 @@ def _units(listed: list, side: str, tensors: dict, capacity: dict, stage_of: dic
         if not isinstance(gpus, list) or not gpus or len(set(map(str, gpus))) != len(gpus):
             fail(f"{where}: gpus must be a non-empty list of distinct GPU ids")
         for g in gpus:
-            if g not in capacity or not is_int(g):
+            if not is_int(g) or g not in capacity:
                 fail(f"{where}: GPU {g!r} is not in header field 'gpus'")
             if g in gpus_of_stage[name]:
                 fail(f"{where}: GPU {g} already holds another replica of {name}")
@@ -243,9 +243,9 @@ def _shards(listed, where: str, model: str, stage: str, gpus: set, tensors: dict
         if not isinstance(shard, dict):
             fail(f"{where}: a shard is an object with gpu, tensor and boxes")
         name, g, boxes = shard.get("tensor"), shard.get("gpu"), shard.get("boxes")
-        if name not in tensors:
+        if not isinstance(name, str) or name not in tensors:
             fail(f"{where}: unknown tensor {name!r}")
-        if g not in gpus or not is_int(g):
+        if not is_int(g) or g not in gpus:
             fail(f"{where}: shard of {name} on GPU {g!r}, not one of the unit's GPUs")
         if not isinstance(boxes, list) or not boxes:
             fail(f"{where}: shard of {name} on GPU {g} has no boxes")

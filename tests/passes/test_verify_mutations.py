@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -884,3 +885,41 @@ def test_cli_against_rejects_a_program_of_other_plans(programs, tmp_path):
     assert _cli(str(bad)).returncode == 0  # consistent by itself
     rejected = _cli(str(bad), "--against", str(path))
     assert rejected.returncode == 2 and "header field 'gpus'" in rejected.stderr and "Traceback" not in rejected.stderr
+
+
+def _paths(node, path=()):
+    """The path (keys and indices) of every value inside a program, depth first."""
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, value in items:
+        yield path + (key,)
+        yield from _paths(value, path + (key,))
+
+
+def test_random_malformed_fields_are_located_errors_never_crashes(programs):
+    """Any field (one or two) replaced by a value of another type, or deleted: a report
+    or a located ProgramError, with or without the plans, never another exception."""
+    import random
+
+    rng = random.Random(15)
+    junk = [None, -1, 0, 2.5, "x", "0", [], {}, [[1, 0]], [0], True, 10**30, {"a": 1}]
+    for name, (module, program) in programs.items():
+        places = list(_paths(program))
+        for trial in range(40):
+            corrupted = copy.deepcopy(program)
+            for _ in range(rng.choice((1, 1, 2))):
+                *route, key = rng.choice(places)
+                target = corrupted
+                for step in route:  # an earlier corruption may have cut the route
+                    ok = isinstance(target, dict) and step in target or isinstance(target, list) \
+                        and isinstance(step, int) and step < len(target)
+                    target = target[step] if ok else None
+                if isinstance(target, dict) and rng.random() < 0.3:
+                    target.pop(key, None)
+                elif isinstance(target, dict) or isinstance(target, list) and key < len(target):
+                    target[key] = rng.choice(junk)
+            for against in (None, module):
+                try:
+                    verify_program(corrupted, against=against)
+                except ProgramError as error:
+                    assert re.search(LOCATED, error.message), (name, trial, error.message)
+                    assert "malformed program" not in error.message, (name, trial, error.message)
