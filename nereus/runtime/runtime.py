@@ -13,7 +13,9 @@ Nereus and changes plan in place.
 Rank r drives GPU r of the plan's cluster. CUDA tensors move over the default group
 (NCCL); CPU tensors over gloo. A separate gloo group with a timeout carries the control
 messages (failure agreement, commit), so an error on one rank reaches every rank.
-Compilation runs once per (source, target) on rank 0 and is broadcast, then cached.
+Compilation runs once per (source, target) on rank 0 and is broadcast, then cached;
+rank 0 proves the program correct first (nereus.runtime.admission), so no rank runs an
+unverified one unless `verify_programs=False`.
 
 Rollback (`Runtime(..., rollback=)`): a transition is all or nothing, so the old shards
 must survive until every rank commits. "host" (the default for CUDA tensors): each old
