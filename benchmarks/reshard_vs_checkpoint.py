@@ -316,10 +316,14 @@ def _phase_one(rank, world, port, source, cases, folder, repeats):
         save_sd = load_sd = target = None
         gc.collect()
 
-        results = []
-        gs_cold, gs_warm = _timed(lambda i: results.append(gather_scatter(units_a, units_b, rank, local_a, specs)),
-                                  repeats)
-        moved = results[-1]
+        results = [None]  # only the latest run's shards stay alive (memory as for the other methods)
+
+        def gather_then_scatter(i):
+            results[0] = None
+            results[0] = gather_scatter(units_a, units_b, rank, local_a, specs)
+
+        gs_cold, gs_warm = _timed(gather_then_scatter, repeats)
+        moved = results[0]
         if moved:
             moved["actor/#step"] = torch.tensor(7, dtype=torch.int64)
         gs_ok = all_true(check(moved, units_b, rank, specs))
