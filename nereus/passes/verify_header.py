@@ -14,8 +14,9 @@ shard or resident entry names is in `gpus`; a unit's id is `{model_stage}/{repli
 GPUs are distinct, tp·pp of them, each holding a shard; the units of one model-stage agree
 on tp, pp and offload, have distinct replicas and GPUs, and the same model-stages move on
 both sides (none of them untouched); per unit the boxes of each tensor its model-stage
-holds tile the tensor (replicated copies identical, others disjoint); a program that uses
-host memory (stage_out, offloaded units) declares every node's host memory.
+holds tile the tensor (replicated copies identical, others disjoint); when `nodes` is
+given it declares the node of every GPU (without it, as in v1 programs before the field
+was added, host memory is unlimited).
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ def parse_header(data: dict) -> Header:
              " move on one side only", hint="a model-stage that moves has before and after units")
     if stages_of_side["before"] & set(untouched):
         fail(f"header field 'untouched' lists {sorted(stages_of_side['before'] & set(untouched))}, which move")
-    host_capacity = _nodes(data, node_of, uses_host=bool(offloaded) or _stages_out(data))
+    host_capacity = _nodes(data, node_of)
     return Header(tensors, capacity, node_of, host_capacity, resident, parsed["before"], parsed["after"],
                   stage_of, frozenset(offloaded))
 
@@ -159,18 +160,10 @@ def _gpus(listed: list) -> tuple[dict, dict]:
     return capacity, node_of
 
 
-def _stages_out(data: dict) -> bool:
-    rounds = data.get("rounds")
-    return isinstance(rounds, list) and any(
-        isinstance(r, dict) and isinstance(r.get("ops"), list)
-        and any(isinstance(op, dict) and op.get("op") == "stage_out" for op in r["ops"]) for r in rounds)
-
-
-def _nodes(data: dict, node_of: dict, uses_host: bool) -> dict:
+def _nodes(data: dict, node_of: dict) -> dict:
     if "nodes" not in data:
-        if uses_host:
-            fail("header field 'nodes' is missing, but the program keeps state in host memory",
-                 hint="a program with stage_out or offloaded units declares host_mem_bytes per node")
+        # JSON v1 before `nodes` was added: host memory is not limited. Only the plans
+        # (`verify_world`) can tell a program whose `nodes` were dropped.
         return {}
     host = {}
     for i, n in enumerate(_field(data, "nodes", list)):

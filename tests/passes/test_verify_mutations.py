@@ -644,7 +644,7 @@ def trading_units_offloaded_without_stage_out(p):
     return fix_bytes(p)
 
 
-@corruption()
+@corruption(needs_plans=True)
 def nodes_deleted_with_host_memory_in_use(p):
     if _first(p, "stage_out") is None and not any(u["offload"] for u in p["units"]["before"] + p["units"]["after"]):
         return None
@@ -655,6 +655,12 @@ def nodes_deleted_with_host_memory_in_use(p):
 @corruption(needs_plans=True)
 def nodes_deleted(p):
     del p["nodes"]
+    return p
+
+
+@corruption()
+def node_of_a_gpu_undeclared(p):
+    p["nodes"] = [n for n in p["nodes"] if n["id"] != p["gpus"][0]["node"]]
     return p
 
 
