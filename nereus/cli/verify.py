@@ -1,7 +1,10 @@
-"""`nereusc verify PROGRAM.json [--json]`: replay a rank program symbolically and prove it correct.
+"""`nereusc verify PROGRAM.json [--against FILE.nir] [--json]`: prove a rank program correct.
 
 Exit 0 with a one-line report when every check of `nereus.passes.verify` holds; exit 2 with
-`error: round K, op I (kind): ...` and a hint on the first violation.
+`error: round K, op I (kind): ...` (or `header field '...'`) and a hint on the first
+violation or malformed field. `--against` also re-derives from the plans of FILE.nir
+everything the program states about the world (units, layouts, GPU capacities, resident
+bytes, offload flags, nodes and host memory) and rejects any difference.
 """
 
 from __future__ import annotations
@@ -16,10 +19,15 @@ from nereus.ir.diagnostics import ProgramError
 
 @click.command("verify")
 @click.argument("program", type=click.Path(dir_okay=False, allow_dash=True))
+@click.option("--against", "against", type=click.Path(dir_okay=False), default=None, metavar="FILE.nir",
+              help="Check the program's header (layouts, capacities, resident bytes, offload, host memory)"
+                   " against the plans of FILE.nir.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override a value of FILE.nir, as `nereusc --set` does (with --against).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
 @traceback_option
 @reports_errors
-def verify_command(program: str, as_json: bool, traceback: bool) -> None:
+def verify_command(program: str, against: str | None, overrides: tuple, as_json: bool, traceback: bool) -> None:
     """Prove PROGRAM (JSON v1) correct: exact writes, no read after free, memory within capacity."""
     from nereus.passes.verify import verify_program
 
@@ -31,10 +39,19 @@ def verify_command(program: str, as_json: bool, traceback: bool) -> None:
                 data = json.load(handle)
     except json.JSONDecodeError as error:
         raise ProgramError(f"{program} is not JSON: {error.msg} at line {error.lineno} column {error.colno}") from None
-    report = verify_program(data)
+    except UnicodeDecodeError as error:
+        raise ProgramError(f"{program} is not UTF-8 text: {error.reason} at byte {error.start}") from None
+    module = None
+    if against is not None:
+        from nereus.cli.check import load_module
+
+        module = load_module(against, overrides)
+    elif overrides:
+        raise click.UsageError("--set needs --against FILE.nir")
+    report = verify_program(data, against=module)
     if as_json:
         click.echo(json.dumps({"ok": True, "rounds": report.rounds, "ops": report.ops, "segments": report.segments,
                                "bytes_moved": report.bytes_moved, "worst_gpu": report.worst_gpu,
-                               "worst_fraction": report.worst_fraction}))
+                               "worst_fraction": report.worst_fraction, "against": against}))
     else:
-        click.echo(f"{program}: {report}")
+        click.echo(f"{program}: {report}" + (f" (header matches {against})" if against else ""))

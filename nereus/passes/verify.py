@@ -1,15 +1,15 @@
 """verify: JSON program v1 → VerifyReport, or ProgramError naming the round and op.
 
-Input: a program dict (docs/program.md). Output: a `VerifyReport` (rounds, ops, bytes,
-per-GPU peak memory). A symbolic replay proves:
-  - layouts: every unit's shards lie inside their tensors, boxes of one shard differ only
-    in dim 0 (local shard contract), and per unit the boxes of each tensor its model-stage
-    holds tile the tensor (replicated copies identical, others disjoint); under `zero` the
-    optimizer tensors (`#` names) are tiled by the model-stage's units together instead;
+Input: a program dict (docs/program.md) and, optionally, the module (plans) it claims to
+come from. Output: a `VerifyReport` (rounds, ops, bytes, per-GPU peak memory).
+`verify_header` checks and indexes the header (boxes, GPUs, nodes, units); with `against`,
+`verify_world` then re-derives from the plans everything the header states about the
+world and rejects any difference. A symbolic replay then proves:
   - every box of every after-unit shard is written exactly once (keep, copy or send), from a
-    before-unit shard that holds it (box inside one of its boxes) and is not yet freed, into
-    an allocated after shard (box inside one of its boxes); a keep hands a whole identical
-    shard over on one GPU;
+    before-unit shard of the same model-stage that holds it (box inside one of its boxes)
+    and is not yet freed, into an allocated after shard (box inside one of its boxes); a
+    keep hands a whole identical shard over on one GPU, between units in the same memory;
+  - every segment box has the tensor's rank and integer bounds 0 ≤ lo < hi ≤ dim;
   - ops of a round come in phase order (alloc; keep, copy, send; stage_out, free); a send has
     distinct GPUs (its receive is the same record, so it is matched in the same round);
   - declared bytes equal segment volumes × dtype sizes; alloc bytes equal the after shard
@@ -19,6 +19,7 @@ per-GPU peak memory). A symbolic replay proves:
     shards still on the GPU + allocations + the round's send buffers (on both GPUs; a send
     from a host-staged shard packs in host memory) — stays ≤ capacity_bytes (mem_bytes if
     absent); host memory per node ≤ host_mem_bytes.
+Invariant: any input — malformed or not — ends in a report or a located ProgramError.
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ from dataclasses import dataclass
 
 from nereus.ir.diagnostics import ProgramError
 from nereus.ir.program import program_from_json
-from nereus.ir.model import DTYPE_BYTES
 from nereus.ir.units import human_bytes
+
+from .verify_header import Header, check_box, fail, is_int, nonnegative, overlap, parse_header, volume
 
 PHASE = {"alloc": 0, "keep": 1, "copy": 1, "send": 1, "stage_out": 2, "free": 2}
 
@@ -50,278 +52,253 @@ class VerifyReport:
                 f" peak {self.worst_fraction:.1%} of capacity on GPU {self.worst_gpu}")
 
 
-def _volume(box) -> int:
-    n = 1
-    for lo, hi in box:
-        n *= hi - lo
-    return n
-
-
 def _inside(inner, outer) -> bool:
     return all(a >= c and b <= d for (a, b), (c, d) in zip(inner, outer))
 
 
-def _overlap(x, y) -> bool:
-    return all(a < d and c < b for (a, b), (c, d) in zip(x, y))
+class _Cursor:
+    """Where the replay is, so that a malformed field deep inside an op is reported there."""
+
+    where = "header"
 
 
-def _tb(box) -> tuple:
-    return tuple((int(lo), int(hi)) for lo, hi in box)
-
-
-def _fail(message: str, hint: str | None = None):
-    raise ProgramError(message, hint=hint)
-
-
-def _check_units(units, tensors, where: str) -> dict:
-    """{unit id: {gpu: {tensor: tuple(boxes)}}} after checking shapes, contract and coverage."""
-    out: dict = {}
-    sharded: dict = defaultdict(lambda: defaultdict(set))  # model-stage -> optimizer tensor -> boxes
-    for unit in units:
-        uid = unit["id"]
-        if uid in out:
-            _fail(f"{where} unit {uid} listed twice")
-        shards: dict = defaultdict(dict)
-        gpus = set(unit["gpus"])
-        for shard in unit["shards"]:
-            name, g = shard["tensor"], shard["gpu"]
-            if name not in tensors:
-                _fail(f"{where} unit {uid}: unknown tensor {name}")
-            if g not in gpus:
-                _fail(f"{where} unit {uid}: shard of {name} on GPU {g}, not one of the unit's GPUs")
-            shape = tensors[name][0]
-            boxes = tuple(_tb(b) for b in shard["boxes"])
-            for box in boxes:
-                if len(box) != len(shape) or any(not (0 <= lo < hi <= n) for (lo, hi), n in zip(box, shape)):
-                    _fail(f"{where} unit {uid}: box {box} outside {name} {list(shape)}")
-                if box[1:] != boxes[0][1:]:
-                    _fail(f"{where} unit {uid}: boxes of {name} on GPU {g} differ beyond dim 0",
-                          hint="the local shard contract concatenates boxes along dim 0")
-            if name in shards[g]:
-                _fail(f"{where} unit {uid}: two shards of {name} on GPU {g}")
-            shards[g][name] = boxes
-        model, _, stage = unit["model_stage"].partition(".")
-        zero = bool(unit.get("zero"))
-        if zero:  # every chunk of a GPU may be empty (dim 0 shorter than dp): it still has its ops
-            for g in unit["gpus"]:
-                shards.setdefault(g, {})
-        expected = {n for n in tensors if n.startswith(model + "/") and ("#" not in n or stage == "training" and not zero)
-                    and not (zero and unit["zero"] >= 3)}
-        boxes_of: dict = defaultdict(set)
-        for per_gpu in shards.values():
-            for name, boxes in per_gpu.items():
-                split = zero and ("#" in name or unit["zero"] >= 3)  # zero 3: the weights too
-                (sharded[unit["model_stage"]][name] if split else boxes_of[name]).update(boxes)
-        if set(boxes_of) != expected:
-            missing = sorted(expected - set(boxes_of))[:3]
-            _fail(f"{where} unit {uid} does not cover its tensors (missing {missing or 'none'},"
-                  f" extra {sorted(set(boxes_of) - expected)[:3] or 'none'})")
-        _check_tiling(boxes_of, tensors, f"{where} unit {uid}")
-        out[uid] = shards
-    for model_stage, boxes_of in sharded.items():
-        model = model_stage.partition(".")[0]
-        every = any(u.get("zero", 0) >= 3 for u in units if u["model_stage"] == model_stage)
-        missing = {n for n in tensors if n.startswith(model + "/") and ("#" in n or every)} - set(boxes_of)
-        if missing:
-            _fail(f"{where} units of {model_stage} (zero) hold no chunk of {sorted(missing)[:3]}")
-        _check_tiling(boxes_of, tensors, f"{where} units of {model_stage} (zero)")
-    return out
-
-
-def _check_tiling(boxes_of: dict, tensors: dict, who: str) -> None:
-    """The boxes of each tensor tile it: identical or disjoint, covering every element."""
-    for name, boxes in boxes_of.items():
-        distinct = sorted(boxes)
-        for i, x in enumerate(distinct):
-            for y in distinct[i + 1:]:
-                if _overlap(x, y):
-                    _fail(f"{who}: boxes {x} and {y} of {name} overlap without being identical")
-        shape = tensors[name][0]
-        if sum(_volume(b) for b in distinct) != _volume(tuple((0, n) for n in shape)):
-            _fail(f"{who}: the boxes of {name} do not cover the tensor")
-
-
-def verify_program(program_json: dict) -> VerifyReport:
+def verify_program(program_json: dict, against=None) -> VerifyReport:
     """Replay `program_json` symbolically (module docstring); raise ProgramError on the
-    first violation, naming its round and op index."""
+    first violation, naming its round and op index (or the header field). `against`: the
+    `Module` holding the transition's plans, to check the header against them."""
     enabled = gc.isenabled()
     gc.disable()  # many small acyclic tuples: cycle collection only costs time here
+    cursor = _Cursor()
     try:
-        return _verify(program_json)
+        data = program_from_json(program_json).data
+        header = parse_header(data)
+        if against is not None:
+            from .verify_world import check_against
+
+            check_against(data, against)
+        return _replay(data, header, cursor)
+    except ProgramError:
+        raise
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as error:
+        # a field of the wrong shape that no explicit check names: still located
+        raise ProgramError(f"{cursor.where}: malformed program ({type(error).__name__}: {error})",
+                           hint="docs/program.md lists every field and its type") from None
     finally:
         if enabled:
             gc.enable()
 
 
-def _verify(program_json: dict) -> VerifyReport:
-    data = program_from_json(program_json).data
-    tensors = {t["name"]: (tuple(t["shape"]), DTYPE_BYTES[t["dtype"]]) for t in data["tensors"]}
-    before = _check_units(data["units"]["before"], tensors, "before")
-    after = _check_units(data["units"]["after"], tensors, "after")
-    capacity = {g["id"]: g.get("capacity_bytes", g["mem_bytes"]) for g in data["gpus"]}
-    node_of = {g["id"]: g["node"] for g in data["gpus"]}
-    host_cap = {n["id"]: n["host_mem_bytes"] for n in data.get("nodes", [])}
+def _replay(data: dict, header: Header, cursor: _Cursor) -> VerifyReport:
+    tensors, before, after = header.tensors, header.before, header.after
+    capacity, node_of, host_cap = header.capacity, header.node_of, header.host_capacity
 
     def shard_bytes(shards) -> int:
-        return sum(_volume(b) * tensors[name][1] for name, boxes in shards.items() for b in boxes)
+        return sum(volume(b) * tensors[name][1] for name, boxes in shards.items() for b in boxes)
+
+    def host_add(where, node, nbytes):
+        host[node] += nbytes
+        if host[node] > host_cap.get(node, float("inf")):
+            fail(f"{where}: host memory of node {node} overflows ({human_bytes(host[node])},"
+                 f" {human_bytes(host_cap[node])} available)")
 
     mem = defaultdict(int)
-    for g, b in data["resident_bytes"].items():
-        mem[int(g)] += b
+    for g, b in header.resident.items():
+        mem[g] += b
     status = {}
     host = defaultdict(int)
-    offloaded = {u["id"] for u in data["units"]["after"] if u.get("offload")}
-    for unit in data["units"]["before"]:
-        uid = unit["id"]
-        for g, shards in before[uid].items():
-            if unit.get("offload"):  # state of an offloaded model-stage waits in host memory
-                host[node_of[g]] += shard_bytes(shards)
+    for uid, per_gpu in before.items():
+        for g, shards in per_gpu.items():
+            if ("before", uid) in header.offloaded:  # state of an offloaded model-stage waits in host memory
+                host_add(f"header field 'units.before' (unit {uid})", node_of[g], shard_bytes(shards))
                 status[(uid, g)] = "host"
             else:
                 mem[g] += shard_bytes(shards)
                 status[(uid, g)] = "gpu"
-    kept_into, kept_out = defaultdict(int), defaultdict(int)
-    for rnd in data["rounds"]:
-        for op in rnd["ops"]:
-            if op["op"] == "keep":
-                for s in op["segments"]:
-                    b = _volume(s["box"]) * tensors[s["tensor"]][1] if s["tensor"] in tensors else 0
-                    kept_into[(s["dst_unit"], op["gpu"])] += b
-                    kept_out[(s["src_unit"], op["gpu"])] += b
+    rounds = data["rounds"]
+    if not isinstance(rounds, list):
+        fail("header field 'rounds' must be a list")
+    kept_into, kept_out = _kept_bytes(rounds, tensors, cursor)
     allocated = set()
     written: dict = defaultdict(list)
     peak = dict(mem)
     ops = segments = moved = 0
-    for k, rnd in enumerate(data["rounds"]):
+    for k, rnd in enumerate(rounds):
+        cursor.where = f"round {k}"
+        if not isinstance(rnd, dict) or not isinstance(rnd.get("ops"), list):
+            fail(f"round {k}: a round is an object with a list 'ops'")
         phase = 0
         transient = defaultdict(int)
         keeps = defaultdict(list)
         for i, op in enumerate(rnd["ops"]):
-            kind = op["op"]
-            where = f"round {k}, op {i} ({kind})"
-            if kind not in PHASE:
-                _fail(f"{where}: unknown op", hint="ops are alloc, keep, copy, send, stage_out, free")
+            kind = op.get("op") if isinstance(op, dict) else None
+            where = cursor.where = f"round {k}, op {i} ({kind})"
+            if not isinstance(kind, str) or kind not in PHASE:
+                fail(f"{where}: unknown op", hint="ops are alloc, keep, copy, send, stage_out, free")
             if PHASE[kind] < phase:
-                _fail(f"{where}: out of phase order", hint="a round runs allocs, then transfers, then frees")
+                fail(f"{where}: out of phase order", hint="a round runs allocs, then transfers, then frees")
             if PHASE[kind] > 1 and phase <= 1:
-                _check_memory(k, mem, transient, capacity, peak)
+                _check_memory(f"round {k}, ops 0-{i - 1} (allocs and transfers)", mem, transient, capacity, peak)
             phase = PHASE[kind]
             ops += 1
+            if kind in ("alloc", "free", "stage_out"):
+                gpu, unit = op.get("gpu"), op.get("unit")
+                if not is_int(gpu) or gpu not in capacity:
+                    fail(f"{where}: GPU {gpu!r} is not in header field 'gpus'")
+                if not isinstance(unit, str):
+                    fail(f"{where}: unit {unit!r} is not a unit id")
+                key = (unit, gpu)
+                nbytes = nonnegative(op.get("bytes"), where, "bytes")
             if kind == "alloc":
-                key = (op["unit"], op["gpu"])
-                if op["unit"] not in after or op["gpu"] not in after[op["unit"]]:
-                    _fail(f"{where}: {op['unit']} holds nothing on GPU {op['gpu']} in the target layout")
+                if unit not in after or gpu not in after[unit]:
+                    fail(f"{where}: {unit} holds nothing on GPU {gpu} in the target layout")
                 if key in allocated:
-                    _fail(f"{where}: {op['unit']} allocated twice on GPU {op['gpu']}")
-                expected = shard_bytes(after[op["unit"]][op["gpu"]]) - kept_into[key]
-                if op["bytes"] != expected:
-                    _fail(f"{where}: declares {op['bytes']} bytes, the shard needs {expected}")
+                    fail(f"{where}: {unit} allocated twice on GPU {gpu}")
+                expected = shard_bytes(after[unit][gpu]) - kept_into[key]
+                if nbytes != expected:
+                    fail(f"{where}: declares {nbytes} bytes, the shard needs {expected}")
                 allocated.add(key)
-                if op["unit"] in offloaded:
-                    node = node_of[op["gpu"]]
-                    host[node] += op["bytes"]
-                    if host[node] > host_cap.get(node, float("inf")):
-                        _fail(f"{where}: host memory of node {node} overflows ({human_bytes(host[node])})")
+                if ("after", unit) in header.offloaded:
+                    host_add(where, node_of[gpu], nbytes)
                 else:
-                    mem[op["gpu"]] += op["bytes"]
+                    mem[gpu] += nbytes
             elif kind in ("free", "stage_out"):
-                key = (op["unit"], op["gpu"])
                 state = status.get(key)
                 if state is None:
-                    _fail(f"{where}: {op['unit']} holds nothing on GPU {op['gpu']} in the source layout")
+                    fail(f"{where}: {unit} holds nothing on GPU {gpu} in the source layout")
                 if state == "freed" or (kind == "stage_out" and state == "host"):
-                    _fail(f"{where}: {op['unit']} on GPU {op['gpu']} already {state}")
-                expected = shard_bytes(before[op["unit"]][op["gpu"]]) - kept_out[key]
-                if op["bytes"] != expected:
-                    _fail(f"{where}: declares {op['bytes']} bytes, the shard has {expected} not kept")
-                node = node_of[op["gpu"]]
+                    fail(f"{where}: {unit} on GPU {gpu} already {'in host memory' if state == 'host' else state}")
+                expected = shard_bytes(before[unit][gpu]) - kept_out[key]
+                if nbytes != expected:
+                    fail(f"{where}: declares {nbytes} bytes, the shard has {expected} not kept")
                 if kind == "stage_out":
-                    mem[op["gpu"]] -= op["bytes"]
-                    host[node] += op["bytes"]
-                    if host[node] > host_cap.get(node, float("inf")):
-                        _fail(f"{where}: host memory of node {node} overflows ({human_bytes(host[node])})")
+                    mem[gpu] -= nbytes
+                    host_add(where, node_of[gpu], nbytes)
                     status[key] = "host"
                 else:
                     if state == "host":
-                        host[node] -= op["bytes"]
+                        host[node_of[gpu]] -= nbytes
                     else:
-                        mem[op["gpu"]] -= op["bytes"]
+                        mem[gpu] -= nbytes
                     status[key] = "freed"
             else:
                 if kind == "send":
-                    src, dst = op["src"], op["dst"]
+                    src, dst = op.get("src"), op.get("dst")
                     if src == dst:
-                        _fail(f"{where}: a send from GPU {src} to itself", hint="use a copy")
+                        fail(f"{where}: a send from GPU {src} to itself", hint="use a copy")
                 else:
-                    src = dst = op["gpu"]
+                    src = dst = op.get("gpu")
+                for g in (src, dst):
+                    if not is_int(g) or g not in capacity:
+                        fail(f"{where}: GPU {g!r} is not in header field 'gpus'")
+                if not isinstance(op.get("segments"), list):  # empty is allowed: a 0-byte message
+                    fail(f"{where}: needs a list of segments")
                 total = from_gpu = 0
                 for s in op["segments"]:
-                    nbytes = _transfer(where, s, src, dst, tensors, before, after, status, allocated, written)
+                    nbytes, box = _transfer(where, s, src, dst, header, status, allocated, written)
                     total += nbytes
                     if status[(s["src_unit"], src)] != "host":
                         from_gpu += nbytes
                     segments += 1
                     if kind == "keep":
-                        keeps[(s["src_unit"], s["dst_unit"], src, s["tensor"])].append(_tb(s["box"]))
+                        if (("before", s["src_unit"]) in header.offloaded) != (("after", s["dst_unit"]) in header.offloaded):
+                            fail(f"{where}: keeps {s['tensor']} between an offloaded and a GPU-resident unit",
+                                 hint="a keep hands over in place: both units must live in the same memory")
+                        keeps[(s["src_unit"], s["dst_unit"], src, s["tensor"])].append((box, where))
                 if kind != "keep":
                     if op.get("bytes") != total:
-                        _fail(f"{where}: declares {op.get('bytes')} bytes, its segments hold {total}")
+                        fail(f"{where}: declares {op.get('bytes')} bytes, its segments hold {total}")
                     moved += total
                 if kind == "send":  # pack / unpack buffers; host-staged segments pack in host memory
                     transient[src] += from_gpu
                     transient[dst] += total
         if phase <= 1:
-            _check_memory(k, mem, transient, capacity, peak)
-        for (su, du, g, name), boxes in keeps.items():
-            if sorted(boxes) != sorted(before[su][g][name]) or sorted(boxes) != sorted(after[du][g][name]):
-                _fail(f"round {k}: keep of {name} on GPU {g} is not a whole identical shard",
-                      hint="a partial shard on the same GPU is a copy")
+            _check_memory(f"round {k}, ops 0-{len(rnd['ops']) - 1} (allocs and transfers)", mem, transient,
+                          capacity, peak)
+        for (su, du, g, name), handed in keeps.items():
+            boxes = sorted(box for box, _ in handed)
+            if boxes != sorted(before[su][g][name]) or boxes != sorted(after[du][g][name]):
+                fail(f"{handed[0][1]}: keep of {name} on GPU {g} is not a whole identical shard",
+                     hint="a partial shard on the same GPU is a copy")
+    last = f"after round {len(rounds) - 1} (the last)"
     for uid, per_gpu in after.items():
         for g, shards in per_gpu.items():
             if (uid, g) not in allocated:
-                _fail(f"after unit {uid} is never allocated on GPU {g}")
+                fail(f"{last}: after unit {uid} is never allocated on GPU {g}")
             for name, boxes in shards.items():
-                need = sum(_volume(b) for b in boxes)
-                got = sum(_volume(b) for b in written.get((uid, g, name), ()))
+                need = sum(volume(b) for b in boxes)
+                got = sum(volume(b) for b in written.get((uid, g, name), ()))
                 if got != need:
-                    _fail(f"after unit {uid} on GPU {g}: {name} has {got} of {need} elements written (missing box)")
+                    fail(f"{last}: after unit {uid} on GPU {g}: {name} has {got} of {need} elements written"
+                         " (missing box)")
     for key, state in status.items():
         if state != "freed":
-            _fail(f"before unit {key[0]} on GPU {key[1]} is never freed")
-    worst = max(peak, key=lambda g: (peak[g] / capacity[g], -g)) if peak else 0
-    return VerifyReport(len(data["rounds"]), ops, segments, moved, dict(peak), worst,
-                        peak.get(worst, 0) / capacity[worst] if peak else 0.0)
+            fail(f"{last}: before unit {key[0]} on GPU {key[1]} is never freed")
+    worst = max(peak, key=lambda g: (peak[g] / max(capacity[g], 1), -g)) if peak else 0
+    return VerifyReport(len(rounds), ops, segments, moved, dict(peak), worst,
+                        peak.get(worst, 0) / max(capacity[worst], 1) if peak else 0.0)
 
 
-def _transfer(where, s, src, dst, tensors, before, after, status, allocated, written) -> int:
-    name, box = s["tensor"], _tb(s["box"])
-    if name not in tensors:
-        _fail(f"{where}: unknown tensor {name}")
-    su, du = s["src_unit"], s["dst_unit"]
+def _kept_bytes(rounds: list, tensors: dict, cursor: _Cursor) -> tuple[dict, dict]:
+    """Bytes handed over by keeps, per (after unit, GPU) and (before unit, GPU): an alloc or
+    free declares its shard minus these. Checked segment by segment in the replay."""
+    kept_into, kept_out = defaultdict(int), defaultdict(int)
+    for k, rnd in enumerate(rounds):
+        for i, op in enumerate(rnd.get("ops", ()) if isinstance(rnd, dict) else ()):
+            if isinstance(op, dict) and op.get("op") == "keep" and isinstance(op.get("segments"), list):
+                cursor.where = f"round {k}, op {i} (keep)"
+                for s in op["segments"]:
+                    if (not isinstance(s, dict) or not isinstance(s.get("tensor"), str) or s["tensor"] not in tensors
+                            or not isinstance(s.get("src_unit"), str) or not isinstance(s.get("dst_unit"), str)
+                            or not is_int(op.get("gpu"))):
+                        continue  # the replay names it
+                    box = s.get("box")
+                    shape = tensors[s["tensor"]][0]
+                    b = volume(check_box(box, shape, cursor.where, s["tensor"])) * tensors[s["tensor"]][1]
+                    kept_into[(s.get("dst_unit"), op.get("gpu"))] += b
+                    kept_out[(s.get("src_unit"), op.get("gpu"))] += b
+    return kept_into, kept_out
+
+
+def _transfer(where, s, src, dst, header: Header, status, allocated, written) -> tuple[int, tuple]:
+    if not isinstance(s, dict):
+        fail(f"{where}: a segment is an object with tensor, box, src_unit and dst_unit")
+    name = s.get("tensor")
+    if not isinstance(name, str) or name not in header.tensors:
+        fail(f"{where}: unknown tensor {name!r}")
+    shape, element_bytes = header.tensors[name]
+    box = check_box(s.get("box"), shape, where, name)
+    su, du = s.get("src_unit"), s.get("dst_unit")
+    if not isinstance(su, str) or su not in header.before:
+        fail(f"{where}: source {su!r} is not a before unit")
+    if not isinstance(du, str) or du not in header.after:
+        fail(f"{where}: destination {du!r} is not an after unit")
+    if header.stage_of[("before", su)] != header.stage_of[("after", du)]:
+        fail(f"{where}: {name} of {du} sourced from {su}, another model-stage",
+             hint="a box is sourced only from its own model-stage")
     state = status.get((su, src))
     if state is None:
-        _fail(f"{where}: source {su} holds nothing on GPU {src}")
+        fail(f"{where}: source {su} holds nothing on GPU {src}")
     if state == "freed":
-        _fail(f"{where}: reads {name} from {su} on GPU {src} after its free (read after free)")
-    if not any(_inside(box, b) for b in before[su][src].get(name, ())):
-        _fail(f"{where}: source {su} on GPU {src} does not hold {name} {list(box)}")
+        fail(f"{where}: reads {name} from {su} on GPU {src} after its free (read after free)")
+    if not any(_inside(box, b) for b in header.before[su][src].get(name, ())):
+        fail(f"{where}: source {su} on GPU {src} does not hold {name} {list(box)}")
     if (du, dst) not in allocated:
-        _fail(f"{where}: writes into {du} on GPU {dst} before its alloc")
-    if not any(_inside(box, b) for b in after[du][dst].get(name, ())):
-        _fail(f"{where}: {du} on GPU {dst} has no box of {name} containing {list(box)}")
+        fail(f"{where}: writes into {du} on GPU {dst} before its alloc")
+    if not any(_inside(box, b) for b in header.after[du][dst].get(name, ())):
+        fail(f"{where}: {du} on GPU {dst} has no box of {name} containing {list(box)}")
     done = written[(du, dst, name)]
     for other in done:
-        if _overlap(box, other):
-            _fail(f"{where}: {name} {list(box)} on GPU {dst} written twice (double write)")
+        if overlap(box, other):
+            fail(f"{where}: {name} {list(box)} on GPU {dst} written twice (double write)")
     done.append(box)
-    return _volume(box) * tensors[name][1]
+    return volume(box) * element_bytes, box
 
 
-def _check_memory(k, mem, transient, capacity, peak) -> None:
+def _check_memory(where, mem, transient, capacity, peak) -> None:
     for g in set(mem) | set(transient):
         used = mem[g] + transient.get(g, 0)
         peak[g] = max(peak.get(g, 0), used)
         if used > capacity[g]:
-            _fail(f"round {k}: GPU {g} needs {human_bytes(used)}, capacity {human_bytes(capacity[g])}"
-                  f" (over by {human_bytes(used - capacity[g])})",
-                  hint="memory = resident + unfreed before-shards + allocations + send buffers")
+            fail(f"{where}: GPU {g} needs {human_bytes(used)}, capacity {human_bytes(capacity[g])}"
+                 f" (over by {human_bytes(used - capacity[g])})",
+                 hint="memory = resident + unfreed before-shards + allocations + send buffers")

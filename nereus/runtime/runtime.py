@@ -15,7 +15,9 @@ Nereus and changes plan in place.
 Rank r drives GPU r of the plan's cluster. CUDA tensors move over the default group
 (NCCL); CPU tensors over gloo. A separate gloo group with a timeout carries the control
 messages (failure agreement, commit), so an error on one rank reaches every rank.
-Compilation runs once per (source, target) on rank 0 and is broadcast, then cached.
+Compilation runs once per (source, target) on rank 0 and is broadcast, then cached;
+rank 0 proves the program correct first (nereus.runtime.admission), so no rank runs an
+unverified one unless `verify_programs=False`.
 
 Rollback (`Runtime(..., rollback=)`): a transition is all or nothing, so the old shards
 must survive until every rank commits. "auto" (the default for CUDA tensors): an old
@@ -57,6 +59,7 @@ from nereus.ir.diagnostics import NereusError, ProgramError, SemanticError
 from nereus.ir.model import ModelStage, Module
 
 from . import packing
+from .admission import verify_before_running
 from .boxes import as_box, shard_shape
 from .executor import TORCH_DTYPES, execute
 from .parking import ROLLBACK_MODES, default_rollback
@@ -88,6 +91,9 @@ class TransitionReport:
     held_bytes: int = 0  # old shards the program freed that stayed on this device until the commit (auto)
     wall_s: float = 0.0  # this rank, the whole call: compile (if not cached) + seconds + the report's reductions
     prepared: bool = False  # prepare(target) had run for this (source, target) pair
+    # seconds rank 0 spent proving the program before this transition (0.0 when proven by an
+    # earlier one: cached per (from, to); None with verify_programs=False)
+    verify_program_s: Optional[float] = None
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -99,13 +105,16 @@ class Runtime:
     def __init__(self, module: Module, plan: str, *, rank: Optional[int] = None, world_size: Optional[int] = None,
                  device: Optional[torch.device] = None, verify: bool = False, progress: bool = False,
                  timeout_s: float = 120.0, direct_min_bytes: int = DIRECT_MIN_BYTES,
-                 rollback: Optional[str] = None, park_device_types=("cuda",), p2p_groups: Optional[int] = None):
+                 rollback: Optional[str] = None, park_device_types=("cuda",), p2p_groups: Optional[int] = None,
+                 verify_programs: bool = True):
         """rollback: "auto", "host" or "device" (see the module docstring); None picks
         "auto" for CUDA tensors and "device" otherwise. park_device_types: the device types whose
         old shards take the host path; tests pass ("cpu",) to run it on CPU. p2p_groups:
         data communicators a round's point-to-point ops are spread over (NCCL runs the
         ops of one communicator one after the other; several overlap that); default
-        NEREUS_P2P_GROUPS, else 4 on NCCL and 1 otherwise."""
+        NEREUS_P2P_GROUPS, else 4 on NCCL and 1 otherwise. verify_programs: prove every
+        compiled program correct before running it (nereus.runtime.admission); False for
+        programs verified ahead of time."""
         if rollback is not None and rollback not in ROLLBACK_MODES:
             raise NereusError(f"unknown rollback mode {rollback!r}",
                               hint="rollback='auto' (default on CUDA), 'host' (old shards wait in host memory) or 'device'")
@@ -130,6 +139,8 @@ class Runtime:
         self.rollback = default_rollback(self.device) if rollback is None else rollback
         self.park_device_types = tuple(park_device_types)
         self.verify = verify
+        self.verify_programs = verify_programs
+        self._verify_program_s: dict = {}  # (from, to) -> seconds rank 0 took to prove it
         self.direct_min_bytes = direct_min_bytes
         self.progress = progress
         self._control = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
@@ -279,7 +290,9 @@ class Runtime:
                     from nereus.passes import compile_transition
                     from nereus.backends.json_program import program_json
 
-                    box[0] = ("ok", program_json(compile_transition(self.module, self._plan, target)))
+                    program = program_json(compile_transition(self.module, self._plan, target))
+                    proof_s = verify_before_running(program, self.module) if self.verify_programs else None
+                    box[0] = ("ok", program, proof_s)
                 except NereusError as error:
                     box[0] = ("error", type(error)(error.message, loc=error.loc, hint=error.hint))
                 except Exception as error:  # noqa: BLE001 - the other ranks wait on the broadcast
@@ -288,6 +301,7 @@ class Runtime:
             dist.broadcast_object_list(box, src=0, group=self._control)
             if box[0][0] == "error":
                 raise box[0][1]
+            self._verify_program_s[key] = box[0][2]
             self._programs[key] = (box[0][1], time.perf_counter() - started)
         return self._programs[key]
 
@@ -362,7 +376,8 @@ class Runtime:
             peak_bytes=result.peak_bytes, rounds=[asdict(r) for r in result.rounds], verified=result.verified,
             rollback=result.rollback, parked_bytes=result.parked_bytes, held_bytes=result.held_bytes,
             wall_s=time.perf_counter() - called, prepared=key in self._prepared,
-            pack_backend=packing.backend_for(self.device))
+            pack_backend=packing.backend_for(self.device),
+            verify_program_s=self._verify_program_s.pop((prog.source, target), 0.0 if self.verify_programs else None))
 
     def _lower(self, target: str) -> tuple:
         """Collective: (program restricted to the live model-stages, compile seconds of

@@ -50,3 +50,51 @@ def fig5_module(mem: int = 10**9) -> Module:
         "split": [place("actor.training", 4, 1, 1, range(4))],      # Split
         "moved": [place("actor.training", 2, 2, 1, [0, 1, 6, 7])],  # Extend + Destroy of replica 1
     })
+
+
+RING_MODELS = ["actor", "critic", "ref"]
+
+
+def ring_module(n: int, host_mem: int = 10**10, slack_layers: float = 1.5):
+    """n single-GPU training units on GPUs 0..n-1, each moving to the next GPU; GPUs hold
+    one unit plus `slack_layers` layers of transient buffer (a cycle: host staging).
+    Returns (module with plans S and T, bytes of one unit)."""
+    from nereus.passes.layout import shard_bytes
+
+    models = [llama(name) for name in RING_MODELS[:n]]
+    unit = shard_bytes(models[0], place("actor.training", 1, 1, 1, [0]), 0, 0)
+    layer = unit // (models[0].layers + 2)
+    c = cluster(1, 4, unit + int(slack_layers * layer), host_mem)
+    w = workload({"training": RING_MODELS[:n]})
+    before = [place(f"{name}.training", 1, 1, 1, [i]) for i, name in enumerate(RING_MODELS[:n])]
+    after = [place(f"{name}.training", 1, 1, 1, [(i + 1) % n]) for i, name in enumerate(RING_MODELS[:n])]
+    return module(c, models, w, {"S": before, "T": after}), unit
+
+
+def offload_module() -> Module:
+    """ref.inference offloaded (S, T) or not (U) beside an untouched actor.training on GPU 0;
+    the GPUs have no room for a ref shard next to the actor."""
+    from nereus.passes.layout import shard_bytes
+
+    ref, actor = llama("ref"), llama("actor")
+    unit = shard_bytes(ref, place("ref.inference", 1, 1, 1, [0]), 0, 0)
+    train = shard_bytes(actor, place("actor.training", 1, 1, 1, [0]), 0, 0)
+    c = cluster(1, 4, train + train // 7 + unit // 2)  # actor state + grads; no room for a ref shard
+    w = workload({"inference": ["ref"], "training": ["actor"]})
+    return module(c, [actor, ref], w, {
+        "S": [place("ref.inference", 2, 1, 1, [0, 1], offload=True), place("actor.training", 1, 1, 1, [0])],
+        "T": [place("ref.inference", 1, 2, 1, [1, 0], offload=True), place("actor.training", 1, 1, 1, [0])],
+        "U": [place("ref.inference", 2, 1, 1, [2, 3]), place("actor.training", 1, 1, 1, [0])],
+    })
+
+
+def colocated_module() -> Module:
+    """actor.generation, actor.training and critic.training all moving on 8 GPUs (A -> B)."""
+    c = cluster(2, 4)
+    w = workload({"generation": ["actor"], "training": ["actor", "critic"]})
+    return module(c, [llama("actor"), llama("critic", head="value")], w, {
+        "A": [place("actor.generation", 2, 4, 1, range(8)), place("actor.training", 2, 2, 2, range(8)),
+              place("critic.training", 1, 2, 2, [4, 5, 6, 7])],
+        "B": [place("actor.generation", 4, 2, 1, [7, 6, 5, 4, 3, 2, 1, 0]), place("actor.training", 1, 4, 2, range(8)),
+              place("critic.training", 2, 2, 1, [0, 1, 2, 3])],
+    })

@@ -3,7 +3,7 @@ independent per-model-stage baseline fails where coordination succeeds."""
 
 import pytest
 
-from builders import cluster, llama, module, place, workload
+from builders import cluster, llama, module, offload_module, place, ring_module, workload
 from nereus.ir.diagnostics import InfeasibleError, ProgramError
 from nereus.passes import compile_transition
 from nereus.backends.json_program import program_json
@@ -20,16 +20,7 @@ NAMES = ["actor", "critic", "ref"]
 
 
 def _ring(n: int, host_mem: int = 10**10, slack_layers: float = 1.5):
-    """n single-GPU training units on GPUs 0..n-1, each moving to the next GPU; GPUs hold
-    one unit plus `slack_layers` layers of transient buffer."""
-    models = [llama(name) for name in NAMES[:n]]
-    unit = shard_bytes(models[0], place("actor.training", 1, 1, 1, [0]), 0, 0)
-    layer = unit // (models[0].layers + 2)
-    c = cluster(1, 4, unit + int(slack_layers * layer), host_mem)
-    w = workload({"training": NAMES[:n]})
-    before = [place(f"{name}.training", 1, 1, 1, [i]) for i, name in enumerate(NAMES[:n])]
-    after = [place(f"{name}.training", 1, 1, 1, [(i + 1) % n]) for i, name in enumerate(NAMES[:n])]
-    return module(c, models, w, {"S": before, "T": after}), unit
+    return ring_module(n, host_mem, slack_layers)
 
 
 @pytest.mark.parametrize("n", [2, 3])
@@ -86,16 +77,7 @@ def test_single_round_lowering_overflows_on_the_handover():
 def test_offloaded_state_moves_in_host_memory():
     """ref.inference is offloaded: its before and after shards live in host memory, so GPUs
     that could not hold it still take the transition; flipping offload copies through."""
-    ref, actor = llama("ref"), llama("actor")
-    unit = shard_bytes(ref, place("ref.inference", 1, 1, 1, [0]), 0, 0)
-    train = shard_bytes(actor, place("actor.training", 1, 1, 1, [0]), 0, 0)
-    c = cluster(1, 4, train + train // 7 + unit // 2)  # actor state + grads; no room for a ref shard
-    w = workload({"inference": ["ref"], "training": ["actor"]})
-    m = module(c, [actor, ref], w, {
-        "S": [place("ref.inference", 2, 1, 1, [0, 1], offload=True), place("actor.training", 1, 1, 1, [0])],
-        "T": [place("ref.inference", 1, 2, 1, [1, 0], offload=True), place("actor.training", 1, 1, 1, [0])],
-        "U": [place("ref.inference", 2, 1, 1, [2, 3]), place("actor.training", 1, 1, 1, [0])],
-    })
+    m = offload_module()
     program = program_json(compile_full(m, "S", "T"))
     assert all(u["offload"] for u in program["units"]["after"])
     verify_program(program)

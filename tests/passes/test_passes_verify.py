@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from builders import cluster, fig5_module, llama, module, place, workload
+from builders import colocated_module, fig5_module
 from nereus.ir.diagnostics import ProgramError
 from nereus.passes import compile_transition
 from nereus.backends.json_program import program_json
@@ -123,14 +123,7 @@ def test_compile_is_deterministic():
 
 
 def test_colocated_actor_and_critic_with_optimizer_state():
-    c = cluster(2, 4)
-    w = workload({"generation": ["actor"], "training": ["actor", "critic"]})
-    m = module(c, [llama("actor"), llama("critic", head="value")], w, {
-        "A": [place("actor.generation", 2, 4, 1, range(8)), place("actor.training", 2, 2, 2, range(8)),
-              place("critic.training", 1, 2, 2, [4, 5, 6, 7])],
-        "B": [place("actor.generation", 4, 2, 1, [7, 6, 5, 4, 3, 2, 1, 0]), place("actor.training", 1, 4, 2, range(8)),
-              place("critic.training", 2, 2, 1, [0, 1, 2, 3])],
-    })
+    m = colocated_module()
     program = program_json(compile_transition(m, "A", "B"))
     names = {t["name"] for t in program["tensors"]}
     assert "critic/value_head.weight#exp_avg_sq" in names and "actor/lm_head.weight" in names

@@ -7,10 +7,11 @@ optimizer state about once, not once per new replica; programs verify and send e
 lower bound."""
 
 import dataclasses
+import json
 
 import pytest
-
 from builders import cluster, llama, module, place, workload
+
 from nereus.backends.json_program import program_json
 from nereus.ir import parse_source, print_module
 from nereus.ir.diagnostics import ProgramError, SemanticError
@@ -181,9 +182,16 @@ def test_dp_doubling_moves_the_optimizer_state_once_not_per_replica(dp):
 
 @pytest.mark.parametrize("before,after", [((2, 0), (2, 1)), ((2, 1), (2, 0)), ((4, 1), (2, 1)), ((3, 1), (2, 1))])
 def test_zero_changes_verify_and_send_the_lower_bound(before, after):
-    compiled = compile_transition(_zero_module(before, after, tp=1, pp=2), "S", "T")
+    module = _zero_module(before, after, tp=1, pp=2)
+    compiled = compile_transition(module, "S", "T")
     data = program_json(compiled)
-    verify_program(data)
+    verify_program(data, against=module)  # the header's zero units are what the plans say
+    broken = json.loads(json.dumps(data))
+    for unit in broken["units"]["after" if after[1] else "before"]:
+        unit.pop("zero", None)
+        unit.pop("dp", None)
+    with pytest.raises(ProgramError):
+        verify_program(broken, against=module)
     summary = compiled.summary
     assert summary["bytes"]["intra_node"] + summary["bytes"]["inter_node"] == summary["lower_bound_bytes"]
 

@@ -1,0 +1,298 @@
+"""verify_header: the header of a JSON program v1 → `Header`, or ProgramError naming the field.
+
+Input: a program dict (docs/program.md) whose format and version are already checked.
+Output: a `Header` (tensors, GPU capacities, nodes, resident bytes, before / after units)
+in the plain structures the replay (nereus.passes.verify) reads. Invariant: everything the
+replay indexes exists and has the right type, so a malformed program is a located
+`ProgramError` (`header field 'units.after' (unit actor.training/1): ...`), never a
+KeyError. What is checked here needs no plan; `verify_world` compares the header with the
+plans when they are given.
+
+Checks: every box has one [lo, hi] pair of integers per tensor dimension with
+0 ≤ lo < hi ≤ dim; GPU ids are unique and capacity_bytes ≤ mem_bytes; every GPU a unit,
+shard or resident entry names is in `gpus`; a unit's id is `{model_stage}/{replica}`, its
+GPUs are distinct, tp·pp of them, each holding a shard; the units of one model-stage agree
+on tp, pp and offload, have distinct replicas and GPUs, and the same model-stages move on
+both sides (none of them untouched); per unit the boxes of each tensor its model-stage
+holds tile the tensor (replicated copies identical, others disjoint); when `nodes` is
+given it declares the node of every GPU (without it, as in v1 programs before the field
+was added, host memory is unlimited).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from nereus.ir.diagnostics import ProgramError
+from nereus.ir.model import DTYPE_BYTES, STAGES
+
+
+@dataclass(frozen=True)
+class Header:
+    tensors: dict  # name -> (shape, bytes per element)
+    capacity: dict  # gpu -> usable bytes
+    node_of: dict  # gpu -> node
+    host_capacity: dict  # node -> host bytes (only declared nodes)
+    resident: dict  # gpu -> bytes of untouched model-stages
+    before: dict  # unit id -> {gpu: {tensor: (box, ...)}}
+    after: dict
+    stage_of: dict  # ("before" | "after", unit id) -> model_stage
+    offloaded: frozenset  # ("before" | "after", unit id) of offloaded units
+
+
+def fail(message: str, hint: str | None = None):
+    raise ProgramError(message, hint=hint)
+
+
+def is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def nonnegative(value, where: str, what: str) -> int:
+    if not is_int(value) or value < 0:
+        fail(f"{where}: {what} must be a non-negative integer, not {value!r}")
+    return value
+
+
+def check_box(box, shape: tuple, where: str, name: str) -> tuple:
+    """`box` as a tuple of (lo, hi) after checking rank, integer bounds and 0 ≤ lo < hi ≤ dim."""
+    if not isinstance(box, (list, tuple)) or len(box) != len(shape):
+        fail(f"{where}: box {box!r} of {name} has {len(box) if isinstance(box, (list, tuple)) else 'no'}"
+             f" dimensions, the tensor has {len(shape)} {list(shape)}",
+             hint="a box is one [lo, hi] pair per tensor dimension")
+    out = []
+    for pair, n in zip(box, shape):
+        if (not isinstance(pair, (list, tuple)) or len(pair) != 2 or not is_int(pair[0]) or not is_int(pair[1])
+                or not 0 <= pair[0] < pair[1] <= n):
+            fail(f"{where}: box {box!r} of {name} is not inside {list(shape)}",
+                 hint="every dimension needs integers 0 <= lo < hi <= dim")
+        out.append((pair[0], pair[1]))
+    return tuple(out)
+
+
+def volume(box) -> int:
+    n = 1
+    for lo, hi in box:
+        n *= hi - lo
+    return n
+
+
+def overlap(x, y) -> bool:
+    return all(a < d and c < b for (a, b), (c, d) in zip(x, y))
+
+
+def _field(data: dict, key: str, kind: type):
+    value = data.get(key)
+    if not isinstance(value, kind):
+        fail(f"header field '{key}' must be a {kind.__name__}, not {type(value).__name__}")
+    return value
+
+
+def parse_header(data: dict) -> Header:
+    """Check and index the header of `data` (module docstring)."""
+    tensors = _tensors(_field(data, "tensors", list))
+    capacity, node_of = _gpus(_field(data, "gpus", list))
+    resident = {}
+    for key, value in _field(data, "resident_bytes", dict).items():
+        where = f"header field 'resident_bytes' (GPU {key})"
+        gpu = int(key) if isinstance(key, str) and key.isdigit() else None
+        if gpu not in capacity:
+            fail(f"{where}: no such GPU in 'gpus'")
+        resident[gpu] = nonnegative(value, where, "resident bytes")
+    untouched = data.get("untouched", [])
+    if not isinstance(untouched, list) or not all(isinstance(x, str) for x in untouched):
+        fail("header field 'untouched' must be a list of model-stage names")
+    units = _field(data, "units", dict)
+    stage_of, offloaded, parsed = {}, set(), {}
+    stages_of_side = {}
+    for side in ("before", "after"):
+        listed = units.get(side)
+        if not isinstance(listed, list):
+            fail(f"header field 'units.{side}' must be a list")
+        parsed[side] = _units(listed, side, tensors, capacity, stage_of, offloaded)
+        stages_of_side[side] = {stage_of[(side, uid)] for uid in parsed[side]}
+    if stages_of_side["before"] != stages_of_side["after"]:
+        fail(f"header field 'units': model-stages {sorted(stages_of_side['before'] ^ stages_of_side['after'])}"
+             " move on one side only", hint="a model-stage that moves has before and after units")
+    if stages_of_side["before"] & set(untouched):
+        fail(f"header field 'untouched' lists {sorted(stages_of_side['before'] & set(untouched))}, which move")
+    host_capacity = _nodes(data, node_of)
+    return Header(tensors, capacity, node_of, host_capacity, resident, parsed["before"], parsed["after"],
+                  stage_of, frozenset(offloaded))
+
+
+def _tensors(listed: list) -> dict:
+    tensors = {}
+    for i, t in enumerate(listed):
+        where = f"header field 'tensors' (entry {i})"
+        if not isinstance(t, dict) or not isinstance(t.get("name"), str):
+            fail(f"{where}: a tensor needs a name, shape and dtype")
+        shape, dtype = t.get("shape"), t.get("dtype")
+        if not isinstance(shape, list) or not all(is_int(n) and n > 0 for n in shape):
+            fail(f"{where}: shape {shape!r} of {t['name']} must be a list of positive integers")
+        if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
+            fail(f"{where}: unknown dtype {dtype!r} of {t['name']}", hint=f"one of {sorted(DTYPE_BYTES)}")
+        if "#" in t["name"] and dtype != "fp32":
+            fail(f"{where}: optimizer state {t['name']} must be fp32, not {dtype}")
+        if t["name"] in tensors:
+            fail(f"{where}: tensor {t['name']} listed twice")
+        tensors[t["name"]] = (tuple(shape), DTYPE_BYTES[dtype])
+    return tensors
+
+
+def _gpus(listed: list) -> tuple[dict, dict]:
+    capacity, node_of = {}, {}
+    for i, g in enumerate(listed):
+        where = f"header field 'gpus' (entry {i})"
+        if not isinstance(g, dict):
+            fail(f"{where}: a GPU is an object with id, node, mem_bytes and capacity_bytes")
+        gpu = nonnegative(g.get("id"), where, "id")
+        if gpu in capacity:
+            fail(f"{where}: GPU {gpu} listed twice")
+        mem = nonnegative(g.get("mem_bytes"), where, "mem_bytes")
+        usable = nonnegative(g.get("capacity_bytes", mem), where, "capacity_bytes")
+        if usable > mem:
+            fail(f"{where}: GPU {gpu} capacity_bytes {usable} exceeds its mem_bytes {mem}",
+                 hint="capacity_bytes = mem_bytes × (1 − reserve)")
+        capacity[gpu] = usable
+        node_of[gpu] = nonnegative(g.get("node"), where, "node")
+    return capacity, node_of
+
+
+def _nodes(data: dict, node_of: dict) -> dict:
+    if "nodes" not in data:
+        # JSON v1 before `nodes` was added: host memory is not limited. Only the plans
+        # (`verify_world`) can tell a program whose `nodes` were dropped.
+        return {}
+    host = {}
+    for i, n in enumerate(_field(data, "nodes", list)):
+        where = f"header field 'nodes' (entry {i})"
+        if not isinstance(n, dict):
+            fail(f"{where}: a node is an object with id and host_mem_bytes")
+        node = nonnegative(n.get("id"), where, "id")
+        if node in host:
+            fail(f"{where}: node {node} listed twice")
+        host[node] = nonnegative(n.get("host_mem_bytes"), where, "host_mem_bytes")
+    missing = sorted(set(node_of.values()) - set(host))
+    if missing:
+        fail(f"header field 'nodes': node {missing[0]} of the GPUs is not declared")
+    return host
+
+
+def _units(listed: list, side: str, tensors: dict, capacity: dict, stage_of: dict, offloaded: set) -> dict:
+    """{unit id: {gpu: {tensor: boxes}}} of one side, after the checks of the module docstring."""
+    out: dict = {}
+    shape_of_stage: dict = {}
+    gpus_of_stage: dict = defaultdict(set)
+    replicas_of_stage: dict = defaultdict(set)
+    sharded: dict = defaultdict(lambda: defaultdict(set))  # model-stage -> tensor -> chunk boxes
+    for i, unit in enumerate(listed):
+        where = f"header field 'units.{side}' (entry {i})"
+        if not isinstance(unit, dict) or not isinstance(unit.get("id"), str):
+            fail(f"{where}: a unit is an object with id, model_stage, replica, gpus and shards")
+        uid = unit["id"]
+        where = f"header field 'units.{side}' (unit {uid})"
+        name = unit.get("model_stage")
+        model, _, stage = name.partition(".") if isinstance(name, str) else ("", "", "")
+        if not model or stage not in STAGES:
+            fail(f"{where}: model_stage {name!r} is not MODEL.STAGE", hint=f"stages are {', '.join(STAGES)}")
+        replica = nonnegative(unit.get("replica"), where, "replica")
+        if uid != f"{name}/{replica}":
+            fail(f"{where}: id must be '{name}/{replica}'")
+        if uid in out:
+            fail(f"{where}: listed twice")
+        if replica in replicas_of_stage[name]:
+            fail(f"{where}: replica {replica} of {name} listed twice")
+        replicas_of_stage[name].add(replica)
+        gpus = unit.get("gpus")
+        if not isinstance(gpus, list) or not gpus or len(set(map(str, gpus))) != len(gpus):
+            fail(f"{where}: gpus must be a non-empty list of distinct GPU ids")
+        for g in gpus:
+            if not is_int(g) or g not in capacity:
+                fail(f"{where}: GPU {g!r} is not in header field 'gpus'")
+            if g in gpus_of_stage[name]:
+                fail(f"{where}: GPU {g} already holds another replica of {name}")
+        gpus_of_stage[name].update(gpus)
+        tp, pp = unit.get("tp", 1), unit.get("pp", len(gpus))
+        if not (is_int(tp) and is_int(pp) and tp > 0 and pp > 0 and tp * pp == len(gpus)):
+            fail(f"{where}: tp {tp!r} × pp {pp!r} must equal its {len(gpus)} GPUs")
+        offload = unit.get("offload", False)
+        if not isinstance(offload, bool):
+            fail(f"{where}: offload must be true or false")
+        zero = unit.get("zero", 0)
+        if zero not in (0, 1, 3) or zero and stage != "training":
+            fail(f"{where}: zero {zero!r} must be 0, 1 or 3, and non-zero only on a training unit")
+        if shape_of_stage.setdefault(name, (tp, pp, offload, zero)) != (tp, pp, offload, zero):
+            fail(f"{where}: tp, pp, offload and zero differ from the other units of {name}")
+        stage_of[(side, uid)] = name
+        if offload:
+            offloaded.add((side, uid))
+        out[uid], chunks = _shards(unit.get("shards"), where, model, stage, set(gpus), tensors, zero)
+        for tensor, boxes in chunks.items():
+            sharded[name][tensor].update(boxes)
+    for name, boxes_of in sharded.items():
+        # under zero the dp units tile the sharded tensors together (each holds a chunk)
+        every = shape_of_stage[name][3] >= 3
+        model = name.partition(".")[0]
+        missing = {n for n in tensors if n.startswith(model + "/") and ("#" in n or every)} - set(boxes_of)
+        if missing:
+            fail(f"header field 'units.{side}': units of {name} (zero) hold no chunk of {sorted(missing)[:3]}")
+        _check_tiling(boxes_of, tensors, f"header field 'units.{side}': units of {name} (zero)")
+    return out
+
+
+def _shards(listed, where: str, model: str, stage: str, gpus: set, tensors: dict, zero: int = 0):
+    """({gpu: {tensor: boxes}}, {tensor: chunk boxes} of the state `zero` shards over dp)."""
+    if not isinstance(listed, list):
+        fail(f"{where}: shards must be a list")
+    shards: dict = defaultdict(dict)
+    for shard in listed:
+        if not isinstance(shard, dict):
+            fail(f"{where}: a shard is an object with gpu, tensor and boxes")
+        name, g, boxes = shard.get("tensor"), shard.get("gpu"), shard.get("boxes")
+        if not isinstance(name, str) or name not in tensors:
+            fail(f"{where}: unknown tensor {name!r}")
+        if not is_int(g) or g not in gpus:
+            fail(f"{where}: shard of {name} on GPU {g!r}, not one of the unit's GPUs")
+        if not isinstance(boxes, list) or not boxes:
+            fail(f"{where}: shard of {name} on GPU {g} has no boxes")
+        shape = tensors[name][0]
+        parsed = tuple(check_box(b, shape, where, name) for b in boxes)
+        for box in parsed:
+            if box[1:] != parsed[0][1:]:
+                fail(f"{where}: boxes of {name} on GPU {g} differ beyond dim 0",
+                     hint="the local shard contract concatenates boxes along dim 0")
+        if name in shards[g]:
+            fail(f"{where}: two shards of {name} on GPU {g}")
+        shards[g][name] = parsed
+    if zero:  # a GPU's chunks may all be empty (dim 0 shorter than dp): it still takes part
+        for g in gpus:
+            shards.setdefault(g, {})
+    if set(shards) != gpus:
+        fail(f"{where}: GPU {sorted(gpus - set(shards))[0]} of the unit holds no shard")
+    expected = {n for n in tensors if n.startswith(model + "/") and ("#" not in n or stage == "training" and not zero)
+                and not zero >= 3}
+    boxes_of: dict = defaultdict(set)
+    chunks: dict = defaultdict(set)
+    for per_gpu in shards.values():
+        for name, boxes in per_gpu.items():
+            split = zero and ("#" in name or zero >= 3)  # zero 3: the weights too
+            (chunks if split else boxes_of)[name].update(boxes)
+    if set(boxes_of) != expected:
+        fail(f"{where}: does not cover its tensors (missing {sorted(expected - set(boxes_of))[:3] or 'none'},"
+             f" extra {sorted(set(boxes_of) - expected)[:3] or 'none'})")
+    _check_tiling(boxes_of, tensors, where)
+    return dict(shards), chunks
+
+
+def _check_tiling(boxes_of: dict, tensors: dict, where: str) -> None:
+    """The boxes of each tensor tile it: identical or disjoint, covering every element."""
+    for name, boxes in boxes_of.items():
+        distinct = sorted(boxes)
+        for i, x in enumerate(distinct):
+            for y in distinct[i + 1:]:
+                if overlap(x, y):
+                    fail(f"{where}: boxes {x} and {y} of {name} overlap without being identical")
+        if sum(volume(b) for b in distinct) != volume(tuple((0, n) for n in tensors[name][0])):
+            fail(f"{where}: the boxes of {name} do not cover the tensor")

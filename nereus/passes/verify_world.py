@@ -1,0 +1,86 @@
+"""verify_world: a program's header against the plans it claims to come from.
+
+Input: a JSON program v1 dict (header already checked by `verify_header`) and the
+`Module` holding its transition's plans. Output: nothing, or a ProgramError naming the
+header field and the first difference (`header field 'gpus' (GPU 3): capacity_bytes is
+10000, the plans give 1000`). Invariant: after this check every fact the replay trusts
+about the world — units and their layouts, tp / pp / offload, GPU memory and reserve,
+nodes and host memory, resident bytes and names of untouched model-stages, tensor shapes
+and dtypes — is the one `nereus.passes.world.transition_world` derives from the plans.
+"""
+
+from __future__ import annotations
+
+from nereus.ir.diagnostics import ProgramError
+from nereus.ir.model import Module
+
+from .world import transition_world
+
+UNIT_FIELDS = ("model_stage", "replica", "gpus", "tp", "pp", "offload")
+
+
+def _differ(field: str, what: str, stated, derived):
+    raise ProgramError(f"header field '{field}' ({what}): the program states {stated!r}, the plans give {derived!r}",
+                       hint="the program was compiled from other plans, or edited: recompile it")
+
+
+def check_against(data: dict, module: Module) -> None:
+    """Raise ProgramError on the first header fact of `data` that the plans contradict."""
+    transition = data.get("transition")
+    if not isinstance(transition, dict):
+        raise ProgramError("header field 'transition' must be {\"from\": PLAN, \"to\": PLAN}")
+    source, target = transition.get("from"), transition.get("to")
+    plans = [plan.name for plan in module.plans]
+    for name in (source, target):
+        if name not in plans:
+            raise ProgramError(f"header field 'transition' ({source} -> {target}): no plan {name!r} in the module",
+                               hint=f"its plans are {', '.join(plans)}")
+    world = transition_world(module, source, target)
+    _by_key("gpus", "GPU", data["gpus"], world.gpus, "id")
+    _by_key("nodes", "node", data.get("nodes"), world.nodes, "id")
+    _by_key("tensors", "tensor", data["tensors"], world.tensors, "name")
+    stated = {str(k): v for k, v in data["resident_bytes"].items()}
+    for gpu in sorted(set(stated) | set(world.resident_bytes), key=int):
+        if stated.get(gpu) != world.resident_bytes.get(gpu):
+            _differ("resident_bytes", f"GPU {gpu}", stated.get(gpu), world.resident_bytes.get(gpu))
+    if sorted(data.get("untouched", [])) != sorted(world.untouched):
+        _differ("untouched", "model-stages", sorted(data.get("untouched", [])), sorted(world.untouched))
+    for side in ("before", "after"):
+        _units(side, data["units"][side], world.units(module, side))
+
+
+def _by_key(field: str, what: str, stated, derived: tuple, key: str) -> None:
+    if stated is None:
+        raise ProgramError(f"header field '{field}' is missing; the plans give {len(derived)} entries")
+    have = {entry[key]: entry for entry in stated}
+    want = {entry[key]: entry for entry in derived}
+    for name in sorted(set(have) | set(want), key=str):
+        if name not in have:
+            _differ(field, f"{what} {name}", None, want[name])
+        if name not in want:
+            _differ(field, f"{what} {name}", have[name], None)
+        for k in sorted(set(have[name]) | set(want[name])):
+            if have[name].get(k) != want[name].get(k):
+                _differ(field, f"{what} {name}, {k}", have[name].get(k), want[name].get(k))
+
+
+def _shards(unit: dict) -> dict:
+    return {(s["gpu"], s["tensor"]): [list(map(list, b)) for b in s["boxes"]] for s in unit["shards"]}
+
+
+def _units(side: str, stated: list, derived: list) -> None:
+    field = f"units.{side}"
+    have = {u["id"]: u for u in stated}
+    want = {u["id"]: u for u in derived}
+    for uid in sorted(set(have) | set(want)):
+        if uid not in have:
+            _differ(field, f"unit {uid}", None, "a unit of the plan")
+        if uid not in want:
+            _differ(field, f"unit {uid}", "a unit", None)
+        for k in UNIT_FIELDS:
+            if have[uid].get(k) != want[uid].get(k):
+                _differ(field, f"unit {uid}, {k}", have[uid].get(k), want[uid].get(k))
+        a, b = _shards(have[uid]), _shards(want[uid])
+        for gpu, tensor in sorted(set(a) | set(b)):
+            if a.get((gpu, tensor)) != b.get((gpu, tensor)):
+                _differ(field, f"unit {uid}, GPU {gpu}, {tensor} boxes", a.get((gpu, tensor)), b.get((gpu, tensor)))

@@ -1,0 +1,98 @@
+"""world: a transition's plans → the world its rank program states (header fields).
+
+Input: a `Module` and the source / target plan names. Output: `TransitionWorld` — the
+header a JSON program v1 of that transition must carry: `gpus` (id, node, mem_bytes,
+capacity_bytes = mem × (1 − reserve)), `nodes` (host_mem_bytes), `tensors` of the
+model-stages that move, their `units` before and after (layouts, tp, pp, offload),
+`resident_bytes` of the untouched model-stages and their names. Invariant: derived from
+the plans alone (layout boxes, feasibility's resident bytes, diff's notion of unchanged),
+never from a program, so the verifier can check a program's header against it
+(nereus.passes.verify_world) and the emitter writes the same units.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from nereus.ir.model import Model, Module, Placement
+
+from .diff import diff_stage
+from .feasibility import placement_resident_bytes
+from .layout import gpu_shards, states_of, tensor_entries, unit_id
+
+
+def _box(box) -> list[list[int]]:
+    return [[lo, hi] for lo, hi in box]
+
+
+def placement_units(model: Model, placement: Placement) -> list[dict]:
+    """UNIT dicts (id, model_stage, replica, gpus, shards) of every replica of `placement`."""
+    return [unit_json(model, placement, r) for r in range(placement.dp)]
+
+
+def unit_json(model: Model, placement: Placement, replica: int, only: Optional[dict] = None) -> dict:
+    """The UNIT dict of one replica; with `only` ({gpu: set of tensor names, or None for
+    all}), just those shards (a rank program lists its own shards and the ones its
+    messages touch)."""
+    shards = []
+    for p in range(placement.pp):
+        for t in range(placement.tp):
+            g = placement.gpu_of(replica, p, t)
+            if only is not None and g not in only:
+                continue
+            names = None if only is None else only[g]
+            shards.extend({"gpu": g, "tensor": tensor, "boxes": [_box(b) for b in boxes]}
+                          for tensor, boxes in gpu_shards(model, placement, p, t, replica)
+                          if names is None or tensor in names)
+    unit = {"id": unit_id(str(placement.model_stage), replica), "model_stage": str(placement.model_stage),
+            "replica": replica, "gpus": list(placement.replica_gpus(replica)), "tp": placement.tp,
+            "pp": placement.pp, "offload": placement.offload}
+    if placement.zero:  # optimizer state chunked over the dp units (docs/program.md)
+        unit["zero"] = placement.zero
+        unit["dp"] = placement.dp
+    unit["shards"] = shards
+    return unit
+
+
+@dataclass(frozen=True)
+class TransitionWorld:
+    gpus: tuple  # ({"id", "node", "mem_bytes", "capacity_bytes"}, ...)
+    nodes: tuple  # ({"id", "host_mem_bytes"}, ...)
+    tensors: tuple  # ({"name", "shape", "dtype"}, ...) of the model-stages that move
+    moving: tuple  # (before placement, after placement) of each model-stage that moves
+    resident_bytes: dict  # {"gpu": bytes} of untouched model-stages
+    untouched: tuple  # names of the untouched model-stages
+
+    def units(self, module: Module, side: str) -> list[dict]:
+        """UNIT dicts of the moving model-stages, `side` "before" or "after"."""
+        out = []
+        for before, after in self.moving:
+            placement = before if side == "before" else after
+            out.extend(placement_units(module.model(placement.model_stage.model), placement))
+        return out
+
+
+def transition_world(module: Module, source: str, target: str) -> TransitionWorld:
+    """The header fields a program of `source` → `target` must carry (module docstring)."""
+    cluster = module.cluster
+    before_plan, after_plan = module.plan(source), module.plan(target)
+    gpus = tuple({"id": g, "node": cluster.node_of(g), "mem_bytes": cluster.gpu.mem_bytes,
+                  "capacity_bytes": cluster.usable_gpu_bytes} for g in range(cluster.num_gpus))
+    nodes = tuple({"id": n, "host_mem_bytes": cluster.host_mem_bytes} for n in range(cluster.nodes))
+    resident = [0] * cluster.num_gpus
+    moving, untouched, tensors = [], [], {}
+    for before in before_plan.placements:
+        after = after_plan.placement(before.model_stage)
+        name = str(before.model_stage)
+        if diff_stage(before, after).unchanged:
+            untouched.append(name)
+            for g, b in placement_resident_bytes(module, before).items():
+                resident[g] += b
+            continue
+        moving.append((before, after))
+        model = module.model(before.model_stage.model)
+        for tensor, shape, dtype in tensor_entries(model, states_of(name)):
+            tensors.setdefault(tensor, {"name": tensor, "shape": list(shape), "dtype": dtype})
+    return TransitionWorld(gpus, nodes, tuple(tensors.values()), tuple(moving),
+                           {str(g): b for g, b in enumerate(resident)}, tuple(untouched))
