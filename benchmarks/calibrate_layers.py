@@ -13,7 +13,7 @@ not measured here (it is a separate term of the cost model).
 Writes rows {kind, shape, layers, hidden, heads, kv_heads, ffn, tp, batch, seq, context,
 seconds, reps} as JSON to $OUT (or --out) and prints one JSON summary line last.
 
-    python3 benchmarks/calibrate_layers.py --out benchmarks/data/h200_layers.json --budget-s 240
+    python3 benchmarks/calibrate_layers.py --out nereus/controller/data/h200_layers.json --budget-s 240
 """
 
 from __future__ import annotations

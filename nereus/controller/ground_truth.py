@@ -6,7 +6,7 @@ Invariant: nothing here uses the cost model's formulas or coefficients (`cost_mo
 `calibrated.py`); the controllers never read this module's numbers, only noisy observations
 of them, so a wrong structure in the cost model shows up as prediction error.
 
-Per-layer seconds come from the measured H200 table (`benchmarks/data/h200_layers.json`:
+Per-layer seconds come from the measured H200 table (`nereus/controller/data/h200_layers.json`:
 forward, forward+backward and CUDA-graph decode of llama layer stacks over batch, sequence,
 context and tp ∈ {1, 2, 4, 8}), not from a roofline:
   forward / fwdbwd  a power law log t = a + b·log(tokens) + c·log(seq) fitted per (kind,
@@ -47,8 +47,8 @@ from nereus.models import pp_layer_range
 from .cost_model import Layout, workload_key
 from .layer_model import LayerShape
 
-DEFAULT_TABLE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                             "benchmarks", "data", "h200_layers.json")
+# shipped with the package (package data), so `nereus simulate` works from any install
+DEFAULT_TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "h200_layers.json")
 EFFICIENCY_INTRA = 0.8
 EFFICIENCY_INTER = 0.6
 LATENCY_INTRA = 15e-6

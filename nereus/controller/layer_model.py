@@ -18,7 +18,7 @@ at nominal peak rates (F = peak FLOP/s, W = HBM bytes/s of the cluster's GPU):
 with a_t = heads/t, k_t = max(1, kv_heads/t), f_t = ffn/t, d = head_dim. Forward,
 forward+backward and decode each have their own θ ("fit per stage type"), fitted
 by non-negative least squares on relative error (`nnls.fit_relative`) to the table that
-`benchmarks/calibrate_layers.py` measured on an H200 (`benchmarks/data/h200_layers.json`).
+`benchmarks/calibrate_layers.py` measured on an H200 (`nereus/controller/data/h200_layers.json`).
 The fit's held-out error is reported by `benchmarks/controller_fit_layers.py`.
 """
 

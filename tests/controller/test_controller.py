@@ -72,7 +72,7 @@ def test_relative_fit_recovers_cost_model_coefficients_from_synthetic_observatio
 
 
 def test_layer_calibration_held_out_error_is_small():
-    with open(os.path.join(ROOT, "benchmarks", "data", "h200_layers.json")) as handle:
+    with open(os.path.join(ROOT, "nereus", "controller", "data", "h200_layers.json")) as handle:
         rows = json.load(handle)["rows"]
     held = rows[::5]  # every kind, every shape
     fit = [r for i, r in enumerate(rows) if i % 5]

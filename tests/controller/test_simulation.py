@@ -94,7 +94,7 @@ def test_simulator_is_deterministic_for_a_seed(tmp_path):
 
 def test_ground_truth_comes_from_the_measured_table_not_the_cost_model(small, monkeypatch):
     table = LayerTable.load()
-    rows = json.load(open(os.path.join(HERE, "..", "..", "benchmarks", "data", "h200_layers.json")))["rows"]
+    rows = json.load(open(os.path.join(HERE, "..", "..", "nereus", "controller", "data", "h200_layers.json")))["rows"]
     model = ir.parse_file(os.path.join(HERE, "..", "..", "examples", "traces", "llama70b-1024.nir")).model("actor")
     for row in rows:
         if row["shape"] != "llama70b":
