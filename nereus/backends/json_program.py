@@ -36,13 +36,13 @@ def placement_units(model: Model, placement: Placement) -> list[dict]:
     for r in range(placement.dp):
         shards = []
         for p in range(placement.pp):
-            for t in range(placement.tp):
+            for t in range(placement.stage_width):
                 g = placement.gpu_of(r, p, t)
                 shards.extend({"gpu": g, "tensor": tensor, "boxes": [_box(b) for b in boxes]}
                               for tensor, boxes in gpu_shards(model, placement, p, t))
         units.append({"id": unit_id(name, r), "model_stage": name, "replica": r,
                       "gpus": list(placement.replica_gpus(r)), "tp": placement.tp, "pp": placement.pp,
-                      "offload": placement.offload,
+                      **({"ep": placement.ep} if placement.ep != 1 else {}), "offload": placement.offload,
                       "shards": shards})
     return units
 

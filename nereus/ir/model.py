@@ -256,10 +256,11 @@ class Placement:
         """GPUs per pipeline stage of one replica: ep x tp."""
         return self.ep * self.tp
 
-    def gpu_of(self, replica: int, pp_stage: int, stage_rank: int) -> int:
-        """The GPU at (replica, pp stage, stage rank u = ep_rank * tp + tp_rank)."""
+    def gpu_of(self, replica: int, pp_stage: int, tp_rank: int) -> int:
+        """The GPU at (replica, pp stage, stage rank): `tp_rank` is the TP rank when ep is 1
+        and the stage rank ep_rank * tp + tp_rank otherwise (the name kept for callers)."""
         width = self.stage_width
-        return self.gpus[replica * self.pp * width + pp_stage * width + stage_rank]
+        return self.gpus[replica * self.pp * width + pp_stage * width + tp_rank]
 
     def replica_gpus(self, replica: int) -> tuple[int, ...]:
         n = self.pp * self.stage_width

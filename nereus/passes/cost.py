@@ -32,7 +32,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from .dag import COPY, TransitionDag
-from .layout import box_volume, slot_counts, slot_specs, stage_slots, tp_boxes
+from .layout import box_volume, rank_boxes, slot_counts, slot_specs, stage_slots
 
 HOST_BYTES_PER_S = 50e9
 # Per-message latency: an NCCL send/recv pair costs of the order of 10-30 µs before its
@@ -123,11 +123,11 @@ def owner_change_bytes(dag: TransitionDag) -> int:
     for info in dag.stages:
         model, before, after = info.model, info.before, info.after
         here = {before.gpu_of(r, p, t): (p, t) for r in range(before.dp) for p in range(before.pp)
-                for t in range(before.tp)}
+                for t in range(before.stage_width)}
         missing: dict = {}
         for r in range(after.dp):
             for q in range(after.pp):
-                for u in range(after.tp):
+                for u in range(after.stage_width):
                     key = (q, u, here.get(after.gpu_of(r, q, u)))
                     if key not in missing:
                         missing[key] = _missing_elements(model, before, after, *key)
@@ -140,7 +140,7 @@ def _missing_elements(model, before, after, q: int, u: int, held) -> int:
     specs = slot_specs(model)
     lo, hi = stage_slots(model.layers, after.pp, q)
     counts = slot_counts(model, lo, hi)
-    need = sum(counts[s.kind] * sum(box_volume(b) for b in tp_boxes(s.spec, after.tp, u)) for s in specs)
+    need = sum(counts[s.kind] * sum(box_volume(b) for b in rank_boxes(s.spec, after.tp, after.ep, u)) for s in specs)
     if held is None:
         return need
     p, t = held
@@ -151,8 +151,9 @@ def _missing_elements(model, before, after, q: int, u: int, held) -> int:
     present = 0
     for s in specs:
         if both[s.kind]:
-            mine = set(tp_boxes(s.spec, before.tp, t))
-            present += both[s.kind] * sum(_intersection(a, b) for a in tp_boxes(s.spec, after.tp, u) for b in mine)
+            mine = set(rank_boxes(s.spec, before.tp, before.ep, t))
+            present += both[s.kind] * sum(_intersection(a, b) for a in rank_boxes(s.spec, after.tp, after.ep, u)
+                                          for b in mine)
     return need - present
 
 

@@ -57,8 +57,8 @@ class StageDiff:
     @property
     def unchanged(self) -> bool:
         return self.before.gpus == self.after.gpus and (
-            self.before.dp, self.before.tp, self.before.pp, self.before.offload) == (
-            self.after.dp, self.after.tp, self.after.pp, self.after.offload)
+            self.before.dp, self.before.tp, self.before.pp, self.before.ep, self.before.offload) == (
+            self.after.dp, self.after.tp, self.after.pp, self.after.ep, self.after.offload)
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ def diff_plans(module: Module, source: str, target: str) -> Diff:
 def diff_stage(before: Placement, after: Placement) -> StageDiff:
     """The primitives turning `before`'s units into `after`'s (rules in the module docstring)."""
     name = str(before.model_stage)
-    same_shape = (before.tp, before.pp) == (after.tp, after.pp)
+    same_shape = (before.tp, before.pp, before.ep) == (after.tp, after.pp, after.ep)
     kept: list[tuple[int, int]] = []
     if same_shape:
         by_gpus = {before.replica_gpus(r): r for r in range(before.dp)}
@@ -97,7 +97,7 @@ def diff_stage(before: Placement, after: Placement) -> StageDiff:
     left_b = [r for r in range(before.dp) if r not in kept_b]
     left_a = [r for r in range(after.dp) if r not in kept_a]
     prims: list[Primitive] = []
-    size_b, size_a = before.tp * before.pp, after.tp * after.pp
+    size_b, size_a = before.tp * before.pp * before.ep, after.tp * after.pp * after.ep
 
     def extend(targets):
         if targets:

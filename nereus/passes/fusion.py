@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .dag import SEND, Piece, TransitionDag, Xfer
-from .layout import box_volume, slot_specs, tp_boxes
+from .layout import box_volume, rank_boxes, slot_specs
 from .resources import Schedule, xfer_slice
 
 
@@ -76,8 +76,8 @@ def coalesce(dag: TransitionDag, xfers: list[Xfer]) -> list[Xfer]:
                 if prev.box[0][1] == piece.box[0][0] and prev.box[1:] == piece.box[1:]:
                     union = ((prev.box[0][0], piece.box[0][1]),) + piece.box[1:]
                     spec = specs[piece.spec].spec
-                    if _within(union, tp_boxes(spec, info.before.tp, src_pos[1])) and \
-                            _within(union, tp_boxes(spec, info.after.tp, dst_pos[1])):
+                    if _within(union, rank_boxes(spec, info.before.tp, info.before.ep, src_pos[1])) and \
+                            _within(union, rank_boxes(spec, info.after.tp, info.after.ep, dst_pos[1])):
                         merged[-1] = Piece(piece.spec, union)
                         continue
             merged.append(piece)

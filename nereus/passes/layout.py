@@ -1,12 +1,17 @@
 """layout: (model, placement) → which box of each global tensor every GPU of every unit holds.
 
-Input: a `Model` and a `Placement` (dp × tp × pp on an ordered GPU list). Output: for an
-Elastic Model Unit (replica r) and a mesh position (pp stage p, tp rank t) on
-gpu(r, p, t) = gpus[r·pp·tp + p·tp + t], the list of boxes of each tensor it holds.
+Input: a `Model` and a `Placement` (dp × pp × ep × tp on an ordered GPU list). Output:
+for an Elastic Model Unit (replica r) and a mesh position (pp stage p, stage rank
+u = e·tp + t, where e is the EP rank and t the TP rank) on
+gpu(r, p, u) = gpus[r·pp·ep·tp + p·ep·tp + u], the list of boxes of each tensor it holds.
+With ep 1 the stage rank is the TP rank.
 
-Invariant (tested): per replica, the union over (p, t) of the boxes of a tensor is the
+Invariant (tested): per replica, the union over (p, u) of the boxes of a tensor is the
 whole tensor, and two boxes are either identical (replication: replicated tensors, KV heads
-when tp > kv_heads) or disjoint.
+when tp > kv_heads, non-expert tensors on the ep ranks) or disjoint. An expert's tensors
+(`TensorSpec.expert`) are held only by the EP rank that owns the expert
+(e = expert // (experts / ep)), split there by TP like any column/row tensor; every other
+tensor is held alike by all EP ranks (`rank_boxes`).
 
 Layouts are symbolic. A model's tensors live in *slots*: slot 0 holds the tensors before
 the first layer (embed), slot 1 + i holds layer i, slot layers + 1 holds final norm and
@@ -149,24 +154,35 @@ def box_volume(box: Box) -> int:
     return n
 
 
-@lru_cache(maxsize=8192)
-def tp_volume(spec: TensorSpec, tp: int, rank: int) -> int:
-    return sum(box_volume(b) for b in tp_boxes(spec, tp, rank))
+@lru_cache(maxsize=16384)
+def rank_boxes(spec: TensorSpec, tp: int, ep: int, rank: int) -> tuple[Box, ...]:
+    """Boxes of `spec` held by stage rank `rank` (= ep rank · tp + tp rank) of an ep × tp
+    stage: an expert's tensor only on its owning EP rank (none elsewhere), everything else
+    on every EP rank; inside, TP's boxes (`tp_boxes`). Pure, cached."""
+    owner = spec.ep_owner(ep)
+    if owner is not None and rank // tp != owner:
+        return ()
+    return tp_boxes(spec, tp, rank % tp)
 
 
 @lru_cache(maxsize=8192)
-def kind_volume(model: Model, tp: int, rank: int) -> dict[str, int]:
-    """Elements held per slot of each kind by TP rank `rank` (one layer, the embed slot, the last slot)."""
+def tp_volume(spec: TensorSpec, tp: int, rank: int, ep: int = 1) -> int:
+    return sum(box_volume(b) for b in rank_boxes(spec, tp, ep, rank))
+
+
+@lru_cache(maxsize=8192)
+def kind_volume(model: Model, tp: int, rank: int, ep: int = 1) -> dict[str, int]:
+    """Elements held per slot of each kind by stage rank `rank` (one layer, the embed slot, the last slot)."""
     out = {"first": 0, "layer": 0, "last": 0}
     for slot_spec in slot_specs(model):
-        out[slot_spec.kind] += tp_volume(slot_spec.spec, tp, rank)
+        out[slot_spec.kind] += tp_volume(slot_spec.spec, tp, rank, ep)
     return out
 
 
-def shard_elements(model: Model, tp: int, pp: int, stage: int, rank: int) -> int:
-    """Elements of every weight a GPU at (stage, rank) holds (per state)."""
+def shard_elements(model: Model, tp: int, pp: int, stage: int, rank: int, ep: int = 1) -> int:
+    """Elements of every weight a GPU at (stage, stage rank) holds (per state)."""
     counts = slot_counts(model, *stage_slots(model.layers, pp, stage))
-    volume = kind_volume(model, tp, rank)
+    volume = kind_volume(model, tp, rank, ep)
     return sum(counts[k] * volume[k] for k in counts)
 
 
@@ -174,15 +190,15 @@ def shard_bytes(model: Model, placement: Placement, stage: int, rank: int) -> in
     """Bytes of the state one GPU of a unit of `placement` holds (weights, plus fp32 Adam
     state for training units; gradients are not part of the moved state)."""
     per = bytes_per_element(model, states_of(str(placement.model_stage)))
-    return shard_elements(model, placement.tp, placement.pp, stage, rank) * per
+    return shard_elements(model, placement.tp, placement.pp, stage, rank, placement.ep) * per
 
 
 def mesh_positions(placement: Placement) -> Iterator[tuple[int, int, int, int]]:
-    """(replica, pp stage, tp rank, gpu) for every GPU of the placement, in mesh order."""
+    """(replica, pp stage, stage rank, gpu) for every GPU of the placement, in mesh order."""
     i = 0
     for r in range(placement.dp):
         for p in range(placement.pp):
-            for t in range(placement.tp):
+            for t in range(placement.stage_width):
                 yield r, p, t, placement.gpus[i]
                 i += 1
 
@@ -198,7 +214,9 @@ def gpu_shards(model: Model, placement: Placement, stage: int, rank: int) -> Ite
         for slot_spec in specs:
             if slot_spec.kind != kind:
                 continue
-            boxes = tp_boxes(slot_spec.spec, placement.tp, rank)
+            boxes = rank_boxes(slot_spec.spec, placement.tp, placement.ep, rank)
+            if not boxes:  # another EP rank's expert
+                continue
             name = slot_spec.name(model.name, slot)
             for suffix in states:
                 yield name + suffix, boxes
