@@ -137,3 +137,15 @@ def test_ep_to_tp_bytes_by_hand(moe_module):
     expected_elems = 4 * 3 * per_expert // 4
     states = 2 + 12 + 2  # training bf16 + fp32 master/m/v, and generation bf16
     assert compiled.cost.lower_bound == expected_elems * states
+
+
+def test_generation_ep_ranks_decode_their_share_of_the_batch():
+    c = cluster(1, 4, mem=10**12)
+    w = workload({"generation": ["actor"]})  # batch 8
+    model = moe(experts=4)
+    m = module(c, [model], w, {"EP": [ep_place("actor.generation", 1, 1, 1, 4, range(4))],
+                               "ONE": [place("actor.generation", 1, 1, 1, [0])]})
+    ep = {c.kind: c.bytes for c in check_plan(m, "EP").worst.contributors}
+    one = {c.kind: c.bytes for c in check_plan(m, "ONE").worst.contributors}
+    assert ep["kv_cache"] * 4 == one["kv_cache"]  # 2 of 8 sequences per EP rank
+    assert ep["dispatch"] == 2 * 2 * 2 * 64 * 2 and one["dispatch"] == 2 * 8 * 2 * 64 * 2
