@@ -10,12 +10,12 @@ The primitives describe the structure of the move (summary, docs, controller); t
 each new unit needs are computed by box intersection of layouts in `dag`, so the data
 movement is exact whatever the decomposition. Rules (docs/passes.md has an example each):
 
-  - kept: an after-unit whose (tp, pp, GPU list) equals a before-unit's: no primitive.
-  - same unit shape (tp, pp unchanged): leftover after-units are Extended from live
+  - kept: an after-unit whose (tp, pp, ep, GPU list) equals a before-unit's: no primitive.
+  - same unit shape (tp, pp, ep unchanged): leftover after-units are Extended from live
     replicas; leftover before-units are Destroyed (a moved replica = Extend + Destroy).
-  - smaller units (tp·pp shrinks by k): each leftover before-unit Splits into k pieces;
+  - smaller units (tp·pp·ep shrinks by k): each leftover before-unit Splits into k pieces;
     pieces beyond the after-units needed are Destroyed, missing ones Extended.
-  - larger units (tp·pp grows by k): groups of k leftover before-units Merge into one
+  - larger units (tp·pp·ep grows by k): groups of k leftover before-units Merge into one
     after-unit; when there are too few, Extend first (paper Figure 5: Extend then Merge
     raises TP at constant DP); extra before-units are Destroyed.
   - shapes not multiples of each other (e.g. tp 4 pp 1 → tp 2 pp 3): Split every leftover
