@@ -107,7 +107,7 @@ def rank_program_json(compiled, rank: int) -> dict:
 def _replica_of(placement, gpu: int):
     """The replica of `placement` that holds `gpu`, or None."""
     try:
-        return placement.gpus.index(gpu) // (placement.tp * placement.pp)
+        return placement.gpus.index(gpu) // (placement.pp * placement.stage_width)
     except ValueError:
         return None
 

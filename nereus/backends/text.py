@@ -86,8 +86,7 @@ def dag_text(dag) -> str:
     if dag.untouched:
         lines.append(f"untouched: {', '.join(dag.untouched)}")
     for index, info in enumerate(dag.stages):
-        lines.append(f"{info.name}: dp {info.before.dp} tp {info.before.tp} pp {info.before.pp} -> "
-                     f"dp {info.after.dp} tp {info.after.tp} pp {info.after.pp}")
+        lines.append(f"{info.name}: {_mesh(info.before)} -> {_mesh(info.after)}")
         for a in (a for a in dag.allocs if a.stage == index):
             lines.append(f"  alloc  gpu {a.gpu:<4} {unit_id(info.name, a.replica)} {human_bytes(a.bytes)}")
         for x in (x for x in dag.xfers if x.stage == index):
@@ -96,3 +95,8 @@ def dag_text(dag) -> str:
         for f in (f for f in dag.frees if f.stage == index):
             lines.append(f"  free   gpu {f.gpu:<4} {unit_id(info.name, f.replica)} {human_bytes(f.bytes)}")
     return "\n".join(lines) + "\n"
+
+
+def _mesh(placement) -> str:
+    ep = f" ep {placement.ep}" if placement.ep != 1 else ""
+    return f"dp {placement.dp} tp {placement.tp} pp {placement.pp}{ep}"

@@ -57,6 +57,7 @@ MODEL_KEYS: dict[str, Callable] = {
     **{key: _int for key in MODEL_INTS}, "dtype": _choice(tuple(DTYPE_BYTES)), "head": _choice(HEADS),
     "rope_theta": units.parse_positive_float, "rope_scaling": dict, "norm_eps": units.parse_positive_float,
     "head_dim": _int, "tie_embeddings": _bool, "qkv_bias": _bool, "qk_norm": _bool,
+    "experts": _int, "experts_per_token": _int, "expert_ffn": _int, "norm_topk_prob": _bool,
 }
 # Every Model field a model declaration sets (an alias copies them from its base).
 MODEL_FIELDS: tuple[str, ...] = ("architecture", *MODEL_INTS, *(k for k in MODEL_KEYS if k not in MODEL_INTS),
@@ -68,7 +69,7 @@ ROPE_SCALING_KEYS: dict[str, Callable] = {
 }
 NULLABLE_BLOCKS: tuple[str, ...] = ("rope_scaling",)  # `rope_scaling none` turns scaling off
 WORKLOAD_KEYS: dict[str, Callable] = {**{key: _int for key in WORKLOAD_INTS}, "recompute": _choice(RECOMPUTE)}
-PLACEMENT_KEYS: tuple[str, ...] = ("dp", "tp", "pp", "on", "offload", "zero")
+PLACEMENT_KEYS: tuple[str, ...] = ("dp", "tp", "pp", "ep", "on", "offload", "zero")
 EXAMPLES = {
     "nodes": "nodes 8", "gpus_per_node": "gpus_per_node 8", "gpu": "gpu { mem 141GB flops 989TFLOPS hbm 4.8TB/s }",
     "intra": "intra 900GB/s", "inter": "inter 25GB/s", "host_mem": "host_mem 2TB", "mem": "mem 141GB",
@@ -278,7 +279,7 @@ def _placement(syntax: PlacementSyntax, cluster: Cluster, plan: str) -> Placemen
     word = syntax.model_stage
     where = f"{word.text} in plan {plan}"
     seen: dict[str, Word] = {}
-    values: dict[str, int] = {"dp": 1, "tp": 1, "pp": 1, "zero": 0}
+    values: dict[str, int] = {"dp": 1, "tp": 1, "pp": 1, "ep": 1, "zero": 0}
     locs: dict[str, Location] = {}
     gpu_items: Optional[tuple] = None
     offload = False
@@ -313,7 +314,7 @@ def _placement(syntax: PlacementSyntax, cluster: Cluster, plan: str) -> Placemen
     gpus = resolve_gpu_set(gpu_items, cluster, word.text)
     model, _, stage = word.text.partition(".")
     return Placement(ModelStage(model, stage), values["dp"], values["tp"], values["pp"], gpus, gpu_items,
-                     offload, values["zero"], loc=word.loc, key_locs=tuple(locs.items()))
+                     offload, values["zero"], loc=word.loc, key_locs=tuple(locs.items()), ep=values["ep"])
 
 
 def build_plans(decls: list[Declaration], cluster: Cluster, workload: Workload) -> tuple[Plan, ...]:

@@ -28,6 +28,7 @@ HF_ARCHITECTURES: dict[str, str] = {
     "LlamaForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
 }
 HF_DTYPES: dict[str, str] = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 # config.json field -> Model field, for the plain integer sizes
@@ -178,6 +179,21 @@ def _reject_unsupported(read: _Reader, family: str) -> None:
         raise read.unsupported("layer_types entry", bad, "only full attention layers are implemented")
 
 
+def _moe_fields(read: _Reader) -> dict:
+    """Qwen3MoeConfig's expert fields. Every layer must be sparse: Nereus's qwen3_moe has
+    no dense-MLP layers (decoder_sparse_step 1, mlp_only_layers empty, as published)."""
+    config = read.config
+    step = config.get("decoder_sparse_step", 1)
+    if step != 1:
+        raise read.unsupported("decoder_sparse_step", step, "qwen3_moe here has experts in every layer (step 1)")
+    if config.get("mlp_only_layers"):
+        raise read.unsupported("mlp_only_layers", config["mlp_only_layers"], "dense-MLP layers in a MoE model are not "
+                               "implemented; every layer has experts")
+    return {"experts": read.int("num_experts"), "experts_per_token": read.int("num_experts_per_tok"),
+            "expert_ffn": read.int("moe_intermediate_size"),
+            "norm_topk_prob": read.bool("norm_topk_prob", False)}
+
+
 def read_hf_config(word: Word, path: str, nir_file: str) -> HfConfig:
     """Input: the `hf("...")` argument (`word` is its token, `path` its text) and the
     `.nir` file's name. Output: the Model fields the config gives and the checkpoint
@@ -199,7 +215,9 @@ def read_hf_config(word: Word, path: str, nir_file: str) -> HfConfig:
     fields["norm_eps"] = read.float("rms_norm_eps", config.get("rms_norm_eps", 1e-6))
     fields["tie_embeddings"] = read.bool("tie_word_embeddings", False)
     fields["qkv_bias"] = family == "qwen2"  # Qwen2Attention always has q/k/v biases
-    fields["qk_norm"] = family == "qwen3"  # Qwen3Attention always normalizes q and k per head
+    fields["qk_norm"] = family in ("qwen3", "qwen3_moe")  # Qwen3(Moe)Attention normalizes q and k per head
+    if family == "qwen3_moe":
+        fields.update(_moe_fields(read))
     dtype_key = "torch_dtype" if "torch_dtype" in config else "dtype"
     dtype = config.get(dtype_key)
     if dtype is not None:

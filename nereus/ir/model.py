@@ -24,8 +24,11 @@ ARCHITECTURE_DEFAULTS: dict[str, dict] = {
     "llama": {},
     "qwen2": {"qkv_bias": True},  # Qwen2/2.5: q/k/v projections with bias
     "qwen3": {"qk_norm": True},  # Qwen3 (dense): RMSNorm on each q and k head
+    # Qwen3-MoE: qwen3 attention, a routed mixture of SwiGLU experts in every layer
+    "qwen3_moe": {"qk_norm": True, "norm_topk_prob": True},
 }
 ZERO_STAGES: tuple[int, ...] = (0, 1, 3)
+MOE_ARCHITECTURES: tuple[str, ...] = ("qwen3_moe",)
 
 
 @dataclass(frozen=True)
@@ -120,7 +123,7 @@ class Model:
     file, so excluded from equality)."""
 
     name: str
-    architecture: str  # "llama", "qwen2" or "qwen3"
+    architecture: str  # "llama", "qwen2", "qwen3" or "qwen3_moe"
     layers: int
     hidden: int
     heads: int
@@ -137,6 +140,13 @@ class Model:
     tie_embeddings: bool = False
     qkv_bias: bool = False
     qk_norm: bool = False
+    # Mixture of experts (qwen3_moe; all 0 for dense families): `experts` routed experts
+    # per layer, each a SwiGLU MLP of `expert_ffn`; the router picks `experts_per_token`
+    # and, with `norm_topk_prob`, renormalizes their weights to sum to 1.
+    experts: int = 0
+    experts_per_token: int = 0
+    expert_ffn: int = 0
+    norm_topk_prob: bool = False
     checkpoint: Optional[str] = None
     checkpoint_dir: Optional[str] = field(default=None, compare=False, hash=False, repr=False)
     checkpoint_fields: tuple[tuple[str, object], ...] = field(default=(), compare=False, hash=False, repr=False)
@@ -215,10 +225,15 @@ class GpuSetItem:
 
 @dataclass(frozen=True)
 class Placement:
-    """One model-stage's layout in a plan: dp replicas of a tp x pp mesh on `gpus`.
+    """One model-stage's layout in a plan: dp replicas of a pp x ep x tp mesh on `gpus`.
 
     `gpus` is the resolved, ordered GPU list; mesh order is replica-major, then pipeline
-    stage, then TP innermost: gpu(r, p, t) = gpus[r*pp*tp + p*tp + t]."""
+    stage, then expert-parallel rank, then TP innermost:
+    gpu(r, p, e, t) = gpus[r*pp*ep*tp + p*ep*tp + e*tp + t]. Within a pipeline stage a GPU
+    is named by its *stage rank* u = e*tp + t (0 <= u < ep*tp; u = t when ep is 1), which
+    is what `gpu_of` and the layout pass take. With ep > 1 the non-expert tensors are
+    replicated on the ep ranks (data-parallel for attention, Megatron's expert-data-parallel
+    arrangement) and each expert lives whole on one of them (docs/ir.md)."""
 
     model_stage: ModelStage
     dp: int
@@ -236,16 +251,25 @@ class Placement:
     zero: int = 0
     loc: Optional[Location] = _loc()
     key_locs: tuple[tuple[str, Location], ...] = _key_locs()
+    ep: int = 1  # expert-parallel degree (MoE models; 1 for dense)
 
     @property
     def world(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.tp * self.pp * self.ep
+
+    @property
+    def stage_width(self) -> int:
+        """GPUs per pipeline stage of one replica: ep x tp."""
+        return self.ep * self.tp
 
     def gpu_of(self, replica: int, pp_stage: int, tp_rank: int) -> int:
-        return self.gpus[replica * self.pp * self.tp + pp_stage * self.tp + tp_rank]
+        """The GPU at (replica, pp stage, stage rank): `tp_rank` is the TP rank when ep is 1
+        and the stage rank ep_rank * tp + tp_rank otherwise (the name kept for callers)."""
+        width = self.stage_width
+        return self.gpus[replica * self.pp * width + pp_stage * width + tp_rank]
 
     def replica_gpus(self, replica: int) -> tuple[int, ...]:
-        n = self.pp * self.tp
+        n = self.pp * self.stage_width
         return self.gpus[replica * n : (replica + 1) * n]
 
 

@@ -23,7 +23,8 @@ from .model import ARCHITECTURE_DEFAULTS, Cluster, Model, Module, Placement, Pla
 from .units import format_flops, format_fraction, format_number, format_rate, format_size
 
 _MODEL_KEYS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "dtype", "head", "head_dim", "rope_theta",
-               "rope_scaling", "norm_eps", "tie_embeddings", "qkv_bias", "qk_norm")
+               "rope_scaling", "norm_eps", "tie_embeddings", "qkv_bias", "qk_norm", "experts", "experts_per_token",
+               "expert_ffn", "norm_topk_prob")
 _ALWAYS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "dtype")  # of a hand-written model
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(Model) if f.default is not dataclasses.MISSING}
 
@@ -118,10 +119,11 @@ def print_workload(workload: Workload) -> list[Line]:
     return lines + [(("workload", "}"), "}")]
 
 
-def _mesh_cells(placement: Placement) -> tuple[str, str, str]:
+def _mesh_cells(placement: Placement) -> tuple[str, ...]:
     tp = f"tp {placement.tp}" if placement.tp != 1 else ""
     pp = f"pp {placement.pp}" if placement.pp != 1 else ""
-    return f"dp {placement.dp}", tp, pp
+    ep = f"ep {placement.ep}" if placement.ep != 1 else ""
+    return f"dp {placement.dp}", tp, pp, ep
 
 
 def _aligned(rows: list[tuple[str, ...]]) -> list[str]:
@@ -137,7 +139,7 @@ def print_plan(plan: Plan) -> list[Line]:
     if not entries:
         return [(anchor, head + " }")]
     meshes = [_mesh_cells(p) for p in entries]
-    mesh_widths = [max(len(cells[i]) for cells in meshes) for i in range(3)]
+    mesh_widths = [max(len(cells[i]) for cells in meshes) for i in range(len(meshes[0]))]
     rows = []
     for p, cells in zip(entries, meshes):
         mesh = " ".join(cell.ljust(width) for cell, width in zip(cells, mesh_widths) if width)

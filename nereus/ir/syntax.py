@@ -105,7 +105,7 @@ def _describe_expected(expected: set[str]) -> str:
     if _DECLARATION_KEYWORDS & expected:
         return "a declaration (cluster, model, workload, plan or transition)"
     if {"NAME", "ON", "MODEL_STAGE", "RBRACE"} <= expected:
-        return "a placement key (dp, tp, pp, on, offload, zero), the next model-stage or '}'"
+        return "a placement key (dp, tp, pp, ep, on, offload, zero), the next model-stage or '}'"
     if {"MODEL_STAGE", "RBRACE"} <= expected:
         return "a model-stage like actor.training or '}'"
     if {"QUANTITY", "NAME", "LBRACE", "COLON"} <= expected:

@@ -13,8 +13,8 @@ from typing import Optional
 from .diagnostics import SemanticError
 from .gpuset import resolve_gpu_set, set_location
 from .model import (
-    ARCHITECTURE_DEFAULTS, DTYPE_BYTES, HEADS, ROPE_SCALING_TYPES, STAGES, ZERO_STAGES, Cluster, Model, Module,
-    Placement, Plan, Workload, key_loc,
+    ARCHITECTURE_DEFAULTS, DTYPE_BYTES, HEADS, MOE_ARCHITECTURES, ROPE_SCALING_TYPES, STAGES, ZERO_STAGES, Cluster,
+    Model, Module, Placement, Plan, Workload, key_loc,
 )
 
 ARCHITECTURES: tuple[str, ...] = tuple(ARCHITECTURE_DEFAULTS)
@@ -25,7 +25,8 @@ MAX_GPUS = 1 << 20  # GPU sets are expanded to id lists; this keeps them in memo
 # (llama 3.1 405B: 126 layers, hidden 16384, ffn 53248, vocab 128256, 128k context) and
 # catch typos before the memory model turns them into "needs 1.4e26 GiB".
 MAX_MODEL: dict[str, int] = {"layers": 4096, "hidden": 1 << 18, "heads": 1 << 14, "kv_heads": 1 << 14,
-                             "ffn": 1 << 20, "vocab": 1 << 24}
+                             "ffn": 1 << 20, "vocab": 1 << 24, "experts": 1 << 16,
+                             "experts_per_token": 1 << 16, "expert_ffn": 1 << 20}
 MAX_WORKLOAD: dict[str, int] = {"batch": 1 << 24, "prompt": 1 << 24, "response": 1 << 24, "microbatch": 1 << 24}
 MAX_BYTES = 10**15                # 1000TB: GPU and host memory
 MAX_BYTES_PER_S = 10**15          # 1000TB/s: HBM and network rates
@@ -107,10 +108,30 @@ def validate_model(model: Model) -> None:
                      f"head_dim = hidden / heads must be whole; e.g. hidden {model.heads * max(1, model.hidden // model.heads)}"
                      ", or give head_dim", _width(model, "hidden", model.hidden))
     _validate_numerics(model)
+    _validate_experts(model)
     if model.kv_heads > model.heads or model.heads % model.kv_heads:
         raise _error(f"kv_heads {model.kv_heads} must divide heads ({model.heads})", model, "kv_heads",
                      f"each KV head serves heads / kv_heads query heads; use one of {_divisors(model.heads)}",
                      _width(model, "kv_heads", model.kv_heads))
+
+
+def _validate_experts(model: Model) -> None:
+    """A MoE family has experts >= 1, 1 <= experts_per_token <= experts, expert_ffn >= 1;
+    a dense family has none of them."""
+    keys = ("experts", "experts_per_token", "expert_ffn")
+    if model.architecture not in MOE_ARCHITECTURES:
+        for key in keys:
+            if getattr(model, key):
+                raise _error(f"{key} is for mixture-of-experts models; {model.name} is a dense "
+                             f"{model.architecture}", model, key,
+                             f"drop {key}, or declare the model = {', '.join(MOE_ARCHITECTURES)} {{ ... }}",
+                             _width(model, key, getattr(model, key)))
+        return
+    _at_least_one(model, keys, f"model {model.name} ({model.architecture})")
+    if model.experts_per_token > model.experts:
+        raise _error(f"experts_per_token {model.experts_per_token} is more than the {model.experts} experts of "
+                     f"{model.name}", model, "experts_per_token", f"use at most {model.experts}",
+                     _width(model, "experts_per_token", model.experts_per_token))
 
 
 def _validate_numerics(model: Model) -> None:
@@ -182,7 +203,8 @@ def _divisors(n: int) -> str:
 def valid_tps(model: Model, limit: int = 1024) -> list[int]:
     """TP degrees the model admits: dividing heads, ffn and vocab, and the KV rule."""
     return [t for t in range(1, min(limit, model.heads) + 1)
-            if model.heads % t == 0 and model.ffn % t == 0 and model.vocab % t == 0
+            if model.heads % t == 0 and (model.expert_ffn if model.experts else model.ffn) % t == 0
+            and model.vocab % t == 0
             and (model.kv_heads % t == 0 if t <= model.kv_heads else t % model.kv_heads == 0)]
 
 
@@ -210,7 +232,7 @@ def validate_placement(placement: Placement, module: Module) -> None:
         runs = ", ".join(workload.models_in(ms.stage)) or "no model"
         raise SemanticError(f"{ms} is not in workload {workload.name}", loc,
                             f"workload {workload.name} runs {runs} in {ms.stage}", width=len(str(ms)))
-    _at_least_one(placement, ("dp", "tp", "pp"), str(ms))
+    _at_least_one(placement, ("dp", "tp", "pp", "ep"), str(ms))
     if placement.zero not in ZERO_STAGES:
         raise _error(f"zero {placement.zero} is not supported", placement, "zero",
                      "zero 1 shards the optimizer state over dp, zero 3 the weights too; zero 0 replicates them",
@@ -219,8 +241,18 @@ def validate_placement(placement: Placement, module: Module) -> None:
         raise _error(f"zero applies to training only; {ms} holds no optimizer state", placement, "zero",
                      "drop zero here, or put it on a .training model-stage", _width(placement, "zero", placement.zero))
     model = module.model(ms.model)
+    _validate_ep(placement, model)
+    if placement.zero and placement.ep > 1:
+        # zero_boxes chunks each TP shard over dp; the chunking of expert shards held by one
+        # EP rank is not designed yet, so the two are not combined
+        raise _error("zero with expert parallelism is not supported yet", placement, "zero",
+                     f"use zero 0 with ep {placement.ep}, or ep 1 with zero {placement.zero}",
+                     _width(placement, "zero", placement.zero))
     tp, width = placement.tp, _width(placement, "tp", placement.tp)
-    for what, size in (("heads", model.heads), ("ffn", model.ffn), ("vocab", model.vocab)):
+    # a MoE layer has no dense MLP: its experts' ffn is what TP splits
+    mlp = ("expert_ffn", model.expert_ffn) if model.experts else ("ffn", model.ffn)
+    sizes = (("heads", model.heads), mlp, ("vocab", model.vocab))
+    for what, size in sizes:
         if size % tp:
             raise _error(f"tp {tp} must divide {what} ({size}) of {model.name}", placement, "tp", _tp_hint(model),
                          width)
@@ -248,14 +280,31 @@ def validate_placement(placement: Placement, module: Module) -> None:
             raise SemanticError(f"GPU {bad[0]} does not exist", loc, f"GPU ids run 0..{cluster.num_gpus - 1}")
         raise SemanticError(f"a GPU appears twice in {ms}", loc, "list each GPU once")
     if len(gpus) != placement.world:
-        need, mesh = placement.world, placement.tp * placement.pp
+        need, mesh = placement.world, placement.tp * placement.pp * placement.ep
         example = "0" if need == 1 else f"0..{need - 1}"
         hint = f"give {need} GPU{'s' if need != 1 else ''} (e.g. on {example})"
         if len(gpus) % mesh == 0:
             hint += f" or change dp to {len(gpus) // mesh}"
+        ep_names, ep_values = (" x ep", f" x {placement.ep}") if placement.ep != 1 else ("", "")
         raise SemanticError(
-            f"the GPU set of {ms} has {len(gpus)} GPU{'s' if len(gpus) != 1 else ''}, but dp x tp x pp = "
-            f"{placement.dp} x {placement.tp} x {placement.pp} = {need}", set_loc, hint, width=set_width)
+            f"the GPU set of {ms} has {len(gpus)} GPU{'s' if len(gpus) != 1 else ''}, but dp x tp x pp{ep_names} = "
+            f"{placement.dp} x {placement.tp} x {placement.pp}{ep_values} = {need}", set_loc, hint, width=set_width)
+
+
+def _validate_ep(placement: Placement, model: Model) -> None:
+    """ep > 1 needs a MoE model whose experts it divides (each EP rank holds experts / ep
+    whole experts)."""
+    ep = placement.ep
+    if ep == 1:
+        return
+    width = _width(placement, "ep", ep)
+    if not model.experts:
+        raise _error(f"ep {ep} needs a mixture-of-experts model; {model.name} is a dense {model.architecture}",
+                     placement, "ep", "drop ep (expert parallelism splits experts), or use dp/tp/pp", width)
+    if model.experts % ep:
+        raise _error(f"ep {ep} must divide experts ({model.experts}) of {model.name}", placement, "ep",
+                     f"each EP rank holds experts / ep whole experts; ep values that fit: "
+                     f"{_divisors(model.experts)}", width)
 
 
 def validate_plan(plan: Plan, module: Module) -> None:

@@ -40,8 +40,13 @@ class Target:
 
 
 def hf_names(model: Model) -> tuple[tuple[str, str, Optional[str]], ...]:
-    """The (HF pattern, Nereus pattern, part) declarations of `model`'s family."""
-    names = getattr(family(model), "HF_NAMES", None)
+    """The (HF pattern, Nereus pattern, part) declarations of `model`'s family: its
+    `HF_NAMES`, or what its `hf_names(model)` gives when they depend on the model (one
+    entry per expert for a mixture of experts)."""
+    module = family(model)
+    if hasattr(module, "hf_names"):
+        return module.hf_names(model)
+    names = getattr(module, "HF_NAMES", None)
     if names is None:
         raise NereusError(f"no parameter-name mapping for architecture {model.architecture!r}",
                           hint="declare HF_NAMES in its family file under nereus/models")

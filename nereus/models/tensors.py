@@ -31,12 +31,13 @@ dim 1. vocab splits dim 0. replicated tensors are whole on every TP rank.
 Parameter counts equal transformers' num_parameters() for the published configs
 (tests/models/test_parameter_counts.py): Llama-3.1-8B 8,030,261,248, Llama-3.1-70B
 70,553,706,496, Llama-3.2-1B 1,235,814,400, Qwen2.5-7B 7,615,616,512, Qwen3-8B
-8,190,735,360.
+8,190,735,360, Qwen3-30B-A3B 30,532,122,624. The mixture-of-experts family (qwen3_moe.py)
+replaces the MLP by a router and per-expert gate_up/down tensors.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import importlib
@@ -51,6 +52,7 @@ COLUMN, ROW, VOCAB, REPLICATED = "column", "row", "vocab", "replicated"
 # architecture name (the IR's `= llama {...}`) -> the module holding its family
 FAMILIES: dict[str, str] = {
     "llama": "nereus.models.llama", "qwen2": "nereus.models.qwen2", "qwen3": "nereus.models.qwen3",
+    "qwen3_moe": "nereus.models.qwen3_moe",
 }
 
 
@@ -71,7 +73,10 @@ class TensorSpec:
     """One global tensor of a model.
 
     name: local name (`layers.3.attn.qkv.weight`); `layer` is None for embed, final norm
-    and head. `parts` is set for column tensors (one part when not fused)."""
+    and head. `parts` is set for column tensors (one part when not fused). `expert` is the
+    index of the routed expert the tensor belongs to (None for everything else), out of
+    `experts` per layer: with expert parallelism ep, expert e lives whole (TP-sharded by
+    its `sharding`) on EP rank e // (experts / ep) only."""
 
     name: str
     shape: tuple[int, ...]
@@ -80,6 +85,12 @@ class TensorSpec:
     layer: Optional[int]
     parts: tuple[FusedPart, ...] = ()
     role: str = "layer"  # "embed", "layer", "final_norm", "head"
+    expert: Optional[int] = None
+    experts: int = 0
+
+    def ep_owner(self, ep: int) -> Optional[int]:
+        """The EP rank (of ep) that holds this tensor, or None when every EP rank does."""
+        return None if self.expert is None else self.expert // (self.experts // ep)
 
     @property
     def numel(self) -> int:
@@ -114,7 +125,7 @@ def tensor_table(model: Model) -> tuple[TensorSpec, ...]:
     first, last = edge_tensors(model)
     pattern = layer_tensors(model)
     layers = tuple(
-        TensorSpec(t.name.format(i=i), t.shape, t.dtype, t.sharding, i, t.parts, t.role)
+        replace(t, name=t.name.format(i=i), layer=i)
         for i in range(model.layers)
         for t in pattern
     )

@@ -124,14 +124,14 @@ def owner_change_bytes(dag: TransitionDag) -> int:
     for info in dag.stages:
         model, before, after = info.model, info.before, info.after
         here = {before.gpu_of(r, p, t): (r, p, t) for r in range(before.dp) for p in range(before.pp)
-                for t in range(before.tp)}
+                for t in range(before.stage_width)}
         missing: dict = {}
         for states in info.groups:
             element_bytes = info.xfer_element_bytes(states)
             zb, za = is_sharded(before, states), is_sharded(after, states)
             for r in range(after.dp):
                 for q in range(after.pp):
-                    for u in range(after.tp):
+                    for u in range(after.stage_width):
                         held = here.get(after.gpu_of(r, q, u))
                         if held is not None:
                             held = (held[0] if zb else 0,) + held[1:]

@@ -48,7 +48,7 @@ from .layout import (
     slot_specs,
     stage_slots,
     states_of,
-    tp_boxes,
+    rank_boxes,
     box_volume,
 )
 from .sharded import mesh_key, group_boxes, sharded_pieces
@@ -144,16 +144,19 @@ def split_dim(sharding: str) -> Optional[int]:
 
 
 @lru_cache(maxsize=8192)
-def tp_pieces(spec, tp_before: int, tp_after: int, rank_after: int) -> tuple[tuple[Box, tuple[int, ...]], ...]:
-    """The after rank's boxes of `spec` cut into maximal pieces each held by one set of
-    before TP ranks: ((piece box, holder ranks), ...). Pure, cached per TP pair."""
+def tp_pieces(spec, tp_before: int, tp_after: int, rank_after: int, ep_before: int = 1,
+              ep_after: int = 1) -> tuple[tuple[Box, tuple[int, ...]], ...]:
+    """The after stage rank's boxes of `spec` cut into maximal pieces each held by one set
+    of before stage ranks: ((piece box, holder ranks), ...). Pure, cached per mesh pair.
+    An expert's tensor has holders only on its owning EP rank."""
     dim = split_dim(spec.sharding)
-    every = tuple(range(tp_before))
+    every = tuple(t for t in range(tp_before * ep_before) if rank_boxes(spec, tp_before, ep_before, t))
+    wanted = rank_boxes(spec, tp_after, ep_after, rank_after)
     if dim is None:
-        return tuple((box, every) for box in tp_boxes(spec, tp_after, rank_after))
-    held = [(t, b[dim]) for t in every for b in tp_boxes(spec, tp_before, t)]
+        return tuple((box, every) for box in wanted)
+    held = [(t, b[dim]) for t in every for b in rank_boxes(spec, tp_before, ep_before, t)]
     out = []
-    for box in tp_boxes(spec, tp_after, rank_after):
+    for box in wanted:
         lo, hi = box[dim]
         cuts = sorted({lo, hi} | {x for _, iv in held for x in iv if lo < x < hi})
         runs: list[list] = []
@@ -169,15 +172,17 @@ def tp_pieces(spec, tp_before: int, tp_after: int, rank_after: int) -> tuple[tup
 
 
 @lru_cache(maxsize=8192)
-def kept_specs(model: Model, tp_before: int, rank_before: int, tp_after: int, rank_after: int) -> frozenset[int]:
-    """Spec indices whose shard is identical for the two TP positions: reused in place."""
+def kept_specs(model: Model, tp_before: int, rank_before: int, tp_after: int, rank_after: int,
+               ep_before: int = 1, ep_after: int = 1) -> frozenset[int]:
+    """Spec indices whose shard is identical for the two stage positions: reused in place."""
     return frozenset(i for i, s in enumerate(slot_specs(model))
-                     if tp_boxes(s.spec, tp_before, rank_before) == tp_boxes(s.spec, tp_after, rank_after))
+                     if rank_boxes(s.spec, tp_before, ep_before, rank_before)
+                     == rank_boxes(s.spec, tp_after, ep_after, rank_after))
 
 
 @lru_cache(maxsize=8192)
 def source_groups(model: Model, tp_before: int, tp_after: int, rank_after: int, kinds: tuple[str, ...],
-                  skip: frozenset[int]) -> tuple[tuple[tuple[int, ...], tuple[Piece, ...], tuple[int, int, int]], ...]:
+                  skip: frozenset[int], ep_before: int = 1, ep_after: int = 1) -> tuple[tuple[tuple[int, ...], tuple[Piece, ...], tuple[int, int, int]], ...]:
     """Pieces an after TP rank needs from one before pipeline stage, grouped by the before
     TP ranks that hold them: ((holders, pieces, elements per slot kind), ...), specs in
     `skip` (kept in place) left out. Cached: identical for every replica and layer range."""
@@ -185,7 +190,7 @@ def source_groups(model: Model, tp_before: int, tp_after: int, rank_after: int, 
     for index, slot_spec in enumerate(slot_specs(model)):
         if index in skip or slot_spec.kind not in kinds:
             continue
-        for box, holders in tp_pieces(slot_spec.spec, tp_before, tp_after, rank_after):
+        for box, holders in tp_pieces(slot_spec.spec, tp_before, tp_after, rank_after, ep_before, ep_after):
             entry = groups.setdefault(holders, [[], [0, 0, 0]])
             entry[0].append(Piece(index, box))
             entry[1][_KINDS.index(slot_spec.kind)] += box_volume(box)
@@ -227,9 +232,9 @@ def build_dag(module: Module, diff: Diff) -> TransitionDag:
 
 def _stage_recipe(model: Model, before: Placement, after: Placement, q: int, u: int,
                   here: Optional[tuple[int, int]], element_bytes: int, states: tuple[str, ...]) -> tuple[tuple, ...]:
-    """What the after GPU at (pp stage q, tp rank u) needs of the replicated `states`, per
+    """What the after GPU at (pp stage q, stage rank u) needs of the replicated `states`, per
     before pipeline stage: ("keep", p, slots, pieces, bytes, (), volumes, states) for shards
-    identical on its own GPU (`here` is the (pp stage, tp rank) that GPU had before, or
+    identical on its own GPU (`here` is the (pp stage, stage rank) that GPU had before, or
     None) and ("pull", p, slots, pieces, bytes, holders, volumes, states) for each group of
     pieces held by the same before TP ranks. The same for every replica: computed once per
     (q, u, here)."""
@@ -238,13 +243,14 @@ def _stage_recipe(model: Model, before: Placement, after: Placement, q: int, u: 
     for p, slots, counts, kinds in _overlaps(model, before, after, q):
         skip: frozenset[int] = frozenset()
         if here is not None and here[0] == p and before.offload == after.offload:
-            skip = kept_specs(model, before.tp, here[1], after.tp, u)
+            skip = kept_specs(model, before.tp, here[1], after.tp, u, before.ep, after.ep)
             pieces = tuple(Piece(i, b) for i in sorted(skip) if specs[i].kind in kinds
-                           for b in tp_boxes(specs[i].spec, after.tp, u))
+                           for b in rank_boxes(specs[i].spec, after.tp, after.ep, u))
             if pieces:
                 volumes = _volumes(specs, pieces)
                 out.append((KEEP, p, slots, pieces, _bytes(volumes, counts, element_bytes), (), volumes, states))
-        for holders, pieces, volumes in source_groups(model, before.tp, after.tp, u, kinds, skip):
+        for holders, pieces, volumes in source_groups(model, before.tp, after.tp, u, kinds, skip, before.ep,
+                                                      after.ep):
             out.append(("pull", p, slots, pieces, _bytes(volumes, counts, element_bytes), holders, volumes, states))
     return tuple(out)
 
@@ -337,10 +343,11 @@ def _build_stage(module: Module, index: int, info: StageInfo, allocs: list, free
     free_index: dict[tuple[int, int, int], int] = {}
     position: dict[int, tuple[int, int, int]] = {}
     near: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
-    before_bytes = {(p, t): shard_bytes(model, before, p, t) for p in range(before.pp) for t in range(before.tp)}
+    before_bytes = {(p, t): shard_bytes(model, before, p, t) for p in range(before.pp)
+                    for t in range(before.stage_width)}
     for r in range(before.dp):
         for p in range(before.pp):
-            for t in range(before.tp):
+            for t in range(before.stage_width):
                 g = before.gpu_of(r, p, t)
                 free_index[(r, p, t)] = len(frees)
                 nbytes = shard_bytes(model, before, p, t, r) if before.zero else before_bytes[(p, t)]
@@ -398,10 +405,11 @@ def _build_stage(module: Module, index: int, info: StageInfo, allocs: list, free
                                            states, memo)
         return recipes[key]
 
-    after_bytes = {(q, u): shard_bytes(model, after, q, u) for q in range(after.pp) for u in range(after.tp)}
+    after_bytes = {(q, u): shard_bytes(model, after, q, u) for q in range(after.pp)
+                   for u in range(after.stage_width)}
     for r in range(after.dp):
         for q in range(after.pp):
-            for u in range(after.tp):
+            for u in range(after.stage_width):
                 g = after.gpu_of(r, q, u)
                 alloc = len(allocs)
                 here = position.get(g)

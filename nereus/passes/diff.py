@@ -10,12 +10,12 @@ The primitives describe the structure of the move (summary, docs, controller); t
 each new unit needs are computed by box intersection of layouts in `dag`, so the data
 movement is exact whatever the decomposition. Rules (docs/passes.md has an example each):
 
-  - kept: an after-unit whose (tp, pp, GPU list) equals a before-unit's: no primitive.
-  - same unit shape (tp, pp unchanged): leftover after-units are Extended from live
+  - kept: an after-unit whose (tp, pp, ep, GPU list) equals a before-unit's: no primitive.
+  - same unit shape (tp, pp, ep unchanged): leftover after-units are Extended from live
     replicas; leftover before-units are Destroyed (a moved replica = Extend + Destroy).
-  - smaller units (tp·pp shrinks by k): each leftover before-unit Splits into k pieces;
+  - smaller units (tp·pp·ep shrinks by k): each leftover before-unit Splits into k pieces;
     pieces beyond the after-units needed are Destroyed, missing ones Extended.
-  - larger units (tp·pp grows by k): groups of k leftover before-units Merge into one
+  - larger units (tp·pp·ep grows by k): groups of k leftover before-units Merge into one
     after-unit; when there are too few, Extend first (paper Figure 5: Extend then Merge
     raises TP at constant DP); extra before-units are Destroyed.
   - shapes not multiples of each other (e.g. tp 4 pp 1 → tp 2 pp 3): Split every leftover
@@ -62,8 +62,8 @@ class StageDiff:
     @property
     def unchanged(self) -> bool:
         return self.before.gpus == self.after.gpus and (
-            self.before.dp, self.before.tp, self.before.pp, self.before.offload, self.before.zero) == (
-            self.after.dp, self.after.tp, self.after.pp, self.after.offload, self.after.zero)
+            self.before.dp, self.before.tp, self.before.pp, self.before.ep, self.before.offload, self.before.zero) == (
+            self.after.dp, self.after.tp, self.after.pp, self.after.ep, self.after.offload, self.after.zero)
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ def diff_plans(module: Module, source: str, target: str) -> Diff:
 def diff_stage(before: Placement, after: Placement) -> StageDiff:
     """The primitives turning `before`'s units into `after`'s (rules in the module docstring)."""
     name = str(before.model_stage)
-    same_shape = (before.tp, before.pp) == (after.tp, after.pp)
+    same_shape = (before.tp, before.pp, before.ep) == (after.tp, after.pp, after.ep)
     kept: list[tuple[int, int]] = []
     if same_shape:
         by_gpus = {before.replica_gpus(r): r for r in range(before.dp)}
@@ -102,7 +102,7 @@ def diff_stage(before: Placement, after: Placement) -> StageDiff:
     left_b = [r for r in range(before.dp) if r not in kept_b]
     left_a = [r for r in range(after.dp) if r not in kept_a]
     prims: list[Primitive] = []
-    size_b, size_a = before.tp * before.pp, after.tp * after.pp
+    size_b, size_a = before.tp * before.pp * before.ep, after.tp * after.pp * after.ep
 
     def extend(targets):
         if targets:

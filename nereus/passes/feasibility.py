@@ -38,6 +38,14 @@ response, h = hidden, a = heads, t = tp, L_p = layers on the GPU's PP stage, V =
     FlashAttention case), with `recompute full` 2·s·b·h (layer inputs only);
     for L_p layers, with 1F1B keeping (pp − stage) microbatches in flight on a stage;
     plus fp32 logits 4·b·s·V/t on the last stage (log-probs and entropy).
+  - mixture of experts (ep, qwen3_moe): expert weights count on the EP rank that holds
+    them (experts / ep whole experts per GPU, TP-split inside), with their grads and Adam
+    state in training, like every other weight; attention, router, embed and head on every
+    EP rank. Working memory adds the all-to-all "dispatch" buffers of one MoE layer,
+    2·tokens·experts_per_token·h·bytes (tokens sent to their experts and the outputs
+    returned; tokens = b·s in training and inference, the decode batch in generation), and
+    in generation the EP ranks of a replica decode batch/(dp·ep) sequences each (attention
+    is data-parallel across them). The MoE layer's activations use the dense formula above.
   - inference: one microbatch's forward: one layer's activations s·b·h·(34 + 5·a·s/h)/t
     (forward only; layer activations are not kept) plus fp32 logits 4·b·s·V/t on the last
     stage.
@@ -61,18 +69,19 @@ GIB = 1024**3
 
 
 @lru_cache(maxsize=4096)
-def _stage_params(model: Model, tp: int, pp: int, pp_stage: int) -> int:
-    """Parameters on one GPU of (tp, pp stage): the layout pass's exact shard sizes (every
-    TP rank of a stage holds the same amount, replicated KV heads included)."""
-    return shard_elements(model, tp, pp, pp_stage, 0)
+def _stage_params(model: Model, tp: int, pp: int, pp_stage: int, ep: int = 1) -> int:
+    """Parameters on one GPU of (tp, ep, pp stage): the layout pass's exact shard sizes
+    (every stage rank holds the same amount: replicated KV heads included, and each EP
+    rank experts / ep whole experts, as validation makes ep divide experts)."""
+    return shard_elements(model, tp, pp, pp_stage, 0, ep)
 
 
 def model_state_bytes_per_gpu(model: Model, stage: str, tp: int, pp: int, pp_stage: int, dp: int = 1,
-                              zero: int = 0, replica: int = 0) -> dict[str, int]:
-    """Resident bytes on one GPU of a unit at (tp, pp, pp_stage), by kind:
+                              zero: int = 0, replica: int = 0, ep: int = 1) -> dict[str, int]:
+    """Resident bytes on one GPU of a unit at (tp, pp, pp_stage, ep), by kind:
     {"weights": n} and, for training units, also "grads" and "optimizer" (under zero >= 1,
-    replica `replica`'s chunk of a dp-way split)."""
-    params = _stage_params(model, tp, pp, pp_stage)
+    replica `replica`'s chunk of a dp-way split; zero needs ep 1)."""
+    params = _stage_params(model, tp, pp, pp_stage, ep)
     out = {"weights": params * model.dtype_bytes}
     if stage == "training":
         owned = zero_shard_elements(model, tp, pp, pp_stage, 0, dp, replica) if zero >= 1 else params
@@ -99,10 +108,17 @@ def _activation_bytes_per_layer(model: Model, seq: int, micro: int, tp: int, rec
     return s * b * h * (34 + 5 * a * s / h) / tp
 
 
+def _dispatch_bytes(model: Model, tokens: int) -> int:
+    """One MoE layer's all-to-all buffers for `tokens` tokens on a GPU: each token is sent
+    to experts_per_token experts and their outputs come back (dispatch + combine), hidden
+    values each at the model dtype. 0 for a dense model."""
+    return 2 * tokens * model.experts_per_token * model.hidden * model.dtype_bytes if model.experts else 0
+
+
 def working_bytes_per_gpu(module: Module, model: Model, stage: str, dp: int, tp: int, pp: int,
-                          pp_stage: int) -> dict[str, int]:
-    """Working bytes on one GPU of a unit at (dp, tp, pp, pp_stage) during its own stage,
-    by kind ("kv_cache", "logits", "activations")."""
+                          pp_stage: int, ep: int = 1) -> dict[str, int]:
+    """Working bytes on one GPU of a unit at (dp, tp, pp, pp_stage, ep) during its own
+    stage, by kind ("kv_cache", "logits", "activations", "dispatch")."""
     workload = module.workload
     seq = workload.sequence
     lo, hi = pp_layer_range(model.layers, pp, pp_stage)
@@ -111,12 +127,15 @@ def working_bytes_per_gpu(module: Module, model: Model, stage: str, dp: int, tp:
     vocab = model.vocab if model.head == "lm" else 1
     micro = workload.microbatch
     if stage == "generation":
-        sequences = -(-workload.batch // dp)  # ceil: the largest replica share
+        # ceil: the largest share; the EP ranks of a replica decode different sequences
+        sequences = -(-workload.batch // (dp * ep))
         kv_per_rank = model.kv_heads // tp if tp <= model.kv_heads else 1
         per_token = 2 * layers_here * kv_per_rank * model.head_dim * model.dtype_bytes
         out = {"kv_cache": per_token * sequences * seq}
         if last:
             out["logits"] = 4 * sequences * vocab // tp
+        if layers_here and model.experts:
+            out["dispatch"] = _dispatch_bytes(model, sequences)  # one decode step's tokens
         return out
     act = _activation_bytes_per_layer(model, seq, micro, tp, workload.recompute)
     logits = 4 * micro * seq * vocab // tp if last else 0
@@ -131,6 +150,9 @@ def working_bytes_per_gpu(module: Module, model: Model, stage: str, dp: int, tp:
         out = {"activations": int(one_layer) if layers_here else 0}
     if logits:
         out["logits"] = logits
+    if layers_here and model.experts:
+        # one layer's all-to-all at a time (forward, and again in backward): not kept per layer
+        out["dispatch"] = _dispatch_bytes(model, micro * seq)
     return out
 
 
@@ -186,19 +208,20 @@ def _placement_contributions(module: Module, placement: Placement):
     stage = placement.model_stage.stage
     zero = placement.zero if stage == "training" else 0
     for p in range(placement.pp):
-        working = working_bytes_per_gpu(module, model, stage, placement.dp, placement.tp, placement.pp, p)
+        working = working_bytes_per_gpu(module, model, stage, placement.dp, placement.tp, placement.pp, p,
+                                        placement.ep)
         if zero >= 3:
             working = dict(working, gathered=gathered_bytes_per_gpu(model, placement.tp))
         for r in range(placement.dp) if zero else (None,):
             resident = model_state_bytes_per_gpu(model, stage, placement.tp, placement.pp, p, placement.dp, zero,
-                                                 r or 0)
+                                                 r or 0, ep=placement.ep)
             yield _gpus_of_pp_stage(placement, p, r), resident, working
 
 
 def _gpus_of_pp_stage(placement: Placement, pp_stage: int, replica=None):
     for r in range(placement.dp) if replica is None else (replica,):
-        for t in range(placement.tp):
-            yield placement.gpu_of(r, pp_stage, t)
+        for u in range(placement.stage_width):
+            yield placement.gpu_of(r, pp_stage, u)
 
 
 def resident_bytes_by_model_stage(module: Module, plan: Plan) -> dict[str, dict[int, int]]:

@@ -1,12 +1,17 @@
 """layout: (model, placement) → which box of each global tensor every GPU of every unit holds.
 
-Input: a `Model` and a `Placement` (dp × tp × pp on an ordered GPU list). Output: for an
-Elastic Model Unit (replica r) and a mesh position (pp stage p, tp rank t) on
-gpu(r, p, t) = gpus[r·pp·tp + p·tp + t], the list of boxes of each tensor it holds.
+Input: a `Model` and a `Placement` (dp × pp × ep × tp on an ordered GPU list). Output:
+for an Elastic Model Unit (replica r) and a mesh position (pp stage p, stage rank
+u = e·tp + t, where e is the EP rank and t the TP rank) on
+gpu(r, p, u) = gpus[r·pp·ep·tp + p·ep·tp + u], the list of boxes of each tensor it holds.
+With ep 1 the stage rank is the TP rank.
 
-Invariant (tested): per replica, the union over (p, t) of the boxes of a tensor is the
+Invariant (tested): per replica, the union over (p, u) of the boxes of a tensor is the
 whole tensor, and two boxes are either identical (replication: replicated tensors, KV heads
-when tp > kv_heads) or disjoint.
+when tp > kv_heads, non-expert tensors on the ep ranks) or disjoint. An expert's tensors
+(`TensorSpec.expert`) are held only by the EP rank that owns the expert
+(e = expert // (experts / ep)), split there by TP like any column/row tensor; every other
+tensor is held alike by all EP ranks (`rank_boxes`).
 
 Layouts are symbolic. A model's tensors live in *slots*: slot 0 holds the tensors before
 the first layer (embed), slot 1 + i holds layer i, slot layers + 1 holds final norm and
@@ -29,6 +34,8 @@ boxes are boxes again, so diff, DAG, lowering and the verifier need no new conce
 Megatron's alternative (contiguous ranges of one flattened, padded buffer per bucket)
 cuts rows and would need segments over flat views:
 it can be added as another partition function beside `zero_boxes`.
+Zero needs ep 1 (validation refuses it with expert parallelism), so under zero the stage
+rank is the TP rank.
 """
 
 from __future__ import annotations
@@ -162,17 +169,28 @@ def box_volume(box: Box) -> int:
     return n
 
 
-@lru_cache(maxsize=8192)
-def tp_volume(spec: TensorSpec, tp: int, rank: int) -> int:
-    return sum(box_volume(b) for b in tp_boxes(spec, tp, rank))
+@lru_cache(maxsize=16384)
+def rank_boxes(spec: TensorSpec, tp: int, ep: int, rank: int) -> tuple[Box, ...]:
+    """Boxes of `spec` held by stage rank `rank` (= ep rank · tp + tp rank) of an ep × tp
+    stage: an expert's tensor only on its owning EP rank (none elsewhere), everything else
+    on every EP rank; inside, TP's boxes (`tp_boxes`). Pure, cached."""
+    owner = spec.ep_owner(ep)
+    if owner is not None and rank // tp != owner:
+        return ()
+    return tp_boxes(spec, tp, rank % tp)
 
 
 @lru_cache(maxsize=8192)
-def kind_volume(model: Model, tp: int, rank: int) -> dict[str, int]:
-    """Elements held per slot of each kind by TP rank `rank` (one layer, the embed slot, the last slot)."""
+def tp_volume(spec: TensorSpec, tp: int, rank: int, ep: int = 1) -> int:
+    return sum(box_volume(b) for b in rank_boxes(spec, tp, ep, rank))
+
+
+@lru_cache(maxsize=8192)
+def kind_volume(model: Model, tp: int, rank: int, ep: int = 1) -> dict[str, int]:
+    """Elements held per slot of each kind by stage rank `rank` (one layer, the embed slot, the last slot)."""
     out = {"first": 0, "layer": 0, "last": 0}
     for slot_spec in slot_specs(model):
-        out[slot_spec.kind] += tp_volume(slot_spec.spec, tp, rank)
+        out[slot_spec.kind] += tp_volume(slot_spec.spec, tp, rank, ep)
     return out
 
 
@@ -204,10 +222,12 @@ def zero_boxes(spec: TensorSpec, tp: int, rank: int, dp: int, replica: int) -> t
 
 
 def held_boxes(spec: TensorSpec, placement: Placement, replica: int, rank: int, states: tuple[str, ...]):
-    """Boxes of `spec`'s tensors with suffixes `states` on TP rank `rank` of `replica`."""
+    """Boxes of `spec`'s tensors with suffixes `states` on stage rank `rank` of `replica`.
+    Sharded states have ep 1 (validation refuses zero with ep > 1), so there the stage rank
+    is the TP rank."""
     if is_sharded(placement, states):
         return zero_boxes(spec, placement.tp, rank, placement.dp, replica)
-    return tp_boxes(spec, placement.tp, rank)
+    return rank_boxes(spec, placement.tp, placement.ep, rank)
 
 
 @lru_cache(maxsize=None)
@@ -227,10 +247,10 @@ def zero_shard_elements(model: Model, tp: int, pp: int, stage: int, rank: int, d
     return sum(counts[k] * volume[k] for k in counts)
 
 
-def shard_elements(model: Model, tp: int, pp: int, stage: int, rank: int) -> int:
-    """Elements of every weight a GPU at (stage, rank) holds (per state)."""
+def shard_elements(model: Model, tp: int, pp: int, stage: int, rank: int, ep: int = 1) -> int:
+    """Elements of every weight a GPU at (stage, stage rank) holds (per state)."""
     counts = slot_counts(model, *stage_slots(model.layers, pp, stage))
-    volume = kind_volume(model, tp, rank)
+    volume = kind_volume(model, tp, rank, ep)
     return sum(counts[k] * volume[k] for k in counts)
 
 
@@ -240,7 +260,7 @@ def shard_bytes(model: Model, placement: Placement, stage: int, rank: int, repli
     gradients are not part of the
     moved state). `replica` matters only under zero (chunks may differ by one row)."""
     states = states_of(str(placement.model_stage))
-    elements = shard_elements(model, placement.tp, placement.pp, stage, rank)
+    elements = shard_elements(model, placement.tp, placement.pp, stage, rank, placement.ep)
     if placement.zero >= 1 and len(states) > 1:
         sharded = zero_shard_elements(model, placement.tp, placement.pp, stage, rank, placement.dp, replica)
         weights = sharded if placement.zero >= 3 else elements
@@ -249,11 +269,11 @@ def shard_bytes(model: Model, placement: Placement, stage: int, rank: int, repli
 
 
 def mesh_positions(placement: Placement) -> Iterator[tuple[int, int, int, int]]:
-    """(replica, pp stage, tp rank, gpu) for every GPU of the placement, in mesh order."""
+    """(replica, pp stage, stage rank, gpu) for every GPU of the placement, in mesh order."""
     i = 0
     for r in range(placement.dp):
         for p in range(placement.pp):
-            for t in range(placement.tp):
+            for t in range(placement.stage_width):
                 yield r, p, t, placement.gpus[i]
                 i += 1
 
@@ -272,7 +292,9 @@ def gpu_shards(model: Model, placement: Placement, stage: int, rank: int,
         for slot_spec in specs:
             if slot_spec.kind != kind:
                 continue
-            boxes = tp_boxes(slot_spec.spec, placement.tp, rank)
+            boxes = rank_boxes(slot_spec.spec, placement.tp, placement.ep, rank)
+            if not boxes:  # another EP rank's expert
+                continue
             chunk = zero_boxes(slot_spec.spec, placement.tp, rank, placement.dp, replica) if sharded else boxes
             name = slot_spec.name(model.name, slot)
             for suffix in states:

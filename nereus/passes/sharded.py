@@ -1,8 +1,10 @@
 """sharded: box geometry of state sharded over dp replicas (`zero 1` / `zero 3`), for `dag`.
 
-Input: a tensor pattern and the (tp, dp, zero) meshes of both sides. Output: the boxes an
-after (replica, TP rank) holds of a state group, cut into pieces each held by one
-set of before holders (`sharded_pieces`). Invariant: the pieces tile the after boxes, and
+Input: a tensor pattern and the (tp, dp, zero, ep) meshes of both sides. Output: the
+boxes an after (replica, stage rank) holds of a state group, cut into pieces each held by
+one set of before holders (`sharded_pieces`). A side that shards the group has ep 1
+(validation refuses zero with ep > 1), so its stage rank is its TP rank; the other side
+may have ep > 1 (experts whole on their EP rank, `rank_boxes`). Invariant: the pieces tile the after boxes, and
 each piece lies inside a box of every holder named for it. Pure and cached: the same for
 every layer.
 """
@@ -13,7 +15,7 @@ from functools import lru_cache
 
 from nereus.ir.model import Placement
 
-from .layout import Box, is_sharded, tp_boxes, zero_boxes
+from .layout import Box, is_sharded, rank_boxes, tp_boxes, zero_boxes
 
 
 def _cut(box: Box, holders: list[tuple[object, Box]]) -> list[tuple[Box, tuple]]:
@@ -51,36 +53,37 @@ def _cut(box: Box, holders: list[tuple[object, Box]]) -> list[tuple[Box, tuple]]
     return cells
 
 
-def mesh_key(placement: Placement, states: tuple[str, ...]) -> tuple[int, int, int]:
-    """(tp, dp, 1 if `states` are sharded over dp else 0): all that the boxes of a state
-    group depend on (a cache key that does not hash the GPU list)."""
-    return placement.tp, placement.dp, int(is_sharded(placement, states))
+def mesh_key(placement: Placement, states: tuple[str, ...]) -> tuple[int, int, int, int]:
+    """(tp, dp, 1 if `states` are sharded over dp else 0, ep): all that the boxes of a
+    state group depend on (a cache key that does not hash the GPU list)."""
+    return placement.tp, placement.dp, int(is_sharded(placement, states)), placement.ep
 
 
-def group_boxes(spec, mesh: tuple[int, int, int], replica: int, rank: int) -> tuple[Box, ...]:
-    """Boxes of `spec` that (replica, TP rank) holds of a state group with `mesh_key` `mesh`."""
-    tp, dp, zero = mesh
-    return zero_boxes(spec, tp, rank, dp, replica) if zero >= 1 else tp_boxes(spec, tp, rank)
+def group_boxes(spec, mesh: tuple[int, int, int, int], replica: int, rank: int) -> tuple[Box, ...]:
+    """Boxes of `spec` that (replica, stage rank) holds of a state group with `mesh_key`
+    `mesh`."""
+    tp, dp, zero, ep = mesh
+    return zero_boxes(spec, tp, rank, dp, replica) if zero >= 1 else rank_boxes(spec, tp, ep, rank)
 
 
 @lru_cache(maxsize=None)
-def sharded_pieces(spec, before: tuple[int, int, int], after: tuple[int, int, int], replica: int,
+def sharded_pieces(spec, before: tuple[int, int, int, int], after: tuple[int, int, int, int], replica: int,
                    rank: int) -> tuple[tuple[Box, tuple], ...]:
-    """The boxes of `spec`'s state group that (replica, TP rank `rank`) of the `after`
+    """The boxes of `spec`'s state group that (replica, stage rank `rank`) of the `after`
     mesh (`mesh_key`) holds, cut by their holders in the `before` mesh: ((box, holders),
-    ...), holders being TP ranks of any replica when `before` replicates the state,
+    ...), holders being stage ranks of any replica when `before` replicates the state,
     (replica, TP rank) pairs when it shards it. Pure, cached."""
     mine = group_boxes(spec, after, replica, rank)
     if not mine:
         return ()
-    tp, dp, zero = before
+    tp, dp, zero, ep = before
     if zero >= 1:
         holders = []
         for t in range(tp):
             for d in _chunks_touching(spec, tp, t, dp, mine):
                 holders.extend(((d, t), b) for b in zero_boxes(spec, tp, t, dp, d))
     else:
-        holders = [(t, b) for t in range(tp) for b in tp_boxes(spec, tp, t)]
+        holders = [(t, b) for t in range(tp * ep) for b in rank_boxes(spec, tp, ep, t)]
     return tuple(cell for box in mine for cell in _cut(box, holders))
 
 

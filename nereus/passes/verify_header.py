@@ -214,17 +214,18 @@ def _units(listed: list, side: str, tensors: dict, capacity: dict, stage_of: dic
             if g in gpus_of_stage[name]:
                 fail(f"{where}: GPU {g} already holds another replica of {name}")
         gpus_of_stage[name].update(gpus)
-        tp, pp = unit.get("tp", 1), unit.get("pp", len(gpus))
-        if not (is_int(tp) and is_int(pp) and tp > 0 and pp > 0 and tp * pp == len(gpus)):
-            fail(f"{where}: tp {tp!r} × pp {pp!r} must equal its {len(gpus)} GPUs")
+        tp, pp, ep = unit.get("tp", 1), unit.get("pp", len(gpus)), unit.get("ep", 1)
+        if not (is_int(tp) and is_int(pp) and is_int(ep) and tp > 0 and pp > 0 and ep > 0
+                and tp * pp * ep == len(gpus)):
+            fail(f"{where}: tp {tp!r} × pp {pp!r} × ep {ep!r} must equal its {len(gpus)} GPUs")
         offload = unit.get("offload", False)
         if not isinstance(offload, bool):
             fail(f"{where}: offload must be true or false")
         zero = unit.get("zero", 0)
         if zero not in (0, 1, 3) or zero and stage != "training":
             fail(f"{where}: zero {zero!r} must be 0, 1 or 3, and non-zero only on a training unit")
-        if shape_of_stage.setdefault(name, (tp, pp, offload, zero)) != (tp, pp, offload, zero):
-            fail(f"{where}: tp, pp, offload and zero differ from the other units of {name}")
+        if shape_of_stage.setdefault(name, (tp, pp, offload, zero, ep)) != (tp, pp, offload, zero, ep):
+            fail(f"{where}: tp, pp, ep, offload and zero differ from the other units of {name}")
         stage_of[(side, uid)] = name
         if offload:
             offloaded.add((side, uid))

@@ -37,7 +37,7 @@ def unit_json(model: Model, placement: Placement, replica: int, only: Optional[d
     messages touch)."""
     shards = []
     for p in range(placement.pp):
-        for t in range(placement.tp):
+        for t in range(placement.stage_width):
             g = placement.gpu_of(replica, p, t)
             if only is not None and g not in only:
                 continue
@@ -47,7 +47,10 @@ def unit_json(model: Model, placement: Placement, replica: int, only: Optional[d
                           if names is None or tensor in names)
     unit = {"id": unit_id(str(placement.model_stage), replica), "model_stage": str(placement.model_stage),
             "replica": replica, "gpus": list(placement.replica_gpus(replica)), "tp": placement.tp,
-            "pp": placement.pp, "offload": placement.offload}
+            "pp": placement.pp}
+    if placement.ep != 1:  # experts whole on their EP rank (docs/program.md)
+        unit["ep"] = placement.ep
+    unit["offload"] = placement.offload
     if placement.zero:  # optimizer state chunked over the dp units (docs/program.md)
         unit["zero"] = placement.zero
         unit["dp"] = placement.dp

@@ -52,12 +52,18 @@ def check_placement(p: Placement, world: int) -> None:
         raise SemanticError(
             f"{p.model_stage} uses GPU {max(p.gpus)} but only {world} processes run",
             p.loc, hint=f"run with --nproc {max(p.gpus) + 1} or more")
+    if p.ep != 1:  # the compiler lays out and moves EP state; the loop has no all-to-all yet
+        raise SemanticError(f"{p.model_stage}: the RL loop does not run expert parallelism (ep {p.ep}) yet",
+                            key_loc(p, "ep"), hint="the compiler accepts ep (nereusc); to train, use ep 1")
 
 
 def check_models(module: Module) -> None:
     """The workload's models read the tasks' tokens and have the head the loop uses."""
     for name in sorted({ms.model for ms in module.workload.model_stages()}):
         model = module.model(name)
+        if model.experts:
+            raise SemanticError(f"{name} is a mixture-of-experts {model.architecture}: the RL loop has no MoE "
+                                "forward yet", model.loc, hint="the compiler accepts it (nereusc); train a dense model")
         if model.vocab < TASK_TOKENS:
             where = f" (vocab_size of {model.checkpoint})" if model.checkpoint else ""
             raise SemanticError(f"{name} has vocab {model.vocab}{where} but the tasks use {TASK_TOKENS} tokens",

@@ -154,3 +154,19 @@ def test_cli_emits_one_rank(tmp_path):
     assert bad.exit_code == 2 and "rank 32 is not a GPU" in bad.output
     other = CliRunner().invoke(nereusc, [str(path), "--transition", "A->B", "--emit", "text", "--rank", "1"])
     assert other.exit_code == 2 and "--rank" in other.output
+
+
+def test_rank_programs_of_ep_units_with_several_replicas():
+    """ep 2 tp 2 with dp 2 (a replica spans pp·ep·tp GPUs), to dp 4 ep 1 zero 1: each rank's
+    program is the whole one filtered to it."""
+    from nereus.ir.model import Model
+
+    moe = Model("actor", "qwen3_moe", 2, 64, 4, 2, 96, 128, "bf16", qk_norm=True, experts=4,
+                experts_per_token=2, expert_ffn=32, norm_topk_prob=True)
+    ep = dataclasses.replace(place("actor.training", 2, 2, 2, [3, 2, 1, 0, 7, 6, 5, 4]), pp=1, ep=2)
+    zero = dataclasses.replace(place("actor.training", 4, 2, 1, range(8)), zero=1)
+    m = module(cluster(2, 4, 10**9), [moe], workload({"training": ["actor"]}), {"S": [ep], "T": [zero]})
+    compiled = compile_transition(m, "S", "T")
+    whole = program_json(compiled)
+    for rank in range(8):
+        assert rank_program_json(compiled, rank) == rank_view(whole, rank)

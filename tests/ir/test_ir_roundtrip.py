@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 import nereus.ir as ir
 from nereus.ir.gpuset import items_for
+from nereus.ir.model import MOE_ARCHITECTURES, ZERO_STAGES
 from nereus.ir.validate import valid_tps, validate_module
 
 EXAMPLES = sorted((Path(__file__).parents[2] / "examples").glob("*.nir"))
@@ -169,10 +170,15 @@ def model_lists(draw):
         if index == 0 or draw(st.booleans()):
             family = draw(st.sampled_from(sorted(ir.ARCHITECTURE_DEFAULTS)))
             fields = {**ir.ARCHITECTURE_DEFAULTS[family], **draw(architectures())}
+            if family in MOE_ARCHITECTURES:
+                experts = draw(st.integers(1, 16))
+                fields.update(experts=experts, experts_per_token=draw(st.integers(1, experts)),
+                              expert_ffn=8 * draw(st.integers(1, 40)))
             models.append(ir.Model(name=name, architecture=family, **fields))
             continue
         base = draw(st.sampled_from(models))
         fields = {k: getattr(base, k) for k in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "dtype", "head",
+                                                "experts", "experts_per_token", "expert_ffn", "norm_topk_prob",
                                                 *NUMERICS)}
         overridden = []
         if draw(st.booleans()):  # an alias that overrides some keys
@@ -219,10 +225,14 @@ def placements(draw, ms, model, cluster):
     tp = draw(st.sampled_from([t for t in valid_tps(model) if t <= total]))
     tied = model.tie_embeddings and model.head == "lm"  # embed and head on one stage
     pp = 1 if tied else draw(st.integers(1, min(model.layers, total // tp)))
-    dp = draw(st.integers(1, total // (tp * pp)))
-    gpus = draw(st.permutations(range(total)))[: dp * tp * pp]
+    eps = [e for e in range(1, model.experts + 1) if model.experts % e == 0 and e * tp * pp <= total] or [1]
+    ep = draw(st.sampled_from(eps))
+    dp = draw(st.integers(1, total // (tp * pp * ep)))
+    gpus = draw(st.permutations(range(total)))[: dp * tp * pp * ep]
     items = _encode(list(gpus), cluster.gpus_per_node, draw(st.booleans()))
-    return ir.Placement(ms, dp, tp, pp, tuple(gpus), items, draw(st.booleans()))
+    # zero: training only, and not with ep > 1 (validation refuses both)
+    zero = draw(st.sampled_from(ZERO_STAGES)) if ms.stage == "training" and ep == 1 else 0
+    return ir.Placement(ms, dp, tp, pp, tuple(gpus), items, draw(st.booleans()), zero, ep=ep)
 
 
 @st.composite

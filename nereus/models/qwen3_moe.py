@@ -1,0 +1,77 @@
+"""Qwen3-MoE (transformers' Qwen3MoeForCausalLM; Qwen3-30B-A3B, Qwen3-235B-A22B): qwen3's
+attention (per-head q/k RMSNorm, head_dim from the config) and, in place of the dense MLP,
+a router over `experts` SwiGLU experts of width `expert_ffn`, of which each token uses
+`experts_per_token` (weights renormalized to sum to 1 when `norm_topk_prob`). Every layer
+is sparse (decoder_sparse_step 1, no mlp_only_layers, as published); there is no shared
+expert.
+
+Table: qwen3's attention and norms, then per layer (E = experts, F = expert_ffn)
+
+    layers.{i}.mlp.router.weight                 [E, hidden]     replicated
+    layers.{i}.mlp.experts.{e}.gate_up.weight    [2*F, hidden]   column, parts gate|up, expert e
+    layers.{i}.mlp.experts.{e}.down.weight       [hidden, F]     row, expert e
+
+for e in 0..E-1 (the expert index is written out in the pattern; only `{i}` is left).
+
+Sharding rules (Megatron-LM's expert parallelism): attention, norms, router, embed and
+head are sharded by TP exactly as in qwen3 and replicated on every EP rank; expert e is
+held whole by EP rank e // (E / ep) only, and inside that rank split by TP as Megatron's
+expert MLP (gate_up by column, part-wise; down by row). The layout pass applies this
+through `TensorSpec.expert`.
+
+HF names: the per-expert names of the published checkpoints and of transformers 4.x
+(`model.layers.{i}.mlp.experts.{e}.gate_proj.weight`, `up_proj`, `down_proj`, the router
+`model.layers.{i}.mlp.gate.weight`). transformers 5 stacks them at load time into
+`mlp.experts.gate_up_proj` [E, 2F, hidden] and `mlp.experts.down_proj` [E, hidden, F];
+the element counts are the same.
+
+Forward: not implemented yet (the runtime's expert dispatch is future work); the compiler
+needs only the table.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Optional
+
+from nereus.ir.model import Model
+
+from .llama import HF_NAMES as _DENSE_HF_NAMES
+from .llama import _layer_pattern
+from .llama import edge_tensors  # noqa: F401  (the family's edge tensors are llama's)
+from .tensors import COLUMN, REPLICATED, ROW, FusedPart, TensorSpec
+
+
+def layer_tensors(model: Model) -> tuple[TensorSpec, ...]:
+    """One layer's tensors with `layers.{i}` as a pattern (see nereus.models.tensors)."""
+    return _moe_layer_pattern(model.hidden, model.heads, model.kv_heads, model.head_dim, model.dtype,
+                              model.qk_norm, model.experts, model.expert_ffn)
+
+
+@lru_cache(maxsize=64)
+def _moe_layer_pattern(hidden: int, heads: int, kv_heads: int, head_dim: int, dtype: str, qk_norm: bool,
+                       experts: int, expert_ffn: int) -> tuple[TensorSpec, ...]:
+    # qwen3's attention block: llama's pattern up to (not including) its dense MLP
+    dense = _layer_pattern(hidden, heads, kv_heads, head_dim, 1, dtype, False, qk_norm)
+    attention = tuple(t for t in dense if ".mlp." not in t.name)
+    parts = (FusedPart("gate", expert_ffn, expert_ffn), FusedPart("up", expert_ffn, expert_ffn))
+    moe = [TensorSpec("layers.{i}.mlp.router.weight", (experts, hidden), dtype, REPLICATED, None)]
+    for e in range(experts):
+        moe.append(TensorSpec(f"layers.{{i}}.mlp.experts.{e}.gate_up.weight", (2 * expert_ffn, hidden), dtype, COLUMN,
+                              None, parts, expert=e, experts=experts))
+        moe.append(TensorSpec(f"layers.{{i}}.mlp.experts.{e}.down.weight", (hidden, expert_ffn), dtype, ROW, None,
+                              expert=e, experts=experts))
+    return attention + tuple(moe)
+
+
+def hf_names(model: Model) -> tuple[tuple[str, str, Optional[str]], ...]:
+    """(HF pattern, Nereus pattern, fused part) of `model`: qwen3's without the dense MLP,
+    plus the router and every expert's projections (expert indices written out)."""
+    names = [entry for entry in _DENSE_HF_NAMES if ".mlp." not in entry[0]]
+    names.append(("model.layers.{i}.mlp.gate.weight", "layers.{i}.mlp.router.weight", None))
+    for e in range(model.experts):
+        hf, local = f"model.layers.{{i}}.mlp.experts.{e}", f"layers.{{i}}.mlp.experts.{e}"
+        names += [(f"{hf}.gate_proj.weight", f"{local}.gate_up.weight", "gate"),
+                  (f"{hf}.up_proj.weight", f"{local}.gate_up.weight", "up"),
+                  (f"{hf}.down_proj.weight", f"{local}.down.weight", None)]
+    return tuple(names)
