@@ -29,6 +29,10 @@ HF_ARCHITECTURES: dict[str, str] = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Qwen3MoeForCausalLM": "qwen3_moe",
+    # reward models and critics: the same body with a scalar `score` head (`head value`)
+    "LlamaForSequenceClassification": "llama",
+    "Qwen2ForSequenceClassification": "qwen2",
+    "Qwen3ForSequenceClassification": "qwen3",
 }
 HF_DTYPES: dict[str, str] = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 # config.json field -> Model field, for the plain integer sizes
@@ -204,6 +208,12 @@ def read_hf_config(word: Word, path: str, nir_file: str) -> HfConfig:
     family = _architecture(read)
     _reject_unsupported(read, family)
     fields: dict = {"architecture": family}
+    if config["architectures"][0].endswith("ForSequenceClassification"):
+        labels = config.get("id2label") or {"0": "LABEL_0"}
+        if config.get("num_labels", len(labels)) != 1:
+            raise read.unsupported("id2label", labels, "a reward model or critic scores with one label "
+                                                       "(`num_labels=1`, Nereus' `head value`)")
+        fields["head"] = "value"
     for hf_key, key in _SIZES:
         fields[key] = read.int(hf_key)
     fields["kv_heads"] = read.int("num_key_value_heads", fields["heads"])

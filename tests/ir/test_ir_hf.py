@@ -209,3 +209,21 @@ def test_a_hash_inside_the_path_is_not_a_comment(tmp_path):
     formatted = ir.format_source(text, str(tmp_path / "plan.nir"))
     assert 'model actor = hf("run#2")  # Qwen2.5' in formatted
     assert ir.parse_source(formatted, str(tmp_path / "plan.nir")).model("actor").architecture == "qwen2"
+
+
+def test_sequence_classification_checkpoints_are_value_heads(checkpoints):
+    """Reward models are saved as ...ForSequenceClassification with one label: the same
+    body and a scalar `score` head, which is Nereus' `head value`."""
+    directory = checkpoints / "ckpt" / "Qwen2.5-7B"
+    config = json.loads((directory / "config.json").read_text())
+    config["architectures"] = ["Qwen2ForSequenceClassification"]
+    config["id2label"] = {"0": "LABEL_0"}
+    (directory / "config.json").write_text(json.dumps(config))
+    actor = _parse(checkpoints, _module('model actor = hf("ckpt/Qwen2.5-7B")', "actor.training dp 8 on 0..7")) \
+        .model("actor")
+    assert (actor.architecture, actor.head, actor.qkv_bias) == ("qwen2", "value", True)
+    config["id2label"] = {"0": "bad", "1": "good"}
+    (directory / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ir.SemanticError, match="id2label .* is not supported") as err:
+        _parse(checkpoints, _module('model actor = hf("ckpt/Qwen2.5-7B")', "actor.training dp 8 on 0..7"))
+    assert "one label" in err.value.hint
