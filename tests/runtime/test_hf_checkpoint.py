@@ -138,4 +138,7 @@ def test_each_rank_reads_about_its_own_shards(tmp_path):
           f"{[round(b / 2**20, 1) for b in figures['peak_growth']]} MiB")
     for shard, growth in zip(figures["shard_bytes"], figures["peak_growth"]):
         assert shard < file_bytes / 3  # tp 4: a quarter of the model, plus the replicated norms
-        assert growth < shard + 8 * 2**20  # the shards and allocator slack, not the file
+        # nearer the rank's shards than the whole file (a loader that reads the file grows by
+        # >= file_bytes); seen: 42.7 MiB on a quiet dev box, 58.7 MiB in a fresh CI venv, for
+        # 38 MiB of shards out of a 151 MiB file
+        assert growth < (shard + file_bytes) / 2
