@@ -22,11 +22,7 @@ from nereus.ir.model import Module
 # the reader lives with the IR; re-exported here beside the emitter for old callers
 from nereus.ir.program import FORMAT, VERSION, JsonProgram, program_from_json  # noqa: F401
 # units are derived from the plans where the verifier derives them too
-from nereus.passes.world import placement_units, unit_json  # noqa: F401
-
-
-def _box(box) -> list[list[int]]:
-    return [[lo, hi] for lo, hi in box]
+from nereus.passes.world import box_json, placement_units, unit_json  # noqa: F401
 
 
 def plan_units_json(module: Module, plan_name: str, model_stage: Optional[str] = None) -> list[dict]:
@@ -66,7 +62,7 @@ def _segments(dag, x) -> Iterator[dict]:
             if spec.kind != kind:
                 continue
             name = spec.name(model.name, slot)
-            box = _box(piece.box)
+            box = box_json(piece.box)
             for suffix in x.states:
                 yield {"tensor": name + suffix, "box": box, "src_unit": src, "dst_unit": dst}
 

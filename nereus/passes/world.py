@@ -22,7 +22,8 @@ from .feasibility import placement_resident_bytes
 from .layout import gpu_shards, states_of, tensor_entries, unit_id
 
 
-def _box(box) -> list[list[int]]:
+def box_json(box) -> list[list[int]]:
+    """A box as JSON program v1 writes it: [[lo, hi], ...] per dimension."""
     return [[lo, hi] for lo, hi in box]
 
 
@@ -42,7 +43,7 @@ def unit_json(model: Model, placement: Placement, replica: int, only: Optional[d
             if only is not None and g not in only:
                 continue
             names = None if only is None else only[g]
-            shards.extend({"gpu": g, "tensor": tensor, "boxes": [_box(b) for b in boxes]}
+            shards.extend({"gpu": g, "tensor": tensor, "boxes": [box_json(b) for b in boxes]}
                           for tensor, boxes in gpu_shards(model, placement, p, t, replica)
                           if names is None or tensor in names)
     unit = {"id": unit_id(str(placement.model_stage), replica), "model_stage": str(placement.model_stage),

@@ -8,11 +8,8 @@ from dataclasses import replace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from builders import cluster, module, place, workload
-from nereus.backends.json_program import program_json
+from builders import assert_moves_the_lower_bound, cluster, module, place, workload
 from nereus.ir.model import Model
-from nereus.passes import compile_transition
-from nereus.passes.verify import verify_program
 
 
 def _moe(name: str, layers: int, experts: int, kv: int) -> Model:
@@ -53,9 +50,4 @@ def moe_plan_pairs(draw):
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(moe_plan_pairs())
 def test_random_moe_transitions_compile_and_verify(m):
-    compiled = compile_transition(m, "S", "T")
-    report = verify_program(program_json(compiled))
-    summary = compiled.summary
-    sent = summary["bytes"]["intra_node"] + summary["bytes"]["inter_node"]
-    assert sent == summary["lower_bound_bytes"]
-    assert report.bytes_moved == summary["bytes"]["total"]
+    assert_moves_the_lower_bound(m)

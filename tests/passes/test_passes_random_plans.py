@@ -8,7 +8,7 @@ import dataclasses
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from builders import cluster, llama, module, place, workload
+from builders import assert_moves_the_lower_bound, cluster, llama, module, place, workload
 from nereus.passes import compile_transition
 from nereus.backends.json_program import program_json
 from nereus.passes.verify import verify_program
@@ -50,13 +50,7 @@ def plan_pairs(draw):
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(plan_pairs())
 def test_random_transitions_compile_and_verify(m):
-    compiled = compile_transition(m, "S", "T")
-    report = verify_program(program_json(compiled))
-    summary = compiled.summary
-    # sends never move less than the bytes whose owner changes, and ours move exactly that
-    sent = summary["bytes"]["intra_node"] + summary["bytes"]["inter_node"]
-    assert sent == summary["lower_bound_bytes"]
-    assert report.bytes_moved == summary["bytes"]["total"]
+    assert_moves_the_lower_bound(m)
 
 
 def _peak_need(m, plan_name):
