@@ -21,7 +21,8 @@ Per case, all measured in the same process group; every time is barrier to barri
 the devices synchronized (`Env.timed`), the slowest rank:
 - nereus_cold_s: the first `transition` of a fresh Runtime (compile and lowering
   included; `process_cold` marks the first case, which also pays the process's first
-  pack kernels and NCCL links); nereus_s: median of `--repeats` warm A -> B calls (the
+  pack kernels; runtime_init_s: constructing its Runtime, which creates and connects
+  the data communicators); nereus_s: median of `--repeats` warm A -> B calls (the
   way back in between, nereus_reverse_s) with the default rollback; `modes`: the same for
   each of `--modes`; nereus_prepared_s: a fresh Runtime on the same tensors, `prepare("B")`
   untimed (nereus_prepare_s), then the timed call; nereus_exec_s: the executor's own
@@ -194,7 +195,8 @@ def run_case(env: Env, case: str, args, shape: dict, bw: dict, progress=lambda o
     module, models, layers, peak = fit_case(case, env.world, mem, shape, args.layers, budget)
     stages = [f"{m}.training" for m in models]
     env.log(f"{case}: {'+'.join(models)}, {layers} layers, estimated peak {peak / 1e9:.1f} GB per GPU")
-    rt = Runtime(module, "A", device=env.device, timeout_s=args.timeout_s)
+    # constructing the Runtime creates and connects its data communicators (NCCL)
+    rt, init_s = env.timed(lambda: Runtime(module, "A", device=env.device, timeout_s=args.timeout_s))
     units = {ms: (plan_units_json(module, "A", ms), plan_units_json(module, "B", ms)) for ms in stages}
     specs = {ms: full_specs(module, ms) for ms in stages}
     for ms in stages:
@@ -251,7 +253,7 @@ def run_case(env: Env, case: str, args, shape: dict, bw: dict, progress=lambda o
            "nereus_s": default["wall_s"], "nereus_times_s": default["walls"], "nereus_exec_s": default["exec_s"],
            "nereus_reverse_s": default["reverse_s"],
            "nereus_cold_s": cold_wall, "nereus_cold_exec_s": cold.max_seconds, "nereus_cold_compile_s": cold.compile_s,
-           "process_cold": first_case, "nereus_prepared_s": prepared_wall, "nereus_prepared_exec_s": prepared.max_seconds,
+           "process_cold": first_case, "runtime_init_s": init_s, "nereus_prepared_s": prepared_wall, "nereus_prepared_exec_s": prepared.max_seconds,
            "nereus_prepare_s": env.slowest(prep["seconds"]), "prepared_kernels": prep["kernels"],
            "modes": {m: {k: v for k, v in d.items() if k != "report"} for m, d in modes.items()},
            "rounds": len(warm.rounds), "bytes_moved": warm.total_bytes_sent,

@@ -27,6 +27,7 @@ exchange), or the environment variable NEREUS_FAULT="rank:round:phase".
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import traceback
@@ -38,7 +39,7 @@ import torch.distributed as dist
 
 from nereus.ir.diagnostics import ProgramError
 
-from . import packing
+from . import packing, streams
 from .control import Failure, agree
 from .posting import p2p_ops as _p2p_ops, post as _post
 from .parking import ROLLBACK_MODES, Parking, default_rollback, park_plan, real_room, restore_parked
@@ -137,7 +138,8 @@ def execute(prog: RankProgram, before: dict, *, group, control, device: torch.de
             resident_bytes: int = 0, verify: bool = False, progress: bool = False,
             fault=None, rollback: Optional[str] = None, park_device_types=("cuda",),
             round_hook: Optional[Callable[[int], None]] = None,
-            capacity_bytes: Optional[int] = None) -> ExecutionResult:
+            capacity_bytes: Optional[int] = None, chunk_bytes: Optional[int] = None,
+            depth: Optional[int] = None) -> ExecutionResult:
     """Collective over `group` (data; or a list of data groups over the same ranks, whose
     communicators then move a round's ops concurrently) and `control` (gloo).
 
@@ -159,7 +161,9 @@ def execute(prog: RankProgram, before: dict, *, group, control, device: torch.de
     rollback="auto" (default on CUDA): "host" only for the units `park_plan` picks (the
     replay has no room for them within `capacity_bytes` and the device's free memory),
     "device" for the others. `park_device_types={"cpu"}` makes CPU tensors take the host
-    path (tests). `round_hook(index)` runs on this rank after each round."""
+    path (tests). `round_hook(index)` runs on this rank after each round. chunk_bytes,
+    depth: the packed streams' chunk size and ring depth (streams.py; default
+    streams.CHUNK_BYTES and streams.DEPTH); sender and receiver must pass the same."""
     rollback = default_rollback(device) if rollback is None else rollback
     if rollback not in ROLLBACK_MODES:
         raise ProgramError(f"unknown rollback mode {rollback!r}", hint="use rollback='host' or 'device'")
@@ -171,7 +175,8 @@ def execute(prog: RankProgram, before: dict, *, group, control, device: torch.de
         parking = Parking(prog, before, park_device_types, park_plan(prog, resident_bytes, capacity_bytes, room))
     try:
         result = _execute(prog, before, parking, group, control, torch.device(device), resident_bytes, verify,
-                          progress, _fault_spec(fault), round_hook)
+                          progress, _fault_spec(fault), round_hook,
+                          (chunk_bytes or streams.CHUNK_BYTES, depth or streams.DEPTH))
     except BaseException as error:
         # the finished frames in the traceback still hold the new shards and the buffers:
         # clear them so the device memory is free before the old shards come back
@@ -210,9 +215,10 @@ class _Run:
 
 
 def _execute(prog, before, parking, group, control, device, resident_bytes, verify, progress, fault,
-             round_hook) -> ExecutionResult:
+             round_hook, chunking) -> ExecutionResult:
     started = time.perf_counter()
     run = _Run(prog, before, parking, group, control, device, _Live(resident_bytes), verify, fault)
+    run.chunk_bytes, run.depth = chunking
     try:
         _check_before(prog, before)
         _count_before(run)
@@ -266,7 +272,7 @@ def _round(run: _Run, work) -> RoundTiming:
     t0 = time.perf_counter()
     step = "alloc"
     peer = None
-    sends, recvs = [], []
+    sends, recvs, out_streams, in_streams = [], [], [], []
     try:
         if run.failure is not None:  # an earlier round failed here: go straight to agree
             raise _Skip()
@@ -291,7 +297,9 @@ def _round(run: _Run, work) -> RoundTiming:
         for msg in work.recvs:
             step, peer = "alloc recv", msg.peer
             recvs.append(_incoming(msg, prog, new, live, device))
-        peer = None
+        step, peer = "alloc stream buffers", None
+        out_streams = _streams(sends, device, run.chunk_bytes, run.depth)
+        in_streams = _streams(recvs, device, run.chunk_bytes, run.depth)
         if fault == (rank, work.index, "pack"):
             raise InjectedFault("injected fault (pack)")
     except _Skip:
@@ -301,30 +309,42 @@ def _round(run: _Run, work) -> RoundTiming:
     timing.local_s = time.perf_counter() - t0
     agree(run.failure, run.control, prog.source, prog.target)
     sums_in = []
-    buffers = sum(w.buffer.numel() for w in sends + recvs if w.buffer is not None)
+    buffers = sum(s.buffer_bytes for s in out_streams + in_streams)
     result.buffer_peak_bytes = max(result.buffer_peak_bytes, buffers)
     live.peak = max(live.peak, live.bytes + buffers)  # transient message buffers count too
 
     t1 = time.perf_counter()
     group = run.group
     try:
-        # Large pieces go first, straight from and into the shards, so they travel while
-        # the small pieces are packed; then the packed buffers; then same-GPU copies.
-        # Every rank posts every op of the round whatever happens locally (sizes come
-        # from the program), so a local failure here cannot leave a peer waiting: it
-        # is recorded and aborts the transition at the next agreement.
-        requests = _post(_p2p_ops(sends, dist.isend, group, True), _p2p_ops(recvs, dist.irecv, group, True))
+        # Large pieces go first, straight from and into the shards; then the per-peer
+        # streams of the packed pieces (streams.py: chunked, packing overlaps sending);
+        # same-GPU copies run meanwhile (on a side stream on CUDA). Every rank posts every
+        # op of the round whatever happens locally (sizes come from the program), so a
+        # local failure here cannot leave a peer waiting: it is recorded and aborts the
+        # transition at the next agreement.
+        requests = _post(_p2p_ops(sends, dist.isend, group), _p2p_ops(recvs, dist.irecv, group))
         late_error = None
         try:
             if fault == (rank, work.index, "post"):
                 raise InjectedFault("injected fault (post)")
-            for w in sends:
-                if w.buffer is not None:
-                    step, peer = "pack send", w.msg.peer
-                    packing.pack(w.packed, w.offsets, w.buffer.numel(), out=w.buffer)
-        except Exception as error:  # noqa: BLE001 - post the (garbage) buffers anyway
+        except Exception as error:  # noqa: BLE001 - the streams are posted anyway
             late_error = (step, peer, error)
-        out_ops, in_ops = _p2p_ops(sends, dist.isend, group, False), _p2p_ops(recvs, dist.irecv, group, False)
+        side = _copy_stream(device) if work.copies else None
+        try:
+            with torch.cuda.stream(side) if side is not None else _nothing():
+                for piece in work.copies:  # same-GPU copies overlap the transfers
+                    step, peer = f"copy {piece.tensor} {piece.src_unit} -> {piece.dst_unit}", None
+                    new[piece.dst_unit][piece.tensor][piece.dst_slices].copy_(
+                        sources[piece.src_unit][piece.tensor][piece.src_slices])
+                    run.written[(piece.dst_unit, piece.tensor)] = \
+                        run.written.get((piece.dst_unit, piece.tensor), 0) + piece.numel
+                    result.copied_bytes += piece.nbytes
+        except Exception as error:  # noqa: BLE001
+            late_error = late_error or (step, peer, error)
+        step, peer = "exchange", None
+        streamed = streams.exchange(out_streams, in_streams, group, depth=run.depth)
+        late_error = late_error or streamed
+        out_ops, in_ops = [], []
         if run.verify:  # after every data op of its peer: the last batch, on the first data group
             group = group[0] if isinstance(group, (list, tuple)) else group
             for w in sends:
@@ -337,17 +357,11 @@ def _round(run: _Run, work) -> RoundTiming:
                 in_ops.append((1 << 30, dist.P2POp(dist.irecv, sums, w.msg.peer, group, _VERIFY_TAG + w.msg.op_index)))
         requests += _post(out_ops, in_ops)
         try:
-            for piece in work.copies:  # same-GPU copies overlap the transfers
-                step, peer = f"copy {piece.tensor} {piece.src_unit} -> {piece.dst_unit}", None
-                new[piece.dst_unit][piece.tensor][piece.dst_slices].copy_(
-                    sources[piece.src_unit][piece.tensor][piece.src_slices])
-                run.written[(piece.dst_unit, piece.tensor)] = run.written.get((piece.dst_unit, piece.tensor), 0) \
-                    + piece.numel
-                result.copied_bytes += piece.nbytes
-        finally:
-            step, peer = "exchange", None
             for req in requests:
                 req.wait()
+        finally:
+            if side is not None:
+                torch.cuda.current_stream(device).wait_stream(side)
         if late_error is not None:
             step, peer = late_error[0], late_error[1]
             raise late_error[2]
@@ -355,8 +369,6 @@ def _round(run: _Run, work) -> RoundTiming:
         t2 = time.perf_counter()
         for i, w in enumerate(recvs):
             step, peer = "unpack recv", w.msg.peer
-            if w.buffer is not None:
-                packing.unpack(w.buffer, w.packed, w.offsets)
             for p in w.msg.pieces:
                 run.written[(p.dst_unit, p.tensor)] = run.written.get((p.dst_unit, p.tensor), 0) + p.numel
             if run.verify:
@@ -418,11 +430,10 @@ _VERIFY_TAG = 1 << 24
 
 @dataclass
 class _Wire:
-    """A message on the wire: one packed buffer (small pieces) plus direct pieces."""
+    """A message on the wire: direct pieces (sent from / received into the shards in
+    place) and packed pieces (they travel in the peer's stream, see streams.py)."""
 
     msg: Message
-    buffer: Optional[torch.Tensor]  # uint8, None when every piece is direct
-    offsets: tuple
     packed: list  # views of the packed pieces (sources when sending, shards when receiving)
     direct: list  # contiguous views sent from / received into in place
     views: list  # every piece's view, in message order (checksums)
@@ -434,18 +445,44 @@ def _outgoing(msg: Message, sources: dict, device) -> _Wire:
     direct = [v.to(device) for v, p in zip(views, msg.pieces) if p.direct]  # staged: host → device
     if not all(v.is_contiguous() for v in direct):
         raise ProgramError("a direct piece is not contiguous in its source tensor")
-    offsets, total = packing.layout([p.nbytes for p in msg.pieces if not p.direct])
-    buffer = torch.empty(total, dtype=torch.uint8, device=device) if packed else None  # packed after the agreement
-    return _Wire(msg, buffer, offsets, packed, direct, views)
+    return _Wire(msg, packed, direct, views)
 
 
 def _incoming(msg: Message, prog: RankProgram, new: dict, live: "_Live", device) -> _Wire:
     views = [_dst(prog, new, live, device, p)[p.dst_slices] for p in msg.pieces]
     packed = [v for v, p in zip(views, msg.pieces) if not p.direct]
     direct = [v for v, p in zip(views, msg.pieces) if p.direct]
-    offsets, total = packing.layout([p.nbytes for p in msg.pieces if not p.direct])
-    buffer = torch.empty(total, dtype=torch.uint8, device=device) if packed else None
-    return _Wire(msg, buffer, offsets, packed, direct, views)
+    return _Wire(msg, packed, direct, views)
+
+
+def _streams(wires: list, device, chunk_bytes: int, depth: int) -> list:
+    """One PeerStream per peer: the packed pieces of its messages, in message order
+    (sender and receiver enumerate a round's messages to each other alike)."""
+    views: dict = {}
+    for w in wires:
+        views.setdefault(w.msg.peer, []).extend(w.packed)
+    out = [streams.PeerStream(peer, v, device, chunk_bytes, depth) for peer, v in views.items()]
+    return [s for s in out if s.chunks]
+
+
+_COPY_STREAMS: dict = {}
+
+
+def _copy_stream(device: torch.device):
+    """The side stream same-GPU copies run on (CUDA), after the work queued so far; None
+    off CUDA (the copies then run inline)."""
+    if device.type != "cuda":
+        return None
+    if device not in _COPY_STREAMS:
+        _COPY_STREAMS[device] = torch.cuda.Stream(device)
+    side = _COPY_STREAMS[device]
+    side.wait_stream(torch.cuda.current_stream(device))
+    return side
+
+
+@contextlib.contextmanager
+def _nothing():
+    yield
 
 
 def _allocate(prog: RankProgram, unit: str, new: dict, live: _Live, device, aliased: set) -> None:

@@ -11,25 +11,21 @@ import os
 
 import torch.distributed as dist
 
-PACKED_TAG = 1 << 20  # tags of packed buffers start here (direct pieces: from 0)
-
-
-def p2p_ops(wires: list, fn, groups, direct: bool) -> list:
-    """[(index, op)]: the p2p ops of some messages, their direct pieces or their packed
-    buffers, each with its index among this direction's ops to the same peer. Tags are
-    those indices (plus a base), which the sender and the receiver enumerate identically
-    (gloo matches on tags, NCCL on order). With several data groups (communicators), op
-    `index` goes over group index % len(groups): each group sees a subsequence in the same
-    order on both sides, and the groups' streams move their ops concurrently."""
+def p2p_ops(wires: list, fn, groups) -> list:
+    """[(index, op)]: the p2p ops of the direct pieces of some messages (the packed
+    pieces travel in per-peer streams, see streams.py), each with its index among this
+    direction's ops to the same peer. Tags are those indices, which the sender and the
+    receiver enumerate identically (gloo matches on tags, NCCL on order). With several
+    data groups (communicators), op `index` goes over group index % len(groups): each
+    group sees a subsequence in the same order on both sides, and the groups' streams
+    move their ops concurrently."""
     groups = groups if isinstance(groups, (list, tuple)) else [groups]
     ops, count = [], {}
-    base = 0 if direct else PACKED_TAG
     for w in wires:
-        tensors = w.direct if direct else ([w.buffer] if w.buffer is not None else [])
-        for t in tensors:
+        for t in w.direct:
             n = count.get(w.msg.peer, 0)
             count[w.msg.peer] = n + 1
-            ops.append((n, dist.P2POp(fn, t, w.msg.peer, groups[n % len(groups)], base + n)))
+            ops.append((n, dist.P2POp(fn, t, w.msg.peer, groups[n % len(groups)], n)))
     return ops
 
 

@@ -4,7 +4,10 @@
 with this module: compiles the pack kernels for the message shapes of this rank's
 program (`warm_kernels`), opens the point-to-point links to every peer of the program
 and the data group's communicator (`warm_links`), and fills the pinned host allocator's
-cache with blocks for the shards the program would park (`warm_parking`). After it,
+cache with blocks for the shards the program would park (`warm_parking`), and the
+device caching allocator's with blocks of the sizes the transition allocates
+(`reserve_memory`). `data_groups` creates the data communicators once per process and
+connects every pair of ranks on each (`warm_groups`). After it,
 `transition(target)` pays no first-use cost. Input of each: this rank's RankProgram;
 output: a count for the report; invariant: no registered tensor is read or written.
 """
@@ -17,7 +20,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from . import packing
+from . import packing, streams
 from .program import RankProgram
 
 _WARM_TAG = 1 << 26
@@ -42,7 +45,25 @@ def data_groups(device, timeout_s: float, count: Optional[int] = None):
     # communicators whose links are already open (every rank creates them in the same order)
     if count not in _GROUPS:
         _GROUPS[count] = [None] + [dist.new_group(timeout=timedelta(seconds=timeout_s)) for _ in range(count - 1)]
+        warm_groups(_GROUPS[count], device)
     return _GROUPS[count]
+
+
+def warm_groups(groups: list, device) -> None:
+    """Collective: one tiny exchange with every other rank on each group, now. NCCL
+    creates a communicator and its point-to-point connections on first use (about 0.2 s
+    each on 2 H200s), which would otherwise land in the process's first transition."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for group in groups:
+        ops = []
+        for peer in range(world):
+            if peer != rank:
+                ops.append(dist.P2POp(dist.isend, torch.ones(1, device=device), peer, group, _WARM_TAG))
+                ops.append(dist.P2POp(dist.irecv, torch.empty(1, device=device), peer, group, _WARM_TAG))
+        for req in dist.batch_isend_irecv(ops) if ops else []:
+            req.wait()
+    if torch.device(device).type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
 
 
 _GROUPS: dict = {}
@@ -53,25 +74,38 @@ def _meta(info, dtypes: dict) -> torch.Tensor:
 
 
 def warm_kernels(prog: RankProgram, device: torch.device, dtypes: dict) -> int:
-    """Compile the pack/unpack kernel variants this rank's messages use (meta views of
-    the real shard shapes; nothing is allocated at their size). Returns the variants run."""
+    """Compile the pack/unpack kernel variants this rank's streams use (the chunks of
+    strided pieces, cut as streams.py cuts them, on meta views of the real shard shapes;
+    nothing is allocated at their size). Returns the variants run."""
     kernels = packing.kernels()
     if kernels is None or not hasattr(kernels, "warm") or torch.device(device).type != "cuda":
         return 0
     calls = []
+    for kind, views in stream_views(prog, dtypes):
+        for segments in streams.chunk_views(views, streams.CHUNK_BYTES):
+            if not all(v.is_contiguous() for v in segments):  # contiguous chunks are plain copies
+                calls.append((kind, segments, packing.layout([v.numel() * v.element_size() for v in segments])[0]))
+    return kernels.warm(calls, device)
+
+
+def stream_views(prog: RankProgram, dtypes: dict) -> list:
+    """[(kind "pack" | "unpack", views)]: per round, peer and direction, the packed
+    pieces' views (in message order) on meta tensors of the shards' shapes."""
+    out = []
     for work in prog.rounds:
         for kind, messages in (("pack", work.sends), ("unpack", work.recvs)):
+            per_peer: dict = {}
             for msg in messages:
-                packed = [p for p in msg.pieces if not p.direct]
-                if not packed:
-                    continue
-                if kind == "pack":
-                    views = [_meta(prog.before[p.src_unit][p.tensor], dtypes)[p.src_slices] for p in packed]
-                else:
-                    views = [_meta(prog.after[p.dst_unit][p.tensor], dtypes)[p.dst_slices] for p in packed]
-                offsets, _ = packing.layout([p.nbytes for p in packed])
-                calls.append((kind, views, offsets))
-    return kernels.warm(calls, device)
+                for p in msg.pieces:
+                    if p.direct:
+                        continue
+                    if kind == "pack":
+                        view = _meta(prog.before[p.src_unit][p.tensor], dtypes)[p.src_slices]
+                    else:
+                        view = _meta(prog.after[p.dst_unit][p.tensor], dtypes)[p.dst_slices]
+                    per_peer.setdefault(msg.peer, []).append(view)
+            out += [(kind, views) for views in per_peer.values()]
+    return out
 
 
 def peers(prog: RankProgram) -> list:
@@ -119,3 +153,38 @@ def warm_parking(prog: RankProgram, units: Optional[set], dtypes: dict) -> int:
     total = sum(b.numel() * b.element_size() for b in blocks)
     del blocks
     return total
+
+
+def reserve_memory(prog: RankProgram, aliased: set, device, dtypes: dict, room: Optional[int]) -> int:
+    """Allocate and free, on a CUDA device, blocks of the sizes the transition will
+    allocate (the new shards that are not kept in place, and the streams' ring buffers),
+    so its allocations come from the caching allocator's cache instead of cudaMalloc.
+    Stops at `room` bytes (what the device can still give; None: no limit) and on an
+    out-of-memory error: a reservation never costs the transition memory it needs.
+    Returns the bytes reserved."""
+    if torch.device(device).type != "cuda":
+        return 0
+    sizes = [_nbytes(info, dtypes) for unit, shards in prog.after.items() for name, info in shards.items()
+             if (unit, name) not in aliased]
+    for kind, views in stream_views(prog, dtypes):
+        chunks = [packing.layout([v.numel() * v.element_size() for v in c])[1]
+                  for c in streams.chunk_views(views, streams.CHUNK_BYTES)]
+        sizes += [max(chunks[i::streams.DEPTH]) for i in range(min(streams.DEPTH, len(chunks)))]
+    blocks, total = [], 0
+    try:
+        for size in sorted(sizes, reverse=True):
+            if room is not None and total + size > room:
+                break
+            blocks.append(torch.empty(size, dtype=torch.uint8, device=device))
+            total += size
+    except torch.cuda.OutOfMemoryError:
+        pass
+    del blocks
+    return total
+
+
+def _nbytes(info, dtypes: dict) -> int:
+    numel = 1
+    for d in info.shape:
+        numel *= d
+    return numel * torch.empty((), dtype=dtypes[info.dtype]).element_size()

@@ -38,8 +38,11 @@ host copy gains nothing): every old tensor stays on its device until the commit,
 GPU holds old + new during the transition, more than the compiler's replay.
 
 Preparing (`rt.prepare(target)`, collective): compiles and lowers the program, compiles
-the pack kernels for its message shapes, opens the links to every peer and pins the host
-blocks parking will use, so a `transition(target)` right after runs at warm speed.
+the pack kernels for its message shapes, opens the links to every peer, pins the host
+blocks parking will use and leaves device blocks of the sizes the transition allocates in
+the caching allocator, so a `transition(target)` right after runs at warm speed. The
+data communicators themselves are created and connected to every rank when the Runtime
+is constructed (NCCL), not in the first transition.
 `TransitionReport.seconds` runs from the call (after compiling) to the commit, which
 comes after every rank synchronized its device: the new state is usable then.
 """
@@ -58,7 +61,7 @@ from nereus.models import OPTIMIZER_DTYPE, OPTIMIZER_STATES, optimizer_name, ten
 from nereus.ir.diagnostics import NereusError, ProgramError, SemanticError
 from nereus.ir.model import ModelStage, Module
 
-from . import packing
+from . import packing, streams
 from .admission import verify_before_running
 from .boxes import as_box, shard_shape
 from .executor import TORCH_DTYPES, execute
@@ -104,7 +107,7 @@ class Runtime:
 
     def __init__(self, module: Module, plan: str, *, rank: Optional[int] = None, world_size: Optional[int] = None,
                  device: Optional[torch.device] = None, verify: bool = False, progress: bool = False,
-                 timeout_s: float = 120.0, direct_min_bytes: int = DIRECT_MIN_BYTES,
+                 timeout_s: float = 120.0, direct_min_bytes: Optional[int] = None,
                  rollback: Optional[str] = None, park_device_types=("cuda",), p2p_groups: Optional[int] = None,
                  verify_programs: bool = True):
         """rollback: "auto", "host" or "device" (see the module docstring); None picks
@@ -141,7 +144,10 @@ class Runtime:
         self.verify = verify
         self.verify_programs = verify_programs
         self._verify_program_s: dict = {}  # (from, to) -> seconds rank 0 took to prove it
-        self.direct_min_bytes = direct_min_bytes
+        # pieces at least this large travel in place; smaller ones in the per-peer packed
+        # streams (streams.py): on NCCL the chunk size, elsewhere DIRECT_MIN_BYTES
+        self.direct_min_bytes = streams.direct_min_bytes(self.device, DIRECT_MIN_BYTES) \
+            if direct_min_bytes is None else direct_min_bytes
         self.progress = progress
         self._control = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
         if self.device.type == "cuda" or dist.get_backend() == "gloo":
@@ -310,10 +316,11 @@ class Runtime:
         byte (compile, lower this rank's program, compile the pack kernels for its message
         shapes, open the links to its peers, pin the host blocks parking would use), so
         the transition right after runs at warm speed. Registered tensors are neither
-        read nor written. Returns this rank's figures: seconds, compile_s, kernels,
-        peers, pinned_bytes."""
+        read nor written; the caching allocator keeps blocks of the sizes the transition
+        will allocate (as far as the device has room). Returns this rank's figures:
+        seconds, compile_s, kernels, peers, pinned_bytes, reserved_bytes."""
         from .parking import park_plan, real_room
-        from .prepare import warm_kernels, warm_links, warm_parking
+        from .prepare import reserve_memory, warm_kernels, warm_links, warm_parking
 
         started = time.perf_counter()
         program, compile_s, prog, key = self._lower(target)
@@ -325,9 +332,11 @@ class Runtime:
             if self.rollback == "auto":
                 units = park_plan(prog, self._resident(program), self._capacity(program), real_room(self.device))
             pinned = warm_parking(prog, units, TORCH_DTYPES)
+        aliased = {(a.dst_unit, a.tensor) for w in prog.rounds for a in w.aliases}
+        reserved = reserve_memory(prog, aliased, self.device, TORCH_DTYPES, real_room(self.device))
         self._prepared.add(key)
         return {"seconds": time.perf_counter() - started, "compile_s": compile_s, "kernels": kernels,
-                "peers": peers, "pinned_bytes": pinned}
+                "peers": peers, "pinned_bytes": pinned, "reserved_bytes": reserved}
 
     def transition(self, target: str, *, verify: Optional[bool] = None, fault=None,
                    round_hook=None) -> TransitionReport:
