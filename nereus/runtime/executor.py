@@ -291,12 +291,13 @@ def _round(run: _Run, work) -> RoundTiming:
         for piece in work.copies:  # allocated now, copied while the messages travel
             step = f"alloc {piece.dst_unit} {piece.tensor}"
             _dst(prog, new, live, device, piece)
+        both_ways = {m.peer for m in work.sends} & {m.peer for m in work.recvs}
         for msg in work.sends:
             step, peer = "pack send", msg.peer
-            sends.append(_outgoing(msg, sources, device))
+            sends.append(_outgoing(msg, sources, device, _in_stream(msg, both_ways, run.chunk_bytes)))
         for msg in work.recvs:
             step, peer = "alloc recv", msg.peer
-            recvs.append(_incoming(msg, prog, new, live, device))
+            recvs.append(_incoming(msg, prog, new, live, device, _in_stream(msg, both_ways, run.chunk_bytes)))
         step, peer = "alloc stream buffers", None
         out_streams = _streams(sends, device, run.chunk_bytes, run.depth)
         in_streams = _streams(recvs, device, run.chunk_bytes, run.depth)
@@ -439,19 +440,24 @@ class _Wire:
     views: list  # every piece's view, in message order (checksums)
 
 
-def _outgoing(msg: Message, sources: dict, device) -> _Wire:
+def _in_stream(msg: Message, both_ways: set, chunk_bytes: int) -> list:
+    """Per piece of the message: whether it travels in the peer's stream (streams.streamed)."""
+    return [streams.streamed(p, msg.peer in both_ways, chunk_bytes) for p in msg.pieces]
+
+
+def _outgoing(msg: Message, sources: dict, device, in_stream: list) -> _Wire:
     views = [sources[p.src_unit][p.tensor][p.src_slices] for p in msg.pieces]
-    packed = [v for v, p in zip(views, msg.pieces) if not p.direct]
-    direct = [v.to(device) for v, p in zip(views, msg.pieces) if p.direct]  # staged: host → device
+    packed = [v for v, s in zip(views, in_stream) if s]
+    direct = [v.to(device) for v, s in zip(views, in_stream) if not s]  # staged: host → device
     if not all(v.is_contiguous() for v in direct):
         raise ProgramError("a direct piece is not contiguous in its source tensor")
     return _Wire(msg, packed, direct, views)
 
 
-def _incoming(msg: Message, prog: RankProgram, new: dict, live: "_Live", device) -> _Wire:
+def _incoming(msg: Message, prog: RankProgram, new: dict, live: "_Live", device, in_stream: list) -> _Wire:
     views = [_dst(prog, new, live, device, p)[p.dst_slices] for p in msg.pieces]
-    packed = [v for v, p in zip(views, msg.pieces) if not p.direct]
-    direct = [v for v, p in zip(views, msg.pieces) if p.direct]
+    packed = [v for v, s in zip(views, in_stream) if s]
+    direct = [v for v, s in zip(views, in_stream) if not s]
     return _Wire(msg, packed, direct, views)
 
 

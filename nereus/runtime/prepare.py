@@ -83,7 +83,7 @@ def warm_kernels(prog: RankProgram, device: torch.device, dtypes: dict) -> int:
     calls = []
     for kind, views in stream_views(prog, dtypes):
         for segments in streams.chunk_views(views, streams.CHUNK_BYTES):
-            if not all(v.is_contiguous() for v in segments):  # contiguous chunks are plain copies
+            if streams.fused(segments):  # the other chunks are plain copies
                 calls.append((kind, segments, packing.layout([v.numel() * v.element_size() for v in segments])[0]))
     return kernels.warm(calls, device)
 
@@ -93,11 +93,12 @@ def stream_views(prog: RankProgram, dtypes: dict) -> list:
     pieces' views (in message order) on meta tensors of the shards' shapes."""
     out = []
     for work in prog.rounds:
+        both_ways = {m.peer for m in work.sends} & {m.peer for m in work.recvs}
         for kind, messages in (("pack", work.sends), ("unpack", work.recvs)):
             per_peer: dict = {}
             for msg in messages:
                 for p in msg.pieces:
-                    if p.direct:
+                    if not streams.streamed(p, msg.peer in both_ways, streams.CHUNK_BYTES):
                         continue
                     if kind == "pack":
                         view = _meta(prog.before[p.src_unit][p.tensor], dtypes)[p.src_slices]

@@ -61,7 +61,7 @@ from nereus.models import OPTIMIZER_DTYPE, OPTIMIZER_STATES, optimizer_name, ten
 from nereus.ir.diagnostics import NereusError, ProgramError, SemanticError
 from nereus.ir.model import ModelStage, Module
 
-from . import packing, streams
+from . import packing
 from .admission import verify_before_running
 from .boxes import as_box, shard_shape
 from .executor import TORCH_DTYPES, execute
@@ -107,7 +107,7 @@ class Runtime:
 
     def __init__(self, module: Module, plan: str, *, rank: Optional[int] = None, world_size: Optional[int] = None,
                  device: Optional[torch.device] = None, verify: bool = False, progress: bool = False,
-                 timeout_s: float = 120.0, direct_min_bytes: Optional[int] = None,
+                 timeout_s: float = 120.0, direct_min_bytes: int = DIRECT_MIN_BYTES,
                  rollback: Optional[str] = None, park_device_types=("cuda",), p2p_groups: Optional[int] = None,
                  verify_programs: bool = True):
         """rollback: "auto", "host" or "device" (see the module docstring); None picks
@@ -144,10 +144,7 @@ class Runtime:
         self.verify = verify
         self.verify_programs = verify_programs
         self._verify_program_s: dict = {}  # (from, to) -> seconds rank 0 took to prove it
-        # pieces at least this large travel in place; smaller ones in the per-peer packed
-        # streams (streams.py): on NCCL the chunk size, elsewhere DIRECT_MIN_BYTES
-        self.direct_min_bytes = streams.direct_min_bytes(self.device, DIRECT_MIN_BYTES) \
-            if direct_min_bytes is None else direct_min_bytes
+        self.direct_min_bytes = direct_min_bytes
         self.progress = progress
         self._control = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
         if self.device.type == "cuda" or dist.get_backend() == "gloo":

@@ -4,8 +4,9 @@ packed, sent and unpacked in a pipeline.
 Why: NCCL runs the point-to-point ops of one communicator one after the other, and
 hundreds of ops in both directions at once reach a fraction of the link (measured on 2
 H200s, 2 GiB each way: one op 347 GB/s per direction, 64 ops 198 GB/s, 512 ops 60 GB/s).
-So every piece of a round that does not travel in place (below the direct threshold, or
-strided), of every message to one peer, joins one byte stream in message order; the
+So every piece of a round that does not travel in place (see `streamed`: small or
+strided pieces, and with a peer exchanged with both ways every piece below a chunk), of
+every message to one peer, joins one byte stream in message order; the
 stream is cut into chunks of about `chunk_bytes` (a piece is split along its first
 dimension where a chunk ends), and chunk k travels as one op on data group k % groups,
 in one batch with every other peer's chunk k in both directions. The sender packs chunk
@@ -40,15 +41,14 @@ CHUNK_BYTES = int(os.environ.get("NEREUS_P2P_CHUNK_BYTES", str(128 << 20)))
 DEPTH = int(os.environ.get("NEREUS_P2P_DEPTH", "8"))
 
 
-def direct_min_bytes(device, default: int) -> int:
-    """The smallest piece that travels in place (its own op) rather than in the stream:
-    NEREUS_DIRECT_MIN_BYTES, else on NCCL (CUDA tensors) the chunk size, since a few large
-    ops per peer reach the link and many small ones do not; `default` elsewhere (gloo
-    pays per op far less than per copied byte)."""
-    if "NEREUS_DIRECT_MIN_BYTES" in os.environ:
-        return int(os.environ["NEREUS_DIRECT_MIN_BYTES"])
-    nccl = dist.is_initialized() and dist.get_backend() == "nccl"
-    return CHUNK_BYTES if torch.device(device).type == "cuda" and nccl else default
+def streamed(piece, both_ways: bool, chunk_bytes: int) -> bool:
+    """Whether a piece travels in its peer's stream rather than in place as its own op:
+    every piece the lowering did not mark direct (small or strided), and, with a peer
+    this rank both sends to and receives from in the round, every piece smaller than a
+    chunk (many ops in both directions at once are what NCCL serializes; one direction
+    reached 1.00-1.13x of the link with in-place ops). Both sides of a message derive the
+    same answer: each knows the round's traffic in both directions with the other."""
+    return not piece.direct or (both_ways and piece.nbytes < chunk_bytes)
 
 
 def _nbytes(view: torch.Tensor) -> int:
@@ -94,7 +94,7 @@ class Chunk:
     views: list
     offsets: tuple
     nbytes: int
-    contiguous: bool  # every segment contiguous: plain copies (memcpy) pack it best
+    fused: bool  # many small segments: the fused (Triton) pack pays; few large ones: plain copies
 
 
 class PeerStream:
@@ -105,7 +105,7 @@ class PeerStream:
         self.chunks = []
         for segments in chunk_views(views, chunk_bytes):
             offsets, total = packing.layout([_nbytes(v) for v in segments])
-            self.chunks.append(Chunk(segments, offsets, total, all(v.is_contiguous() for v in segments)))
+            self.chunks.append(Chunk(segments, offsets, total, fused(segments)))
         self.depth = max(1, depth)
         slots = min(self.depth, len(self.chunks))
         # slot i holds chunks i, i + depth, ...: sized for the largest (the sum over slots
@@ -121,18 +121,28 @@ class PeerStream:
         return self.slots[k % self.depth][:self.chunks[k].nbytes]
 
 
+FUSED_MIN_SEGMENTS = 16
+
+
+def fused(segments: list) -> bool:
+    """Pack a chunk with the fused kernels only where it has many segments (launches to
+    save) and some is strided; a few large segments copy at memory speed with one
+    `copy_` each, with no kernel variant to compile and no plan to build."""
+    return len(segments) >= FUSED_MIN_SEGMENTS and not all(v.is_contiguous() for v in segments)
+
+
 def pack_chunk(chunk: Chunk, buffer: torch.Tensor) -> None:
-    if chunk.contiguous:
-        packing.torch_pack(chunk.views, chunk.offsets, chunk.nbytes, out=buffer)
-    else:
+    if chunk.fused:
         packing.pack(chunk.views, chunk.offsets, chunk.nbytes, out=buffer)
+    else:
+        packing.torch_pack(chunk.views, chunk.offsets, chunk.nbytes, out=buffer)
 
 
 def unpack_chunk(chunk: Chunk, buffer: torch.Tensor) -> None:
-    if chunk.contiguous:
-        packing.torch_unpack(buffer, chunk.views, chunk.offsets)
-    else:
+    if chunk.fused:
         packing.unpack(buffer, chunk.views, chunk.offsets)
+    else:
+        packing.torch_unpack(buffer, chunk.views, chunk.offsets)
 
 
 def exchange(sends: list, recvs: list, groups, depth: int = DEPTH,

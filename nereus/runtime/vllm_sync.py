@@ -39,9 +39,8 @@ from nereus.ir.model import ModelStage, Module, Placement, Plan
 
 from .boxes import as_box, box_numel
 from .executor import TORCH_DTYPES, execute
-from .program import DIRECT_MIN_BYTES, rank_program, unit_of_stage
+from .program import rank_program, unit_of_stage
 from .state import box_view, shard_unit, unit_on_gpu, writers
-from .streams import direct_min_bytes
 
 SYNC_FROM, SYNC_TO = "sync.from", "sync.to"
 
@@ -174,7 +173,7 @@ class WeightSync:
             kept = sum(t.numel() * t.element_size() for t in weights.values())
             return SyncResult(dict(weights), 0.0, 0, 0, bytes_kept=kept, compile_s=compile_s)
         if plan not in self._rank_programs:  # lowering costs seconds for 8B on 8 GPUs: once per plan
-            self._rank_programs[plan] = rank_program(program, rank, direct_min_bytes(self.device, DIRECT_MIN_BYTES))
+            self._rank_programs[plan] = rank_program(program, rank)
         prog = self._rank_programs[plan]
         before = {unit: {name: weights[name] for name in prog.before[unit] if name in weights} for unit in prog.before}
         # the training weights stay where they are after a sync: nothing to park on the host

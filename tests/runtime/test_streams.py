@@ -14,7 +14,7 @@ from nereus.runtime.executor import execute
 from nereus.runtime.packing import layout
 from nereus.runtime.program import rank_program
 from nereus.runtime.state import shard_of, shard_unit
-from nereus.runtime.streams import PeerStream, chunk_views
+from nereus.runtime.streams import PeerStream, chunk_views, streamed
 
 from runtime_helpers import naive_program, oracle_units, reference_state, spawn, tensor_list
 
@@ -48,6 +48,16 @@ def test_one_oversized_row_travels_alone_and_ring_slots_stay_within_the_stream()
     stream = PeerStream(1, [rows, torch.zeros(10)], torch.device("cpu"), chunk_bytes=256, depth=2)
     assert len(stream.chunks) == 5 and len(stream.slots) == 2
     assert stream.buffer_bytes <= sum(c.nbytes for c in stream.chunks)
+
+
+def test_pieces_go_in_place_one_way_and_into_the_stream_both_ways():
+    from types import SimpleNamespace as Piece
+
+    big, small, strided = Piece(direct=True, nbytes=64 << 20), Piece(direct=True, nbytes=4096), \
+        Piece(direct=False, nbytes=64 << 20)
+    assert [streamed(p, False, 128 << 20) for p in (big, small, strided)] == [False, False, True]
+    assert [streamed(p, True, 128 << 20) for p in (big, small, strided)] == [True, True, True]
+    assert not streamed(Piece(direct=True, nbytes=256 << 20), True, 128 << 20)  # a chunk or more: its own op
 
 
 def _cases():
