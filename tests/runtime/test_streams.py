@@ -117,3 +117,36 @@ def test_a_fault_after_posting_aborts_both_ranks_with_the_old_state_intact(per_r
         case = cases["tp2-dp2 fault"]
         assert "injected fault (post)" in case["aborted"] and "rank 1, round 0" in case["aborted"], (rank, case)
         assert case["intact"], rank
+
+
+def _runtime_run(rank, world):
+    """A Runtime on gloo with 3 data groups (created and connected in the constructor)
+    and small chunks, through two random plan changes and back."""
+    import nereus.ir as ir
+    import nereus.runtime.streams as streams_module
+    from nereus.runtime import Runtime
+    from test_runtime import STAGES, _check, _reference, _source
+
+    streams_module.CHUNK_BYTES, streams_module.DEPTH = 4096, 2
+    module = ir.parse_source(_source(seed=11), "streams.nir")
+    rt = Runtime(module, "S0", rank=rank, world_size=world, p2p_groups=3, verify=True)
+    refs = {ms: _reference(rt, ms, seed=i) for i, ms in enumerate(STAGES)}
+    for ms, full in refs.items():
+        rt.register(ms, rt.shard_state_dict(ms, full))
+    out = {"groups": len(rt._data)}
+    for target in ("S1", "S2", "S0"):
+        report = rt.transition(target)
+        out[target] = {"bad": _check(rt, refs), "verified": report.verified, "received": report.bytes_received}
+    return out
+
+
+@pytest.mark.multiprocess
+def test_a_runtime_over_three_data_groups_moves_small_chunks_byte_exact():
+    results = spawn(_runtime_run, 4)
+    for rank, res in enumerate(results):
+        assert res is not None and res[0] == "ok", f"rank {rank}: {res}"
+        out = res[1]
+        assert out["groups"] == 3
+        for target in ("S1", "S2", "S0"):
+            assert out[target]["bad"] == [] and out[target]["verified"] is True, (rank, target, out[target])
+    assert sum(res[1]["S1"]["received"] for res in results) > 0
