@@ -1,11 +1,12 @@
 """The executor: runs one rank's part of a compiled transition on live tensors.
 
-Per round: allocate destination shards and message buffers, agree with every rank that
-nothing failed so far, post the large pieces (sent from and received into the shards in
-place), pack the small pieces of each message into one byte buffer and post those, make
-the same-GPU copies while the messages travel, wait, unpack, then release what the
-program frees. Each post is one `batch_isend_irecv` (it works on gloo and NCCL). keep = the source tensor reused in place, copy =
-a local `copy_`; neither touches the network. NCCL moves CUDA tensors and gloo CPU
+Per round: allocate destination shards and each peer's stream buffers, agree with every
+rank that nothing failed so far, post the direct pieces (sent from and received into
+the shards in place), start the same-GPU copies (a side stream on CUDA), then move
+each peer's stream of the other pieces in chunks, packed while earlier chunks travel and
+unpacked as they land (streams.py), wait, then release what the program frees. Each
+post is one `batch_isend_irecv` (it works on gloo and NCCL). keep = the source tensor
+reused in place, copy = a local `copy_`; neither touches the network. NCCL moves CUDA tensors and gloo CPU
 tensors: the caller passes the group that matches the tensors' device.
 
 Safety (all or nothing): new shards are written into new buffers only, and the old
