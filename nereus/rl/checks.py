@@ -89,15 +89,16 @@ def check_replicas(module: Module, minibatches: int) -> None:
 
 
 def check_sharded_state(module: Module) -> None:
-    """No placement shards its state over dp (`zero 1`/`zero 3`): the compiler lays such
-    layouts out and verifies their transitions, but the runtime does not execute them yet."""
+    """No placement shards its weights over dp (`zero 3`): the loop executes `zero 1`
+    (nereus.rl.zero: each replica updates its chunk of the optimizer state), but computing
+    on weights that live in dp chunks needs a per-layer all-gather it does not have yet."""
     for plan in module.plans:
         for p in plan.placements:
-            if p.zero:
-                raise SemanticError(f"plan {plan.name}: {p.model_stage} has zero {p.zero}, which the runtime and "
-                                    "the RL loop do not execute yet", key_loc(p, "zero"),
-                                    hint="use zero 0 (the default) for `nereus train`; `nereusc` compiles and "
-                                         "verifies zero layouts")
+            if p.zero >= 3:
+                raise SemanticError(f"plan {plan.name}: {p.model_stage} has zero {p.zero}, which the RL loop "
+                                    "does not execute yet", key_loc(p, "zero"),
+                                    hint="use zero 1 (sharded optimizer state) or 0 for `nereus train`; "
+                                         "`nereusc` compiles and verifies zero 3 layouts")
 
 
 def check_run(module: Module, algo: str, minibatches: int, group: int, world: int) -> None:

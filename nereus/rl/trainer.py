@@ -46,11 +46,12 @@ from . import pipeline
 from nereus.models.llama import local_logits, values
 from .optim import adam_step, all_reduce_grads, reduce_replicated_kv_grads
 from nereus.models.parallel import vocab_parallel_logprob
-from .checks import check_batch, check_models, check_replicas, check_stages
+from .checks import check_batch, check_models, check_replicas, check_sharded_state, check_stages
 from .restart import RestartRuntime
 from .reward import make_prompts, score
 from .topology import Groups, Role
 from .weights import register_initial_weights
+from .zero import zero_adam_step
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,7 @@ class RlTrainer:
         check_models(module)
         check_batch(module, self.cfg.algo, self.cfg.minibatches, self.cfg.group)
         check_replicas(module, self.cfg.minibatches)
+        check_sharded_state(module)
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         self.device = getattr(runtime, "device", None) or torch.device("cpu")
         self.groups = Groups()
@@ -220,7 +222,11 @@ class RlTrainer:
                      for k, p in params.items()}
             reduce_replicated_kv_grads(grads, self.module.model(model_name), role.tp)
             all_reduce_grads(grads, role.dp_group)
-            adam_step(state, grads, step, lr, self.cfg.betas, self.cfg.eps)
+            if role.zero:  # this replica's chunk of the optimizer state, then the weights all-gathered
+                zero_adam_step(state, grads, step, lr, self.cfg.betas, self.cfg.eps, replica=role.replica,
+                               dp=role.dp, group=role.dp_group, dp_ranks=role.dp_ranks)
+            else:
+                adam_step(state, grads, step, lr, self.cfg.betas, self.cfg.eps)
             counter = step_name(model_name)
             if counter in state:  # the runtime's Adam step counter travels with the state
                 state[counter].fill_(step)

@@ -139,9 +139,9 @@ def test_models_the_loop_cannot_use_are_refused_at_their_declaration():
     assert models["actor"].head == "lm"
 
 
-def test_zero_layouts_are_refused_before_launch_at_the_key(tmp_path):
-    """The compiler lays out `zero 1`, the runtime does not execute it yet: the loop says
-    so at the key instead of failing inside a transition."""
+def test_zero_3_is_refused_before_launch_at_the_key_and_zero_1_passes(tmp_path):
+    """The loop executes `zero 1` (nereus.rl.zero); `zero 3` (weights in dp chunks) it does
+    not compute on yet: refused at the key instead of failing inside a step."""
     import pathlib
 
     import nereus.ir as ir
@@ -149,9 +149,14 @@ def test_zero_layouts_are_refused_before_launch_at_the_key(tmp_path):
     from nereus.rl.checks import check_run
 
     text = (pathlib.Path(__file__).resolve().parents[2] / "examples/rl/ppo-cpu.nir").read_text()
-    path = tmp_path / "zero.nir"
-    path.write_text(text.replace("  actor.training    dp 2 tp 2  on 0..3", "  actor.training    dp 2 tp 2  on 0..3 zero 1", 1))
-    module = ir.parse_file(str(path))
-    with pytest.raises(SemanticError, match="has zero 1, which the runtime and the RL loop do not execute yet") as err:
-        check_run(module, "ppo", 2, 1, 4)
-    assert err.value.loc is not None and err.value.loc.line == 33
+    line = "  actor.training    dp 2 tp 2  on 0..3"
+    for zero in (1, 3):
+        path = tmp_path / f"zero{zero}.nir"
+        path.write_text(text.replace(line, f"{line} zero {zero}", 1))
+        module = ir.parse_file(str(path))
+        if zero == 1:
+            check_run(module, "ppo", 2, 1, 4)
+            continue
+        with pytest.raises(SemanticError, match="has zero 3, which the RL loop does not execute yet") as err:
+            check_run(module, "ppo", 2, 1, 4)
+        assert err.value.loc is not None and err.value.loc.line == 33 and err.value.loc.column > len(line)
