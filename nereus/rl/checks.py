@@ -88,26 +88,12 @@ def check_replicas(module: Module, minibatches: int) -> None:
                                                            f"{p.dp * minibatches}")
 
 
-def check_sharded_state(module: Module) -> None:
-    """No placement shards its weights over dp (`zero 3`): the loop executes `zero 1`
-    (nereus.rl.zero: each replica updates its chunk of the optimizer state), but computing
-    on weights that live in dp chunks needs a per-layer all-gather it does not have yet."""
-    for plan in module.plans:
-        for p in plan.placements:
-            if p.zero >= 3:
-                raise SemanticError(f"plan {plan.name}: {p.model_stage} has zero {p.zero}, which the RL loop "
-                                    "does not execute yet", key_loc(p, "zero"),
-                                    hint="use zero 1 (sharded optimizer state) or 0 for `nereus train`; "
-                                         "`nereusc` compiles and verifies zero 3 layouts")
-
-
 def check_run(module: Module, algo: str, minibatches: int, group: int, world: int) -> None:
     """Everything above, for every plan of the module."""
     check_stages(module, algo)
     check_models(module)
     check_batch(module, algo, minibatches, group)
     check_replicas(module, minibatches)
-    check_sharded_state(module)
     for plan in module.plans:
         for placement in plan.placements:
             check_placement(placement, world)

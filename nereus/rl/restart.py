@@ -58,8 +58,9 @@ def on_stage(spec: TensorSpec, layers: int, pp: int, stage: int) -> bool:
 
 
 def _chunked(p: Placement, name: str) -> bool:
-    """Whether `name` is held as dp chunks in `p`: optimizer state under zero 1."""
-    return p.zero >= 1 and "#" in name
+    """Whether `name` is held as dp chunks in `p`: optimizer state under zero 1, every
+    tensor under zero 3 (training placements only)."""
+    return p.model_stage.stage == "training" and (p.zero >= 3 or p.zero >= 1 and "#" in name)
 
 
 class RestartRuntime:
@@ -120,14 +121,12 @@ class RestartRuntime:
                 if not on_stage(spec, model.layers, placement.pp, where[1]):
                     continue
                 name, boxes = f"{model.name}/{spec.name}", local_boxes(spec, placement.tp, where[2])
-                shards.append({"tensor": name, "gpu": self.rank, "boxes": boxes})
+                chunk = chunk_boxes(boxes, *chunk_rows(sum(b[0][1] - b[0][0] for b in boxes), placement.dp, where[0]))
                 master = optimizer_name(name, OPTIMIZER_STATES[0])
-                if placement.model_stage.stage == "training":  # under zero 1 the master is a dp chunk
-                    if _chunked(placement, master):
-                        boxes = chunk_boxes(boxes, *chunk_rows(sum(b[0][1] - b[0][0] for b in boxes),
-                                                               placement.dp, where[0]))
-                    if boxes:
-                        shards.append({"tensor": master, "gpu": self.rank, "boxes": boxes})
+                for tensor in (name, master) if placement.model_stage.stage == "training" else (name,):
+                    mine = chunk if _chunked(placement, tensor) else boxes  # zero: a dp chunk
+                    if mine:
+                        shards.append({"tensor": tensor, "gpu": self.rank, "boxes": mine})
             unit = {"shards": shards}
         local = shard_checkpoint(model, placement.model_stage, unit, self.rank, directory)
         specs = global_specs(self.module, model_stage)  # no Adam step counter: this runtime keeps none

@@ -38,7 +38,7 @@ import torch.distributed as dist
 
 from nereus.ir.diagnostics import SemanticError
 from nereus.ir.model import Module
-from nereus.runtime.state import step_name
+from nereus.runtime.state import TORCH_DTYPES, step_name
 
 from . import algorithms as alg
 from .engine import ENGINES, GenerationEngine, NativeEngine, make_vllm_generation
@@ -46,12 +46,12 @@ from . import pipeline
 from nereus.models.llama import local_logits, values
 from .optim import adam_step, all_reduce_grads, reduce_replicated_kv_grads
 from nereus.models.parallel import vocab_parallel_logprob
-from .checks import check_batch, check_models, check_replicas, check_sharded_state, check_stages
+from .checks import check_batch, check_models, check_replicas, check_stages
 from .restart import RestartRuntime
 from .reward import make_prompts, score
 from .topology import Groups, Role
 from .weights import register_initial_weights
-from .zero import zero_adam_step
+from .zero import gathered_weights, local_weight_shapes, zero_adam_step
 
 
 @dataclass(frozen=True)
@@ -130,7 +130,6 @@ class RlTrainer:
         check_models(module)
         check_batch(module, self.cfg.algo, self.cfg.minibatches, self.cfg.group)
         check_replicas(module, self.cfg.minibatches)
-        check_sharded_state(module)
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         self.device = getattr(runtime, "device", None) or torch.device("cpu")
         self.groups = Groups()
@@ -164,9 +163,17 @@ class RlTrainer:
                 dist.barrier()  # engine start-up (tens of seconds on CPU) is not part of step 1
 
     def weights(self, ms: str) -> dict[str, torch.Tensor]:
-        """Local weights of a model-stage by local name (what the llama reads)."""
+        """Local weights of a model-stage by local name (what the llama reads). Under
+        `zero 3` the runtime holds dp chunks: they are all-gathered over the dp group
+        (collective there; nereus.rl.zero.gathered_weights)."""
         prefix = ms.partition(".")[0] + "/"
-        return {k[len(prefix):]: v for k, v in self.rt.state(ms).items() if "#" not in k}
+        state = self.rt.state(ms)
+        role = self.roles.get(ms)
+        if role is not None and role.zero >= 3:
+            model = self.module.model(ms.partition(".")[0])
+            state = gathered_weights(state, local_weight_shapes(model, role), TORCH_DTYPES[model.dtype], self.device,
+                                     replica=role.replica, dp=role.dp, group=role.dp_group, dp_ranks=role.dp_ranks)
+        return {k[len(prefix):]: v for k, v in state.items() if "#" not in k}
 
     # -- communication helpers -----------------------------------------------------------
 
@@ -222,9 +229,9 @@ class RlTrainer:
                      for k, p in params.items()}
             reduce_replicated_kv_grads(grads, self.module.model(model_name), role.tp)
             all_reduce_grads(grads, role.dp_group)
-            if role.zero:  # this replica's chunk of the optimizer state, then the weights all-gathered
-                zero_adam_step(state, grads, step, lr, self.cfg.betas, self.cfg.eps, replica=role.replica,
-                               dp=role.dp, group=role.dp_group, dp_ranks=role.dp_ranks)
+            if role.zero:  # this replica's chunk of the optimizer state (zero 1: then the weights all-gathered)
+                zero_adam_step(state, grads, step, lr, self.cfg.betas, self.cfg.eps, zero=role.zero,
+                               replica=role.replica, dp=role.dp, group=role.dp_group, dp_ranks=role.dp_ranks)
             else:
                 adam_step(state, grads, step, lr, self.cfg.betas, self.cfg.eps)
             counter = step_name(model_name)
@@ -340,8 +347,9 @@ class RlTrainer:
         input layout, then each driver loads the weights into its engine."""
         if self.vllm is not None:
             return self.vllm.push(self.plan_name, self.rt.state("actor.training")).bytes_sent
-        if self.weight_sync is not None:
-            result = self.weight_sync.run(self.plan_name, self.rt.state("actor.training"))
+        if self.weight_sync is not None:  # the sync reads whole TP/PP shards: gathered under zero 3
+            result = self.weight_sync.run(self.plan_name, {f"actor/{k}": v for k, v in
+                                                           self.weights("actor.training").items()})
             local, sent = result.weights, result.bytes_sent
         else:
             full = self.rt.gather_state_dict("actor.training")

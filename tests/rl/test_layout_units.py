@@ -139,14 +139,16 @@ def test_models_the_loop_cannot_use_are_refused_at_their_declaration():
     assert models["actor"].head == "lm"
 
 
-def test_zero_3_is_refused_before_launch_at_the_key_and_zero_1_passes(tmp_path):
-    """The loop executes `zero 1` (nereus.rl.zero); `zero 3` (weights in dp chunks) it does
-    not compute on yet: refused at the key instead of failing inside a step."""
+def test_zero_layouts_pass_the_loop_checks_and_vllm_refuses_zero_3_at_the_key(tmp_path):
+    """The loop trains `zero 1` and `zero 3` (nereus.rl.zero); the vLLM engine path loads
+    the runtime's actor.training shards as they are (dp chunks under zero 3): refused there
+    at the key, before any engine starts."""
     import pathlib
 
     import nereus.ir as ir
     from nereus.ir.diagnostics import SemanticError
     from nereus.rl.checks import check_run
+    from nereus.rl.engine import check_vllm_plans
 
     text = (pathlib.Path(__file__).resolve().parents[2] / "examples/rl/ppo-cpu.nir").read_text()
     line = "  actor.training    dp 2 tp 2  on 0..3"
@@ -154,9 +156,9 @@ def test_zero_3_is_refused_before_launch_at_the_key_and_zero_1_passes(tmp_path):
         path = tmp_path / f"zero{zero}.nir"
         path.write_text(text.replace(line, f"{line} zero {zero}", 1))
         module = ir.parse_file(str(path))
+        check_run(module, "ppo", 2, 1, 4)
         if zero == 1:
-            check_run(module, "ppo", 2, 1, 4)
             continue
-        with pytest.raises(SemanticError, match="has zero 3, which the RL loop does not execute yet") as err:
-            check_run(module, "ppo", 2, 1, 4)
+        with pytest.raises(SemanticError, match="has zero 3, which the vLLM engine path does not run yet") as err:
+            check_vllm_plans(module, cuda=True)
         assert err.value.loc is not None and err.value.loc.line == 33 and err.value.loc.column > len(line)
