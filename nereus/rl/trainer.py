@@ -17,7 +17,8 @@ Model-stages (names fixed by this loop; the plan places them):
 
 One step: prompts → generation (each DP replica its rows) → inference and old log-probs
 → advantages on the whole batch (every rank has it) → `minibatches` updates with DP
-gradient all-reduce and Adam on the runtime's tensors → actor weights synced to the
+gradient all-reduce and Adam on the runtime's tensors (under `zero 1`/`zero 3` each dp
+replica updates its chunk of the optimizer state, nereus.rl.zero) → actor weights synced to the
 generation stage. At step boundaries a scripted event calls `runtime.transition(plan)`;
 the next step reads the new shards and the new groups.
 
