@@ -108,9 +108,8 @@ def check_vllm_plans(module, cuda: bool) -> None:
     from nereus.ir.diagnostics import SemanticError
     from nereus.ir.model import key_loc
 
-    for plan in module.plans:
-        placement = plan.placement("actor.training")
-        if placement.zero >= 3:
+    for plan, placement in ((plan, p) for plan in module.plans for p in plan.placements):
+        if str(placement.model_stage) == "actor.training" and placement.zero >= 3:
             raise SemanticError(f"plan {plan.name}: actor.training has zero {placement.zero}, which the vLLM engine "
                                 "path does not run yet", key_loc(placement, "zero"),
                                 hint="use zero 1 (sharded optimizer state) with --engine vllm, or --engine native")
