@@ -162,3 +162,39 @@ def test_zero_layouts_pass_the_loop_checks_and_vllm_refuses_zero_3_at_the_key(tm
         with pytest.raises(SemanticError, match="has zero 3, which the vLLM engine path does not run yet") as err:
             check_vllm_plans(module, cuda=True)
         assert err.value.loc is not None and err.value.loc.line == 33 and err.value.loc.column > len(line)
+
+
+@pytest.mark.parametrize("tp, dp", [(1, 2), (2, 3), (4, 2), (4, 4), (2, 5)])
+def test_the_loops_zero_chunks_are_the_compilers(tp, dp):
+    """nereus.rl.zero cuts the chunks the runtime holds (nereus.passes.layout.zero_boxes):
+    for every tensor of a GQA llama with a value head (1 row: empty chunks from replica 1
+    on), TP rank and replica, chunk_rows of the local tensor cut from the loop's TP boxes
+    gives the compiler's rows in the same local order, and the replicas' chunks tile the
+    local tensor."""
+    from nereus.passes.layout import zero_boxes
+    from nereus.rl.shards import local_boxes
+    from nereus.rl.zero import chunk_boxes, chunk_rows
+
+    model = Model("m", "llama", layers=1, hidden=32, heads=4, kv_heads=2, ffn=48, vocab=20, dtype="bf16",
+                  head="value")
+    for spec in tensor_table(model):
+        for t in range(tp):
+            boxes = local_boxes(spec, tp, t)
+            rows = sum(b[0][1] - b[0][0] for b in boxes)
+            cuts = [chunk_rows(rows, dp, r) for r in range(dp)]
+            assert cuts[0][0] == 0 and cuts[-1][1] == rows and all(a[1] == b[0] for a, b in zip(cuts, cuts[1:]))
+            for r, (lo, hi) in enumerate(cuts):
+                assert _merged(chunk_boxes(boxes, lo, hi)) == _merged(zero_boxes(spec, tp, t, dp, r)), (spec.name, t, r)
+
+
+def _merged(boxes) -> list:
+    """Boxes with dim-0 neighbours joined: the same rows in the same local order (at tp 1
+    the compiler lists a fused tensor's parts as boxes, the loop the whole tensor as one)."""
+    out = []
+    for box in boxes:
+        box = tuple(tuple(d) for d in box)
+        if out and out[-1][0][1] == box[0][0] and out[-1][1:] == box[1:]:
+            out[-1] = ((out[-1][0][0], box[0][1]), *box[1:])
+        else:
+            out.append(box)
+    return out
