@@ -3,7 +3,8 @@ fp32 master and Adam state over the dp group; weights per TP/PP shard as with ze
 
 A chain of plan changes on 4 gloo ranks moves a bf16 actor and an fp32 critic (its value
 head [1, hidden] leaves some replicas an empty chunk) through zero 0 → 1, dp 2 → 4 and
-4 → 2 under zero 1, tp and pp changes under zero 1, a GPU-order reversal, zero 1 → 0,
+4 → 2 under zero 1 (and a pure dp doubling, which sends the optimizer state about once,
+not once per new replica), tp and pp changes under zero 1, a GPU-order reversal, zero 1 → 0,
 zero 0 → 3 and 1 → 3 (weights in dp chunks too) and zero 3 → 0.
 After every transition `gather_state_dict` equals the original full state byte for byte
 (weights, master, exp_avg, exp_avg_sq, step) and each rank holds exactly the boxes the
@@ -64,7 +65,7 @@ plan S5 = S0 {
   critic.training  dp 2 tp 2 on 0..3 zero 3
 }
 """
-CHAIN = ("S1", "S2", "S3", "S4", "S5", "S0")
+CHAIN = ("S1", "S2", "S3", "S4", "S0", "S5", "S0")  # S4 -> S0: the critic alone moves, dp 2 -> 4 under zero 1
 TRAINING = ("actor.training", "critic.training")
 
 
@@ -155,6 +156,16 @@ def test_zero_3_replicas_hold_a_dp_th_of_the_weights_too(chain):
     weights = [sum(n for k, n in held.items() if "#" not in k) for held in step]
     masters = [sum(n for k, n in held.items() if k.endswith("#master")) for held in step]
     assert sum(weights) == sum(masters) and max(weights) < sum(weights) // 2
+
+
+def test_a_dp_doubling_under_zero_1_sends_the_optimizer_state_about_once(chain):
+    # S4 -> S0: the actor stays, the critic goes dp 2 tp 1 on 1, 2 -> dp 4 tp 1 on 0..3,
+    # zero 1, fp32: the two new replicas need the weights (4 B/param each), the optimizer
+    # state (12 B/param) is re-partitioned; replicated (zero 0) it would be 2 x 16 B/param
+    params = sum(n for k, n in chain[0][0]["held"]["critic.training"]["expected"].items() if "#" not in k)
+    sent = chain[0][CHAIN.index("S0") + 1]["sent"]
+    assert CHAIN[CHAIN.index("S0") - 1] == "S4"
+    assert 2 * 4 * params <= sent <= (2 * 4 + 12) * params < 2 * 16 * params, (sent, params)
 
 
 def test_transitions_ran_with_byte_checks_and_moved_data(chain):
