@@ -36,7 +36,7 @@ class Role:
     tp: TpGroup
     dp_group: Optional[Any]  # None when dp == 1
     pipe: PipeStage
-    zero: int = 0  # the placement's `zero`: 1 → this replica holds a dp chunk of the optimizer state
+    zero: int = 0  # the placement's `zero`: 1 → a dp chunk of the optimizer state, 3 → of the weights too
     dp_ranks: tuple[int, ...] = ()  # global rank of each replica of this rank's (stage, TP rank)
 
     @property
