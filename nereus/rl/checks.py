@@ -88,25 +88,12 @@ def check_replicas(module: Module, minibatches: int) -> None:
                                                            f"{p.dp * minibatches}")
 
 
-def check_sharded_state(module: Module) -> None:
-    """No placement shards its state over dp (`zero 1`/`zero 3`): the compiler lays such
-    layouts out and verifies their transitions, but the runtime does not execute them yet."""
-    for plan in module.plans:
-        for p in plan.placements:
-            if p.zero:
-                raise SemanticError(f"plan {plan.name}: {p.model_stage} has zero {p.zero}, which the runtime and "
-                                    "the RL loop do not execute yet", key_loc(p, "zero"),
-                                    hint="use zero 0 (the default) for `nereus train`; `nereusc` compiles and "
-                                         "verifies zero layouts")
-
-
 def check_run(module: Module, algo: str, minibatches: int, group: int, world: int) -> None:
     """Everything above, for every plan of the module."""
     check_stages(module, algo)
     check_models(module)
     check_batch(module, algo, minibatches, group)
     check_replicas(module, minibatches)
-    check_sharded_state(module)
     for plan in module.plans:
         for placement in plan.placements:
             check_placement(placement, world)

@@ -102,9 +102,17 @@ def make_vllm_generation(module, plan: str, *, seed: int = 0, workdir: str = "")
 def check_vllm_plans(module, cuda: bool) -> None:
     """Errors a user can cause before any engine starts (raised on every rank alike, so
     no rank waits on one that failed): on CPU, vLLM runs tensor_parallel_size 1 only and
-    its attention needs head_dim >= 32, a multiple of 16 (vLLM's CPU attention list)."""
+    its attention needs head_dim >= 32, a multiple of 16 (vLLM's CPU attention list). On
+    any device: the engines load the runtime's actor.training shards as they are, which
+    under `zero 3` are dp chunks (the native engine gathers them; this path does not yet)."""
     from nereus.ir.diagnostics import SemanticError
+    from nereus.ir.model import key_loc
 
+    for plan, placement in ((plan, p) for plan in module.plans for p in plan.placements):
+        if str(placement.model_stage) == "actor.training" and placement.zero >= 3:
+            raise SemanticError(f"plan {plan.name}: actor.training has zero {placement.zero}, which the vLLM engine "
+                                "path does not run yet", key_loc(placement, "zero"),
+                                hint="use zero 1 (sharded optimizer state) with --engine vllm, or --engine native")
     if cuda:
         return
     actor = module.model("actor")

@@ -1,7 +1,8 @@
 """Adam on tensors the runtime holds, and the DP gradient all-reduce.
 
 A training unit's state is, per weight `{model}/{name}`, the weight (model dtype) and fp32
-`#master`, `#exp_avg`, `#exp_avg_sq`, all local shards with the same layout. The step
+`#master`, `#exp_avg`, `#exp_avg_sq`, all local shards with the same layout (under
+`zero 1`/`zero 3` the optimizer state is a dp chunk of it: nereus.rl.zero). The step
 updates them in place, so after it the runtime still owns every byte of optimizer state
 and a transition moves it along with the weights.
 """

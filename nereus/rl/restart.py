@@ -22,6 +22,7 @@ from nereus.models import (OPTIMIZER_DTYPE, OPTIMIZER_STATES, TensorSpec, optimi
 from nereus.ir.model import Module, Placement
 
 from .shards import local_boxes, shard, write_owned
+from .zero import chunk_boxes, chunk_rows
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -56,6 +57,12 @@ def on_stage(spec: TensorSpec, layers: int, pp: int, stage: int) -> bool:
     return stage == 0 if spec.role == "embed" else stage == pp - 1
 
 
+def _chunked(p: Placement, name: str) -> bool:
+    """Whether `name` is held as dp chunks in `p`: optimizer state under zero 1, every
+    tensor under zero 3 (training placements only)."""
+    return p.model_stage.stage == "training" and (p.zero >= 3 or p.zero >= 1 and "#" in name)
+
+
 class RestartRuntime:
     """Gather-and-reshard runtime over the default process group (rank = GPU id)."""
 
@@ -81,9 +88,17 @@ class RestartRuntime:
         if where is None:
             return {}
         layers = self.module.model(placement.model_stage.model).layers
-        return {name: shard(full[name], spec, placement.tp, where[2]).to(self.device)
-                for name, spec in global_specs(self.module, model_stage).items()
-                if on_stage(spec, layers, placement.pp, where[1])}
+        out = {}
+        for name, spec in global_specs(self.module, model_stage).items():
+            if on_stage(spec, layers, placement.pp, where[1]):
+                local = shard(full[name], spec, placement.tp, where[2])
+                if _chunked(placement, name):  # zero 1: this replica's dp chunk of the optimizer state
+                    lo, hi = chunk_rows(local.shape[0], placement.dp, where[0])
+                    if hi <= lo:
+                        continue
+                    local = local[lo:hi].clone()
+                out[name] = local.to(self.device)
+        return out
 
     def shard_hf_checkpoint(self, model_stage: str, path: Optional[str] = None) -> dict[str, torch.Tensor]:
         """This rank's shards of `model_stage` read from a Hugging Face checkpoint directory
@@ -101,9 +116,18 @@ class RestartRuntime:
         where = _position(placement, self.rank)
         unit = None
         if where is not None:  # the unit of this rank in the JSON program's form: boxes per tensor
-            unit = {"shards": [{"tensor": f"{model.name}/{spec.name}", "gpu": self.rank,
-                                "boxes": [list(map(list, box)) for box in local_boxes(spec, placement.tp, where[2])]}
-                               for spec in tensor_table(model) if on_stage(spec, model.layers, placement.pp, where[1])]}
+            shards = []
+            for spec in tensor_table(model):
+                if not on_stage(spec, model.layers, placement.pp, where[1]):
+                    continue
+                name, boxes = f"{model.name}/{spec.name}", local_boxes(spec, placement.tp, where[2])
+                chunk = chunk_boxes(boxes, *chunk_rows(sum(b[0][1] - b[0][0] for b in boxes), placement.dp, where[0]))
+                master = optimizer_name(name, OPTIMIZER_STATES[0])
+                for tensor in (name, master) if placement.model_stage.stage == "training" else (name,):
+                    mine = chunk if _chunked(placement, tensor) else boxes  # zero: a dp chunk
+                    if mine:
+                        shards.append({"tensor": tensor, "gpu": self.rank, "boxes": mine})
+            unit = {"shards": shards}
         local = shard_checkpoint(model, placement.model_stage, unit, self.rank, directory)
         specs = global_specs(self.module, model_stage)  # no Adam step counter: this runtime keeps none
         return {name: tensor.to(self.device) for name, tensor in local.items() if name in specs}
@@ -122,7 +146,16 @@ class RestartRuntime:
         out = {}
         for name, spec in global_specs(self.module, model_stage).items():
             full = torch.zeros(spec.shape, dtype=TORCH_DTYPES[spec.dtype], device=self.device)
-            if where is not None and where[0] == 0 and name in local:
+            if where is not None and _chunked(placement, name):
+                # every replica writes its chunk rows (zeros elsewhere): the sum is each byte once
+                boxes = local_boxes(spec, placement.tp, where[2])
+                rows = torch.zeros(sum(b[0][1] - b[0][0] for b in boxes), *[hi - lo for lo, hi in boxes[0][1:]],
+                                   dtype=full.dtype, device=self.device)
+                lo, hi = chunk_rows(rows.shape[0], placement.dp, where[0])
+                if name in local:
+                    rows[lo:hi] = local[name]
+                write_owned(full, rows, spec, placement.tp, where[2])
+            elif where is not None and where[0] == 0 and name in local:
                 write_owned(full, local[name], spec, placement.tp, where[2])
             if dist.is_initialized() and dist.get_world_size() > 1:
                 dist.all_reduce(full)

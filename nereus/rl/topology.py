@@ -36,6 +36,8 @@ class Role:
     tp: TpGroup
     dp_group: Optional[Any]  # None when dp == 1
     pipe: PipeStage
+    zero: int = 0  # the placement's `zero`: 1 → a dp chunk of the optimizer state, 3 → of the weights too
+    dp_ranks: tuple[int, ...] = ()  # global rank of each replica of this rank's (stage, TP rank)
 
     @property
     def contributes(self) -> bool:
@@ -87,7 +89,8 @@ class Groups:
                                  prev=p.gpu_of(r, s - 1, t) if s > 0 else None,
                                  next=p.gpu_of(r, s + 1, t) if s < p.pp - 1 else None,
                                  first=p.gpu_of(r, 0, t), last=p.gpu_of(r, p.pp - 1, t))
-                return Role(r, p.dp, TpGroup(p.tp, t, made[ranks], ranks), made[dp_groups[(s, t)]], pipe)
+                return Role(r, p.dp, TpGroup(p.tp, t, made[ranks], ranks), made[dp_groups[(s, t)]], pipe,
+                            p.zero, dp_groups[(s, t)])
         return None
 
 

@@ -17,7 +17,8 @@ Model-stages (names fixed by this loop; the plan places them):
 
 One step: prompts → generation (each DP replica its rows) → inference and old log-probs
 → advantages on the whole batch (every rank has it) → `minibatches` updates with DP
-gradient all-reduce and Adam on the runtime's tensors → actor weights synced to the
+gradient all-reduce and Adam on the runtime's tensors (under `zero 1`/`zero 3` each dp
+replica updates its chunk of the optimizer state, nereus.rl.zero) → actor weights synced to the
 generation stage. At step boundaries a scripted event calls `runtime.transition(plan)`;
 the next step reads the new shards and the new groups.
 
@@ -38,7 +39,7 @@ import torch.distributed as dist
 
 from nereus.ir.diagnostics import SemanticError
 from nereus.ir.model import Module
-from nereus.runtime.state import step_name
+from nereus.runtime.state import TORCH_DTYPES, step_name
 
 from . import algorithms as alg
 from .engine import ENGINES, GenerationEngine, NativeEngine, make_vllm_generation
@@ -51,6 +52,7 @@ from .restart import RestartRuntime
 from .reward import make_prompts, score
 from .topology import Groups, Role
 from .weights import register_initial_weights
+from .zero import gathered_weights, local_weight_shapes, zero_adam_step
 
 
 @dataclass(frozen=True)
@@ -162,9 +164,17 @@ class RlTrainer:
                 dist.barrier()  # engine start-up (tens of seconds on CPU) is not part of step 1
 
     def weights(self, ms: str) -> dict[str, torch.Tensor]:
-        """Local weights of a model-stage by local name (what the llama reads)."""
+        """Local weights of a model-stage by local name (what the llama reads). Under
+        `zero 3` the runtime holds dp chunks: they are all-gathered over the dp group
+        (collective there; nereus.rl.zero.gathered_weights)."""
         prefix = ms.partition(".")[0] + "/"
-        return {k[len(prefix):]: v for k, v in self.rt.state(ms).items() if "#" not in k}
+        state = self.rt.state(ms)
+        role = self.roles.get(ms)
+        if role is not None and role.zero >= 3:
+            model = self.module.model(ms.partition(".")[0])
+            state = gathered_weights(state, local_weight_shapes(model, role), TORCH_DTYPES[model.dtype], self.device,
+                                     replica=role.replica, dp=role.dp, group=role.dp_group, dp_ranks=role.dp_ranks)
+        return {k[len(prefix):]: v for k, v in state.items() if "#" not in k}
 
     # -- communication helpers -----------------------------------------------------------
 
@@ -220,7 +230,11 @@ class RlTrainer:
                      for k, p in params.items()}
             reduce_replicated_kv_grads(grads, self.module.model(model_name), role.tp)
             all_reduce_grads(grads, role.dp_group)
-            adam_step(state, grads, step, lr, self.cfg.betas, self.cfg.eps)
+            if role.zero:  # this replica's chunk of the optimizer state (zero 1: then the weights all-gathered)
+                zero_adam_step(state, grads, step, lr, self.cfg.betas, self.cfg.eps, zero=role.zero,
+                               replica=role.replica, dp=role.dp, group=role.dp_group, dp_ranks=role.dp_ranks)
+            else:
+                adam_step(state, grads, step, lr, self.cfg.betas, self.cfg.eps)
             counter = step_name(model_name)
             if counter in state:  # the runtime's Adam step counter travels with the state
                 state[counter].fill_(step)
@@ -334,8 +348,9 @@ class RlTrainer:
         input layout, then each driver loads the weights into its engine."""
         if self.vllm is not None:
             return self.vllm.push(self.plan_name, self.rt.state("actor.training")).bytes_sent
-        if self.weight_sync is not None:
-            result = self.weight_sync.run(self.plan_name, self.rt.state("actor.training"))
+        if self.weight_sync is not None:  # the sync reads whole TP/PP shards: gathered under zero 3
+            result = self.weight_sync.run(self.plan_name, {f"actor/{k}": v for k, v in
+                                                           self.weights("actor.training").items()})
             local, sent = result.weights, result.bytes_sent
         else:
             full = self.rt.gather_state_dict("actor.training")

@@ -8,8 +8,9 @@ Loading. Input: a model, the UNIT this rank holds (JSON program v1 layout) and a
 checkpoint directory (`model.safetensors`, or shards listed by
 `model.safetensors.index.json`). Output: {global name: local tensor} in the local shard
 contract (boxes stacked along dim 0), at the model's dtype, ready for `register`;
-training units also get `#master` (fp32 copy of the weight), zeroed `#exp_avg` /
-`#exp_avg_sq` and Adam step 0. Invariant: only the bytes of this rank's boxes are read
+training units also get `#master` (fp32 copy of the weight, read at its own boxes: under
+`zero 1`/`zero 3` a dp chunk of the TP shard), zeroed `#exp_avg` / `#exp_avg_sq` of the
+master's shape and Adam step 0. Invariant: only the bytes of this rank's boxes are read
 from the files (a row range is one positioned read, a column range one read per row), each
 straight into the local tensor when the dtypes agree, so peak host memory is about this
 rank's shards, not the model (a tensor whose dtype differs costs one piece more).
@@ -169,28 +170,34 @@ def shard_checkpoint(model: Model, model_stage: ModelStage, unit: Optional[dict]
         dtype = TORCH_DTYPES[model.dtype]
         weights = {f"{model.name}/{spec.name}" for spec in tensor_table(model)}
         out = {}
+        master = optimizer_name("", OPTIMIZER_STATES[0])
         for shard in unit["shards"]:
             name = shard["tensor"]
-            if shard["gpu"] != gpu or name not in weights:
+            # under zero 1/3 the master's boxes are a dp chunk, not the weight's boxes: read
+            # each (weight or master) shard at its own boxes
+            weight = name[:-len(master)] if name.endswith(master) else name
+            if shard["gpu"] != gpu or weight not in weights:
+                continue
+            if weight != name and model_stage.stage != "training":
                 continue
             boxes = [as_box(b) for b in shard["boxes"]]
-            pieces = sources.get(name, [])
+            pieces = sources.get(weight, [])
             absent = [hf for hf, _, _ in pieces if hf not in files]
-            if absent and name.endswith("/value_head.weight"):
+            if absent and weight.endswith("/value_head.weight"):
                 out[name] = torch.zeros([sum(b[0][1] - b[0][0] for b in boxes), *[hi - lo for lo, hi in boxes[0][1:]]],
                                         dtype=dtype)
-                continue
-            if absent:
+            elif absent:
                 raise NereusError(f"{directory} lacks {absent[0]}, which {model.name} needs for {name}",
                                   hint="is the checkpoint of the model's architecture and sizes?")
-            out[name] = _read_shard(files, pieces, boxes, dtype)
+            else:
+                out[name] = _read_shard(files, pieces, boxes, dtype)
+            if weight != name:  # the fp32 master: the checkpoint's values at the model's dtype, widened
+                out[name] = out[name].float()
+                for state in OPTIMIZER_STATES[1:]:
+                    out[optimizer_name(weight, state)] = torch.zeros(out[name].shape, dtype=torch.float32)
     finally:
         files.close()
     if model_stage.stage == "training":
-        for name in [n for n in out if n in weights]:
-            out[optimizer_name(name, OPTIMIZER_STATES[0])] = out[name].float()
-            for state in OPTIMIZER_STATES[1:]:
-                out[optimizer_name(name, state)] = torch.zeros(out[name].shape, dtype=torch.float32)
         out[step_name(model.name)] = torch.tensor(0, dtype=torch.int64)
     return out
 

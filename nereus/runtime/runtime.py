@@ -488,12 +488,6 @@ def _plan(module: Module, name: str) -> None:
     except KeyError:
         raise SemanticError(f"unknown plan {name!r}", hint=f"plans: {', '.join(p.name for p in module.plans)}") from None
     for p in plan.placements:
-        # the compiler lays out and verifies zero 1/3, but this executor's shard contract
-        # (whole optimizer state per unit) has not been run on them: refuse, don't guess
-        if p.zero:
-            raise SemanticError(f"plan {name}: {p.model_stage} has zero {p.zero}, which the runtime does not "
-                                "execute yet", p.loc, hint="use zero 0 (the default) in plans the runtime runs; "
-                                                           "nereusc compiles and verifies zero layouts")
         if p.ep > 1:
             raise SemanticError(f"plan {name}: {p.model_stage} has ep {p.ep}, which the runtime does not "
                                 "execute yet", p.loc, hint="use ep 1 in plans the runtime runs; "

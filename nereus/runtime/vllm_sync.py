@@ -87,7 +87,9 @@ def sync_module(module: Module, plan: str, source: str = "actor.training",
     src_placement, dst_placement = placed.placement(src), placed.placement(dst)
     model = replace(module.model(dst.model), base=None)
     workload = replace(module.workload, stages=((dst.stage, (dst.model,)),))
-    before = replace(src_placement, model_stage=dst, offload=False)
+    # the source's whole TP/PP shards: under zero 3 the caller passes them gathered over dp
+    # (nereus.rl.trainer does); zero 1 keeps weights whole anyway
+    before = replace(src_placement, model_stage=dst, offload=False, zero=0)
     if engine_input:
         dst_placement = engine_placement(dst_placement)
     after = replace(dst_placement, offload=False)

@@ -139,19 +139,62 @@ def test_models_the_loop_cannot_use_are_refused_at_their_declaration():
     assert models["actor"].head == "lm"
 
 
-def test_zero_layouts_are_refused_before_launch_at_the_key(tmp_path):
-    """The compiler lays out `zero 1`, the runtime does not execute it yet: the loop says
-    so at the key instead of failing inside a transition."""
+def test_zero_layouts_pass_the_loop_checks_and_vllm_refuses_zero_3_at_the_key(tmp_path):
+    """The loop trains `zero 1` and `zero 3` (nereus.rl.zero); the vLLM engine path loads
+    the runtime's actor.training shards as they are (dp chunks under zero 3): refused there
+    at the key, before any engine starts."""
     import pathlib
 
     import nereus.ir as ir
     from nereus.ir.diagnostics import SemanticError
     from nereus.rl.checks import check_run
+    from nereus.rl.engine import check_vllm_plans
 
     text = (pathlib.Path(__file__).resolve().parents[2] / "examples/rl/ppo-cpu.nir").read_text()
-    path = tmp_path / "zero.nir"
-    path.write_text(text.replace("  actor.training    dp 2 tp 2  on 0..3", "  actor.training    dp 2 tp 2  on 0..3 zero 1", 1))
-    module = ir.parse_file(str(path))
-    with pytest.raises(SemanticError, match="has zero 1, which the runtime and the RL loop do not execute yet") as err:
+    line = "  actor.training    dp 2 tp 2  on 0..3"
+    for zero in (1, 3):
+        path = tmp_path / f"zero{zero}.nir"
+        path.write_text(text.replace(line, f"{line} zero {zero}", 1))
+        module = ir.parse_file(str(path))
         check_run(module, "ppo", 2, 1, 4)
-    assert err.value.loc is not None and err.value.loc.line == 33
+        if zero == 1:
+            continue
+        with pytest.raises(SemanticError, match="has zero 3, which the vLLM engine path does not run yet") as err:
+            check_vllm_plans(module, cuda=True)
+        assert err.value.loc is not None and err.value.loc.line == 33 and err.value.loc.column > len(line)
+
+
+@pytest.mark.parametrize("tp, dp", [(1, 2), (2, 3), (4, 2), (4, 4), (2, 5)])
+def test_the_loops_zero_chunks_are_the_compilers(tp, dp):
+    """nereus.rl.zero cuts the chunks the runtime holds (nereus.passes.layout.zero_boxes):
+    for every tensor of a GQA llama with a value head (1 row: empty chunks from replica 1
+    on), TP rank and replica, chunk_rows of the local tensor cut from the loop's TP boxes
+    gives the compiler's rows in the same local order, and the replicas' chunks tile the
+    local tensor."""
+    from nereus.passes.layout import zero_boxes
+    from nereus.rl.shards import local_boxes
+    from nereus.rl.zero import chunk_boxes, chunk_rows
+
+    model = Model("m", "llama", layers=1, hidden=32, heads=4, kv_heads=2, ffn=48, vocab=20, dtype="bf16",
+                  head="value")
+    for spec in tensor_table(model):
+        for t in range(tp):
+            boxes = local_boxes(spec, tp, t)
+            rows = sum(b[0][1] - b[0][0] for b in boxes)
+            cuts = [chunk_rows(rows, dp, r) for r in range(dp)]
+            assert cuts[0][0] == 0 and cuts[-1][1] == rows and all(a[1] == b[0] for a, b in zip(cuts, cuts[1:]))
+            for r, (lo, hi) in enumerate(cuts):
+                assert _merged(chunk_boxes(boxes, lo, hi)) == _merged(zero_boxes(spec, tp, t, dp, r)), (spec.name, t, r)
+
+
+def _merged(boxes) -> list:
+    """Boxes with dim-0 neighbours joined: the same rows in the same local order (at tp 1
+    the compiler lists a fused tensor's parts as boxes, the loop the whole tensor as one)."""
+    out = []
+    for box in boxes:
+        box = tuple(tuple(d) for d in box)
+        if out and out[-1][0][1] == box[0][0] and out[-1][1:] == box[1:]:
+            out[-1] = ((out[-1][0][0], box[0][1]), *box[1:])
+        else:
+            out.append(box)
+    return out

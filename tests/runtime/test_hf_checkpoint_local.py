@@ -21,13 +21,18 @@ from nereus.runtime.hf_checkpoint import shard_checkpoint  # noqa: E402
 from nereus.runtime.state import shard_unit, unit_on_gpu  # noqa: E402
 
 
-@pytest.mark.parametrize("name, dtype, extra", [("qwen2", torch.bfloat16, " { dtype fp32 }"),
-                                                ("qwen3", torch.float32, "")])
-def test_sharded_files_and_casts(tmp_path, name, dtype, extra):
+# the zero cases: the master is read at its own boxes (a dp chunk of the TP shard), under
+# zero 3 the weight too; Adam state zeros of the chunk's shape
+@pytest.mark.parametrize("name, dtype, extra, placement", [
+    ("qwen2", torch.bfloat16, " { dtype fp32 }", "dp 1 tp 2 pp 2 on 3, 1, 0, 2"),
+    ("qwen3", torch.float32, "", "dp 1 tp 2 pp 2 on 3, 1, 0, 2"),
+    ("qwen3", torch.float32, "", "dp 2 tp 2 on 3, 1, 0, 2 zero 1"),
+    ("qwen2", torch.bfloat16, " { dtype fp32 }", "dp 2 pp 2 on 0..3 zero 3")])
+def test_sharded_files_and_casts(tmp_path, name, dtype, extra, placement):
     hf_model = write_checkpoint(name, tmp_path / "ckpt", dtype=dtype)
     hf_model.save_pretrained(tmp_path / "ckpt", max_shard_size="40KB")  # several files and an index
     assert (tmp_path / "ckpt" / "model.safetensors.index.json").exists()
-    (tmp_path / "plan.nir").write_text(nir("ckpt", "actor.training dp 1 tp 2 pp 2 on 3, 1, 0, 2", extra)
+    (tmp_path / "plan.nir").write_text(nir("ckpt", f"actor.training {placement}", extra)
                                        .replace("gpus_per_node 8", "gpus_per_node 4")
                                        .replace("inference: actor", "training: actor"))
     module = ir.parse_file(tmp_path / "plan.nir")

@@ -190,19 +190,3 @@ def test_user_errors_are_nereus_errors_that_leave_the_runtime_usable(chain):
         assert unknown_plan == "unknown plan 'S9'"
         assert "missing" in bad_register
         assert unknown_stage == "unknown model-stage 'actor.inference'"
-
-
-def test_plans_with_sharded_optimizer_state_are_refused_at_the_placement(tmp_path):
-    """zero 1 compiles and verifies, but the executor has not run it: refused, located."""
-    import pathlib
-
-    from nereus.ir.diagnostics import SemanticError
-    from nereus.runtime.runtime import _plan
-
-    text = (pathlib.Path(__file__).resolve().parents[2] / "examples/rl/ppo-cpu.nir").read_text()
-    path = tmp_path / "zero.nir"
-    path.write_text(text.replace("  actor.training    dp 2 tp 2  on 0..3", "  actor.training    dp 2 tp 2  on 0..3 zero 1", 1))
-    module = ir.parse_file(str(path))
-    with pytest.raises(SemanticError, match="has zero 1, which the runtime does not execute yet") as err:
-        _plan(module, module.plans[0].name)
-    assert err.value.loc.line == 33

@@ -1,0 +1,169 @@
+"""The optimizer step on `zero 1` / `zero 3` state: each dp replica updates its chunk;
+the replicas all-gather the weights.
+
+Input: a training unit's local state under zero (nereus.passes.layout.zero_boxes, the
+runtime's layout). Per weight: fp32 `#master`, `#exp_avg`, `#exp_avg_sq` holding only
+rows [lo, hi) of the rank's local TP/PP shard, the dim-0 chunk `chunk_rows(rows, dp,
+replica)` (torch.chunk: ceil(rows / dp) rows per chunk, the last ones short or empty; an
+empty chunk is absent from the state). The weight itself (model dtype) is the whole local
+shard under `zero 1`, the same chunk under `zero 3`. And the fp32 gradients of the whole
+local shard, already summed over the dp group.
+
+Output (in place): the chunk's Adam update (nereus.rl.optim.adam_step on rows [lo, hi));
+under `zero 1` every replica's weight rows then overwritten with the owner's updated
+bytes (`gather_weight_chunks`); under `zero 3` the weight chunk is updated and the whole
+shard is gathered again when the next forward needs it (`gathered_weights`).
+Invariant: the weights every replica computes with are the same bytes, and equal what
+`adam_step` on the whole (zero 0) state computes: Adam is elementwise, the gradients are
+the same all-reduced sums, and the all-gather copies bytes (no arithmetic), so a zero 1
+or zero 3 run reproduces its zero 0 run bit for bit.
+
+Why all-reduce then slice instead of a reduce-scatter: the gradient sums are then the
+same bytes as zero 0's (the control runs compare against them), and gloo's reduce-scatter
+needs equal chunks (torch.chunk's are not). A reduce-scatter over padded chunks would
+halve the gradient traffic on NCCL; the optimizer state, which is what zero shards, is
+the same either way. Zero 3 here gathers a stage's whole shard for a forward/backward,
+not one layer at a time: the state between steps (what transitions move) is a dp-th,
+compute memory is not reduced yet.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+from nereus.models import optimizer_name, tensor_table
+
+from .optim import adam_step
+from .shards import local_boxes
+
+
+def chunk_rows(rows: int, dp: int, replica: int) -> tuple[int, int]:
+    """Rows [lo, hi) of a local tensor with `rows` rows that replica `replica` of `dp`
+    holds of the sharded state (torch.chunk's split; layout.zero_boxes cuts the same)."""
+    size = -(-rows // dp)
+    lo = min(replica * size, rows)
+    return lo, min(lo + size, rows)
+
+
+def chunk_boxes(boxes: Sequence, lo: int, hi: int) -> list:
+    """The boxes of local rows [lo, hi) of a shard made of `boxes` (stacked along dim 0):
+    the global boxes a dp chunk covers, in local order."""
+    out, offset = [], 0
+    for box in boxes:
+        n = box[0][1] - box[0][0]
+        a, z = max(lo, offset), min(hi, offset + n)
+        if a < z:
+            out.append(((box[0][0] + a - offset, box[0][0] + z - offset), *box[1:]))
+        offset += n
+    return out
+
+
+@torch.no_grad()
+def zero_adam_step(state: dict[str, torch.Tensor], grads: dict[str, torch.Tensor], step: int, lr: float,
+                   betas: tuple[float, float], eps: float, *, zero: int, replica: int, dp: int, group,
+                   dp_ranks: Sequence[int]) -> None:
+    """One Adam step on this replica's chunks of `state` (see the module docstring); under
+    zero 1 the weights are then all-gathered over `group` (the dp group; `dp_ranks[r]` is
+    the global rank of replica r). Collective over `group` under zero 1."""
+    views: dict[str, torch.Tensor] = {}
+    chunk_grads: dict[str, torch.Tensor] = {}
+    for name, grad in grads.items():
+        lo, hi = chunk_rows(grad.shape[0], dp, replica)
+        if hi <= lo:
+            continue
+        views[name] = state[name] if zero >= 3 else state[name][lo:hi]
+        for suffix in ("master", "exp_avg", "exp_avg_sq"):
+            key = optimizer_name(name, suffix)
+            views[key] = state[key]
+        chunk_grads[name] = grad[lo:hi]
+    adam_step(views, chunk_grads, step, lr, betas, eps)  # zero 1: writes the weight rows through the views
+    if zero < 3:
+        gather_weight_chunks({name: state[name] for name in grads}, replica, dp, group, dp_ranks)
+
+
+def local_weight_shapes(model, role) -> dict[str, tuple[int, ...]]:
+    """{global name: shape of the local TP/PP shard} of every weight `role` (nereus.rl.
+    topology.Role) holds of `model`: its stage's layers, embed on the first stage, final
+    norm and head on the last; boxes from nereus.rl.shards (the local shard contract)."""
+    first, last = role.pipe.layers
+    out = {}
+    for spec in tensor_table(model):
+        if spec.layer is not None:
+            held = first <= spec.layer < last
+        else:
+            held = role.pipe.is_first if spec.role == "embed" else role.pipe.is_last
+        if held:
+            boxes = local_boxes(spec, role.tp.size, role.tp.rank)
+            out[f"{model.name}/{spec.name}"] = (sum(b[0][1] - b[0][0] for b in boxes),
+                                                *[hi - lo for lo, hi in boxes[0][1:]])
+    return out
+
+
+def gathered_weights(state: dict[str, torch.Tensor], shapes: dict[str, tuple], dtype: torch.dtype, device, *,
+                     replica: int, dp: int, group, dp_ranks: Sequence[int]) -> dict[str, torch.Tensor]:
+    """Zero 3: the whole local shard of every weight in `shapes` ({global name: local
+    shape}, `local_weight_shapes`), all-gathered from the dp replicas' chunks in `state`
+    (new tensors; `state` is not changed). Collective over `group`."""
+    out = {}
+    for name, shape in shapes.items():
+        full = torch.empty(shape, dtype=dtype, device=device)
+        lo, hi = chunk_rows(shape[0], dp, replica)
+        if hi > lo:
+            full[lo:hi] = state[name]
+        out[name] = full
+    gather_weight_chunks(out, replica, dp, group, dp_ranks)
+    return out
+
+
+def gather_weight_chunks(weights: dict[str, torch.Tensor], replica: int, dp: int, group,
+                         dp_ranks: Sequence[int]) -> None:
+    """All-gather over the dp group: every replica's chunk rows of each weight (in place).
+
+    One message per step: each replica packs its chunks as bytes, each padded to the
+    largest chunk, so every replica sends the same size; bytes travel unchanged."""
+    if dp == 1 or group is None:
+        return
+    names = sorted(weights)
+    mine = _pack(weights, names, replica, dp)
+    parts = [torch.empty_like(mine) for _ in range(dp)]
+    dist.all_gather(parts, mine, group=group)
+    # parts come in group-rank order, which is the sorted global ranks, not replica order
+    order = dist.get_process_group_ranks(group)
+    for index, packed in enumerate(parts):
+        owner = list(dp_ranks).index(order[index])
+        if owner != replica:
+            _unpack(weights, names, owner, dp, packed)
+
+
+def _row_bytes(tensor: torch.Tensor) -> int:
+    return tensor[:1].numel() * tensor.element_size() if tensor.shape[0] else 0
+
+
+def _pack(weights: dict[str, torch.Tensor], names: list, replica: int, dp: int) -> torch.Tensor:
+    pieces = []
+    for name in names:
+        tensor = weights[name]
+        lo, hi = chunk_rows(tensor.shape[0], dp, replica)
+        padded = torch.zeros(-(-tensor.shape[0] // dp) * _row_bytes(tensor), dtype=torch.uint8,
+                             device=tensor.device)
+        if hi > lo:
+            raw = tensor[lo:hi].contiguous().reshape(-1).view(torch.uint8)
+            padded[:raw.numel()] = raw
+        pieces.append(padded)
+    return torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.uint8)
+
+
+def _unpack(weights: dict[str, torch.Tensor], names: list, owner: int, dp: int, packed: torch.Tensor) -> None:
+    offset = 0
+    for name in names:
+        tensor = weights[name]
+        lo, hi = chunk_rows(tensor.shape[0], dp, owner)
+        row = _row_bytes(tensor)
+        if hi > lo:
+            rows = packed[offset:offset + (hi - lo) * row].clone().view(tensor.dtype).view((hi - lo, *tensor.shape[1:]))
+            tensor[lo:hi].copy_(rows)
+        offset += -(-tensor.shape[0] // dp) * row
+
