@@ -38,7 +38,7 @@ import torch.distributed as dist
 
 from nereus.ir.diagnostics import ProgramError
 
-from . import packing
+from . import offload, packing
 from .control import Failure, agree
 from .posting import p2p_ops as _p2p_ops, post as _post
 from .parking import ROLLBACK_MODES, Parking, default_rollback, park_plan, real_room, restore_parked
@@ -83,6 +83,7 @@ class ExecutionResult:
     rollback: str = "device"  # how an abort would have restored the old state ("auto" | "device" | "host")
     parked_bytes: int = 0  # before-shards copied to host memory and released on their device
     held_bytes: int = 0  # before-shards the program freed that stayed on their device until the commit
+    offload_bytes: int = 0  # read from offloaded before-units or written into offloaded after-units (PCIe on CUDA)
 
 
 def _fault_spec(fault) -> Optional[tuple[int, int, str]]:
@@ -137,7 +138,7 @@ def execute(prog: RankProgram, before: dict, *, group, control, device: torch.de
             resident_bytes: int = 0, verify: bool = False, progress: bool = False,
             fault=None, rollback: Optional[str] = None, park_device_types=("cuda",),
             round_hook: Optional[Callable[[int], None]] = None,
-            capacity_bytes: Optional[int] = None) -> ExecutionResult:
+            capacity_bytes: Optional[int] = None, offloaded: frozenset = frozenset()) -> ExecutionResult:
     """Collective over `group` (data; or a list of data groups over the same ranks, whose
     communicators then move a round's ops concurrently) and `control` (gloo).
 
@@ -159,7 +160,9 @@ def execute(prog: RankProgram, before: dict, *, group, control, device: torch.de
     rollback="auto" (default on CUDA): "host" only for the units `park_plan` picks (the
     replay has no room for them within `capacity_bytes` and the device's free memory),
     "device" for the others. `park_device_types={"cpu"}` makes CPU tensors take the host
-    path (tests). `round_hook(index)` runs on this rank after each round."""
+    path (tests). `round_hook(index)` runs on this rank after each round.
+    offloaded: {("before" | "after", unit id)} of the units in host memory (`offload`, see
+    offload.py): read and written there, never counted as device bytes."""
     rollback = default_rollback(device) if rollback is None else rollback
     if rollback not in ROLLBACK_MODES:
         raise ProgramError(f"unknown rollback mode {rollback!r}", hint="use rollback='host' or 'device'")
@@ -171,7 +174,7 @@ def execute(prog: RankProgram, before: dict, *, group, control, device: torch.de
         parking = Parking(prog, before, park_device_types, park_plan(prog, resident_bytes, capacity_bytes, room))
     try:
         result = _execute(prog, before, parking, group, control, torch.device(device), resident_bytes, verify,
-                          progress, _fault_spec(fault), round_hook)
+                          progress, _fault_spec(fault), round_hook, offloaded)
     except BaseException as error:
         # the finished frames in the traceback still hold the new shards and the buffers:
         # clear them so the device memory is free before the old shards come back
@@ -191,8 +194,11 @@ class _Run:
     """Mutable state of one rank's transition, shared by its rounds."""
 
     def __init__(self, prog: RankProgram, before: dict, parking, group, control, device, live: _Live,
-                 verify: bool, fault):
+                 verify: bool, fault, offloaded: frozenset = frozenset()):
         self.prog, self.before, self.parking = prog, before, parking
+        # units in host memory (offload): not device bytes; written in place there
+        self.host_before = {unit for phase, unit in offloaded if phase == "before"}
+        self.host_after = {unit for phase, unit in offloaded if phase == "after"}
         self.group, self.control, self.device, self.live = group, control, device, live
         self.verify, self.fault = verify, fault
         self.verified = True if verify else None
@@ -210,9 +216,9 @@ class _Run:
 
 
 def _execute(prog, before, parking, group, control, device, resident_bytes, verify, progress, fault,
-             round_hook) -> ExecutionResult:
+             round_hook, offloaded=frozenset()) -> ExecutionResult:
     started = time.perf_counter()
-    run = _Run(prog, before, parking, group, control, device, _Live(resident_bytes), verify, fault)
+    run = _Run(prog, before, parking, group, control, device, _Live(resident_bytes), verify, fault, offloaded)
     try:
         _check_before(prog, before)
         _count_before(run)
@@ -254,7 +260,8 @@ def _execute(prog, before, parking, group, control, device, resident_bytes, veri
 def _count_before(run: _Run) -> None:
     for unit, shards in run.prog.before.items():
         for name in shards:
-            run.live.add(run.before[unit][name])
+            if unit not in run.host_before:
+                run.live.add(run.before[unit][name])
 
 
 def _round(run: _Run, work) -> RoundTiming:
@@ -272,25 +279,27 @@ def _round(run: _Run, work) -> RoundTiming:
             raise _Skip()
         for unit in work.allocs:
             step = f"alloc {unit}"
-            _allocate(prog, unit, new, live, device, run.aliased)
+            _allocate(prog, unit, new, live, device, run.aliased, run.host_after)
         for alias in work.aliases:
             step = f"keep {alias.dst_unit} {alias.tensor}"
             tensor = before[alias.src_unit][alias.tensor]
             slot = new.setdefault(alias.dst_unit, {})
             if alias.tensor not in slot:
                 slot[alias.tensor] = tensor
-                live.add(tensor)
+                if alias.dst_unit not in run.host_after:
+                    live.add(tensor)
             run.written[(alias.dst_unit, alias.tensor)] = tensor.numel()
             result.kept_bytes += tensor.numel() * tensor.element_size()
         for piece in work.copies:  # allocated now, copied while the messages travel
             step = f"alloc {piece.dst_unit} {piece.tensor}"
-            _dst(prog, new, live, device, piece)
+            _dst(prog, new, live, device, piece, run.host_after)
         for msg in work.sends:
             step, peer = "pack send", msg.peer
-            sends.append(_outgoing(msg, sources, device))
+            sends.append(_outgoing(msg, sources, device, run.host_before | run.staged))
         for msg in work.recvs:
             step, peer = "alloc recv", msg.peer
-            recvs.append(_incoming(msg, prog, new, live, device))
+            recvs.append(_incoming(msg, prog, new, live, device, run.host_after))
+        result.offload_bytes += offload.round_bytes(work, run.host_before, run.host_after)
         peer = None
         if fault == (rank, work.index, "pack"):
             raise InjectedFault("injected fault (pack)")
@@ -301,7 +310,7 @@ def _round(run: _Run, work) -> RoundTiming:
     timing.local_s = time.perf_counter() - t0
     agree(run.failure, run.control, prog.source, prog.target)
     sums_in = []
-    buffers = sum(w.buffer.numel() for w in sends + recvs if w.buffer is not None)
+    buffers = sum(w.device_bytes for w in sends + recvs)
     result.buffer_peak_bytes = max(result.buffer_peak_bytes, buffers)
     live.peak = max(live.peak, live.bytes + buffers)  # transient message buffers count too
 
@@ -321,7 +330,7 @@ def _round(run: _Run, work) -> RoundTiming:
             for w in sends:
                 if w.buffer is not None:
                     step, peer = "pack send", w.msg.peer
-                    packing.pack(w.packed, w.offsets, w.buffer.numel(), out=w.buffer)
+                    offload.pack(w.packed, w.offsets, w.buffer)
         except Exception as error:  # noqa: BLE001 - post the (garbage) buffers anyway
             late_error = (step, peer, error)
         out_ops, in_ops = _p2p_ops(sends, dist.isend, group, False), _p2p_ops(recvs, dist.irecv, group, False)
@@ -355,8 +364,10 @@ def _round(run: _Run, work) -> RoundTiming:
         t2 = time.perf_counter()
         for i, w in enumerate(recvs):
             step, peer = "unpack recv", w.msg.peer
+            for bounce, view in w.bounce:  # a direct piece into host memory (offloaded unit)
+                view.copy_(bounce)
             if w.buffer is not None:
-                packing.unpack(w.buffer, w.packed, w.offsets)
+                offload.unpack(w.buffer, w.packed, w.offsets)
             for p in w.msg.pieces:
                 run.written[(p.dst_unit, p.tensor)] = run.written.get((p.dst_unit, p.tensor), 0) + p.numel
             if run.verify:
@@ -390,7 +401,8 @@ def _stage_out(run: _Run, unit: str) -> None:
         return
     names = tuple(run.prog.before[unit])
     for name in names:
-        run.live.remove(run.before[unit][name])
+        if unit not in run.host_before:
+            run.live.remove(run.before[unit][name])
     copies = run.parking.release(unit, names, wait=True) if run.parking is not None else {}
     for name in names:
         tensor = run.before[unit][name]
@@ -407,7 +419,8 @@ def _free(run: _Run, unit: str) -> None:
     if unit not in run.staged:
         names = tuple(run.prog.before[unit])
         for name in names:
-            run.live.remove(run.before[unit][name])
+            if unit not in run.host_before:
+                run.live.remove(run.before[unit][name])
         if run.parking is not None:
             run.parking.release(unit, names)
     run.sources[unit] = {}
@@ -426,9 +439,14 @@ class _Wire:
     packed: list  # views of the packed pieces (sources when sending, shards when receiving)
     direct: list  # contiguous views sent from / received into in place
     views: list  # every piece's view, in message order (checksums)
+    device_bytes: int = 0  # of `buffer`, in device memory (the compiler's transient bytes)
+    bounce: list = field(default_factory=list)  # (device tensor, host view) of direct pieces into host memory
 
 
-def _outgoing(msg: Message, sources: dict, device) -> _Wire:
+def _outgoing(msg: Message, sources: dict, device, host_units=frozenset()) -> _Wire:
+    """host_units: before-units read from host memory (offloaded or staged out); their
+    pieces pack in host memory in the compiler's model, so off CUDA they are not device
+    bytes (on CUDA the packed buffer is staged to the device for NCCL and counted whole)."""
     views = [sources[p.src_unit][p.tensor][p.src_slices] for p in msg.pieces]
     packed = [v for v, p in zip(views, msg.pieces) if not p.direct]
     direct = [v.to(device) for v, p in zip(views, msg.pieces) if p.direct]  # staged: host → device
@@ -436,37 +454,45 @@ def _outgoing(msg: Message, sources: dict, device) -> _Wire:
         raise ProgramError("a direct piece is not contiguous in its source tensor")
     offsets, total = packing.layout([p.nbytes for p in msg.pieces if not p.direct])
     buffer = torch.empty(total, dtype=torch.uint8, device=device) if packed else None  # packed after the agreement
-    return _Wire(msg, buffer, offsets, packed, direct, views)
+    counted = total
+    if buffer is not None and not buffer.is_cuda:  # host-read pieces pack in host memory, as in the replay
+        counted = packing.layout([p.nbytes for p in msg.pieces if not p.direct and p.src_unit not in host_units])[1]
+    return _Wire(msg, buffer, offsets, packed, direct, views, counted)
 
 
-def _incoming(msg: Message, prog: RankProgram, new: dict, live: "_Live", device) -> _Wire:
-    views = [_dst(prog, new, live, device, p)[p.dst_slices] for p in msg.pieces]
+def _incoming(msg: Message, prog: RankProgram, new: dict, live: "_Live", device, host_units=frozenset()) -> _Wire:
+    views = [_dst(prog, new, live, device, p, host_units)[p.dst_slices] for p in msg.pieces]
     packed = [v for v, p in zip(views, msg.pieces) if not p.direct]
     direct = [v for v, p in zip(views, msg.pieces) if p.direct]
+    bounce = []
+    if torch.device(device).type == "cuda":  # NCCL receives into device memory only
+        bounce = [(torch.empty(v.shape, dtype=v.dtype, device=device), v) for v in direct if not v.is_cuda]
+        landing = {id(v): b for b, v in bounce}
+        direct = [landing.get(id(v), v) for v in direct]
     offsets, total = packing.layout([p.nbytes for p in msg.pieces if not p.direct])
     buffer = torch.empty(total, dtype=torch.uint8, device=device) if packed else None
-    return _Wire(msg, buffer, offsets, packed, direct, views)
+    return _Wire(msg, buffer, offsets, packed, direct, views, total if packed else 0, bounce)
 
 
-def _allocate(prog: RankProgram, unit: str, new: dict, live: _Live, device, aliased: set) -> None:
+def _allocate(prog: RankProgram, unit: str, new: dict, live: _Live, device, aliased: set,
+              host_units=frozenset()) -> None:
     shards = prog.after.get(unit)
     if shards is None:
         raise ProgramError(f"alloc of {unit}, which holds nothing on GPU {prog.gpu}")
     slot = new.setdefault(unit, {})
     for name, info in shards.items():
         if name not in slot and (unit, name) not in aliased:
-            slot[name] = torch.empty(info.shape, dtype=TORCH_DTYPES[info.dtype], device=device)
-            live.add(slot[name])
+            slot[name] = offload.new_shard(unit, info.shape, TORCH_DTYPES[info.dtype], live, device, host_units)
 
 
-def _dst(prog: RankProgram, new: dict, live: _Live, device, piece) -> torch.Tensor:
+def _dst(prog: RankProgram, new: dict, live: _Live, device, piece, host_units=frozenset()) -> torch.Tensor:
     """The destination shard of a piece, allocated here if no alloc op came first."""
     slot = new.setdefault(piece.dst_unit, {})
     tensor = slot.get(piece.tensor)
     if tensor is None:
         info = prog.after[piece.dst_unit][piece.tensor]
-        tensor = slot[piece.tensor] = torch.empty(info.shape, dtype=TORCH_DTYPES[info.dtype], device=device)
-        live.add(tensor)
+        tensor = slot[piece.tensor] = offload.new_shard(piece.dst_unit, info.shape, TORCH_DTYPES[info.dtype], live,
+                                                        device, host_units)
     return tensor
 
 
