@@ -14,7 +14,7 @@ import torch
 import nereus.ir as ir
 from nereus.passes.feasibility import resident_bytes_by_model_stage
 from nereus.passes.verify import verify_program
-from nereus.runtime import Runtime
+from nereus.runtime import Runtime, TransitionAborted
 
 from runtime_helpers import spawn
 from test_runtime import _check, _reference, _same
@@ -118,6 +118,14 @@ def _run(rank, world):
     rt.register("ref.inference", registered)
     steps.append(_snapshot(rt, module, refs))
     steps[-1]["device_state"] = {"same": same, "devices": on_device, "written_back": changed}
+    # out of offload with a failure on rank 1 after its exchange: every rank keeps plan B
+    try:
+        rt.transition("D", fault=(1, 0, "unpack"))
+        aborted = None
+    except TransitionAborted as error:
+        aborted = str(error)
+    steps.append(_snapshot(rt, module, refs))
+    steps[-1]["aborted"] = aborted
     return steps
 
 
@@ -165,10 +173,18 @@ def test_device_bytes_match_the_compilers_memory_model(chain):
 
 def test_transition_peak_equals_the_verifiers_replay(chain):
     for rank, steps in enumerate(chain):
-        for step in steps[1:-1]:
+        for step in steps[1:-2]:
             assert step["peak"] == step["replay"], (rank, step["plan"], step["peak"], step["replay"])
 
 
 def test_device_state_brings_offloaded_shards_up_and_write_back_returns_changes(chain):
     for rank, steps in enumerate(chain):
-        assert steps[-1]["device_state"] == {"same": True, "devices": ["cpu"], "written_back": True}, rank
+        assert steps[-2]["device_state"] == {"same": True, "devices": ["cpu"], "written_back": True}, rank
+
+
+def test_an_aborted_transition_out_of_offload_keeps_the_host_state(chain):
+    for rank, steps in enumerate(chain):
+        last = steps[-1]
+        assert last["aborted"] is not None and "injected" in last["aborted"], (rank, last["aborted"])
+        assert last["plan"] == "B" and last["bad"] == [] and last["gather_ok"], rank
+        assert last["placement"]["ref.inference"]["places"] in (["host"], []), rank
