@@ -27,16 +27,11 @@ Last stdout line (rank 0): {"name": "offload_check", "passed", "gpus", "backend"
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
 import torch
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from mg_common import (SHAPES, Env, add_common_args, cluster_source, machine, salt_of,  # noqa: E402
-                       same_bytes, shard_values)
+from mg_common import SHAPES, Env, add_common_args, cluster_source, machine, salt_of, same_bytes, shard_values
 
 STAGES = ("actor.generation", "ref.inference")
 CHAIN = ("B", "A", "C", "A")
