@@ -26,7 +26,7 @@ Overlap types (as in the paper): SM-CS, the same model in two stages (actor.gene
 and actor.training); CM-SS, two models in one stage (actor.training and
 critic.training); CM-CS, two models in two stages (actor.generation and critic.training).
 
-    python benchmarks/coordination.py [--trials 100] [--seed 0]
+    python benchmarks/coordination.py [--trials 100] [--seed 0] [--jobs N]
 
 Last stdout line: {"name": "coordination", "cases": [{"type", "trials",
 "success_with_edges", "success_independent", "success_one_at_a_time": {"first_then_second",
@@ -81,22 +81,34 @@ def _source(nodes: int, mem: str, stages, plans: dict[str, list[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def draw_trial(rng: random.Random, kind: str):
-    """One random (module source, slack) of overlap type `kind`."""
-    from nereus.ir import parse_source
-    from nereus.passes.feasibility import resident_bytes_per_gpu
-
+def draw_plans(rng: random.Random, kind: str) -> tuple:
+    """The random part of one trial of overlap type `kind`: (nodes, plans, slack). Only
+    this consumes `rng`, so trials can be drawn in order and built and run anywhere."""
     nodes = rng.choice([4, 5, 6])
     gpus = list(range(nodes * 8))
-    stages = TYPES[kind]
-    plans = {name: [_placement(rng, gpus, f"{m}.{s}") for m, s in stages] for name in ("S", "T")}
-    probe = parse_source(_source(nodes, "1TB", stages, plans), "<coordination>")
-    busiest = max(max(resident_bytes_per_gpu(probe, probe.plan(p)).values()) for p in ("S", "T"))
+    plans = {name: [_placement(rng, gpus, f"{m}.{s}") for m, s in TYPES[kind]] for name in ("S", "T")}
     # 1% headroom at the least: a receive buffer must exist somewhere; on an H200 that is
     # 1.4 GB, far more than one chunk of a transfer
     slack = 0.01 if rng.random() < 0.25 else rng.uniform(0.01, 0.15)
+    return nodes, plans, slack
+
+
+def build_trial(kind: str, nodes: int, plans: dict, slack: float):
+    """The module of a drawn trial: GPU memory = the busiest GPU's state in S or T + slack."""
+    from nereus.ir import parse_source
+    from nereus.passes.feasibility import resident_bytes_per_gpu
+
+    stages = TYPES[kind]
+    probe = parse_source(_source(nodes, "1TB", stages, plans), "<coordination>")
+    busiest = max(max(resident_bytes_per_gpu(probe, probe.plan(p)).values()) for p in ("S", "T"))
     mem = int(busiest * (1 + slack)) + 1
-    return parse_source(_source(nodes, f"{mem}B", stages, plans), "<coordination>"), slack
+    return parse_source(_source(nodes, f"{mem}B", stages, plans), "<coordination>")
+
+
+def draw_trial(rng: random.Random, kind: str):
+    """One random (module source, slack) of overlap type `kind`."""
+    nodes, plans, slack = draw_plans(rng, kind)
+    return build_trial(kind, nodes, plans, slack), slack
 
 
 def attempt(module, source: str = "S", target: str = "T", **options) -> tuple[bool, int, bool, str]:
@@ -107,7 +119,9 @@ def attempt(module, source: str = "S", target: str = "T", **options) -> tuple[bo
     from nereus.passes.verify import verify_program
 
     try:
-        compiled = compile_transition(module, source, target, **options)
+        # check_fit off: GPU memory is sized to the step-boundary state (what a transition
+        # moves), not to a stage's activations, which the fail-fast fit check would add
+        compiled = compile_transition(module, source, target, check_fit=False, **options)
         verify_program(program_json(compiled))
     except NereusError as error:
         return False, 0, False, error.message.split(":")[0][:60]
@@ -127,58 +141,82 @@ def one_at_a_time(module, halfway: str) -> tuple[bool, str]:
     return True, ""
 
 
+ORDERS = (("first_then_second", "M1"), ("second_then_first", "M2"))
+
+
+def run_trial(drawn: tuple) -> dict:
+    """Every method on one drawn trial (kind, nodes, plans, slack): what succeeded, why not."""
+    module = build_trial(*drawn)
+    ok, edges, was_staged, reason = attempt(module)
+    ok_i, _, _, reason_i = attempt(module, independent=True)
+    orders = {order: one_at_a_time(module, halfway) for order, halfway in ORDERS}
+    return {"ok": ok, "edges": edges, "staged": was_staged, "reason": reason, "ok_i": ok_i, "reason_i": reason_i,
+            "orders": orders}
+
+
+def summarize(kind: str, outcomes: list, seconds: float) -> dict:
+    trials = len(outcomes)
+    reasons: dict = {}
+
+    def count(key):
+        reasons[key] = reasons.get(key, 0) + 1
+
+    ok_order = {order: 0 for order, _ in ORDERS}
+    ok_either = 0
+    for o in outcomes:
+        if not o["ok"]:
+            count(f"edges: {o['reason']}")
+        if not o["ok_i"]:
+            count(o["reason_i"])
+        for order, (ok_s, reason_s) in o["orders"].items():
+            ok_order[order] += ok_s
+            if not ok_s:
+                count(f"{order}: {reason_s.split(':')[0]} {reason_s.split(':')[1].strip()[:40]}")
+        ok_either += any(ok_s for ok_s, _ in o["orders"].values())
+    pct = lambda n: round(100.0 * n / trials, 1)  # noqa: E731
+    return {"type": kind, "trials": trials,
+            "success_with_edges": pct(sum(o["ok"] for o in outcomes)),
+            "success_independent": pct(sum(o["ok_i"] for o in outcomes)),
+            "success_one_at_a_time": {**{k: pct(v) for k, v in ok_order.items()},
+                                      "better_order": pct(max(ok_order.values())), "either": pct(ok_either)},
+            "edges_mean": round(sum(o["edges"] for o in outcomes) / trials, 2),
+            "staged_share": pct(sum(o["staged"] for o in outcomes)),
+            "independent_failures": dict(sorted(reasons.items(), key=lambda kv: -kv[1])[:8]),
+            "seconds": round(seconds, 2)}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="worker processes (trials are drawn in order first: same results for any value)")
     args = parser.parse_args(argv)
     cases = []
-    for kind in TYPES:
-        rng = random.Random(f"{args.seed}/{kind}")
-        ok_edges = ok_independent = staged = 0
-        ok_order = {"first_then_second": 0, "second_then_first": 0}
-        ok_either = 0
-        edges_total = 0
-        reasons: dict[str, int] = {}
-        start = time.perf_counter()
-        for trial in range(args.trials):
-            module, _ = draw_trial(rng, kind)
-            ok, edges, was_staged, reason = attempt(module)
-            ok_edges += ok
-            edges_total += edges
-            staged += was_staged
-            if not ok:
-                reasons[f"edges: {reason}"] = reasons.get(f"edges: {reason}", 0) + 1
-            ok_i, _, _, reason_i = attempt(module, independent=True)
-            ok_independent += ok_i
-            if not ok_i:
-                reasons[reason_i] = reasons.get(reason_i, 0) + 1
-            either = False
-            for order, halfway in (("first_then_second", "M1"), ("second_then_first", "M2")):
-                ok_s, reason_s = one_at_a_time(module, halfway)
-                ok_order[order] += ok_s
-                either |= ok_s
-                if not ok_s:
-                    key = f"{order}: {reason_s.split(':')[0]} {reason_s.split(':')[1].strip()[:40]}"
-                    reasons[key] = reasons.get(key, 0) + 1
-            ok_either += either
-            if (trial + 1) % 25 == 0:
-                print(f"{kind}: {trial + 1}/{args.trials} trials", file=sys.stderr, flush=True)
-        case = {"type": kind, "trials": args.trials,
-                "success_with_edges": round(100.0 * ok_edges / args.trials, 1),
-                "success_independent": round(100.0 * ok_independent / args.trials, 1),
-                "success_one_at_a_time": {
-                    **{k: round(100.0 * v / args.trials, 1) for k, v in ok_order.items()},
-                    "better_order": round(100.0 * max(ok_order.values()) / args.trials, 1),
-                    "either": round(100.0 * ok_either / args.trials, 1)},
-                "edges_mean": round(edges_total / args.trials, 2),
-                "staged_share": round(100.0 * staged / args.trials, 1),
-                "independent_failures": dict(sorted(reasons.items(), key=lambda kv: -kv[1])[:8]),
-                "seconds": round(time.perf_counter() - start, 2)}
-        cases.append(case)
-        print(f"{kind}: with edges {case['success_with_edges']}%  independent {case['success_independent']}%  "
-              f"one at a time {case['success_one_at_a_time']}  "
-              f"edges/trial {case['edges_mean']}  staged in {case['staged_share']}% of trials", file=sys.stderr)
+    pool = None
+    if args.jobs > 1:
+        import multiprocessing
+
+        pool = multiprocessing.get_context("spawn").Pool(args.jobs)
+    try:
+        for kind in TYPES:
+            rng = random.Random(f"{args.seed}/{kind}")
+            drawn = [(kind, *draw_plans(rng, kind)) for _ in range(args.trials)]
+            start = time.perf_counter()
+            outcomes = []
+            runs = pool.imap(run_trial, drawn) if pool is not None else map(run_trial, drawn)
+            for trial, outcome in enumerate(runs):
+                outcomes.append(outcome)
+                if (trial + 1) % 25 == 0:
+                    print(f"{kind}: {trial + 1}/{args.trials} trials", file=sys.stderr, flush=True)
+            case = summarize(kind, outcomes, time.perf_counter() - start)
+            cases.append(case)
+            print(f"{kind}: with edges {case['success_with_edges']}%  independent {case['success_independent']}%  "
+                  f"one at a time {case['success_one_at_a_time']}  "
+                  f"edges/trial {case['edges_mean']}  staged in {case['staged_share']}% of trials", file=sys.stderr)
+    finally:
+        if pool is not None:
+            pool.close()
     print(json.dumps({"name": "coordination", "cases": cases}))
     return 0
 

@@ -57,6 +57,19 @@ def nonnegative(value, where: str, what: str) -> int:
 
 def check_box(box, shape: tuple, where: str, name: str) -> tuple:
     """`box` as a tuple of (lo, hi) after checking rank, integer bounds and 0 ≤ lo < hi ≤ dim."""
+    # fast path for the well-formed plain lists of a JSON program (the replay checks
+    # hundreds of thousands of boxes); anything else takes the checks below and their messages
+    if type(box) is list and len(box) == len(shape):
+        out = []
+        for pair, n in zip(box, shape):
+            if type(pair) is not list or len(pair) != 2:
+                break
+            lo, hi = pair
+            if type(lo) is not int or type(hi) is not int or not 0 <= lo < hi <= n:
+                break
+            out.append((lo, hi))
+        else:
+            return tuple(out)
     if not isinstance(box, (list, tuple)) or len(box) != len(shape):
         fail(f"{where}: box {box!r} of {name} has {len(box) if isinstance(box, (list, tuple)) else 'no'}"
              f" dimensions, the tensor has {len(shape)} {list(shape)}",
@@ -293,6 +306,8 @@ def _check_tiling(boxes_of: dict, tensors: dict, where: str) -> None:
         distinct = sorted(boxes)
         for i, x in enumerate(distinct):
             for y in distinct[i + 1:]:
+                if x and y[0][0] >= x[0][1]:  # sorted by dim-0 start: no later box meets x in dim 0
+                    break
                 if overlap(x, y):
                     fail(f"{where}: boxes {x} and {y} of {name} overlap without being identical")
         if sum(volume(b) for b in distinct) != volume(tuple((0, n) for n in tensors[name][0])):

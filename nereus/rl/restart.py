@@ -138,6 +138,13 @@ class RestartRuntime:
     def state(self, model_stage: str) -> dict[str, torch.Tensor]:
         return self._state.get(model_stage, {})
 
+    def device_state(self, model_stage: str) -> dict[str, torch.Tensor]:
+        """As Runtime.device_state; this baseline keeps every shard on its device (no offload)."""
+        return self.state(model_stage)
+
+    def write_back(self, model_stage: str, local: dict[str, torch.Tensor]) -> None:
+        """As Runtime.write_back: nothing is held elsewhere, so nothing to copy."""
+
     def gather_state_dict(self, model_stage: str) -> dict[str, torch.Tensor]:
         """Full tensors on every rank; collective over the world."""
         placement = self.plan.placement(model_stage)

@@ -163,12 +163,13 @@ class RlTrainer:
             if dist.is_initialized():
                 dist.barrier()  # engine start-up (tens of seconds on CPU) is not part of step 1
 
-    def weights(self, ms: str) -> dict[str, torch.Tensor]:
-        """Local weights of a model-stage by local name (what the llama reads). Under
-        `zero 3` the runtime holds dp chunks: they are all-gathered over the dp group
+    def weights(self, ms: str, state: Optional[dict] = None) -> dict[str, torch.Tensor]:
+        """Local weights of a model-stage by local name (what the llama reads), on the
+        device (an offloaded model-stage's are copied up from host memory for the stage).
+        Under `zero 3` the runtime holds dp chunks: they are all-gathered over the dp group
         (collective there; nereus.rl.zero.gathered_weights)."""
         prefix = ms.partition(".")[0] + "/"
-        state = self.rt.state(ms)
+        state = self.rt.device_state(ms) if state is None else state
         role = self.roles.get(ms)
         if role is not None and role.zero >= 3:
             model = self.module.model(ms.partition(".")[0])
@@ -219,9 +220,9 @@ class RlTrainer:
         role = self.roles.get(ms)
         part = None
         if role is not None:
-            state = self.rt.state(ms)
+            state = self.rt.device_state(ms)
             model_name = ms.partition(".")[0]
-            params = {k: t.detach().requires_grad_() for k, t in self.weights(ms).items()}
+            params = {k: t.detach().requires_grad_() for k, t in self.weights(ms, state).items()}
             rows = role.rows(mb, offset)
             loss, x_in, y = pipeline.forward(self.module.model(model_name), params, self._seqs[rows][:, :-1],
                                              role.tp, role.pipe, loss_head(params, role, rows))
@@ -238,6 +239,7 @@ class RlTrainer:
             counter = step_name(model_name)
             if counter in state:  # the runtime's Adam step counter travels with the state
                 state[counter].fill_(step)
+            self.rt.write_back(ms, state)  # an offloaded model-stage's state goes back to host memory
             part = loss.detach() if loss is not None else None
         return float(self._assemble(part, role, (), (), torch.float64))
 

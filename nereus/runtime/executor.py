@@ -40,7 +40,7 @@ import torch.distributed as dist
 
 from nereus.ir.diagnostics import ProgramError
 
-from . import packing, streams
+from . import offload, packing, streams
 from .control import Failure, agree
 from .posting import p2p_ops as _p2p_ops, post as _post
 from .parking import ROLLBACK_MODES, Parking, default_rollback, park_plan, real_room, restore_parked
@@ -85,6 +85,7 @@ class ExecutionResult:
     rollback: str = "device"  # how an abort would have restored the old state ("auto" | "device" | "host")
     parked_bytes: int = 0  # before-shards copied to host memory and released on their device
     held_bytes: int = 0  # before-shards the program freed that stayed on their device until the commit
+    offload_bytes: int = 0  # read from offloaded before-units or written into offloaded after-units (PCIe on CUDA)
 
 
 def _fault_spec(fault) -> Optional[tuple[int, int, str]]:
@@ -140,7 +141,7 @@ def execute(prog: RankProgram, before: dict, *, group, control, device: torch.de
             fault=None, rollback: Optional[str] = None, park_device_types=("cuda",),
             round_hook: Optional[Callable[[int], None]] = None,
             capacity_bytes: Optional[int] = None, chunk_bytes: Optional[int] = None,
-            depth: Optional[int] = None) -> ExecutionResult:
+            depth: Optional[int] = None, offloaded: frozenset = frozenset()) -> ExecutionResult:
     """Collective over `group` (data; or a list of data groups over the same ranks, whose
     communicators then move a round's ops concurrently) and `control` (gloo).
 
@@ -164,7 +165,9 @@ def execute(prog: RankProgram, before: dict, *, group, control, device: torch.de
     "device" for the others. `park_device_types={"cpu"}` makes CPU tensors take the host
     path (tests). `round_hook(index)` runs on this rank after each round. chunk_bytes,
     depth: the packed streams' chunk size and ring depth (streams.py; default
-    streams.CHUNK_BYTES and streams.DEPTH); sender and receiver must pass the same."""
+    streams.CHUNK_BYTES and streams.DEPTH); sender and receiver must pass the same.
+    offloaded: {("before" | "after", unit id)} of the units in host memory (`offload`, see
+    offload.py): read and written there, never counted as device bytes."""
     rollback = default_rollback(device) if rollback is None else rollback
     if rollback not in ROLLBACK_MODES:
         raise ProgramError(f"unknown rollback mode {rollback!r}", hint="use rollback='host' or 'device'")
@@ -177,7 +180,7 @@ def execute(prog: RankProgram, before: dict, *, group, control, device: torch.de
     try:
         result = _execute(prog, before, parking, group, control, torch.device(device), resident_bytes, verify,
                           progress, _fault_spec(fault), round_hook,
-                          (chunk_bytes or streams.CHUNK_BYTES, depth or streams.DEPTH))
+                          (chunk_bytes or streams.CHUNK_BYTES, depth or streams.DEPTH), offloaded)
     except BaseException as error:
         # the finished frames in the traceback still hold the new shards and the buffers:
         # clear them so the device memory is free before the old shards come back
@@ -197,8 +200,11 @@ class _Run:
     """Mutable state of one rank's transition, shared by its rounds."""
 
     def __init__(self, prog: RankProgram, before: dict, parking, group, control, device, live: _Live,
-                 verify: bool, fault):
+                 verify: bool, fault, offloaded: frozenset = frozenset()):
         self.prog, self.before, self.parking = prog, before, parking
+        # units in host memory (offload): not device bytes; written in place there
+        self.host_before = {unit for phase, unit in offloaded if phase == "before"}
+        self.host_after = {unit for phase, unit in offloaded if phase == "after"}
         self.group, self.control, self.device, self.live = group, control, device, live
         self.verify, self.fault = verify, fault
         self.verified = True if verify else None
@@ -216,9 +222,9 @@ class _Run:
 
 
 def _execute(prog, before, parking, group, control, device, resident_bytes, verify, progress, fault,
-             round_hook, chunking) -> ExecutionResult:
+             round_hook, chunking, offloaded=frozenset()) -> ExecutionResult:
     started = time.perf_counter()
-    run = _Run(prog, before, parking, group, control, device, _Live(resident_bytes), verify, fault)
+    run = _Run(prog, before, parking, group, control, device, _Live(resident_bytes), verify, fault, offloaded)
     run.chunk_bytes, run.depth = chunking
     try:
         _check_before(prog, before)
@@ -261,7 +267,8 @@ def _execute(prog, before, parking, group, control, device, resident_bytes, veri
 def _count_before(run: _Run) -> None:
     for unit, shards in run.prog.before.items():
         for name in shards:
-            run.live.add(run.before[unit][name])
+            if unit not in run.host_before:
+                run.live.add(run.before[unit][name])
 
 
 def _round(run: _Run, work) -> RoundTiming:
@@ -274,31 +281,35 @@ def _round(run: _Run, work) -> RoundTiming:
     step = "alloc"
     peer = None
     sends, recvs, out_streams, in_streams = [], [], [], []
+    both_ways: set = set()
     try:
         if run.failure is not None:  # an earlier round failed here: go straight to agree
             raise _Skip()
         for unit in work.allocs:
             step = f"alloc {unit}"
-            _allocate(prog, unit, new, live, device, run.aliased)
+            _allocate(prog, unit, new, live, device, run.aliased, run.host_after)
         for alias in work.aliases:
             step = f"keep {alias.dst_unit} {alias.tensor}"
             tensor = before[alias.src_unit][alias.tensor]
             slot = new.setdefault(alias.dst_unit, {})
             if alias.tensor not in slot:
                 slot[alias.tensor] = tensor
-                live.add(tensor)
+                if alias.dst_unit not in run.host_after:
+                    live.add(tensor)
             run.written[(alias.dst_unit, alias.tensor)] = tensor.numel()
             result.kept_bytes += tensor.numel() * tensor.element_size()
         for piece in work.copies:  # allocated now, copied while the messages travel
             step = f"alloc {piece.dst_unit} {piece.tensor}"
-            _dst(prog, new, live, device, piece)
+            _dst(prog, new, live, device, piece, run.host_after)
         both_ways = {m.peer for m in work.sends} & {m.peer for m in work.recvs}
         for msg in work.sends:
             step, peer = "pack send", msg.peer
             sends.append(_outgoing(msg, sources, device, _in_stream(msg, both_ways, run.chunk_bytes)))
         for msg in work.recvs:
             step, peer = "alloc recv", msg.peer
-            recvs.append(_incoming(msg, prog, new, live, device, _in_stream(msg, both_ways, run.chunk_bytes)))
+            recvs.append(_incoming(msg, prog, new, live, device, _in_stream(msg, both_ways, run.chunk_bytes),
+                                   run.host_after))
+        result.offload_bytes += offload.round_bytes(work, run.host_before, run.host_after)
         step, peer = "alloc stream buffers", None
         out_streams = _streams(sends, device, run.chunk_bytes, run.depth)
         in_streams = _streams(recvs, device, run.chunk_bytes, run.depth)
@@ -312,6 +323,14 @@ def _round(run: _Run, work) -> RoundTiming:
     agree(run.failure, run.control, prog.source, prog.target)
     sums_in = []
     buffers = sum(s.buffer_bytes for s in out_streams + in_streams)
+    if device.type != "cuda":  # off CUDA, pieces read from host memory (offloaded or staged-out
+        # units) pack in host memory, as in the compiler's replay; on CUDA the stream buffer
+        # NCCL sends from is device memory and counts whole
+        host = run.host_before | run.staged
+        buffers -= sum(packing.layout([p.nbytes for p, s in zip(w.msg.pieces, _in_stream(w.msg, both_ways,
+                                                                                           run.chunk_bytes))
+                                       if s and p.src_unit in host])[1] for w in sends)
+        buffers = max(buffers, 0)
     result.buffer_peak_bytes = max(result.buffer_peak_bytes, buffers)
     live.peak = max(live.peak, live.bytes + buffers)  # transient message buffers count too
 
@@ -371,6 +390,8 @@ def _round(run: _Run, work) -> RoundTiming:
         t2 = time.perf_counter()
         for i, w in enumerate(recvs):
             step, peer = "unpack recv", w.msg.peer
+            for bounce, view in w.bounce:  # a direct piece into host memory (offloaded unit)
+                view.copy_(bounce)
             for p in w.msg.pieces:
                 run.written[(p.dst_unit, p.tensor)] = run.written.get((p.dst_unit, p.tensor), 0) + p.numel
             if run.verify:
@@ -404,7 +425,8 @@ def _stage_out(run: _Run, unit: str) -> None:
         return
     names = tuple(run.prog.before[unit])
     for name in names:
-        run.live.remove(run.before[unit][name])
+        if unit not in run.host_before:
+            run.live.remove(run.before[unit][name])
     copies = run.parking.release(unit, names, wait=True) if run.parking is not None else {}
     for name in names:
         tensor = run.before[unit][name]
@@ -421,7 +443,8 @@ def _free(run: _Run, unit: str) -> None:
     if unit not in run.staged:
         names = tuple(run.prog.before[unit])
         for name in names:
-            run.live.remove(run.before[unit][name])
+            if unit not in run.host_before:
+                run.live.remove(run.before[unit][name])
         if run.parking is not None:
             run.parking.release(unit, names)
     run.sources[unit] = {}
@@ -439,6 +462,7 @@ class _Wire:
     packed: list  # views of the packed pieces (sources when sending, shards when receiving)
     direct: list  # contiguous views sent from / received into in place
     views: list  # every piece's view, in message order (checksums)
+    bounce: list = field(default_factory=list)  # (device tensor, host view) of direct pieces into host memory
 
 
 def _in_stream(msg: Message, both_ways: set, chunk_bytes: int) -> list:
@@ -455,11 +479,17 @@ def _outgoing(msg: Message, sources: dict, device, in_stream: list) -> _Wire:
     return _Wire(msg, packed, direct, views)
 
 
-def _incoming(msg: Message, prog: RankProgram, new: dict, live: "_Live", device, in_stream: list) -> _Wire:
-    views = [_dst(prog, new, live, device, p)[p.dst_slices] for p in msg.pieces]
+def _incoming(msg: Message, prog: RankProgram, new: dict, live: "_Live", device, in_stream: list,
+              host_units=frozenset()) -> _Wire:
+    views = [_dst(prog, new, live, device, p, host_units)[p.dst_slices] for p in msg.pieces]
     packed = [v for v, s in zip(views, in_stream) if s]
     direct = [v for v, s in zip(views, in_stream) if not s]
-    return _Wire(msg, packed, direct, views)
+    bounce = []
+    if torch.device(device).type == "cuda":  # NCCL receives into device memory only
+        bounce = [(torch.empty(v.shape, dtype=v.dtype, device=device), v) for v in direct if not v.is_cuda]
+        landing = {id(v): b for b, v in bounce}
+        direct = [landing.get(id(v), v) for v in direct]
+    return _Wire(msg, packed, direct, views, bounce)
 
 
 def _streams(wires: list, device, chunk_bytes: int, depth: int) -> list:
@@ -492,25 +522,25 @@ def _nothing():
     yield
 
 
-def _allocate(prog: RankProgram, unit: str, new: dict, live: _Live, device, aliased: set) -> None:
+def _allocate(prog: RankProgram, unit: str, new: dict, live: _Live, device, aliased: set,
+              host_units=frozenset()) -> None:
     shards = prog.after.get(unit)
     if shards is None:
         raise ProgramError(f"alloc of {unit}, which holds nothing on GPU {prog.gpu}")
     slot = new.setdefault(unit, {})
     for name, info in shards.items():
         if name not in slot and (unit, name) not in aliased:
-            slot[name] = torch.empty(info.shape, dtype=TORCH_DTYPES[info.dtype], device=device)
-            live.add(slot[name])
+            slot[name] = offload.new_shard(unit, info.shape, TORCH_DTYPES[info.dtype], live, device, host_units)
 
 
-def _dst(prog: RankProgram, new: dict, live: _Live, device, piece) -> torch.Tensor:
+def _dst(prog: RankProgram, new: dict, live: _Live, device, piece, host_units=frozenset()) -> torch.Tensor:
     """The destination shard of a piece, allocated here if no alloc op came first."""
     slot = new.setdefault(piece.dst_unit, {})
     tensor = slot.get(piece.tensor)
     if tensor is None:
         info = prog.after[piece.dst_unit][piece.tensor]
-        tensor = slot[piece.tensor] = torch.empty(info.shape, dtype=TORCH_DTYPES[info.dtype], device=device)
-        live.add(tensor)
+        tensor = slot[piece.tensor] = offload.new_shard(piece.dst_unit, info.shape, TORCH_DTYPES[info.dtype], live,
+                                                        device, host_units)
     return tensor
 
 

@@ -8,6 +8,7 @@ Nereus and changes plan in place.
     rt.register("actor.training", local)
     report = rt.transition("S2")                        # collective
     rt.state("actor.training")                          # this rank's new shards ({} if none)
+    rt.placement("ref.inference")                       # {name: "host" | "device"} (offload)
     rt.gather_state_dict("actor.training")              # full tensors on every rank
     rt.shard_hf_checkpoint("actor.training")            # this rank's shards from hf("dir")
     rt.gather_hf_state_dict("actor.training")           # weights under transformers' names
@@ -37,6 +38,14 @@ drop them before `transition()` to get the room. "device" (the default on CPU, w
 host copy gains nothing): every old tensor stays on its device until the commit, so a
 GPU holds old + new during the transition, more than the compiler's replay.
 
+Offload (nereus.runtime.offload): a model-stage the current plan flags `offload` is kept in
+host memory (pinned where CUDA exists) at every step boundary, as the compiler's memory
+model assumes: `shard_state_dict`/`register` put its shards there, a transition reads and
+writes them there (bytes cross PCIe: `TransitionReport.offload_bytes`), and they count
+nothing in `device_bytes()` or the transition's `peak_bytes`. `placement(ms)` says where
+each shard is kept; `device_state(ms)` brings them to the device for the stage's own
+work and `write_back(ms, local)` returns what that work changed.
+
 Preparing (`rt.prepare(target)`, collective): compiles and lowers the program, compiles
 the pack kernels for its message shapes, opens the links to every peer, pins the host
 blocks parking will use and leaves device blocks of the sizes the transition allocates in
@@ -61,7 +70,7 @@ from nereus.models import OPTIMIZER_DTYPE, OPTIMIZER_STATES, optimizer_name, ten
 from nereus.ir.diagnostics import NereusError, ProgramError, SemanticError
 from nereus.ir.model import ModelStage, Module
 
-from . import packing
+from . import offload, packing
 from .admission import verify_before_running
 from .boxes import as_box, shard_shape
 from .executor import TORCH_DTYPES, execute
@@ -97,6 +106,8 @@ class TransitionReport:
     # seconds rank 0 spent proving the program before this transition (0.0 when proven by an
     # earlier one: cached per (from, to); None with verify_programs=False)
     verify_program_s: Optional[float] = None
+    # bytes this rank moved between host memory (offloaded units) and the device: over PCIe on CUDA
+    offload_bytes: int = 0
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -209,7 +220,10 @@ class Runtime:
         unit = unit_on_gpu(self.layout(model_stage), self.rank)
         if unit is None:
             return {}
-        local = shard_unit(unit, self.rank, full, device=self.device)
+        if unit.get("offload", False):  # kept in (pinned) host memory outside its stage
+            local = {name: offload.to_host(t) for name, t in shard_unit(unit, self.rank, full).items()}
+        else:
+            local = shard_unit(unit, self.rank, full, device=self.device)
         step = step_name(ms.model)
         if ms.stage == "training" and step in full:
             local[step] = torch.as_tensor(full[step], dtype=torch.int64).clone()
@@ -233,13 +247,59 @@ class Runtime:
             if not local[name].is_contiguous():
                 raise NereusError(f"{name}: the local tensor is not contiguous",
                                   hint="register contiguous tensors (transitions send and receive them in place)")
-        self._state[str(ms)] = dict(local)
+        local = dict(local)
+        if unit is not None and unit.get("offload", False):  # the plan keeps it in host memory
+            local.update({name: offload.to_host(local[name]) for name in expected})
+        self._state[str(ms)] = local
         self._registrations += 1
 
     def state(self, model_stage: str) -> dict:
         """This rank's shards of `model_stage` in the current plan ({} if it holds none)."""
         self._model_stage(model_stage)
         return dict(self._state.get(model_stage, {}))
+
+    def placement(self, model_stage: str) -> dict:
+        """{global name: "host" | "device"}: where this rank keeps each of its shards of
+        `model_stage` ({} if it holds none). "host": (pinned, where CUDA exists) host memory,
+        because the current plan flags the model-stage `offload`; "device": the runtime's
+        device. The Adam step counter (a CPU scalar) is not listed."""
+        self._model_stage(model_stage)
+        unit = unit_on_gpu(self.layout(model_stage), self.rank)
+        if unit is None:
+            return {}
+        where = offload.HOST if unit.get("offload", False) else offload.DEVICE
+        return {s["tensor"]: where for s in unit["shards"] if s["gpu"] == self.rank}
+
+    def device_bytes(self, model_stage: Optional[str] = None) -> int:
+        """Bytes of this rank's registered shards (of `model_stage`, or of every registered
+        model-stage) kept in device memory: offloaded shards count nothing, as in the
+        compiler's memory model."""
+        stages = [model_stage] if model_stage is not None else sorted(self._state)
+        total = 0
+        for ms in stages:
+            held = self._state.get(ms, {})
+            for name, where in self.placement(ms).items():
+                if where == offload.DEVICE and name in held:
+                    total += held[name].numel() * held[name].element_size()
+        return total
+
+    def device_state(self, model_stage: str) -> dict:
+        """This rank's shards of `model_stage` where its own stage computes with them: the
+        registered tensors, or, when the current plan offloads it, device copies of the
+        host-held shards (host→device over PCIe, from pinned memory). Writes to such copies
+        reach the state only through `write_back`."""
+        state = self.state(model_stage)
+        moved = {name: state[name].to(self.device, non_blocking=True)
+                 for name, where in self.placement(model_stage).items() if where == offload.HOST and name in state}
+        return {**state, **moved}
+
+    def write_back(self, model_stage: str, local: dict) -> None:
+        """Copy the shards of `local` (from `device_state`) into the host-held state of an
+        offloaded `model_stage` (device→host); nothing to do for the others."""
+        state = self._state.get(model_stage, {})
+        for name, where in self.placement(model_stage).items():
+            if where == offload.HOST and name in local and local[name] is not state.get(name):
+                state[name].copy_(local[name])
 
     def gather_state_dict(self, model_stage: str) -> dict:
         """Collective: the full tensors of `model_stage` on every rank (for checks)."""
@@ -267,7 +327,10 @@ class Runtime:
         directory = path or model.checkpoint_dir
         if directory is None:
             raise NereusError(f"model {model.name} has no checkpoint", hint='declare it = hf("dir") or pass path=')
-        local = shard_checkpoint(model, ms, unit_on_gpu(self.layout(model_stage), self.rank), self.rank, directory)
+        unit = unit_on_gpu(self.layout(model_stage), self.rank)
+        local = shard_checkpoint(model, ms, unit, self.rank, directory)
+        if unit is not None and unit.get("offload", False):
+            return {name: offload.to_host(tensor) for name, tensor in local.items()}
         return {name: tensor.to(self.device) for name, tensor in local.items()}
 
     def gather_hf_state_dict(self, model_stage: str) -> dict:
@@ -354,7 +417,7 @@ class Runtime:
                          resident_bytes=self._resident(program),
                          verify=self.verify if verify is None else verify, progress=self.progress, fault=fault,
                          rollback=self.rollback, park_device_types=self.park_device_types, round_hook=round_hook,
-                         capacity_bytes=self._capacity(program))
+                         capacity_bytes=self._capacity(program), offloaded=offload.offloaded_units(program))
         del before
         steps = self._steps(live)
         keys = set(self._state)
@@ -383,7 +446,8 @@ class Runtime:
             rollback=result.rollback, parked_bytes=result.parked_bytes, held_bytes=result.held_bytes,
             wall_s=time.perf_counter() - called, prepared=key in self._prepared,
             pack_backend=packing.backend_for(self.device),
-            verify_program_s=self._verify_program_s.pop((prog.source, target), 0.0 if self.verify_programs else None))
+            verify_program_s=self._verify_program_s.pop((prog.source, target), 0.0 if self.verify_programs else None),
+            offload_bytes=result.offload_bytes)
 
     def _lower(self, target: str) -> tuple:
         """Collective: (program restricted to the live model-stages, compile seconds of

@@ -105,7 +105,7 @@ class PeerStream:
         self.chunks = []
         for segments in chunk_views(views, chunk_bytes):
             offsets, total = packing.layout([_nbytes(v) for v in segments])
-            self.chunks.append(Chunk(segments, offsets, total, fused(segments)))
+            self.chunks.append(Chunk(segments, offsets, total, fused(segments, torch.device(device))))
         self.depth = max(1, depth)
         slots = min(self.depth, len(self.chunks))
         # slot i holds chunks i, i + depth, ...: sized for the largest (the sum over slots
@@ -124,10 +124,14 @@ class PeerStream:
 FUSED_MIN_SEGMENTS = 16
 
 
-def fused(segments: list) -> bool:
+def fused(segments: list, device: Optional[torch.device] = None) -> bool:
     """Pack a chunk with the fused kernels only where it has many segments (launches to
     save) and some is strided; a few large segments copy at memory speed with one
-    `copy_` each, with no kernel variant to compile and no plan to build."""
+    `copy_` each, with no kernel variant to compile and no plan to build. Segments in
+    another memory than the buffer's (an offloaded unit's host shards, a GPU buffer)
+    always take `copy_`, which crosses PCIe; the kernels address one device's memory."""
+    if device is not None and any(v.device.type != device.type for v in segments):
+        return False
     return len(segments) >= FUSED_MIN_SEGMENTS and not all(v.is_contiguous() for v in segments)
 
 

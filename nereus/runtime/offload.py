@@ -1,0 +1,142 @@
+"""Offloaded model-stages: where their shards live and how bytes reach them.
+
+A plan that flags a model-stage `offload` keeps its state in host memory outside its own
+stage (the memory model of nereus.passes.feasibility, the DAG's host frees and allocs,
+the cost model's PCIe terms and the verifier's replay all assume so). The runtime
+follows that: at a step boundary, i.e. after `register` and after every transition, the
+shards of an offloaded model-stage are host tensors, pinned where CUDA exists so that
+copies to and from the GPU run at PCIe speed, and they count nothing against the GPU.
+
+In a transition (JSON program: `units.before/after[*].offload`):
+  - an offloaded before-unit is read from host memory: a send packs its small pieces in
+    host memory and moves the packed buffer to the device in one host→device copy (NCCL
+    sends from device memory); a large piece is copied to the device alone;
+  - an offloaded after-unit is allocated in host memory: a message into it arrives in a
+    device buffer and goes to host memory in one device→host copy before it is unpacked
+    there; a large piece arrives in a device bounce tensor and is copied down;
+  - same-GPU copies between host and device memory are one `copy_` each.
+On CPU (gloo) host and device are the same memory: only the bookkeeping differs, which is
+what makes it testable without a GPU (`Runtime.placement`, `Runtime.device_bytes`).
+
+Input of this module: JSON program dicts and torch tensors. Invariant: a tensor returned
+by `to_host`/`host_empty` is a CPU tensor, pinned exactly when CUDA is available.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+HOST = "host"
+DEVICE = "device"
+
+
+def pinnable() -> bool:
+    """Whether host tensors can be pinned here (a CUDA runtime exists)."""
+    return torch.cuda.is_available()
+
+
+def host_empty(shape, dtype) -> torch.Tensor:
+    """An uninitialised host tensor, pinned where CUDA exists."""
+    return torch.empty(tuple(shape), dtype=dtype, pin_memory=pinnable())
+
+
+def to_host(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` in (pinned where possible) host memory: itself when it already is, else a
+    contiguous copy (the caller's tensor is left as it was)."""
+    if tensor.device.type == "cpu" and tensor.is_contiguous() and (not pinnable() or tensor.is_pinned()):
+        return tensor
+    out = host_empty(tensor.shape, tensor.dtype)
+    out.copy_(tensor)
+    return out
+
+
+def offloaded_units(program: dict) -> frozenset:
+    """{("before" | "after", unit id)} of the units a JSON program flags `offload`."""
+    units = program.get("units", {})
+    return frozenset((phase, unit["id"]) for phase in ("before", "after")
+                     for unit in units.get(phase, ()) if unit.get("offload", False))
+
+
+def layout_offloaded(units: list) -> bool:
+    """Whether a model-stage's UNIT dicts (one plan's layout) are flagged offload."""
+    return any(unit.get("offload", False) for unit in units)
+
+
+def pack_from_host(views: Sequence[torch.Tensor], offsets: Sequence[int], out: torch.Tensor) -> torch.Tensor:
+    """Pack host views into the device buffer `out`: packed in pinned host memory, then
+    one host→device copy (queued on the current stream; the host buffer stays alive
+    until it ran because the pinned allocator records the stream)."""
+    from .packing import torch_pack
+
+    staging = host_empty((out.numel(),), torch.uint8)
+    torch_pack(views, offsets, out.numel(), out=staging)
+    out.copy_(staging, non_blocking=True)
+    return out
+
+
+def unpack_to_host(buffer: torch.Tensor, views: Sequence[torch.Tensor], offsets: Sequence[int]) -> None:
+    """Unpack the device buffer `buffer` into host views: one device→host copy into pinned
+    memory (waited for), then the pieces are copied out of it in host memory."""
+    from .packing import torch_unpack
+
+    staging = host_empty((buffer.numel(),), torch.uint8)
+    staging.copy_(buffer, non_blocking=True)
+    torch.cuda.current_stream(buffer.device).synchronize()
+    torch_unpack(staging, views, offsets)
+
+
+def new_shard(unit: str, shape, dtype, live, device, host_units) -> torch.Tensor:
+    """An after-shard of the executor: in (pinned) host memory when `unit` is offloaded
+    (not device bytes), else on `device` and added to `live`, the device-bytes account."""
+    if unit in host_units:
+        return host_empty(shape, dtype)
+    tensor = torch.empty(tuple(shape), dtype=dtype, device=device)
+    live.add(tensor)
+    return tensor
+
+
+def round_bytes(work, host_before, host_after) -> int:
+    """Bytes a round (program.RoundWork) moves between host memory (offloaded units) and
+    the device: pieces sent or copied out of an offloaded before-unit or into an offloaded
+    after-unit (a copy from one offloaded unit into another stays in host memory)."""
+    total = 0
+    for msg in work.sends:
+        total += sum(p.nbytes for p in msg.pieces if p.src_unit in host_before)
+    for msg in work.recvs:
+        total += sum(p.nbytes for p in msg.pieces if p.dst_unit in host_after)
+    for p in work.copies:
+        total += p.nbytes if (p.src_unit in host_before) != (p.dst_unit in host_after) else 0
+    return total
+
+
+def pack(views: Sequence[torch.Tensor], offsets: Sequence[int], out: torch.Tensor) -> torch.Tensor:
+    """`packing.pack` for a message whose pieces may live in host memory: all on the host
+    and the buffer on a GPU, one host→device copy; mixed, one `copy_` per piece (each
+    crossing where it must); all on the buffer's device, the fused kernels' path."""
+    from . import packing
+
+    on_host = [not v.is_cuda for v in views]
+    if out.is_cuda and on_host and all(on_host):
+        return pack_from_host(views, offsets, out)
+    if out.is_cuda and any(on_host):
+        return packing.torch_pack(views, offsets, out.numel(), out=out)
+    return packing.pack(views, offsets, out.numel(), out=out)
+
+
+def unpack(buffer: torch.Tensor, views: Sequence[torch.Tensor], offsets: Sequence[int]) -> None:
+    """`packing.unpack` for a message whose destinations may live in host memory (as `pack`)."""
+    from . import packing
+
+    on_host = [not v.is_cuda for v in views]
+    if buffer.is_cuda and on_host and all(on_host):
+        unpack_to_host(buffer, views, offsets)
+    elif buffer.is_cuda and any(on_host):
+        packing.torch_unpack(buffer, views, offsets)
+    else:
+        packing.unpack(buffer, views, offsets)
+
+
+__all__ = ["DEVICE", "HOST", "host_empty", "layout_offloaded", "new_shard", "offloaded_units", "pack",
+           "pack_from_host", "pinnable", "round_bytes", "to_host", "unpack", "unpack_to_host"]
