@@ -72,7 +72,7 @@ class Decision:
     current_s: float  # predicted step latency of the current plan (inf if infeasible)
     candidate_s: float  # predicted step latency of the best plan found
     remaining_steps: int
-    transition_s: float  # corrected transition-cost estimate (0 if no candidate)
+    transition_s: float  # corrected transition-cost estimate (0 if no candidate, NaN if not needed)
     sigma_s: float  # uncertainty of the gain
     margin: float
     saving_s: float  # confident saving over the remaining steps, after the margin
@@ -87,6 +87,9 @@ class Decision:
             return f"step {self.step}: stay, no feasible plan exists for this workload and GPU budget"
         verb = "switch" if self.switch else "stay"
         gain = self.current_s - self.candidate_s
+        if not math.isfinite(self.transition_s):  # not estimated: no transition cost could change it
+            return (f"step {self.step}: {verb} ({self.reason}): current {self.current_s:.2f} s, candidate "
+                    f"{self.candidate_s:.2f} s, gain {gain:.3f} s/step − z·σ {self.sigma_s:.3f}")
         return (f"step {self.step}: {verb} ({self.reason}): current {self.current_s:.2f} s, candidate "
                 f"{self.candidate_s:.2f} s, gain {gain:.3f} s/step − z·σ {self.sigma_s:.3f}, × {self.remaining_steps}"
                 f" steps × (1 − {self.margin:g}) = {self.saving_s:.1f} s vs transition {self.transition_s:.2f} s")

@@ -107,6 +107,24 @@ def test_search_equals_brute_force(small, response, gpus):
     assert check.feasible and check.step_s == pytest.approx(fast.predicted_s, rel=1e-9)
 
 
+@pytest.mark.parametrize("response,gpus", [(512, 4), (4096, 4), (16384, 8)])
+def test_search_seeded_with_incumbents_finds_the_same_optimum_with_fewer_leaves(small, response, gpus):
+    """An incumbent (the running plan, the last candidate) only tightens the bound: the
+    optimum is unchanged, a worse or infeasible incumbent is never returned."""
+    cost = CostModel(small)
+    at = replace(small.workload, response=response)
+    plain = search_plan(small, at, cost, gpus)
+    near = search_plan(small, replace(small.workload, response=int(response * 1.3)), cost, gpus).plan
+    seeded = search_plan(small, at, cost, gpus, incumbents=(near, plain.plan, small.plan("S1")))
+    assert seeded.predicted_s == pytest.approx(plain.predicted_s, rel=1e-12)
+    assert seeded.leaves <= plain.leaves
+    check = predict_plan(small, at, cost, seeded.plan, gpus)
+    assert check.feasible and check.step_s == pytest.approx(seeded.predicted_s, rel=1e-9)
+    worse = search_plan(small, replace(small.workload, response=64), cost, gpus).plan
+    again = search_plan(small, at, cost, gpus, incumbents=(worse,))
+    assert again.predicted_s == pytest.approx(plain.predicted_s, rel=1e-12)
+
+
 def test_search_result_prints_and_parses_as_nir(small):
     found = search_plan(small, small.workload, CostModel(small), 8, name="S9")
     module = replace(small, plans=small.plans + (found.plan,))
