@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 from nereus.controller.simulator import load_trace, simulate  # noqa: E402
 
 TRACES = ("gpu-supply-64", "mixed-noisy-64", "length-growth-1024", "length-growth-noisy-1024",
-          "length-growth-1024-safe")
+          "length-growth-1024-safe", "mixed-noisy-64-seed101", "length-growth-noisy-1024-seed101")
 
 
 def main() -> None:
