@@ -187,15 +187,18 @@ class Controller:
         """The search's best plan for `workload` (cached until `_needs_search`), planned for the
         longer of `headroom` above its response and `longest` (the longest recent response: a
         plan without a generation-wave cliff below the long steps that noise brings)."""
-        if self._needs_search(workload, gpus):
-            # on the level's 1% grid, so memory terms computed for one search serve the next
-            response = _on_grid(max(workload.response * (1.0 + self.headroom), longest))
-            ahead = replace(workload, response=response)
+        # on the level's 1% grid, so memory terms computed for one search serve the next
+        response = _on_grid(max(workload.response * (1.0 + self.headroom), longest))
+        ahead = replace(workload, response=response)
+        # the drift test is on the workload searched for, not on the level: under noise the
+        # longest recent response dominates it and moves only with the trend, while the level
+        # wanders by a few percent from step to step (half the searches on a ±10% trace)
+        if self._needs_search(ahead, gpus):
             # the running plan and the last candidate bound the search from the start (search.py)
             known = (self.plan, self._search.plan if self._search is not None else None)
             self._search = search_plan(self.module, ahead, self.cost, gpus, name="candidate",
                                        allow_waves=self.allow_waves, incumbents=known, memo=self._search_memo)
-            self._search_key, self._search_version, self._search_workload = gpus, self.cost.version, workload
+            self._search_key, self._search_version, self._search_workload = gpus, self.cost.version, ahead
             self._search_step = self._decisions
             self.searches += 1
         return self._search
