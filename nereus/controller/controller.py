@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
@@ -111,6 +112,7 @@ class Controller:
         self._memory_cache: dict = {}  # (plan key, workload key) -> PlanMemory
         self._search_memo: dict = {}  # the plan search's memory vectors, kept across searches
         self.searches = 0
+        self.transition_cpu_s = 0.0  # CPU seconds spent estimating transitions (compiling the moves)
         self._decisions = 0
         self._search_step = 0
         self._responses: list[int] = []
@@ -183,22 +185,25 @@ class Controller:
                 return True
         return False
 
-    def best_plan(self, workload: Workload, gpus: int, longest: int = 0) -> SearchResult:
+    def best_plan(self, workload: Workload, gpus: int, longest: int = 0, upper: int = 0) -> SearchResult:
         """The search's best plan for `workload` (cached until `_needs_search`), planned for the
         longer of `headroom` above its response and `longest` (the longest recent response: a
-        plan without a generation-wave cliff below the long steps that noise brings)."""
-        # on the level's 1% grid, so memory terms computed for one search serve the next
-        response = _on_grid(max(workload.response * (1.0 + self.headroom), longest))
-        ahead = replace(workload, response=response)
-        # the drift test is on the workload searched for, not on the level: under noise the
-        # longest recent response dominates it and moves only with the trend, while the level
-        # wanders by a few percent from step to step (half the searches on a ±10% trace)
-        if self._needs_search(ahead, gpus):
+        plan without a generation-wave cliff below the long steps that noise brings).
+
+        The drift test is on the longer of `headroom` above the level and `upper` (the second
+        longest recent response): it moves with the trend and hardly with the noise, whereas
+        the level wanders by a few percent from step to step under ±10% noise (that doubled the
+        searches on such a trace), and `longest` itself jumps with a single spike."""
+        trigger = replace(workload, response=_on_grid(max(workload.response * (1.0 + self.headroom), upper)))
+        if self._needs_search(trigger, gpus):
+            # on the level's 1% grid, so memory terms computed for one search serve the next
+            response = _on_grid(max(workload.response * (1.0 + self.headroom), longest))
+            ahead = replace(workload, response=response)
             # the running plan and the last candidate bound the search from the start (search.py)
             known = (self.plan, self._search.plan if self._search is not None else None)
             self._search = search_plan(self.module, ahead, self.cost, gpus, name="candidate",
                                        allow_waves=self.allow_waves, incumbents=known, memo=self._search_memo)
-            self._search_key, self._search_version, self._search_workload = gpus, self.cost.version, ahead
+            self._search_key, self._search_version, self._search_workload = gpus, self.cost.version, trigger
             self._search_step = self._decisions
             self.searches += 1
         return self._search
@@ -207,8 +212,10 @@ class Controller:
         """Predicted transition seconds (uncorrected), cached per plan pair."""
         key = (plan_key(source), plan_key(target))
         if key not in self._transition_cache:
+            began = time.thread_time()
             self._transition_cache[key] = transition_seconds(self.module, workload, source, target,
                                                              self.transition_method)[0]
+            self.transition_cpu_s += time.thread_time() - began
         return self._transition_cache[key]
 
     def level(self, workload: Workload, again: bool = False) -> tuple[Workload, tuple[Workload, ...]]:
@@ -289,7 +296,7 @@ class Controller:
         current_now = self._predict(self.plan, workload, gpus)
         fits = current_now.feasible
         current = self._expected(self.plan, spread, gpus)
-        found = self.best_plan(level, gpus, max(self._responses))
+        found = self.best_plan(level, gpus, max(self._responses), sorted(self._responses)[-2:][0])
         candidate = self._predict(found.plan, workload, gpus) if found.plan is not None else None
         if not fits and (candidate is None or not candidate.feasible):
             self._search = None  # forced: search at this step's own workload, which the level hid

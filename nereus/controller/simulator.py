@@ -16,9 +16,14 @@ a seeded per-pair factor in [0.9, 1.1]; the controllers predict it with the comp
 estimate (or the bytes estimate under method "estimate") corrected by what they measured.
 
 Semantics, the same for every policy: it starts on the trace's plan and may move before each
-step, paying the true transition time of every move, forced or chosen. A policy whose plan
-cannot run a step (memory, or GPUs no longer there) and that does not move is marked failed at
-that step (`failed_at`) and runs no later step (`steps_run`).
+step, paying the true transition time of every move, forced or chosen. Before step i a
+controller knows step i's GPU budget and the configured prompt and batch, but only the
+responses of steps < i (the .nir workload's response before step 0): a step's responses are
+generated during it. If the step's own response then does not fit the plan it chose, the
+attempt fails (counted in `failed_attempts`, its seconds not charged), the controller decides
+again knowing the response (it must move) and the step runs again. A policy whose plan cannot
+run a step (memory, or GPUs no longer there) and that does not move is marked failed at that
+step (`failed_at`) and runs no later step (`steps_run`).
   fixed   the initial plan's TP/PP per model-stage; DP rescaled when the GPU count changes
           (a move it pays for); otherwise it never moves, so it fails where its plan stops fitting
   greedy  moves whenever its calibrated model predicts any faster plan for the step's own
@@ -136,6 +141,7 @@ class _Run:
     overhead_s: list = field(default_factory=list)  # controller wall seconds per step (decide + observe)
     overhead_cpu_s: list = field(default_factory=list)  # the same in CPU seconds of this thread
     searches: int = 0
+    transition_cpu_s: float = 0.0  # of the controller's CPU time: estimating (compiling) transitions
     failed_attempts: int = 0  # steps whose response overflowed the plan chosen before it was known
 
     def summary(self, common: int) -> dict:
@@ -153,7 +159,8 @@ class _Run:
             ms = 1e3 * np.array(self.overhead_cpu_s)
             out.update(controller_ms_per_step=float(ms.mean()), controller_ms_median=float(np.median(ms)),
                        controller_ms_p99=float(np.percentile(ms, 99)), controller_ms_max=float(ms.max()),
-                       controller_wall_ms_per_step=1e3 * float(np.mean(self.overhead_s)), searches=self.searches)
+                       controller_wall_ms_per_step=1e3 * float(np.mean(self.overhead_s)), searches=self.searches,
+                       controller_transition_ms_per_step=1e3 * self.transition_cpu_s / len(ms))
         return out
 
 
@@ -291,6 +298,7 @@ def simulate(trace: Trace, margin: float = 0.1, policies=POLICIES, transition_me
             progress("replay", i + 1, total)
     for name, controller in controllers.items():
         runs[name].searches = controller.searches
+        runs[name].transition_cpu_s = controller.transition_cpu_s
     common = min([run.failed_at for run in runs.values() if run.failed_at is not None] + [total])
     summary = {name: run.summary(common) for name, run in runs.items()}
     oracle_info = None
