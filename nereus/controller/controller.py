@@ -118,6 +118,7 @@ class Controller:
         self._responses: list[int] = []
         self._streak: tuple = (None, 0)  # (candidate key, consecutive decisions that wanted it)
         self._last_gpus: Optional[int] = None
+        self._research_at: Optional[int] = None  # decision count at which to search again after a move
 
     # -- observations -------------------------------------------------------------------
     def observe(self, model_stage, plan: Plan, workload: Workload, seconds: float) -> None:
@@ -142,6 +143,7 @@ class Controller:
         self.plan = plan
         self._step_times.clear()
         self._streak = (None, 0)
+        self._research_at = self._decisions + self.settings.trial_steps
         if step is not None:
             self._last_switch = step
 
@@ -178,6 +180,11 @@ class Controller:
             return True
         if self.cost.version != self._search_version and self._decisions - self._search_step >= self.refit_every:
             return True
+        if self._research_at is not None and self._decisions >= self._research_at:
+            # a few steps on a plan whose layouts were never measured: the model has now seen
+            # them, and if the move was a mistake the search says so now, not 100 steps later
+            self._research_at = None
+            return self.cost.version != self._search_version
         last = self._search_workload
         for name in ("batch", "prompt", "response"):
             a, b = getattr(last, name), getattr(workload, name)

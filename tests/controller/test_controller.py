@@ -196,3 +196,21 @@ def test_trace_errors_name_the_problem(tmp_path):
     bad.write_text(json.dumps({"nir": os.path.join(HERE, "small.nir"), "plan": "S7", "steps": []}))
     with pytest.raises(ir.NereusError, match="no plan named 'S7'"):
         load_trace(str(bad))
+
+
+def test_controller_searches_again_once_a_new_plan_has_been_measured(small):
+    """After a move, the search runs again `trial_steps` decisions later if the model learned
+    from the new plan's steps meanwhile (not only at the next drift or every 100 steps)."""
+    ctl = Controller(small, small.plan("S1"), total_steps=50, transition_method="estimate")
+    ctl.decide(0, small.workload, 8)
+    gone = ctl.decide(1, small.workload, 4)
+    ctl.transitioned(gone.plan, 1.0, 1.0, step=1)
+    searches = ctl.searches
+    for step in range(2, 2 + ctl.settings.trial_steps + 1):
+        for placement in gone.plan.placements:
+            ctl.observe(placement.model_stage, gone.plan, small.workload, 1.0 + 0.1 * step)
+        ctl.decide(step, small.workload, 4)
+    assert ctl.searches == searches + 1
+    for step in range(10, 20):  # and only once: no drift, no new GPUs
+        ctl.decide(step, small.workload, 4)
+    assert ctl.searches == searches + 1
