@@ -29,7 +29,7 @@ class DeclaredPlans(Controller):
 
     runnable: tuple = ()
 
-    def best_plan(self, workload: Workload, gpus: int, longest: int = 0, upper: int = 0) -> SearchResult:
+    def best_plan(self, workload: Workload, gpus: int, longest: int = 0) -> SearchResult:
         started = time.perf_counter()
         best: Optional[tuple[Plan, object]] = None
         candidates = [p for p in self.module.plans if not self.runnable or p.name in self.runnable]
