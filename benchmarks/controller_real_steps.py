@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python benchmarks/controller_real_steps.py [--steps 24] [--nproc 2]
         [--plan-file examples/rl/grpo-cpu.nir] [--events "8:S2,16:S3"]
-        [--drift "6:response=8,12:response=12,18:response=16"] [--extra "--backend nccl"]
+        [--drift "6:response=8,12:response=12,18:response=16"] [--backend nccl] [--extra ARGS]
 
 Runs the RL loop with the controller observing every step (scripted --events force
 transitions so that their estimates are checked too; the controller may add its own). Each
@@ -10,7 +10,8 @@ decision record carries the model's one-step-ahead prediction of the step just m
 made before the model learned from it (nereus/rl/adaptive.py), and of the transition just
 made. Reports MAPE per model-stage and for the whole step — over all steps, and over the
 steps after the model's first 3 observations — and the transitions' predicted vs measured
-seconds. Writes benchmarks/data/controller_real_steps[_TAG].json.
+seconds. Writes benchmarks/data/controller_real_steps_TAG.json (TAG: cpu, or the backend's
+name with --backend nccl); the last line printed is that summary as one JSON object.
 """
 
 import argparse
@@ -39,12 +40,16 @@ def main() -> None:
     parser.add_argument("--events", default="8:S2,16:S3")
     parser.add_argument("--drift", default="6:response=8,12:response=12,18:response=16")
     parser.add_argument("--extra", default="", help="more `nereus train` arguments")
-    parser.add_argument("--tag", default="cpu")
+    parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
+                        help="`nereus train --backend` (nccl: one GPU per process)")
+    parser.add_argument("--tag", help="file suffix (default: cpu, or the backend with --backend nccl)")
     parser.add_argument("--warmup", type=int, default=3)
     args = parser.parse_args()
     command = [sys.executable, "-c", "from nereus.cli import nereus; nereus()", "train", args.plan_file,
                "--algo", args.algo, "--nproc", str(args.nproc), "--steps", str(args.steps), "--controller",
-               "--events", args.events, "--drift", args.drift, "--json", *args.extra.split()]
+               "--events", args.events, "--drift", args.drift, "--backend", args.backend, "--json",
+               *args.extra.split()]
+    tag = args.tag or ("cpu" if args.backend != "nccl" else args.backend)
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ROOT})
     if done.returncode != 0:
         sys.exit(f"nereus train failed ({done.returncode}):\n{done.stderr[-3000:]}")
@@ -65,11 +70,11 @@ def main() -> None:
            "transitions": moves, "transition_mape_pct": mape([(m["predicted_s"], m["measured_s"]) for m in moves]),
            "checks": checks, "plan_per_step": [d["plan"] for d in checks],
            "measured_transitions": result["transitions"]}
-    path = os.path.join(HERE, "data", f"controller_real_steps_{args.tag}.json")
+    path = os.path.join(HERE, "data", f"controller_real_steps_{tag}.json")
     with open(path, "w") as handle:
         json.dump(out, handle, indent=1)
         handle.write("\n")
-    print(json.dumps({k: v for k, v in out.items() if k not in ("checks", "measured_transitions")}, indent=1))
+    print(json.dumps({k: v for k, v in out.items() if k not in ("checks", "measured_transitions")}))  # one line, last
 
 
 if __name__ == "__main__":

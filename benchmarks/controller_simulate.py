@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 from nereus.controller.simulator import load_trace, simulate  # noqa: E402
 
 TRACES = ("gpu-supply-64", "mixed-noisy-64", "length-growth-1024", "length-growth-noisy-1024",
-          "length-growth-1024-safe")
+          "length-growth-1024-safe", "mixed-noisy-64-seed101", "length-growth-noisy-1024-seed101")
 
 
 def main() -> None:
@@ -51,7 +51,8 @@ def main() -> None:
                 json.dump(result, handle)
         print(name, json.dumps({k: {m: round(v, 4) if isinstance(v, float) else v for m, v in s.items()
                                     if m in ("steps_run", "failed_at", "mean_step_s", "total_s", "transitions",
-                                             "transition_share", "gap_to_oracle", "controller_ms_per_step")}
+                                             "transition_share", "gap_to_oracle", "controller_ms_per_step",
+                                             "controller_transition_ms_per_step", "searches", "failed_attempts")}
                                 for k, s in result["policies"].items()}), flush=True)
 
 

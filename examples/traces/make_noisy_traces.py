@@ -1,6 +1,10 @@
 """Build the noisy drift traces (seeded, deterministic; rerun to regenerate).
 
-    python examples/traces/make_noisy_traces.py
+    python examples/traces/make_noisy_traces.py [--seed S]
+
+With --seed S: the same two drifts with another draw of the noise, written as
+length-growth-noisy-1024-seedS.json and mixed-noisy-64-seedS.json (held-out traces: the
+controller's settings were not chosen on them).
 
 length-growth-noisy-1024.json — 1,000 steps of GRPO on Llama-3.1-70B, 1,024 GPUs, starting
   from S1. The mean response grows from 1K to 6.5K tokens along the saturating curve of
@@ -52,7 +56,15 @@ def write(name, nir, plan, steps, seed, note):
 
 
 if __name__ == "__main__":
-    write("length-growth-noisy-1024.json", "llama70b-1024.nir", "S1", length_growth_noisy(), 17,
-          "GRPO 70B, 1,024 GPUs, responses 1K -> 6.5K over 1,000 steps, each step +-10%")
-    write("mixed-noisy-64.json", "llama8b-64.nir", "S1", mixed_noisy(), 23,
+    import argparse
+
+    parser = argparse.ArgumentParser(description="write the noisy traces; --seed S writes the same two "
+                                                 "drifts with other noise as *-seedS.json")
+    parser.add_argument("--seed", type=int, help="noise seed (default: the bundled traces' 17 and 23)")
+    args = parser.parse_args()
+    tag = "" if args.seed is None else f"-seed{args.seed}"
+    growth_seed, mixed_seed = (17, 23) if args.seed is None else (args.seed, args.seed)
+    write(f"length-growth-noisy-1024{tag}.json", "llama70b-1024.nir", "S1", length_growth_noisy(seed=growth_seed),
+          growth_seed, "GRPO 70B, 1,024 GPUs, responses 1K -> 6.5K over 1,000 steps, each step +-10%")
+    write(f"mixed-noisy-64{tag}.json", "llama8b-64.nir", "S1", mixed_noisy(seed=mixed_seed), mixed_seed,
           "PPO 8B, 64 GPUs, nodes lost and regained and responses 1K -> 6K, each step +-10%")

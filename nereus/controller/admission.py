@@ -9,9 +9,10 @@ consecutive earlier decisions already wanted this candidate. Output: a `Decision
 carries every number and says why (`Decision.why`). Pure.
 
 Rule (after Pollux's discounted speedups and Sia's restart-cost accounting):
-  1. infeasible now — the current plan does not fit the next step's workload or GPUs — and a
-     feasible candidate exists: switch (a forced move, charged its transition like any other).
-  2. the next step alone repays the move: its workload is known, and the candidate saves more
+  1. infeasible now — the current plan does not fit the known workload (the next step's GPU
+     budget, the latest observed response) — and a feasible candidate exists: switch (a
+     forced move, charged its transition like any other).
+  2. the next step alone repays the move: at the known workload the candidate saves more
      than Ĉ + z·σ on it while being no slower (up to ρ_min) at the workload level (at a generation-wave
      cliff a step costs 25–30% more; waiting one step for the level to catch up costs that).
   3. otherwise, with g = t_cur − t_cand, switch iff all of
@@ -72,7 +73,7 @@ class Decision:
     current_s: float  # predicted step latency of the current plan (inf if infeasible)
     candidate_s: float  # predicted step latency of the best plan found
     remaining_steps: int
-    transition_s: float  # corrected transition-cost estimate (0 if no candidate)
+    transition_s: float  # corrected transition-cost estimate (0 if no candidate, NaN if not needed)
     sigma_s: float  # uncertainty of the gain
     margin: float
     saving_s: float  # confident saving over the remaining steps, after the margin
@@ -87,6 +88,9 @@ class Decision:
             return f"step {self.step}: stay, no feasible plan exists for this workload and GPU budget"
         verb = "switch" if self.switch else "stay"
         gain = self.current_s - self.candidate_s
+        if not math.isfinite(self.transition_s):  # not estimated: no transition cost could change it
+            return (f"step {self.step}: {verb} ({self.reason}): current {self.current_s:.2f} s, candidate "
+                    f"{self.candidate_s:.2f} s, gain {gain:.3f} s/step − z·σ {self.sigma_s:.3f}")
         return (f"step {self.step}: {verb} ({self.reason}): current {self.current_s:.2f} s, candidate "
                 f"{self.candidate_s:.2f} s, gain {gain:.3f} s/step − z·σ {self.sigma_s:.3f}, × {self.remaining_steps}"
                 f" steps × (1 − {self.margin:g}) = {self.saving_s:.1f} s vs transition {self.transition_s:.2f} s")
@@ -110,8 +114,8 @@ def admit(step: int, current_s: float, current_feasible: bool, candidate_s: floa
 
     `confirmations`: consecutive earlier decisions that wanted this same candidate and passed
     the payback, gain and interval tests (the caller counts them; default: confirmed).
-    `now_gain_s`: predicted seconds the candidate saves on the next step itself, whose
-    workload is known (rule 2's first alternative)."""
+    `now_gain_s`: predicted seconds the candidate saves at the known workload (the next
+    step's GPUs, the latest observed response; rule 2)."""
     def decide(switch: bool, reason: str, saving: float) -> Decision:
         return Decision(step, switch, reason, current_s if current_feasible else math.inf, candidate_s,
                         remaining_steps, transition_s, sigma_s, settings.margin, saving, candidate)

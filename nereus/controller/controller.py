@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
@@ -32,7 +33,7 @@ from nereus.ir.model import ModelStage, Module, Plan, Workload
 
 from .admission import AdmissionSettings, Decision, admit, gain_sigma
 from .cost_model import CostModel, layout_of, step_seconds, workload_key
-from .memory import plan_memory
+from .memory import PlanMemory, plan_memory
 from .search import SearchResult, search_plan
 from .transition_cost import transition_seconds
 
@@ -46,6 +47,7 @@ class PlanPrediction:
 
 
 LEVEL_GRID = math.log(1.01)
+_STAYS_AT_ANY_COST = ("no-gain", "below-min-gain", "no-payback")  # admission reasons independent of Ĉ > 0
 SPREAD_QUANTILES = (12.5, 37.5, 62.5, 87.5)  # a 4-point rule for the mean over recent residuals
 
 
@@ -60,10 +62,12 @@ def plan_key(plan: Plan) -> tuple:
 
 
 def predict_plan(module: Module, workload: Workload, cost: CostModel, plan: Plan, gpus: Optional[int] = None,
-                 allow_waves: bool = True) -> PlanPrediction:
+                 allow_waves: bool = True, memory: Optional[PlanMemory] = None) -> PlanPrediction:
     """Predicted step latency of any plan under `workload`; infeasible when it does not fit
-    or uses a GPU id ≥ `gpus` (a GPU no longer available)."""
-    memory = plan_memory(module, workload, plan, allow_waves)
+    or uses a GPU id ≥ `gpus` (a GPU no longer available). `memory`: the plan's
+    `plan_memory` under `workload` when the caller has it (it does not depend on the cost)."""
+    if memory is None:
+        memory = plan_memory(module, workload, plan, allow_waves)
     out_of_budget = gpus is not None and any(g >= gpus for p in plan.placements for g in p.gpus)
     times = {}
     for placement in plan.placements:
@@ -105,12 +109,16 @@ class Controller:
         self._last_switch = -(1 << 30)
         self._step_times: list[float] = []
         self._prediction_cache: dict = {}
+        self._memory_cache: dict = {}  # (plan key, workload key) -> PlanMemory
+        self._search_memo: dict = {}  # the plan search's memory vectors, kept across searches
         self.searches = 0
+        self.transition_cpu_s = 0.0  # CPU seconds spent estimating transitions (compiling the moves)
         self._decisions = 0
         self._search_step = 0
         self._responses: list[int] = []
         self._streak: tuple = (None, 0)  # (candidate key, consecutive decisions that wanted it)
         self._last_gpus: Optional[int] = None
+        self._research_at: Optional[int] = None  # decision count at which to search again after a move
 
     # -- observations -------------------------------------------------------------------
     def observe(self, model_stage, plan: Plan, workload: Workload, seconds: float) -> None:
@@ -135,6 +143,7 @@ class Controller:
         self.plan = plan
         self._step_times.clear()
         self._streak = (None, 0)
+        self._research_at = self._decisions + self.settings.trial_steps
         if step is not None:
             self._last_switch = step
 
@@ -147,12 +156,20 @@ class Controller:
 
     # -- decisions ----------------------------------------------------------------------
     def _predict(self, plan: Plan, workload: Workload, gpus: Optional[int]) -> PlanPrediction:
-        key = (plan_key(plan), workload_key(workload), self.cost.version)
+        where = (plan_key(plan), workload_key(workload))
+        key = (where, self.cost.version)
         hit = self._prediction_cache.get(key)
         if hit is None:
             if len(self._prediction_cache) > 256:
                 self._prediction_cache.clear()
-            hit = predict_plan(self.module, workload, self.cost, plan, None, self.allow_waves)
+            # memory and waves depend on the plan and the workload (on the 1% grid), not on the
+            # fitted coefficients: computed once per (plan, length bucket), reused after refits
+            memory = self._memory_cache.get(where)
+            if memory is None:
+                if len(self._memory_cache) > 4096:
+                    self._memory_cache.clear()
+                memory = self._memory_cache[where] = plan_memory(self.module, workload, plan, self.allow_waves)
+            hit = predict_plan(self.module, workload, self.cost, plan, None, self.allow_waves, memory)
             self._prediction_cache[key] = hit
         if gpus is not None and hit.feasible and max(max(p.gpus) for p in plan.placements) >= gpus:
             return PlanPrediction(False, hit.step_s, hit.stage_seconds, hit.waves)
@@ -163,6 +180,11 @@ class Controller:
             return True
         if self.cost.version != self._search_version and self._decisions - self._search_step >= self.refit_every:
             return True
+        if self._research_at is not None and self._decisions >= self._research_at:
+            # a few steps on a plan whose layouts were never measured: the model has now seen
+            # them, and if the move was a mistake the search says so now, not 100 steps later
+            self._research_at = None
+            return self.cost.version != self._search_version
         last = self._search_workload
         for name in ("batch", "prompt", "response"):
             a, b = getattr(last, name), getattr(workload, name)
@@ -173,13 +195,22 @@ class Controller:
     def best_plan(self, workload: Workload, gpus: int, longest: int = 0) -> SearchResult:
         """The search's best plan for `workload` (cached until `_needs_search`), planned for the
         longer of `headroom` above its response and `longest` (the longest recent response: a
-        plan without a generation-wave cliff below the long steps that noise brings)."""
-        if self._needs_search(workload, gpus):
-            response = max(math.ceil(workload.response * (1.0 + self.headroom)), longest)
+        plan without a generation-wave cliff below the long steps that noise brings).
+
+        The drift test is on the level (plus `headroom`). Testing a quantity that follows only
+        the trend (the second longest recent response) halved the searches on a ±10% trace,
+        but the searches that the level's wander brings are what found, 45 steps sooner, the
+        plan that leaves a KV-wave cliff (length-growth-noisy-1024, steps 300–400)."""
+        trigger = replace(workload, response=_on_grid(workload.response * (1.0 + self.headroom)))
+        if self._needs_search(trigger, gpus):
+            # on the level's 1% grid, so memory terms computed for one search serve the next
+            response = _on_grid(max(workload.response * (1.0 + self.headroom), longest))
             ahead = replace(workload, response=response)
+            # the running plan and the last candidate bound the search from the start (search.py)
+            known = (self.plan, self._search.plan if self._search is not None else None)
             self._search = search_plan(self.module, ahead, self.cost, gpus, name="candidate",
-                                       allow_waves=self.allow_waves)
-            self._search_key, self._search_version, self._search_workload = gpus, self.cost.version, workload
+                                       allow_waves=self.allow_waves, incumbents=known, memo=self._search_memo)
+            self._search_key, self._search_version, self._search_workload = gpus, self.cost.version, trigger
             self._search_step = self._decisions
             self.searches += 1
         return self._search
@@ -188,11 +219,13 @@ class Controller:
         """Predicted transition seconds (uncorrected), cached per plan pair."""
         key = (plan_key(source), plan_key(target))
         if key not in self._transition_cache:
+            began = time.thread_time()
             self._transition_cache[key] = transition_seconds(self.module, workload, source, target,
                                                              self.transition_method)[0]
+            self.transition_cpu_s += time.thread_time() - began
         return self._transition_cache[key]
 
-    def level(self, workload: Workload) -> tuple[Workload, tuple[Workload, ...]]:
+    def level(self, workload: Workload, again: bool = False) -> tuple[Workload, tuple[Workload, ...]]:
         """(level, spread): the workload the decision is judged at and the workloads its step
         times are averaged over.
 
@@ -205,7 +238,10 @@ class Controller:
         quartiles of the recent responses' residuals from that line: a plan one generation
         wave short of the upper quartile pays its KV-wave cliff in the average, as it will in
         about a quarter to a half of the coming steps. All three lie on a 1% grid (`_on_grid`):
-        memory and cost terms are then computed once per 1% of drift, not every step."""
+        memory and cost terms are then computed once per 1% of drift, not every step.
+        `again`: a second decision for the same step, whose response replaces the last one."""
+        if again and self._responses:
+            self._responses.pop()
         self._responses.append(workload.response)
         del self._responses[:-self.level_window]
         n = len(self._responses)
@@ -253,13 +289,16 @@ class Controller:
         measured_std = statistics.pstdev(self._step_times) if len(self._step_times) > 1 else 0.0
         return gain_sigma(changed, measured_std, len(self._step_times))
 
-    def decide(self, step: int, workload: Workload, gpus: int) -> Decision:
-        """Should the job leave `self.plan` before running `step` under `workload` on GPUs
-        0..gpus−1? Feasibility is judged on `workload` itself, latencies over `level(workload)`.
+    def decide(self, step: int, workload: Workload, gpus: int, after_failure: bool = False) -> Decision:
+        """Should the job leave `self.plan` before running `step` on GPUs 0..gpus−1?
+        `workload` is what is known before the step: its response is the last one observed
+        (this step's own is generated during it). Feasibility is judged on `workload` itself,
+        latencies over `level(workload)`. `after_failure`: the step was attempted and did not
+        fit; `workload` now carries its own response (it replaces the last one in the level).
         Returns (and logs) a Decision; it does not change `self.plan`."""
         self._decisions += 1
         remaining = max(0, self.total_steps - step)
-        level, spread = self.level(workload)
+        level, spread = self.level(workload, again=after_failure)
         last_gpus, self._last_gpus = self._last_gpus, gpus
         current_now = self._predict(self.plan, workload, gpus)
         fits = current_now.feasible
@@ -282,22 +321,37 @@ class Controller:
             return decision
         candidate_now = candidate
         candidate = self._expected(found.plan, spread, gpus)
-        transition = self.transition_estimate(workload, self.plan, found.plan) * self.correction
+
+        def transition() -> float:
+            return self.transition_estimate(workload, self.plan, found.plan) * self.correction
+
         if self.greedy:
             settings = AdmissionSettings(margin=0.0, z=0.0, rho_min=0.0, min_interval=0, confirm=1)
             decision = admit(step, current.step_s, fits, candidate.step_s, True, remaining, 0.0,
                              settings, candidate=found.plan)
             decision = Decision(decision.step, decision.switch, decision.reason, decision.current_s,
-                                decision.candidate_s, remaining, transition, 0.0, 0.0, decision.saving_s, found.plan)
+                                decision.candidate_s, remaining, transition() if decision.switch else math.nan,
+                                0.0, 0.0, decision.saving_s, found.plan)
         else:
             sigma = self._sigma(found.plan, current, candidate) if fits else 0.0
             key = plan_key(found.plan)
             streak = self._streak[1] if self._streak[0] == key else 0
             if last_gpus is not None and gpus != last_gpus:
                 streak = self.settings.confirm  # a new GPU budget is a fact, not noise: no need to confirm
-            decision = admit(step, current.step_s, fits, candidate.step_s, True, remaining, transition,
+
+            def judge(transition_s: float) -> Decision:
+                return admit(step, current.step_s, fits, candidate.step_s, True, remaining, transition_s,
                              self.settings, sigma, step - self._last_switch, found.plan, streak,
                              now_gain_s=current_now.step_s - candidate_now.step_s)
+
+            # every test only gets harder as Ĉ grows: a candidate that fails them at Ĉ = 0 fails
+            # them at any Ĉ, and its transition (a compile of the move, ~0.5 s at 1,024 GPUs) is
+            # never estimated
+            decision = judge(0.0)
+            if decision.reason in _STAYS_AT_ANY_COST:
+                decision = replace(decision, transition_s=math.nan)
+            else:
+                decision = judge(transition())
             passed = decision.reason in ("confirming", "pays-back", "trial")
             self._streak = (key, streak + 1) if passed else (None, 0)
         self.log.append(decision)

@@ -32,6 +32,7 @@ import itertools
 import math
 import time
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Optional
 
 import numpy as np
@@ -118,7 +119,7 @@ class _Space:
     """Candidates with times and memory vectors for one (workload, G, cost-model) search."""
 
     def __init__(self, module: Module, workload: Workload, cost: CostModel, gpus: int, allow_waves: bool,
-                 allow_offload: bool):
+                 allow_offload: bool, memo: Optional[dict] = None):
         self.module = light(module)
         self.workload = workload
         self.cost = cost
@@ -132,17 +133,33 @@ class _Space:
         sizes = [c.tp * c.pp for cs in self.choices.values() for c in cs] or [1]
         self.period = math.lcm(*sizes)
         self._gen_seconds: dict = {}
+        self._candidates: dict = {}
+        # memory vectors depend on the choice, the workload and the period, not on the cost
+        # model: a caller's memo keeps them across searches (one memo per module)
+        self._memo = memo if memo is not None else {}
 
     def candidate(self, choice: Choice) -> _Candidate:
-        ms = choice.model_stage
-        unit = unit_memory(self.module, self.workload, ms, choice.dp, choice.tp, choice.pp, choice.offload)
-        res, work = unit.vectors(self.period)
-        resident = np.zeros((len(self.stages), self.period))
-        own = self.stages.index(ms.stage)
-        for x in range(len(self.stages)):
-            if not choice.offload or x == own:
-                resident[x] = res
-        return _Candidate(choice, self.seconds(choice, 1), resident, work)
+        got = self._candidates.get(choice)
+        if got is None:
+            got = self._candidates[choice] = self._candidate(choice)
+        return got
+
+    def _candidate(self, choice: Choice) -> _Candidate:
+        key = (choice, self.workload, self.period, self.stages)
+        vectors = self._memo.get(key)
+        if vectors is None:
+            if len(self._memo) > 20_000:
+                self._memo.clear()
+            ms = choice.model_stage
+            unit = unit_memory(self.module, self.workload, ms, choice.dp, choice.tp, choice.pp, choice.offload)
+            res, work = unit.vectors(self.period)
+            resident = np.zeros((len(self.stages), self.period))
+            own = self.stages.index(ms.stage)
+            for x in range(len(self.stages)):
+                if not choice.offload or x == own:
+                    resident[x] = res
+            vectors = self._memo[key] = (resident, work)
+        return _Candidate(choice, self.seconds(choice, 1), vectors[0], vectors[1])
 
     def seconds(self, choice: Choice, waves: int) -> float:
         key = (choice, waves)
@@ -177,18 +194,59 @@ class _Space:
         return seconds, waves
 
 
-def _dominated(a: _Candidate, b: _Candidate) -> bool:
-    """b is at least as good as a in time and every memory entry."""
-    return (b.seconds <= a.seconds and (b.resident <= a.resident).all() and (b.working <= a.working).all())
-
-
 def _pareto(candidates: list[_Candidate]) -> list[_Candidate]:
+    """The candidates no kept one dominates (at least as good in time and in every memory
+    entry), cheapest first; one vectorised comparison against all kept rows per candidate."""
     ordered = sorted(candidates, key=lambda c: c.seconds)
-    kept: list[_Candidate] = []
-    for c in ordered:
-        if not any(_dominated(c, k) for k in kept):
-            kept.append(c)
-    return kept
+    if not ordered:
+        return []
+    rows = np.array([np.concatenate(([c.seconds], c.resident.ravel(), c.working.ravel())) for c in ordered])
+    kept: list[int] = []
+    for i in range(len(ordered)):
+        if not kept or not (rows[kept] <= rows[i]).all(axis=1).any():
+            kept.append(i)
+    return [ordered[i] for i in kept]
+
+
+@lru_cache(maxsize=1024)
+def _wave_counts(replica_batch: int) -> tuple[int, ...]:
+    """Every distinct ⌈B/b⌉ for b = 1..B: the wave counts a replica of B sequences can need."""
+    return tuple(sorted({math.ceil(replica_batch / b) for b in range(1, replica_batch + 1)}))
+
+
+def _incumbent(space: _Space, plan: Optional[Plan]):
+    """(seconds, choices, waves) of `plan` evaluated exactly as the search evaluates its leaves,
+    or None when it lies outside the search space (other GPUs, a layout not offered) or does
+    not fit: a valid upper bound that only prunes."""
+    if plan is None:
+        return None
+    ids = tuple(range(space.gpus))
+    choices = {}
+    for ms in space.model_stages:
+        try:
+            p = plan.placement(ms)
+        except KeyError:
+            return None
+        choice = Choice(ms, p.dp, p.tp, p.pp, p.offload)
+        if p.gpus != ids or choice not in space.choices[ms]:
+            return None
+        choices[ms] = choice
+    resident = np.zeros((len(space.stages), space.period))
+    working = np.zeros((len(space.stages), space.period))
+    seconds, gens = 0.0, []
+    for ms, choice in choices.items():
+        c = space.candidate(choice)
+        if ms.stage == "generation":
+            gens.append(c)
+            continue
+        resident += c.resident
+        x = space.stages.index(ms.stage)
+        working[x] = np.maximum(working[x], c.working)
+        seconds += c.seconds
+    done = space.finish(resident, working, gens)
+    if done is None:
+        return None
+    return seconds + done[0], choices, done[1]
 
 
 def _result(space: _Space, best, candidates: int, leaves: int, began: float, name: str) -> SearchResult:
@@ -202,8 +260,15 @@ def _result(space: _Space, best, candidates: int, leaves: int, began: float, nam
 
 
 def search_plan(module: Module, workload: Workload, cost: CostModel, gpus: int, name: str = "best",
-                allow_waves: bool = True, allow_offload: bool = True) -> SearchResult:
+                allow_waves: bool = True, allow_offload: bool = True, incumbents: tuple = (),
+                memo: Optional[dict] = None) -> SearchResult:
     """The plan of least predicted step latency on GPUs 0..gpus−1 (see module docstring).
+
+    `incumbents`: plans already known (the running plan, the last search's result): the best
+    of them that fits is the starting bound, so branches that cannot beat it are cut from
+    the start; it is returned when nothing is strictly faster (the optimum is unchanged).
+    `memo`: a dict the caller keeps for one module: candidates' memory vectors are stored
+    there and reused by later searches at the same workload (the controller's 1% grid).
 
     With one generation model-stage (the RL case) the search branches first on (generation
     layout, waves w), cheapest T_gen(w) first: fixing w turns the KV cache into a plain
@@ -211,14 +276,27 @@ def search_plan(module: Module, workload: Workload, cost: CostModel, gpus: int, 
     generation. An assignment's true waves are the least w that fits, and a larger w only
     costs more, so the minimum over (layout, w) is the true optimum."""
     began = time.perf_counter()
-    space = _Space(module, workload, cost, gpus, allow_waves, allow_offload)
+    space = _Space(module, workload, cost, gpus, allow_waves, allow_offload, memo)
     count = sum(len(c) for c in space.choices.values())
     gen_ms = [ms for ms in space.model_stages if ms.stage == "generation"]
     other_ms = [ms for ms in space.model_stages if ms.stage != "generation"]
-    gen_lists = [sorted((space.candidate(c) for c in space.choices[ms]), key=lambda c: c.seconds) for ms in gen_ms]
-    lists = [_pareto([space.candidate(c) for c in space.choices[ms]]) for ms in other_ms]
+    seed = None
+    for plan in incumbents:
+        known = _incumbent(space, plan)
+        if known is not None and (seed is None or known[0] < seed[0]):
+            seed = known
+    # a choice whose own time plus every other model-stage's fastest cannot beat the seed is
+    # in no strictly better plan: its memory vectors are never computed
+    bound = seed[0] if seed is not None else math.inf
+    fastest = {ms: min((space.seconds(c, 1) for c in space.choices[ms]), default=math.inf)
+               for ms in space.model_stages}
+    floor = sum(fastest.values())
+    useful = {ms: [c for c in space.choices[ms] if space.seconds(c, 1) + floor - fastest[ms] < bound]
+              for ms in space.model_stages}
+    gen_lists = [sorted((space.candidate(c) for c in useful[ms]), key=lambda c: c.seconds) for ms in gen_ms]
+    lists = [_pareto([space.candidate(c) for c in useful[ms]]) for ms in other_ms]
     if any(not lst for lst in lists + gen_lists):
-        return _result(space, None, count, 0, began, name)
+        return _result(space, seed, count, 0, began, name)  # None when nothing fits
     # branch on the model-stages whose choice matters most first
     order = sorted(range(len(lists)), key=lambda i: -(lists[i][-1].seconds - lists[i][0].seconds))
     lists = [lists[i] for i in order]
@@ -235,7 +313,8 @@ def search_plan(module: Module, workload: Workload, cost: CostModel, gpus: int, 
             x = space.stages.index(lst[0].choice.model_stage.stage)
             w[x] = np.maximum(w[x], np.min([c.working for c in lst], axis=0))
         lb_work.append(w)
-    state = {"best": None, "seconds": math.inf, "leaves": 0}
+    stage_of = [space.stages.index(lst[0].choice.model_stage.stage) for lst in lists]
+    state = {"best": seed, "seconds": bound, "leaves": 0}
     chosen: list[_Candidate] = []
 
     def descend(i: int, seconds: float, resident: np.ndarray, working: np.ndarray, leaf):
@@ -246,8 +325,10 @@ def search_plan(module: Module, workload: Workload, cost: CostModel, gpus: int, 
         if i == n:
             leaf(seconds, resident, working)
             return
-        for c in lists[i]:
-            x = space.stages.index(c.choice.model_stage.stage)
+        x = stage_of[i]
+        for c in lists[i]:  # cheapest first: once one cannot beat the incumbent, none after it can
+            if seconds + c.seconds + lb_seconds[i + 1] >= state["seconds"]:
+                break
             new_working = working.copy()
             new_working[x] = np.maximum(new_working[x], c.working)
             chosen.append(c)
@@ -264,8 +345,7 @@ def search_plan(module: Module, workload: Workload, cost: CostModel, gpus: int, 
         waves_of = []
         for k, g in enumerate(gen_lists[0]):
             replica_batch = math.ceil(workload.batch / g.choice.dp)
-            wave_counts = sorted({math.ceil(replica_batch / b) for b in range(1, replica_batch + 1)})
-            waves_of.append((wave_counts if allow_waves else [1], replica_batch))
+            waves_of.append((_wave_counts(replica_batch) if allow_waves else (1,), replica_batch))
             heapq.heappush(heap, (space.seconds(g.choice, waves_of[k][0][0]), waves_of[k][0][0], k, 0))
         while heap:
             gen_seconds, w, k, position = heapq.heappop(heap)

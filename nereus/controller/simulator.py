@@ -16,9 +16,14 @@ a seeded per-pair factor in [0.9, 1.1]; the controllers predict it with the comp
 estimate (or the bytes estimate under method "estimate") corrected by what they measured.
 
 Semantics, the same for every policy: it starts on the trace's plan and may move before each
-step, paying the true transition time of every move, forced or chosen. A policy whose plan
-cannot run a step (memory, or GPUs no longer there) and that does not move is marked failed at
-that step (`failed_at`) and runs no later step (`steps_run`).
+step, paying the true transition time of every move, forced or chosen. Before step i a
+controller knows step i's GPU budget and the configured prompt and batch, but only the
+responses of steps < i (the .nir workload's response before step 0): a step's responses are
+generated during it. If the step's own response then does not fit the plan it chose, the
+attempt fails (counted in `failed_attempts`, its seconds not charged), the controller decides
+again knowing the response (it must move) and the step runs again. A policy whose plan cannot
+run a step (memory, or GPUs no longer there) and that does not move is marked failed at that
+step (`failed_at`) and runs no later step (`steps_run`).
   fixed   the initial plan's TP/PP per model-stage; DP rescaled when the GPU count changes
           (a move it pays for); otherwise it never moves, so it fails where its plan stops fitting
   greedy  moves whenever its calibrated model predicts any faster plan for the step's own
@@ -136,6 +141,8 @@ class _Run:
     overhead_s: list = field(default_factory=list)  # controller wall seconds per step (decide + observe)
     overhead_cpu_s: list = field(default_factory=list)  # the same in CPU seconds of this thread
     searches: int = 0
+    transition_cpu_s: float = 0.0  # of the controller's CPU time: estimating (compiling) transitions
+    failed_attempts: int = 0  # steps whose response overflowed the plan chosen before it was known
 
     def summary(self, common: int) -> dict:
         run, spent = sum(self.latencies), sum(s for _, s, _ in self.transitions)
@@ -146,14 +153,34 @@ class _Run:
                "transitions": len(self.transitions), "transition_s": spent,
                "transition_share": spent / (run + spent) if run + spent else 0.0,
                "common_steps": common, "common_mean_step_s": sum(self.latencies[:common]) / common if common else None,
-               "common_total_s": shared}
+               "common_total_s": shared, "failed_attempts": self.failed_attempts}
         if self.overhead_s:
             # CPU time of the controller's thread: what it costs, whatever else loads the machine
             ms = 1e3 * np.array(self.overhead_cpu_s)
             out.update(controller_ms_per_step=float(ms.mean()), controller_ms_median=float(np.median(ms)),
                        controller_ms_p99=float(np.percentile(ms, 99)), controller_ms_max=float(ms.max()),
-                       controller_wall_ms_per_step=1e3 * float(np.mean(self.overhead_s)), searches=self.searches)
+                       controller_wall_ms_per_step=1e3 * float(np.mean(self.overhead_s)), searches=self.searches,
+                       controller_transition_ms_per_step=1e3 * self.transition_cpu_s / len(ms))
         return out
+
+
+def _mover(world: _World, run: _Run, controller: Optional[Controller], step: int):
+    """move(target, why, workload): charge `run` the true seconds of moving to `target` and
+    tell its controller what the move took (nothing when the target is the current plan)."""
+    def move(target: int, why: str, workload: Workload) -> None:
+        if target == run.plan:
+            return
+        seconds = world.move(run.plan, target)
+        run.transitions.append((step, seconds, why))
+        if controller is not None:  # the controller's own work: counted in its overhead
+            began, cpu = time.perf_counter(), time.thread_time()
+            predicted = controller.transition_estimate(workload, world.plans[run.plan], world.plans[target])
+            controller.transitioned(world.plans[target], seconds, predicted, step=step)
+            run.overhead_s[-1] += time.perf_counter() - began
+            run.overhead_cpu_s[-1] += time.thread_time() - cpu
+        run.plan = target
+
+    return move
 
 
 def _oracle_candidates(world: _World, trace: Trace, grid: float, progress: Optional[Progress]) -> None:
@@ -213,8 +240,12 @@ def simulate(trace: Trace, margin: float = 0.1, policies=POLICIES, transition_me
                                            level_window=1 if name == "greedy" else Controller.level_window)
     rows = []
     last_gpus = trace.steps[0].gpus
+    observed = module.workload.response  # before step 0: the response the job was configured for
     for i, step in enumerate(trace.steps):
         workload = trace.workload(step)
+        # what a controller knows before the step: the GPU budget and the configured prompt and
+        # batch, but only the responses of earlier steps (this one's is generated during it)
+        known = trace.workload(replace(step, response=observed))
         row = {"step": i, "response": step.response, "gpus": step.gpus}
         for name, run in runs.items():
             row[name] = None
@@ -227,19 +258,26 @@ def simulate(trace: Trace, margin: float = 0.1, policies=POLICIES, transition_me
                     target, why = world.add(scaled_plan(module, initial, step.gpus)), f"rescale DP to {step.gpus} GPUs"
             else:
                 began, cpu = time.perf_counter(), time.thread_time()
-                decision = controller.decide(i, workload, step.gpus)
+                decision = controller.decide(i, known, step.gpus)
                 run.overhead_s.append(time.perf_counter() - began)
                 run.overhead_cpu_s.append(time.thread_time() - cpu)
                 if decision.switch:
                     target, why = world.add(decision.plan), decision.why
-            if target != run.plan:
-                seconds = world.move(run.plan, target)
-                run.transitions.append((i, seconds, why))
-                if controller is not None:
-                    predicted = controller.transition_estimate(workload, world.plans[run.plan], world.plans[target])
-                    controller.transitioned(world.plans[target], seconds, predicted, step=i)
-                run.plan = target
+            move = _mover(world, run, controller, i)
+            move(target, why, known)
             got = world.step(run.plan, workload, step.gpus)
+            if got is None and controller is not None:
+                # the step's own response did not fit the plan chosen without it: the attempt
+                # fails (its seconds are not charged; `failed_attempts` counts it), the
+                # controller now knows the response and must move, and the step runs again
+                run.failed_attempts += 1
+                began, cpu = time.perf_counter(), time.thread_time()
+                decision = controller.decide(i, workload, step.gpus, after_failure=True)
+                run.overhead_s[-1] += time.perf_counter() - began
+                run.overhead_cpu_s[-1] += time.thread_time() - cpu
+                if decision.switch:
+                    move(world.add(decision.plan), decision.why, workload)
+                got = world.step(run.plan, workload, step.gpus)
             if got is None:
                 run.failed_at = i
                 continue
@@ -254,12 +292,13 @@ def simulate(trace: Trace, margin: float = 0.1, policies=POLICIES, transition_me
                 controller.observe_step(got.step_s * (1.0 + MEASUREMENT_NOISE * (2 * noise.random() - 1)))
                 run.overhead_s[-1] += time.perf_counter() - began
                 run.overhead_cpu_s[-1] += time.thread_time() - cpu
-        last_gpus = step.gpus
+        last_gpus, observed = step.gpus, step.response
         rows.append(row)
         if progress and ((i + 1) % 20 == 0 or i + 1 == total):
             progress("replay", i + 1, total)
     for name, controller in controllers.items():
         runs[name].searches = controller.searches
+        runs[name].transition_cpu_s = controller.transition_cpu_s
     common = min([run.failed_at for run in runs.values() if run.failed_at is not None] + [total])
     summary = {name: run.summary(common) for name, run in runs.items()}
     oracle_info = None

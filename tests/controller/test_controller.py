@@ -107,6 +107,24 @@ def test_search_equals_brute_force(small, response, gpus):
     assert check.feasible and check.step_s == pytest.approx(fast.predicted_s, rel=1e-9)
 
 
+@pytest.mark.parametrize("response,gpus", [(512, 4), (4096, 4), (16384, 8)])
+def test_search_seeded_with_incumbents_finds_the_same_optimum_with_fewer_leaves(small, response, gpus):
+    """An incumbent (the running plan, the last candidate) only tightens the bound: the
+    optimum is unchanged, a worse or infeasible incumbent is never returned."""
+    cost = CostModel(small)
+    at = replace(small.workload, response=response)
+    plain = search_plan(small, at, cost, gpus)
+    near = search_plan(small, replace(small.workload, response=int(response * 1.3)), cost, gpus).plan
+    seeded = search_plan(small, at, cost, gpus, incumbents=(near, plain.plan, small.plan("S1")))
+    assert seeded.predicted_s == pytest.approx(plain.predicted_s, rel=1e-12)
+    assert seeded.leaves <= plain.leaves
+    check = predict_plan(small, at, cost, seeded.plan, gpus)
+    assert check.feasible and check.step_s == pytest.approx(seeded.predicted_s, rel=1e-9)
+    worse = search_plan(small, replace(small.workload, response=64), cost, gpus).plan
+    again = search_plan(small, at, cost, gpus, incumbents=(worse,))
+    assert again.predicted_s == pytest.approx(plain.predicted_s, rel=1e-12)
+
+
 def test_search_result_prints_and_parses_as_nir(small):
     found = search_plan(small, small.workload, CostModel(small), 8, name="S9")
     module = replace(small, plans=small.plans + (found.plan,))
@@ -178,3 +196,21 @@ def test_trace_errors_name_the_problem(tmp_path):
     bad.write_text(json.dumps({"nir": os.path.join(HERE, "small.nir"), "plan": "S7", "steps": []}))
     with pytest.raises(ir.NereusError, match="no plan named 'S7'"):
         load_trace(str(bad))
+
+
+def test_controller_searches_again_once_a_new_plan_has_been_measured(small):
+    """After a move, the search runs again `trial_steps` decisions later if the model learned
+    from the new plan's steps meanwhile (not only at the next drift or every 100 steps)."""
+    ctl = Controller(small, small.plan("S1"), total_steps=50, transition_method="estimate")
+    ctl.decide(0, small.workload, 8)
+    gone = ctl.decide(1, small.workload, 4)
+    ctl.transitioned(gone.plan, 1.0, 1.0, step=1)
+    searches = ctl.searches
+    for step in range(2, 2 + ctl.settings.trial_steps + 1):
+        for placement in gone.plan.placements:
+            ctl.observe(placement.model_stage, gone.plan, small.workload, 1.0 + 0.1 * step)
+        ctl.decide(step, small.workload, 4)
+    assert ctl.searches == searches + 1
+    for step in range(10, 20):  # and only once: no drift, no new GPUs
+        ctl.decide(step, small.workload, 4)
+    assert ctl.searches == searches + 1

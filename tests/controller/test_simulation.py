@@ -180,3 +180,26 @@ def test_cli_json_fields_progress_on_stderr_and_failure_on_the_plot(tmp_path):
     assert summary["policies"]["nereus"]["failed_at"] is None
     assert "replay" in result.stderr and "oracle" in result.stderr
     assert plot.exists() and plot.stat().st_size > 0
+
+
+def test_controllers_decide_on_observed_responses_only(tmp_path, monkeypatch):
+    """Before step i a controller knows the responses of steps < i (and the GPU budget of step
+    i), never step i's own response: it is generated during the step."""
+    steps = [{"response": 512 + 97 * i, "gpus": 8 if i < 5 else 4} for i in range(9)]
+    trace = load_trace(_write(tmp_path, "lag", steps))
+    seen = []
+    original = Controller.decide
+
+    def spy(self, step, workload, gpus, **kwargs):
+        if not self.greedy and not kwargs.get("after_failure"):
+            seen.append((step, workload.response, gpus))
+        return original(self, step, workload, gpus, **kwargs)
+
+    monkeypatch.setattr(Controller, "decide", spy)
+    simulate(trace, policies=("nereus",), transition_method="estimate")
+    first = [s for s in seen if s[0] == 0][0]
+    assert first[1] == trace.module.workload.response  # the configured response before any step ran
+    for step, response, gpus in seen:
+        if step > 0:
+            assert response == steps[step - 1]["response"], (step, response)
+        assert gpus == steps[step]["gpus"]
