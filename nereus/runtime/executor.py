@@ -28,7 +28,6 @@ exchange), or the environment variable NEREUS_FAULT="rank:round:phase".
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 import traceback
@@ -44,11 +43,9 @@ from . import offload, packing, streams
 from .control import Failure, agree
 from .posting import p2p_ops as _p2p_ops, post as _post
 from .parking import ROLLBACK_MODES, Parking, default_rollback, park_plan, real_room, restore_parked
-from .program import Message, RankProgram
-
-TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
-                "fp64": torch.float64, "int64": torch.int64, "int32": torch.int32, "uint8": torch.uint8}
-
+from .program import RankProgram
+from .wires import (TORCH_DTYPES, Live, allocate, check_complete, copy_stream, destination, in_stream,
+                    incoming, nothing, outgoing, peer_streams)
 
 class InjectedFault(RuntimeError):
     """Raised by the fault hook."""
@@ -96,28 +93,6 @@ def _fault_spec(fault) -> Optional[tuple[int, int, str]]:
         return None
     rank, rnd, phase = text.split(":")
     return int(rank), int(rnd), phase
-
-
-class _Live:
-    """Live bytes on this GPU, counted once per storage (aliases share one)."""
-
-    def __init__(self, base: int):
-        self.count: dict = {}
-        self.bytes = base
-        self.peak = base
-
-    def add(self, tensor: torch.Tensor) -> None:
-        key = tensor.untyped_storage().data_ptr()
-        if self.count.get(key, 0) == 0:
-            self.bytes += tensor.untyped_storage().nbytes()
-            self.peak = max(self.peak, self.bytes)
-        self.count[key] = self.count.get(key, 0) + 1
-
-    def remove(self, tensor: torch.Tensor) -> None:
-        key = tensor.untyped_storage().data_ptr()
-        self.count[key] -= 1
-        if self.count[key] == 0:
-            self.bytes -= tensor.untyped_storage().nbytes()
 
 
 def _check_before(prog: RankProgram, before: dict) -> None:
@@ -199,7 +174,7 @@ def execute(prog: RankProgram, before: dict, *, group, control, device: torch.de
 class _Run:
     """Mutable state of one rank's transition, shared by its rounds."""
 
-    def __init__(self, prog: RankProgram, before: dict, parking, group, control, device, live: _Live,
+    def __init__(self, prog: RankProgram, before: dict, parking, group, control, device, live: Live,
                  verify: bool, fault, offloaded: frozenset = frozenset()):
         self.prog, self.before, self.parking = prog, before, parking
         # units in host memory (offload): not device bytes; written in place there
@@ -224,7 +199,7 @@ class _Run:
 def _execute(prog, before, parking, group, control, device, resident_bytes, verify, progress, fault,
              round_hook, chunking, offloaded=frozenset()) -> ExecutionResult:
     started = time.perf_counter()
-    run = _Run(prog, before, parking, group, control, device, _Live(resident_bytes), verify, fault, offloaded)
+    run = _Run(prog, before, parking, group, control, device, Live(resident_bytes), verify, fault, offloaded)
     run.chunk_bytes, run.depth = chunking
     try:
         _check_before(prog, before)
@@ -250,7 +225,7 @@ def _execute(prog, before, parking, group, control, device, resident_bytes, veri
 
     if run.failure is None:
         try:
-            _check_complete(prog, run.new, run.written)
+            check_complete(prog, run.new, run.written)
             if device.type == "cuda":  # the new state is usable (and a late device error surfaces) here
                 torch.cuda.current_stream(device).synchronize()
         except Exception as error:  # noqa: BLE001
@@ -287,7 +262,7 @@ def _round(run: _Run, work) -> RoundTiming:
             raise _Skip()
         for unit in work.allocs:
             step = f"alloc {unit}"
-            _allocate(prog, unit, new, live, device, run.aliased, run.host_after)
+            allocate(prog, unit, new, live, device, run.aliased, run.host_after)
         for alias in work.aliases:
             step = f"keep {alias.dst_unit} {alias.tensor}"
             tensor = before[alias.src_unit][alias.tensor]
@@ -300,19 +275,19 @@ def _round(run: _Run, work) -> RoundTiming:
             result.kept_bytes += tensor.numel() * tensor.element_size()
         for piece in work.copies:  # allocated now, copied while the messages travel
             step = f"alloc {piece.dst_unit} {piece.tensor}"
-            _dst(prog, new, live, device, piece, run.host_after)
+            destination(prog, new, live, device, piece, run.host_after)
         both_ways = {m.peer for m in work.sends} & {m.peer for m in work.recvs}
         for msg in work.sends:
             step, peer = "pack send", msg.peer
-            sends.append(_outgoing(msg, sources, device, _in_stream(msg, both_ways, run.chunk_bytes)))
+            sends.append(outgoing(msg, sources, device, in_stream(msg, both_ways, run.chunk_bytes)))
         for msg in work.recvs:
             step, peer = "alloc recv", msg.peer
-            recvs.append(_incoming(msg, prog, new, live, device, _in_stream(msg, both_ways, run.chunk_bytes),
+            recvs.append(incoming(msg, prog, new, live, device, in_stream(msg, both_ways, run.chunk_bytes),
                                    run.host_after))
         result.offload_bytes += offload.round_bytes(work, run.host_before, run.host_after)
         step, peer = "alloc stream buffers", None
-        out_streams = _streams(sends, device, run.chunk_bytes, run.depth)
-        in_streams = _streams(recvs, device, run.chunk_bytes, run.depth)
+        out_streams = peer_streams(sends, device, run.chunk_bytes, run.depth)
+        in_streams = peer_streams(recvs, device, run.chunk_bytes, run.depth)
         if fault == (rank, work.index, "pack"):
             raise InjectedFault("injected fault (pack)")
     except _Skip:
@@ -327,7 +302,7 @@ def _round(run: _Run, work) -> RoundTiming:
         # units) pack in host memory, as in the compiler's replay; on CUDA the stream buffer
         # NCCL sends from is device memory and counts whole
         host = run.host_before | run.staged
-        buffers -= sum(packing.layout([p.nbytes for p, s in zip(w.msg.pieces, _in_stream(w.msg, both_ways,
+        buffers -= sum(packing.layout([p.nbytes for p, s in zip(w.msg.pieces, in_stream(w.msg, both_ways,
                                                                                            run.chunk_bytes))
                                        if s and p.src_unit in host])[1] for w in sends)
         buffers = max(buffers, 0)
@@ -350,9 +325,9 @@ def _round(run: _Run, work) -> RoundTiming:
                 raise InjectedFault("injected fault (post)")
         except Exception as error:  # noqa: BLE001 - the streams are posted anyway
             late_error = (step, peer, error)
-        side = _copy_stream(device) if work.copies else None
+        side = copy_stream(device) if work.copies else None
         try:
-            with torch.cuda.stream(side) if side is not None else _nothing():
+            with torch.cuda.stream(side) if side is not None else nothing():
                 for piece in work.copies:  # same-GPU copies overlap the transfers
                     step, peer = f"copy {piece.tensor} {piece.src_unit} -> {piece.dst_unit}", None
                     new[piece.dst_unit][piece.tensor][piece.dst_slices].copy_(
@@ -451,108 +426,6 @@ def _free(run: _Run, unit: str) -> None:
 
 
 _VERIFY_TAG = 1 << 24
-
-
-@dataclass
-class _Wire:
-    """A message on the wire: direct pieces (sent from / received into the shards in
-    place) and packed pieces (they travel in the peer's stream, see streams.py)."""
-
-    msg: Message
-    packed: list  # views of the packed pieces (sources when sending, shards when receiving)
-    direct: list  # contiguous views sent from / received into in place
-    views: list  # every piece's view, in message order (checksums)
-    bounce: list = field(default_factory=list)  # (device tensor, host view) of direct pieces into host memory
-
-
-def _in_stream(msg: Message, both_ways: set, chunk_bytes: int) -> list:
-    """Per piece of the message: whether it travels in the peer's stream (streams.streamed)."""
-    return [streams.streamed(p, msg.peer in both_ways, chunk_bytes) for p in msg.pieces]
-
-
-def _outgoing(msg: Message, sources: dict, device, in_stream: list) -> _Wire:
-    views = [sources[p.src_unit][p.tensor][p.src_slices] for p in msg.pieces]
-    packed = [v for v, s in zip(views, in_stream) if s]
-    direct = [v.to(device) for v, s in zip(views, in_stream) if not s]  # staged: host → device
-    if not all(v.is_contiguous() for v in direct):
-        raise ProgramError("a direct piece is not contiguous in its source tensor")
-    return _Wire(msg, packed, direct, views)
-
-
-def _incoming(msg: Message, prog: RankProgram, new: dict, live: "_Live", device, in_stream: list,
-              host_units=frozenset()) -> _Wire:
-    views = [_dst(prog, new, live, device, p, host_units)[p.dst_slices] for p in msg.pieces]
-    packed = [v for v, s in zip(views, in_stream) if s]
-    direct = [v for v, s in zip(views, in_stream) if not s]
-    bounce = []
-    if torch.device(device).type == "cuda":  # NCCL receives into device memory only
-        bounce = [(torch.empty(v.shape, dtype=v.dtype, device=device), v) for v in direct if not v.is_cuda]
-        landing = {id(v): b for b, v in bounce}
-        direct = [landing.get(id(v), v) for v in direct]
-    return _Wire(msg, packed, direct, views, bounce)
-
-
-def _streams(wires: list, device, chunk_bytes: int, depth: int) -> list:
-    """One PeerStream per peer: the packed pieces of its messages, in message order
-    (sender and receiver enumerate a round's messages to each other alike)."""
-    views: dict = {}
-    for w in wires:
-        views.setdefault(w.msg.peer, []).extend(w.packed)
-    out = [streams.PeerStream(peer, v, device, chunk_bytes, depth) for peer, v in views.items()]
-    return [s for s in out if s.chunks]
-
-
-_COPY_STREAMS: dict = {}
-
-
-def _copy_stream(device: torch.device):
-    """The side stream same-GPU copies run on (CUDA), after the work queued so far; None
-    off CUDA (the copies then run inline)."""
-    if device.type != "cuda":
-        return None
-    if device not in _COPY_STREAMS:
-        _COPY_STREAMS[device] = torch.cuda.Stream(device)
-    side = _COPY_STREAMS[device]
-    side.wait_stream(torch.cuda.current_stream(device))
-    return side
-
-
-@contextlib.contextmanager
-def _nothing():
-    yield
-
-
-def _allocate(prog: RankProgram, unit: str, new: dict, live: _Live, device, aliased: set,
-              host_units=frozenset()) -> None:
-    shards = prog.after.get(unit)
-    if shards is None:
-        raise ProgramError(f"alloc of {unit}, which holds nothing on GPU {prog.gpu}")
-    slot = new.setdefault(unit, {})
-    for name, info in shards.items():
-        if name not in slot and (unit, name) not in aliased:
-            slot[name] = offload.new_shard(unit, info.shape, TORCH_DTYPES[info.dtype], live, device, host_units)
-
-
-def _dst(prog: RankProgram, new: dict, live: _Live, device, piece, host_units=frozenset()) -> torch.Tensor:
-    """The destination shard of a piece, allocated here if no alloc op came first."""
-    slot = new.setdefault(piece.dst_unit, {})
-    tensor = slot.get(piece.tensor)
-    if tensor is None:
-        info = prog.after[piece.dst_unit][piece.tensor]
-        tensor = slot[piece.tensor] = offload.new_shard(piece.dst_unit, info.shape, TORCH_DTYPES[info.dtype], live,
-                                                        device, host_units)
-    return tensor
-
-
-def _check_complete(prog: RankProgram, new: dict, written: dict) -> None:
-    for unit, shards in prog.after.items():
-        for name, info in shards.items():
-            numel = 1
-            for d in info.shape:
-                numel *= d
-            if written.get((unit, name), 0) != numel:
-                raise ProgramError(f"after-unit {unit}: {written.get((unit, name), 0)} of {numel} elements "
-                                   f"of {name} were produced")
 
 
 def _progress(enabled: bool, total: int):
