@@ -112,14 +112,19 @@ def _replica_of(placement, gpu: int):
         return None
 
 
-def rank_digest(rank_program: dict) -> str:
-    """SHA-256 of a rank program's canonical JSON (sorted keys, no spaces): what a rank
-    compares against the digest its part had in the verified whole program."""
-    import hashlib
+def canonical_json(rank_program: dict) -> str:
+    """A rank program's canonical JSON text (sorted keys, no spaces): what digests hash."""
     import json
 
-    text = json.dumps(rank_program, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()
+    return json.dumps(rank_program, sort_keys=True, separators=(",", ":"))
+
+
+def rank_digest(rank_program: dict) -> str:
+    """SHA-256 of a rank program's canonical JSON: what a rank compares against the
+    digest its part had in the verified whole program."""
+    import hashlib
+
+    return hashlib.sha256(canonical_json(rank_program).encode()).hexdigest()
 
 
 def split_by_rank(whole: dict) -> dict[int, dict]:

@@ -237,11 +237,13 @@ def rank_program(program: dict, gpu: int, direct_min_bytes: int = DIRECT_MIN_BYT
                 nbytes = sum(p.nbytes for p in pieces)
                 if "bytes" in op and op["bytes"] != nbytes:
                     raise ProgramError(f"{where}: says {op['bytes']} bytes but its segments hold {nbytes}")
+                # the tag: a rank program's ops carry their position in the whole round
+                tag = op.get("index", k)
                 if op["src"] == gpu:
-                    sends.append(Message(op["dst"], k, pieces, nbytes))
+                    sends.append(Message(op["dst"], tag, pieces, nbytes))
                     totals["send"] += nbytes
                 else:
-                    recvs.append(Message(op["src"], k, pieces, nbytes))
+                    recvs.append(Message(op["src"], tag, pieces, nbytes))
                     totals["recv"] += nbytes
             elif kind not in ("alloc", "free", "keep", "copy", "send", "stage_out"):
                 raise ProgramError(f"{where}: unknown op {kind!r}",
