@@ -268,6 +268,29 @@ def shard_bytes(model: Model, placement: Placement, stage: int, rank: int, repli
     return elements * bytes_per_element(model, states)
 
 
+def shard_bytes_table(model: Model, placement: Placement) -> dict[tuple[int, int, int], int]:
+    """{(replica, stage, rank): shard_bytes(model, placement, stage, rank, replica)} for
+    every GPU of `placement`, with the per-(stage, rank) and per-(rank, replica) parts
+    computed once each instead of once per GPU (4,096 GPUs: 512 chunk volumes, not 4,096)."""
+    states = states_of(str(placement.model_stage))
+    tp, pp, dp, width = placement.tp, placement.pp, placement.dp, placement.stage_width
+    elements = {(p, t): shard_elements(model, tp, pp, p, t, placement.ep) for p in range(pp) for t in range(width)}
+    if not (placement.zero >= 1 and len(states) > 1):
+        per = bytes_per_element(model, states)
+        return {(r, p, t): elements[(p, t)] * per for r in range(dp) for p in range(pp) for t in range(width)}
+    weight_bytes, state_bytes = bytes_per_element(model, states[:1]), bytes_per_element(model, states[1:])
+    counts = [slot_counts(model, *stage_slots(model.layers, pp, p)) for p in range(pp)]
+    out = {}
+    for t in range(width):
+        for r in range(dp):
+            volume = zero_kind_volume(model, tp, t, dp, r)
+            for p in range(pp):
+                sharded = sum(n * volume[k] for k, n in counts[p].items())
+                weights = sharded if placement.zero >= 3 else elements[(p, t)]
+                out[(r, p, t)] = weights * weight_bytes + sharded * state_bytes
+    return out
+
+
 def mesh_positions(placement: Placement) -> Iterator[tuple[int, int, int, int]]:
     """(replica, pp stage, stage rank, gpu) for every GPU of the placement, in mesh order."""
     i = 0

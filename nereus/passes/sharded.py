@@ -90,18 +90,28 @@ def sharded_pieces(spec, before: tuple[int, int, int, int], after: tuple[int, in
 def _chunks_touching(spec, tp: int, rank: int, dp: int, boxes: tuple[Box, ...]) -> list[int]:
     """Replicas whose chunk of TP rank `rank`'s local tensor (`zero_boxes`) meets `boxes`:
     computed from local row offsets instead of testing all dp chunks."""
-    local = tp_boxes(spec, tp, rank)
-    size = -(-sum(b[0][1] - b[0][0] for b in local) // dp)
+    local, rows = _local_rows(spec, tp, rank)
+    size = -(-rows // dp)
     found: set[int] = set()
-    offset = 0
-    for b in local:
+    for b, offset in local:
         for m in boxes:
             if _touches(b, m):
                 lo = offset + max(b[0][0], m[0][0]) - b[0][0]
                 hi = offset + min(b[0][1], m[0][1]) - b[0][0]
                 found.update(range(lo // size, (hi - 1) // size + 1))
-        offset += b[0][1] - b[0][0]
     return sorted(found)
+
+
+@lru_cache(maxsize=None)
+def _local_rows(spec, tp: int, rank: int) -> tuple[tuple[tuple[Box, int], ...], int]:
+    """((box, its first row in the local tensor), ...) of TP rank `rank`, and the local
+    row count: what `_chunks_touching` needs, once per (spec, tp, rank) instead of once
+    per (after replica, stage rank)."""
+    out, offset = [], 0
+    for b in tp_boxes(spec, tp, rank):
+        out.append((b, offset))
+        offset += b[0][1] - b[0][0]
+    return tuple(out), offset
 
 
 def _touches(x: Box, y: Box) -> bool:
