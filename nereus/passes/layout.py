@@ -81,7 +81,14 @@ def suffix_dtype(model: Model, suffix: str) -> str:
 
 def bytes_per_element(model: Model, states: tuple[str, ...]) -> int:
     """Bytes one element of a weight costs on a GPU with all its `states` (2 or 2+12 for bf16)."""
-    return sum(DTYPE_BYTES[suffix_dtype(model, s)] for s in states)
+    return _bytes_per_element(model.dtype, states)
+
+
+@lru_cache(maxsize=None)
+def _bytes_per_element(dtype: str, states: tuple[str, ...]) -> int:
+    # keyed by the dtype, not the model: every transfer asks (45,896 times at 4,096 GPUs),
+    # and hashing a frozen Model dataclass costs more than the sum
+    return sum(DTYPE_BYTES[dtype if s == "" else OPTIMIZER_DTYPE] for s in states)
 
 
 @dataclass(frozen=True)
