@@ -36,9 +36,10 @@ import torch
 import torch.distributed as dist
 
 from nereus.backends import json_program
-from nereus.backends.rank_json import canonical_json, rank_digests, rank_program_json
+from nereus.backends.rank_json import canonical_json, rank_digest, rank_digests, rank_program_json
 from nereus.ir.diagnostics import NereusError, ProgramError
 from nereus.ir.model import Module
+from nereus.ir.program import FORMAT, VERSION
 
 from .admission import verify_before_running
 
@@ -57,7 +58,19 @@ def _lower_own_part(module: Module, source: str, target: str, rank: int):
     from nereus.passes import compile_transition
 
     compiled = compile_transition(module, source, target)
-    return compiled, rank_program_json(compiled, rank)
+    return compiled, _part(compiled, rank)
+
+
+def _part(compiled, rank: int) -> dict:
+    """`rank_program_json`, or for a rank beyond the cluster's GPUs (a process group larger
+    than the plans' cluster) the empty part: every round, no op, no unit."""
+    if rank < compiled.dag.module.cluster.num_gpus:
+        return rank_program_json(compiled, rank)
+    dag = compiled.dag
+    return {"format": FORMAT, "version": VERSION, "transition": {"from": dag.source, "to": dag.target},
+            "rank": rank, "peers": [], "gpus": [], "nodes": [], "tensors": [], "units": {"before": [], "after": []},
+            "resident_bytes": {}, "untouched": list(dag.untouched),
+            "rounds": [{"ops": []} for _ in range(compiled.program.num_rounds)]}
 
 
 def _portable(error: Exception, source: str, target: str) -> NereusError:
@@ -72,7 +85,7 @@ def _prove(compiled, module: Module, world_size: int) -> tuple[float, list]:
     proof_s = verify_before_running(whole, module)
     digests = rank_digests(whole)
     del whole
-    return proof_s, [digests.get(r) for r in range(world_size)]
+    return proof_s, [digests[r] if r in digests else rank_digest(_part(compiled, r)) for r in range(world_size)]
 
 
 def obtain_rank_part(module: Module, source: str, target: str, rank: int, world_size: int, control,

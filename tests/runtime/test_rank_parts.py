@@ -142,3 +142,18 @@ def test_every_process_lowers_the_same_part_whatever_its_hash_seed(tmp_path):
                                "--rank", "1"], env=env, capture_output=True, text=True, check=True)
         texts.append(done.stdout)
     assert texts[0] and texts[0] == texts[1]
+
+
+def test_a_rank_beyond_the_clusters_gpus_gets_an_empty_part_with_every_round():
+    """A process group larger than the plans' cluster: the extra rank's part has no op and
+    no unit, and the runtime reader gives it one empty round per round of the program."""
+    from nereus.runtime.distribute import _part
+    from nereus.runtime.program import rank_program
+
+    compiled = compile_transition(ir.parse_source(SOURCE, "parts.nir"), "A", "B")
+    part = _part(compiled, WORLD)
+    assert part["rank"] == WORLD and part["units"] == {"before": [], "after": []}
+    assert len(part["rounds"]) == compiled.program.num_rounds and not any(r["ops"] for r in part["rounds"])
+    work = rank_program(part, WORLD)
+    assert not work.before and len(work.rounds) == compiled.program.num_rounds
+    assert not any(w.sends or w.recvs or w.copies or w.allocs for w in work.rounds)
