@@ -274,10 +274,13 @@ def _sharded_recipe(model: Model, before: Placement, after: Placement, r: int, q
         return found
 
     def pieces_of(i: int):
+        """((Piece, holders, volume), ...): built once per (spec, replica, rank) and reused
+        by every pp stage pair of that GPU position (frozen Pieces are costly to build)."""
         key = ("pieces", i, bkey, akey, r, u)
         found = memo.get(key)
         if found is None:
-            found = memo[key] = sharded_pieces(specs[i].spec, bkey, akey, r, u)
+            found = memo[key] = tuple((Piece(i, box), holders, box_volume(box))
+                                      for box, holders in sharded_pieces(specs[i].spec, bkey, akey, r, u))
         return found
 
     out = []
@@ -298,10 +301,10 @@ def _sharded_recipe(model: Model, before: Placement, after: Placement, r: int, q
             if i in skip:
                 continue
             kind = _KINDS.index(specs[i].kind)
-            for box, holders in pieces_of(i):
+            for piece, holders, volume in pieces_of(i):
                 entry = groups.setdefault(holders, [[], [0, 0, 0]])
-                entry[0].append(Piece(i, box))
-                entry[1][kind] += box_volume(box)
+                entry[0].append(piece)
+                entry[1][kind] += volume
         for holders, (pieces, volumes) in sorted(groups.items()):
             volumes = tuple(volumes)
             out.append(("pull", p, slots, tuple(pieces), _bytes(volumes, counts, element_bytes), holders, volumes,
