@@ -57,7 +57,7 @@ import torch
 import torch.distributed as dist
 
 from nereus.models import OPTIMIZER_DTYPE, OPTIMIZER_STATES, optimizer_name, tensor_table
-from nereus.ir.diagnostics import NereusError, ProgramError, SemanticError
+from nereus.ir.diagnostics import NereusError, SemanticError
 from nereus.ir.model import ModelStage, Module
 from nereus.passes.layout import unit_id
 
