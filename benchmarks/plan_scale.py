@@ -24,6 +24,15 @@ TRANSITION` for the generated PPO plans above (same per-rank shards at every siz
 
 Last stdout line: {"name": "plan_scale_rank_programs", "cases": [...]}.
 
+The runtime's per-rank programs (issue 19, nereus.runtime.distribute): every rank does what
+`--rank-programs` measures (compile + its own part); rank 0, which proves the program,
+also emits the whole program once, verifies it against the plans and cuts every rank's
+digest out of it. That extra work of rank 0, in a fresh process (peak memory its own):
+
+    python benchmarks/plan_scale.py --prove gen:70b:256:length-growth
+
+Last stdout line: {"name": "plan_scale_prove", ...}.
+
 ZeRO (issue 19): bytes sent per model-stage by a file's transition as written (`zero 1`)
 and with `zero` removed from every placement (compiled with the plan check off, since the
 replicated optimizer state may not fit), next to the training optimizer state's size:
@@ -144,15 +153,10 @@ def _rank_case(case: str) -> dict:
 
     from nereus.backends.rank_json import rank_program_json
     from nereus.cli.compile import RANK_PIPELINE
-    from nereus.ir import parse_file, parse_source
     from nereus.passes import compile_transition
     from nereus.passes.cost import link_bounds
 
-    if case.startswith("gen:"):
-        _, model, gpus, transition = case.split(":")
-        module = parse_source(nir_source(int(gpus), model, transition), case)
-    else:
-        module = parse_file(case)
+    module = _module_of(case)
     (t,) = module.transitions
     wall, cpu = time.perf_counter(), time.process_time()
     # what `nereusc --emit json --rank R` runs: the plan check and every pass but cost
@@ -173,6 +177,43 @@ def _rank_case(case: str) -> dict:
         out["ranks"].append({"rank": rank, "lower_wall_s": round(time.perf_counter() - wall, 3),
                              "lower_cpu_s": round(time.process_time() - cpu, 3), "bytes": len(text),
                              "ops": text.count('"op":'), "peers": len(json.loads(text)["peers"])})
+    out["peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    return out
+
+
+def _module_of(case: str):
+    from nereus.ir import parse_file, parse_source
+
+    if case.startswith("gen:"):
+        _, model, gpus, transition = case.split(":")
+        return parse_source(nir_source(int(gpus), model, transition), case)
+    return parse_file(case)
+
+
+def prove_case(case: str) -> dict:
+    """Rank 0's extra work in the runtime (module docstring): emit, verify, digest."""
+    import resource
+
+    from nereus.backends.json_program import program_json
+    from nereus.backends.rank_json import rank_digests
+    from nereus.passes import compile_transition
+    from nereus.passes.verify import verify_program
+
+    module = _module_of(case)
+    (t,) = module.transitions
+    compiled = compile_transition(module, t.source, t.target)
+    out = {"case": case, "gpus": module.cluster.num_gpus}
+    cpu = time.process_time()
+    whole = program_json(compiled)
+    out["emit_cpu_s"] = round(time.process_time() - cpu, 2)
+    out["whole_bytes"] = len(json.dumps(whole, separators=(",", ":")))
+    cpu = time.process_time()
+    verify_program(whole, against=module)
+    out["verify_cpu_s"] = round(time.process_time() - cpu, 2)
+    cpu = time.process_time()
+    digests = rank_digests(whole)
+    out["digests_cpu_s"] = round(time.process_time() - cpu, 2)
+    out["digest_bytes_per_rank"] = len(next(iter(digests.values())))
     out["peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     return out
 
@@ -250,6 +291,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rank-programs", metavar="CASES", help="comma-separated .nir files or gen:MODEL:GPUS:T")
     parser.add_argument("--rank-case", help=argparse.SUPPRESS)
+    parser.add_argument("--prove", metavar="CASE", help="rank 0's proof of the whole program: emit, verify, digest")
     parser.add_argument("--zero-compare", metavar="FILE", help="bytes sent with and without zero")
     parser.add_argument("--sizes", default="32,64,128,256,512,1024")
     parser.add_argument("--models", default="8b,70b")
@@ -258,6 +300,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.rank_case:
         print(json.dumps(_rank_case(args.rank_case)))
+        return 0
+    if args.prove:
+        print(json.dumps({"name": "plan_scale_prove", **prove_case(args.prove)}))
         return 0
     if args.zero_compare:
         print(json.dumps({"name": "plan_scale_zero", **zero_compare(args.zero_compare)}))

@@ -11,6 +11,8 @@ fields as the whole program, holding only what that rank executes and reads:
     copies, frees, stage_outs and every send it is the source or the destination of — with
     the `id` each op has in the whole program and its `index`, the op's position in its
     round of the whole program (sender and receiver agree on it: it is the message tag);
+    an op whose segments all name one (src_unit, dst_unit) pair states it once, at the op
+    level (`compact_segment_units`; readers call `expand_segment_units`);
   - `units`: the units that hold state on the rank, with the rank's shards, plus the units
     its messages read from or write to, with just the shards of the peer GPU that those
     messages name (the segment tables: enough to pack and unpack both sides);
@@ -25,6 +27,8 @@ program does not grow with the number of GPUs for a fixed per-rank shard.
 from __future__ import annotations
 
 from collections import defaultdict
+
+from nereus.ir.program import compact_segment_units, expand_segment_units
 
 from .json_program import FORMAT, VERSION, op_json, unit_json
 
@@ -60,7 +64,7 @@ def rank_program_json(compiled, rank: int) -> dict:
         if _involves(dag, kind, record, rank):
             op = op_json(dag, kind, record)
             op["id"], op["round"], op["index"] = next_id, k, index
-            rounds[k]["ops"].append(op)
+            rounds[k]["ops"].append(compact_segment_units(op))
             if kind == "send":
                 peers.add(op["dst"] if op["src"] == rank else op["src"])
                 for seg in op["segments"]:
@@ -112,20 +116,26 @@ def _replica_of(placement, gpu: int):
         return None
 
 
-def rank_digest(rank_program: dict) -> str:
-    """SHA-256 of a rank program's canonical JSON (sorted keys, no spaces): what a rank
-    compares against the digest its part had in the verified whole program."""
-    import hashlib
+def canonical_json(rank_program: dict) -> str:
+    """A rank program's canonical JSON text (sorted keys, no spaces): what digests hash."""
     import json
 
-    text = json.dumps(rank_program, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()
+    return json.dumps(rank_program, sort_keys=True, separators=(",", ":"))
+
+
+def rank_digest(rank_program: dict) -> str:
+    """SHA-256 of a rank program's canonical JSON: what a rank compares against the
+    digest its part had in the verified whole program."""
+    import hashlib
+
+    return hashlib.sha256(canonical_json(rank_program).encode()).hexdigest()
 
 
 def split_by_rank(whole: dict) -> dict[int, dict]:
     """Every rank's program cut out of a whole program (v1 dict) in one pass: the same
     dicts `rank_program_json` lowers (tested). For the place that verifies the whole
     program once: `rank_digests` of it let each rank check the part it lowered alone."""
+    whole = expand_segment_units(whole)
     gpu_info = {g["id"]: g for g in whole["gpus"]}
     node_info = {n["id"]: n for n in whole.get("nodes", [])}
     ranks = sorted(gpu_info)
@@ -136,15 +146,16 @@ def split_by_rank(whole: dict) -> dict[int, dict]:
         for index, op in enumerate(rnd["ops"]):
             if op["op"] == "send":
                 src, dst = op["src"], op["dst"]
+                compact = compact_segment_units(dict(op, index=index))
                 for rank in (src, dst):
-                    rounds[rank][k]["ops"].append(dict(op, index=index))
+                    rounds[rank][k]["ops"].append(compact)
                 peers[src].add(dst)
                 peers[dst].add(src)
                 for seg in op["segments"]:
                     readers[("before", seg["src_unit"], src, seg["tensor"])].add(dst)
                     readers[("after", seg["dst_unit"], dst, seg["tensor"])].add(src)
             else:
-                rounds[op["gpu"]][k]["ops"].append(dict(op, index=index))
+                rounds[op["gpu"]][k]["ops"].append(compact_segment_units(dict(op, index=index)))
     units: dict = {r: {"before": [], "after": []} for r in ranks}
     for side, listing in whole["units"].items():
         for unit in listing:

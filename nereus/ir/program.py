@@ -37,3 +37,36 @@ def program_from_json(data: dict) -> JsonProgram:
         if key not in data:
             raise ProgramError(f"program lacks the required field '{key}'")
     return JsonProgram(data)
+
+
+def compact_segment_units(op: dict) -> dict:
+    """`op` with its segments' `src_unit` and `dst_unit` stated once at the op level when
+    every segment names the same pair (rank programs, docs/program.md: a fused op repeats
+    them per layer and tensor otherwise). A new dict; `op` is not modified."""
+    segments = op.get("segments")
+    if not segments or "src_unit" in op:
+        return op
+    src, dst = segments[0].get("src_unit"), segments[0].get("dst_unit")
+    if src is None or any(s.get("src_unit") != src or s.get("dst_unit") != dst for s in segments):
+        return op
+    return dict(op, src_unit=src, dst_unit=dst,
+                segments=[{k: v for k, v in s.items() if k not in ("src_unit", "dst_unit")} for s in segments])
+
+
+def expand_segment_units(data: dict) -> dict:
+    """The program with every segment naming its `src_unit` and `dst_unit` (the inverse of
+    `compact_segment_units` for each op; whole programs come expanded already and are
+    returned as they are). Readers that look at segments call this first."""
+    if not any("src_unit" in op for rnd in data.get("rounds", ()) for op in rnd.get("ops", ())):
+        return data
+    rounds = []
+    for rnd in data["rounds"]:
+        ops = []
+        for op in rnd["ops"]:
+            if "src_unit" in op and "segments" in op:
+                units = {"src_unit": op["src_unit"], "dst_unit": op["dst_unit"]}
+                op = {k: v for k, v in op.items() if k not in units}
+                op["segments"] = [dict(units, **s) for s in op["segments"]]
+            ops.append(op)
+        rounds.append(dict(rnd, ops=ops))
+    return dict(data, rounds=rounds)

@@ -43,7 +43,7 @@ from .layout import (
     Box,
     bytes_per_element,
     is_sharded,
-    shard_bytes,
+    shard_bytes_table,
     slot_counts,
     slot_specs,
     stage_slots,
@@ -274,10 +274,13 @@ def _sharded_recipe(model: Model, before: Placement, after: Placement, r: int, q
         return found
 
     def pieces_of(i: int):
+        """((Piece, holders, volume), ...): built once per (spec, replica, rank) and reused
+        by every pp stage pair of that GPU position (frozen Pieces are costly to build)."""
         key = ("pieces", i, bkey, akey, r, u)
         found = memo.get(key)
         if found is None:
-            found = memo[key] = sharded_pieces(specs[i].spec, bkey, akey, r, u)
+            found = memo[key] = tuple((Piece(i, box), holders, box_volume(box))
+                                      for box, holders in sharded_pieces(specs[i].spec, bkey, akey, r, u))
         return found
 
     out = []
@@ -298,10 +301,10 @@ def _sharded_recipe(model: Model, before: Placement, after: Placement, r: int, q
             if i in skip:
                 continue
             kind = _KINDS.index(specs[i].kind)
-            for box, holders in pieces_of(i):
+            for piece, holders, volume in pieces_of(i):
                 entry = groups.setdefault(holders, [[], [0, 0, 0]])
-                entry[0].append(Piece(i, box))
-                entry[1][kind] += box_volume(box)
+                entry[0].append(piece)
+                entry[1][kind] += volume
         for holders, (pieces, volumes) in sorted(groups.items()):
             volumes = tuple(volumes)
             out.append(("pull", p, slots, tuple(pieces), _bytes(volumes, counts, element_bytes), holders, volumes,
@@ -343,15 +346,13 @@ def _build_stage(module: Module, index: int, info: StageInfo, allocs: list, free
     free_index: dict[tuple[int, int, int], int] = {}
     position: dict[int, tuple[int, int, int]] = {}
     near: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
-    before_bytes = {(p, t): shard_bytes(model, before, p, t) for p in range(before.pp)
-                    for t in range(before.stage_width)}
+    before_bytes = shard_bytes_table(model, before)
     for r in range(before.dp):
         for p in range(before.pp):
             for t in range(before.stage_width):
                 g = before.gpu_of(r, p, t)
                 free_index[(r, p, t)] = len(frees)
-                nbytes = shard_bytes(model, before, p, t, r) if before.zero else before_bytes[(p, t)]
-                frees.append(Free(index, r, (p, t), g, 0, nbytes))
+                frees.append(Free(index, r, (p, t), g, 0, before_bytes[(r, p, t)]))
                 position[g] = (r, p, t)
                 near.setdefault((node_of(g), p), []).append((r, t, g))
     kept_from = [0] * len(frees)
@@ -405,8 +406,7 @@ def _build_stage(module: Module, index: int, info: StageInfo, allocs: list, free
                                            states, memo)
         return recipes[key]
 
-    after_bytes = {(q, u): shard_bytes(model, after, q, u) for q in range(after.pp)
-                   for u in range(after.stage_width)}
+    after_bytes = shard_bytes_table(model, after)
     for r in range(after.dp):
         for q in range(after.pp):
             for u in range(after.stage_width):
@@ -428,7 +428,7 @@ def _build_stage(module: Module, index: int, info: StageInfo, allocs: list, free
                     src_gpu = frees[src].gpu
                     xfers.append(Xfer(COPY if src_gpu == g else SEND, index, alloc, src, src_gpu, g, slots,
                                       pieces, nbytes, volumes, states))
-                full = shard_bytes(model, after, q, u, r) if after.zero else after_bytes[(q, u)]
+                full = after_bytes[(r, q, u)]
                 allocs.append(Alloc(index, r, (q, u), g, full - kept, full))
     for i in range(first, len(frees)):
         f = frees[i]

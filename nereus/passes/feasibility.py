@@ -259,30 +259,44 @@ def check_plan(module: Module, plan: Plan | str) -> FeasibilityReport:
     # (gpu, stage) -> {(model_stage, kind): bytes}; working memory kept per model-stage
     # because model-stages sharing a GPU in one stage run one after another: only the
     # largest working set is live at a time.
-    resident_cells: dict[tuple[int, str], dict[tuple[str, str], int]] = {}
-    working_cells: dict[tuple[int, str], dict[str, dict[str, int]]] = {}
     stages = [s for s in STAGES if module.workload.models_in(s)]
+    contributions = []  # (model-stage, its stage, offload, resident_by_kind, working_by_kind)
+    signature: dict[int, list[int]] = {}  # gpu -> the contributions it receives, in plan order
     for placement in plan.placements:
-        name = str(placement.model_stage)
-        own = placement.model_stage.stage
         for gpus, resident, working in _placement_contributions(module, placement):
+            signature_id = len(contributions)
+            contributions.append((str(placement.model_stage), placement.model_stage.stage, placement.offload,
+                                  resident, working))
             for gpu in gpus:
-                for stage in stages:
-                    cell = resident_cells.setdefault((gpu, stage), {})
-                    if not placement.offload or stage == own:
-                        for kind, n in resident.items():
-                            cell[(name, kind)] = cell.get((name, kind), 0) + n
-                if own in stages:
-                    working_cells.setdefault((gpu, own), {})[name] = {k: n for k, n in working.items() if n}
+                signature.setdefault(gpu, []).append(signature_id)
+    # GPUs that receive the same contributions use the same memory: one cell per class and
+    # stage (a few hundred classes at 4,096 GPUs instead of a dict per GPU and stage)
+    classes: dict[tuple, list[int]] = {}
+    for gpu, ids in signature.items():
+        classes.setdefault(tuple(ids), []).append(gpu)
     usage: dict[tuple[int, str], dict[tuple[str, str], int]] = {}
-    for key, cell in resident_cells.items():
-        merged = dict(cell)
-        candidates = working_cells.get(key)
-        if candidates:
-            name, working = max(candidates.items(), key=lambda item: (sum(item[1].values()), item[0]))
-            for kind, n in working.items():
-                merged[(name, kind)] = merged.get((name, kind), 0) + n
-        usage[key] = merged
+    resident_per_gpu: dict[int, int] = {}
+    for ids, gpus in classes.items():
+        resident_total = sum(sum(contributions[c][3].values()) for c in ids if not contributions[c][2])
+        for stage in stages:
+            cell: dict[tuple[str, str], int] = {}
+            candidates: dict[str, dict[str, int]] = {}
+            for c in ids:
+                name, own, offload, resident, working = contributions[c]
+                if not offload or stage == own:
+                    for kind, n in resident.items():
+                        cell[(name, kind)] = cell.get((name, kind), 0) + n
+                if own == stage:
+                    candidates[name] = {k: n for k, n in working.items() if n}
+            if candidates:
+                name, working = max(candidates.items(), key=lambda item: (sum(item[1].values()), item[0]))
+                for kind, n in working.items():
+                    cell[(name, kind)] = cell.get((name, kind), 0) + n
+            for gpu in gpus:
+                usage[(gpu, stage)] = cell
+        if any(not contributions[c][2] for c in ids):  # only offloaded model-stages: none resident
+            for gpu in gpus:
+                resident_per_gpu[gpu] = resident_total
 
     def summarise(key, cell) -> GpuStageUse:
         contributors = tuple(sorted((Contributor(ms, kind, n) for (ms, kind), n in cell.items()),
@@ -293,8 +307,7 @@ def check_plan(module: Module, plan: Plan | str) -> FeasibilityReport:
     order = sorted(totals, key=lambda k: (-totals[k], k[0], STAGES.index(k[1])))
     worst = summarise(order[0], usage[order[0]])
     overflowing = tuple(summarise(k, usage[k]) for k in order if totals[k] > capacity)
-    return FeasibilityReport(plan.name, capacity, not overflowing, worst, overflowing,
-                             resident_bytes_per_gpu(module, plan), totals)
+    return FeasibilityReport(plan.name, capacity, not overflowing, worst, overflowing, resident_per_gpu, totals)
 
 
 def check_module(module: Module) -> list[FeasibilityReport]:

@@ -79,29 +79,43 @@ def sharded_pieces(spec, before: tuple[int, int, int, int], after: tuple[int, in
     tp, dp, zero, ep = before
     if zero >= 1:
         holders = []
-        for t in range(tp):
-            for d in _chunks_touching(spec, tp, t, dp, mine):
+        for t, local in enumerate(_local_rows(spec, tp)):
+            for d in _chunks_touching(local, dp, mine):
                 holders.extend(((d, t), b) for b in zero_boxes(spec, tp, t, dp, d))
     else:
         holders = [(t, b) for t in range(tp * ep) for b in rank_boxes(spec, tp, ep, t)]
     return tuple(cell for box in mine for cell in _cut(box, holders))
 
 
-def _chunks_touching(spec, tp: int, rank: int, dp: int, boxes: tuple[Box, ...]) -> list[int]:
-    """Replicas whose chunk of TP rank `rank`'s local tensor (`zero_boxes`) meets `boxes`:
-    computed from local row offsets instead of testing all dp chunks."""
-    local = tp_boxes(spec, tp, rank)
-    size = -(-sum(b[0][1] - b[0][0] for b in local) // dp)
+def _chunks_touching(local: tuple, dp: int, boxes: tuple[Box, ...]) -> list[int]:
+    """Replicas whose chunk of a TP rank's local tensor (`zero_boxes`; `local` is that
+    rank's `_local_rows` entry) meets `boxes`: computed from local row offsets instead of
+    testing all dp chunks."""
+    placed, rows = local
+    size = -(-rows // dp)
     found: set[int] = set()
-    offset = 0
-    for b in local:
+    for b, offset in placed:
         for m in boxes:
             if _touches(b, m):
                 lo = offset + max(b[0][0], m[0][0]) - b[0][0]
                 hi = offset + min(b[0][1], m[0][1]) - b[0][0]
                 found.update(range(lo // size, (hi - 1) // size + 1))
-        offset += b[0][1] - b[0][0]
     return sorted(found)
+
+
+@lru_cache(maxsize=None)
+def _local_rows(spec, tp: int) -> tuple:
+    """Per TP rank: ((box, its first row in the local tensor), ...) and the local row
+    count; what `_chunks_touching` needs, once per (spec, tp) instead of once per (after
+    replica, stage rank, before TP rank)."""
+    out = []
+    for rank in range(tp):
+        placed, offset = [], 0
+        for b in tp_boxes(spec, tp, rank):
+            placed.append((b, offset))
+            offset += b[0][1] - b[0][0]
+        out.append((tuple(placed), offset))
+    return tuple(out)
 
 
 def _touches(x: Box, y: Box) -> bool:

@@ -17,6 +17,7 @@ from typing import Iterable, Optional
 
 from nereus.ir.diagnostics import ProgramError
 from nereus.ir.model import DTYPE_BYTES
+from nereus.ir.program import expand_segment_units
 
 from .boxes import Box, as_box, box_numel, cut_segment, local_slices, shard_shape
 
@@ -196,6 +197,7 @@ def rank_program(program: dict, gpu: int, direct_min_bytes: int = DIRECT_MIN_BYT
     a byte count that disagrees with the boxes)."""
     if program.get("format") != "nereus-program" or program.get("version") != 1:
         raise ProgramError("not a nereus-program version 1", hint="compile it with `nereusc FILE --emit json`")
+    program = expand_segment_units(program)  # a rank program states shared units per op
     tensors = {t["name"]: t for t in program["tensors"]}
     units = program["units"]
     before_all, after_all = _all_shards(units["before"], tensors), _all_shards(units["after"], tensors)
@@ -237,11 +239,13 @@ def rank_program(program: dict, gpu: int, direct_min_bytes: int = DIRECT_MIN_BYT
                 nbytes = sum(p.nbytes for p in pieces)
                 if "bytes" in op and op["bytes"] != nbytes:
                     raise ProgramError(f"{where}: says {op['bytes']} bytes but its segments hold {nbytes}")
+                # the tag: a rank program's ops carry their position in the whole round
+                tag = op.get("index", k)
                 if op["src"] == gpu:
-                    sends.append(Message(op["dst"], k, pieces, nbytes))
+                    sends.append(Message(op["dst"], tag, pieces, nbytes))
                     totals["send"] += nbytes
                 else:
-                    recvs.append(Message(op["src"], k, pieces, nbytes))
+                    recvs.append(Message(op["src"], tag, pieces, nbytes))
                     totals["recv"] += nbytes
             elif kind not in ("alloc", "free", "keep", "copy", "send", "stage_out"):
                 raise ProgramError(f"{where}: unknown op {kind!r}",
@@ -267,6 +271,7 @@ def restrict_program(program: dict, model_stages: Iterable[str]) -> dict:
     remaining segments). Raises ProgramError when a kept unit would be fed from a dropped
     one (a segment crossing model-stages), since that data would be missing."""
     keep = set(model_stages)
+    program = expand_segment_units(program)
     units = {phase: [u for u in program["units"][phase] if u["model_stage"] in keep] for phase in ("before", "after")}
     ids = {phase: {u["id"] for u in units[phase]} for phase in units}
     tensors = {t["name"]: t for t in program["tensors"]}

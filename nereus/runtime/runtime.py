@@ -16,9 +16,11 @@ Nereus and changes plan in place.
 Rank r drives GPU r of the plan's cluster. CUDA tensors move over the default group
 (NCCL); CPU tensors over gloo. A separate gloo group with a timeout carries the control
 messages (failure agreement, commit), so an error on one rank reaches every rank.
-Compilation runs once per (source, target) on rank 0 and is broadcast, then cached;
-rank 0 proves the program correct first (nereus.runtime.admission), so no rank runs an
-unverified one unless `verify_programs=False`.
+Compilation runs once per (source, target) on every rank, each lowering only its own part
+of the program (nereus.runtime.distribute: no rank receives or holds the whole program),
+then cached; rank 0 proves the whole program correct first (nereus.runtime.admission) and
+each rank checks its part's digest against the proven one, so no rank runs an unverified
+part unless `verify_programs=False`.
 
 Rollback (`Runtime(..., rollback=)`): a transition is all or nothing, so the old shards
 must survive until every rank commits. "auto" (the default for CUDA tensors): an old
@@ -67,11 +69,11 @@ import torch
 import torch.distributed as dist
 
 from nereus.models import OPTIMIZER_DTYPE, OPTIMIZER_STATES, optimizer_name, tensor_table
-from nereus.ir.diagnostics import NereusError, ProgramError, SemanticError
+from nereus.ir.diagnostics import NereusError, SemanticError
 from nereus.ir.model import ModelStage, Module
+from nereus.passes.layout import unit_id
 
 from . import offload, packing
-from .admission import verify_before_running
 from .boxes import as_box, shard_shape
 from .executor import TORCH_DTYPES, execute
 from .parking import ROLLBACK_MODES, default_rollback
@@ -108,6 +110,7 @@ class TransitionReport:
     verify_program_s: Optional[float] = None
     # bytes this rank moved between host memory (offloaded units) and the device: over PCIe on CUDA
     offload_bytes: int = 0
+    program_bytes: int = 0  # size of this rank's part of the program (canonical JSON), the whole it holds
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -169,7 +172,8 @@ class Runtime:
         _plan(module, plan)
         self._plan = plan
         self._state: dict = {}  # model-stage → {name: local tensor}
-        self._programs: dict = {}
+        self._programs: dict = {}  # (from, to) -> (this rank's part of the program, seconds)
+        self._program_bytes: dict = {}  # (from, to) -> bytes of that part's canonical JSON
         self._lowered: dict = {}  # (from, to, live model-stages) -> this rank's program
         self._prepared: set = set()
         self._registrations = 0  # changes of this rank's registered model-stages (see _live_stages)
@@ -345,30 +349,19 @@ class Runtime:
     # -- transitions -------------------------------------------------------------------
 
     def compile(self, target: str) -> tuple[dict, float]:
-        """Collective: the JSON program from the current plan to `target` (rank 0
-        compiles, every rank receives the same dict), cached; and the compile seconds."""
+        """Collective: this rank's part of the JSON program from the current plan to
+        `target` (nereus.runtime.distribute: every rank compiles and lowers its own part;
+        with verify_programs rank 0 proves the whole once and each rank checks its part's
+        digest), cached; and the seconds it took."""
+        from .distribute import obtain_rank_part
+
         key = (self._plan, target)
         if key not in self._programs:
-            started = time.perf_counter()
-            box: list = [None]
-            if self.rank == 0:
-                try:
-                    from nereus.passes import compile_transition
-                    from nereus.backends.json_program import program_json
-
-                    program = program_json(compile_transition(self.module, self._plan, target))
-                    proof_s = verify_before_running(program, self.module) if self.verify_programs else None
-                    box[0] = ("ok", program, proof_s)
-                except NereusError as error:
-                    box[0] = ("error", type(error)(error.message, loc=error.loc, hint=error.hint))
-                except Exception as error:  # noqa: BLE001 - the other ranks wait on the broadcast
-                    box[0] = ("error", ProgramError(f"compiling {self._plan} -> {target} failed: "
-                                                    f"{type(error).__name__}: {error}"))
-            dist.broadcast_object_list(box, src=0, group=self._control)
-            if box[0][0] == "error":
-                raise box[0][1]
-            self._verify_program_s[key] = box[0][2]
-            self._programs[key] = (box[0][1], time.perf_counter() - started)
+            got = obtain_rank_part(self.module, self._plan, target, self.rank, self.world_size, self._control,
+                                   self.verify_programs)
+            self._verify_program_s[key] = got.proof_s
+            self._program_bytes[key] = got.part_bytes
+            self._programs[key] = (got.program, got.compile_s)
         return self._programs[key]
 
     def prepare(self, target: str) -> dict:
@@ -446,6 +439,7 @@ class Runtime:
             rollback=result.rollback, parked_bytes=result.parked_bytes, held_bytes=result.held_bytes,
             wall_s=time.perf_counter() - called, prepared=key in self._prepared,
             pack_backend=packing.backend_for(self.device),
+            program_bytes=self._program_bytes.get((prog.source, target), 0),
             verify_program_s=self._verify_program_s.pop((prog.source, target), 0.0 if self.verify_programs else None),
             offload_bytes=result.offload_bytes)
 
@@ -459,7 +453,7 @@ class Runtime:
         if cached:
             compile_s = 0.0
         live = self._live_stages(program)
-        if live != program_model_stages(program):
+        if program_model_stages(program) - live:
             program = restrict_program(program, live)
         key = (self._plan, target, tuple(sorted(live)))
         if key not in self._lowered:  # a job moving back and forth lowers each program once
@@ -494,8 +488,9 @@ class Runtime:
                                     loc=placement.loc, hint="launch one process per GPU of the plan")
 
     def _live_stages(self, program: dict) -> set:
-        """Collective: the model-stages of `program` that some rank registered. Raises the
-        same NereusError on every rank when a holder of a live model-stage did not. The
+        """Collective: the model-stages of the transition that some rank registered (the
+        same set on every rank: derived from the plans, not from this rank's part). Raises
+        the same NereusError on every rank when a holder of a live model-stage did not. The
         ranks' registered sets are gathered only when some rank registered since the last
         gather (one small all_reduce of the ranks' registration counts tells)."""
         count = torch.tensor([self._registrations], dtype=torch.int64)
@@ -506,12 +501,18 @@ class Runtime:
             self._gathered = (int(count), gathered)
         gathered = self._gathered[1]
         registered = set().union(*map(set, gathered))
-        live = program_model_stages(program) & registered
-        for unit in program["units"]["before"]:
-            if unit["model_stage"] in live:
-                for gpu in unit["gpus"]:
-                    if unit["model_stage"] not in gathered[gpu]:
-                        raise NereusError(f"rank {gpu} holds {unit['id']} but did not register {unit['model_stage']}",
+        untouched = set(program.get("untouched", ()))
+        source = self.module.plan(self._plan)
+        live = set()
+        for placement in source.placements:  # in plan order: every rank raises the same error
+            ms = str(placement.model_stage)
+            if ms in untouched or ms not in registered:
+                continue
+            live.add(ms)
+            for r in range(placement.dp):
+                for gpu in placement.replica_gpus(r):
+                    if ms not in gathered[gpu]:
+                        raise NereusError(f"rank {gpu} holds {unit_id(ms, r)} but did not register {ms}",
                                           hint="every rank of a model-stage must call register() before transition()")
         return live
 

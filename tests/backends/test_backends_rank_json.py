@@ -17,6 +17,7 @@ from nereus.backends.json_program import program_json  # noqa: E402
 from nereus.backends.rank_json import rank_digest, rank_digests, rank_program_json, split_by_rank  # noqa: E402
 from nereus.cli import nereusc  # noqa: E402
 from nereus.ir import parse_source  # noqa: E402
+from nereus.ir.program import compact_segment_units, expand_segment_units  # noqa: E402
 from nereus.passes import compile_transition  # noqa: E402
 
 
@@ -73,7 +74,7 @@ def test_every_rank_program_is_the_whole_program_filtered_to_that_rank(level):
     sent = recv = 0
     for rank in range(8):
         mine = rank_program_json(compiled, rank)
-        assert mine == rank_view(whole, rank)
+        assert expand_segment_units(mine) == rank_view(whole, rank)
         for rnd in mine["rounds"]:
             for op in rnd["ops"]:
                 if op["op"] == "send":
@@ -169,4 +170,22 @@ def test_rank_programs_of_ep_units_with_several_replicas():
     compiled = compile_transition(m, "S", "T")
     whole = program_json(compiled)
     for rank in range(8):
-        assert rank_program_json(compiled, rank) == rank_view(whole, rank)
+        assert expand_segment_units(rank_program_json(compiled, rank)) == rank_view(whole, rank)
+
+
+def test_rank_programs_state_shared_segment_units_once_per_op():
+    """A fused op names its (src_unit, dst_unit) once when all its segments share it;
+    expanding gives the whole program's ops back, and ops with mixed units stay as they are."""
+    compiled = compile_transition(_mixed_module(), "S", "T")
+    whole = program_json(compiled)
+    part = rank_program_json(compiled, 0)
+    compact = [op for rnd in part["rounds"] for op in rnd["ops"] if "src_unit" in op]
+    assert compact and all("src_unit" not in s and "dst_unit" not in s for op in compact for s in op["segments"])
+    assert len(json.dumps(part)) < len(json.dumps(expand_segment_units(part)))
+    mixed = {"op": "send", "segments": [{"tensor": "a", "box": [[0, 1]], "src_unit": "x/0", "dst_unit": "y/0"},
+                                        {"tensor": "b", "box": [[0, 1]], "src_unit": "x/1", "dst_unit": "y/0"}]}
+    assert compact_segment_units(mixed) is mixed
+    for rnd in whole["rounds"]:
+        for op in rnd["ops"]:
+            program = {"rounds": [{"ops": [compact_segment_units(op)]}]}
+            assert expand_segment_units(program)["rounds"][0]["ops"][0] == op

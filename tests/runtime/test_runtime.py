@@ -14,6 +14,8 @@ import torch
 
 import nereus.ir as ir
 from nereus.ir.diagnostics import NereusError
+from nereus.backends.json_program import program_json
+from nereus.passes import compile_transition
 from nereus.passes.verify import verify_program
 from nereus.runtime import Runtime, TransitionAborted
 from nereus.runtime.state import shard_of, step_name
@@ -126,8 +128,9 @@ def _chain(rank, world, source, fault):
             except TransitionAborted as error:
                 out["fault"] = str(error)
             out["after_fault"] = {"plan": rt.plan == before_plan, "bad": _check(rt, refs)}
-        program, _ = rt.compile(target)
-        replay = verify_program(program).peak_bytes.get(rank, 0)
+        program, _ = rt.compile(target)  # this rank's part; the replay needs the whole program
+        whole = program_json(compile_transition(module, rt.plan, target))
+        replay = verify_program(whole).peak_bytes.get(rank, 0)
         report = rt.transition(target)
         gathered = rt.gather_state_dict("actor.training")
         out["steps"].append({

@@ -1,0 +1,139 @@
+"""Per-rank programs in the runtime: each rank obtains only its own part of a transition's
+program (docs/program.md, "Rank programs"); no rank receives the whole program.
+
+    obtain_rank_part(module, source, target, rank, world_size, control, verify) -> RankPart
+
+Input: the parsed module (every rank holds it), the transition, this rank and the control
+group. Output: this rank's part (a JSON program v1 dict with `rank` and `peers`, equal to
+the whole program filtered to the rank) and its timings. Collective over `control`.
+
+Design: every rank compiles the transition itself (the passes are deterministic: the same
+module gives the same program on every process) and lowers only its own part
+(`rank_program_json`): nothing is scattered, so a rank receives a few dozen bytes instead
+of its part, and the compile runs in parallel on every rank instead of serially on one.
+With `verify` (the default, the runtime's guarantee that it runs proven programs only)
+rank 0 also emits the whole program once, proves it (`verify_before_running`), cuts the
+SHA-256 digest of every rank's part out of it (`rank_digests`), drops it and scatters the
+digests: each rank receives its own 64-character digest and compares it with the digest of
+the part it lowered. A part that differs (another nereus version or .nir on that rank, a
+nondeterministic pass, memory corruption) is refused on that rank with a ProgramError
+naming both digests; one all_reduce then tells every other rank which rank refused, so
+every rank raises and none waits on a peer that stopped. Without `verify`, no rank ever
+builds the whole program.
+
+Invariant: a rank executes a part only when every rank lowered its part without error and,
+with `verify`, every part's digest equals the one cut from the proven whole program.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from nereus.backends import json_program
+from nereus.backends.rank_json import canonical_json, rank_digest, rank_digests, rank_program_json
+from nereus.ir.diagnostics import NereusError, ProgramError
+from nereus.ir.model import Module
+from nereus.ir.program import FORMAT, VERSION
+
+from .admission import verify_before_running
+
+
+@dataclass(frozen=True)
+class RankPart:
+    program: dict  # this rank's part (JSON program v1 with `rank` and `peers`)
+    compile_s: float  # this rank: compile + lowering of its part (+ the digest agreement)
+    proof_s: Optional[float]  # rank 0's global proof, seconds (None without verify)
+    part_bytes: int  # size of the part's canonical JSON: what this rank holds of the program
+    received_bytes: int  # bytes of program data this rank received (its digest, or 0)
+
+
+def _lower_own_part(module: Module, source: str, target: str, rank: int):
+    """(compiled transition, this rank's part). Module-level so that tests can corrupt a part."""
+    from nereus.passes import compile_transition
+
+    compiled = compile_transition(module, source, target)
+    return compiled, _part(compiled, rank)
+
+
+def _part(compiled, rank: int) -> dict:
+    """`rank_program_json`, or for a rank beyond the cluster's GPUs (a process group larger
+    than the plans' cluster) the empty part: every round, no op, no unit."""
+    if rank < compiled.dag.module.cluster.num_gpus:
+        return rank_program_json(compiled, rank)
+    dag = compiled.dag
+    return {"format": FORMAT, "version": VERSION, "transition": {"from": dag.source, "to": dag.target},
+            "rank": rank, "peers": [], "gpus": [], "nodes": [], "tensors": [], "units": {"before": [], "after": []},
+            "resident_bytes": {}, "untouched": list(dag.untouched),
+            "rounds": [{"ops": []} for _ in range(compiled.program.num_rounds)]}
+
+
+def _portable(error: Exception, source: str, target: str) -> NereusError:
+    if isinstance(error, NereusError):
+        return type(error)(error.message, loc=error.loc, hint=error.hint)
+    return ProgramError(f"compiling {source} -> {target} failed: {type(error).__name__}: {error}")
+
+
+def _prove(compiled, module: Module, world_size: int) -> tuple[float, list]:
+    """Rank 0: prove the whole program once; the digest of every rank's part."""
+    whole = json_program.program_json(compiled)
+    proof_s = verify_before_running(whole, module)
+    digests = rank_digests(whole)
+    del whole
+    return proof_s, [digests[r] if r in digests else rank_digest(_part(compiled, r)) for r in range(world_size)]
+
+
+def obtain_rank_part(module: Module, source: str, target: str, rank: int, world_size: int, control,
+                     verify: bool = True) -> RankPart:
+    """Collective: this rank's part of the program `source -> target` (module docstring).
+    Raises the same error on every rank when compiling or proving fails, and a ProgramError
+    on every rank (the refusing rank's own message on that rank) when a part is refused."""
+    started = time.perf_counter()
+    part, error, compiled = None, None, None
+    try:
+        compiled, part = _lower_own_part(module, source, target, rank)
+    except Exception as caught:  # noqa: BLE001 - the other ranks wait on the agreement below
+        error = _portable(caught, source, target)
+    text = canonical_json(part) if part is not None else ""
+    proof_s, received = None, 0
+    if verify:
+        # rank 0 proves, then every rank receives only its own verdict: ("ok", digest, seconds)
+        verdicts: list = [None] * world_size
+        if rank == 0:
+            try:
+                if error is not None:
+                    raise error
+                proof_s, digests = _prove(compiled, module, world_size)
+                verdicts = [("ok", d, proof_s) for d in digests]
+            except Exception as caught:  # noqa: BLE001
+                verdicts = [("error", _portable(caught, source, target))] * world_size
+        mine: list = [None]
+        dist.scatter_object_list(mine, verdicts if rank == 0 else None, src=0, group=control)
+        verdict = mine[0]
+        if verdict[0] == "error":
+            raise verdict[1]  # every rank got the same error: no agreement round needed
+        _, proved, proof_s = verdict
+        received = len(proved)
+        if error is None:
+            digest = hashlib.sha256(text.encode()).hexdigest()
+            if digest != proved:
+                error = ProgramError(
+                    f"rank {rank} refuses its part of the program {source} -> {target}: its digest {digest[:16]}… "
+                    f"differs from {proved[:16]}…, the digest of rank {rank}'s part of the verified program",
+                    hint="every rank must run the same nereus version on the same .nir (the part is lowered "
+                         "on each rank; rank 0 proves the whole program)")
+    del compiled
+    # agreement: the highest refusing rank + 1 (0: every rank holds a sound part)
+    flag = torch.tensor([rank + 1 if error is not None else 0], dtype=torch.int64)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=control)
+    if error is not None:
+        raise error
+    if int(flag) > 0:
+        raise ProgramError(f"rank {int(flag) - 1} refused its part of the program {source} -> {target}; "
+                           "no rank runs it", hint=f"rank {int(flag) - 1}'s error says why")
+    return RankPart(part, time.perf_counter() - started, proof_s, len(text), received)

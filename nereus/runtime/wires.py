@@ -1,0 +1,151 @@
+"""A round's tensors on one rank: destination shards, message views and stream buffers.
+
+The executor's bookkeeping, apart from its control flow: `allocate`/`destination` make
+after-shards (on the device and counted in `Live`, or in host memory for an offloaded
+unit), `outgoing`/`incoming` cut a message into the pieces that travel in place and
+those that join the peer's packed stream (`peer_streams`, streams.py), `copy_stream`
+gives same-GPU copies their side stream, and `check_complete` proves every element of
+every after-shard was produced. Input: a RankProgram's round and the live tensors.
+Invariant: `Live` counts each storage once, so aliases never count twice, and it counts
+device memory only (an offloaded unit's host shards are never device bytes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import torch
+
+from nereus.ir.diagnostics import ProgramError
+
+from . import offload, streams
+from .program import Message, RankProgram
+
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
+                "fp64": torch.float64, "int64": torch.int64, "int32": torch.int32, "uint8": torch.uint8}
+
+
+
+class Live:
+    """Live bytes on this GPU, counted once per storage (aliases share one)."""
+
+    def __init__(self, base: int):
+        self.count: dict = {}
+        self.bytes = base
+        self.peak = base
+
+    def add(self, tensor: torch.Tensor) -> None:
+        key = tensor.untyped_storage().data_ptr()
+        if self.count.get(key, 0) == 0:
+            self.bytes += tensor.untyped_storage().nbytes()
+            self.peak = max(self.peak, self.bytes)
+        self.count[key] = self.count.get(key, 0) + 1
+
+    def remove(self, tensor: torch.Tensor) -> None:
+        key = tensor.untyped_storage().data_ptr()
+        self.count[key] -= 1
+        if self.count[key] == 0:
+            self.bytes -= tensor.untyped_storage().nbytes()
+
+
+@dataclass
+class Wire:
+    """A message on the wire: direct pieces (sent from / received into the shards in
+    place) and packed pieces (they travel in the peer's stream, see streams.py)."""
+
+    msg: Message
+    packed: list  # views of the packed pieces (sources when sending, shards when receiving)
+    direct: list  # contiguous views sent from / received into in place
+    views: list  # every piece's view, in message order (checksums)
+    bounce: list = field(default_factory=list)  # (device tensor, host view) of direct pieces into host memory
+
+
+def in_stream(msg: Message, both_ways: set, chunk_bytes: int) -> list:
+    """Per piece of the message: whether it travels in the peer's stream (streams.streamed)."""
+    return [streams.streamed(p, msg.peer in both_ways, chunk_bytes) for p in msg.pieces]
+
+
+def outgoing(msg: Message, sources: dict, device, in_stream: list) -> Wire:
+    views = [sources[p.src_unit][p.tensor][p.src_slices] for p in msg.pieces]
+    packed = [v for v, s in zip(views, in_stream) if s]
+    direct = [v.to(device) for v, s in zip(views, in_stream) if not s]  # staged: host → device
+    if not all(v.is_contiguous() for v in direct):
+        raise ProgramError("a direct piece is not contiguous in its source tensor")
+    return Wire(msg, packed, direct, views)
+
+
+def incoming(msg: Message, prog: RankProgram, new: dict, live: "Live", device, in_stream: list,
+              host_units=frozenset()) -> Wire:
+    views = [destination(prog, new, live, device, p, host_units)[p.dst_slices] for p in msg.pieces]
+    packed = [v for v, s in zip(views, in_stream) if s]
+    direct = [v for v, s in zip(views, in_stream) if not s]
+    bounce = []
+    if torch.device(device).type == "cuda":  # NCCL receives into device memory only
+        bounce = [(torch.empty(v.shape, dtype=v.dtype, device=device), v) for v in direct if not v.is_cuda]
+        landing = {id(v): b for b, v in bounce}
+        direct = [landing.get(id(v), v) for v in direct]
+    return Wire(msg, packed, direct, views, bounce)
+
+
+def peer_streams(wires: list, device, chunk_bytes: int, depth: int) -> list:
+    """One PeerStream per peer: the packed pieces of its messages, in message order
+    (sender and receiver enumerate a round's messages to each other alike)."""
+    views: dict = {}
+    for w in wires:
+        views.setdefault(w.msg.peer, []).extend(w.packed)
+    out = [streams.PeerStream(peer, v, device, chunk_bytes, depth) for peer, v in views.items()]
+    return [s for s in out if s.chunks]
+
+
+_COPY_STREAMS: dict = {}
+
+
+def copy_stream(device: torch.device):
+    """The side stream same-GPU copies run on (CUDA), after the work queued so far; None
+    off CUDA (the copies then run inline)."""
+    if device.type != "cuda":
+        return None
+    if device not in _COPY_STREAMS:
+        _COPY_STREAMS[device] = torch.cuda.Stream(device)
+    side = _COPY_STREAMS[device]
+    side.wait_stream(torch.cuda.current_stream(device))
+    return side
+
+
+@contextlib.contextmanager
+def nothing():
+    yield
+
+
+def allocate(prog: RankProgram, unit: str, new: dict, live: Live, device, aliased: set,
+              host_units=frozenset()) -> None:
+    shards = prog.after.get(unit)
+    if shards is None:
+        raise ProgramError(f"alloc of {unit}, which holds nothing on GPU {prog.gpu}")
+    slot = new.setdefault(unit, {})
+    for name, info in shards.items():
+        if name not in slot and (unit, name) not in aliased:
+            slot[name] = offload.new_shard(unit, info.shape, TORCH_DTYPES[info.dtype], live, device, host_units)
+
+
+def destination(prog: RankProgram, new: dict, live: Live, device, piece, host_units=frozenset()) -> torch.Tensor:
+    """The destination shard of a piece, allocated here if no alloc op came first."""
+    slot = new.setdefault(piece.dst_unit, {})
+    tensor = slot.get(piece.tensor)
+    if tensor is None:
+        info = prog.after[piece.dst_unit][piece.tensor]
+        tensor = slot[piece.tensor] = offload.new_shard(piece.dst_unit, info.shape, TORCH_DTYPES[info.dtype], live,
+                                                        device, host_units)
+    return tensor
+
+
+def check_complete(prog: RankProgram, new: dict, written: dict) -> None:
+    for unit, shards in prog.after.items():
+        for name, info in shards.items():
+            numel = 1
+            for d in info.shape:
+                numel *= d
+            if written.get((unit, name), 0) != numel:
+                raise ProgramError(f"after-unit {unit}: {written.get((unit, name), 0)} of {numel} elements "
+                                   f"of {name} were produced")
