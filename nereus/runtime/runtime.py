@@ -488,7 +488,3 @@ def _plan(module: Module, name: str) -> None:
             raise SemanticError(f"plan {name}: {p.model_stage} has zero {p.zero}, which the runtime does not "
                                 "execute yet", p.loc, hint="use zero 0 (the default) in plans the runtime runs; "
                                                            "nereusc compiles and verifies zero layouts")
-        if p.ep > 1:
-            raise SemanticError(f"plan {name}: {p.model_stage} has ep {p.ep}, which the runtime does not "
-                                "execute yet", p.loc, hint="use ep 1 in plans the runtime runs; "
-                                                           "nereusc compiles and verifies expert-parallel layouts")
