@@ -57,8 +57,10 @@ class NativeEngine:
     With PP the tokens are meaningful on the last stage (the first receives them too)."""
 
     def __init__(self, model: Model, weights_fn: Callable[[], Weights], tp: TpGroup,
-                 pipe: PipeStage | None = None):
-        self.model, self._weights_fn, self.tp = model, weights_fn, tp
+                 pipe: PipeStage | None = None, ep=None):
+        """ep: the EpGroup of a MoE model's expert-parallel layout (every EP rank decodes its
+        own rows, the same number of steps, so their all-to-alls pair up)."""
+        self.model, self._weights_fn, self.tp, self.ep = model, weights_fn, tp, ep
         self.pipe = pipe or PipeStage(0, 1, (0, model.layers))
 
     def update_weights(self, weights: Weights) -> None:
@@ -72,7 +74,7 @@ class NativeEngine:
         step_input = prompts
         for i in range(max_new_tokens):
             logits, _, _ = pipeline.forward(self.model, w, step_input, self.tp, self.pipe, lambda h: gather_vocab(
-                local_logits(w, h[:, -1], self.tp), self.tp), cache)
+                local_logits(w, h[:, -1], self.tp), self.tp), cache, self.ep)
             token = sample(logits, uniforms[:, i], temperature, greedy) if self.pipe.is_last else None
             token = pipeline.pass_token(self.pipe, token, prompts.shape[0], prompts.device)
             if token is not None:
