@@ -104,12 +104,17 @@ def make_vllm_generation(module, plan: str, *, seed: int = 0, workdir: str = "")
 def check_vllm_plans(module, cuda: bool) -> None:
     """Errors a user can cause before any engine starts (raised on every rank alike, so
     no rank waits on one that failed): on CPU, vLLM runs tensor_parallel_size 1 only and
-    its attention needs head_dim >= 32, a multiple of 16 (vLLM's CPU attention list)."""
+    its attention needs head_dim >= 32, a multiple of 16 (vLLM's CPU attention list). On
+    any device, a MoE actor generates with the native engine only: the engines' weight
+    layout (engine_placement in nereus.runtime.vllm_sync) has no expert parallelism yet."""
     from nereus.ir.diagnostics import SemanticError
 
+    actor = module.model("actor")
+    if actor.experts:
+        raise SemanticError(f"--engine vllm does not run the mixture-of-experts actor ({actor.architecture}) yet",
+                            actor.loc, hint="generate with --engine native (EP and TP layouts both run)")
     if cuda:
         return
-    actor = module.model("actor")
     if actor.head_dim < 32 or actor.head_dim % 16:
         raise SemanticError(f"vLLM on CPU needs head_dim >= 32 (a multiple of 16), the actor has {actor.head_dim}",
                             actor.loc, hint="use hidden/heads >= 32, e.g. hidden 128 heads 4, or --engine native")

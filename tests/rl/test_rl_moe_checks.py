@@ -26,3 +26,22 @@ def test_every_ep_rank_needs_rows():
     with pytest.raises(ir.SemanticError, match=r"dp 1 × ep 4 data-parallel shards but a minibatch has 2 rows") as caught:
         check_replicas(module, minibatches=2)
     assert caught.value.loc.line == 4 and "dp·ep <= 2" in caught.value.hint
+
+
+def test_the_vllm_engine_refuses_a_moe_actor_at_the_model():
+    from nereus.rl.engine import check_vllm_plans
+
+    module = ir.parse_source(TEXT.format(batch=8), "t.nir")
+    for cuda in (True, False):
+        with pytest.raises(ir.SemanticError, match="does not run the mixture-of-experts actor") as caught:
+            check_vllm_plans(module, cuda=cuda)
+        assert caught.value.loc.line == 2
+
+
+def test_the_restart_baseline_refuses_expert_parallel_plans():
+    from nereus.rl.restart import RestartRuntime
+
+    module = ir.parse_source(TEXT.format(batch=8), "t.nir")
+    with pytest.raises(ir.SemanticError, match="restart baseline does not lay out expert parallelism") as caught:
+        RestartRuntime(module, "A")
+    assert caught.value.loc.line == 4
