@@ -126,7 +126,10 @@ def moe_mlp(model: Model, w: dict, i: int, x, tp, ep=None):
     # the expert branch is column-parallel: its input's gradient is summed over TP
     rows, (received_expert,), how = expert_parallel.dispatch(parallel.copy_to_tp(flat, tp)[token],
                                                              expert // per_rank, ep, expert)
-    out = torch.zeros_like(rows)
+    # The all-to-alls are collectives, in the backward too: every EP rank must run each one.
+    # rows[:0].sum() is an exact 0 that keeps `out` on the graph of the dispatch even when
+    # none of this rank's experts got a token (or the ranks whose experts did wait forever)
+    out = torch.zeros_like(rows) + rows[:0].sum()
     for e in range(ep.rank * per_rank, (ep.rank + 1) * per_rank):
         mine = (received_expert == e).nonzero().squeeze(-1)
         if mine.numel() == 0:
@@ -134,6 +137,10 @@ def moe_mlp(model: Model, w: dict, i: int, x, tp, ep=None):
         gate_up = rows[mine] @ w[f"layers.{i}.mlp.experts.{e}.gate_up.weight"].t()
         gate, up = gate_up.split(gate_up.shape[-1] // 2, dim=-1)
         out = out.index_add(0, mine, (F.silu(gate) * up) @ w[f"layers.{i}.mlp.experts.{e}.down.weight"].t())
+    if torch.is_grad_enabled() and not out.requires_grad:
+        # the input does not need a gradient and no expert of this rank got a token: the
+        # other EP ranks' combine still runs its backward all-to-all, so this one must too
+        out = out.detach().requires_grad_()
     results = expert_parallel.combine(parallel.reduce_from_tp(out, tp), how, ep)
     weighted = results * top.reshape(-1, 1)
     return torch.zeros_like(flat).index_add(0, token, weighted).reshape(b, t, hidden)

@@ -142,3 +142,47 @@ def test_expert_parallel_forward_and_backward_equal_the_reference(tmp_path):
     for layout, (logit_error, grad_error) in errors.items():
         assert logit_error < 1e-5, (layout, logit_error)
         assert grad_error < 1e-5 * scale, (layout, grad_error, scale)
+
+
+def _idle_experts():
+    """2 ranks, ep 2: the router sends every token to experts 0 and 1 (EP rank 0), so EP
+    rank 1's experts get no token; the backward must still pair both ranks' all-to-alls.
+    Returns the largest gradient difference from the single-process reference."""
+    import torch.distributed as dist
+
+    from nereus.models.expert_parallel import EpGroup
+    from nereus.models.parallel import TpGroup
+    from nereus.models.qwen3_moe import moe_mlp
+
+    model = ir.Model("actor", "qwen3_moe", layers=1, hidden=16, heads=4, kv_heads=2, ffn=32, vocab=32, dtype="fp32",
+                     qk_norm=True, experts=4, experts_per_token=2, expert_ffn=8, norm_topk_prob=True)
+    gen = torch.Generator().manual_seed(0)
+    router = torch.randn(4, 16, generator=gen)
+    router[2:] = -100.0 * router[:2].abs().sum(0)  # experts 2 and 3 never win for x >= 0
+    weights = {"layers.0.mlp.router.weight": router}
+    for e in range(4):
+        weights[f"layers.0.mlp.experts.{e}.gate_up.weight"] = torch.randn(16, 16, generator=gen)
+        weights[f"layers.0.mlp.experts.{e}.down.weight"] = torch.randn(16, 8, generator=gen)
+    x = torch.rand(2, 3, 16, generator=gen)  # non-negative, so the router's choice is fixed
+
+    def grad_of(w, rows, ep):
+        w = {k: v.clone().requires_grad_() for k, v in w.items()}
+        moe_mlp(model, w, 0, rows, TpGroup(), ep).pow(2).sum().backward()
+        return {k: v.grad if v.grad is not None else torch.zeros_like(v) for k, v in w.items()}
+
+    expected = grad_of(weights, x, None)
+    rank = dist.get_rank()
+    mine = {k: v for k, v in weights.items() if ".experts." not in k or int(k.split(".")[4]) // 2 == rank}
+    ours = grad_of(mine, x[rank:rank + 1], EpGroup(2, rank, dist.group.WORLD, (0, 1)))
+    for name in ours:  # dense (router) gradients summed over the EP ranks, as the loop does
+        if ".experts." not in name:
+            dist.all_reduce(ours[name])
+    # the reference saw both rows: rank r's expert gradients come from both ranks' rows
+    error = torch.tensor(max((ours[n] - expected[n]).abs().max().item() for n in ours))
+    dist.all_reduce(error, op=dist.ReduceOp.MAX)
+    return error.item()
+
+
+@pytest.mark.multiprocess
+def test_an_ep_rank_whose_experts_get_no_token_still_takes_part_in_the_backward():
+    assert run_world(2, _idle_experts, timeout=120) < 1e-4
