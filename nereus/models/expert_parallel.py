@@ -75,7 +75,8 @@ def dispatch(x: torch.Tensor, destination: torch.Tensor, ep: EpGroup, *extra: to
         return x, extra, Dispatch(everything, [x.shape[0]], [x.shape[0]])
     target = ep.group_rank().to(destination.device)[destination]
     order = torch.argsort(target, stable=True)
-    sent_counts = torch.bincount(target, minlength=ep.size).to(torch.int64).cpu()
+    # the counts stay on x's device: NCCL moves CUDA tensors only (gloo, CPU ones)
+    sent_counts = torch.bincount(target, minlength=ep.size).to(torch.int64)
     received_counts = torch.empty_like(sent_counts)
     dist.all_to_all_single(received_counts, sent_counts, group=ep.group)
     sent, received = sent_counts.tolist(), received_counts.tolist()
