@@ -29,7 +29,9 @@ rank's max(bytes sent, bytes received) of the warm A -> B / the P2P bandwidth me
 in this run (one large send GPU 0 -> 1); bound_s and bound_parallel_s as in
 reshard.py. After every timed call, every rank's shards are checked byte for byte
 against reference values (mg_common: a hash of each element's global index), so the
-check never needs a gather. The last stdout line is one JSON object.
+check never needs a gather. Last, `moe_forward`: one MoE layer's forward and backward
+with ep = n over this backend's all_to_all_single (nereus.models.expert_parallel)
+against the single-rank computation. The last stdout line is one JSON object.
 """
 
 from __future__ import annotations
@@ -178,6 +180,50 @@ def run_case(env: Env, case: str, args, shape: dict, bw: dict, first_case: bool)
     return out
 
 
+def forward_check(env: Env, seed: int) -> dict:
+    """The MoE layer's all-to-all dispatch/combine on this backend: one Qwen3-MoE layer
+    (hidden 64, 8 experts, 2 per token) with ep = world, each rank its own 4 rows, forward
+    and backward, against the single-rank computation of all rows on every rank (fp32).
+    Returns the largest differences of the output and of the router and expert gradients."""
+    import nereus.ir as ir
+    from nereus.models.expert_parallel import EpGroup
+    from nereus.models.parallel import TpGroup
+    from nereus.models.qwen3_moe import moe_mlp
+
+    world, rank = env.world, env.rank
+    experts = 2 * world
+    model = ir.Model("actor", "qwen3_moe", layers=1, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=32,
+                     dtype="fp32", qk_norm=True, experts=experts, experts_per_token=2, expert_ffn=32,
+                     norm_topk_prob=True)
+    gen = torch.Generator().manual_seed(seed)
+    full = {"layers.0.mlp.router.weight": torch.randn(experts, 64, generator=gen)}
+    for e in range(experts):
+        full[f"layers.0.mlp.experts.{e}.gate_up.weight"] = 0.1 * torch.randn(64, 64, generator=gen)
+        full[f"layers.0.mlp.experts.{e}.down.weight"] = 0.1 * torch.randn(64, 32, generator=gen)
+    x = torch.randn(world, 4, 64, generator=gen)
+
+    def run(weights, rows, ep):
+        w = {k: v.to(env.device).requires_grad_() for k, v in weights.items()}
+        y = moe_mlp(model, w, 0, rows.to(env.device), TpGroup(), ep)
+        (y * y).sum().backward()
+        return y.detach().cpu(), {k: v.grad.cpu() if v.grad is not None else torch.zeros_like(v).cpu()
+                                  for k, v in w.items()}
+
+    expected_y, expected_g = run(full, x, None)
+    mine = {k: v for k, v in full.items() if ".experts." not in k or int(k.split(".")[4]) // 2 == rank}
+    import torch.distributed as dist
+
+    y, grads = run(mine, x[rank:rank + 1], EpGroup(world, rank, dist.group.WORLD, tuple(range(world))))
+    router = grads["layers.0.mlp.router.weight"].to(env.device)
+    dist.all_reduce(router)  # dense gradients are summed over the EP ranks' rows
+    grads["layers.0.mlp.router.weight"] = router.cpu()
+    y_error = env.slowest(float((y - expected_y[rank:rank + 1]).abs().max()))
+    g_error = env.slowest(max(float((grads[n] - expected_g[n]).abs().max()) for n in grads))
+    return {"ep": world, "output_max_abs_error": y_error, "grad_max_abs_error": g_error,
+            "grad_scale": max(float(g.abs().max()) for g in expected_g.values()),
+            "verified": y_error < 1e-4 and g_error < 1e-3}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_common_args(parser)
@@ -201,10 +247,13 @@ def main(argv=None) -> int:
         if case not in case_names(env.world):
             parser.error(f"unknown case {case} for {env.world} ranks; known: {case_names(env.world)}")
         cases.append(run_case(env, case, args, shape, bw, first_case=not cases))
-    verified = all(c["verified"] for c in cases)
+    forward = forward_check(env, args.seed)
+    env.log(f"MoE layer, ep {env.world}, all-to-all over {env.backend}: output error "
+            f"{forward['output_max_abs_error']:.2e}, gradient error {forward['grad_max_abs_error']:.2e}")
+    verified = all(c["verified"] for c in cases) and forward["verified"]
     env.finish({"name": "multi_gpu_moe_reshard", "gpus": env.world, "backend": env.backend,
                 "device": env.device.type, "quick": args.quick, "shape": shape, "bandwidth": bw,
-                "verified": verified, "cases": cases, "machine": machine()}, args.json_out)
+                "verified": verified, "cases": cases, "moe_forward": forward, "machine": machine()}, args.json_out)
     return 0 if verified else 1
 
 
