@@ -47,7 +47,6 @@ import json
 import os
 import re
 import sys
-import time
 
 import torch
 

@@ -193,7 +193,10 @@ def _moe_fields(read: _Reader) -> dict:
     if config.get("mlp_only_layers"):
         raise read.unsupported("mlp_only_layers", config["mlp_only_layers"], "dense-MLP layers in a MoE model are not "
                                "implemented; every layer has experts")
-    return {"experts": read.int("num_experts"), "experts_per_token": read.int("num_experts_per_tok"),
+    # transformers 5 writes the expert count as num_local_experts (its Qwen3MoeConfig
+    # attribute map reads either); published (4.x) configs say num_experts
+    experts = "num_local_experts" if "num_experts" not in config and "num_local_experts" in config else "num_experts"
+    return {"experts": read.int(experts), "experts_per_token": read.int("num_experts_per_tok"),
             "expert_ffn": read.int("moe_intermediate_size"),
             "norm_topk_prob": read.bool("norm_topk_prob", False)}
 

@@ -30,7 +30,9 @@ from .tensors import COLUMN, REPLICATED, ROW, VOCAB, FusedPart, TensorSpec
 torch = LazyModule("torch")
 F = LazyModule("torch.nn.functional")
 parallel = LazyModule("nereus.models.parallel")
+moe = LazyModule("nereus.models.qwen3_moe")  # the sparse MLP of a model with experts
 if TYPE_CHECKING:
+    from .expert_parallel import EpGroup
     from .parallel import TpGroup
 
 Weights = dict  # local name -> torch.Tensor
@@ -243,14 +245,17 @@ def embed(model: Model, w: Weights, tokens: torch.Tensor, tp: TpGroup) -> torch.
 
 
 def run_layers(model: Model, w: Weights, x: torch.Tensor, layers: tuple[int, int], tp: TpGroup,
-               cache: Optional[KvCache] = None) -> torch.Tensor:
-    """Transformer layers lo..hi-1 on the residual stream x [B, T, hidden]."""
+               cache: Optional[KvCache] = None, ep: Optional[EpGroup] = None) -> torch.Tensor:
+    """Transformer layers lo..hi-1 on the residual stream x [B, T, hidden]. A model with
+    experts runs qwen3_moe.moe_mlp in place of the dense MLP, over the EP group `ep`
+    (None: every expert on this rank)."""
     shape = LocalShape.of(model, tp.size)
     start = cache.length if cache is not None else 0
     eps = model.norm_eps
     for i in range(*layers):
         x = x + _attention(rms_norm(x, w[f"layers.{i}.input_norm.weight"], eps), w, i, shape, tp, cache, start, model)
-        x = x + _mlp(rms_norm(x, w[f"layers.{i}.post_attn_norm.weight"], eps), w, i, shape, tp)
+        h = rms_norm(x, w[f"layers.{i}.post_attn_norm.weight"], eps)
+        x = x + (moe.moe_mlp(model, w, i, h, tp, ep) if model.experts else _mlp(h, w, i, shape, tp))
     return x
 
 
@@ -260,12 +265,12 @@ def final_norm(w: Weights, x: torch.Tensor, model: Optional[Model] = None) -> to
 
 
 def hidden_states(model: Model, w: Weights, tokens: torch.Tensor, tp: TpGroup,
-                  cache: Optional[KvCache] = None) -> torch.Tensor:
+                  cache: Optional[KvCache] = None, ep: Optional[EpGroup] = None) -> torch.Tensor:
     """Final-normed hidden states [B, T, hidden] of `tokens` [B, T] (continuing `cache`),
     all layers on this rank (pp = 1).
 
     Invariant: identical on every TP rank of the group (all partial sums are reduced)."""
-    x = run_layers(model, w, embed(model, w, tokens, tp), (0, model.layers), tp, cache)
+    x = run_layers(model, w, embed(model, w, tokens, tp), (0, model.layers), tp, cache, ep)
     return final_norm(w, x, model)
 
 

@@ -25,8 +25,18 @@ HF names: the per-expert names of the published checkpoints and of transformers 
 `mlp.experts.gate_up_proj` [E, 2F, hidden] and `mlp.experts.down_proj` [E, hidden, F];
 the element counts are the same.
 
-Forward: not implemented yet (the runtime's expert dispatch is future work); the compiler
-needs only the table.
+Forward: llama's (qwen3's attention) with `moe_mlp` below in place of the dense MLP
+(llama.run_layers calls it for a model with experts). As transformers'
+Qwen3MoeSparseMoeBlock: router logits x·Wᵀ, softmax in fp32, top-k, renormalized when
+`norm_topk_prob`, the weights cast back to the model dtype; each chosen expert computes
+down(silu(gate x) * up x) and the results are summed weighted. With expert parallelism
+(an EpGroup of size ep) every EP rank routes its own tokens, an all-to-all sends each
+(token, choice) to the EP rank holding the expert (nereus.models.expert_parallel), that
+rank runs its experts on their TP shards, reduces the partial sums over TP, and a
+second all-to-all returns the results; the weighting and sum happen at the token's
+source. TP inside an expert is Megatron's MLP: copy_to_tp before the column-parallel
+gate_up, the TP all-reduce after the row-parallel down and before the routing weight
+multiplies it, so the router's gradient sees whole expert outputs on every TP rank.
 """
 
 from __future__ import annotations
@@ -36,10 +46,27 @@ from typing import Optional
 
 from nereus.ir.model import Model
 
+from ._lazy import LazyModule
 from .llama import HF_NAMES as _DENSE_HF_NAMES
 from .llama import _layer_pattern
-from .llama import edge_tensors  # noqa: F401  (the family's edge tensors are llama's)
+from .llama import (  # noqa: F401  (the family's edges and forward are llama's, its MLP is moe_mlp)
+    KvCache,
+    LocalShape,
+    edge_tensors,
+    embed,
+    final_norm,
+    hidden_states,
+    init_full_weights,
+    local_logits,
+    run_layers,
+    values,
+)
 from .tensors import COLUMN, REPLICATED, ROW, FusedPart, TensorSpec
+
+torch = LazyModule("torch")
+F = LazyModule("torch.nn.functional")
+parallel = LazyModule("nereus.models.parallel")
+expert_parallel = LazyModule("nereus.models.expert_parallel")
 
 
 def layer_tensors(model: Model) -> tuple[TensorSpec, ...]:
@@ -75,3 +102,45 @@ def hf_names(model: Model) -> tuple[tuple[str, str, Optional[str]], ...]:
                   (f"{hf}.up_proj.weight", f"{local}.gate_up.weight", "up"),
                   (f"{hf}.down_proj.weight", f"{local}.down.weight", None)]
     return tuple(names)
+
+
+# --- forward (torch, through the lazy proxies above) ---
+
+def moe_mlp(model: Model, w: dict, i: int, x, tp, ep=None):
+    """Layer i's sparse MLP on x [B, T, hidden]: this rank's tokens routed to the experts of
+    every EP rank of `ep` (None: one EP rank, every expert local). `w` holds the router
+    whole and this EP rank's experts, TP-sharded (gate_up: gate rows | up rows of this TP
+    rank; down: its columns). Returns [B, T, hidden], identical on the TP ranks."""
+    ep = ep if ep is not None else expert_parallel.EpGroup()
+    b, t, hidden = x.shape
+    flat = x.reshape(-1, hidden)
+    router_logits = flat @ w[f"layers.{i}.mlp.router.weight"].t()
+    probs = torch.softmax(router_logits.float(), dim=-1)
+    top, chosen = torch.topk(probs, model.experts_per_token, dim=-1)  # [N, k]
+    if model.norm_topk_prob:
+        top = top / top.sum(dim=-1, keepdim=True)
+    top = top.to(router_logits.dtype)
+    per_rank = model.experts // ep.size
+    token = torch.arange(flat.shape[0], device=x.device).repeat_interleave(model.experts_per_token)
+    expert = chosen.reshape(-1)
+    # the expert branch is column-parallel: its input's gradient is summed over TP
+    rows, (received_expert,), how = expert_parallel.dispatch(parallel.copy_to_tp(flat, tp)[token],
+                                                             expert // per_rank, ep, expert)
+    # The all-to-alls are collectives, in the backward too: every EP rank must run each one.
+    # rows[:0].sum() is an exact 0 that keeps `out` on the graph of the dispatch even when
+    # none of this rank's experts got a token (or the ranks whose experts did wait forever)
+    out = torch.zeros_like(rows) + rows[:0].sum()
+    for e in range(ep.rank * per_rank, (ep.rank + 1) * per_rank):
+        mine = (received_expert == e).nonzero().squeeze(-1)
+        if mine.numel() == 0:
+            continue
+        gate_up = rows[mine] @ w[f"layers.{i}.mlp.experts.{e}.gate_up.weight"].t()
+        gate, up = gate_up.split(gate_up.shape[-1] // 2, dim=-1)
+        out = out.index_add(0, mine, (F.silu(gate) * up) @ w[f"layers.{i}.mlp.experts.{e}.down.weight"].t())
+    if torch.is_grad_enabled() and not out.requires_grad:
+        # the input does not need a gradient and no expert of this rank got a token: the
+        # other EP ranks' combine still runs its backward all-to-all, so this one must too
+        out = out.detach().requires_grad_()
+    results = expert_parallel.combine(parallel.reduce_from_tp(out, tp), how, ep)
+    weighted = results * top.reshape(-1, 1)
+    return torch.zeros_like(flat).index_add(0, token, weighted).reshape(b, t, hidden)

@@ -52,18 +52,12 @@ def check_placement(p: Placement, world: int) -> None:
         raise SemanticError(
             f"{p.model_stage} uses GPU {max(p.gpus)} but only {world} processes run",
             p.loc, hint=f"run with --nproc {max(p.gpus) + 1} or more")
-    if p.ep != 1:  # the compiler lays out and moves EP state; the loop has no all-to-all yet
-        raise SemanticError(f"{p.model_stage}: the RL loop does not run expert parallelism (ep {p.ep}) yet",
-                            key_loc(p, "ep"), hint="the compiler accepts ep (nereusc); to train, use ep 1")
 
 
 def check_models(module: Module) -> None:
     """The workload's models read the tasks' tokens and have the head the loop uses."""
     for name in sorted({ms.model for ms in module.workload.model_stages()}):
         model = module.model(name)
-        if model.experts:
-            raise SemanticError(f"{name} is a mixture-of-experts {model.architecture}: the RL loop has no MoE "
-                                "forward yet", model.loc, hint="the compiler accepts it (nereusc); train a dense model")
         if model.vocab < TASK_TOKENS:
             where = f" (vocab_size of {model.checkpoint})" if model.checkpoint else ""
             raise SemanticError(f"{name} has vocab {model.vocab}{where} but the tasks use {TASK_TOKENS} tokens",
@@ -76,16 +70,18 @@ def check_models(module: Module) -> None:
 
 
 def check_replicas(module: Module, minibatches: int) -> None:
-    """Every DP replica of every placement gets at least one row of each minibatch (the
-    loop splits rows unevenly when dp does not divide them, but cannot run a replica on
-    none: its pipeline would send empty messages)."""
+    """Every DP replica of every placement, and with expert parallelism every EP rank of
+    it (they run the dense part data-parallel), gets at least one row of each minibatch
+    (the loop splits rows unevenly when dp·ep does not divide them, but cannot run a shard
+    on none: its pipeline would send empty messages)."""
     rows = module.workload.batch // minibatches
     for plan in module.plans:
         for p in plan.placements:
-            if p.dp > rows:
-                raise SemanticError(f"plan {plan.name}: {p.model_stage} has dp {p.dp} but a minibatch has {rows} rows",
-                                    key_loc(p, "dp"), hint=f"use dp <= {rows} or a batch of at least "
-                                                           f"{p.dp * minibatches}")
+            if p.dp * p.ep > rows:
+                what = f"dp {p.dp}" if p.ep == 1 else f"dp {p.dp} × ep {p.ep} data-parallel shards"
+                raise SemanticError(f"plan {plan.name}: {p.model_stage} has {what} but a minibatch has {rows} rows",
+                                    key_loc(p, "dp"), hint=f"use dp·ep <= {rows} or a batch of at least "
+                                                           f"{p.dp * p.ep * minibatches}")
 
 
 def check_run(module: Module, algo: str, minibatches: int, group: int, world: int) -> None:

@@ -57,8 +57,10 @@ class NativeEngine:
     With PP the tokens are meaningful on the last stage (the first receives them too)."""
 
     def __init__(self, model: Model, weights_fn: Callable[[], Weights], tp: TpGroup,
-                 pipe: PipeStage | None = None):
-        self.model, self._weights_fn, self.tp = model, weights_fn, tp
+                 pipe: PipeStage | None = None, ep=None):
+        """ep: the EpGroup of a MoE model's expert-parallel layout (every EP rank decodes its
+        own rows, the same number of steps, so their all-to-alls pair up)."""
+        self.model, self._weights_fn, self.tp, self.ep = model, weights_fn, tp, ep
         self.pipe = pipe or PipeStage(0, 1, (0, model.layers))
 
     def update_weights(self, weights: Weights) -> None:
@@ -72,7 +74,7 @@ class NativeEngine:
         step_input = prompts
         for i in range(max_new_tokens):
             logits, _, _ = pipeline.forward(self.model, w, step_input, self.tp, self.pipe, lambda h: gather_vocab(
-                local_logits(w, h[:, -1], self.tp), self.tp), cache)
+                local_logits(w, h[:, -1], self.tp), self.tp), cache, self.ep)
             token = sample(logits, uniforms[:, i], temperature, greedy) if self.pipe.is_last else None
             token = pipeline.pass_token(self.pipe, token, prompts.shape[0], prompts.device)
             if token is not None:
@@ -104,7 +106,9 @@ def check_vllm_plans(module, cuda: bool) -> None:
     no rank waits on one that failed): on CPU, vLLM runs tensor_parallel_size 1 only and
     its attention needs head_dim >= 32, a multiple of 16 (vLLM's CPU attention list). On
     any device: the engines load the runtime's actor.training shards as they are, which
-    under `zero 3` are dp chunks (the native engine gathers them; this path does not yet)."""
+    under `zero 3` are dp chunks (the native engine gathers them; this path does not yet),
+    and a MoE actor generates with the native engine only: the engines' weight layout
+    (engine_placement in nereus.runtime.vllm_sync) has no expert parallelism yet."""
     from nereus.ir.diagnostics import SemanticError
     from nereus.ir.model import key_loc
 
@@ -113,9 +117,12 @@ def check_vllm_plans(module, cuda: bool) -> None:
             raise SemanticError(f"plan {plan.name}: actor.training has zero {placement.zero}, which the vLLM engine "
                                 "path does not run yet", key_loc(placement, "zero"),
                                 hint="use zero 1 (sharded optimizer state) with --engine vllm, or --engine native")
+    actor = module.model("actor")
+    if actor.experts:
+        raise SemanticError(f"--engine vllm does not run the mixture-of-experts actor ({actor.architecture}) yet",
+                            actor.loc, hint="generate with --engine native (EP and TP layouts both run)")
     if cuda:
         return
-    actor = module.model("actor")
     if actor.head_dim < 32 or actor.head_dim % 16:
         raise SemanticError(f"vLLM on CPU needs head_dim >= 32 (a multiple of 16), the actor has {actor.head_dim}",
                             actor.loc, hint="use hidden/heads >= 32, e.g. hidden 128 heads 4, or --engine native")

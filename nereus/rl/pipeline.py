@@ -57,8 +57,9 @@ def _recv(shape, src: int, device, dtype=torch.float32) -> torch.Tensor:
 
 
 def forward(model: Model, w: Weights, tokens: torch.Tensor, tp: TpGroup, pipe: PipeStage,
-            head: Callable[[torch.Tensor], torch.Tensor], cache: Optional[KvCache] = None):
-    """Run this rank's stage on `tokens` [B, T] (every stage knows the tokens' shape).
+            head: Callable[[torch.Tensor], torch.Tensor], cache: Optional[KvCache] = None, ep=None):
+    """Run this rank's stage on `tokens` [B, T] (every stage knows the tokens' shape); a
+    MoE model's layers dispatch tokens over the EP group `ep` (None: ep 1).
 
     Returns (head(final-normed hidden) on the last stage else None, stage input, stage
     output); the input is a leaf that requires grad on non-first stages when grad is on,
@@ -71,7 +72,7 @@ def forward(model: Model, w: Weights, tokens: torch.Tensor, tp: TpGroup, pipe: P
         if torch.is_grad_enabled():
             x_in.requires_grad_()
         x = x_in
-    y = run_layers(model, w, x, pipe.layers, tp, cache)
+    y = run_layers(model, w, x, pipe.layers, tp, cache, ep)
     if not pipe.is_last:
         dist.send(y.detach().contiguous(), dst=pipe.next)
         return None, x_in, y

@@ -69,6 +69,12 @@ class RestartRuntime:
     def __init__(self, module: Module, plan: str, device: Optional[torch.device] = None):
         self.module = module
         self.device = torch.device(device or "cpu")
+        for p in (pl for candidate in module.plans for pl in candidate.placements):
+            if p.ep > 1:  # its TP-only layout (nereus.rl.shards) would put every expert on every rank
+                from nereus.ir.diagnostics import SemanticError
+
+                raise SemanticError(f"the restart baseline does not lay out expert parallelism ({p.model_stage} "
+                                    f"has ep {p.ep})", p.loc, hint="use the Nereus runtime (--runtime nereus)")
         self.plan = module.plan(plan)
         self._state: dict[str, dict[str, torch.Tensor]] = {}
         self.rank = dist.get_rank() if dist.is_initialized() else 0

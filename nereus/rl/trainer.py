@@ -199,7 +199,7 @@ class RlTrainer:
 
     def _forward(self, model_name: str, w, tokens, role: Role, head):
         """head(final hidden) on the replica's last stage, None on its other stages."""
-        out, _, _ = pipeline.forward(self.module.model(model_name), w, tokens, role.tp, role.pipe, head)
+        out, _, _ = pipeline.forward(self.module.model(model_name), w, tokens, role.tp, role.pipe, head, ep=role.ep)
         return out
 
     def _logprob_head(self, model_name: str, w, seqs, tp):
@@ -225,12 +225,16 @@ class RlTrainer:
             params = {k: t.detach().requires_grad_() for k, t in self.weights(ms, state).items()}
             rows = role.rows(mb, offset)
             loss, x_in, y = pipeline.forward(self.module.model(model_name), params, self._seqs[rows][:, :-1],
-                                             role.tp, role.pipe, loss_head(params, role, rows))
+                                             role.tp, role.pipe, loss_head(params, role, rows), ep=role.ep)
             pipeline.backward(role.pipe, loss, x_in, y)
             grads = {f"{model_name}/{k}": (p.grad if p.grad is not None else torch.zeros_like(p)).float()
                      for k, p in params.items()}
             reduce_replicated_kv_grads(grads, self.module.model(model_name), role.tp)
-            all_reduce_grads(grads, role.dp_group)
+            # dense gradients over the dp·ep data-parallel ranks, an expert's over the dp
+            # replicas holding it (every EP rank's tokens already reached it by all-to-all)
+            experts = {n: g for n, g in grads.items() if ".mlp.experts." in n}
+            all_reduce_grads({n: g for n, g in grads.items() if n not in experts}, role.dp_group)
+            all_reduce_grads(experts, role.expert_dp_group if role.ep.size > 1 else role.dp_group)
             if role.zero:  # this replica's chunk of the optimizer state (zero 1: then the weights all-gathered)
                 zero_adam_step(state, grads, step, lr, self.cfg.betas, self.cfg.eps, zero=role.zero,
                                replica=role.replica, dp=role.dp, group=role.dp_group, dp_ranks=role.dp_ranks)
@@ -322,7 +326,8 @@ class RlTrainer:
             return self.vllm.engine
         if role is None:
             return None
-        return NativeEngine(self.module.model("actor"), lambda: self.weights("actor.generation"), role.tp, role.pipe)
+        return NativeEngine(self.module.model("actor"), lambda: self.weights("actor.generation"), role.tp, role.pipe,
+                            role.ep)
 
     def _rollout(self, prompts: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
         """[B, R] response tokens of the whole batch on every rank. Each generation replica

@@ -32,7 +32,8 @@ from .restart import TORCH_DTYPES
 # Fields that decide the tensor table and numerics, the head and dtype aside: a model
 # that agrees with the actor on these can start from the actor's checkpoint.
 _BODY = ("architecture", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "rope_theta", "rope_scaling",
-         "norm_eps", "head_dim", "tie_embeddings", "qkv_bias", "qk_norm")
+         "norm_eps", "head_dim", "tie_embeddings", "qkv_bias", "qk_norm", "experts", "experts_per_token", "expert_ffn",
+         "norm_topk_prob")
 _FROM_ACTOR = ("ref", "critic")
 
 
@@ -41,7 +42,8 @@ def _body(model: Model) -> tuple:
 
 
 def _architecture(model: Model) -> tuple:
-    return (model.layers, model.hidden, model.heads, model.kv_heads, model.ffn, model.vocab, model.head, model.dtype)
+    return (model.layers, model.hidden, model.heads, model.kv_heads, model.ffn, model.vocab, model.head, model.dtype,
+            model.architecture, model.experts, model.experts_per_token, model.expert_ffn)
 
 
 def checkpoint_source(module: Module, name: str) -> Optional[str]:

@@ -32,13 +32,22 @@ TINY: dict[str, tuple[str, dict]] = {
                                   num_key_value_heads=2, head_dim=32, vocab_size=96, rms_norm_eps=1e-6,
                                   rope_theta=1e6)),
 }
-CLASSES = {"LlamaConfig": "LlamaForCausalLM", "Qwen2Config": "Qwen2ForCausalLM", "Qwen3Config": "Qwen3ForCausalLM"}
+# Qwen3-MoE (kept apart from TINY: transformers 5's state_dict() stacks the experts, so its
+# tests read the per-expert names save_pretrained writes): 4 experts of width 8, 2 per token
+MOE_TINY: dict[str, tuple[str, dict]] = {
+    "qwen3_moe": ("Qwen3MoeConfig", dict(hidden_size=16, intermediate_size=32, moe_intermediate_size=8,
+                                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                         head_dim=8, vocab_size=32, num_experts=4, num_experts_per_tok=2,
+                                         norm_topk_prob=True, rms_norm_eps=1e-6, rope_theta=1e6)),
+}
+CLASSES = {"LlamaConfig": "LlamaForCausalLM", "Qwen2Config": "Qwen2ForCausalLM", "Qwen3Config": "Qwen3ForCausalLM",
+           "Qwen3MoeConfig": "Qwen3MoeForCausalLM"}
 
 
 def tiny_model(name: str, seed: int = 0):
     """A random fp32 transformers model; norms and biases random too, so that each weight
     changes the logits (transformers initializes norms to 1 and biases to 0)."""
-    config_class, arguments = TINY[name]
+    config_class, arguments = {**TINY, **MOE_TINY}[name]
     config = getattr(transformers, config_class)(**arguments)
     torch.manual_seed(seed)
     model = getattr(transformers, CLASSES[config_class])(config).eval()
@@ -48,6 +57,10 @@ def tiny_model(name: str, seed: int = 0):
                 parameter.copy_(1 + 0.2 * torch.randn_like(parameter))
             elif parameter_name.endswith("bias"):
                 parameter.copy_(0.1 * torch.randn_like(parameter))
+            elif parameter_name.endswith("mlp.gate.weight"):  # a decisive router: no near-ties in top-k
+                parameter.copy_(torch.randn_like(parameter))
+            elif ".mlp.experts." in parameter_name:  # experts that weigh in the logits (init std is 0.02)
+                parameter.copy_(0.2 * torch.randn_like(parameter))
     return model
 
 
