@@ -32,7 +32,7 @@ import random
 import sys
 import time
 
-from mg_common import SHAPES, Env, add_common_args, build_local, check_local, cluster_source, free_memory, \
+from mg_common import SHAPES, Env, whole_program, add_common_args, build_local, check_local, cluster_source, free_memory, \
     machine, model_source, plan_source
 
 STAGES = ("actor.generation", "actor.training", "critic.training")
@@ -173,7 +173,7 @@ def scenario(env: Env, name: str, shape: dict, layers: int, steps: int, mem: int
         target = f"S{k}"
         record = {"target": target}
         if k == fault_at and env.world > 1:
-            fault = fault_point(rt.compile(target)[0], env.world)
+            fault = fault_point(whole_program(rt, target), env.world)
             record["fault_at"] = list(fault)
             try:
                 rt.transition(target, fault=fault)
@@ -184,7 +184,7 @@ def scenario(env: Env, name: str, shape: dict, layers: int, steps: int, mem: int
             intact = check_all(rt, env, seed, step)
             record["fault_state_intact"] = env.all_true(not intact and rt.plan == f"S{k - 1}")
             record["fault_ok"] = env.all_true(record["fault"] == "aborted") and record["fault_state_intact"]
-        program, _ = rt.compile(target)
+        program = whole_program(rt, target)
         replay = verify_program(program).peak_bytes.get(env.rank, 0)
         verify = k % 2 == 1
         env.barrier()

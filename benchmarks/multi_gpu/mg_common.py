@@ -135,6 +135,16 @@ class Env:
         dist.destroy_process_group()
 
 
+def whole_program(rt, target: str) -> dict:
+    """The whole JSON program of `rt`'s move from its current plan to `target`, compiled on
+    this rank (`Runtime.compile` gives this rank's part only): what the scripts replay for
+    the verifier's peak bytes and where they pick a fault point every rank agrees on."""
+    from nereus.backends.json_program import program_json
+    from nereus.passes import compile_transition
+
+    return program_json(compile_transition(rt.module, rt.plan, target))
+
+
 def machine() -> dict:
     """What ran: versions and devices (recorded next to every result)."""
     import platform

@@ -31,7 +31,7 @@ import sys
 import time
 
 import torch
-from mg_common import SHAPES, Env, add_common_args, cluster_source, machine, salt_of, same_bytes, shard_values
+from mg_common import SHAPES, Env, add_common_args, cluster_source, machine, salt_of, same_bytes, shard_values, whole_program
 
 STAGES = ("actor.generation", "ref.inference")
 CHAIN = ("B", "A", "C", "A")
@@ -150,7 +150,7 @@ def main(argv=None) -> int:
     for repeat in range(args.repeats):
         for target in CHAIN:
             source_plan = rt.plan
-            program, _ = rt.compile(target)
+            program = whole_program(rt, target)
             replay = verify_program(program).peak_bytes.get(env.rank, 0)
             env.barrier()
             report = rt.transition(target)
