@@ -50,7 +50,10 @@ def main() -> None:
                "--events", args.events, "--drift", args.drift, "--backend", args.backend, "--json",
                *args.extra.split()]
     tag = args.tag or ("cpu" if args.backend != "nccl" else args.backend)
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ROOT})
+    # this checkout first, and whatever the caller's PYTHONPATH holds after it (where lark
+    # and the other dependencies may be installed, e.g. --target directories)
+    path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p)
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": path})
     if done.returncode != 0:
         sys.exit(f"nereus train failed ({done.returncode}):\n{done.stderr[-3000:]}")
     result = json.loads(done.stdout.strip().splitlines()[-1])
