@@ -32,7 +32,7 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
-from . import packing
+from . import offload, packing
 
 STREAM_TAG = 1 << 20  # gloo tags of stream chunks start here (direct pieces: from 0)
 # chunk size and ring depth; 128 MiB x 8 slots = 1 GiB of buffers per peer and direction
@@ -95,6 +95,7 @@ class Chunk:
     offsets: tuple
     nbytes: int
     fused: bool  # many small segments: the fused (Triton) pack pays; few large ones: plain copies
+    crossing: bool = False  # some segment lives in another memory than the buffer (offloaded host shards)
 
 
 class PeerStream:
@@ -105,7 +106,8 @@ class PeerStream:
         self.chunks = []
         for segments in chunk_views(views, chunk_bytes):
             offsets, total = packing.layout([_nbytes(v) for v in segments])
-            self.chunks.append(Chunk(segments, offsets, total, fused(segments, torch.device(device))))
+            crossing = any(v.device.type != torch.device(device).type for v in segments)
+            self.chunks.append(Chunk(segments, offsets, total, fused(segments, torch.device(device)), crossing))
         self.depth = max(1, depth)
         slots = min(self.depth, len(self.chunks))
         # slot i holds chunks i, i + depth, ...: sized for the largest (the sum over slots
@@ -136,14 +138,18 @@ def fused(segments: list, device: Optional[torch.device] = None) -> bool:
 
 
 def pack_chunk(chunk: Chunk, buffer: torch.Tensor) -> None:
-    if chunk.fused:
+    if chunk.crossing:  # host segments: packed in (pinned) host memory, then one PCIe copy (offload.py)
+        offload.pack(chunk.views, chunk.offsets, buffer)
+    elif chunk.fused:
         packing.pack(chunk.views, chunk.offsets, chunk.nbytes, out=buffer)
     else:
         packing.torch_pack(chunk.views, chunk.offsets, chunk.nbytes, out=buffer)
 
 
 def unpack_chunk(chunk: Chunk, buffer: torch.Tensor) -> None:
-    if chunk.fused:
+    if chunk.crossing:  # one PCIe copy into pinned host memory, then unpacked there (offload.py)
+        offload.unpack(buffer, chunk.views, chunk.offsets)
+    elif chunk.fused:
         packing.unpack(buffer, chunk.views, chunk.offsets)
     else:
         packing.torch_unpack(buffer, chunk.views, chunk.offsets)
