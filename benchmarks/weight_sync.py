@@ -181,7 +181,7 @@ def _rank(rank: int, world: int, port: int, args, out: str) -> None:
         entry = {"case": case, "training": CASES[case][0], "generation": CASES[case][1],
                  "engine_input": engine_input, "exact": bool(flag),
                  "nereus": {"bytes": n[0][1], "seconds": statistics.median(x[0] for x in n), "rounds": n[0][2],
-                            "compile_s": sync.program("P")[1]},
+                            "compile_s": sync.part("P")[1]},
                  "baseline": {"bytes": b[0][1], "seconds": statistics.median(x[0] for x in b)},
                  "bucketed": {"bytes": k[0][1], "seconds": statistics.median(x[0] for x in k),
                               "bucket_mb": args.bucket_mb}}

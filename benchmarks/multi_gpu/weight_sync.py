@@ -159,7 +159,7 @@ def run_case(env: Env, g: int, args, shape: dict, bw: dict) -> dict:
     case = f"train-tp{max(1, env.world // 2)}pp2-gen-tp{g}dp{env.world // g}"
     local = build_local(train, env.rank, specs, args.seed, TAG, env.device, names=lambda n: n in specs)
     sync = WeightSync(module, device=env.device, control=env.ctrl)
-    _, compile_s = sync.program("P")
+    _, compile_s = sync.part("P")
     compile_s = env.slowest(compile_s)
 
     def check(weights) -> bool:

@@ -53,11 +53,12 @@ class RankPart:
     received_bytes: int  # bytes of program data this rank received (its digest, or 0)
 
 
-def _lower_own_part(module: Module, source: str, target: str, rank: int):
-    """(compiled transition, this rank's part). Module-level so that tests can corrupt a part."""
+def _lower_own_part(module: Module, source: str, target: str, rank: int, **options):
+    """(compiled transition, this rank's part); `options` go to the passes (e.g. bucket).
+    Module-level so that tests can corrupt a part."""
     from nereus.passes import compile_transition
 
-    compiled = compile_transition(module, source, target)
+    compiled = compile_transition(module, source, target, **options)
     return compiled, _part(compiled, rank)
 
 
@@ -89,14 +90,14 @@ def _prove(compiled, module: Module, world_size: int) -> tuple[float, list]:
 
 
 def obtain_rank_part(module: Module, source: str, target: str, rank: int, world_size: int, control,
-                     verify: bool = True) -> RankPart:
+                     verify: bool = True, options: Optional[dict] = None) -> RankPart:
     """Collective: this rank's part of the program `source -> target` (module docstring).
     Raises the same error on every rank when compiling or proving fails, and a ProgramError
     on every rank (the refusing rank's own message on that rank) when a part is refused."""
     started = time.perf_counter()
     part, error, compiled = None, None, None
     try:
-        compiled, part = _lower_own_part(module, source, target, rank)
+        compiled, part = _lower_own_part(module, source, target, rank, **(options or {}))
     except Exception as caught:  # noqa: BLE001 - the other ranks wait on the agreement below
         error = _portable(caught, source, target)
     text = canonical_json(part) if part is not None else ""

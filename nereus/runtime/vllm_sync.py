@@ -144,10 +144,12 @@ class WeightSync:
         # NCCL: several communicators (see prepare.data_groups); None: the default group
         self.data_group = data_groups(self.device, timeout_s) if dist.is_initialized() else None
         self._programs: dict = {}
+        self._parts: dict = {}  # plan -> (this rank's part of the program, compile seconds)
         self._rank_programs: dict = {}  # plan -> this rank's lowered program (every step reuses it)
 
     def program(self, plan: str) -> tuple[dict, float]:
-        """The sync program of `plan` (compiled on rank 0, broadcast, cached) and compile seconds."""
+        """Collective: the whole sync program of `plan` (compiled on rank 0, broadcast,
+        cached) and compile seconds: for inspection; `run` never fetches it (`part`)."""
         if plan not in self._programs:
             started = time.perf_counter()
             box: list = [None]
@@ -163,15 +165,30 @@ class WeightSync:
             self._programs[plan] = (box[0][1], time.perf_counter() - started)
         return self._programs[plan]
 
+    def part(self, plan: str) -> tuple[dict, float]:
+        """Collective: this rank's part of the sync program of `plan` (JSON program v1 with
+        `rank` and `peers`) and compile seconds, cached. Every rank compiles the sync and
+        lowers only its own part (nereus.runtime.distribute): no rank holds or receives the
+        whole program, and a rank that fails makes every rank raise."""
+        if plan not in self._parts:
+            from .distribute import obtain_rank_part
+
+            got = obtain_rank_part(sync_module(self.module, plan, self.source, self.target, self.engine_input),
+                                   SYNC_FROM, SYNC_TO, dist.get_rank(), dist.get_world_size(), self.control,
+                                   verify=False, options=self.options)
+            self._parts[plan] = (got.program, got.compile_s)
+        return self._parts[plan]
+
     def run(self, plan: str, source_state: dict) -> SyncResult:
         """Collective. Input: this rank's shards of `source` ({} when it holds none);
         optimizer state in it is ignored. Output: this rank's shards of `target` in `plan`.
         Invariant: `source_state`'s tensors are never written."""
-        program, compile_s = self.program(plan)
+        program, compile_s = self.part(plan)
         rank = dist.get_rank()
         weights = {k: v for k, v in source_state.items() if is_weight(k)}
-        if not program["units"]["after"]:
-            # the compiler drops unchanged model-stages: both layouts are one, keep all
+        if program.get("untouched"):
+            # the synthetic module has this one model-stage; the compiler left it untouched:
+            # both layouts are one (a global fact every rank's part states alike), keep all
             kept = sum(t.numel() * t.element_size() for t in weights.values())
             return SyncResult(dict(weights), 0.0, 0, 0, bytes_kept=kept, compile_s=compile_s)
         if plan not in self._rank_programs:  # lowering costs seconds for 8B on 8 GPUs: once per plan

@@ -61,6 +61,8 @@ def _worker(rank, world, cases):
                          and torch.equal(again.weights[k], expected[k]) for k in expected),
             "sent": got.bytes_sent, "received": got.bytes_received, "base_received": base.bytes_received,
             "base_sent": base.bytes_sent, "kept": got.bytes_kept,
+            # the sync ran from this rank's part alone: no rank fetched the whole program
+            "own_part_only": sync.part("P")[0].get("rank") == rank and not sync._programs,
         }
     return out
 
@@ -92,3 +94,8 @@ def test_sync_moves_no_more_than_baseline(results, case):
 def test_same_layout_moves_nothing(results):
     assert sum(r["same-layout"]["received"] for r in results) == 0
     assert all(r["same-layout"]["kept"] > 0 for r in results)
+
+
+@pytest.mark.multiprocess
+def test_each_rank_syncs_from_its_own_part_of_the_program(results):
+    assert all(r[name]["own_part_only"] for r in results for name in CASES)
