@@ -324,7 +324,7 @@ def _round(run: _Run, work) -> RoundTiming:
             if fault == (rank, work.index, "post"):
                 raise InjectedFault("injected fault (post)")
         except Exception as error:  # noqa: BLE001 - the streams are posted anyway
-            late_error = (step, peer, error)
+            late_error = (step, peer, error.with_traceback(None))
         side = copy_stream(device) if work.copies else None
         try:
             with torch.cuda.stream(side) if side is not None else nothing():
@@ -336,10 +336,10 @@ def _round(run: _Run, work) -> RoundTiming:
                         run.written.get((piece.dst_unit, piece.tensor), 0) + piece.numel
                     result.copied_bytes += piece.nbytes
         except Exception as error:  # noqa: BLE001
-            late_error = late_error or (step, peer, error)
+            late_error = late_error or (step, peer, error.with_traceback(None))
         step, peer = "exchange", None
-        streamed = streams.exchange(out_streams, in_streams, group, depth=run.depth)
-        late_error = late_error or streamed
+        streamed = streams.exchange(out_streams, in_streams, group, depth=run.depth)  # whatever failed: every op posts
+        late_error, streamed = late_error or streamed, None
         out_ops, in_ops = [], []
         if run.verify:  # after every data op of its peer: the last batch, on the first data group
             group = group[0] if isinstance(group, (list, tuple)) else group
@@ -359,8 +359,12 @@ def _round(run: _Run, work) -> RoundTiming:
             if side is not None:
                 torch.cuda.current_stream(device).wait_stream(side)
         if late_error is not None:
-            step, peer = late_error[0], late_error[1]
-            raise late_error[2]
+            # kept without its traceback, and dropped before it is raised: a live exception
+            # in a local ties this frame (the round's buffers; through f_back the process
+            # groups) into a cycle with its traceback that only the cyclic GC frees, and gloo
+            # groups alive at interpreter exit can abort it (tests/runtime/test_abort_cycles.py)
+            (step, peer, error), late_error = late_error, None
+            raise error
         timing.exchange_s = time.perf_counter() - t1
         t2 = time.perf_counter()
         for i, w in enumerate(recvs):

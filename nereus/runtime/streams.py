@@ -160,8 +160,9 @@ def exchange(sends: list, recvs: list, groups, depth: int = DEPTH,
     """Collective among the streams' peers: move every chunk of `sends` and `recvs`
     (PeerStreams of one depth). Posts one batch per chunk index, on data group index % len(groups).
     Returns the first local failure as (step, peer, exception), or None; failures do not
-    stop the posting. `on_unpacked(stream, k)` runs after chunk k of a receive stream was
-    unpacked (tests)."""
+    stop the posting. The exception comes without its traceback: kept in this frame, it
+    would tie the frame (and its callers', the groups) into a reference cycle.
+    `on_unpacked(stream, k)` runs after chunk k of a receive stream was unpacked (tests)."""
     groups = list(groups) if isinstance(groups, (list, tuple)) else [groups]
     steps = max((len(s.chunks) for s in sends + recvs), default=0)
     batches: list = []
@@ -179,7 +180,7 @@ def exchange(sends: list, recvs: list, groups, depth: int = DEPTH,
                     if on_unpacked is not None:
                         on_unpacked(r, k)
                 except Exception as error:  # noqa: BLE001 - keep posting; reported after
-                    failure = ("unpack recv", r.peer, error)
+                    failure = ("unpack recv", r.peer, error.with_traceback(None))
 
     for k in range(steps):
         if k >= depth:  # the slots of chunk k are free once batch k - depth is done and unpacked
@@ -192,7 +193,7 @@ def exchange(sends: list, recvs: list, groups, depth: int = DEPTH,
                     try:
                         pack_chunk(s.chunks[k], s.buffer(k))
                     except Exception as error:  # noqa: BLE001 - the (garbage) chunk is sent anyway
-                        failure = ("pack send", s.peer, error)
+                        failure = ("pack send", s.peer, error.with_traceback(None))
                 ops.append(dist.P2POp(dist.isend, s.buffer(k), s.peer, group, STREAM_TAG + k))
         for r in recvs:
             if k < len(r.chunks):
