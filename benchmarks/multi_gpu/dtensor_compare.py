@@ -36,7 +36,7 @@ import sys
 import torch
 
 from mg_common import SHAPES, Env, add_common_args, box_values, build_local, check_local, cluster_source, \
-    free_memory, incoming_bytes, machine, measure_bandwidth, model_source, plan_source, salt_of, same_bytes, \
+    free_memory, incoming_bytes, machine, link_bandwidth, model_source, plan_source, salt_of, same_bytes, \
     specs_bytes
 
 TAG = "actor.generation"
@@ -205,9 +205,7 @@ def main(argv=None) -> int:
     shape = SHAPES["8b"] if env.cuda else SHAPES["tiny"]
     args.layers = args.layers or min(8, shape["layers"])
     args.repeats = args.repeats or (3 if args.quick else 7)
-    mib = args.bandwidth_mib or (1024 if env.cuda else 4)
-    bw = measure_bandwidth(env, mib << 20)
-    env.log(f"bandwidth: p2p {bw['p2p_GBps']:.1f} GB/s, ring {bw['ring_GBps']:.1f} GB/s per GPU ({mib} MiB)")
+    bw = link_bandwidth(env, args.bandwidth_mib)
     result = run(env, args, shape, bw)
     env.finish({"name": "multi_gpu_dtensor", "gpus": env.world, "backend": env.backend, "device": env.device.type,
                 "quick": args.quick, "shape": dict(shape, layers=args.layers), "bandwidth": bw, **result,

@@ -368,6 +368,24 @@ def measure_bandwidth(env: Env, nbytes: int, repeats: int = 5) -> dict:
     return out
 
 
+
+def link_bandwidth(env: Env, mib: Optional[int]) -> dict:
+    """`measure_bandwidth` with the scripts' default size (`--bandwidth-mib`: 1 GiB on GPU,
+    4 MiB on CPU), logged."""
+    mib = mib or (1024 if env.cuda else 4)
+    bw = measure_bandwidth(env, mib << 20)
+    env.log(f"bandwidth: p2p {bw['p2p_GBps']:.1f} GB/s, ring {bw['ring_GBps']:.1f} GB/s per GPU ({mib} MiB)")
+    return bw
+
+
+def selected_cases(parser: argparse.ArgumentParser, requested: Optional[str], known: list, world: int) -> list:
+    """The `--cases` list (comma-separated; default every known case), each checked."""
+    names = [c for c in (requested or ",".join(known)).split(",") if c]
+    for case in names:
+        if case not in known:
+            parser.error(f"unknown case {case} for {world} ranks; known: {known}")
+    return names
+
 def bounds(incoming: dict, bw: dict) -> dict:
     """bound_s: bytes that change owner / measured P2P bandwidth (the issue's bound, as
     if the bytes crossed one link after another); bound_parallel_s: the busiest GPU's

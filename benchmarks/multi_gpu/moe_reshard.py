@@ -43,7 +43,7 @@ import sys
 import torch
 
 from mg_common import Env, add_common_args, bounds, build_local, check_local, cluster_source, free_memory, \
-    incoming_bytes, layout_bytes, machine, measure_bandwidth
+    incoming_bytes, layout_bytes, machine, link_bandwidth, selected_cases
 
 STEP = 7
 SHAPES = {
@@ -238,14 +238,9 @@ def main(argv=None) -> int:
     shape = SHAPES["30b-a3b"] if env.cuda else SHAPES["tiny"]
     if args.repeats is None:
         args.repeats = 3 if args.quick else 5
-    mib = args.bandwidth_mib or (1024 if env.cuda else 4)
-    bw = measure_bandwidth(env, mib << 20)
-    env.log(f"bandwidth: p2p {bw['p2p_GBps']:.1f} GB/s, ring {bw['ring_GBps']:.1f} GB/s per GPU ({mib} MiB)")
-    names = [c for c in (args.cases or ",".join(case_names(env.world))).split(",") if c]
+    bw = link_bandwidth(env, args.bandwidth_mib)
     cases = []
-    for case in names:
-        if case not in case_names(env.world):
-            parser.error(f"unknown case {case} for {env.world} ranks; known: {case_names(env.world)}")
+    for case in selected_cases(parser, args.cases, case_names(env.world), env.world):
         cases.append(run_case(env, case, args, shape, bw, first_case=not cases))
     forward = forward_check(env, args.seed)
     env.log(f"MoE layer, ep {env.world}, all-to-all over {env.backend}: output error "

@@ -52,7 +52,7 @@ import torch
 
 from mg_baselines import dcp_save_load, gather_scatter
 from mg_common import PAPER_4_TO_8_S, SHAPES, Env, add_common_args, bounds, build_local, check_local, \
-    cluster_source, free_memory, incoming_bytes, layout_bytes, machine, measure_bandwidth, model_source, \
+    cluster_source, free_memory, incoming_bytes, layout_bytes, machine, link_bandwidth, selected_cases, model_source, \
     plan_source, specs_bytes
 
 STEP = 7
@@ -375,14 +375,9 @@ def main(argv=None) -> int:
         args.repeats = 3 if args.quick else 5
     if args.dcp_layers is None:
         args.dcp_layers = 1 if args.quick else 2
-    mib = args.bandwidth_mib or (1024 if env.cuda else 4)
-    bw = measure_bandwidth(env, mib << 20)
-    env.log(f"bandwidth: p2p {bw['p2p_GBps']:.1f} GB/s, ring {bw['ring_GBps']:.1f} GB/s per GPU ({mib} MiB)")
-    names = [c for c in (args.cases or ",".join(case_names(env.world))).split(",") if c]
+    bw = link_bandwidth(env, args.bandwidth_mib)
     cases = []
-    for case in names:
-        if case not in case_names(env.world):
-            parser.error(f"unknown case {case} for {env.world} ranks; known: {case_names(env.world)}")
+    for case in selected_cases(parser, args.cases, case_names(env.world), env.world):
         cases.append(run_case(env, case, args, shape, bw, lambda current: save_partial(env, args, bw, cases + [current]),
                               first_case=not cases))
         save_partial(env, args, bw, cases)

@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from mg_common import SHAPES, Env, add_common_args, bounds, build_local, check_local, cluster_source, \
-    free_memory, incoming_bytes, machine, measure_bandwidth, model_source, my_shards, plan_source, specs_bytes
+    free_memory, incoming_bytes, machine, link_bandwidth, model_source, my_shards, plan_source, specs_bytes
 
 TAG = "actor.training"  # generation shards carry the training weights' values
 
@@ -234,9 +234,7 @@ def main(argv=None) -> int:
     shape = SHAPES["8b"] if env.cuda else SHAPES["tiny"]
     args.layers = args.layers or shape["layers"]
     args.repeats = args.repeats or (3 if args.quick else 5)
-    mib = args.bandwidth_mib or (1024 if env.cuda else 4)
-    bw = measure_bandwidth(env, mib << 20)
-    env.log(f"bandwidth: p2p {bw['p2p_GBps']:.1f} GB/s, ring {bw['ring_GBps']:.1f} GB/s per GPU ({mib} MiB)")
+    bw = link_bandwidth(env, args.bandwidth_mib)
     cases = [run_case(env, g, args, shape, bw) for g in gen_tps(env.world)]
     verified = all(c["verified"] for c in cases)
     env.finish({"name": "multi_gpu_weight_sync", "gpus": env.world, "backend": env.backend,

@@ -207,25 +207,35 @@ def is_sharded(placement: Placement, states: tuple[str, ...]) -> bool:
     return placement.zero >= 3 or placement.zero >= 1 and states[0] in OPTIMIZER_SUFFIXES
 
 
-@lru_cache(maxsize=None)
-def zero_boxes(spec: TensorSpec, tp: int, rank: int, dp: int, replica: int) -> tuple[Box, ...]:
-    """Replica `replica`'s chunk of TP rank `rank`'s local tensor of `spec`: the
-    concatenation of `tp_boxes` along dim 0 cut into dp chunks of ceil(rows / dp) rows
-    (torch.chunk; the last chunks may be short or empty), as boxes of the global tensor in
-    local order. Pure, cached; the same for every layer."""
-    boxes = tp_boxes(spec, tp, rank)
-    rows = sum(b[0][1] - b[0][0] for b in boxes)
+def chunk_rows(rows: int, dp: int, replica: int) -> tuple[int, int]:
+    """Rows [lo, hi) of a local tensor with `rows` rows that replica `replica` of `dp`
+    holds of zero-sharded state: dp chunks of ceil(rows / dp) rows (torch.chunk; the last
+    chunks may be short or empty, then lo == hi)."""
     size = -(-rows // dp)
-    lo, hi = replica * size, min((replica + 1) * size, rows)
-    out = []
-    offset = 0
+    lo = min(replica * size, rows)
+    return lo, min(lo + size, rows)
+
+
+def chunk_boxes(boxes, lo: int, hi: int) -> tuple[Box, ...]:
+    """The global boxes that local rows [lo, hi) of a shard made of `boxes` (stacked along
+    dim 0) cover, in local order."""
+    out, offset = [], 0
     for b in boxes:
         n = b[0][1] - b[0][0]
         a, z = max(lo, offset), min(hi, offset + n)
         if a < z:
-            out.append(((b[0][0] + a - offset, b[0][0] + z - offset),) + b[1:])
+            out.append(((b[0][0] + a - offset, b[0][0] + z - offset), *b[1:]))
         offset += n
     return tuple(out)
+
+
+@lru_cache(maxsize=None)
+def zero_boxes(spec: TensorSpec, tp: int, rank: int, dp: int, replica: int) -> tuple[Box, ...]:
+    """Replica `replica`'s chunk of TP rank `rank`'s local tensor of `spec`: the
+    concatenation of `tp_boxes` along dim 0 cut by `chunk_rows`, as boxes of the global
+    tensor in local order. Pure, cached; the same for every layer."""
+    boxes = tp_boxes(spec, tp, rank)
+    return chunk_boxes(boxes, *chunk_rows(sum(b[0][1] - b[0][0] for b in boxes), dp, replica))
 
 
 def held_boxes(spec: TensorSpec, placement: Placement, replica: int, rank: int, states: tuple[str, ...]):

@@ -35,30 +35,13 @@ import torch
 import torch.distributed as dist
 
 from nereus.models import optimizer_name, tensor_table
+from nereus.passes.layout import chunk_boxes, chunk_rows  # the compiler's cut (zero_boxes), reused
 
 from .optim import adam_step
 from .shards import local_boxes
 
-
-def chunk_rows(rows: int, dp: int, replica: int) -> tuple[int, int]:
-    """Rows [lo, hi) of a local tensor with `rows` rows that replica `replica` of `dp`
-    holds of the sharded state (torch.chunk's split; layout.zero_boxes cuts the same)."""
-    size = -(-rows // dp)
-    lo = min(replica * size, rows)
-    return lo, min(lo + size, rows)
-
-
-def chunk_boxes(boxes: Sequence, lo: int, hi: int) -> list:
-    """The boxes of local rows [lo, hi) of a shard made of `boxes` (stacked along dim 0):
-    the global boxes a dp chunk covers, in local order."""
-    out, offset = [], 0
-    for box in boxes:
-        n = box[0][1] - box[0][0]
-        a, z = max(lo, offset), min(hi, offset + n)
-        if a < z:
-            out.append(((box[0][0] + a - offset, box[0][0] + z - offset), *box[1:]))
-        offset += n
-    return out
+__all__ = ["chunk_boxes", "chunk_rows", "gather_weight_chunks", "gathered_weights", "local_weight_shapes",
+           "zero_adam_step"]
 
 
 @torch.no_grad()

@@ -279,7 +279,8 @@ def _round(run: _Run, work) -> RoundTiming:
         both_ways = {m.peer for m in work.sends} & {m.peer for m in work.recvs}
         for msg in work.sends:
             step, peer = "pack send", msg.peer
-            sends.append(outgoing(msg, sources, device, in_stream(msg, both_ways, run.chunk_bytes)))
+            sends.append(outgoing(msg, sources, device, in_stream(msg, both_ways, run.chunk_bytes),
+                                  run.host_before | run.staged))
         for msg in work.recvs:
             step, peer = "alloc recv", msg.peer
             recvs.append(incoming(msg, prog, new, live, device, in_stream(msg, both_ways, run.chunk_bytes),
@@ -301,11 +302,7 @@ def _round(run: _Run, work) -> RoundTiming:
     if device.type != "cuda":  # off CUDA, pieces read from host memory (offloaded or staged-out
         # units) pack in host memory, as in the compiler's replay; on CUDA the stream buffer
         # NCCL sends from is device memory and counts whole
-        host = run.host_before | run.staged
-        buffers -= sum(packing.layout([p.nbytes for p, s in zip(w.msg.pieces, in_stream(w.msg, both_ways,
-                                                                                           run.chunk_bytes))
-                                       if s and p.src_unit in host])[1] for w in sends)
-        buffers = max(buffers, 0)
+        buffers = max(buffers - sum(w.host_packed_bytes for w in sends), 0)
     result.buffer_peak_bytes = max(result.buffer_peak_bytes, buffers)
     live.peak = max(live.peak, live.bytes + buffers)  # transient message buffers count too
 

@@ -59,11 +59,6 @@ def offloaded_units(program: dict) -> frozenset:
                      for unit in units.get(phase, ()) if unit.get("offload", False))
 
 
-def layout_offloaded(units: list) -> bool:
-    """Whether a model-stage's UNIT dicts (one plan's layout) are flagged offload."""
-    return any(unit.get("offload", False) for unit in units)
-
-
 def pack_from_host(views: Sequence[torch.Tensor], offsets: Sequence[int], out: torch.Tensor) -> torch.Tensor:
     """Pack host views into the device buffer `out`: packed in pinned host memory, then
     one host→device copy (queued on the current stream; the host buffer stays alive
@@ -138,5 +133,5 @@ def unpack(buffer: torch.Tensor, views: Sequence[torch.Tensor], offsets: Sequenc
         packing.unpack(buffer, views, offsets)
 
 
-__all__ = ["DEVICE", "HOST", "host_empty", "layout_offloaded", "new_shard", "offloaded_units", "pack",
+__all__ = ["DEVICE", "HOST", "host_empty", "new_shard", "offloaded_units", "pack",
            "pack_from_host", "pinnable", "round_bytes", "to_host", "unpack", "unpack_to_host"]

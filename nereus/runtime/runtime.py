@@ -287,12 +287,18 @@ class Runtime:
                     total += held[name].numel() * held[name].element_size()
         return total
 
+    def _offloaded(self, model_stage: str) -> bool:
+        """Whether the current plan keeps `model_stage` in host memory (`offload`)."""
+        return any(str(p.model_stage) == model_stage and p.offload for p in self.module.plan(self._plan).placements)
+
     def device_state(self, model_stage: str) -> dict:
         """This rank's shards of `model_stage` where its own stage computes with them: the
         registered tensors, or, when the current plan offloads it, device copies of the
         host-held shards (host→device over PCIe, from pinned memory). Writes to such copies
         reach the state only through `write_back`."""
         state = self.state(model_stage)
+        if not self._offloaded(model_stage):  # the common case, every step: no layout to build
+            return dict(state)
         moved = {name: state[name].to(self.device, non_blocking=True)
                  for name, where in self.placement(model_stage).items() if where == offload.HOST and name in state}
         return {**state, **moved}
@@ -300,6 +306,8 @@ class Runtime:
     def write_back(self, model_stage: str, local: dict) -> None:
         """Copy the shards of `local` (from `device_state`) into the host-held state of an
         offloaded `model_stage` (device→host); nothing to do for the others."""
+        if not self._offloaded(model_stage):
+            return
         state = self._state.get(model_stage, {})
         for name, where in self.placement(model_stage).items():
             if where == offload.HOST and name in local and local[name] is not state.get(name):

@@ -104,10 +104,13 @@ class PeerStream:
     def __init__(self, peer: int, views: list, device, chunk_bytes: int = CHUNK_BYTES, depth: int = DEPTH):
         self.peer = peer
         self.chunks = []
+        kind = torch.device(device).type
         for segments in chunk_views(views, chunk_bytes):
             offsets, total = packing.layout([_nbytes(v) for v in segments])
-            crossing = any(v.device.type != torch.device(device).type for v in segments)
-            self.chunks.append(Chunk(segments, offsets, total, fused(segments, torch.device(device)), crossing))
+            # segments in another memory than the buffer's (an offloaded unit's host shards)
+            # cross PCIe through offload.pack/unpack: the fused kernels address one device
+            crossing = any(v.device.type != kind for v in segments)
+            self.chunks.append(Chunk(segments, offsets, total, not crossing and fused(segments), crossing))
         self.depth = max(1, depth)
         slots = min(self.depth, len(self.chunks))
         # slot i holds chunks i, i + depth, ...: sized for the largest (the sum over slots
@@ -126,14 +129,10 @@ class PeerStream:
 FUSED_MIN_SEGMENTS = 16
 
 
-def fused(segments: list, device: Optional[torch.device] = None) -> bool:
+def fused(segments: list) -> bool:
     """Pack a chunk with the fused kernels only where it has many segments (launches to
     save) and some is strided; a few large segments copy at memory speed with one
-    `copy_` each, with no kernel variant to compile and no plan to build. Segments in
-    another memory than the buffer's (an offloaded unit's host shards, a GPU buffer)
-    always take `copy_`, which crosses PCIe; the kernels address one device's memory."""
-    if device is not None and any(v.device.type != device.type for v in segments):
-        return False
+    `copy_` each, with no kernel variant to compile and no plan to build."""
     return len(segments) >= FUSED_MIN_SEGMENTS and not all(v.is_contiguous() for v in segments)
 
 

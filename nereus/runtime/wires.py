@@ -20,6 +20,7 @@ import torch
 from nereus.ir.diagnostics import ProgramError
 
 from . import offload, streams
+from .packing import layout
 from .program import Message, RankProgram
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
@@ -59,6 +60,7 @@ class Wire:
     direct: list  # contiguous views sent from / received into in place
     views: list  # every piece's view, in message order (checksums)
     bounce: list = field(default_factory=list)  # (device tensor, host view) of direct pieces into host memory
+    host_packed_bytes: int = 0  # of the packed pieces, those read from host memory (aligned as in the stream)
 
 
 def in_stream(msg: Message, both_ways: set, chunk_bytes: int) -> list:
@@ -66,13 +68,15 @@ def in_stream(msg: Message, both_ways: set, chunk_bytes: int) -> list:
     return [streams.streamed(p, msg.peer in both_ways, chunk_bytes) for p in msg.pieces]
 
 
-def outgoing(msg: Message, sources: dict, device, in_stream: list) -> Wire:
+def outgoing(msg: Message, sources: dict, device, in_stream: list, host_units=frozenset()) -> Wire:
+    """host_units: before-units read from host memory (offloaded or staged out)."""
     views = [sources[p.src_unit][p.tensor][p.src_slices] for p in msg.pieces]
     packed = [v for v, s in zip(views, in_stream) if s]
     direct = [v.to(device) for v, s in zip(views, in_stream) if not s]  # staged: host → device
     if not all(v.is_contiguous() for v in direct):
         raise ProgramError("a direct piece is not contiguous in its source tensor")
-    return Wire(msg, packed, direct, views)
+    host_bytes = layout([p.nbytes for p, s in zip(msg.pieces, in_stream) if s and p.src_unit in host_units])[1]
+    return Wire(msg, packed, direct, views, host_packed_bytes=host_bytes)
 
 
 def incoming(msg: Message, prog: RankProgram, new: dict, live: "Live", device, in_stream: list,
