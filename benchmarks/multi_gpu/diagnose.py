@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from mg_common import SHAPES, Env, add_common_args, build_local, machine, measure_bandwidth
+from mg_profile import timeline
 
 # (ops per batch block, interleave, data communicators)
 VARIANTS = [(0, False, 1), (0, False, 2), (0, False, 4), (0, True, 4), (0, False, 8), (16, True, 4)]
@@ -84,49 +85,6 @@ def allgather(env: Env, total: int, repeats: int) -> dict:
     full = torch.empty(total // env.world * env.world, dtype=torch.uint8, device=env.device)
     seconds = median_time(env, lambda: dist.all_gather_into_tensor(full, part), repeats)
     return {"seconds": seconds, "GBps_in_per_gpu": (env.world - 1) * part.numel() / seconds / 1e9}
-
-
-def timeline(prof, path: str, label: str) -> dict:
-    """GPU busy intervals per stream from the profiler's trace, and host lead time."""
-    trace = path + ".json"
-    prof.export_chrome_trace(trace)
-    with open(trace) as f:
-        events = json.load(f).get("traceEvents", [])
-    os.remove(trace)
-    kernels = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in e]
-    if not kernels:
-        return {}
-    start = min(float(e["ts"]) for e in events if "ts" in e and e.get("ph") == "X")
-    by_stream: dict = {}
-    for e in kernels:
-        by_stream.setdefault(e.get("tid"), []).append((float(e["ts"]) - start, float(e["dur"]), e["name"][:40]))
-    summary = {"first_kernel_ms": min(k[0] for ks in by_stream.values() for k in ks) / 1e3,
-               "last_end_ms": max(k[0] + k[1] for ks in by_stream.values() for k in ks) / 1e3, "streams": {}}
-    lines = [f"== {label}: first GPU work at {summary['first_kernel_ms']:.2f} ms, last ends at "
-             f"{summary['last_end_ms']:.2f} ms (from the profiled call's start)"]
-    for stream, ks in sorted(by_stream.items(), key=lambda kv: str(kv[0])):
-        ks.sort()
-        names: dict = {}
-        for _, d, n in ks:
-            names[n] = names.get(n, 0.0) + d
-        merged = []
-        for t, d, _ in ks:
-            if merged and t <= merged[-1][1] + 20:  # gaps under 20 us are one busy interval
-                merged[-1][1] = max(merged[-1][1], t + d)
-            else:
-                merged.append([t, t + d])
-        busy = sum(b - a for a, b in merged)
-        summary["streams"][str(stream)] = {"kernels": len(ks), "busy_ms": busy / 1e3,
-                                           "span_ms": (merged[-1][1] - merged[0][0]) / 1e3}
-        lines.append(f"  stream {stream}: {len(ks)} kernels, busy {busy / 1e3:.2f} ms over "
-                     f"{(merged[-1][1] - merged[0][0]) / 1e3:.2f} ms, intervals (ms): "
-                     + ", ".join(f"{a / 1e3:.2f}-{b / 1e3:.2f}" for a, b in merged[:12])
-                     + (" ..." if len(merged) > 12 else ""))
-        lines.append("    by kernel (ms): " + ", ".join(f"{n} {v / 1e3:.2f}" for n, v in
-                                                       sorted(names.items(), key=lambda kv: -kv[1])[:6]))
-    with open(path, "a") as f:
-        f.write("\n".join(lines) + "\n")
-    return summary
 
 
 def profiled(env: Env, fn, path: str, label: str) -> dict:

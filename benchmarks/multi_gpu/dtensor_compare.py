@@ -152,7 +152,7 @@ def run(env: Env, args, shape: dict, bw: dict) -> dict:
 
         rt.transition("TP")  # the loop above ends in DP
         profile(env, lambda: rt.transition("DP"), os.path.join(args.profile_dir, "profile_dtensor.txt"),
-                "nereus TP -> DP")
+                "nereus TP -> DP", rt=rt, source="TP", target="DP")
     out = {"nereus_prepared_s": prepared_s, "nereus_prepare_s": env.slowest(prep["seconds"]),
            "prepared_kernels": prep["kernels"], "nereus_cold_s": cold_s, "nereus_cold_compile_s": cold.compile_s,
            "verified_nereus": ok, "rollback": report.rollback}

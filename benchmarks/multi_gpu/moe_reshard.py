@@ -37,6 +37,7 @@ against the single-rank computation. The last stdout line is one JSON object.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 
@@ -153,6 +154,12 @@ def run_case(env: Env, case: str, args, shape: dict, bw: dict, first_case: bool)
         ok = verified(1) and ok
         back.append(env.timed(lambda: rt.transition("A"))[1])
         ok = verified(0) and ok
+    if args.profile:  # one more warm A -> B under the profiler, then back
+        from mg_profile import profile_call
+
+        profile_call(env, lambda: rt.transition("B"), os.path.join(args.profile, "profile_moe.txt"),
+                     f"{case} A -> B ({ms}, {layers} layers)", rt=rt, source="A", target="B")
+        rt.transition("A")
     link = env.slowest(float(max(report.bytes_sent, report.bytes_received)))
     out = {"case": case, "model_stage": ms, "layers": layers, "state_bytes":
            sum(torch.Size(s).numel() * torch.empty((), dtype=d).element_size() for s, d in specs.values()),
@@ -231,6 +238,8 @@ def main(argv=None) -> int:
     parser.add_argument("--layers", type=int, default=None, help="default: the shape's (48 on GPU, 2 tiny)")
     parser.add_argument("--repeats", type=int, default=None, help="warm A -> B -> A cycles (default 5, quick 3)")
     parser.add_argument("--bandwidth-mib", type=int, default=None, help="default 1024 on GPU, 4 on CPU")
+    parser.add_argument("--profile", default=None, metavar="DIR",
+                        help="profile one warm transition per case (PyTorch profiler; summary in DIR/profile_moe.txt)")
     args = parser.parse_args(argv)
     env = Env(args)
     if env.world < 2:

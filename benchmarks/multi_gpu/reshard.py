@@ -165,23 +165,11 @@ def warm_cycle(env: Env, rt, repeats: int) -> dict:
             "held_bytes": int(env.total(report.held_bytes)), "report": report}
 
 
-def profile(env: Env, fn, path: str, label: str) -> None:
-    """One call under the PyTorch profiler (CPU + CUDA); rank 0 writes the busiest ops."""
-    from torch.profiler import ProfilerActivity, profile as torch_profile
+def profile(env: Env, fn, path: str, label: str, **program) -> None:
+    """One call under the PyTorch profiler (CPU + CUDA); rank 0 writes its summary (mg_profile)."""
+    from mg_profile import profile_call
 
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if env.cuda else [])
-    env.barrier()
-    with torch_profile(activities=activities) as prof:
-        fn()
-        env.sync()
-    if env.rank == 0:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "a") as f:
-            f.write(f"== {label} (rank 0), by self CUDA time ==\n")
-            sort = "self_cuda_time_total" if env.cuda else "self_cpu_time_total"
-            f.write(prof.key_averages().table(sort_by=sort, row_limit=25) + "\n")
-            f.write(f"== {label} (rank 0), by CPU time ==\n")
-            f.write(prof.key_averages().table(sort_by="cpu_time_total", row_limit=25) + "\n")
+    profile_call(env, fn, path, label, **program)
 
 
 def run_case(env: Env, case: str, args, shape: dict, bw: dict, progress=lambda out: None,
@@ -223,7 +211,8 @@ def run_case(env: Env, case: str, args, shape: dict, bw: dict, progress=lambda o
     default = modes[next(iter(modes))]
     rt.rollback = next(iter(modes))
     if args.profile_dir and not os.path.exists(os.path.join(args.profile_dir, "profile_reshard.txt")):
-        profile(env, lambda: rt.transition("B"), os.path.join(args.profile_dir, "profile_reshard.txt"), case)
+        profile(env, lambda: rt.transition("B"), os.path.join(args.profile_dir, "profile_reshard.txt"), case,
+                rt=rt, source="A", target="B")
         rt.transition("A")
     # prepared: a fresh Runtime on the same live tensors, prepare() untimed, then timed
     state = {ms: rt.state(ms) for ms in stages}

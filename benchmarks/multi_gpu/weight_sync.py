@@ -28,6 +28,7 @@ Last stdout line: one JSON object.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 
@@ -174,6 +175,11 @@ def run_case(env: Env, g: int, args, shape: dict, bw: dict) -> dict:
         walls.append(wall)
         execs.append(env.slowest(result.seconds))
     ok = check(result.weights) and ok
+    if args.profile_dir:
+        from mg_profile import profile_call
+
+        profile_call(env, lambda: sync.run("P", local), os.path.join(args.profile_dir, "profile_weight_sync.txt"),
+                     f"weight sync {case}", progs=list(sync._rank_programs.values()))
     sent = int(env.total(result.bytes_sent))
     rounds = result.rounds
     del result
@@ -227,6 +233,7 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=None, help="timed runs per method (default 5, quick 3)")
     parser.add_argument("--bucket-mib", type=int, default=1024, help="bucket of the bucketed baseline (MiB)")
     parser.add_argument("--bandwidth-mib", type=int, default=None, help="default 1024 on GPU, 4 on CPU")
+    parser.add_argument("--profile-dir", default=None, help="profile one warm Nereus sync per case here")
     args = parser.parse_args(argv)
     env = Env(args)
     if env.world < 2 or env.world % 2:

@@ -65,6 +65,8 @@ class RoundTiming:
     sent_bytes: int = 0
     received_bytes: int = 0
     messages: int = 0
+    posted_at_s: float = 0.0  # host seconds from the transition's start to this round's first post
+    device_s: Optional[float] = None  # CUDA: device time from the first post to the round's last work
 
 
 @dataclass
@@ -201,6 +203,8 @@ def _execute(prog, before, parking, group, control, device, resident_bytes, veri
     started = time.perf_counter()
     run = _Run(prog, before, parking, group, control, device, Live(resident_bytes), verify, fault, offloaded)
     run.chunk_bytes, run.depth = chunking
+    run.started = started
+    events = []  # (timing, start, end) CUDA events of each round, read after the commit's synchronize
     try:
         _check_before(prog, before)
         _count_before(run)
@@ -211,7 +215,7 @@ def _execute(prog, before, parking, group, control, device, resident_bytes, veri
 
     bar = _progress(progress and run.rank == 0, len(prog.rounds))
     for work in prog.rounds:
-        timing = _round(run, work)
+        timing = _round(run, work, events)
         run.result.rounds.append(timing)
         run.result.sent_bytes += timing.sent_bytes
         run.result.received_bytes += timing.received_bytes
@@ -228,6 +232,8 @@ def _execute(prog, before, parking, group, control, device, resident_bytes, veri
             check_complete(prog, run.new, run.written)
             if device.type == "cuda":  # the new state is usable (and a late device error surfaces) here
                 torch.cuda.current_stream(device).synchronize()
+                for timing, start, end in events:
+                    timing.device_s = start.elapsed_time(end) / 1e3
         except Exception as error:  # noqa: BLE001
             run.failure = Failure(run.rank, len(prog.rounds), "commit", None, str(error))
     agree(run.failure, control, prog.source, prog.target)  # the commit
@@ -246,9 +252,10 @@ def _count_before(run: _Run) -> None:
                 run.live.add(run.before[unit][name])
 
 
-def _round(run: _Run, work) -> RoundTiming:
+def _round(run: _Run, work, events: Optional[list] = None) -> RoundTiming:
     """One round on this rank; a local failure is recorded in `run.failure` and raised on
-    every rank at the next agreement. The round's buffers die with this frame."""
+    every rank at the next agreement. The round's buffers die with this frame. On CUDA,
+    appends (timing, start, end) events around the round's device work to `events`."""
     prog, before, sources, new, live, device = run.prog, run.before, run.sources, run.new, run.live, run.device
     rank, fault, result = run.rank, run.fault, run.result
     timing = RoundTiming(work.index)
@@ -307,7 +314,12 @@ def _round(run: _Run, work) -> RoundTiming:
     live.peak = max(live.peak, live.bytes + buffers)  # transient message buffers count too
 
     t1 = time.perf_counter()
+    timing.posted_at_s = t1 - run.started
     group = run.group
+    marks = None
+    if device.type == "cuda" and events is not None:
+        marks = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        marks[0].record(torch.cuda.current_stream(device))
     try:
         # Large pieces go first, straight from and into the shards; then the per-peer
         # streams of the packed pieces (streams.py: chunked, packing overlaps sending);
@@ -322,21 +334,16 @@ def _round(run: _Run, work) -> RoundTiming:
                 raise InjectedFault("injected fault (post)")
         except Exception as error:  # noqa: BLE001 - the streams are posted anyway
             late_error = (step, peer, error.with_traceback(None))
-        side = copy_stream(device) if work.copies else None
-        try:
-            with torch.cuda.stream(side) if side is not None else nothing():
-                for piece in work.copies:  # same-GPU copies overlap the transfers
-                    step, peer = f"copy {piece.tensor} {piece.src_unit} -> {piece.dst_unit}", None
-                    new[piece.dst_unit][piece.tensor][piece.dst_slices].copy_(
-                        sources[piece.src_unit][piece.tensor][piece.src_slices])
-                    run.written[(piece.dst_unit, piece.tensor)] = \
-                        run.written.get((piece.dst_unit, piece.tensor), 0) + piece.numel
-                    result.copied_bytes += piece.nbytes
-        except Exception as error:  # noqa: BLE001
-            late_error = late_error or (step, peer, error.with_traceback(None))
+        # same-GPU copies overlap the transfers on a side stream (COPIES_AFTER: queued on
+        # the compute stream after the exchange instead, so they never contend with it)
+        side = copy_stream(device) if work.copies and not COPIES_AFTER else None
+        if not COPIES_AFTER:
+            late_error = late_error or _copies(run, work, side)
         step, peer = "exchange", None
         streamed = streams.exchange(out_streams, in_streams, group, depth=run.depth)  # whatever failed: every op posts
         late_error, streamed = late_error or streamed, None
+        if COPIES_AFTER:
+            late_error = late_error or _copies(run, work, None)
         out_ops, in_ops = [], []
         if run.verify:  # after every data op of its peer: the last batch, on the first data group
             group = group[0] if isinstance(group, (list, tuple)) else group
@@ -355,6 +362,9 @@ def _round(run: _Run, work) -> RoundTiming:
         finally:
             if side is not None:
                 torch.cuda.current_stream(device).wait_stream(side)
+            if marks is not None:  # after the waits: the round's transfers, copies and unpacks
+                marks[1].record(torch.cuda.current_stream(device))
+                events.append((timing, *marks))
         if late_error is not None:
             # kept without its traceback, and dropped before it is raised: a live exception
             # in a local ties this frame (the round's buffers; through f_back the process
@@ -392,6 +402,31 @@ def _round(run: _Run, work) -> RoundTiming:
     timing.messages = len(sends) + len(recvs)
     timing.seconds = time.perf_counter() - t0
     return timing
+
+
+# Where a round's same-GPU copies run on CUDA: False = on a side stream while the messages
+# travel (the default); True = on the compute stream after the exchange (NEREUS_COPIES_AFTER=1,
+# for measuring whether the copies slow the transfers down).
+COPIES_AFTER = os.environ.get("NEREUS_COPIES_AFTER", "0") == "1"
+
+
+def _copies(run: _Run, work, side) -> Optional[tuple]:
+    """Queue the round's same-GPU copies (on `side` when given); returns the first local
+    failure as (step, peer, exception without traceback), or None."""
+    new, sources, result = run.new, run.sources, run.result
+    step = "copy"
+    try:
+        with torch.cuda.stream(side) if side is not None else nothing():
+            for piece in work.copies:
+                step = f"copy {piece.tensor} {piece.src_unit} -> {piece.dst_unit}"
+                new[piece.dst_unit][piece.tensor][piece.dst_slices].copy_(
+                    sources[piece.src_unit][piece.tensor][piece.src_slices])
+                run.written[(piece.dst_unit, piece.tensor)] = \
+                    run.written.get((piece.dst_unit, piece.tensor), 0) + piece.numel
+                result.copied_bytes += piece.nbytes
+    except Exception as error:  # noqa: BLE001
+        return step, None, error.with_traceback(None)
+    return None
 
 
 def _stage_out(run: _Run, unit: str) -> None:

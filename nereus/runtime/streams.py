@@ -39,6 +39,9 @@ STREAM_TAG = 1 << 20  # gloo tags of stream chunks start here (direct pieces: fr
 # at most (NEREUS_P2P_CHUNK_BYTES, NEREUS_P2P_DEPTH)
 CHUNK_BYTES = int(os.environ.get("NEREUS_P2P_CHUNK_BYTES", str(128 << 20)))
 DEPTH = int(os.environ.get("NEREUS_P2P_DEPTH", "8"))
+# with a peer exchanged with both ways, a piece the lowering marked direct still joins the
+# stream below this many bytes (0: below one chunk, the default; NEREUS_P2P_BOTH_DIRECT_MIN)
+BOTH_DIRECT_MIN = int(os.environ.get("NEREUS_P2P_BOTH_DIRECT_MIN", "0"))
 
 
 def streamed(piece, both_ways: bool, chunk_bytes: int) -> bool:
@@ -48,7 +51,7 @@ def streamed(piece, both_ways: bool, chunk_bytes: int) -> bool:
     chunk (many ops in both directions at once are what NCCL serializes; one direction
     reached 1.00-1.13x of the link with in-place ops). Both sides of a message derive the
     same answer: each knows the round's traffic in both directions with the other."""
-    return not piece.direct or (both_ways and piece.nbytes < chunk_bytes)
+    return not piece.direct or (both_ways and piece.nbytes < (BOTH_DIRECT_MIN or chunk_bytes))
 
 
 def _nbytes(view: torch.Tensor) -> int:

@@ -27,7 +27,7 @@ Uses torch.distributed (gloo on CPU, NCCL when the tensors are on CUDA).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
 from typing import Optional
 
@@ -201,7 +201,8 @@ class WeightSync:
         unit = unit_of_stage(result.state, prog.unit_stage, "after", self.target)
         new = dict(result.state.get(unit, {})) if unit is not None else {}
         return SyncResult(new, result.seconds, result.sent_bytes, result.received_bytes, result.copied_bytes,
-                          result.kept_bytes, len(prog.rounds), compile_s)
+                          result.kept_bytes, len(prog.rounds), compile_s,
+                          extra={"round_timings": [asdict(r) for r in result.rounds]})
 
 
 def gather_then_slice(module: Module, plan: str, source_state: dict, *, source: str = "actor.training",
