@@ -8,8 +8,9 @@
         ctl.transitioned(decision.plan, seconds=report_seconds)
 
 Cheap per step: the plan search runs only when the GPU budget changes, the workload drifts
-by more than `research_tolerance` since the last search, or `refit_every` new observations
-have changed the cost model; otherwise decide() re-predicts two cached plans (current and
+by more than `research_tolerance` since the last search, `refit_every` new observations
+have changed the cost model, or, after a move, the model has changed since the last search
+at `trial_steps`, 2×, 4×, ... decisions after it; otherwise decide() re-predicts two cached plans (current and
 candidate) and applies the admission rule. Transition costs are cached per plan pair.
 
 Noise: decisions are judged at the workload *level* — a robust line through the last
@@ -17,6 +18,8 @@ Noise: decisions are judged at the workload *level* — a robust line through th
 feasibility is judged on the step's own workload (a plan that cannot run the next step
 forces a move). The admission rule (admission.py) adds a confidence term σ on the gain and
 a confirmation over consecutive decisions.
+A forced move's target is the search's pick, admitted against nothing; until the next move,
+a correction of that pick is not held back by the tie threshold (`admission_settings`).
 """
 
 from __future__ import annotations
@@ -119,6 +122,9 @@ class Controller:
         self._streak: tuple = (None, 0)  # (candidate key, consecutive decisions that wanted it)
         self._last_gpus: Optional[int] = None
         self._research_at: Optional[int] = None  # decision count at which to search again after a move
+        self._moved_at = 0  # decision count of the last move
+        self._forcing = False  # the last decision was a forced move (infeasible-now)
+        self._on_forced = False  # the running plan is the target of a forced move, not yet corrected
 
     # -- observations -------------------------------------------------------------------
     def observe(self, model_stage, plan: Plan, workload: Workload, seconds: float) -> None:
@@ -141,8 +147,10 @@ class Controller:
         if seconds is not None and predicted:
             self._correction.append((predicted, seconds))
         self.plan = plan
+        self._on_forced, self._forcing = self._forcing, False
         self._step_times.clear()
         self._streak = (None, 0)
+        self._moved_at = self._decisions
         self._research_at = self._decisions + self.settings.trial_steps
         if step is not None:
             self._last_switch = step
@@ -182,8 +190,11 @@ class Controller:
             return True
         if self._research_at is not None and self._decisions >= self._research_at:
             # a few steps on a plan whose layouts were never measured: the model has now seen
-            # them, and if the move was a mistake the search says so now, not 100 steps later
-            self._research_at = None
+            # them, and if the move was a mistake the search says so now, not 100 steps later;
+            # then again after 2×, 4×, ... as many decisions (the fit keeps settling on the new
+            # layouts) until `refit_every` takes over
+            delay = 2 * (self._research_at - self._moved_at)
+            self._research_at = self._moved_at + delay if delay < self.refit_every else None
             return self.cost.version != self._search_version
         last = self._search_workload
         for name in ("batch", "prompt", "response"):
@@ -191,6 +202,15 @@ class Controller:
             if abs(a - b) > self.research_tolerance * max(a, b):
                 return True
         return False
+
+    def admission_settings(self) -> AdmissionSettings:
+        """The admission settings of the next decision: `settings`, without the tie threshold
+        while the running plan is a forced move's target not yet corrected. That target was
+        the search's pick on a model that had not measured it, never admitted against an
+        alternative; once measured, a better plan that passes the payback or trial test (σ,
+        confirmation and all) corrects the pick even when the model calls the gain a tie.
+        Any later move restores the threshold, so it cannot feed a chase of ties."""
+        return replace(self.settings, rho_min=0.0) if self._on_forced else self.settings
 
     def best_plan(self, workload: Workload, gpus: int, longest: int = 0) -> SearchResult:
         """The search's best plan for `workload` (cached until `_needs_search`), planned for the
@@ -317,6 +337,7 @@ class Controller:
             else:
                 decision = admit(step, current.step_s, fits, current.step_s, fits or bool(candidate and candidate.feasible),
                                  remaining, 0.0, self.settings, candidate=None)
+            self._forcing = decision.switch and decision.reason == "infeasible-now"
             self.log.append(decision)
             return decision
         candidate_now = candidate
@@ -339,9 +360,11 @@ class Controller:
             if last_gpus is not None and gpus != last_gpus:
                 streak = self.settings.confirm  # a new GPU budget is a fact, not noise: no need to confirm
 
+            settings = self.admission_settings()
+
             def judge(transition_s: float) -> Decision:
                 return admit(step, current.step_s, fits, candidate.step_s, True, remaining, transition_s,
-                             self.settings, sigma, step - self._last_switch, found.plan, streak,
+                             settings, sigma, step - self._last_switch, found.plan, streak,
                              now_gain_s=current_now.step_s - candidate_now.step_s)
 
             # every test only gets harder as Ĉ grows: a candidate that fails them at Ĉ = 0 fails
@@ -354,5 +377,6 @@ class Controller:
                 decision = judge(transition())
             passed = decision.reason in ("confirming", "pays-back", "trial")
             self._streak = (key, streak + 1) if passed else (None, 0)
+        self._forcing = decision.switch and decision.reason == "infeasible-now"
         self.log.append(decision)
         return decision
