@@ -9,8 +9,8 @@
 
 Cheap per step: the plan search runs only when the GPU budget changes, the workload drifts
 by more than `research_tolerance` since the last search, `refit_every` new observations
-have changed the cost model, or, after a move, the model has changed since the last search
-at `trial_steps`, 2×, 4×, ... decisions after it; otherwise decide() re-predicts two cached plans (current and
+have changed the cost model, or the model has changed since the last search `trial_steps`
+decisions after a move (after a forced move also 2×, 4×, ... as many); otherwise decide() re-predicts two cached plans (current and
 candidate) and applies the admission rule. Transition costs are cached per plan pair.
 
 Noise: decisions are judged at the workload *level* — a robust line through the last
@@ -183,25 +183,28 @@ class Controller:
             return PlanPrediction(False, hit.step_s, hit.stage_seconds, hit.waves)
         return hit
 
-    def _needs_search(self, workload: Workload, gpus: int) -> bool:
+    def _needs_search(self, workload: Workload, gpus: int) -> Optional[str]:
+        """Why the search must run now ("gpus", "refit", "research", "drift"), or None."""
         if self._search is None or self._search_key != gpus:
-            return True
+            return "gpus"
         if self.cost.version != self._search_version and self._decisions - self._search_step >= self.refit_every:
-            return True
+            return "refit"
         if self._research_at is not None and self._decisions >= self._research_at:
             # a few steps on a plan whose layouts were never measured: the model has now seen
-            # them, and if the move was a mistake the search says so now, not 100 steps later;
-            # then again after 2×, 4×, ... as many decisions (the fit keeps settling on the new
-            # layouts) until `refit_every` takes over
+            # them, and if the move was a mistake the search says so now, not 100 steps later.
+            # On a forced move's target (picked, never admitted: `admission_settings`) again
+            # after 2×, 4×, ... as many decisions while the fit settles on its layouts, until
+            # `refit_every` takes over or a move ends it
             delay = 2 * (self._research_at - self._moved_at)
-            self._research_at = self._moved_at + delay if delay < self.refit_every else None
-            return self.cost.version != self._search_version
+            self._research_at = self._moved_at + delay if self._on_forced and delay < self.refit_every else None
+            if self.cost.version != self._search_version:
+                return "research"
         last = self._search_workload
         for name in ("batch", "prompt", "response"):
             a, b = getattr(last, name), getattr(workload, name)
             if abs(a - b) > self.research_tolerance * max(a, b):
-                return True
-        return False
+                return "drift"
+        return None
 
     def admission_settings(self) -> AdmissionSettings:
         """The admission settings of the next decision: `settings`, without the tie threshold
@@ -222,7 +225,8 @@ class Controller:
         but the searches that the level's wander brings are what found, 45 steps sooner, the
         plan that leaves a KV-wave cliff (length-growth-noisy-1024, steps 300–400)."""
         trigger = replace(workload, response=_on_grid(workload.response * (1.0 + self.headroom)))
-        if self._needs_search(trigger, gpus):
+        why = self._needs_search(trigger, gpus)
+        if why:
             # on the level's 1% grid, so memory terms computed for one search serve the next
             response = _on_grid(max(workload.response * (1.0 + self.headroom), longest))
             ahead = replace(workload, response=response)
@@ -230,7 +234,8 @@ class Controller:
             known = (self.plan, self._search.plan if self._search is not None else None)
             self._search = search_plan(self.module, ahead, self.cost, gpus, name="candidate",
                                        allow_waves=self.allow_waves, incumbents=known, memo=self._search_memo)
-            self._search_key, self._search_version, self._search_workload = gpus, self.cost.version, trigger
+            self._search_key, self._search_version = gpus, self.cost.version
+            self._search_workload = trigger
             self._search_step = self._decisions
             self.searches += 1
         return self._search

@@ -200,8 +200,9 @@ def test_trace_errors_name_the_problem(tmp_path):
 
 def test_controller_searches_again_once_a_new_plan_has_been_measured(small):
     """After a move, the search runs again `trial_steps` decisions later if the model learned
-    from the new plan's steps meanwhile (not only at the next drift or every 100 steps), then
-    after 2×, 4×, ... as many decisions while it keeps learning, and not when it stopped."""
+    from the new plan's steps meanwhile (not only at the next drift or every 100 steps); on a
+    forced move's target (this one) also after 2×, 4×, ... as many decisions while it keeps
+    learning, and not when it stopped."""
     ctl = Controller(small, small.plan("S1"), total_steps=500, transition_method="estimate")
     ctl.decide(0, small.workload, 8)
     gone = ctl.decide(1, small.workload, 4)
