@@ -10,8 +10,11 @@ never exceeds `host_mem`.
 
 Greedy list scheduling, deterministic: each round admits every pending alloc that fits (in
 DAG order), runs every transfer whose destination is allocated and whose buffers fit
-(a transfer that does not fit is split in halves along its layer range — chunks that free
-as they go — down to one layer), then frees every before-shard whose readers are done.
+(a transfer that does not fit sends the longest leading run of whole slots that does, the
+rest waits for the next round; when a round would otherwise make no progress, the reserve
+is lent to allocations, then a slot is cut by pieces and rows), then frees every
+before-shard whose readers are done. A transfer whose room this round is below the least it
+can send (`_pending`) waits without being cut.
 When a round makes no progress, units are trading places on full GPUs (a cycle): the
 blocked GPU with the smallest deficit stages before-shards to host memory (`stage_out`,
 largest first) until the deficit is covered; their readers then read from host memory.
