@@ -276,7 +276,7 @@ def _pending(dag: TransitionDag, x: Xfer, spec_kinds: list) -> tuple[Xfer, int, 
         return x, whole_slot, 1 << 62
     volume = _volume(first.box)
     (r0, r1) = first.box[0]
-    row = volume // (r1 - r0)
+    row = volume // (r1 - r0) if r1 > r0 else 0
     return x, whole_slot, (row or volume) * element_bytes
 
 
