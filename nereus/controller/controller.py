@@ -8,8 +8,9 @@
         ctl.transitioned(decision.plan, seconds=report_seconds)
 
 Cheap per step: the plan search runs only when the GPU budget changes, the workload drifts
-by more than `research_tolerance` since the last search, or `refit_every` new observations
-have changed the cost model; otherwise decide() re-predicts two cached plans (current and
+by more than `research_tolerance` since the last search, `refit_every` new observations
+have changed the cost model, or the model has changed since the last search `trial_steps`
+decisions after a move (after a forced move also 2×, 4×, ... as many); otherwise decide() re-predicts two cached plans (current and
 candidate) and applies the admission rule. Transition costs are cached per plan pair.
 
 Noise: decisions are judged at the workload *level* — a robust line through the last
@@ -17,6 +18,8 @@ Noise: decisions are judged at the workload *level* — a robust line through th
 feasibility is judged on the step's own workload (a plan that cannot run the next step
 forces a move). The admission rule (admission.py) adds a confidence term σ on the gain and
 a confirmation over consecutive decisions.
+A forced move's target is the search's pick, admitted against nothing; until the next move,
+a correction of that pick is not held back by the tie threshold (`admission_settings`).
 """
 
 from __future__ import annotations
@@ -119,6 +122,9 @@ class Controller:
         self._streak: tuple = (None, 0)  # (candidate key, consecutive decisions that wanted it)
         self._last_gpus: Optional[int] = None
         self._research_at: Optional[int] = None  # decision count at which to search again after a move
+        self._moved_at = 0  # decision count of the last move
+        self._forcing = False  # the last decision was a forced move (infeasible-now)
+        self._on_forced = False  # the running plan is the target of a forced move, not yet corrected
 
     # -- observations -------------------------------------------------------------------
     def observe(self, model_stage, plan: Plan, workload: Workload, seconds: float) -> None:
@@ -141,8 +147,10 @@ class Controller:
         if seconds is not None and predicted:
             self._correction.append((predicted, seconds))
         self.plan = plan
+        self._on_forced, self._forcing = self._forcing, False
         self._step_times.clear()
         self._streak = (None, 0)
+        self._moved_at = self._decisions
         self._research_at = self._decisions + self.settings.trial_steps
         if step is not None:
             self._last_switch = step
@@ -175,22 +183,37 @@ class Controller:
             return PlanPrediction(False, hit.step_s, hit.stage_seconds, hit.waves)
         return hit
 
-    def _needs_search(self, workload: Workload, gpus: int) -> bool:
+    def _needs_search(self, workload: Workload, gpus: int) -> Optional[str]:
+        """Why the search must run now ("gpus", "refit", "research", "drift"), or None."""
         if self._search is None or self._search_key != gpus:
-            return True
+            return "gpus"
         if self.cost.version != self._search_version and self._decisions - self._search_step >= self.refit_every:
-            return True
+            return "refit"
         if self._research_at is not None and self._decisions >= self._research_at:
             # a few steps on a plan whose layouts were never measured: the model has now seen
-            # them, and if the move was a mistake the search says so now, not 100 steps later
-            self._research_at = None
-            return self.cost.version != self._search_version
+            # them, and if the move was a mistake the search says so now, not 100 steps later.
+            # On a forced move's target (picked, never admitted: `admission_settings`) again
+            # after 2×, 4×, ... as many decisions while the fit settles on its layouts, until
+            # `refit_every` takes over or a move ends it
+            delay = 2 * (self._research_at - self._moved_at)
+            self._research_at = self._moved_at + delay if self._on_forced and delay < self.refit_every else None
+            if self.cost.version != self._search_version:
+                return "research"
         last = self._search_workload
         for name in ("batch", "prompt", "response"):
             a, b = getattr(last, name), getattr(workload, name)
             if abs(a - b) > self.research_tolerance * max(a, b):
-                return True
-        return False
+                return "drift"
+        return None
+
+    def admission_settings(self) -> AdmissionSettings:
+        """The admission settings of the next decision: `settings`, without the tie threshold
+        while the running plan is a forced move's target not yet corrected. That target was
+        the search's pick on a model that had not measured it, never admitted against an
+        alternative; once measured, a better plan that passes the payback or trial test (σ,
+        confirmation and all) corrects the pick even when the model calls the gain a tie.
+        Any later move restores the threshold, so it cannot feed a chase of ties."""
+        return replace(self.settings, rho_min=0.0) if self._on_forced else self.settings
 
     def best_plan(self, workload: Workload, gpus: int, longest: int = 0) -> SearchResult:
         """The search's best plan for `workload` (cached until `_needs_search`), planned for the
@@ -202,7 +225,8 @@ class Controller:
         but the searches that the level's wander brings are what found, 45 steps sooner, the
         plan that leaves a KV-wave cliff (length-growth-noisy-1024, steps 300–400)."""
         trigger = replace(workload, response=_on_grid(workload.response * (1.0 + self.headroom)))
-        if self._needs_search(trigger, gpus):
+        why = self._needs_search(trigger, gpus)
+        if why:
             # on the level's 1% grid, so memory terms computed for one search serve the next
             response = _on_grid(max(workload.response * (1.0 + self.headroom), longest))
             ahead = replace(workload, response=response)
@@ -210,7 +234,8 @@ class Controller:
             known = (self.plan, self._search.plan if self._search is not None else None)
             self._search = search_plan(self.module, ahead, self.cost, gpus, name="candidate",
                                        allow_waves=self.allow_waves, incumbents=known, memo=self._search_memo)
-            self._search_key, self._search_version, self._search_workload = gpus, self.cost.version, trigger
+            self._search_key, self._search_version = gpus, self.cost.version
+            self._search_workload = trigger
             self._search_step = self._decisions
             self.searches += 1
         return self._search
@@ -317,6 +342,7 @@ class Controller:
             else:
                 decision = admit(step, current.step_s, fits, current.step_s, fits or bool(candidate and candidate.feasible),
                                  remaining, 0.0, self.settings, candidate=None)
+            self._forcing = decision.switch and decision.reason == "infeasible-now"
             self.log.append(decision)
             return decision
         candidate_now = candidate
@@ -339,9 +365,11 @@ class Controller:
             if last_gpus is not None and gpus != last_gpus:
                 streak = self.settings.confirm  # a new GPU budget is a fact, not noise: no need to confirm
 
+            settings = self.admission_settings()
+
             def judge(transition_s: float) -> Decision:
                 return admit(step, current.step_s, fits, candidate.step_s, True, remaining, transition_s,
-                             self.settings, sigma, step - self._last_switch, found.plan, streak,
+                             settings, sigma, step - self._last_switch, found.plan, streak,
                              now_gain_s=current_now.step_s - candidate_now.step_s)
 
             # every test only gets harder as Ĉ grows: a candidate that fails them at Ĉ = 0 fails
@@ -354,5 +382,6 @@ class Controller:
                 decision = judge(transition())
             passed = decision.reason in ("confirming", "pays-back", "trial")
             self._streak = (key, streak + 1) if passed else (None, 0)
+        self._forcing = decision.switch and decision.reason == "infeasible-now"
         self.log.append(decision)
         return decision

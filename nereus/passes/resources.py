@@ -10,8 +10,11 @@ never exceeds `host_mem`.
 
 Greedy list scheduling, deterministic: each round admits every pending alloc that fits (in
 DAG order), runs every transfer whose destination is allocated and whose buffers fit
-(a transfer that does not fit is split in halves along its layer range — chunks that free
-as they go — down to one layer), then frees every before-shard whose readers are done.
+(a transfer that does not fit sends the longest leading run of whole slots that does, the
+rest waits for the next round; when a round would otherwise make no progress, the reserve
+is lent to allocations, then a slot is cut by pieces and rows), then frees every
+before-shard whose readers are done. A transfer whose room this round is below the least it
+can send (`_pending`) waits without being cut.
 When a round makes no progress, units are trading places on full GPUs (a cycle): the
 blocked GPU with the smallest deficit stages before-shards to host memory (`stage_out`,
 largest first) until the deficit is covered; their readers then read from host memory.
@@ -142,7 +145,8 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool) -> Schedule:
     last_release: dict[int, list[int]] = {}
     rounds: list[Round] = []
     edges: list[ResourceEdge] = []
-    ready: list[Xfer] = []
+    spec_kinds = _spec_kinds(dag)
+    ready: list[tuple[Xfer, int, int]] = []  # (transfer, _pending's thresholds)
     chunked = staged_bytes = 0
     notes: list[str] = []
     check = [i for i in live if readers[i] == 0]
@@ -163,11 +167,11 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool) -> Schedule:
                         hint="offload fewer model-stages or add host memory")
                 host[node] += alloc.bytes
                 took.append(a)
-                ready.extend(incoming.get(a, ()))
+                ready.extend(_pending(dag, x, spec_kinds) for x in incoming.get(a, ()))
             elif mem[alloc.gpu] + alloc.bytes + reserve <= cap:
                 mem[alloc.gpu] += alloc.bytes
                 took.append(a)
-                ready.extend(incoming.get(a, ()))
+                ready.extend(_pending(dag, x, spec_kinds) for x in incoming.get(a, ()))
                 if a in blocked_since:
                     for f in last_release.get(alloc.gpu, ()):
                         edges.append(ResourceEdge(f, a, alloc.gpu, edge_kind(dag, f, a)))
@@ -177,7 +181,8 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool) -> Schedule:
         allocs = waiting
         transient = defaultdict(int)
         done, later = [], []
-        for x in ready:
+        for entry in ready:
+            x, whole_slot, row = entry
             if x.kind != SEND:
                 done.append(x)
                 continue
@@ -187,23 +192,29 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool) -> Schedule:
             if src_extra <= room_src and x.bytes <= room_dst:
                 head, tail = x, None
             elif room_dst <= 0 or (src_extra and room_src <= 0):
-                later.append(x)
+                later.append(entry)
                 continue
             else:
                 budget = min(room_dst, room_src if src_extra else room_dst)
-                head, tail = _fit(dag, x, budget, fine)
-                if head is not None:
-                    chunked += 1
-                    readers[x.free] += 1
-            if head is not None:
-                transient[x.src_gpu] += 0 if staged[x.free] else head.bytes
-                transient[x.dst_gpu] += head.bytes
-                done.append(head)
+                # the least a cut can carry is known: a transfer that cannot move waits
+                # without being cut (it used to be offered to _fit up to 3 times a round)
+                if budget >= whole_slot:
+                    head, tail = _fit(dag, x, budget)
+                elif fine and budget >= row:
+                    head, tail = _split_slot(dag, x, budget, spec_kinds)
+                else:
+                    later.append(entry)
+                    continue
+                chunked += 1
+                readers[x.free] += 1
+            transient[x.src_gpu] += 0 if staged[x.free] else head.bytes
+            transient[x.dst_gpu] += head.bytes
+            done.append(head)
             if isinstance(tail, tuple):
-                later.extend(tail)
+                later.extend(_pending(dag, t, spec_kinds) for t in tail)
                 readers[x.free] += 1
             elif tail is not None:
-                later.append(tail)
+                later.append(_pending(dag, tail, spec_kinds))
         ready = later
         for x in done:
             readers[x.free] -= 1
@@ -224,7 +235,8 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool) -> Schedule:
         if not took and not done and not releases:
             if reserve:
                 reserve = 0  # try once more letting allocations use the transient reserve
-                continue
+                if allocs:  # (transfers never use it: without allocations the pass would repeat)
+                    continue
             if not fine:
                 fine = True  # then once more cutting transfers below one layer
                 continue
@@ -232,7 +244,7 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool) -> Schedule:
                 notes.append(f"deadlock in round {k}: {len(allocs)} allocation(s) can never fit")
                 rounds.append(Round((), (), (), ()))
                 break
-            outs = _break_cycle(dag, allocs, ready, mem, cap, host, host_cap, freed, staged, live)
+            outs = _break_cycle(dag, allocs, [entry[0] for entry in ready], mem, cap, host, host_cap, freed, staged, live)
             staged_bytes += sum(dag.frees[i].bytes for i in outs)
         check = []
         reserve = int(cap * TRANSIENT_RESERVE)
@@ -246,6 +258,26 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool) -> Schedule:
     if chunked:
         notes.append(f"{chunked} transfer split(s) to fit transient buffers")
     return Schedule(tuple(rounds), tuple(edges), chunked, staged_bytes, False, tuple(notes))
+
+
+def _pending(dag: TransitionDag, x: Xfer, spec_kinds: list) -> tuple[Xfer, int, int]:
+    """(x, whole_slot, row): the least budget with which `_fit` cuts a head of whole slots
+    (the first slot's bytes) and with which `_split_slot` cuts one below a slot (one row of
+    the first slot's first piece; a very large number when it has none). Below them a
+    transfer cannot move in this round, whatever the cut."""
+    if x.kind != SEND:
+        return x, 0, 0
+    element_bytes = dag.stages[x.stage].xfer_element_bytes(x.states)
+    kind = _slot_kind(dag, x)
+    whole_slot = x.volumes[_KIND_INDEX[kind]] * element_bytes
+    kinds = spec_kinds[x.stage]
+    first = next((p for p in x.pieces if kinds[p.spec] == kind), None)
+    if first is None:
+        return x, whole_slot, 1 << 62
+    volume = _volume(first.box)
+    (r0, r1) = first.box[0]
+    row = volume // (r1 - r0) if r1 > r0 else 0
+    return x, whole_slot, (row or volume) * element_bytes
 
 
 def _fit(dag: TransitionDag, x: Xfer, budget: int, fine: bool = False) -> tuple:
@@ -275,34 +307,45 @@ def _fit(dag: TransitionDag, x: Xfer, budget: int, fine: bool = False) -> tuple:
     return xfer_slice(dag, x, lo, end), xfer_slice(dag, x, end, hi)
 
 
-def _with_pieces(dag: TransitionDag, x: Xfer, pieces: tuple) -> Xfer:
-    """One-slot transfer `x` carrying only `pieces` (volumes and bytes recomputed)."""
-    info = dag.stages[x.stage]
-    specs = slot_specs(info.model)
+def _spec_kinds(dag: TransitionDag) -> list[tuple[str, ...]]:
+    """Per stage of `dag`: the slot kind of every spec index (looked up per piece)."""
+    return [tuple(spec.kind for spec in slot_specs(info.model)) for info in dag.stages]
+
+
+def _slot_kind(dag: TransitionDag, x: Xfer) -> str:
+    lo = x.slots[0]
+    return "first" if lo == 0 else ("last" if lo == dag.stages[x.stage].model.layers + 1 else "layer")
+
+
+def _one_slot(x: Xfer, pieces: tuple, elements: int, kind: str, element_bytes: int) -> Xfer:
+    """The first slot of `x` carrying only `pieces` (all of the slot's kind, `elements` in all)."""
     volumes = [0, 0, 0]
-    for piece in pieces:
-        volumes[_KIND_INDEX[specs[piece.spec].kind]] += _volume(piece.box)
-    return Xfer(x.kind, x.stage, x.alloc, x.free, x.src_gpu, x.dst_gpu, x.slots, pieces,
-                sum(volumes) * info.xfer_element_bytes(x.states), tuple(volumes), x.states)
+    volumes[_KIND_INDEX[kind]] = elements
+    lo = x.slots[0]
+    return Xfer(x.kind, x.stage, x.alloc, x.free, x.src_gpu, x.dst_gpu, (lo, lo + 1), pieces,
+                elements * element_bytes, tuple(volumes), x.states)
 
 
-def _split_slot(dag: TransitionDag, x: Xfer, budget: int) -> tuple:
+def _split_slot(dag: TransitionDag, x: Xfer, budget: int, spec_kinds=None) -> tuple:
     """Less than one slot fits: send the first slot's pieces that fit, cutting the piece
-    that straddles the budget along dim 0 (any row range of a box is a valid segment)."""
+    that straddles the budget along dim 0 (any row range of a box is a valid segment).
+    Only the head's pieces are measured: the rest of the slot has x's elements of that
+    kind minus the head's (`Xfer.volumes` sums its pieces). `spec_kinds`: `_spec_kinds(dag)`."""
     lo, hi = x.slots
-    one = xfer_slice(dag, x, lo, lo + 1)
-    rest = xfer_slice(dag, x, lo + 1, hi) if hi > lo + 1 else None
     info = dag.stages[x.stage]
-    specs = slot_specs(info.model)
-    kind = "first" if lo == 0 else ("last" if lo == info.model.layers + 1 else "layer")
-    pieces = [p for p in one.pieces if specs[p.spec].kind == kind]
-    room = budget // info.xfer_element_bytes(x.states)
+    kinds = (spec_kinds or _spec_kinds(dag))[x.stage]
+    kind = _slot_kind(dag, x)
+    element_bytes = info.xfer_element_bytes(x.states)
+    pieces = [p for p in x.pieces if kinds[p.spec] == kind]
+    room = budget // element_bytes
     head: list = []
+    taken = 0
     for i, piece in enumerate(pieces):
         volume = _volume(piece.box)
         if volume <= room:
             head.append(piece)
             room -= volume
+            taken += volume
             continue
         (r0, r1), others = piece.box[0], piece.box[1:]
         row = volume // (r1 - r0)
@@ -310,6 +353,7 @@ def _split_slot(dag: TransitionDag, x: Xfer, budget: int) -> tuple:
         tail = pieces[i + 1:]
         if rows:
             head.append(Piece(piece.spec, ((r0, r0 + rows),) + others))
+            taken += rows * row
             tail = [Piece(piece.spec, ((r0 + rows, r1),) + others)] + tail
         else:
             tail = [piece] + tail
@@ -318,10 +362,11 @@ def _split_slot(dag: TransitionDag, x: Xfer, budget: int) -> tuple:
         tail = []
     if not head:
         return None, x
-    first = _with_pieces(dag, one, tuple(head))
+    rest = xfer_slice(dag, x, lo + 1, hi) if hi > lo + 1 else None
+    first = _one_slot(x, tuple(head), taken, kind, element_bytes)
     if not tail:
         return first, rest
-    left = _with_pieces(dag, one, tuple(tail))
+    left = _one_slot(x, tuple(tail), x.volumes[_KIND_INDEX[kind]] - taken, kind, element_bytes)
     return first, (left if rest is None else (left, rest))
 
 

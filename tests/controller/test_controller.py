@@ -200,17 +200,41 @@ def test_trace_errors_name_the_problem(tmp_path):
 
 def test_controller_searches_again_once_a_new_plan_has_been_measured(small):
     """After a move, the search runs again `trial_steps` decisions later if the model learned
-    from the new plan's steps meanwhile (not only at the next drift or every 100 steps)."""
-    ctl = Controller(small, small.plan("S1"), total_steps=50, transition_method="estimate")
+    from the new plan's steps meanwhile (not only at the next drift or every 100 steps); on a
+    forced move's target (this one) also after 2×, 4×, ... as many decisions while it keeps
+    learning, and not when it stopped."""
+    ctl = Controller(small, small.plan("S1"), total_steps=500, transition_method="estimate")
     ctl.decide(0, small.workload, 8)
     gone = ctl.decide(1, small.workload, 4)
     ctl.transitioned(gone.plan, 1.0, 1.0, step=1)
     searches = ctl.searches
-    for step in range(2, 2 + ctl.settings.trial_steps + 1):
+    delay = ctl.settings.trial_steps
+    seen = []
+    for step in range(2, 2 + 8 * delay):  # observed steps: searches 3, 6, 12, 24 decisions after the move
         for placement in gone.plan.placements:
-            ctl.observe(placement.model_stage, gone.plan, small.workload, 1.0 + 0.1 * step)
+            ctl.observe(placement.model_stage, gone.plan, small.workload, 1.0 + 0.01 * step)
         ctl.decide(step, small.workload, 4)
-    assert ctl.searches == searches + 1
-    for step in range(10, 20):  # and only once: no drift, no new GPUs
+        seen.append(ctl.searches - searches)
+    assert [seen.index(k) + 1 for k in (1, 2, 3, 4)] == [delay, 2 * delay, 4 * delay, 8 * delay]
+    before = ctl.searches
+    for step in range(2 + 8 * delay, 90):  # the model no longer changes: no search 48 decisions after
         ctl.decide(step, small.workload, 4)
-    assert ctl.searches == searches + 1
+    assert ctl.searches == before
+
+
+def test_a_forced_targets_correction_is_not_held_back_by_the_tie_threshold(small):
+    """A forced move's target is the search's pick, admitted against nothing: until the next
+    move a correction below ρ_min may pass (the other tests still apply); a chosen move, or
+    the move that corrects the pick, restores the threshold."""
+    ctl = Controller(small, small.plan("S1"), total_steps=50, transition_method="estimate")
+    assert ctl.admission_settings().rho_min == ctl.settings.rho_min > 0
+    ctl.decide(0, small.workload, 8)
+    gone = ctl.decide(1, small.workload, 4)
+    assert gone.switch and gone.reason == "infeasible-now"
+    ctl.transitioned(gone.plan, 1.0, 1.0, step=1)
+    assert ctl.admission_settings().rho_min == 0.0
+    assert ctl.admission_settings().margin == ctl.settings.margin  # nothing else is relaxed
+    stay = ctl.decide(2, small.workload, 4)
+    assert not stay.switch
+    ctl.transitioned(small.plan("S1"), 1.0, 1.0, step=3)  # any later move (here one not forced)
+    assert ctl.admission_settings().rho_min == ctl.settings.rho_min
