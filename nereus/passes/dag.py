@@ -283,32 +283,37 @@ def _sharded_recipe(model: Model, before: Placement, after: Placement, r: int, q
                                       for box, holders in sharded_pieces(specs[i].spec, bkey, akey, r, u))
         return found
 
+    def pulls(kinds: tuple[str, ...], skip: frozenset[int]) -> tuple:
+        """((holders, pieces, volumes), ...) of the specs of `kinds` not in `skip`, holders
+        sorted: the same for every pp stage pair of this GPU position with those kinds."""
+        key = ("pulls", bkey, akey, r, u, kinds, skip)
+        found = memo.get(key)
+        if found is None:
+            groups: dict[tuple, list] = {}
+            for i, slot_spec in enumerate(specs):
+                if i in skip or slot_spec.kind not in kinds:
+                    continue
+                kind = _KINDS.index(slot_spec.kind)
+                for piece, holders, volume in pieces_of(i):
+                    entry = groups.setdefault(holders, [[], [0, 0, 0]])
+                    entry[0].append(piece)
+                    entry[1][kind] += volume
+            found = memo[key] = tuple((h, tuple(p), tuple(v)) for h, (p, v) in sorted(groups.items()))
+        return found
+
     out = []
     for p, slots, counts, kinds in _overlaps(model, before, after, q):
-        present = [i for i, slot_spec in enumerate(specs) if slot_spec.kind in kinds]
-        skip = set()
+        skip: frozenset[int] = frozenset()
         if here is not None and here[1] == p and before.offload == after.offload:
-            for i in present:
-                mine = boxes(i, akey, r, u)
-                if mine and mine == boxes(i, bkey, here[0], here[2]):
-                    skip.add(i)
+            present = [i for i, slot_spec in enumerate(specs) if slot_spec.kind in kinds]
+            skip = frozenset(i for i in present if (mine := boxes(i, akey, r, u))
+                             and mine == boxes(i, bkey, here[0], here[2]))
             pieces = tuple(Piece(i, b) for i in sorted(skip) for b in boxes(i, akey, r, u))
             if pieces:
                 volumes = _volumes(specs, pieces)
                 out.append((KEEP, p, slots, pieces, _bytes(volumes, counts, element_bytes), (), volumes, states))
-        groups: dict[tuple, list] = {}
-        for i in present:
-            if i in skip:
-                continue
-            kind = _KINDS.index(specs[i].kind)
-            for piece, holders, volume in pieces_of(i):
-                entry = groups.setdefault(holders, [[], [0, 0, 0]])
-                entry[0].append(piece)
-                entry[1][kind] += volume
-        for holders, (pieces, volumes) in sorted(groups.items()):
-            volumes = tuple(volumes)
-            out.append(("pull", p, slots, tuple(pieces), _bytes(volumes, counts, element_bytes), holders, volumes,
-                        states))
+        for holders, pieces, volumes in pulls(kinds, skip):
+            out.append(("pull", p, slots, pieces, _bytes(volumes, counts, element_bytes), holders, volumes, states))
     return tuple(out)
 
 
@@ -359,33 +364,30 @@ def _build_stage(module: Module, index: int, info: StageInfo, allocs: list, free
     rotation: dict[tuple, int] = {}
     recipes: dict[tuple, tuple] = {}
     memo: dict = {}
-    nearby: dict[tuple, list] = {}  # (node, before pp stage, holders) -> candidates on that node
+    nearby: dict[tuple, tuple] = {}  # (node, before pp stage, holders) -> (candidates on that node, rotation key)
+    per_node = module.cluster.gpus_per_node  # node_of(g) == g // per_node
 
     def choose(g: int, p: int, holders: tuple) -> tuple[int, int, int]:
         here = position.get(g)
-        if holders and isinstance(holders[0], tuple):  # (replica, tp rank) pairs: a sharded state
-            if here is not None and here[1] == p and (here[0], here[2]) in holders:
-                return here
-            node = node_of(g)
-            close = nearby.get((node, p, holders))
-            if close is None:
-                close = nearby[(node, p, holders)] = [c for c in near.get((node, p), ()) if (c[0], c[1]) in holders]
-            key = (p, holders) if not close else (p, holders, node)
-            turn = rotation.get(key, 0)
-            rotation[key] = turn + 1
-            r, t = (close[turn % len(close)][:2]) if close else holders[turn % len(holders)]
-            return r, p, t
-        if here is not None and here[1] == p and here[2] in holders:
+        sharded = holders and isinstance(holders[0], tuple)  # (replica, tp rank) pairs: a sharded state
+        if here is not None and here[1] == p and ((here[0], here[2]) if sharded else here[2]) in holders:
             return here
-        node = node_of(g)
-        close = nearby.get((node, p, holders))
-        if close is None:
-            close = nearby[(node, p, holders)] = [c for c in near.get((node, p), ()) if c[1] in holders]
-        key = (p, holders) if not close else (p, holders, node)
+        node = g // per_node
+        found = nearby.get((node, p, holders))
+        if found is None:  # once per (node, p, holders): the candidates on the node and the rotation key
+            if sharded:
+                close = [c for c in near.get((node, p), ()) if (c[0], c[1]) in holders]
+            else:
+                close = [c for c in near.get((node, p), ()) if c[1] in holders]
+            found = nearby[(node, p, holders)] = (close, (p, holders, node) if close else (p, holders))
+        close, key = found
         turn = rotation.get(key, 0)
         rotation[key] = turn + 1
         if close:
             r, t, _ = close[turn % len(close)]
+            return r, p, t
+        if sharded:
+            r, t = holders[turn % len(holders)]
             return r, p, t
         return turn // len(holders) % before.dp, p, holders[turn % len(holders)]
 

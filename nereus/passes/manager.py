@@ -10,7 +10,9 @@ state after every pass (`print_after_all`).
 
 from __future__ import annotations
 
+import gc
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
 from typing import Callable, Optional
 
@@ -35,6 +37,21 @@ class CompileState:
     messages: object = None
     program: object = None
     cost: object = None
+
+
+@contextmanager
+def paused_gc():
+    """Run a block with the cyclic garbage collector off (restored after). A transition's
+    records are hundreds of thousands of small acyclic tuples and frozen dataclasses: at
+    4,096 GPUs the collector's generation scans, triggered by their allocation alone, cost
+    about 40% of the compile's CPU time and free nothing (reference counting frees them)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _need(state: CompileState, attr: str, name: str) -> object:
