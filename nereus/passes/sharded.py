@@ -84,8 +84,9 @@ def sharded_pieces(spec, before: tuple[int, int, int, int], after: tuple[int, in
     tp, dp, zero, ep = before
     if zero >= 1:
         holders = []
-        for t, local in enumerate(_local_rows(spec, tp)):
-            for d in _chunks_touching(local, dp, mine):
+        rows = _local_rows(spec, tp)
+        for t in _ranks_meeting(spec, tp, after[0], after[3], rank):
+            for d in _chunks_touching(rows[t], dp, mine):
                 holders.extend(((d, t), b) for b in zero_boxes(spec, tp, t, dp, d))
     else:
         holders = [(t, b) for t in range(tp * ep) for b in rank_boxes(spec, tp, ep, t)]
@@ -125,3 +126,20 @@ def _local_rows(spec, tp: int) -> tuple:
         out.append((tuple(placed), offset))
     return tuple(out)
 
+
+@lru_cache(maxsize=None)
+def _ranks_meeting(spec, tp_before: int, tp_after: int, ep_after: int, rank_after: int) -> tuple[int, ...]:
+    """TP ranks of a `tp_before` mesh whose boxes meet those of stage rank `rank_after`
+    of the after mesh (`rank_boxes`, which contain every zero chunk of that rank): the
+    only ranks whose chunks can hold a piece of it. Usually one (when both sides split
+    the tensor alike), all for a replicated tensor; once per rank, not per replica."""
+    outer = rank_boxes(spec, tp_after, ep_after, rank_after)
+    return tuple(t for t in range(tp_before)
+                 if any(_meets(b, m) for b in tp_boxes(spec, tp_before, t) for m in outer))
+
+
+def _meets(x: Box, y: Box) -> bool:
+    for (a, b), (c, d) in zip(x, y):
+        if not (a < d and c < b):
+            return False
+    return True
