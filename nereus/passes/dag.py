@@ -391,17 +391,21 @@ def _build_stage(module: Module, index: int, info: StageInfo, allocs: list, free
             return r, p, t
         return turn // len(holders) % before.dp, p, holders[turn % len(holders)]
 
+    sharding = {states: (is_sharded(before, states), is_sharded(after, states)) for states in groups}
+
     def group_recipe(r: int, q: int, u: int, here, states: tuple[str, ...]) -> tuple:
         """The recipe of one state group, shared by every GPU it can be shared by."""
-        if not (is_sharded(before, states) or is_sharded(after, states)):
+        sharded_before, sharded_after = sharding[states]
+        if not (sharded_before or sharded_after):
             key = (states, q, u, here[1:] if here else None)
-            if key not in recipes:
-                recipes[key] = _stage_recipe(model, before, after, q, u, key[3], info.xfer_element_bytes(states),
-                                             states)
-            return recipes[key]
+            found = recipes.get(key)
+            if found is None:
+                found = recipes[key] = _stage_recipe(model, before, after, q, u, key[3],
+                                                     info.xfer_element_bytes(states), states)
+            return found
         # replica indices matter only on a side that shards the group
-        ra = r if is_sharded(after, states) else 0
-        mine = (here[0] if is_sharded(before, states) else 0, here[1], here[2]) if here else None
+        ra = r if sharded_after else 0
+        mine = (here[0] if sharded_before else 0, here[1], here[2]) if here else None
         key = (states, ra, q, u, mine)
         if key not in recipes:
             recipes[key] = _sharded_recipe(model, before, after, ra, q, u, mine, info.xfer_element_bytes(states),
@@ -409,10 +413,11 @@ def _build_stage(module: Module, index: int, info: StageInfo, allocs: list, free
         return recipes[key]
 
     after_bytes = shard_bytes_table(model, after)
+    after_gpus = iter(after.gpus)  # gpu_of(r, q, u) in this loop's order
     for r in range(after.dp):
         for q in range(after.pp):
             for u in range(after.stage_width):
-                g = after.gpu_of(r, q, u)
+                g = next(after_gpus)
                 alloc = len(allocs)
                 here = position.get(g)
                 recipe = ()

@@ -83,13 +83,21 @@ def sharded_pieces(spec, before: tuple[int, int, int, int], after: tuple[int, in
         return ()
     tp, dp, zero, ep = before
     if zero >= 1:
-        holders = []
-        rows = _local_rows(spec, tp)
-        for t in _ranks_meeting(spec, tp, after[0], after[3], rank):
-            for d in _chunks_touching(rows[t], dp, mine):
-                holders.extend(((d, t), b) for b in zero_boxes(spec, tp, t, dp, d))
-    else:
-        holders = [(t, b) for t in range(tp * ep) for b in rank_boxes(spec, tp, ep, t)]
+        return _cut_by_chunks(spec, tp, dp, mine, _ranks_meeting(spec, tp, after[0], after[3], rank))
+    holders = [(t, b) for t in range(tp * ep) for b in rank_boxes(spec, tp, ep, t)]
+    return tuple(cell for box in mine for cell in _cut(box, holders))
+
+
+@lru_cache(maxsize=None)
+def _cut_by_chunks(spec, tp: int, dp: int, mine: tuple[Box, ...], ranks: tuple[int, ...]) -> tuple:
+    """`mine` cut by the dp chunks of the before TP ranks `ranks` that hold parts of it.
+    Keyed by the boxes, not the after position: a replicated tensor's chunk is the same
+    for every TP rank of a replica, so its cut (by every before TP rank) is made once."""
+    holders = []
+    rows = _local_rows(spec, tp)
+    for t in ranks:
+        for d in _chunks_touching(rows[t], dp, mine):
+            holders.extend(((d, t), b) for b in zero_boxes(spec, tp, t, dp, d))
     return tuple(cell for box in mine for cell in _cut(box, holders))
 
 
