@@ -352,12 +352,17 @@ def _build_stage(module: Module, index: int, info: StageInfo, allocs: list, free
     position: dict[int, tuple[int, int, int]] = {}
     near: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
     before_bytes = shard_bytes_table(model, before)
+    # a Free is built once, at the end, when the bytes kept in place are known; until
+    # then its slot holds (r, p, t) and `free_gpu` its GPU
+    free_gpu: list[int] = [0] * len(frees)
+    before_gpus = iter(before.gpus)  # gpu_of(r, p, t) in this loop's order
     for r in range(before.dp):
         for p in range(before.pp):
             for t in range(before.stage_width):
-                g = before.gpu_of(r, p, t)
+                g = next(before_gpus)
                 free_index[(r, p, t)] = len(frees)
-                frees.append(Free(index, r, (p, t), g, 0, before_bytes[(r, p, t)]))
+                frees.append((r, p, t))
+                free_gpu.append(g)
                 position[g] = (r, p, t)
                 near.setdefault((node_of(g), p), []).append((r, t, g))
     kept_from = [0] * len(frees)
@@ -432,14 +437,15 @@ def _build_stage(module: Module, index: int, info: StageInfo, allocs: list, free
                         xfers.append(Xfer(KEEP, index, alloc, src, g, g, slots, pieces, nbytes, volumes, states))
                         continue
                     src = free_index[choose(g, p, holders)]
-                    src_gpu = frees[src].gpu
+                    src_gpu = free_gpu[src]
                     xfers.append(Xfer(COPY if src_gpu == g else SEND, index, alloc, src, src_gpu, g, slots,
                                       pieces, nbytes, volumes, states))
                 full = after_bytes[(r, q, u)]
                 allocs.append(Alloc(index, r, (q, u), g, full - kept, full))
     for i in range(first, len(frees)):
-        f = frees[i]
-        frees[i] = Free(f.stage, f.replica, f.pos, f.gpu, f.shard_bytes - kept_from[i], f.shard_bytes)
+        r, p, t = frees[i]
+        full = before_bytes[(r, p, t)]
+        frees[i] = Free(index, r, (p, t), free_gpu[i], full - kept_from[i], full)
 
 
 def dag_graph(dag: TransitionDag, schedule=None):

@@ -14,19 +14,67 @@ both GPUs of the round, and fusion neither adds nor moves bytes between rounds.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import FrozenInstanceError
+from functools import partial
+from typing import Callable
 
 from .dag import SEND, Piece, TransitionDag, Xfer
 from .layout import box_volume, held_boxes, slot_specs
 from .resources import Schedule, xfer_slice
 
 
-@dataclass(frozen=True, slots=True)
 class Message:
-    src: int
-    dst: int
-    xfers: tuple[Xfer, ...]
-    bytes: int
+    """The sends of one (src, dst) pair in a round (or one bucket of them), in DAG order:
+    an immutable record, equal and hashed by value like a frozen dataclass.
+
+    `xfers` may be deferred (`Message.deferred`): `fuse` then merges a pair's transfers
+    (`coalesce`) when `xfers` is first read, not while fusing. Everything that reads the
+    whole program (cost, verify, JSON emission) reads every message's `xfers` and gets
+    the same transfers; a rank program reads only its own rank's messages, so at 4,096
+    GPUs the other 99.9% are never merged (their `src`, `dst` and `bytes`, which are
+    known up front, are all it needs to number the ops)."""
+
+    __slots__ = ("src", "dst", "bytes", "_xfers", "_make")
+
+    def __init__(self, src: int, dst: int, xfers: tuple[Xfer, ...], bytes: int):  # noqa: A002 - the field's name
+        for name, value in (("src", src), ("dst", dst), ("bytes", bytes), ("_xfers", tuple(xfers)), ("_make", None)):
+            object.__setattr__(self, name, value)
+
+    @classmethod
+    def deferred(cls, src: int, dst: int, make: Callable[[], list[Xfer]], nbytes: int) -> "Message":
+        """A message whose transfers are `make()`, computed on the first read of `xfers`."""
+        message = cls.__new__(cls)
+        for name, value in (("src", src), ("dst", dst), ("bytes", nbytes), ("_xfers", None), ("_make", make)):
+            object.__setattr__(message, name, value)
+        return message
+
+    @property
+    def xfers(self) -> tuple[Xfer, ...]:
+        if self._xfers is None:
+            object.__setattr__(self, "_xfers", tuple(self._make()))
+            object.__setattr__(self, "_make", None)
+        return self._xfers
+
+    def __setattr__(self, name, value):
+        raise FrozenInstanceError(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name):
+        raise FrozenInstanceError(f"cannot delete field {name!r}")
+
+    def _key(self) -> tuple:
+        return self.src, self.dst, self.xfers, self.bytes
+
+    def __eq__(self, other) -> bool:
+        return type(other) is Message and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return f"Message(src={self.src!r}, dst={self.dst!r}, xfers={self.xfers!r}, bytes={self.bytes!r})"
+
+    def __reduce__(self):
+        return Message, self._key()
 
 
 def unfused(schedule: Schedule) -> tuple[tuple[Message, ...], ...]:
@@ -39,7 +87,7 @@ def fuse(dag: TransitionDag, schedule: Schedule, bucket: int | None = None) -> t
     """Group each round's sends by (src, dst) pair, pairs in (src, dst) order; split at
     `bucket` bytes (None: no cap)."""
     out = []
-    memo: dict = {}  # merged pieces of identical transfer groups (`coalesce`), for this call
+    memo: dict = {}  # merged pieces of identical transfer groups (`coalesce`), shared by this call's messages
     for r in schedule.rounds:
         pairs: dict[tuple[int, int], list[Xfer]] = {}
         for x in r.xfers:
@@ -55,6 +103,10 @@ def fuse(dag: TransitionDag, schedule: Schedule, bucket: int | None = None) -> t
             xs = pairs[key]
             if len(xs) == 1 and (bucket is None or xs[0].bytes <= bucket):  # the common case at scale
                 messages.append(Message(key[0], key[1], (xs[0],), xs[0].bytes))
+                continue
+            if bucket is None:  # one message per pair: its bytes are known, its merge can wait
+                messages.append(Message.deferred(key[0], key[1], partial(coalesce, dag, xs, memo),
+                                                 sum(x.bytes for x in xs)))
                 continue
             for group in _buckets(dag, coalesce(dag, xs, memo), bucket):
                 messages.append(Message(key[0], key[1], tuple(group), sum(x.bytes for x in group)))
@@ -89,12 +141,12 @@ def coalesce(dag: TransitionDag, xfers: list[Xfer], memo: dict | None = None) ->
             out.append(xs[0])
             continue
         src, dst = dag.frees[free], dag.allocs[alloc]
-        # the pieces tuples are alive for the whole call (the schedule holds them): ids are stable keys
         key = (stage, states, src.replica, src.pos[1], dst.replica, dst.pos[1], tuple(id(x.pieces) for x in xs))
         found = memo.get(key)
         if found is None:
-            found = memo[key] = _merged(dag.stages[stage], xs, src, dst, states)
-        merged, volumes = found
+            # the entry holds the keyed tuples: their ids stay theirs while the memo lives
+            found = memo[key] = (*_merged(dag.stages[stage], xs, src, dst, states), [x.pieces for x in xs])
+        merged, volumes, _ = found
         x = xs[0]
         out.append(Xfer(x.kind, stage, alloc, free, x.src_gpu, x.dst_gpu, slots, merged,
                         sum(y.bytes for y in xs), volumes, states))

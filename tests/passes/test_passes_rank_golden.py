@@ -90,3 +90,26 @@ def test_rank_programs_match_golden(case):
 
 if __name__ == "__main__" and sys.argv[1:] == ["--write"]:
     GOLDEN.write_text(json.dumps({c[0]: _digests(*c) for c in CASES}, indent=1, sort_keys=True) + "\n")
+
+
+def test_a_deferred_message_is_its_merged_transfers():
+    """Fusion defers merging a pair's transfers until `xfers` is read (rank programs read
+    only their own): the deferred message equals, hashes and pickles as the eager one."""
+    import pickle
+
+    from nereus.passes.fusion import Message, coalesce, fuse
+
+    module = parse_source(ZERO_128, "<zero-128>")
+    compiled = compile_transition(module, "S1", "S2")
+    state = compiled.state
+    rounds = fuse(state.dag, state.schedule)
+    messages = [m for rnd in rounds for m in rnd]
+    deferred = [(k, m) for k, rnd in enumerate(rounds) for m in rnd if m._xfers is None]
+    assert deferred, "the case has pairs with several transfers"
+    for k, m in deferred[:50]:
+        raw = [x for x in state.schedule.rounds[k].xfers
+               if x.kind == "send" and (x.src_gpu, x.dst_gpu) == (m.src, m.dst)]
+        eager = Message(m.src, m.dst, tuple(coalesce(state.dag, raw)), m.bytes)
+        assert m == eager and hash(m) == hash(eager) and pickle.loads(pickle.dumps(m)) == eager
+    with pytest.raises(AttributeError):
+        messages[0].src = 3
