@@ -23,6 +23,9 @@ from .layout import box_volume, held_boxes, slot_specs
 from .resources import Schedule, xfer_slice
 
 
+_set = object.__setattr__  # Message is frozen: its own fields are set through object
+
+
 class Message:
     """The sends of one (src, dst) pair in a round (or one bucket of them), in DAG order:
     an immutable record, equal and hashed by value like a frozen dataclass.
@@ -37,22 +40,28 @@ class Message:
     __slots__ = ("src", "dst", "bytes", "_xfers", "_make")
 
     def __init__(self, src: int, dst: int, xfers: tuple[Xfer, ...], bytes: int):  # noqa: A002 - the field's name
-        for name, value in (("src", src), ("dst", dst), ("bytes", bytes), ("_xfers", tuple(xfers)), ("_make", None)):
-            object.__setattr__(self, name, value)
+        _set(self, "src", src)
+        _set(self, "dst", dst)
+        _set(self, "bytes", bytes)
+        _set(self, "_xfers", tuple(xfers))
+        _set(self, "_make", None)
 
     @classmethod
     def deferred(cls, src: int, dst: int, make: Callable[[], list[Xfer]], nbytes: int) -> "Message":
         """A message whose transfers are `make()`, computed on the first read of `xfers`."""
         message = cls.__new__(cls)
-        for name, value in (("src", src), ("dst", dst), ("bytes", nbytes), ("_xfers", None), ("_make", make)):
-            object.__setattr__(message, name, value)
+        _set(message, "src", src)
+        _set(message, "dst", dst)
+        _set(message, "bytes", nbytes)
+        _set(message, "_xfers", None)
+        _set(message, "_make", make)
         return message
 
     @property
     def xfers(self) -> tuple[Xfer, ...]:
         if self._xfers is None:
-            object.__setattr__(self, "_xfers", tuple(self._make()))
-            object.__setattr__(self, "_make", None)
+            _set(self, "_xfers", tuple(self._make()))
+            _set(self, "_make", None)
         return self._xfers
 
     def __setattr__(self, name, value):
