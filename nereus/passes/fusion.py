@@ -39,7 +39,7 @@ class Message:
 
     __slots__ = ("src", "dst", "bytes", "_xfers", "_make")
 
-    def __init__(self, src: int, dst: int, xfers: tuple[Xfer, ...], bytes: int):  # noqa: A002 - the field's name
+    def __init__(self, src: int, dst: int, xfers: tuple[Xfer, ...], bytes: int):
         _set(self, "src", src)
         _set(self, "dst", dst)
         _set(self, "bytes", bytes)

@@ -17,8 +17,9 @@ Model-stages (names fixed by this loop; the plan places them):
 
 One step: prompts → generation (each DP replica its rows) → inference and old log-probs
 → advantages on the whole batch (every rank has it) → `minibatches` updates with DP
-gradient all-reduce and Adam on the runtime's tensors (under `zero 1`/`zero 3` each dp
-replica updates its chunk of the optimizer state, nereus.rl.zero) → actor weights synced to the
+gradient all-reduce and Adam on the runtime's tensors (under `zero 1`/`zero 3` the gradients
+are reduce-scattered and each dp replica updates its chunk of the optimizer state,
+nereus.rl.zero; `zero 3` gathers the weights one layer at a time, nereus.rl.zero3) → actor weights synced to the
 generation stage. At step boundaries a scripted event calls `runtime.transition(plan)`;
 the next step reads the new shards and the new groups.
 
@@ -231,7 +232,8 @@ class RlTrainer:
 
     def _train(self, ms: str, loss_head, step: int, lr: float, offset: int, mb: int) -> float:
         """One minibatch update of a training model-stage (forward and backward through
-        its pipeline, DP gradient all-reduce, Adam); returns the global loss.
+        its pipeline, DP gradient all-reduce or, under zero, reduce-scatter, Adam); returns
+        the global loss.
 
         loss_head(params, role, rows) → a function of the final hidden states → loss."""
         role = self.roles.get(ms)
