@@ -213,7 +213,12 @@ class LayerGather(Mapping):
     def finish(self) -> dict[str, torch.Tensor]:
         """After the backward: reduce the groups outside the layers, drop every gathered
         tensor; {local name: fp32 dp-summed gradient chunk} (names with an empty chunk
-        absent). Collective over the dp group."""
+        absent). A weight the backward gave no gradient (not read, or its output unused)
+        gets a zero one, as a zero 0 leaf without `.grad` does in the trainer: every
+        replica steps the same weights. Collective over the dp group."""
+        for name, shape in self.shapes.items():
+            if name not in self.grads and name not in self._pending:
+                self._pending[name] = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self._reduce(sorted(self._pending))
         self._current = self._backward_current = (None, {})
         return self.grads

@@ -87,6 +87,20 @@ def test_without_the_hooks_autograd_keeps_every_layer():
     w.finish()
 
 
+def test_a_weight_without_gradient_gets_a_zero_chunk():
+    """As the trainer gives a zero 0 leaf without `.grad` a zero gradient: the head is
+    not read by this loss, its chunk's gradient is zeros (and Adam steps it alike)."""
+    full, tokens = _weights(), _tokens(2)
+    w = _gather(full)
+    with w.saving():
+        tp = TpGroup()
+        loss = final_norm(w, run_layers(MODEL, w, embed(MODEL, w, tokens, tp), (0, MODEL.layers), tp), MODEL).sum()
+    loss.backward()
+    grads = w.finish()
+    assert set(grads) == set(full)
+    assert torch.equal(grads["lm_head.weight"], torch.zeros_like(full["lm_head.weight"]))
+
+
 def _two_replicas():
     import torch.distributed as dist
 
