@@ -45,6 +45,13 @@ def _involves(dag, kind: str, record, rank: int) -> bool:
 
 def rank_program_json(compiled, rank: int) -> dict:
     """Rank `rank`'s program (module docstring)."""
+    from nereus.passes.manager import paused_gc
+
+    with paused_gc():  # thousands of small dicts and lists, none cyclic
+        return _rank_program_json(compiled, rank)
+
+
+def _rank_program_json(compiled, rank: int) -> dict:
     from nereus.passes.layout import tensor_entries, unit_id
 
     program = getattr(compiled, "program", compiled)

@@ -21,7 +21,7 @@ from typing import Optional
 from nereus.ir.diagnostics import SemanticError
 from nereus.ir.model import Module
 
-from .manager import DEFAULT_PIPELINE, CompileState, PassManager, parse_pipeline
+from .manager import DEFAULT_PIPELINE, CompileState, PassManager, parse_pipeline, paused_gc
 
 
 @dataclass(frozen=True)
@@ -66,15 +66,16 @@ def compile_transition(module: Module, source: str, target: str, *, pipeline: Op
     for plan in (source, target):
         if plan not in names:
             raise SemanticError(f"no plan named {plan!r}", hint=f"plans: {', '.join(sorted(names))}")
-    if check_fit:
-        from .feasibility import require_fit
-
-        require_fit(module, source, target)
     text = pipeline or DEFAULT_PIPELINE
     if options:
         text = _with_options(text, options)
     manager = PassManager(text, print_after_all=print_after_all)
-    state = manager.run(CompileState(module, source, target))
+    with paused_gc():
+        if check_fit:
+            from .feasibility import require_fit
+
+            require_fit(module, source, target)
+        state = manager.run(CompileState(module, source, target))
     return CompiledTransition(source, target, state, dict(manager.timings))
 
 

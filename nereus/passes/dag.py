@@ -283,32 +283,37 @@ def _sharded_recipe(model: Model, before: Placement, after: Placement, r: int, q
                                       for box, holders in sharded_pieces(specs[i].spec, bkey, akey, r, u))
         return found
 
+    def pulls(kinds: tuple[str, ...], skip: frozenset[int]) -> tuple:
+        """((holders, pieces, volumes), ...) of the specs of `kinds` not in `skip`, holders
+        sorted: the same for every pp stage pair of this GPU position with those kinds."""
+        key = ("pulls", bkey, akey, r, u, kinds, skip)
+        found = memo.get(key)
+        if found is None:
+            groups: dict[tuple, list] = {}
+            for i, slot_spec in enumerate(specs):
+                if i in skip or slot_spec.kind not in kinds:
+                    continue
+                kind = _KINDS.index(slot_spec.kind)
+                for piece, holders, volume in pieces_of(i):
+                    entry = groups.setdefault(holders, [[], [0, 0, 0]])
+                    entry[0].append(piece)
+                    entry[1][kind] += volume
+            found = memo[key] = tuple((h, tuple(p), tuple(v)) for h, (p, v) in sorted(groups.items()))
+        return found
+
     out = []
     for p, slots, counts, kinds in _overlaps(model, before, after, q):
-        present = [i for i, slot_spec in enumerate(specs) if slot_spec.kind in kinds]
-        skip = set()
+        skip: frozenset[int] = frozenset()
         if here is not None and here[1] == p and before.offload == after.offload:
-            for i in present:
-                mine = boxes(i, akey, r, u)
-                if mine and mine == boxes(i, bkey, here[0], here[2]):
-                    skip.add(i)
+            present = [i for i, slot_spec in enumerate(specs) if slot_spec.kind in kinds]
+            skip = frozenset(i for i in present if (mine := boxes(i, akey, r, u))
+                             and mine == boxes(i, bkey, here[0], here[2]))
             pieces = tuple(Piece(i, b) for i in sorted(skip) for b in boxes(i, akey, r, u))
             if pieces:
                 volumes = _volumes(specs, pieces)
                 out.append((KEEP, p, slots, pieces, _bytes(volumes, counts, element_bytes), (), volumes, states))
-        groups: dict[tuple, list] = {}
-        for i in present:
-            if i in skip:
-                continue
-            kind = _KINDS.index(specs[i].kind)
-            for piece, holders, volume in pieces_of(i):
-                entry = groups.setdefault(holders, [[], [0, 0, 0]])
-                entry[0].append(piece)
-                entry[1][kind] += volume
-        for holders, (pieces, volumes) in sorted(groups.items()):
-            volumes = tuple(volumes)
-            out.append(("pull", p, slots, tuple(pieces), _bytes(volumes, counts, element_bytes), holders, volumes,
-                        states))
+        for holders, pieces, volumes in pulls(kinds, skip):
+            out.append(("pull", p, slots, pieces, _bytes(volumes, counts, element_bytes), holders, volumes, states))
     return tuple(out)
 
 
@@ -347,59 +352,65 @@ def _build_stage(module: Module, index: int, info: StageInfo, allocs: list, free
     position: dict[int, tuple[int, int, int]] = {}
     near: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
     before_bytes = shard_bytes_table(model, before)
+    # a Free is built once, at the end, when the bytes kept in place are known; until
+    # then its slot holds (r, p, t) and `free_gpu` its GPU
+    free_gpu: list[int] = [0] * len(frees)
+    before_gpus = iter(before.gpus)  # gpu_of(r, p, t) in this loop's order
     for r in range(before.dp):
         for p in range(before.pp):
             for t in range(before.stage_width):
-                g = before.gpu_of(r, p, t)
+                g = next(before_gpus)
                 free_index[(r, p, t)] = len(frees)
-                frees.append(Free(index, r, (p, t), g, 0, before_bytes[(r, p, t)]))
+                frees.append((r, p, t))
+                free_gpu.append(g)
                 position[g] = (r, p, t)
                 near.setdefault((node_of(g), p), []).append((r, t, g))
     kept_from = [0] * len(frees)
     rotation: dict[tuple, int] = {}
     recipes: dict[tuple, tuple] = {}
     memo: dict = {}
-    nearby: dict[tuple, list] = {}  # (node, before pp stage, holders) -> candidates on that node
+    nearby: dict[tuple, tuple] = {}  # (node, before pp stage, holders) -> (candidates on that node, rotation key)
+    per_node = module.cluster.gpus_per_node  # node_of(g) == g // per_node
 
     def choose(g: int, p: int, holders: tuple) -> tuple[int, int, int]:
         here = position.get(g)
-        if holders and isinstance(holders[0], tuple):  # (replica, tp rank) pairs: a sharded state
-            if here is not None and here[1] == p and (here[0], here[2]) in holders:
-                return here
-            node = node_of(g)
-            close = nearby.get((node, p, holders))
-            if close is None:
-                close = nearby[(node, p, holders)] = [c for c in near.get((node, p), ()) if (c[0], c[1]) in holders]
-            key = (p, holders) if not close else (p, holders, node)
-            turn = rotation.get(key, 0)
-            rotation[key] = turn + 1
-            r, t = (close[turn % len(close)][:2]) if close else holders[turn % len(holders)]
-            return r, p, t
-        if here is not None and here[1] == p and here[2] in holders:
+        sharded = holders and isinstance(holders[0], tuple)  # (replica, tp rank) pairs: a sharded state
+        if here is not None and here[1] == p and ((here[0], here[2]) if sharded else here[2]) in holders:
             return here
-        node = node_of(g)
-        close = nearby.get((node, p, holders))
-        if close is None:
-            close = nearby[(node, p, holders)] = [c for c in near.get((node, p), ()) if c[1] in holders]
-        key = (p, holders) if not close else (p, holders, node)
+        node = g // per_node
+        found = nearby.get((node, p, holders))
+        if found is None:  # once per (node, p, holders): the candidates on the node and the rotation key
+            if sharded:
+                close = [c for c in near.get((node, p), ()) if (c[0], c[1]) in holders]
+            else:
+                close = [c for c in near.get((node, p), ()) if c[1] in holders]
+            found = nearby[(node, p, holders)] = (close, (p, holders, node) if close else (p, holders))
+        close, key = found
         turn = rotation.get(key, 0)
         rotation[key] = turn + 1
         if close:
             r, t, _ = close[turn % len(close)]
             return r, p, t
+        if sharded:
+            r, t = holders[turn % len(holders)]
+            return r, p, t
         return turn // len(holders) % before.dp, p, holders[turn % len(holders)]
+
+    sharding = {states: (is_sharded(before, states), is_sharded(after, states)) for states in groups}
 
     def group_recipe(r: int, q: int, u: int, here, states: tuple[str, ...]) -> tuple:
         """The recipe of one state group, shared by every GPU it can be shared by."""
-        if not (is_sharded(before, states) or is_sharded(after, states)):
+        sharded_before, sharded_after = sharding[states]
+        if not (sharded_before or sharded_after):
             key = (states, q, u, here[1:] if here else None)
-            if key not in recipes:
-                recipes[key] = _stage_recipe(model, before, after, q, u, key[3], info.xfer_element_bytes(states),
-                                             states)
-            return recipes[key]
+            found = recipes.get(key)
+            if found is None:
+                found = recipes[key] = _stage_recipe(model, before, after, q, u, key[3],
+                                                     info.xfer_element_bytes(states), states)
+            return found
         # replica indices matter only on a side that shards the group
-        ra = r if is_sharded(after, states) else 0
-        mine = (here[0] if is_sharded(before, states) else 0, here[1], here[2]) if here else None
+        ra = r if sharded_after else 0
+        mine = (here[0] if sharded_before else 0, here[1], here[2]) if here else None
         key = (states, ra, q, u, mine)
         if key not in recipes:
             recipes[key] = _sharded_recipe(model, before, after, ra, q, u, mine, info.xfer_element_bytes(states),
@@ -407,10 +418,11 @@ def _build_stage(module: Module, index: int, info: StageInfo, allocs: list, free
         return recipes[key]
 
     after_bytes = shard_bytes_table(model, after)
+    after_gpus = iter(after.gpus)  # gpu_of(r, q, u) in this loop's order
     for r in range(after.dp):
         for q in range(after.pp):
             for u in range(after.stage_width):
-                g = after.gpu_of(r, q, u)
+                g = next(after_gpus)
                 alloc = len(allocs)
                 here = position.get(g)
                 recipe = ()
@@ -425,14 +437,15 @@ def _build_stage(module: Module, index: int, info: StageInfo, allocs: list, free
                         xfers.append(Xfer(KEEP, index, alloc, src, g, g, slots, pieces, nbytes, volumes, states))
                         continue
                     src = free_index[choose(g, p, holders)]
-                    src_gpu = frees[src].gpu
+                    src_gpu = free_gpu[src]
                     xfers.append(Xfer(COPY if src_gpu == g else SEND, index, alloc, src, src_gpu, g, slots,
                                       pieces, nbytes, volumes, states))
                 full = after_bytes[(r, q, u)]
                 allocs.append(Alloc(index, r, (q, u), g, full - kept, full))
     for i in range(first, len(frees)):
-        f = frees[i]
-        frees[i] = Free(f.stage, f.replica, f.pos, f.gpu, f.shard_bytes - kept_from[i], f.shard_bytes)
+        r, p, t = frees[i]
+        full = before_bytes[(r, p, t)]
+        frees[i] = Free(index, r, (p, t), free_gpu[i], full - kept_from[i], full)
 
 
 def dag_graph(dag: TransitionDag, schedule=None):

@@ -218,10 +218,15 @@ def _placement_contributions(module: Module, placement: Placement):
             yield _gpus_of_pp_stage(placement, p, r), resident, working
 
 
-def _gpus_of_pp_stage(placement: Placement, pp_stage: int, replica=None):
+def _gpus_of_pp_stage(placement: Placement, pp_stage: int, replica=None) -> list[int]:
+    """GPUs of pipeline stage `pp_stage` in every replica (or in `replica`), in `gpu_of`
+    order: slices of the GPU list (gpu_of per GPU costs ~10^5 calls at 4,096 GPUs)."""
+    width, gpus = placement.stage_width, placement.gpus
+    out: list[int] = []
     for r in range(placement.dp) if replica is None else (replica,):
-        for u in range(placement.stage_width):
-            yield placement.gpu_of(r, pp_stage, u)
+        start = (r * placement.pp + pp_stage) * width
+        out.extend(gpus[start:start + width])
+    return out
 
 
 def resident_bytes_by_model_stage(module: Module, plan: Plan) -> dict[str, dict[int, int]]:

@@ -17,8 +17,9 @@ Model-stages (names fixed by this loop; the plan places them):
 
 One step: prompts → generation (each DP replica its rows) → inference and old log-probs
 → advantages on the whole batch (every rank has it) → `minibatches` updates with DP
-gradient all-reduce and Adam on the runtime's tensors (under `zero 1`/`zero 3` each dp
-replica updates its chunk of the optimizer state, nereus.rl.zero) → actor weights synced to the
+gradient all-reduce and Adam on the runtime's tensors (under `zero 1`/`zero 3` the gradients
+are reduce-scattered and each dp replica updates its chunk of the optimizer state,
+nereus.rl.zero; `zero 3` gathers the weights one layer at a time, nereus.rl.zero3) → actor weights synced to the
 generation stage. At step boundaries a scripted event calls `runtime.transition(plan)`;
 the next step reads the new shards and the new groups.
 
@@ -53,6 +54,7 @@ from .reward import make_prompts, score
 from .topology import Groups, Role
 from .weights import register_initial_weights
 from .zero import gathered_weights, local_weight_shapes, zero_adam_step
+from .zero3 import LayerGather, reduce_scatter_chunks
 
 
 @dataclass(frozen=True)
@@ -163,19 +165,35 @@ class RlTrainer:
             if dist.is_initialized():
                 dist.barrier()  # engine start-up (tens of seconds on CPU) is not part of step 1
 
-    def weights(self, ms: str, state: Optional[dict] = None) -> dict[str, torch.Tensor]:
+    def weights(self, ms: str, state: Optional[dict] = None, whole: bool = False):
         """Local weights of a model-stage by local name (what the llama reads), on the
         device (an offloaded model-stage's are copied up from host memory for the stage).
-        Under `zero 3` the runtime holds dp chunks: they are all-gathered over the dp group
-        (collective there; nereus.rl.zero.gathered_weights)."""
+        Under `zero 3` the runtime holds dp chunks: a LayerGather that all-gathers them
+        one layer at a time as the forward reads them (nereus.rl.zero3), or with `whole`
+        every weight at once (the weight sync reads whole shards; nereus.rl.zero.
+        gathered_weights). Collective over the dp group there."""
         prefix = ms.partition(".")[0] + "/"
         state = self.rt.device_state(ms) if state is None else state
         role = self.roles.get(ms)
         if role is not None and role.zero >= 3:
+            if not whole:
+                return self._layer_gather(ms, state, role)
             model = self.module.model(ms.partition(".")[0])
             state = gathered_weights(state, local_weight_shapes(model, role), TORCH_DTYPES[model.dtype], self.device,
                                      replica=role.replica, dp=role.dp, group=role.dp_group, dp_ranks=role.dp_ranks)
         return {k[len(prefix):]: v for k, v in state.items() if "#" not in k}
+
+    def _layer_gather(self, ms: str, state: dict, role: Role, grad: bool = False) -> LayerGather:
+        """Zero 3: this replica's chunks of `ms`'s weights as a per-layer gathering Mapping;
+        with `grad`, its backward reduce-scatters each layer's gradients (the replicated
+        KV rows summed over TP first, as `_train` does for the other layouts)."""
+        model = self.module.model(ms.partition(".")[0])
+        prefix = model.name + "/"
+        shapes = {k[len(prefix):]: v for k, v in local_weight_shapes(model, role).items()}
+        chunks = {k: state[prefix + k] for k in shapes if prefix + k in state}
+        before = (lambda grads: reduce_replicated_kv_grads(grads, model, role.tp)) if grad else None
+        return LayerGather(chunks, shapes, TORCH_DTYPES[model.dtype], self.device, replica=role.replica, dp=role.dp,
+                           group=role.dp_group, dp_ranks=role.dp_ranks, grad=grad, before_reduce=before)
 
     # -- communication helpers -----------------------------------------------------------
 
@@ -214,7 +232,8 @@ class RlTrainer:
 
     def _train(self, ms: str, loss_head, step: int, lr: float, offset: int, mb: int) -> float:
         """One minibatch update of a training model-stage (forward and backward through
-        its pipeline, DP gradient all-reduce, Adam); returns the global loss.
+        its pipeline, DP gradient all-reduce or, under zero, reduce-scatter, Adam); returns
+        the global loss.
 
         loss_head(params, role, rows) → a function of the final hidden states → loss."""
         role = self.roles.get(ms)
@@ -222,23 +241,36 @@ class RlTrainer:
         if role is not None:
             state = self.rt.device_state(ms)
             model_name = ms.partition(".")[0]
-            params = {k: t.detach().requires_grad_() for k, t in self.weights(ms, state).items()}
+            model = self.module.model(model_name)
             rows = role.rows(mb, offset)
-            loss, x_in, y = pipeline.forward(self.module.model(model_name), params, self._seqs[rows][:, :-1],
-                                             role.tp, role.pipe, loss_head(params, role, rows), ep=role.ep)
-            pipeline.backward(role.pipe, loss, x_in, y)
-            grads = {f"{model_name}/{k}": (p.grad if p.grad is not None else torch.zeros_like(p)).float()
-                     for k, p in params.items()}
-            reduce_replicated_kv_grads(grads, self.module.model(model_name), role.tp)
-            # dense gradients over the dp·ep data-parallel ranks, an expert's over the dp
-            # replicas holding it (every EP rank's tokens already reached it by all-to-all)
-            experts = {n: g for n, g in grads.items() if ".mlp.experts." in n}
-            all_reduce_grads({n: g for n, g in grads.items() if n not in experts}, role.dp_group)
-            all_reduce_grads(experts, role.expert_dp_group if role.ep.size > 1 else role.dp_group)
-            if role.zero:  # this replica's chunk of the optimizer state (zero 1: then the weights all-gathered)
-                zero_adam_step(state, grads, step, lr, self.cfg.betas, self.cfg.eps, zero=role.zero,
+            if role.zero >= 3:  # weights gathered per layer; gradients reduce-scattered per layer in the backward
+                params = self._layer_gather(ms, state, role, grad=True)
+                with params.saving():
+                    loss, x_in, y = pipeline.forward(model, params, self._seqs[rows][:, :-1], role.tp, role.pipe,
+                                                     loss_head(params, role, rows), ep=role.ep)
+                pipeline.backward(role.pipe, loss, x_in, y)
+                grads = {f"{model_name}/{k}": g for k, g in params.finish().items()}
+            else:
+                params = {k: t.detach().requires_grad_() for k, t in self.weights(ms, state).items()}
+                loss, x_in, y = pipeline.forward(model, params, self._seqs[rows][:, :-1], role.tp, role.pipe,
+                                                 loss_head(params, role, rows), ep=role.ep)
+                pipeline.backward(role.pipe, loss, x_in, y)
+                grads = {f"{model_name}/{k}": (p.grad if p.grad is not None else torch.zeros_like(p)).float()
+                         for k, p in params.items()}
+                reduce_replicated_kv_grads(grads, model, role.tp)
+            if role.zero:
+                if role.zero < 3:  # zero 1: each replica receives only its chunk of the dp sums
+                    grads = reduce_scatter_chunks(grads, role.replica, role.dp, role.dp_group, role.dp_ranks)
+                # this replica's chunk of the optimizer state (zero 1: then the weights all-gathered)
+                names = list(local_weight_shapes(model, role))  # global names
+                zero_adam_step(state, grads, names, step, lr, self.cfg.betas, self.cfg.eps, zero=role.zero,
                                replica=role.replica, dp=role.dp, group=role.dp_group, dp_ranks=role.dp_ranks)
             else:
+                # dense gradients over the dp·ep data-parallel ranks, an expert's over the dp
+                # replicas holding it (every EP rank's tokens already reached it by all-to-all)
+                experts = {n: g for n, g in grads.items() if ".mlp.experts." in n}
+                all_reduce_grads({n: g for n, g in grads.items() if n not in experts}, role.dp_group)
+                all_reduce_grads(experts, role.expert_dp_group if role.ep.size > 1 else role.dp_group)
                 adam_step(state, grads, step, lr, self.cfg.betas, self.cfg.eps)
             counter = step_name(model_name)
             if counter in state:  # the runtime's Adam step counter travels with the state
@@ -357,7 +389,7 @@ class RlTrainer:
             return self.vllm.push(self.plan_name, self.rt.state("actor.training")).bytes_sent
         if self.weight_sync is not None:  # the sync reads whole TP/PP shards: gathered under zero 3
             result = self.weight_sync.run(self.plan_name, {f"actor/{k}": v for k, v in
-                                                           self.weights("actor.training").items()})
+                                                           self.weights("actor.training", whole=True).items()})
             local, sent = result.weights, result.bytes_sent
         else:
             full = self.rt.gather_state_dict("actor.training")

@@ -11,20 +11,20 @@ local shard, already summed over the dp group.
 
 Output (in place): the chunk's Adam update (nereus.rl.optim.adam_step on rows [lo, hi));
 under `zero 1` every replica's weight rows then overwritten with the owner's updated
-bytes (`gather_weight_chunks`); under `zero 3` the weight chunk is updated and the whole
-shard is gathered again when the next forward needs it (`gathered_weights`).
+bytes (`gather_weight_chunks`); under `zero 3` the weight chunk is updated and each layer
+is gathered again when the next forward reads it.
 Invariant: the weights every replica computes with are the same bytes, and equal what
 `adam_step` on the whole (zero 0) state computes: Adam is elementwise, the gradients are
-the same all-reduced sums, and the all-gather copies bytes (no arithmetic), so a zero 1
-or zero 3 run reproduces its zero 0 run bit for bit.
+the same dp sums, and the all-gather copies bytes (no arithmetic), so a zero 1 or zero 3
+run reproduces its zero 0 run bit for bit where the reduce-scatter sums in the
+all-reduce's order (dp 2), and within a few ulps per step otherwise.
 
-Why all-reduce then slice instead of a reduce-scatter: the gradient sums are then the
-same bytes as zero 0's (the control runs compare against them), and gloo's reduce-scatter
-needs equal chunks (torch.chunk's are not). A reduce-scatter over padded chunks would
-halve the gradient traffic on NCCL; the optimizer state, which is what zero shards, is
-the same either way. Zero 3 here gathers a stage's whole shard for a forward/backward,
-not one layer at a time: the state between steps (what transitions move) is a dp-th,
-compute memory is not reduced yet.
+Gradients: each replica receives only its chunk of the dp sums, by one reduce-scatter
+of padded flat chunks (`nereus.rl.zero3.reduce_scatter_chunks`: zero 1 after the
+backward, zero 3 per layer inside it), half an all-reduce's traffic. The sums are those of
+zero 0's all-reduce up to the collective's summation order (bit-equal at dp 2). Zero 3's
+forward and backward gather one layer at a time (`nereus.rl.zero3.LayerGather`); the
+weight sync, which reads whole shards, gathers a stage at once (`gathered_weights`).
 """
 
 from __future__ import annotations
@@ -45,26 +45,28 @@ __all__ = ["chunk_boxes", "chunk_rows", "gather_weight_chunks", "gathered_weight
 
 
 @torch.no_grad()
-def zero_adam_step(state: dict[str, torch.Tensor], grads: dict[str, torch.Tensor], step: int, lr: float,
-                   betas: tuple[float, float], eps: float, *, zero: int, replica: int, dp: int, group,
+def zero_adam_step(state: dict[str, torch.Tensor], grads: dict[str, torch.Tensor], names: Sequence[str], step: int,
+                   lr: float, betas: tuple[float, float], eps: float, *, zero: int, replica: int, dp: int, group,
                    dp_ranks: Sequence[int]) -> None:
-    """One Adam step on this replica's chunks of `state` (see the module docstring); under
-    zero 1 the weights are then all-gathered over `group` (the dp group; `dp_ranks[r]` is
-    the global rank of replica r). Collective over `group` under zero 1."""
+    """One Adam step on this replica's chunks of `state` (see the module docstring).
+    `grads`: {name: fp32 gradient chunk, rows `chunk_rows` of the local shard, already
+    summed over the dp group} (`nereus.rl.zero3.reduce_scatter_chunks`; a weight whose
+    chunk is empty is absent); `names`: every weight of the unit (the same on every
+    replica). Under zero 1 the weights are then all-gathered over `group` (the dp group;
+    `dp_ranks[r]` is the global rank of replica r). Collective over `group` under zero 1."""
     views: dict[str, torch.Tensor] = {}
-    chunk_grads: dict[str, torch.Tensor] = {}
-    for name, grad in grads.items():
-        lo, hi = chunk_rows(grad.shape[0], dp, replica)
-        if hi <= lo:
-            continue
-        views[name] = state[name] if zero >= 3 else state[name][lo:hi]
+    for name in grads:
+        if zero >= 3:
+            views[name] = state[name]
+        else:
+            lo, hi = chunk_rows(state[name].shape[0], dp, replica)
+            views[name] = state[name][lo:hi]
         for suffix in ("master", "exp_avg", "exp_avg_sq"):
             key = optimizer_name(name, suffix)
             views[key] = state[key]
-        chunk_grads[name] = grad[lo:hi]
-    adam_step(views, chunk_grads, step, lr, betas, eps)  # zero 1: writes the weight rows through the views
+    adam_step(views, grads, step, lr, betas, eps)  # zero 1: writes the weight rows through the views
     if zero < 3:
-        gather_weight_chunks({name: state[name] for name in grads}, replica, dp, group, dp_ranks)
+        gather_weight_chunks({name: state[name] for name in names}, replica, dp, group, dp_ranks)
 
 
 def local_weight_shapes(model, role) -> dict[str, tuple[int, ...]]:
