@@ -156,6 +156,43 @@ def _pieces(seg: dict, src_gpu: int, dst_gpu: int, before: dict, after: dict, te
     return out
 
 
+def joined(pieces: Iterable[Piece], src_gpu: int, dst_gpu: int, before: dict, after: dict,
+           direct_min: int = DIRECT_MIN_BYTES) -> list:
+    """`pieces` with each piece joined into the latest earlier piece of the same tensor
+    and unit pair that it continues along dim 0 in the source shard, in the destination
+    shard and globally (same ranges elsewhere): a fused tensor moving whole (gate|up
+    rows, q|k|v rows, each its own segment, with the optimizer states' segments between
+    them) becomes one piece, not one per part, so an expert-parallel transition handles
+    one piece per expert tensor. The order is that of the first parts; both sides of a
+    message join alike (same input). before/after: (unit, gpu, tensor) -> boxes, as
+    `_all_shards` gives."""
+    out: list = []
+    latest: dict = {}
+    for p in pieces:
+        key = (p.tensor, p.src_unit, p.dst_unit)
+        at = latest.get(key)
+        if at is not None:
+            q = out[at]
+            if _continues(q.src_slices, p.src_slices) and _continues(q.dst_slices, p.dst_slices) and \
+                    q.box[0][1] == p.box[0][0] and q.box[1:] == p.box[1:]:
+                src = (slice(q.src_slices[0].start, p.src_slices[0].stop),) + p.src_slices[1:]
+                dst = (slice(q.dst_slices[0].start, p.dst_slices[0].stop),) + p.dst_slices[1:]
+                nbytes = q.nbytes + p.nbytes
+                direct = nbytes >= direct_min and \
+                    _rows_only(src, shard_shape(before[(p.src_unit, src_gpu, p.tensor)])) and \
+                    _rows_only(dst, shard_shape(after[(p.dst_unit, dst_gpu, p.tensor)]))
+                out[at] = Piece(p.tensor, p.src_unit, p.dst_unit, src, dst, q.numel + p.numel, nbytes,
+                                ((q.box[0][0], p.box[0][1]),) + p.box[1:], direct)
+                continue
+        latest[key] = len(out)
+        out.append(p)
+    return out
+
+
+def _continues(before: tuple, after: tuple) -> bool:
+    return bool(before) and before[0].stop == after[0].start and before[1:] == after[1:]
+
+
 def _rows_only(slices: tuple[slice, ...], shape: tuple[int, ...]) -> bool:
     """True when the slices select whole rows of a contiguous local tensor (a contiguous
     region): every dimension but the first is taken in full."""
@@ -224,18 +261,22 @@ def rank_program(program: dict, gpu: int, direct_min_bytes: int = DIRECT_MIN_BYT
                             aliases.append(Alias(seg["tensor"], seg["src_unit"], seg["dst_unit"]))
                         totals["keep"] += box_numel(as_box(seg["box"])) * ELEMENT_BYTES[tensors[seg["tensor"]]["dtype"]]
                         continue
-                    pieces = _pieces(seg, gpu, gpu, before_all, after_all, tensors, where)
+                    pieces = joined(_pieces(seg, gpu, gpu, before_all, after_all, tensors, where), gpu, gpu,
+                                    before_all, after_all)
                     copies.extend(pieces)
                     totals["keep" if kind == "keep" else "copy"] += sum(p.nbytes for p in pieces)
             elif kind == "send" and gpu in (op["src"], op["dst"]):
                 if op["src"] == op["dst"]:
-                    pieces = [p for seg in op["segments"] for p in _pieces(seg, gpu, gpu, before_all, after_all, tensors, where)]
+                    pieces = joined((p for seg in op["segments"]
+                                     for p in _pieces(seg, gpu, gpu, before_all, after_all, tensors, where)),
+                                    gpu, gpu, before_all, after_all)
                     copies.extend(pieces)
                     totals["copy"] += sum(p.nbytes for p in pieces)
                     continue
-                pieces = tuple(p for seg in op["segments"]
-                               for p in _pieces(seg, op["src"], op["dst"], before_all, after_all, tensors, where,
-                                                direct_min_bytes))
+                pieces = tuple(joined((p for seg in op["segments"]
+                                       for p in _pieces(seg, op["src"], op["dst"], before_all, after_all, tensors,
+                                                        where, direct_min_bytes)),
+                                      op["src"], op["dst"], before_all, after_all, direct_min_bytes))
                 nbytes = sum(p.nbytes for p in pieces)
                 if "bytes" in op and op["bytes"] != nbytes:
                     raise ProgramError(f"{where}: says {op['bytes']} bytes but its segments hold {nbytes}")
