@@ -52,6 +52,10 @@ SHAPES = {
                     experts=128, experts_per_token=8, expert_ffn=768),
     "tiny": dict(layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=128, vocab=256,
                  experts=8, experts_per_token=2, expert_ffn=32),
+    # Qwen3-30B-A3B's tensor and piece counts (128 experts) on tiny dimensions: the host
+    # work per piece dominates, as it does on GPUs where bytes move fast
+    "host": dict(layers=48, hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=128, vocab=256,
+                 experts=128, experts_per_token=8, expert_ffn=32),
 }
 
 
@@ -153,6 +157,19 @@ def run_case(env: Env, case: str, args, shape: dict, bw: dict, first_case: bool)
         ok = verified(1) and ok
         back.append(env.timed(lambda: rt.transition("A"))[1])
         ok = verified(0) and ok
+    if args.profile:  # one more warm A -> B -> A, rank 0 under cProfile (host work per piece)
+        import cProfile
+        import pstats
+
+        profiler = cProfile.Profile() if env.rank == 0 else None
+        if profiler is not None:
+            profiler.enable()
+        rt.transition("B")
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(f"{args.profile}.{case}.prof")
+            pstats.Stats(profiler).sort_stats("cumulative").print_stats(25)
+        rt.transition("A")
     link = env.slowest(float(max(report.bytes_sent, report.bytes_received)))
     out = {"case": case, "model_stage": ms, "layers": layers, "state_bytes":
            sum(torch.Size(s).numel() * torch.empty((), dtype=d).element_size() for s, d in specs.values()),
@@ -230,12 +247,16 @@ def main(argv=None) -> int:
     parser.add_argument("--cases", default=None, help="comma-separated (default: all three for this world)")
     parser.add_argument("--layers", type=int, default=None, help="default: the shape's (48 on GPU, 2 tiny)")
     parser.add_argument("--repeats", type=int, default=None, help="warm A -> B -> A cycles (default 5, quick 3)")
+    parser.add_argument("--shape", choices=tuple(SHAPES), default=None,
+                        help="default 30b-a3b on GPU, tiny on CPU; host = 30b-a3b's counts on tiny dimensions")
+    parser.add_argument("--profile", default=None, metavar="PREFIX",
+                        help="rank 0 profiles one more warm A -> B with cProfile into PREFIX.CASE.prof")
     parser.add_argument("--bandwidth-mib", type=int, default=None, help="default 1024 on GPU, 4 on CPU")
     args = parser.parse_args(argv)
     env = Env(args)
     if env.world < 2:
         raise SystemExit("moe_reshard.py needs 2 or more ranks")
-    shape = SHAPES["30b-a3b"] if env.cuda else SHAPES["tiny"]
+    shape = SHAPES[args.shape or ("30b-a3b" if env.cuda else "tiny")]
     if args.repeats is None:
         args.repeats = 3 if args.quick else 5
     bw = link_bandwidth(env, args.bandwidth_mib)
