@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import time
 
 import torch
 
@@ -146,12 +147,16 @@ def run_case(env: Env, case: str, args, shape: dict, bw: dict, first_case: bool)
     ok = verified(1) and ok
     rt.transition("A")
     ok = verified(0) and ok
+    pieces = _piece_counts(rt.compile("B")[0], env.rank)  # A -> B, cached by the cold call
     rt.transition("B")  # warm-up cycle, untimed
     rt.transition("A")
     walls, execs, back = [], [], []
     report = None
+    cpu = []
     for _ in range(args.repeats):
+        started = time.process_time()
         report, wall = env.timed(lambda: rt.transition("B"))
+        cpu.append(env.slowest(time.process_time() - started))
         walls.append(wall)
         execs.append(report.max_seconds)
         ok = verified(1) and ok
@@ -175,9 +180,9 @@ def run_case(env: Env, case: str, args, shape: dict, bw: dict, first_case: bool)
            sum(torch.Size(s).numel() * torch.empty((), dtype=d).element_size() for s, d in specs.values()),
            "peak_estimate_bytes": peak, "rollback": report.rollback,
            "nereus_s": statistics.median(walls), "nereus_times_s": walls, "nereus_exec_s": statistics.median(execs),
-           "nereus_reverse_s": statistics.median(back), "nereus_reverse_times_s": back,
+           "nereus_cpu_s": statistics.median(cpu), "nereus_reverse_s": statistics.median(back), "nereus_reverse_times_s": back,
            "nereus_cold_s": cold_wall, "nereus_cold_exec_s": cold.max_seconds, "nereus_cold_compile_s": cold.compile_s,
-           "process_cold": first_case, "rounds": len(report.rounds), "bytes_moved": report.total_bytes_sent,
+           "process_cold": first_case, "rounds": len(report.rounds), "rank0_pieces": pieces, "bytes_moved": report.total_bytes_sent,
            "bytes_busiest_link": int(link),
            "bound_link_s": link / (bw["p2p_GBps"] * 1e9) if bw.get("p2p_GBps") else None,
            **bounds(incoming_bytes(units[0], units[1], specs), bw), "verified": bool(ok)}
@@ -186,8 +191,8 @@ def run_case(env: Env, case: str, args, shape: dict, bw: dict, first_case: bool)
         out["nereus_over_bound_link"] = out["nereus_s"] / out["bound_link_s"]
     if out["bound_s"]:
         out["nereus_over_bound"] = out["nereus_s"] / out["bound_s"]
-    env.log(f"{case}: warm {out['nereus_s']:.3f} s (reverse {out['nereus_reverse_s']:.3f}), cold "
-            f"{cold_wall:.3f}, {out['bytes_moved'] / 1e6:.1f} MB sent (owner change "
+    env.log(f"{case}: warm {out['nereus_s']:.3f} s (host CPU {out['nereus_cpu_s']:.3f} s, reverse {out['nereus_reverse_s']:.3f}), cold "
+            f"{cold_wall:.3f} (compile {cold.compile_s:.3f}), pieces {pieces}, {out['bytes_moved'] / 1e6:.1f} MB sent (owner change "
             f"{out['bytes_owner_change'] / 1e6:.1f}), link bound {out['bound_link_s'] or 0:.3f} s, verified {ok}")
     del rt
     free_memory(env)
@@ -195,6 +200,17 @@ def run_case(env: Env, case: str, args, shape: dict, bw: dict, first_case: bool)
         out["max_allocated_bytes"] = int(env.slowest(float(torch.cuda.max_memory_allocated(env.device))))
         torch.cuda.reset_peak_memory_stats(env.device)
     return out
+
+
+def _piece_counts(program: dict, rank: int) -> dict:
+    """This rank's pieces of a program: sent, received (in place or packed) and copied."""
+    from nereus.runtime.program import rank_program
+
+    prog = rank_program(program, rank)
+    sent = [p for w in prog.rounds for m in w.sends for p in m.pieces]
+    received = [p for w in prog.rounds for m in w.recvs for p in m.pieces]
+    return {"sent": len(sent), "received": len(received), "direct": sum(p.direct for p in sent + received),
+            "copied": sum(len(w.copies) for w in prog.rounds)}
 
 
 def forward_check(env: Env, seed: int) -> dict:

@@ -325,13 +325,8 @@ def _round(run: _Run, work) -> RoundTiming:
         side = copy_stream(device) if work.copies else None
         try:
             with torch.cuda.stream(side) if side is not None else nothing():
-                for piece in work.copies:  # same-GPU copies overlap the transfers
-                    step, peer = f"copy {piece.tensor} {piece.src_unit} -> {piece.dst_unit}", None
-                    new[piece.dst_unit][piece.tensor][piece.dst_slices].copy_(
-                        sources[piece.src_unit][piece.tensor][piece.src_slices])
-                    run.written[(piece.dst_unit, piece.tensor)] = \
-                        run.written.get((piece.dst_unit, piece.tensor), 0) + piece.numel
-                    result.copied_bytes += piece.nbytes
+                step, peer = f"copy {len(work.copies)} pieces", None  # same-GPU copies overlap the transfers
+                _copy_pieces(run, work.copies)
         except Exception as error:  # noqa: BLE001
             late_error = late_error or (step, peer, error.with_traceback(None))
         step, peer = "exchange", None
@@ -392,6 +387,31 @@ def _round(run: _Run, work) -> RoundTiming:
     timing.messages = len(sends) + len(recvs)
     timing.seconds = time.perf_counter() - t0
     return timing
+
+
+def _copy_pieces(run: _Run, pieces) -> None:
+    """Same-GPU pieces, one `_foreach_copy_` per dtype (an expert-parallel round has
+    thousands: one Python step and copy call each cost more than the bytes)."""
+    groups: dict = {}
+    written, sources, new = run.written, run.sources, run.new
+    for piece in pieces:
+        src = sources[piece.src_unit][piece.tensor]
+        dst = new[piece.dst_unit][piece.tensor]
+        group = groups.get(src.dtype)
+        if group is None:
+            group = groups[src.dtype] = ([], [])
+        group[0].append(dst if piece.dst_whole else dst[piece.dst_slices])
+        group[1].append(src if piece.src_whole else src[piece.src_slices])
+        written[(piece.dst_unit, piece.tensor)] = written.get((piece.dst_unit, piece.tensor), 0) + piece.numel
+        run.result.copied_bytes += piece.nbytes
+    crossing = run.staged or run.host_before or run.host_after  # some shard may live in host memory
+    with torch.no_grad():
+        for dsts, srcs in groups.values():
+            if crossing:  # a copy across memories: one call each, as before
+                for d, s in zip(dsts, srcs):
+                    d.copy_(s)
+            else:
+                torch._foreach_copy_(dsts, srcs)
 
 
 def _stage_out(run: _Run, unit: str) -> None:

@@ -43,6 +43,8 @@ class Piece:
     nbytes: int
     box: Box  # global box, for error messages and checksums
     direct: bool = False  # sent from / received into the local tensors in place, no packing
+    src_whole: bool = False  # the slices cover the whole source shard (the view is the tensor)
+    dst_whole: bool = False  # the slices cover the whole destination shard
 
 
 @dataclass(frozen=True)
@@ -152,7 +154,7 @@ def _pieces(seg: dict, src_gpu: int, dst_gpu: int, before: dict, after: dict, te
         direct = nbytes >= direct_min and _rows_only(src_slices, shard_shape(src)) \
             and _rows_only(dst_slices, shard_shape(dst))
         out.append(Piece(name, seg["src_unit"], seg["dst_unit"], src_slices, dst_slices, box_numel(p), nbytes, p,
-                         direct))
+                         direct, _whole(src_slices, shard_shape(src)), _whole(dst_slices, shard_shape(dst))))
     return out
 
 
@@ -178,11 +180,12 @@ def joined(pieces: Iterable[Piece], src_gpu: int, dst_gpu: int, before: dict, af
                 src = (slice(q.src_slices[0].start, p.src_slices[0].stop),) + p.src_slices[1:]
                 dst = (slice(q.dst_slices[0].start, p.dst_slices[0].stop),) + p.dst_slices[1:]
                 nbytes = q.nbytes + p.nbytes
-                direct = nbytes >= direct_min and \
-                    _rows_only(src, shard_shape(before[(p.src_unit, src_gpu, p.tensor)])) and \
-                    _rows_only(dst, shard_shape(after[(p.dst_unit, dst_gpu, p.tensor)]))
+                src_shape = shard_shape(before[(p.src_unit, src_gpu, p.tensor)])
+                dst_shape = shard_shape(after[(p.dst_unit, dst_gpu, p.tensor)])
+                direct = nbytes >= direct_min and _rows_only(src, src_shape) and _rows_only(dst, dst_shape)
                 out[at] = Piece(p.tensor, p.src_unit, p.dst_unit, src, dst, q.numel + p.numel, nbytes,
-                                ((q.box[0][0], p.box[0][1]),) + p.box[1:], direct)
+                                ((q.box[0][0], p.box[0][1]),) + p.box[1:], direct, _whole(src, src_shape),
+                                _whole(dst, dst_shape))
                 continue
         latest[key] = len(out)
         out.append(p)
@@ -191,6 +194,10 @@ def joined(pieces: Iterable[Piece], src_gpu: int, dst_gpu: int, before: dict, af
 
 def _continues(before: tuple, after: tuple) -> bool:
     return bool(before) and before[0].stop == after[0].start and before[1:] == after[1:]
+
+
+def _whole(slices: tuple[slice, ...], shape: tuple[int, ...]) -> bool:
+    return len(slices) == len(shape) and all(sl.start == 0 and sl.stop == n for sl, n in zip(slices, shape))
 
 
 def _rows_only(slices: tuple[slice, ...], shape: tuple[int, ...]) -> bool:

@@ -37,11 +37,13 @@ class Live:
         self.peak = base
 
     def add(self, tensor: torch.Tensor) -> None:
-        key = tensor.untyped_storage().data_ptr()
-        if self.count.get(key, 0) == 0:
-            self.bytes += tensor.untyped_storage().nbytes()
+        storage = tensor.untyped_storage()  # one storage object per call: thousands of shards in an EP transition
+        key = storage.data_ptr()
+        count = self.count.get(key, 0)
+        if count == 0:
+            self.bytes += storage.nbytes()
             self.peak = max(self.peak, self.bytes)
-        self.count[key] = self.count.get(key, 0) + 1
+        self.count[key] = count + 1
 
     def remove(self, tensor: torch.Tensor) -> None:
         key = tensor.untyped_storage().data_ptr()
@@ -70,7 +72,8 @@ def in_stream(msg: Message, both_ways: set, chunk_bytes: int) -> list:
 
 def outgoing(msg: Message, sources: dict, device, in_stream: list, host_units=frozenset()) -> Wire:
     """host_units: before-units read from host memory (offloaded or staged out)."""
-    views = [sources[p.src_unit][p.tensor][p.src_slices] for p in msg.pieces]
+    views = [sources[p.src_unit][p.tensor] if p.src_whole else sources[p.src_unit][p.tensor][p.src_slices]
+             for p in msg.pieces]
     packed = [v for v, s in zip(views, in_stream) if s]
     direct = [v.to(device) for v, s in zip(views, in_stream) if not s]  # staged: host → device
     if not all(v.is_contiguous() for v in direct):
@@ -81,7 +84,8 @@ def outgoing(msg: Message, sources: dict, device, in_stream: list, host_units=fr
 
 def incoming(msg: Message, prog: RankProgram, new: dict, live: "Live", device, in_stream: list,
               host_units=frozenset()) -> Wire:
-    views = [destination(prog, new, live, device, p, host_units)[p.dst_slices] for p in msg.pieces]
+    views = [destination(prog, new, live, device, p, host_units) if p.dst_whole else
+             destination(prog, new, live, device, p, host_units)[p.dst_slices] for p in msg.pieces]
     packed = [v for v, s in zip(views, in_stream) if s]
     direct = [v for v, s in zip(views, in_stream) if not s]
     bounce = []
