@@ -197,21 +197,23 @@ def _chain_starts(boxes: list) -> int:
     return sum(1 for b in boxes if (b[0][0],) + tuple(b[1:]) not in ends)
 
 
-def xfer_pieces(dag: TransitionDag, x) -> int:
+def xfer_pieces(dag: TransitionDag, x, join: bool = True) -> int:
     """Runtime pieces of a transfer: one per (slot, state, joined box run) of its pieces;
     the runtime's lowering (nereus.runtime.program) cuts a segment by the shards' boxes
     and joins the parts of a tensor that continue each other, which for these layouts
-    gives the same count (tests/passes/test_cost_pieces.py checks it on MoE programs)."""
+    gives the same count (tests/passes/test_cost_pieces.py checks it on MoE programs).
+    join=False: every box its own piece (the runtime before it joined parts)."""
     model = dag.stages[x.stage].model
     specs = slot_specs(model)
     counts = slot_counts(model, *x.slots)
     by_spec: dict = defaultdict(list)
     for p in x.pieces:
         by_spec[p.spec].append(p.box)
-    return len(x.states) * sum(counts[specs[spec].kind] * _chain_starts(boxes) for spec, boxes in by_spec.items())
+    return len(x.states) * sum(counts[specs[spec].kind] * (_chain_starts(boxes) if join else len(boxes))
+                               for spec, boxes in by_spec.items())
 
 
-def pieces_per_gpu(program) -> list:
+def pieces_per_gpu(program, join: bool = True) -> list:
     """Per round, {gpu: pieces it sends, receives or copies} (`xfer_pieces`)."""
     dag = program.dag
     out = []
@@ -219,12 +221,12 @@ def pieces_per_gpu(program) -> list:
         counts: dict = defaultdict(int)
         for m in messages:
             for x in m.xfers:
-                n = xfer_pieces(dag, x)
+                n = xfer_pieces(dag, x, join)
                 counts[m.src] += n
                 counts[m.dst] += n
         for x in rnd.xfers:
             if x.kind == COPY:
-                counts[x.dst_gpu] += xfer_pieces(dag, x)
+                counts[x.dst_gpu] += xfer_pieces(dag, x, join)
         out.append(dict(counts))
     return out
 

@@ -390,18 +390,21 @@ def _round(run: _Run, work) -> RoundTiming:
 
 
 def _copy_pieces(run: _Run, pieces) -> None:
-    """Same-GPU pieces, one `_foreach_copy_` per dtype (an expert-parallel round has
-    thousands: one Python step and copy call each cost more than the bytes)."""
+    """Same-GPU pieces, one `_foreach_copy_` per dtype and contiguity (an expert-parallel
+    round has thousands: one Python step and copy launch each cost more than the bytes)."""
     groups: dict = {}
     written, sources, new = run.written, run.sources, run.new
     for piece in pieces:
         src = sources[piece.src_unit][piece.tensor]
         dst = new[piece.dst_unit][piece.tensor]
-        group = groups.get(src.dtype)
+        src = src if piece.src_whole else src[piece.src_slices]
+        dst = dst if piece.dst_whole else dst[piece.dst_slices]
+        key = (src.dtype, src.is_contiguous() and dst.is_contiguous())  # dense lists take CUDA's fused path
+        group = groups.get(key)
         if group is None:
-            group = groups[src.dtype] = ([], [])
-        group[0].append(dst if piece.dst_whole else dst[piece.dst_slices])
-        group[1].append(src if piece.src_whole else src[piece.src_slices])
+            group = groups[key] = ([], [])
+        group[0].append(dst)
+        group[1].append(src)
         written[(piece.dst_unit, piece.tensor)] = written.get((piece.dst_unit, piece.tensor), 0) + piece.numel
         run.result.copied_bytes += piece.nbytes
     crossing = run.staged or run.host_before or run.host_after  # some shard may live in host memory

@@ -54,9 +54,10 @@ def torch_unpack(buffer: torch.Tensor, views: Sequence[torch.Tensor], offsets: S
 
 
 def _grouped(buffer: torch.Tensor, views: Sequence[torch.Tensor], offsets: Sequence[int]) -> list:
-    """[(buffer regions, views)], one pair of lists per dtype: each view's region of
-    `buffer` as a contiguous tensor of its dtype and shape, for one `_foreach_copy_` per
-    dtype (a C++ loop, on CUDA a fused launch for contiguous pieces) instead of a Python
+    """[(buffer regions, views)], one pair of lists per dtype and contiguity: each view's
+    region of `buffer` as a contiguous tensor of its dtype and shape, for one
+    `_foreach_copy_` per list (a C++ loop; on CUDA one fused launch for a list of dense
+    pairs, which one strided view would send down the per-tensor path) instead of a Python
     step and a copy call per piece: an expert-parallel chunk holds thousands of small
     pieces. A region is one `as_strided` of the buffer viewed once per dtype; a buffer
     that cannot be viewed so (length or start not a multiple of the element size) gives
@@ -75,9 +76,10 @@ def _grouped(buffer: torch.Tensor, views: Sequence[torch.Tensor], offsets: Seque
         else:
             region = whole.as_strided(view.shape, _strides(view.shape),
                                       whole.storage_offset() + offset // whole.element_size())
-        group = groups.get(dtype)
+        key = (dtype, view.is_contiguous())  # a list of dense pairs only takes CUDA's fused path
+        group = groups.get(key)
         if group is None:
-            group = groups[dtype] = ([], [])
+            group = groups[key] = ([], [])
         group[0].append(region)
         group[1].append(view)
     return list(groups.values())
