@@ -12,6 +12,7 @@ model_stages)` (drop units of model-stages the embedding code did not hand to Ne
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
@@ -148,14 +149,19 @@ def _pieces(seg: dict, src_gpu: int, dst_gpu: int, before: dict, after: dict, te
         raise ProgramError(f"{where}: segment {name} {list(box)} is not covered by both the source and destination shards")
     itemsize = ELEMENT_BYTES[tensors[name]["dtype"]]
     out = []
+    src_shape, dst_shape = _shape(src), _shape(dst)
     for i, j, p in cut:
         src_slices, dst_slices = local_slices(src, i, p), local_slices(dst, j, p)
-        nbytes = box_numel(p) * itemsize
-        direct = nbytes >= direct_min and _rows_only(src_slices, shard_shape(src)) \
-            and _rows_only(dst_slices, shard_shape(dst))
-        out.append(Piece(name, seg["src_unit"], seg["dst_unit"], src_slices, dst_slices, box_numel(p), nbytes, p,
-                         direct, _whole(src_slices, shard_shape(src)), _whole(dst_slices, shard_shape(dst))))
+        numel = box_numel(p)
+        nbytes = numel * itemsize
+        direct = nbytes >= direct_min and _rows_only(src_slices, src_shape) and _rows_only(dst_slices, dst_shape)
+        out.append(Piece(name, seg["src_unit"], seg["dst_unit"], src_slices, dst_slices, numel, nbytes, p,
+                         direct, _whole(src_slices, src_shape), _whole(dst_slices, dst_shape)))
     return out
+
+
+# a shard's local shape, once per distinct box list (thousands of pieces share a few)
+_shape = functools.lru_cache(maxsize=1 << 16)(shard_shape)
 
 
 def joined(pieces: Iterable[Piece], src_gpu: int, dst_gpu: int, before: dict, after: dict,
@@ -180,8 +186,8 @@ def joined(pieces: Iterable[Piece], src_gpu: int, dst_gpu: int, before: dict, af
                 src = (slice(q.src_slices[0].start, p.src_slices[0].stop),) + p.src_slices[1:]
                 dst = (slice(q.dst_slices[0].start, p.dst_slices[0].stop),) + p.dst_slices[1:]
                 nbytes = q.nbytes + p.nbytes
-                src_shape = shard_shape(before[(p.src_unit, src_gpu, p.tensor)])
-                dst_shape = shard_shape(after[(p.dst_unit, dst_gpu, p.tensor)])
+                src_shape = _shape(before[(p.src_unit, src_gpu, p.tensor)])
+                dst_shape = _shape(after[(p.dst_unit, dst_gpu, p.tensor)])
                 direct = nbytes >= direct_min and _rows_only(src, src_shape) and _rows_only(dst, dst_shape)
                 out[at] = Piece(p.tensor, p.src_unit, p.dst_unit, src, dst, q.numel + p.numel, nbytes,
                                 ((q.box[0][0], p.box[0][1]),) + p.box[1:], direct, _whole(src, src_shape),
