@@ -42,7 +42,7 @@ def torch_pack(views: Sequence[torch.Tensor], offsets: Sequence[int], nbytes: in
     grouped = _grouped(buffer, views, offsets)
     with torch.no_grad():
         for regions, pieces in grouped:
-            torch._foreach_copy_(regions, pieces)
+            _copy_all(regions, pieces)
     return buffer
 
 
@@ -50,7 +50,17 @@ def torch_unpack(buffer: torch.Tensor, views: Sequence[torch.Tensor], offsets: S
     grouped = _grouped(buffer, views, offsets)
     with torch.no_grad():
         for regions, pieces in grouped:
-            torch._foreach_copy_(pieces, regions)
+            _copy_all(pieces, regions)
+
+
+def _copy_all(dsts: list, srcs: list) -> None:
+    """dsts[i] <- srcs[i]; one `_foreach_copy_` where both lists share a memory, one
+    `copy_` each where they cross (host pieces of an offloaded unit and a device buffer)."""
+    if dsts[0].is_cuda == srcs[0].is_cuda:
+        torch._foreach_copy_(dsts, srcs)
+    else:
+        for dst, src in zip(dsts, srcs):
+            dst.copy_(src)
 
 
 def _grouped(buffer: torch.Tensor, views: Sequence[torch.Tensor], offsets: Sequence[int]) -> list:
@@ -76,7 +86,8 @@ def _grouped(buffer: torch.Tensor, views: Sequence[torch.Tensor], offsets: Seque
         else:
             region = whole.as_strided(view.shape, _strides(view.shape),
                                       whole.storage_offset() + offset // whole.element_size())
-        key = (dtype, view.is_contiguous())  # a list of dense pairs only takes CUDA's fused path
+        # a list of dense pairs only takes CUDA's fused path; host views apart (offload.pack)
+        key = (dtype, view.is_contiguous(), view.is_cuda)
         group = groups.get(key)
         if group is None:
             group = groups[key] = ([], [])
