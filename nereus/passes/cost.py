@@ -62,7 +62,7 @@ class CostEstimate:
     lower_bound: int  # bytes whose owner changes
     messages: int = 0
     peak: "MemoryPeak | None" = None
-    pieces: int = 0  # pieces of the busiest GPU, summed over rounds (pieces_per_gpu)
+    pieces: int = 0  # pieces of the busiest GPU, summed over rounds (pieces_per_gpu; 0 when not counted)
 
 
 @dataclass(frozen=True)
@@ -190,13 +190,6 @@ def _missing_elements(model, before, after, states, r: int, q: int, u: int, held
     return need - present
 
 
-def _chain_starts(boxes: list) -> int:
-    """How many of `boxes` (of one tensor pattern) do not continue another along dim 0
-    (same ranges elsewhere): the runtime joins such a run into one piece."""
-    ends = {(b[0][1],) + tuple(b[1:]) for b in boxes}
-    return sum(1 for b in boxes if (b[0][0],) + tuple(b[1:]) not in ends)
-
-
 def xfer_pieces(dag: TransitionDag, x, join: bool = True) -> int:
     """Runtime pieces of a transfer: one per (slot, state, joined box run) of its pieces;
     the runtime's lowering (nereus.runtime.program) cuts a segment by the shards' boxes
@@ -204,13 +197,33 @@ def xfer_pieces(dag: TransitionDag, x, join: bool = True) -> int:
     gives the same count (tests/passes/test_cost_pieces.py checks it on MoE programs).
     join=False: every box its own piece (the runtime before it joined parts)."""
     model = dag.stages[x.stage].model
-    specs = slot_specs(model)
+    kinds = _spec_kinds(model)
     counts = slot_counts(model, *x.slots)
-    by_spec: dict = defaultdict(list)
+    per_kind = (counts["first"], counts["layer"], counts["last"])
+    if not join:
+        return len(x.states) * sum(per_kind[kinds[p.spec]] for p in x.pieces)
+    # as the runtime joins: in order, a box that continues the latest box of its pattern
+    # along dim 0 (same ranges elsewhere) is no new piece
+    latest: dict = {}
+    n = 0
     for p in x.pieces:
-        by_spec[p.spec].append(p.box)
-    return len(x.states) * sum(counts[specs[spec].kind] * (_chain_starts(boxes) if join else len(boxes))
-                               for spec, boxes in by_spec.items())
+        box, prev = p.box, latest.get(p.spec)
+        if prev is None or prev[0][1] != box[0][0] or prev[1:] != box[1:]:
+            n += per_kind[kinds[p.spec]]
+        latest[p.spec] = box
+    return len(x.states) * n
+
+
+_KINDS: dict = {}
+
+
+def _spec_kinds(model) -> tuple:
+    """Per tensor pattern of `model` (slot_specs order), its slot kind as 0 first, 1
+    layer, 2 last (cached: a program has thousands of transfers)."""
+    held = _KINDS.get(id(model))  # by identity (hashing a Model per call costs); the model is kept alive
+    if held is None or held[0] is not model:
+        held = _KINDS[id(model)] = (model, tuple(("first", "layer", "last").index(s.kind) for s in slot_specs(model)))
+    return held[1]
 
 
 def pieces_per_gpu(program, join: bool = True) -> list:
@@ -233,14 +246,16 @@ def pieces_per_gpu(program, join: bool = True) -> list:
 
 def estimate(program, host_bytes_per_s: float = HOST_BYTES_PER_S,
              message_latency_s: float = MESSAGE_LATENCY_S, *, piece_s: float = 0.0, fixed_s: float = 0.0,
-             intra_bytes_per_s: float | None = None) -> CostEstimate:
+             intra_bytes_per_s: float | None = None, count_pieces: bool = False) -> CostEstimate:
     """Predicted seconds, byte counts and peak memory of `program` (module docstring)."""
     dag = program.dag
     cluster = dag.module.cluster
     node_of = cluster.node_of
     hbm = cluster.gpu.hbm_bytes_per_s
     intra_bw = intra_bytes_per_s or cluster.intra_bytes_per_s
-    pieces = pieces_per_gpu(program)
+    # counted only when asked (a piece term, or count_pieces): at 256 GPUs a program has
+    # millions of pieces, and the default pipeline's estimate does not need them
+    pieces = pieces_per_gpu(program) if piece_s or count_pieces else [{} for _ in program.schedule.rounds]
     seconds = []
     local = intra = inter = staged = kept = 0
     in_host = {i for i, f in enumerate(dag.frees) if dag.stages[f.stage].before.offload}

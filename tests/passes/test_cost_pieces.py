@@ -51,7 +51,7 @@ def test_pieces_per_gpu_match_the_runtime_lowering(model, stage, before, after):
 
 def test_the_piece_term_and_a_calibration_add_to_the_prediction():
     compiled = _compiled(MOE, "training", "dp 1 ep 2 on 0..1", "dp 2 on 0..1")
-    base = estimate(compiled.program, message_latency_s=0.0)
+    base = estimate(compiled.program, message_latency_s=0.0, count_pieces=True)
     busiest = max(pieces_per_gpu(compiled.program)[0].values())
     assert busiest > 0 and base.pieces == busiest
     timed = estimate(compiled.program, message_latency_s=0.0, piece_s=1e-5, fixed_s=0.002)
