@@ -202,15 +202,23 @@ def xfer_pieces(dag: TransitionDag, x, join: bool = True) -> int:
     per_kind = (counts["first"], counts["layer"], counts["last"])
     if not join:
         return len(x.states) * sum(per_kind[kinds[p.spec]] for p in x.pieces)
-    # as the runtime joins: in order, a box that continues the latest box of its pattern
-    # along dim 0 (same ranges elsewhere) is no new piece
+    # as the runtime joins: in order, a box that continues the latest one-part piece of its
+    # pattern along dim 0 (same ranges elsewhere) extends it, one that repeats it further
+    # down (same extent) makes it a two-part piece; anything else is a new piece
     latest: dict = {}
     n = 0
     for p in x.pieces:
         box, prev = p.box, latest.get(p.spec)
-        if prev is None or prev[0][1] != box[0][0] or prev[1:] != box[1:]:
-            n += per_kind[kinds[p.spec]]
-        latest[p.spec] = box
+        if prev is not None and prev[1] == 1 and prev[0][1:] == box[1:]:
+            (lo, hi), (start, stop) = prev[0][0], box[0]
+            if hi == start:
+                latest[p.spec] = (((lo, stop),) + box[1:], 1)
+                continue
+            if stop - start == hi - lo and start > lo:
+                latest[p.spec] = (prev[0], 2)
+                continue
+        n += per_kind[kinds[p.spec]]
+        latest[p.spec] = (box, 1)
     return len(x.states) * n
 
 

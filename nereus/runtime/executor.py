@@ -44,7 +44,7 @@ from .control import Failure, agree
 from .posting import p2p_ops as _p2p_ops, post as _post
 from .parking import ROLLBACK_MODES, Parking, default_rollback, park_plan, real_room, restore_parked
 from .program import RankProgram
-from .wires import (TORCH_DTYPES, Live, allocate, check_complete, copy_stream, destination, in_stream,
+from .wires import (TORCH_DTYPES, Live, allocate, check_complete, copy_stream, destination, in_stream, piece_region,
                     incoming, nothing, outgoing, peer_streams)
 
 class InjectedFault(RuntimeError):
@@ -395,10 +395,10 @@ def _copy_pieces(run: _Run, pieces) -> None:
     groups: dict = {}
     written, sources, new = run.written, run.sources, run.new
     for piece in pieces:
-        src = sources[piece.src_unit][piece.tensor]
-        dst = new[piece.dst_unit][piece.tensor]
-        src = src if piece.src_whole else src[piece.src_slices]
-        dst = dst if piece.dst_whole else dst[piece.dst_slices]
+        src = piece_region(sources[piece.src_unit][piece.tensor], piece.src_slices, piece.src_whole, piece.parts,
+                           piece.src_step)
+        dst = piece_region(new[piece.dst_unit][piece.tensor], piece.dst_slices, piece.dst_whole, piece.parts,
+                           piece.dst_step)
         key = (src.dtype, src.is_contiguous() and dst.is_contiguous())  # dense lists take CUDA's fused path
         group = groups.get(key)
         if group is None:

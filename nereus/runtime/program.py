@@ -46,6 +46,12 @@ class Piece:
     direct: bool = False  # sent from / received into the local tensors in place, no packing
     src_whole: bool = False  # the slices cover the whole source shard (the view is the tensor)
     dst_whole: bool = False  # the slices cover the whole destination shard
+    # parts > 1: the slices are the first of `parts` equal regions, part k shifted by
+    # k x step rows in each local tensor (a split expert's gate half and up half: one
+    # piece); numel, nbytes cover every part, box is the first part's
+    parts: int = 1
+    src_step: int = 0
+    dst_step: int = 0
 
 
 @dataclass(frozen=True)
@@ -171,9 +177,11 @@ def joined(pieces: Iterable[Piece], src_gpu: int, dst_gpu: int, before: dict, af
     shard and globally (same ranges elsewhere): a fused tensor moving whole (gate|up
     rows, q|k|v rows, each its own segment, with the optimizer states' segments between
     them) becomes one piece, not one per part, so an expert-parallel transition handles
-    one piece per expert tensor. The order is that of the first parts; both sides of a
-    message join alike (same input). before/after: (unit, gpu, tensor) -> boxes, as
-    `_all_shards` gives."""
+    one piece per expert tensor. A piece that repeats the latest one further down instead
+    (same extent, a positive shift on both sides and globally: the gate half and the up
+    half of a TP-split expert) makes it a two-part piece (`Piece.parts`). The order is
+    that of the first parts; both sides of a message join alike (same input).
+    before/after: (unit, gpu, tensor) -> boxes, as `_all_shards` gives."""
     out: list = []
     latest: dict = {}
     for p in pieces:
@@ -181,8 +189,8 @@ def joined(pieces: Iterable[Piece], src_gpu: int, dst_gpu: int, before: dict, af
         at = latest.get(key)
         if at is not None:
             q = out[at]
-            if _continues(q.src_slices, p.src_slices) and _continues(q.dst_slices, p.dst_slices) and \
-                    q.box[0][1] == p.box[0][0] and q.box[1:] == p.box[1:]:
+            if q.parts == 1 and _continues(q.src_slices, p.src_slices) and _continues(q.dst_slices, p.dst_slices) \
+                    and q.box[0][1] == p.box[0][0] and q.box[1:] == p.box[1:]:
                 src = (slice(q.src_slices[0].start, p.src_slices[0].stop),) + p.src_slices[1:]
                 dst = (slice(q.dst_slices[0].start, p.dst_slices[0].stop),) + p.dst_slices[1:]
                 nbytes = q.nbytes + p.nbytes
@@ -193,9 +201,26 @@ def joined(pieces: Iterable[Piece], src_gpu: int, dst_gpu: int, before: dict, af
                                 ((q.box[0][0], p.box[0][1]),) + p.box[1:], direct, _whole(src, src_shape),
                                 _whole(dst, dst_shape))
                 continue
+            if q.parts == 1 and _second_part(q, p):
+                out[at] = Piece(p.tensor, p.src_unit, p.dst_unit, q.src_slices, q.dst_slices, q.numel + p.numel,
+                                q.nbytes + p.nbytes, q.box, False, False, False, 2,
+                                p.src_slices[0].start - q.src_slices[0].start,
+                                p.dst_slices[0].start - q.dst_slices[0].start)
+                continue
         latest[key] = len(out)
         out.append(p)
     return out
+
+
+def _second_part(q: Piece, p: Piece) -> bool:
+    """Whether p is q shifted along dim 0 by a positive number of rows in the source, in
+    the destination and globally (same extent, same ranges elsewhere): the two halves of
+    a TP-split fused tensor (gate rows and up rows), which one two-part piece moves."""
+    rows = q.src_slices[0].stop - q.src_slices[0].start
+    return bool(q.src_slices) and p.src_slices[0].stop - p.src_slices[0].start == rows and \
+        p.src_slices[1:] == q.src_slices[1:] and p.dst_slices[1:] == q.dst_slices[1:] and \
+        p.box[1:] == q.box[1:] and p.src_slices[0].start > q.src_slices[0].start and \
+        p.dst_slices[0].start > q.dst_slices[0].start and p.box[0][0] > q.box[0][0]
 
 
 def _continues(before: tuple, after: tuple) -> bool:
@@ -268,16 +293,17 @@ def rank_program(program: dict, gpu: int, direct_min_bytes: int = DIRECT_MIN_BYT
             elif kind == "stage_out" and op["gpu"] == gpu:
                 stage_outs.append(op["unit"])
             elif kind in ("keep", "copy") and op["gpu"] == gpu:
+                cut = []
                 for seg in op["segments"]:
                     if kind == "keep" and (seg["dst_unit"], seg["tensor"]) in alias_ok:
                         if Alias(seg["tensor"], seg["src_unit"], seg["dst_unit"]) not in aliases:
                             aliases.append(Alias(seg["tensor"], seg["src_unit"], seg["dst_unit"]))
                         totals["keep"] += box_numel(as_box(seg["box"])) * ELEMENT_BYTES[tensors[seg["tensor"]]["dtype"]]
                         continue
-                    pieces = joined(_pieces(seg, gpu, gpu, before_all, after_all, tensors, where), gpu, gpu,
-                                    before_all, after_all)
-                    copies.extend(pieces)
-                    totals["keep" if kind == "keep" else "copy"] += sum(p.nbytes for p in pieces)
+                    cut.extend(_pieces(seg, gpu, gpu, before_all, after_all, tensors, where))
+                pieces = joined(cut, gpu, gpu, before_all, after_all)  # across the op's segments, as sends
+                copies.extend(pieces)
+                totals["keep" if kind == "keep" else "copy"] += sum(p.nbytes for p in pieces)
             elif kind == "send" and gpu in (op["src"], op["dst"]):
                 if op["src"] == op["dst"]:
                     pieces = joined((p for seg in op["segments"]

@@ -72,7 +72,7 @@ def in_stream(msg: Message, both_ways: set, chunk_bytes: int) -> list:
 
 def outgoing(msg: Message, sources: dict, device, in_stream: list, host_units=frozenset()) -> Wire:
     """host_units: before-units read from host memory (offloaded or staged out)."""
-    views = [sources[p.src_unit][p.tensor] if p.src_whole else sources[p.src_unit][p.tensor][p.src_slices]
+    views = [piece_region(sources[p.src_unit][p.tensor], p.src_slices, p.src_whole, p.parts, p.src_step)
              for p in msg.pieces]
     packed = [v for v, s in zip(views, in_stream) if s]
     direct = [v.to(device) for v, s in zip(views, in_stream) if not s]  # staged: host → device
@@ -84,8 +84,8 @@ def outgoing(msg: Message, sources: dict, device, in_stream: list, host_units=fr
 
 def incoming(msg: Message, prog: RankProgram, new: dict, live: "Live", device, in_stream: list,
               host_units=frozenset()) -> Wire:
-    views = [destination(prog, new, live, device, p, host_units) if p.dst_whole else
-             destination(prog, new, live, device, p, host_units)[p.dst_slices] for p in msg.pieces]
+    views = [piece_region(destination(prog, new, live, device, p, host_units), p.dst_slices, p.dst_whole, p.parts,
+                          p.dst_step) for p in msg.pieces]
     packed = [v for v, s in zip(views, in_stream) if s]
     direct = [v for v, s in zip(views, in_stream) if not s]
     bounce = []
@@ -94,6 +94,19 @@ def incoming(msg: Message, prog: RankProgram, new: dict, live: "Live", device, i
         landing = {id(v): b for b, v in bounce}
         direct = [landing.get(id(v), v) for v in direct]
     return Wire(msg, packed, direct, views, bounce)
+
+
+def piece_region(tensor: torch.Tensor, slices: tuple, whole: bool, parts: int = 1, step: int = 0) -> torch.Tensor:
+    """A piece's region of a local tensor: the tensor itself when whole, its slice, or
+    for a piece of `parts` parts a view [parts, *slice shape] whose part k lies `k x step`
+    rows further (program.Piece)."""
+    if whole:
+        return tensor
+    view = tensor[slices]
+    if parts == 1:
+        return view
+    return view.as_strided((parts,) + tuple(view.shape), (step * tensor.stride(0),) + view.stride(),
+                           view.storage_offset())
 
 
 def peer_streams(wires: list, device, chunk_bytes: int, depth: int) -> list:

@@ -44,12 +44,27 @@ def test_an_expert_moving_whole_travels_as_one_piece_per_tensor():
     assert gate_up.src_slices == (slice(0, 16), slice(0, 16)) and gate_up.dst_slices == gate_up.src_slices
 
 
-def test_split_experts_keep_their_separate_parts():
+def test_the_halves_of_a_split_expert_travel_as_one_two_part_piece():
     # ep 2 -> tp 2: GPU 1 gets the gate half and the up half of each of GPU 0's experts:
-    # two row ranges that are not adjacent in the source, so two pieces
+    # rows 4:8 and 12:16 of the source (not adjacent), rows 0:4 and 4:8 of its shard: one
+    # piece of 2 parts, 8 source rows and 4 destination rows apart
     pieces = [p for p in _received("dp 1 tp 2") if p.tensor == "actor/layers.0.mlp.experts.0.gate_up.weight"]
-    assert [p.src_slices[0] for p in pieces] == [slice(4, 8), slice(12, 16)]
-    assert [p.dst_slices[0] for p in pieces] == [slice(0, 4), slice(4, 8)]
+    assert len(pieces) == 1
+    (piece,) = pieces
+    assert (piece.parts, piece.src_step, piece.dst_step) == (2, 8, 4)
+    assert piece.src_slices == (slice(4, 8), slice(0, 16)) and piece.dst_slices == (slice(0, 4), slice(0, 16))
+    assert piece.numel == 2 * 4 * 16 and not piece.direct
+
+
+def test_a_two_part_view_reads_both_parts():
+    from nereus.runtime.wires import piece_region
+
+    source = torch.arange(16 * 3).reshape(16, 3)
+    view = piece_region(source, (slice(4, 8), slice(0, 3)), False, 2, 8)
+    assert torch.equal(view, torch.stack([source[4:8], source[12:16]]))
+    target = torch.zeros(8, 3, dtype=source.dtype)
+    piece_region(target, (slice(0, 4), slice(0, 3)), False, 2, 4).copy_(view)
+    assert torch.equal(target, torch.cat([source[4:8], source[12:16]]))
 
 
 def _views():
