@@ -98,15 +98,17 @@ def incoming(msg: Message, prog: RankProgram, new: dict, live: "Live", device, i
 
 def piece_region(tensor: torch.Tensor, slices: tuple, whole: bool, parts: int = 1, step: int = 0) -> torch.Tensor:
     """A piece's region of a local tensor: the tensor itself when whole, its slice, or
-    for a piece of `parts` parts a view [parts, *slice shape] whose part k lies `k x step`
-    rows further (program.Piece)."""
+    for a piece of `parts` parts a view [rows, parts, *rest] whose part k lies `k x step`
+    rows further (program.Piece). Rows stay the first dimension, so a stream still cuts
+    the piece into rows of a few parts' rows each (streams.chunk_views), never into a
+    whole part; both sides view their pieces alike, so the bytes travel in that order."""
     if whole:
         return tensor
     view = tensor[slices]
     if parts == 1:
         return view
-    return view.as_strided((parts,) + tuple(view.shape), (step * tensor.stride(0),) + view.stride(),
-                           view.storage_offset())
+    return view.as_strided((view.shape[0], parts) + tuple(view.shape[1:]),
+                           (view.stride(0), step * tensor.stride(0)) + view.stride()[1:], view.storage_offset())
 
 
 def peer_streams(wires: list, device, chunk_bytes: int, depth: int) -> list:
