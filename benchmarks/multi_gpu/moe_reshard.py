@@ -162,7 +162,7 @@ def run_case(env: Env, case: str, args, shape: dict, bw: dict, first_case: bool)
         ok = verified(1) and ok
         back.append(env.timed(lambda: rt.transition("A"))[1])
         ok = verified(0) and ok
-    if args.profile:  # one more warm A -> B -> A, rank 0 under cProfile (host work per piece)
+    if args.cprofile:  # one more warm A -> B -> A, rank 0 under cProfile (host work per piece)
         import cProfile
         import pstats
 
@@ -172,7 +172,7 @@ def run_case(env: Env, case: str, args, shape: dict, bw: dict, first_case: bool)
         rt.transition("B")
         if profiler is not None:
             profiler.disable()
-            profiler.dump_stats(f"{args.profile}.{case}.prof")
+            profiler.dump_stats(f"{args.cprofile}.{case}.prof")
             pstats.Stats(profiler).sort_stats("cumulative").print_stats(25)
         rt.transition("A")
     link = env.slowest(float(max(report.bytes_sent, report.bytes_received)))
@@ -265,7 +265,7 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=None, help="warm A -> B -> A cycles (default 5, quick 3)")
     parser.add_argument("--shape", choices=tuple(SHAPES), default=None,
                         help="default 30b-a3b on GPU, tiny on CPU; host = 30b-a3b's counts on tiny dimensions")
-    parser.add_argument("--profile", default=None, metavar="PREFIX",
+    parser.add_argument("--cprofile", default=None, metavar="PREFIX",
                         help="rank 0 profiles one more warm A -> B with cProfile into PREFIX.CASE.prof")
     parser.add_argument("--bandwidth-mib", type=int, default=None, help="default 1024 on GPU, 4 on CPU")
     args = parser.parse_args(argv)
