@@ -96,3 +96,18 @@ def test_grouped_pack_and_unpack_match_the_per_piece_copies(fn):
     wide = torch.zeros(6, 10)
     packing.torch_unpack(buffer[offsets[1]:], [wide[:, 2:5]], [0])
     assert torch.equal(wide[:, 2:5], views[1])
+
+
+def test_prepare_warms_the_views_the_executor_packs():
+    # the pack kernels are compiled ahead for these views: two-part pieces as [rows, 2, ...]
+    from nereus.runtime.prepare import stream_views
+    from nereus.runtime.wires import TORCH_DTYPES
+
+    module = _module("dp 1 tp 2")
+    prog = rank_program(program_json(compile_transition(module, "A", "B")), 0)
+    views = [v for _, vs in stream_views(prog, TORCH_DTYPES) for v in vs]
+    two_part = [p for w in prog.rounds for m in w.sends for p in m.pieces if p.parts == 2]
+    assert two_part and sum(v.dim() == 3 and v.shape[1] == 2 for v in views) >= len(two_part)
+    sent = sum(p.nbytes for w in prog.rounds for m in w.sends for p in m.pieces)
+    received = sum(p.nbytes for w in prog.rounds for m in w.recvs for p in m.pieces)
+    assert sum(v.numel() * v.element_size() for v in views) == sent + received
