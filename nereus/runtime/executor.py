@@ -414,7 +414,7 @@ def _copy_pieces(run: _Run, pieces) -> None:
                 for d, s in zip(dsts, srcs):
                     d.copy_(s)
             else:
-                torch._foreach_copy_(dsts, srcs)
+                packing.copy_all(dsts, srcs)
 
 
 def _stage_out(run: _Run, unit: str) -> None:

@@ -42,7 +42,7 @@ def torch_pack(views: Sequence[torch.Tensor], offsets: Sequence[int], nbytes: in
     grouped = _grouped(buffer, views, offsets)
     with torch.no_grad():
         for regions, pieces in grouped:
-            _copy_all(regions, pieces)
+            copy_all(regions, pieces)
     return buffer
 
 
@@ -50,13 +50,19 @@ def torch_unpack(buffer: torch.Tensor, views: Sequence[torch.Tensor], offsets: S
     grouped = _grouped(buffer, views, offsets)
     with torch.no_grad():
         for regions, pieces in grouped:
-            _copy_all(pieces, regions)
+            copy_all(pieces, regions)
 
 
-def _copy_all(dsts: list, srcs: list) -> None:
-    """dsts[i] <- srcs[i]; one `_foreach_copy_` where both lists share a memory, one
-    `copy_` each where they cross (host pieces of an offloaded unit and a device buffer)."""
-    if dsts[0].is_cuda == srcs[0].is_cuda:
+# below this many pieces a list is copied one `copy_` each (a few large pieces: the
+# driver's memcpy, as before); from it on, one `_foreach_copy_`
+FOREACH_MIN_PIECES = 16
+
+
+def copy_all(dsts: list, srcs: list) -> None:
+    """dsts[i] <- srcs[i]: one `_foreach_copy_` for many pieces in one memory, one `copy_`
+    each for a few, or where they cross memories (host pieces of an offloaded unit and a
+    device buffer)."""
+    if len(dsts) >= FOREACH_MIN_PIECES and dsts[0].is_cuda == srcs[0].is_cuda:
         torch._foreach_copy_(dsts, srcs)
     else:
         for dst, src in zip(dsts, srcs):
