@@ -40,6 +40,7 @@ import argparse
 import os
 import statistics
 import sys
+import time
 
 import torch
 
@@ -53,6 +54,10 @@ SHAPES = {
                     experts=128, experts_per_token=8, expert_ffn=768),
     "tiny": dict(layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=128, vocab=256,
                  experts=8, experts_per_token=2, expert_ffn=32),
+    # Qwen3-30B-A3B's tensor and piece counts (128 experts) on tiny dimensions: the host
+    # work per piece dominates, as it does on GPUs where bytes move fast
+    "host": dict(layers=48, hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=128, vocab=256,
+                 experts=128, experts_per_token=8, expert_ffn=32),
 }
 
 
@@ -143,12 +148,16 @@ def run_case(env: Env, case: str, args, shape: dict, bw: dict, first_case: bool)
     ok = verified(1) and ok
     rt.transition("A")
     ok = verified(0) and ok
+    pieces = _piece_counts(rt.compile("B")[0], env.rank)  # A -> B, cached by the cold call
     rt.transition("B")  # warm-up cycle, untimed
     rt.transition("A")
     walls, execs, back = [], [], []
     report = None
+    cpu = []
     for _ in range(args.repeats):
+        started = time.process_time()
         report, wall = env.timed(lambda: rt.transition("B"))
+        cpu.append(env.slowest(time.process_time() - started))
         walls.append(wall)
         execs.append(report.max_seconds)
         ok = verified(1) and ok
@@ -160,14 +169,27 @@ def run_case(env: Env, case: str, args, shape: dict, bw: dict, first_case: bool)
         profile_call(env, lambda: rt.transition("B"), os.path.join(args.profile, "profile_moe.txt"),
                      f"{case} A -> B ({ms}, {layers} layers)", rt=rt, source="A", target="B")
         rt.transition("A")
+    if args.cprofile:  # one more warm A -> B -> A, rank 0 under cProfile (host work per piece)
+        import cProfile
+        import pstats
+
+        profiler = cProfile.Profile() if env.rank == 0 else None
+        if profiler is not None:
+            profiler.enable()
+        rt.transition("B")
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(f"{args.cprofile}.{case}.prof")
+            pstats.Stats(profiler).sort_stats("cumulative").print_stats(25)
+        rt.transition("A")
     link = env.slowest(float(max(report.bytes_sent, report.bytes_received)))
     out = {"case": case, "model_stage": ms, "layers": layers, "state_bytes":
            sum(torch.Size(s).numel() * torch.empty((), dtype=d).element_size() for s, d in specs.values()),
            "peak_estimate_bytes": peak, "rollback": report.rollback,
            "nereus_s": statistics.median(walls), "nereus_times_s": walls, "nereus_exec_s": statistics.median(execs),
-           "nereus_reverse_s": statistics.median(back), "nereus_reverse_times_s": back,
+           "nereus_cpu_s": statistics.median(cpu), "nereus_reverse_s": statistics.median(back), "nereus_reverse_times_s": back,
            "nereus_cold_s": cold_wall, "nereus_cold_exec_s": cold.max_seconds, "nereus_cold_compile_s": cold.compile_s,
-           "process_cold": first_case, "rounds": len(report.rounds), "bytes_moved": report.total_bytes_sent,
+           "process_cold": first_case, "rounds": len(report.rounds), "rank0_pieces": pieces, "bytes_moved": report.total_bytes_sent,
            "bytes_busiest_link": int(link),
            "bound_link_s": link / (bw["p2p_GBps"] * 1e9) if bw.get("p2p_GBps") else None,
            **bounds(incoming_bytes(units[0], units[1], specs), bw), "verified": bool(ok)}
@@ -176,8 +198,8 @@ def run_case(env: Env, case: str, args, shape: dict, bw: dict, first_case: bool)
         out["nereus_over_bound_link"] = out["nereus_s"] / out["bound_link_s"]
     if out["bound_s"]:
         out["nereus_over_bound"] = out["nereus_s"] / out["bound_s"]
-    env.log(f"{case}: warm {out['nereus_s']:.3f} s (reverse {out['nereus_reverse_s']:.3f}), cold "
-            f"{cold_wall:.3f}, {out['bytes_moved'] / 1e6:.1f} MB sent (owner change "
+    env.log(f"{case}: warm {out['nereus_s']:.3f} s (host CPU {out['nereus_cpu_s']:.3f} s, reverse {out['nereus_reverse_s']:.3f}), cold "
+            f"{cold_wall:.3f} (compile {cold.compile_s:.3f}), pieces {pieces}, {out['bytes_moved'] / 1e6:.1f} MB sent (owner change "
             f"{out['bytes_owner_change'] / 1e6:.1f}), link bound {out['bound_link_s'] or 0:.3f} s, verified {ok}")
     del rt
     free_memory(env)
@@ -185,6 +207,17 @@ def run_case(env: Env, case: str, args, shape: dict, bw: dict, first_case: bool)
         out["max_allocated_bytes"] = int(env.slowest(float(torch.cuda.max_memory_allocated(env.device))))
         torch.cuda.reset_peak_memory_stats(env.device)
     return out
+
+
+def _piece_counts(program: dict, rank: int) -> dict:
+    """This rank's pieces of a program: sent, received (in place or packed) and copied."""
+    from nereus.runtime.program import rank_program
+
+    prog = rank_program(program, rank)
+    sent = [p for w in prog.rounds for m in w.sends for p in m.pieces]
+    received = [p for w in prog.rounds for m in w.recvs for p in m.pieces]
+    return {"sent": len(sent), "received": len(received), "direct": sum(p.direct for p in sent + received),
+            "copied": sum(len(w.copies) for w in prog.rounds)}
 
 
 def forward_check(env: Env, seed: int) -> dict:
@@ -237,6 +270,10 @@ def main(argv=None) -> int:
     parser.add_argument("--cases", default=None, help="comma-separated (default: all three for this world)")
     parser.add_argument("--layers", type=int, default=None, help="default: the shape's (48 on GPU, 2 tiny)")
     parser.add_argument("--repeats", type=int, default=None, help="warm A -> B -> A cycles (default 5, quick 3)")
+    parser.add_argument("--shape", choices=tuple(SHAPES), default=None,
+                        help="default 30b-a3b on GPU, tiny on CPU; host = 30b-a3b's counts on tiny dimensions")
+    parser.add_argument("--cprofile", default=None, metavar="PREFIX",
+                        help="rank 0 profiles one more warm A -> B with cProfile into PREFIX.CASE.prof")
     parser.add_argument("--bandwidth-mib", type=int, default=None, help="default 1024 on GPU, 4 on CPU")
     parser.add_argument("--profile", default=None, metavar="DIR",
                         help="profile one warm transition per case (PyTorch profiler; summary in DIR/profile_moe.txt)")
@@ -244,7 +281,7 @@ def main(argv=None) -> int:
     env = Env(args)
     if env.world < 2:
         raise SystemExit("moe_reshard.py needs 2 or more ranks")
-    shape = SHAPES["30b-a3b"] if env.cuda else SHAPES["tiny"]
+    shape = SHAPES[args.shape or ("30b-a3b" if env.cuda else "tiny")]
     if args.repeats is None:
         args.repeats = 3 if args.quick else 5
     bw = link_bandwidth(env, args.bandwidth_mib)

@@ -13,7 +13,14 @@ latency; the runtime corrects it with measured times):
   - a local copy reads and writes HBM: 2·bytes / hbm; a keep costs nothing;
   - a host staging moves bytes over PCIe at `host_bytes_per_s` (default 50 GB/s, PCIe 5 x16),
     and so do sends read from host memory (staged or offloaded shards, on the source GPU's
-    PCIe link) and sends into offloaded after units (on the destination's).
+    PCIe link) and sends into offloaded after units (on the destination's);
+  - host work per piece (`piece_s`, default 0): the runtime handles every piece it sends,
+    receives or copies in Python (views, allocation, pack and unpack calls), so a round
+    also lasts `piece_s` x the pieces of its busiest GPU (`pieces_per_gpu`), after its
+    link time; a transition adds `fixed_s` (the agreement and commit collectives).
+    Both are 0 by default; `Calibration` holds values fitted on device measurements
+    (benchmarks/calibrate_cost.py), with the measured per-direction NVLink bandwidth in
+    place of the cluster's `intra`.
 Bytes: total = copy + send + staged; local = copy; intra / inter by node of the endpoints;
 lower_bound = bytes whose owner GPU changes (computed from layouts, independently of the
 DAG's source choices): after-shard bytes not already on the same GPU in the same
@@ -55,6 +62,24 @@ class CostEstimate:
     lower_bound: int  # bytes whose owner changes
     messages: int = 0
     peak: "MemoryPeak | None" = None
+    pieces: int = 0  # pieces of the busiest GPU, summed over rounds (pieces_per_gpu; 0 when not counted)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Cost-model constants fitted on measured transitions (benchmarks/calibrate_cost.py):
+    `intra_bytes_per_s` replaces the cluster's NVLink figure (None: keep it), `piece_s`
+    and `fixed_s` as in the module docstring. `inter_bytes_per_s` stays the cluster's:
+    no inter-node link was measured. `source` says what the fit was made on."""
+
+    intra_bytes_per_s: float | None = None
+    piece_s: float = 0.0
+    fixed_s: float = 0.0
+    source: str = ""
+
+    def estimate(self, program, host_bytes_per_s: float = HOST_BYTES_PER_S) -> "CostEstimate":
+        return estimate(program, host_bytes_per_s, 0.0, piece_s=self.piece_s, fixed_s=self.fixed_s,
+                        intra_bytes_per_s=self.intra_bytes_per_s)
 
 
 @dataclass(frozen=True)
@@ -165,13 +190,80 @@ def _missing_elements(model, before, after, states, r: int, q: int, u: int, held
     return need - present
 
 
+def xfer_pieces(dag: TransitionDag, x, join: bool = True) -> int:
+    """Runtime pieces of a transfer: one per (slot, state, joined box run) of its pieces;
+    the runtime's lowering (nereus.runtime.program) cuts a segment by the shards' boxes
+    and joins the parts of a tensor that continue each other, which for these layouts
+    gives the same count (tests/passes/test_cost_pieces.py checks it on MoE programs).
+    join=False: every box its own piece (the runtime before it joined parts)."""
+    model = dag.stages[x.stage].model
+    kinds = _spec_kinds(model)
+    counts = slot_counts(model, *x.slots)
+    per_kind = (counts["first"], counts["layer"], counts["last"])
+    if not join:
+        return len(x.states) * sum(per_kind[kinds[p.spec]] for p in x.pieces)
+    # as the runtime joins: in order, a box that continues the latest one-part piece of its
+    # pattern along dim 0 (same ranges elsewhere) extends it, one that repeats it further
+    # down (same extent) makes it a two-part piece; anything else is a new piece
+    latest: dict = {}
+    n = 0
+    for p in x.pieces:
+        box, prev = p.box, latest.get(p.spec)
+        if prev is not None and prev[1] == 1 and prev[0][1:] == box[1:]:
+            (lo, hi), (start, stop) = prev[0][0], box[0]
+            if hi == start:
+                latest[p.spec] = (((lo, stop),) + box[1:], 1)
+                continue
+            if stop - start == hi - lo and start > lo:
+                latest[p.spec] = (prev[0], 2)
+                continue
+        n += per_kind[kinds[p.spec]]
+        latest[p.spec] = (box, 1)
+    return len(x.states) * n
+
+
+_KINDS: dict = {}
+
+
+def _spec_kinds(model) -> tuple:
+    """Per tensor pattern of `model` (slot_specs order), its slot kind as 0 first, 1
+    layer, 2 last (cached: a program has thousands of transfers)."""
+    held = _KINDS.get(id(model))  # by identity (hashing a Model per call costs); the model is kept alive
+    if held is None or held[0] is not model:
+        held = _KINDS[id(model)] = (model, tuple(("first", "layer", "last").index(s.kind) for s in slot_specs(model)))
+    return held[1]
+
+
+def pieces_per_gpu(program, join: bool = True) -> list:
+    """Per round, {gpu: pieces it sends, receives or copies} (`xfer_pieces`)."""
+    dag = program.dag
+    out = []
+    for rnd, messages in zip(program.schedule.rounds, program.messages):
+        counts: dict = defaultdict(int)
+        for m in messages:
+            for x in m.xfers:
+                n = xfer_pieces(dag, x, join)
+                counts[m.src] += n
+                counts[m.dst] += n
+        for x in rnd.xfers:
+            if x.kind == COPY:
+                counts[x.dst_gpu] += xfer_pieces(dag, x, join)
+        out.append(dict(counts))
+    return out
+
+
 def estimate(program, host_bytes_per_s: float = HOST_BYTES_PER_S,
-             message_latency_s: float = MESSAGE_LATENCY_S) -> CostEstimate:
+             message_latency_s: float = MESSAGE_LATENCY_S, *, piece_s: float = 0.0, fixed_s: float = 0.0,
+             intra_bytes_per_s: float | None = None, count_pieces: bool = False) -> CostEstimate:
     """Predicted seconds, byte counts and peak memory of `program` (module docstring)."""
     dag = program.dag
     cluster = dag.module.cluster
     node_of = cluster.node_of
     hbm = cluster.gpu.hbm_bytes_per_s
+    intra_bw = intra_bytes_per_s or cluster.intra_bytes_per_s
+    # counted only when asked (a piece term, or count_pieces): at 256 GPUs a program has
+    # millions of pieces, and the default pipeline's estimate does not need them
+    pieces = pieces_per_gpu(program) if piece_s or count_pieces else [{} for _ in program.schedule.rounds]
     seconds = []
     local = intra = inter = staged = kept = 0
     in_host = {i for i, f in enumerate(dag.frees) if dag.stages[f.stage].before.offload}
@@ -208,15 +300,21 @@ def estimate(program, host_bytes_per_s: float = HOST_BYTES_PER_S,
             in_host.add(f)
         alpha = message_latency_s
         t = max([0.0]
-                + [out_g[g] / cluster.intra_bytes_per_s + alpha * sends_g[("out", g)] for g in out_g]
-                + [in_g[g] / cluster.intra_bytes_per_s + alpha * sends_g[("in", g)] for g in in_g]
+                + [out_g[g] / intra_bw + alpha * sends_g[("out", g)] for g in out_g]
+                + [in_g[g] / intra_bw + alpha * sends_g[("in", g)] for g in in_g]
                 + [out_n[n] / cluster.inter_bytes_per_s + alpha * sends_n[("out", n)] for n in out_n]
                 + [in_n[n] / cluster.inter_bytes_per_s + alpha * sends_n[("in", n)] for n in in_n]
                 + [2 * b / hbm for b in copy_g.values()]
                 + [b / host_bytes_per_s for b in host_g.values()])
-        seconds.append(t)
-    return CostEstimate(sum(seconds), tuple(seconds), local + intra + inter + staged, local, intra, inter, staged,
-                        kept, owner_change_bytes(dag), sum(len(m) for m in program.messages), memory_peak(program))
+        seconds.append(t + piece_s * max(pieces[len(seconds)].values(), default=0))
+    busiest = defaultdict(int)
+    for counts in pieces:
+        for g, n in counts.items():
+            busiest[g] += n
+    return CostEstimate(sum(seconds) + (fixed_s if seconds else 0.0), tuple(seconds), local + intra + inter + staged,
+                        local, intra, inter, staged, kept, owner_change_bytes(dag),
+                        sum(len(m) for m in program.messages), memory_peak(program),
+                        max(busiest.values(), default=0))
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ from .control import Failure, agree
 from .posting import p2p_ops as _p2p_ops, post as _post
 from .parking import ROLLBACK_MODES, Parking, default_rollback, park_plan, real_room, restore_parked
 from .program import RankProgram
-from .wires import (TORCH_DTYPES, Live, allocate, check_complete, copy_stream, destination, in_stream,
+from .wires import (TORCH_DTYPES, Live, allocate, check_complete, copy_stream, destination, in_stream, piece_region,
                     incoming, nothing, outgoing, peer_streams)
 
 class InjectedFault(RuntimeError):
@@ -413,20 +413,41 @@ COPIES_AFTER = os.environ.get("NEREUS_COPIES_AFTER", "0") == "1"
 def _copies(run: _Run, work, side) -> Optional[tuple]:
     """Queue the round's same-GPU copies (on `side` when given); returns the first local
     failure as (step, peer, exception without traceback), or None."""
-    new, sources, result = run.new, run.sources, run.result
-    step = "copy"
+    step = f"copy {len(work.copies)} pieces"
     try:
         with torch.cuda.stream(side) if side is not None else nothing():
-            for piece in work.copies:
-                step = f"copy {piece.tensor} {piece.src_unit} -> {piece.dst_unit}"
-                new[piece.dst_unit][piece.tensor][piece.dst_slices].copy_(
-                    sources[piece.src_unit][piece.tensor][piece.src_slices])
-                run.written[(piece.dst_unit, piece.tensor)] = \
-                    run.written.get((piece.dst_unit, piece.tensor), 0) + piece.numel
-                result.copied_bytes += piece.nbytes
+            _copy_pieces(run, work.copies)
     except Exception as error:  # noqa: BLE001
         return step, None, error.with_traceback(None)
     return None
+
+
+def _copy_pieces(run: _Run, pieces) -> None:
+    """Same-GPU pieces, one `_foreach_copy_` per dtype and contiguity (an expert-parallel
+    round has thousands: one Python step and copy launch each cost more than the bytes)."""
+    groups: dict = {}
+    written, sources, new = run.written, run.sources, run.new
+    for piece in pieces:
+        src = piece_region(sources[piece.src_unit][piece.tensor], piece.src_slices, piece.src_whole, piece.parts,
+                           piece.src_step)
+        dst = piece_region(new[piece.dst_unit][piece.tensor], piece.dst_slices, piece.dst_whole, piece.parts,
+                           piece.dst_step)
+        key = (src.dtype, src.is_contiguous() and dst.is_contiguous())  # dense lists take CUDA's fused path
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = ([], [])
+        group[0].append(dst)
+        group[1].append(src)
+        written[(piece.dst_unit, piece.tensor)] = written.get((piece.dst_unit, piece.tensor), 0) + piece.numel
+        run.result.copied_bytes += piece.nbytes
+    crossing = run.staged or run.host_before or run.host_after  # some shard may live in host memory
+    with torch.no_grad():
+        for dsts, srcs in groups.values():
+            if crossing:  # a copy across memories: one call each, as before
+                for d, s in zip(dsts, srcs):
+                    d.copy_(s)
+            else:
+                packing.copy_all(dsts, srcs)
 
 
 def _stage_out(run: _Run, unit: str) -> None:

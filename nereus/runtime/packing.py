@@ -39,14 +39,92 @@ def _chunk(buffer: torch.Tensor, view: torch.Tensor, offset: int) -> torch.Tenso
 def torch_pack(views: Sequence[torch.Tensor], offsets: Sequence[int], nbytes: int,
                out: Optional[torch.Tensor] = None) -> torch.Tensor:
     buffer = out if out is not None else torch.empty(nbytes, dtype=torch.uint8, device=views[0].device)
-    for view, offset in zip(views, offsets):
-        _chunk(buffer, view, offset).copy_(view)
+    grouped = _grouped(buffer, views, offsets)
+    with torch.no_grad():
+        for regions, pieces in grouped:
+            copy_all(regions, pieces)
     return buffer
 
 
 def torch_unpack(buffer: torch.Tensor, views: Sequence[torch.Tensor], offsets: Sequence[int]) -> None:
+    grouped = _grouped(buffer, views, offsets)
+    with torch.no_grad():
+        for regions, pieces in grouped:
+            copy_all(pieces, regions)
+
+
+# below this many pieces a list is copied one `copy_` each (a few large pieces: the
+# driver's memcpy, as before); from it on, one `_foreach_copy_`
+FOREACH_MIN_PIECES = 16
+
+
+def copy_all(dsts: list, srcs: list) -> None:
+    """dsts[i] <- srcs[i]: one `_foreach_copy_` for many pieces in one memory, one `copy_`
+    each for a few, or where they cross memories (host pieces of an offloaded unit and a
+    device buffer)."""
+    if len(dsts) >= FOREACH_MIN_PIECES and dsts[0].is_cuda == srcs[0].is_cuda:
+        torch._foreach_copy_(dsts, srcs)
+    else:
+        for dst, src in zip(dsts, srcs):
+            dst.copy_(src)
+
+
+def _grouped(buffer: torch.Tensor, views: Sequence[torch.Tensor], offsets: Sequence[int]) -> list:
+    """[(buffer regions, views)], one pair of lists per dtype and contiguity: each view's
+    region of `buffer` as a contiguous tensor of its dtype and shape, for one
+    `_foreach_copy_` per list (a C++ loop; on CUDA one fused launch for a list of dense
+    pairs, which one strided view would send down the per-tensor path) instead of a Python
+    step and a copy call per piece: an expert-parallel chunk holds thousands of small
+    pieces. A region is one `as_strided` of the buffer viewed once per dtype; a buffer
+    that cannot be viewed so (length or start not a multiple of the element size) gives
+    the region by slicing (`_chunk`)."""
+    typed: dict = {}
+    groups: dict = {}
     for view, offset in zip(views, offsets):
-        view.copy_(_chunk(buffer, view, offset))
+        if view.numel() == 0:
+            continue
+        dtype = view.dtype
+        if dtype not in typed:
+            typed[dtype] = _typed(buffer, dtype)
+        whole = typed[dtype]
+        if whole is None or offset % whole.element_size():
+            region = _chunk(buffer, view, offset)
+        else:
+            region = whole.as_strided(view.shape, _strides(view.shape),
+                                      whole.storage_offset() + offset // whole.element_size())
+        # a list of dense pairs only takes CUDA's fused path; host views apart (offload.pack)
+        key = (dtype, view.is_contiguous(), view.is_cuda)
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = ([], [])
+        group[0].append(region)
+        group[1].append(view)
+    return list(groups.values())
+
+
+def _typed(buffer: torch.Tensor, dtype: torch.dtype) -> Optional[torch.Tensor]:
+    """The uint8 buffer viewed as `dtype` (its whole elements), or None when its start is
+    not a multiple of the element size."""
+    size = torch.empty((), dtype=dtype).element_size()
+    flat = buffer.reshape(-1)
+    if flat.storage_offset() % size:
+        return None
+    return flat[:flat.numel() - flat.numel() % size].view(dtype)
+
+
+_STRIDES: dict = {}
+
+
+def _strides(shape: torch.Size) -> tuple:
+    """Row-major strides of `shape` (cached: a transition's pieces share few shapes)."""
+    strides = _STRIDES.get(shape)
+    if strides is None:
+        out, step = [], 1
+        for d in reversed(shape):
+            out.append(step)
+            step *= d
+        strides = _STRIDES[shape] = tuple(reversed(out))
+    return strides
 
 
 def _kernels():

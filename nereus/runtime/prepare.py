@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from . import packing, streams
 from .program import RankProgram
+from .wires import piece_region
 
 _WARM_TAG = 1 << 26
 # data communicators on NCCL: NCCL runs the point-to-point ops of one communicator one
@@ -100,10 +101,12 @@ def stream_views(prog: RankProgram, dtypes: dict) -> list:
                 for p in msg.pieces:
                     if not streams.streamed(p, msg.peer in both_ways, streams.CHUNK_BYTES):
                         continue
-                    if kind == "pack":
-                        view = _meta(prog.before[p.src_unit][p.tensor], dtypes)[p.src_slices]
+                    if kind == "pack":  # as the executor views it (wires.piece_region: two-part pieces too)
+                        view = piece_region(_meta(prog.before[p.src_unit][p.tensor], dtypes), p.src_slices,
+                                            p.src_whole, p.parts, p.src_step)
                     else:
-                        view = _meta(prog.after[p.dst_unit][p.tensor], dtypes)[p.dst_slices]
+                        view = piece_region(_meta(prog.after[p.dst_unit][p.tensor], dtypes), p.dst_slices,
+                                            p.dst_whole, p.parts, p.dst_step)
                     per_peer.setdefault(msg.peer, []).append(view)
             out += [(kind, views) for views in per_peer.values()]
     return out

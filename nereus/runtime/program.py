@@ -12,6 +12,7 @@ model_stages)` (drop units of model-stages the embedding code did not hand to Ne
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
@@ -43,6 +44,14 @@ class Piece:
     nbytes: int
     box: Box  # global box, for error messages and checksums
     direct: bool = False  # sent from / received into the local tensors in place, no packing
+    src_whole: bool = False  # the slices cover the whole source shard (the view is the tensor)
+    dst_whole: bool = False  # the slices cover the whole destination shard
+    # parts > 1: the slices are the first of `parts` equal regions, part k shifted by
+    # k x step rows in each local tensor (a split expert's gate half and up half: one
+    # piece); numel, nbytes cover every part, box is the first part's
+    parts: int = 1
+    src_step: int = 0
+    dst_step: int = 0
 
 
 @dataclass(frozen=True)
@@ -146,14 +155,80 @@ def _pieces(seg: dict, src_gpu: int, dst_gpu: int, before: dict, after: dict, te
         raise ProgramError(f"{where}: segment {name} {list(box)} is not covered by both the source and destination shards")
     itemsize = ELEMENT_BYTES[tensors[name]["dtype"]]
     out = []
+    src_shape, dst_shape = _shape(src), _shape(dst)
     for i, j, p in cut:
         src_slices, dst_slices = local_slices(src, i, p), local_slices(dst, j, p)
-        nbytes = box_numel(p) * itemsize
-        direct = nbytes >= direct_min and _rows_only(src_slices, shard_shape(src)) \
-            and _rows_only(dst_slices, shard_shape(dst))
-        out.append(Piece(name, seg["src_unit"], seg["dst_unit"], src_slices, dst_slices, box_numel(p), nbytes, p,
-                         direct))
+        numel = box_numel(p)
+        nbytes = numel * itemsize
+        direct = nbytes >= direct_min and _rows_only(src_slices, src_shape) and _rows_only(dst_slices, dst_shape)
+        out.append(Piece(name, seg["src_unit"], seg["dst_unit"], src_slices, dst_slices, numel, nbytes, p,
+                         direct, _whole(src_slices, src_shape), _whole(dst_slices, dst_shape)))
     return out
+
+
+# a shard's local shape, once per distinct box list (thousands of pieces share a few)
+_shape = functools.lru_cache(maxsize=1 << 16)(shard_shape)
+
+
+def joined(pieces: Iterable[Piece], src_gpu: int, dst_gpu: int, before: dict, after: dict,
+           direct_min: int = DIRECT_MIN_BYTES) -> list:
+    """`pieces` with each piece joined into the latest earlier piece of the same tensor
+    and unit pair that it continues along dim 0 in the source shard, in the destination
+    shard and globally (same ranges elsewhere): a fused tensor moving whole (gate|up
+    rows, q|k|v rows, each its own segment, with the optimizer states' segments between
+    them) becomes one piece, not one per part, so an expert-parallel transition handles
+    one piece per expert tensor. A piece that repeats the latest one further down instead
+    (same extent, a positive shift on both sides and globally: the gate half and the up
+    half of a TP-split expert) makes it a two-part piece (`Piece.parts`). The order is
+    that of the first parts; both sides of a message join alike (same input).
+    before/after: (unit, gpu, tensor) -> boxes, as `_all_shards` gives."""
+    out: list = []
+    latest: dict = {}
+    for p in pieces:
+        key = (p.tensor, p.src_unit, p.dst_unit)
+        at = latest.get(key)
+        if at is not None:
+            q = out[at]
+            if q.parts == 1 and _continues(q.src_slices, p.src_slices) and _continues(q.dst_slices, p.dst_slices) \
+                    and q.box[0][1] == p.box[0][0] and q.box[1:] == p.box[1:]:
+                src = (slice(q.src_slices[0].start, p.src_slices[0].stop),) + p.src_slices[1:]
+                dst = (slice(q.dst_slices[0].start, p.dst_slices[0].stop),) + p.dst_slices[1:]
+                nbytes = q.nbytes + p.nbytes
+                src_shape = _shape(before[(p.src_unit, src_gpu, p.tensor)])
+                dst_shape = _shape(after[(p.dst_unit, dst_gpu, p.tensor)])
+                direct = nbytes >= direct_min and _rows_only(src, src_shape) and _rows_only(dst, dst_shape)
+                out[at] = Piece(p.tensor, p.src_unit, p.dst_unit, src, dst, q.numel + p.numel, nbytes,
+                                ((q.box[0][0], p.box[0][1]),) + p.box[1:], direct, _whole(src, src_shape),
+                                _whole(dst, dst_shape))
+                continue
+            if q.parts == 1 and _second_part(q, p):
+                out[at] = Piece(p.tensor, p.src_unit, p.dst_unit, q.src_slices, q.dst_slices, q.numel + p.numel,
+                                q.nbytes + p.nbytes, q.box, False, False, False, 2,
+                                p.src_slices[0].start - q.src_slices[0].start,
+                                p.dst_slices[0].start - q.dst_slices[0].start)
+                continue
+        latest[key] = len(out)
+        out.append(p)
+    return out
+
+
+def _second_part(q: Piece, p: Piece) -> bool:
+    """Whether p is q shifted along dim 0 by a positive number of rows in the source, in
+    the destination and globally (same extent, same ranges elsewhere): the two halves of
+    a TP-split fused tensor (gate rows and up rows), which one two-part piece moves."""
+    rows = q.src_slices[0].stop - q.src_slices[0].start
+    return bool(q.src_slices) and p.src_slices[0].stop - p.src_slices[0].start == rows and \
+        p.src_slices[1:] == q.src_slices[1:] and p.dst_slices[1:] == q.dst_slices[1:] and \
+        p.box[1:] == q.box[1:] and p.src_slices[0].start > q.src_slices[0].start and \
+        p.dst_slices[0].start > q.dst_slices[0].start and p.box[0][0] > q.box[0][0]
+
+
+def _continues(before: tuple, after: tuple) -> bool:
+    return bool(before) and before[0].stop == after[0].start and before[1:] == after[1:]
+
+
+def _whole(slices: tuple[slice, ...], shape: tuple[int, ...]) -> bool:
+    return len(slices) == len(shape) and all(sl.start == 0 and sl.stop == n for sl, n in zip(slices, shape))
 
 
 def _rows_only(slices: tuple[slice, ...], shape: tuple[int, ...]) -> bool:
@@ -218,24 +293,29 @@ def rank_program(program: dict, gpu: int, direct_min_bytes: int = DIRECT_MIN_BYT
             elif kind == "stage_out" and op["gpu"] == gpu:
                 stage_outs.append(op["unit"])
             elif kind in ("keep", "copy") and op["gpu"] == gpu:
+                cut = []
                 for seg in op["segments"]:
                     if kind == "keep" and (seg["dst_unit"], seg["tensor"]) in alias_ok:
                         if Alias(seg["tensor"], seg["src_unit"], seg["dst_unit"]) not in aliases:
                             aliases.append(Alias(seg["tensor"], seg["src_unit"], seg["dst_unit"]))
                         totals["keep"] += box_numel(as_box(seg["box"])) * ELEMENT_BYTES[tensors[seg["tensor"]]["dtype"]]
                         continue
-                    pieces = _pieces(seg, gpu, gpu, before_all, after_all, tensors, where)
-                    copies.extend(pieces)
-                    totals["keep" if kind == "keep" else "copy"] += sum(p.nbytes for p in pieces)
+                    cut.extend(_pieces(seg, gpu, gpu, before_all, after_all, tensors, where))
+                pieces = joined(cut, gpu, gpu, before_all, after_all)  # across the op's segments, as sends
+                copies.extend(pieces)
+                totals["keep" if kind == "keep" else "copy"] += sum(p.nbytes for p in pieces)
             elif kind == "send" and gpu in (op["src"], op["dst"]):
                 if op["src"] == op["dst"]:
-                    pieces = [p for seg in op["segments"] for p in _pieces(seg, gpu, gpu, before_all, after_all, tensors, where)]
+                    pieces = joined((p for seg in op["segments"]
+                                     for p in _pieces(seg, gpu, gpu, before_all, after_all, tensors, where)),
+                                    gpu, gpu, before_all, after_all)
                     copies.extend(pieces)
                     totals["copy"] += sum(p.nbytes for p in pieces)
                     continue
-                pieces = tuple(p for seg in op["segments"]
-                               for p in _pieces(seg, op["src"], op["dst"], before_all, after_all, tensors, where,
-                                                direct_min_bytes))
+                pieces = tuple(joined((p for seg in op["segments"]
+                                       for p in _pieces(seg, op["src"], op["dst"], before_all, after_all, tensors,
+                                                        where, direct_min_bytes)),
+                                      op["src"], op["dst"], before_all, after_all, direct_min_bytes))
                 nbytes = sum(p.nbytes for p in pieces)
                 if "bytes" in op and op["bytes"] != nbytes:
                     raise ProgramError(f"{where}: says {op['bytes']} bytes but its segments hold {nbytes}")

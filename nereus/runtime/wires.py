@@ -37,11 +37,13 @@ class Live:
         self.peak = base
 
     def add(self, tensor: torch.Tensor) -> None:
-        key = tensor.untyped_storage().data_ptr()
-        if self.count.get(key, 0) == 0:
-            self.bytes += tensor.untyped_storage().nbytes()
+        storage = tensor.untyped_storage()  # one storage object per call: thousands of shards in an EP transition
+        key = storage.data_ptr()
+        count = self.count.get(key, 0)
+        if count == 0:
+            self.bytes += storage.nbytes()
             self.peak = max(self.peak, self.bytes)
-        self.count[key] = self.count.get(key, 0) + 1
+        self.count[key] = count + 1
 
     def remove(self, tensor: torch.Tensor) -> None:
         key = tensor.untyped_storage().data_ptr()
@@ -70,7 +72,8 @@ def in_stream(msg: Message, both_ways: set, chunk_bytes: int) -> list:
 
 def outgoing(msg: Message, sources: dict, device, in_stream: list, host_units=frozenset()) -> Wire:
     """host_units: before-units read from host memory (offloaded or staged out)."""
-    views = [sources[p.src_unit][p.tensor][p.src_slices] for p in msg.pieces]
+    views = [piece_region(sources[p.src_unit][p.tensor], p.src_slices, p.src_whole, p.parts, p.src_step)
+             for p in msg.pieces]
     packed = [v for v, s in zip(views, in_stream) if s]
     direct = [v.to(device) for v, s in zip(views, in_stream) if not s]  # staged: host → device
     if not all(v.is_contiguous() for v in direct):
@@ -81,7 +84,8 @@ def outgoing(msg: Message, sources: dict, device, in_stream: list, host_units=fr
 
 def incoming(msg: Message, prog: RankProgram, new: dict, live: "Live", device, in_stream: list,
               host_units=frozenset()) -> Wire:
-    views = [destination(prog, new, live, device, p, host_units)[p.dst_slices] for p in msg.pieces]
+    views = [piece_region(destination(prog, new, live, device, p, host_units), p.dst_slices, p.dst_whole, p.parts,
+                          p.dst_step) for p in msg.pieces]
     packed = [v for v, s in zip(views, in_stream) if s]
     direct = [v for v, s in zip(views, in_stream) if not s]
     bounce = []
@@ -90,6 +94,21 @@ def incoming(msg: Message, prog: RankProgram, new: dict, live: "Live", device, i
         landing = {id(v): b for b, v in bounce}
         direct = [landing.get(id(v), v) for v in direct]
     return Wire(msg, packed, direct, views, bounce)
+
+
+def piece_region(tensor: torch.Tensor, slices: tuple, whole: bool, parts: int = 1, step: int = 0) -> torch.Tensor:
+    """A piece's region of a local tensor: the tensor itself when whole, its slice, or
+    for a piece of `parts` parts a view [rows, parts, *rest] whose part k lies `k x step`
+    rows further (program.Piece). Rows stay the first dimension, so a stream still cuts
+    the piece into rows of a few parts' rows each (streams.chunk_views), never into a
+    whole part; both sides view their pieces alike, so the bytes travel in that order."""
+    if whole:
+        return tensor
+    view = tensor[slices]
+    if parts == 1:
+        return view
+    return view.as_strided((view.shape[0], parts) + tuple(view.shape[1:]),
+                           (view.stride(0), step * tensor.stride(0)) + view.stride()[1:], view.storage_offset())
 
 
 def peer_streams(wires: list, device, chunk_bytes: int, depth: int) -> list:
