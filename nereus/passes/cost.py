@@ -190,6 +190,11 @@ def _missing_elements(model, before, after, states, r: int, q: int, u: int, held
     return need - present
 
 
+# nereus.runtime.program.JOIN_PARTS (the runtime's lowering, which the compiler does not
+# import): whether the two halves of a TP-split fused tensor travel as one piece
+JOIN_PARTS = False
+
+
 def xfer_pieces(dag: TransitionDag, x, join: bool = True) -> int:
     """Runtime pieces of a transfer: one per (slot, state, joined box run) of its pieces;
     the runtime's lowering (nereus.runtime.program) cuts a segment by the shards' boxes
@@ -204,7 +209,7 @@ def xfer_pieces(dag: TransitionDag, x, join: bool = True) -> int:
         return len(x.states) * sum(per_kind[kinds[p.spec]] for p in x.pieces)
     # as the runtime joins: in order, a box that continues the latest one-part piece of its
     # pattern along dim 0 (same ranges elsewhere) extends it, one that repeats it further
-    # down (same extent) makes it a two-part piece; anything else is a new piece
+    # down (same extent) makes it a two-part piece (with JOIN_PARTS); anything else is a new piece
     latest: dict = {}
     n = 0
     for p in x.pieces:
@@ -214,7 +219,7 @@ def xfer_pieces(dag: TransitionDag, x, join: bool = True) -> int:
             if hi == start:
                 latest[p.spec] = (((lo, stop),) + box[1:], 1)
                 continue
-            if stop - start == hi - lo and start > lo:
+            if JOIN_PARTS and stop - start == hi - lo and start > lo:
                 latest[p.spec] = (prev[0], 2)
                 continue
         n += per_kind[kinds[p.spec]]

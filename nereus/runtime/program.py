@@ -27,6 +27,14 @@ from .boxes import Box, as_box, box_numel, cut_segment, local_slices, shard_shap
 # no unpack, no buffer. Smaller ones are packed per message.
 DIRECT_MIN_BYTES = 256 * 1024
 
+# Whether `joined` makes the gate half and the up half of a TP-split fused tensor one
+# two-part piece ([rows, 2, cols] views). Off: on 2 H200s (session 4, moe_reshard.py
+# --layers 6) two-part views made Qwen3-30B-A3B ep2 -> tp2 14x slower (1.34 s against
+# 94 ms): the fused Triton pack reduces a 3-D view whose dims do not merge to one copy
+# run per row, built on the host. Two 2-D halves take the pack as one strided box each.
+# nereus.passes.cost.JOIN_PARTS mirrors it (tests/passes/test_cost_pieces.py checks).
+JOIN_PARTS = False
+
 # JSON dtype names → bytes per element (the runtime also moves int64 step counters).
 ELEMENT_BYTES = dict(DTYPE_BYTES, int64=8, int32=4, uint8=1, fp64=8)
 
@@ -179,7 +187,7 @@ def joined(pieces: Iterable[Piece], src_gpu: int, dst_gpu: int, before: dict, af
     them) becomes one piece, not one per part, so an expert-parallel transition handles
     one piece per expert tensor. A piece that repeats the latest one further down instead
     (same extent, a positive shift on both sides and globally: the gate half and the up
-    half of a TP-split expert) makes it a two-part piece (`Piece.parts`). The order is
+    half of a TP-split expert) makes it a two-part piece (`Piece.parts`) when JOIN_PARTS. The order is
     that of the first parts; both sides of a message join alike (same input).
     before/after: (unit, gpu, tensor) -> boxes, as `_all_shards` gives."""
     out: list = []
@@ -201,7 +209,7 @@ def joined(pieces: Iterable[Piece], src_gpu: int, dst_gpu: int, before: dict, af
                                 ((q.box[0][0], p.box[0][1]),) + p.box[1:], direct, _whole(src, src_shape),
                                 _whole(dst, dst_shape))
                 continue
-            if q.parts == 1 and _second_part(q, p):
+            if JOIN_PARTS and q.parts == 1 and _second_part(q, p):
                 out[at] = Piece(p.tensor, p.src_unit, p.dst_unit, q.src_slices, q.dst_slices, q.numel + p.numel,
                                 q.nbytes + p.nbytes, q.box, False, False, False, 2,
                                 p.src_slices[0].start - q.src_slices[0].start,

@@ -58,3 +58,21 @@ def test_the_piece_term_and_a_calibration_add_to_the_prediction():
     assert timed.seconds == pytest.approx(base.seconds + 1e-5 * busiest + 0.002)
     fast = Calibration(intra_bytes_per_s=20e9, piece_s=1e-5, fixed_s=0.002).estimate(compiled.program)
     assert fast.seconds == pytest.approx(base.seconds / 2 + 1e-5 * busiest + 0.002)
+
+
+def test_the_cost_model_joins_parts_as_the_runtime_does():
+    # the compiler cannot import the runtime: its JOIN_PARTS mirrors the lowering's
+    import nereus.passes.cost as cost
+    import nereus.runtime.program as lowering
+
+    assert cost.JOIN_PARTS == lowering.JOIN_PARTS
+
+
+@pytest.mark.parametrize("model,stage,before,after", CASES[:3])
+def test_pieces_match_with_two_part_joins_on(monkeypatch, model, stage, before, after):
+    import nereus.passes.cost as cost
+    import nereus.runtime.program as lowering
+
+    monkeypatch.setattr(cost, "JOIN_PARTS", True)
+    monkeypatch.setattr(lowering, "JOIN_PARTS", True)
+    test_pieces_per_gpu_match_the_runtime_lowering(model, stage, before, after)

@@ -10,7 +10,7 @@ import torch
 import nereus.ir as ir
 from nereus.backends.json_program import program_json
 from nereus.passes import compile_transition
-from nereus.runtime import packing
+from nereus.runtime import packing, program
 from nereus.runtime.program import rank_program
 
 EXPERTS = 8
@@ -44,7 +44,18 @@ def test_an_expert_moving_whole_travels_as_one_piece_per_tensor():
     assert gate_up.src_slices == (slice(0, 16), slice(0, 16)) and gate_up.dst_slices == gate_up.src_slices
 
 
-def test_the_halves_of_a_split_expert_travel_as_one_two_part_piece():
+def test_the_halves_of_a_split_expert_travel_as_two_2d_pieces_by_default():
+    # the default (JOIN_PARTS off): the gate half and the up half are two row blocks, each
+    # a 2-D piece that the fused pack moves as one strided box
+    assert not program.JOIN_PARTS
+    pieces = [p for p in _received("dp 1 tp 2") if p.tensor == "actor/layers.0.mlp.experts.0.gate_up.weight"]
+    assert [(p.parts, p.src_slices, p.dst_slices) for p in pieces] == [
+        (1, (slice(4, 8), slice(0, 16)), (slice(0, 4), slice(0, 16))),
+        (1, (slice(12, 16), slice(0, 16)), (slice(4, 8), slice(0, 16)))]
+
+
+def test_the_halves_of_a_split_expert_travel_as_one_two_part_piece(monkeypatch):
+    monkeypatch.setattr(program, "JOIN_PARTS", True)
     # ep 2 -> tp 2: GPU 1 gets the gate half and the up half of each of GPU 0's experts:
     # rows 4:8 and 12:16 of the source (not adjacent), rows 0:4 and 4:8 of its shard: one
     # piece of 2 parts, 8 source rows and 4 destination rows apart
@@ -103,7 +114,8 @@ def test_grouped_pack_and_unpack_match_the_per_piece_copies(fn, repeat):
     assert torch.equal(wide[:, 2:5], views[1])
 
 
-def test_prepare_warms_the_views_the_executor_packs():
+def test_prepare_warms_the_views_the_executor_packs(monkeypatch):
+    monkeypatch.setattr(program, "JOIN_PARTS", True)
     # the pack kernels are compiled ahead for these views: two-part pieces as [rows, 2, ...]
     from nereus.runtime.prepare import stream_views
     from nereus.runtime.wires import TORCH_DTYPES
