@@ -15,6 +15,10 @@ rest waits for the next round; when a round would otherwise make no progress, th
 is lent to allocations, then a slot is cut by pieces and rows), then frees every
 before-shard whose readers are done. A transfer whose room this round is below the least it
 can send (`_pending`) waits without being cut.
+Where a stall lends the reserve to an allocation that fits only with it, `schedule` also
+runs the alternative that stages those GPUs' before-shards to host memory instead
+(`_stage_for_reserve`) and keeps the schedule with the lower predicted time
+(`cost.schedule_seconds`), the lending one on a tie.
 When a round makes no progress, units are trading places on full GPUs (a cycle): the
 blocked GPU with the smallest deficit stages before-shards to host memory (`stage_out`,
 largest first) until the deficit is covered; their readers then read from host memory.
