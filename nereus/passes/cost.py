@@ -237,14 +237,32 @@ def _round_seconds(cluster, messages, copy_g: dict, host_g: dict, host_bytes_per
 def schedule_seconds(dag: TransitionDag, schedule, host_bytes_per_s: float = HOST_BYTES_PER_S,
                      message_latency_s: float = MESSAGE_LATENCY_S) -> float:
     """`estimate(program).seconds` of the program that the default pipeline lowers
-    `schedule` into, from the schedule alone: fusion without a bucket sends one message
-    per (src, dst) pair and round, so the links carry the same bytes and messages. With a
-    bucket, fusion splits large pairs into more messages, each `message_latency_s` more."""
-    cluster = dag.module.cluster
-    in_host = {i for i, f in enumerate(dag.frees) if dag.stages[f.stage].before.offload}
-    offloaded = [info.after.offload for info in dag.stages]
-    total = 0.0
+    `schedule` into, from the schedule alone (`RoundClock`)."""
+    clock = RoundClock(dag, host_bytes_per_s, message_latency_s)
     for rnd in schedule.rounds:
+        clock.add(rnd)
+    return clock.seconds
+
+
+class RoundClock:
+    """The predicted seconds of a schedule's rounds, added one at a time (a scheduler can
+    stop once it is slower than an alternative). Fusion without a bucket (the default
+    pipeline) sends one message per (src, dst) pair and round, so the links carry the
+    bytes and messages that `estimate` charges; with a bucket, fusion splits large pairs
+    into more messages, each `message_latency_s` more."""
+
+    def __init__(self, dag: TransitionDag, host_bytes_per_s: float = HOST_BYTES_PER_S,
+                 message_latency_s: float = MESSAGE_LATENCY_S):
+        self.dag = dag
+        self.host_bytes_per_s = host_bytes_per_s
+        self.message_latency_s = message_latency_s
+        self.in_host = {i for i, f in enumerate(dag.frees) if dag.stages[f.stage].before.offload}
+        self.offloaded = [info.after.offload for info in dag.stages]
+        self.seconds = 0.0
+
+    def add(self, rnd) -> float:
+        """Adds round `rnd` (a `resources.Round`); returns its seconds."""
+        dag, in_host, offloaded = self.dag, self.in_host, self.offloaded
         pairs, copy_g, host_g = defaultdict(int), defaultdict(int), defaultdict(int)
         for x in rnd.xfers:
             if x.kind == SEND:
@@ -258,9 +276,10 @@ def schedule_seconds(dag: TransitionDag, schedule, host_bytes_per_s: float = HOS
         for f in rnd.stage_outs:
             host_g[dag.frees[f].gpu] += dag.frees[f].bytes
             in_host.add(f)
-        total += _round_seconds(cluster, ((src, dst, b) for (src, dst), b in pairs.items()), copy_g, host_g,
-                                host_bytes_per_s, message_latency_s)[0]
-    return total
+        t = _round_seconds(dag.module.cluster, ((src, dst, b) for (src, dst), b in pairs.items()), copy_g, host_g,
+                           self.host_bytes_per_s, self.message_latency_s)[0]
+        self.seconds += t
+        return t
 
 
 @dataclass(frozen=True)

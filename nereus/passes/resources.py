@@ -39,7 +39,7 @@ from dataclasses import dataclass, replace
 from nereus.ir.diagnostics import InfeasibleError
 from nereus.ir.units import human_bytes
 
-from .cost import schedule_seconds
+from .cost import RoundClock, schedule_seconds
 from .dag import SEND, TransitionDag, Xfer
 from .fitting import _fit, _pending, _spec_kinds, _split_slot, xfer_slice  # noqa: F401 (xfer_slice: fusion's import)
 
@@ -104,26 +104,31 @@ def schedule(dag: TransitionDag, *, independent: bool = False, staging: bool = T
 
 
 def _cheaper(dag: TransitionDag, staging: bool) -> Schedule:
-    """The joint schedule; where a stalled round lent the transient reserve and staging is
-    allowed, also the schedule that stages before-shards instead (`_stage_for_reserve`),
-    and of the two the one with the lower predicted time (`cost.schedule_seconds`, the
-    cost pass's estimate for the default pipeline), the lending one on a tie."""
-    lending, lent = _schedule(dag, range(len(dag.stages)), staging=staging)
-    if not (lent and staging):
+    """The joint schedule. With staging allowed it is first scheduled staging before-shards
+    where a stall would lend the transient reserve (`_stage_for_reserve`); if that staged
+    nothing it is the lending schedule itself. Otherwise the lending schedule is built
+    too, stopped as soon as its predicted time (`cost.RoundClock`, the cost pass's
+    estimate for the default pipeline) exceeds the staging one's, and kept if it was not:
+    never predicted slower than lending alone, the lending one on a tie."""
+    stages = range(len(dag.stages))
+    if not staging:
+        return _schedule(dag, stages, staging=False)[0]
+    staging_instead, reserve_staged = _schedule(dag, stages, staging=True, stage_for_reserve=True)
+    if not reserve_staged:
+        return staging_instead
+    seconds = schedule_seconds(dag, staging_instead)
+    lending, _ = _schedule(dag, stages, staging=True, seconds_cap=seconds)
+    if lending is not None:
         return lending
-    staging_instead, _ = _schedule(dag, range(len(dag.stages)), staging=True, stage_for_reserve=True)
-    if staging_instead.staged_bytes == lending.staged_bytes and len(staging_instead.rounds) == len(lending.rounds):
-        return lending  # nothing was staged for the reserve: the same schedule
-    before, after = schedule_seconds(dag, lending), schedule_seconds(dag, staging_instead)
-    if after >= before:
-        return lending
-    note = f"staging instead of lending the reserve: predicted {after:.3g} s against {before:.3g} s"
+    note = f"staging instead of lending the reserve: predicted {seconds:.3g} s, less than lending's"
     return replace(staging_instead, notes=staging_instead.notes + (note,))
 
 
-def _schedule(dag: TransitionDag, stage_ids, *, staging: bool, stage_for_reserve: bool = False) -> tuple[Schedule, bool]:
-    """(schedule, lent): `lent` says whether a stalled round lent the transient reserve to
-    an allocation that fits only with it (where `stage_for_reserve` would stage instead)."""
+def _schedule(dag: TransitionDag, stage_ids, *, staging: bool, stage_for_reserve: bool = False,
+              seconds_cap: float | None = None) -> tuple[Schedule | None, int]:
+    """(schedule, bytes staged instead of lending the reserve). `stage_for_reserve`: where a
+    stall would lend the transient reserve, stage before-shards instead where possible.
+    `seconds_cap`: the schedule is None once its predicted seconds exceed it."""
     cluster = dag.module.cluster
     cap = cluster.usable_gpu_bytes
     host_cap = cluster.host_mem_bytes
@@ -159,7 +164,7 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool, stage_for_reserve
     spec_kinds = _spec_kinds(dag)
     ready: list[tuple[Xfer, int, int]] = []  # (transfer, _pending's thresholds)
     chunked = staged_bytes = reserve_staged = 0
-    lent = False
+    clock = RoundClock(dag) if seconds_cap is not None else None
     notes: list[str] = []
     check = [i for i in live if readers[i] == 0]
     unfreed = len(live)
@@ -252,7 +257,6 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool, stage_for_reserve
                 if reserve:
                     reserve = 0  # try once more letting allocations use the transient reserve
                     if allocs:  # (transfers never use it: without allocations the pass would repeat)
-                        lent = lent or any(mem[dag.allocs[a].gpu] + dag.allocs[a].bytes <= cap for a in allocs)
                         continue
                 if not fine:
                     fine = True  # then once more cutting transfers below one layer
@@ -271,13 +275,18 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool, stage_for_reserve
         for i in releases + outs:
             last_release[dag.frees[i].gpu].append(i)
         rounds.append(Round(tuple(took), tuple(done), tuple(outs), tuple(releases)))
+        if clock is not None:
+            clock.add(rounds[-1])
+            if clock.seconds > seconds_cap:  # slower than the alternative already
+                return None, reserve_staged
     if staged_bytes:
         notes.append(f"cycle broken by staging {human_bytes(staged_bytes)} through host memory")
     if reserve_staged:
         notes.append(f"staged {human_bytes(reserve_staged)} through host memory instead of lending the transient reserve")
     if chunked:
         notes.append(f"{chunked} transfer split(s) to fit transient buffers")
-    return Schedule(tuple(rounds), tuple(edges), chunked, staged_bytes + reserve_staged, False, tuple(notes)), lent
+    return Schedule(tuple(rounds), tuple(edges), chunked, staged_bytes + reserve_staged, False, tuple(notes)), \
+        reserve_staged
 
 
 def _break_cycle(dag, allocs, ready, mem, cap, host, host_cap, freed, staged, live) -> list[int]:

@@ -27,17 +27,17 @@ def widening_module(n: int, slack_layers: float, layers: int = 4):
 
 
 def _both(m):
-    """(lending schedule, staging schedule, lent) of m's S -> T."""
+    """(dag, lending schedule, staging schedule, bytes it staged instead of lending) of m's S -> T."""
     dag = compile_transition(m, "S", "T", check_fit=False, pipeline="diff,dag").dag
-    lending, lent = resources._schedule(dag, range(len(dag.stages)), staging=True)
-    staging, _ = resources._schedule(dag, range(len(dag.stages)), staging=True, stage_for_reserve=True)
-    return dag, lending, staging, lent
+    lending, _ = resources._schedule(dag, range(len(dag.stages)), staging=True)
+    staging, reserve_staged = resources._schedule(dag, range(len(dag.stages)), staging=True, stage_for_reserve=True)
+    return dag, lending, staging, reserve_staged
 
 
 def test_staging_instead_of_lending_is_kept_where_it_is_cheaper():
     m = widening_module(2, 3.3)
-    dag, lending, staging, lent = _both(m)
-    assert lent and staging.staged_bytes > lending.staged_bytes
+    dag, lending, staging, reserve_staged = _both(m)
+    assert reserve_staged == staging.staged_bytes > lending.staged_bytes  # lending stages 1 unit for a cycle
     before = schedule_seconds(dag, lending)
     compiled = compile_transition(m, "S", "T", check_fit=False)
     sched = compiled.state.schedule
@@ -52,13 +52,22 @@ def test_staging_instead_of_lending_is_kept_where_it_is_cheaper():
 
 def test_lending_is_kept_where_staging_costs_more():
     m = tight_module(0.05, 4, 4)
-    dag, lending, staging, lent = _both(m)
-    assert lent and staging.staged_bytes > 0
+    dag, lending, staging, reserve_staged = _both(m)
+    assert reserve_staged == staging.staged_bytes > 0
     assert schedule_seconds(dag, staging) > schedule_seconds(dag, lending)
     compiled = compile_transition(m, "S", "T", check_fit=False)
     assert compiled.state.schedule == lending
     assert compiled.cost.bytes_staged == 0
     assert verify_program(program_json(compiled), against=m).worst_fraction <= 1.0
+
+
+def test_the_lending_schedule_stops_once_slower_than_the_staging_one():
+    dag, lending, staging, _ = _both(widening_module(2, 3.3))
+    cap = schedule_seconds(dag, staging)
+    assert resources._schedule(dag, range(len(dag.stages)), staging=True, seconds_cap=cap)[0] is None
+    kept, _ = resources._schedule(dag, range(len(dag.stages)), staging=True,
+                                  seconds_cap=schedule_seconds(dag, lending))
+    assert kept == lending  # a tie is kept
 
 
 @pytest.mark.parametrize("make", [lambda: widening_module(3, 3.2), lambda: tight_module(0.05, 4, 4),
