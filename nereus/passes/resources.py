@@ -41,7 +41,7 @@ from nereus.ir.units import human_bytes
 
 from .cost import RoundClock, schedule_seconds
 from .dag import SEND, TransitionDag, Xfer
-from .fitting import _fit, _pending, _spec_kinds, _split_slot, xfer_slice  # noqa: F401 (xfer_slice: fusion's import)
+from .fitting import _fit, _pending, _spec_kinds, _split_slot, xfer_slice
 
 SAME_STAGE, SM_CS, CM_SS, CM_CS = "same-model-stage", "same-model-cross-stage", "cross-model-same-stage", \
     "cross-model-cross-stage"
@@ -113,7 +113,10 @@ def _cheaper(dag: TransitionDag, staging: bool) -> Schedule:
     stages = range(len(dag.stages))
     if not staging:
         return _schedule(dag, stages, staging=False)[0]
-    staging_instead, reserve_staged = _schedule(dag, stages, staging=True, stage_for_reserve=True)
+    try:
+        staging_instead, reserve_staged = _schedule(dag, stages, staging=True, stage_for_reserve=True)
+    except InfeasibleError:  # host memory taken by the reserve's staging may be missing for a cycle
+        return _schedule(dag, stages, staging=True)[0]
     if not reserve_staged:
         return staging_instead
     seconds = schedule_seconds(dag, staging_instead)

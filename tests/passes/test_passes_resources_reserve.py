@@ -14,13 +14,13 @@ from nereus.passes.verify import verify_program
 from test_passes_resources_tight import tight_module
 
 
-def widening_module(n: int, slack_layers: float, layers: int = 4):
+def widening_module(n: int, slack_layers: float, layers: int = 4, host_mem: int = 10**10):
     """n single-GPU training units on GPUs 0..n-1, each re-laid out at tp 2 over its own GPU
     and the next. A GPU holds one unit plus `slack_layers` layers: a half-unit after-shard
     fits next to the unit only in the transient reserve, and the unit is still being read."""
     models = [llama(name, layers=layers) for name in RING_MODELS[:n]]
     unit = shard_bytes(models[0], place("actor.training", 1, 1, 1, [0]), 0, 0)
-    c = cluster(1, n, unit + int(slack_layers * (unit // (layers + 2))))
+    c = cluster(1, n, unit + int(slack_layers * (unit // (layers + 2))), host_mem)
     before = [place(f"{name}.training", 1, 1, 1, [i]) for i, name in enumerate(RING_MODELS[:n])]
     after = [place(f"{name}.training", 1, 2, 1, [i, (i + 1) % n]) for i, name in enumerate(RING_MODELS[:n])]
     return module(c, models, workload({"training": RING_MODELS[:n]}), {"S": before, "T": after})
@@ -68,6 +68,21 @@ def test_the_lending_schedule_stops_once_slower_than_the_staging_one():
     kept, _ = resources._schedule(dag, range(len(dag.stages)), staging=True,
                                   seconds_cap=schedule_seconds(dag, lending))
     assert kept == lending  # a tie is kept
+
+
+def test_an_infeasible_staging_alternative_falls_back_to_lending(monkeypatch):
+    """Host memory that the reserve's staging takes may be missing later for a cycle: the
+    alternative then fails and the lending schedule, which may not need it, is kept."""
+    from nereus.ir.diagnostics import InfeasibleError
+
+    m = widening_module(2, 3.3)
+    dag, lending, _, _ = _both(m)
+
+    def out_of_host(*args, **kwargs):
+        raise InfeasibleError("host memory exhausted by the alternative")
+
+    monkeypatch.setattr(resources, "_stage_for_reserve", out_of_host)
+    assert compile_transition(m, "S", "T", check_fit=False).state.schedule == lending
 
 
 @pytest.mark.parametrize("make", [lambda: widening_module(3, 3.2), lambda: tight_module(0.05, 4, 4),
