@@ -1,6 +1,8 @@
 """cost: Program → CostEstimate (predicted seconds, bytes by link class, peak memory).
 
-Input: a lowered `Program`. Output: a `CostEstimate`. Model (bandwidth plus a per-message
+Input: a lowered `Program`. Output: a `CostEstimate`. (`schedule_seconds` / `RoundClock`
+give the same seconds from a `Schedule` alone, for the default pipeline: the resources
+pass compares two schedules with them.) Model (bandwidth plus a per-message
 latency; the runtime corrects it with measured times):
   - a round lasts as long as its most loaded link; rounds run one after another;
   - a send inside a node loads its source GPU's NVLink egress and its destination's
