@@ -15,8 +15,8 @@ rest waits for the next round; when a round would otherwise make no progress, th
 is lent to allocations, then a slot is cut by pieces and rows), then frees every
 before-shard whose readers are done. A transfer whose room this round is below the least it
 can send (`_pending`) waits without being cut.
-Where a stall lends the reserve to an allocation that fits only with it, `schedule` also
-runs the alternative that stages those GPUs' before-shards to host memory instead
+Where a stall with allocations waiting would lend them the reserve, `schedule` also
+runs the alternative that stages their GPUs' before-shards to host memory instead
 (`_stage_for_reserve`) and keeps the schedule with the lower predicted time
 (`cost.schedule_seconds`), the lending one on a tie.
 When a round makes no progress, units are trading places on full GPUs (a cycle): the
@@ -330,14 +330,15 @@ def _break_cycle(dag, allocs, ready, mem, cap, host, host_cap, freed, staged, li
 
 def _stage_for_reserve(dag, allocs, mem, cap, reserve, host, host_cap, freed, staged, live) -> list[int]:
     """The staging alternative to lending the transient reserve: every GPU with a waiting
-    allocation that fits only in the reserve stages before-shards (largest first) to host
-    memory until the allocation fits with the reserve kept. Returns the frees staged; []
-    where no such GPU's unstaged before-shards cover its deficit within its node's host
+    allocation stages before-shards (largest first) to host memory until the allocation
+    fits with the reserve kept (also one that would not fit in the reserve: lending it
+    would leave it waiting and the transfers cut below a layer). Returns the frees staged;
+    [] where no such GPU's unstaged before-shards cover its deficit within its node's host
     memory (the caller lends the reserve instead)."""
     needs: dict[int, int] = {}
     for a in allocs:
         alloc = dag.allocs[a]
-        if dag.stages[alloc.stage].after.offload or mem[alloc.gpu] + alloc.bytes > cap:
+        if dag.stages[alloc.stage].after.offload:
             continue
         deficit = mem[alloc.gpu] + alloc.bytes + reserve - cap
         needs[alloc.gpu] = min(needs.get(alloc.gpu, deficit), deficit)
