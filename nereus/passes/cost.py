@@ -1,6 +1,8 @@
 """cost: Program → CostEstimate (predicted seconds, bytes by link class, peak memory).
 
-Input: a lowered `Program`. Output: a `CostEstimate`. Model (bandwidth plus a per-message
+Input: a lowered `Program`. Output: a `CostEstimate`. (`schedule_seconds` / `RoundClock`
+give the same seconds from a `Schedule` alone, for the default pipeline: the resources
+pass compares two schedules with them.) Model (bandwidth plus a per-message
 latency; the runtime corrects it with measured times):
   - a round lasts as long as its most loaded link; rounds run one after another;
   - a send inside a node loads its source GPU's NVLink egress and its destination's
@@ -38,7 +40,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from .dag import COPY, TransitionDag
+from .dag import COPY, SEND, TransitionDag
 from .layout import box_volume, held_boxes, is_sharded, slot_counts, slot_specs, stage_slots
 
 HOST_BYTES_PER_S = 50e9
@@ -263,8 +265,6 @@ def estimate(program, host_bytes_per_s: float = HOST_BYTES_PER_S,
     """Predicted seconds, byte counts and peak memory of `program` (module docstring)."""
     dag = program.dag
     cluster = dag.module.cluster
-    node_of = cluster.node_of
-    hbm = cluster.gpu.hbm_bytes_per_s
     intra_bw = intra_bytes_per_s or cluster.intra_bytes_per_s
     # counted only when asked (a piece term, or count_pieces): at 256 GPUs a program has
     # millions of pieces, and the default pipeline's estimate does not need them
@@ -273,26 +273,13 @@ def estimate(program, host_bytes_per_s: float = HOST_BYTES_PER_S,
     local = intra = inter = staged = kept = 0
     in_host = {i for i, f in enumerate(dag.frees) if dag.stages[f.stage].before.offload}
     for rnd, messages in zip(program.schedule.rounds, program.messages):
-        out_g, in_g, out_n, in_n, copy_g, host_g = (defaultdict(int) for _ in range(6))
-        sends_g, sends_n = defaultdict(int), defaultdict(int)  # messages per GPU link / node port
+        copy_g, host_g = defaultdict(int), defaultdict(int)
         for m in messages:
             for x in m.xfers:  # reads from / writes to host memory cross PCIe
                 if x.free in in_host:
                     host_g[m.src] += x.bytes
                 if dag.stages[x.stage].after.offload:
                     host_g[m.dst] += x.bytes
-            if node_of(m.src) == node_of(m.dst):
-                out_g[m.src] += m.bytes
-                in_g[m.dst] += m.bytes
-                sends_g[("out", m.src)] += 1
-                sends_g[("in", m.dst)] += 1
-                intra += m.bytes
-            else:
-                out_n[node_of(m.src)] += m.bytes
-                in_n[node_of(m.dst)] += m.bytes
-                sends_n[("out", node_of(m.src))] += 1
-                sends_n[("in", node_of(m.dst))] += 1
-                inter += m.bytes
         for x in rnd.xfers:
             if x.kind == COPY:
                 copy_g[x.dst_gpu] += x.bytes
@@ -303,14 +290,10 @@ def estimate(program, host_bytes_per_s: float = HOST_BYTES_PER_S,
             host_g[dag.frees[f].gpu] += dag.frees[f].bytes
             staged += dag.frees[f].bytes
             in_host.add(f)
-        alpha = message_latency_s
-        t = max([0.0]
-                + [out_g[g] / intra_bw + alpha * sends_g[("out", g)] for g in out_g]
-                + [in_g[g] / intra_bw + alpha * sends_g[("in", g)] for g in in_g]
-                + [out_n[n] / cluster.inter_bytes_per_s + alpha * sends_n[("out", n)] for n in out_n]
-                + [in_n[n] / cluster.inter_bytes_per_s + alpha * sends_n[("in", n)] for n in in_n]
-                + [2 * b / hbm for b in copy_g.values()]
-                + [b / host_bytes_per_s for b in host_g.values()])
+        t, round_intra, round_inter = _round_seconds(cluster, ((m.src, m.dst, m.bytes) for m in messages), copy_g,
+                                                     host_g, host_bytes_per_s, message_latency_s, intra_bw)
+        intra += round_intra
+        inter += round_inter
         seconds.append(t + piece_s * max(pieces[len(seconds)].values(), default=0))
     busiest = defaultdict(int)
     for counts in pieces:
@@ -320,6 +303,90 @@ def estimate(program, host_bytes_per_s: float = HOST_BYTES_PER_S,
                         local, intra, inter, staged, kept, owner_change_bytes(dag),
                         sum(len(m) for m in program.messages), memory_peak(program),
                         max(busiest.values(), default=0))
+
+
+def _round_seconds(cluster, messages, copy_g: dict, host_g: dict, host_bytes_per_s: float,
+                   message_latency_s: float, intra_bytes_per_s: float | None = None) -> tuple[float, int, int]:
+    """(seconds, intra bytes, inter bytes) of one round: its most loaded link (module
+    docstring) for `messages` as (src, dst, bytes), local copies' bytes per GPU and bytes
+    over PCIe per GPU; `intra_bytes_per_s` (a Calibration's measured bandwidth) replaces
+    the cluster's."""
+    node_of = cluster.node_of
+    out_g, in_g, out_n, in_n = (defaultdict(int) for _ in range(4))
+    sends_g, sends_n = defaultdict(int), defaultdict(int)  # messages per GPU link / node port
+    intra = inter = 0
+    for src, dst, nbytes in messages:
+        if node_of(src) == node_of(dst):
+            out_g[src] += nbytes
+            in_g[dst] += nbytes
+            sends_g[("out", src)] += 1
+            sends_g[("in", dst)] += 1
+            intra += nbytes
+        else:
+            out_n[node_of(src)] += nbytes
+            in_n[node_of(dst)] += nbytes
+            sends_n[("out", node_of(src))] += 1
+            sends_n[("in", node_of(dst))] += 1
+            inter += nbytes
+    alpha = message_latency_s
+    hbm = cluster.gpu.hbm_bytes_per_s
+    intra_bw = intra_bytes_per_s or cluster.intra_bytes_per_s
+    t = max([0.0]
+            + [out_g[g] / intra_bw + alpha * sends_g[("out", g)] for g in out_g]
+            + [in_g[g] / intra_bw + alpha * sends_g[("in", g)] for g in in_g]
+            + [out_n[n] / cluster.inter_bytes_per_s + alpha * sends_n[("out", n)] for n in out_n]
+            + [in_n[n] / cluster.inter_bytes_per_s + alpha * sends_n[("in", n)] for n in in_n]
+            + [2 * b / hbm for b in copy_g.values()]
+            + [b / host_bytes_per_s for b in host_g.values()])
+    return t, intra, inter
+
+
+def schedule_seconds(dag: TransitionDag, schedule, host_bytes_per_s: float = HOST_BYTES_PER_S,
+                     message_latency_s: float = MESSAGE_LATENCY_S) -> float:
+    """`estimate(program).seconds` of the program that the default pipeline lowers
+    `schedule` into, from the schedule alone (`RoundClock`)."""
+    clock = RoundClock(dag, host_bytes_per_s, message_latency_s)
+    for rnd in schedule.rounds:
+        clock.add(rnd)
+    return clock.seconds
+
+
+class RoundClock:
+    """The predicted seconds of a schedule's rounds, added one at a time (a scheduler can
+    stop once it is slower than an alternative). Fusion without a bucket (the default
+    pipeline) sends one message per (src, dst) pair and round, so the links carry the
+    bytes and messages that `estimate` charges; with a bucket, fusion splits large pairs
+    into more messages, each `message_latency_s` more."""
+
+    def __init__(self, dag: TransitionDag, host_bytes_per_s: float = HOST_BYTES_PER_S,
+                 message_latency_s: float = MESSAGE_LATENCY_S):
+        self.dag = dag
+        self.host_bytes_per_s = host_bytes_per_s
+        self.message_latency_s = message_latency_s
+        self.in_host = {i for i, f in enumerate(dag.frees) if dag.stages[f.stage].before.offload}
+        self.offloaded = [info.after.offload for info in dag.stages]
+        self.seconds = 0.0
+
+    def add(self, rnd) -> float:
+        """Adds round `rnd` (a `resources.Round`); returns its seconds."""
+        dag, in_host, offloaded = self.dag, self.in_host, self.offloaded
+        pairs, copy_g, host_g = defaultdict(int), defaultdict(int), defaultdict(int)
+        for x in rnd.xfers:
+            if x.kind == SEND:
+                pairs[(x.src_gpu, x.dst_gpu)] += x.bytes
+                if x.free in in_host:
+                    host_g[x.src_gpu] += x.bytes
+                if offloaded[x.stage]:
+                    host_g[x.dst_gpu] += x.bytes
+            elif x.kind == COPY:
+                copy_g[x.dst_gpu] += x.bytes
+        for f in rnd.stage_outs:
+            host_g[dag.frees[f].gpu] += dag.frees[f].bytes
+            in_host.add(f)
+        t = _round_seconds(dag.module.cluster, ((src, dst, b) for (src, dst), b in pairs.items()), copy_g, host_g,
+                           self.host_bytes_per_s, self.message_latency_s)[0]
+        self.seconds += t
+        return t
 
 
 @dataclass(frozen=True)

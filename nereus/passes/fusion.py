@@ -20,7 +20,8 @@ from typing import Callable
 
 from .dag import SEND, Piece, TransitionDag, Xfer
 from .layout import box_volume, held_boxes, slot_specs
-from .resources import Schedule, xfer_slice
+from .fitting import xfer_slice
+from .resources import Schedule
 
 
 _set = object.__setattr__  # Message is frozen: its own fields are set through object

@@ -15,6 +15,10 @@ rest waits for the next round; when a round would otherwise make no progress, th
 is lent to allocations, then a slot is cut by pieces and rows), then frees every
 before-shard whose readers are done. A transfer whose room this round is below the least it
 can send (`_pending`) waits without being cut.
+Where a stall with allocations waiting would lend them the reserve, `schedule` also
+runs the alternative that stages their GPUs' before-shards to host memory instead
+(`_stage_for_reserve`) and keeps the schedule with the lower predicted time
+(`cost.schedule_seconds`), the lending one on a tie.
 When a round makes no progress, units are trading places on full GPUs (a cycle): the
 blocked GPU with the smallest deficit stages before-shards to host memory (`stage_out`,
 largest first) until the deficit is covered; their readers then read from host memory.
@@ -30,16 +34,14 @@ cross-model-stage edges, no staging; the result may overflow (the verifier says 
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from nereus.ir.diagnostics import InfeasibleError
 from nereus.ir.units import human_bytes
 
-from .dag import SEND, Piece, TransitionDag, Xfer
-from .layout import box_volume as _volume
-from .layout import slot_specs
-
-_KIND_INDEX = {"first": 0, "layer": 1, "last": 2}
+from .cost import RoundClock, schedule_seconds
+from .dag import SEND, TransitionDag, Xfer
+from .fitting import _fit, _pending, _spec_kinds, _split_slot, xfer_slice
 
 SAME_STAGE, SM_CS, CM_SS, CM_CS = "same-model-stage", "same-model-cross-stage", "cross-model-same-stage", \
     "cross-model-cross-stage"
@@ -86,22 +88,11 @@ def edge_kind(dag: TransitionDag, free: int, alloc: int) -> str:
     return CM_SS if a[1] == b[1] else CM_CS
 
 
-def xfer_slice(dag: TransitionDag, x: Xfer, lo: int, hi: int) -> Xfer:
-    """`x` restricted to slots [lo, hi), bytes recomputed."""
-    info = dag.stages[x.stage]
-    last = info.model.layers + 1
-    first_v, layer_v, last_v = x.volumes
-    elements = (first_v if lo <= 0 < hi else 0) + layer_v * max(0, min(hi, last) - max(lo, 1)) + \
-        (last_v if lo <= last < hi else 0)
-    return Xfer(x.kind, x.stage, x.alloc, x.free, x.src_gpu, x.dst_gpu, (lo, hi), x.pieces,
-                elements * info.xfer_element_bytes(x.states), x.volumes, x.states)
-
-
 def schedule(dag: TransitionDag, *, independent: bool = False, staging: bool = True) -> Schedule:
     """Schedule `dag` into memory-safe rounds (module docstring)."""
     if not independent:
-        return _schedule(dag, range(len(dag.stages)), staging=staging)
-    parts = [_schedule(dag, [s], staging=False) for s in range(len(dag.stages))]
+        return _cheaper(dag, staging)
+    parts = [_schedule(dag, [s], staging=False)[0] for s in range(len(dag.stages))]
     depth = max((len(p.rounds) for p in parts), default=0)
     rounds = []
     for k in range(depth):
@@ -112,7 +103,35 @@ def schedule(dag: TransitionDag, *, independent: bool = False, staging: bool = T
                     True, tuple(n for p in parts for n in p.notes))
 
 
-def _schedule(dag: TransitionDag, stage_ids, *, staging: bool) -> Schedule:
+def _cheaper(dag: TransitionDag, staging: bool) -> Schedule:
+    """The joint schedule. With staging allowed it is first scheduled staging before-shards
+    where a stall would lend the transient reserve (`_stage_for_reserve`); if that staged
+    nothing it is the lending schedule itself. Otherwise the lending schedule is built
+    too, stopped as soon as its predicted time (`cost.RoundClock`, the cost pass's
+    estimate for the default pipeline) exceeds the staging one's, and kept if it was not:
+    never predicted slower than lending alone, the lending one on a tie."""
+    stages = range(len(dag.stages))
+    if not staging:
+        return _schedule(dag, stages, staging=False)[0]
+    try:
+        staging_instead, reserve_staged = _schedule(dag, stages, staging=True, stage_for_reserve=True)
+    except InfeasibleError:  # host memory taken by the reserve's staging may be missing for a cycle
+        return _schedule(dag, stages, staging=True)[0]
+    if not reserve_staged:
+        return staging_instead
+    seconds = schedule_seconds(dag, staging_instead)
+    lending, _ = _schedule(dag, stages, staging=True, seconds_cap=seconds)
+    if lending is not None:
+        return lending
+    note = f"staging instead of lending the reserve: predicted {seconds:.3g} s, less than lending's"
+    return replace(staging_instead, notes=staging_instead.notes + (note,))
+
+
+def _schedule(dag: TransitionDag, stage_ids, *, staging: bool, stage_for_reserve: bool = False,
+              seconds_cap: float | None = None) -> tuple[Schedule | None, int]:
+    """(schedule, bytes staged instead of lending the reserve). `stage_for_reserve`: where a
+    stall would lend the transient reserve, stage before-shards instead where possible.
+    `seconds_cap`: the schedule is None once its predicted seconds exceed it."""
     cluster = dag.module.cluster
     cap = cluster.usable_gpu_bytes
     host_cap = cluster.host_mem_bytes
@@ -147,7 +166,8 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool) -> Schedule:
     edges: list[ResourceEdge] = []
     spec_kinds = _spec_kinds(dag)
     ready: list[tuple[Xfer, int, int]] = []  # (transfer, _pending's thresholds)
-    chunked = staged_bytes = 0
+    chunked = staged_bytes = reserve_staged = 0
+    clock = RoundClock(dag) if seconds_cap is not None else None
     notes: list[str] = []
     check = [i for i in live if readers[i] == 0]
     unfreed = len(live)
@@ -233,19 +253,24 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool) -> Schedule:
                     mem[f.gpu] -= f.bytes
         outs: list[int] = []
         if not took and not done and not releases:
-            if reserve:
-                reserve = 0  # try once more letting allocations use the transient reserve
-                if allocs:  # (transfers never use it: without allocations the pass would repeat)
+            if reserve and allocs and stage_for_reserve:
+                outs = _stage_for_reserve(dag, allocs, mem, cap, reserve, host, host_cap, freed, staged, live)
+                reserve_staged += sum(dag.frees[i].bytes for i in outs)
+            if not outs:  # staged instead: the allocations fit next round with the reserve kept
+                if reserve:
+                    reserve = 0  # try once more letting allocations use the transient reserve
+                    if allocs:  # (transfers never use it: without allocations the pass would repeat)
+                        continue
+                if not fine:
+                    fine = True  # then once more cutting transfers below one layer
                     continue
-            if not fine:
-                fine = True  # then once more cutting transfers below one layer
-                continue
-            if not staging:
-                notes.append(f"deadlock in round {k}: {len(allocs)} allocation(s) can never fit")
-                rounds.append(Round((), (), (), ()))
-                break
-            outs = _break_cycle(dag, allocs, [entry[0] for entry in ready], mem, cap, host, host_cap, freed, staged, live)
-            staged_bytes += sum(dag.frees[i].bytes for i in outs)
+                if not staging:
+                    notes.append(f"deadlock in round {k}: {len(allocs)} allocation(s) can never fit")
+                    rounds.append(Round((), (), (), ()))
+                    break
+                outs = _break_cycle(dag, allocs, [entry[0] for entry in ready], mem, cap, host, host_cap, freed,
+                                    staged, live)
+                staged_bytes += sum(dag.frees[i].bytes for i in outs)
         check = []
         reserve = int(cap * TRANSIENT_RESERVE)
         fine = False
@@ -253,126 +278,22 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool) -> Schedule:
         for i in releases + outs:
             last_release[dag.frees[i].gpu].append(i)
         rounds.append(Round(tuple(took), tuple(done), tuple(outs), tuple(releases)))
+        if clock is not None:
+            clock.add(rounds[-1])
+            if clock.seconds > seconds_cap:  # slower than the alternative already
+                return None, reserve_staged
     if staged_bytes:
         notes.append(f"cycle broken by staging {human_bytes(staged_bytes)} through host memory")
+    if reserve_staged:
+        notes.append(f"staged {human_bytes(reserve_staged)} through host memory instead of lending the transient reserve")
     if chunked:
         notes.append(f"{chunked} transfer split(s) to fit transient buffers")
-    return Schedule(tuple(rounds), tuple(edges), chunked, staged_bytes, False, tuple(notes))
-
-
-def _pending(dag: TransitionDag, x: Xfer, spec_kinds: list) -> tuple[Xfer, int, int]:
-    """(x, whole_slot, row): the least budget with which `_fit` cuts a head of whole slots
-    (the first slot's bytes) and with which `_split_slot` cuts one below a slot (one row of
-    the first slot's first piece; a very large number when it has none). Below them a
-    transfer cannot move in this round, whatever the cut."""
-    if x.kind != SEND:
-        return x, 0, 0
-    element_bytes = dag.stages[x.stage].xfer_element_bytes(x.states)
-    kind = _slot_kind(dag, x)
-    whole_slot = x.volumes[_KIND_INDEX[kind]] * element_bytes
-    kinds = spec_kinds[x.stage]
-    first = next((p for p in x.pieces if kinds[p.spec] == kind), None)
-    if first is None:
-        return x, whole_slot, 1 << 62
-    volume = _volume(first.box)
-    (r0, r1) = first.box[0]
-    row = volume // (r1 - r0) if r1 > r0 else 0
-    return x, whole_slot, (row or volume) * element_bytes
-
-
-def _fit(dag: TransitionDag, x: Xfer, budget: int, fine: bool = False) -> tuple:
-    """Split send `x` into (head, tail): the longest leading slot range whose bytes fit in
-    `budget` (head None when not even one slot fits; tail None when nothing is left)."""
-    lo, hi = x.slots
-    info = dag.stages[x.stage]
-    last = info.model.layers + 1
-    first_v, layer_v, last_v = x.volumes
-    room = budget // info.xfer_element_bytes(x.states)
-    end = lo
-    if end == 0:
-        if first_v > room:
-            return _split_slot(dag, x, budget) if fine else (None, x)
-        room -= first_v
-        end = 1
-    layers = max(0, min(hi, last) - end)
-    take = layers if layer_v == 0 else min(layers, room // layer_v)
-    room -= take * layer_v
-    end += take
-    if take == layers and end == last and hi > last and last_v <= room:
-        end = hi
-    if end == lo:
-        return _split_slot(dag, x, budget) if fine else (None, x)
-    if end >= hi:
-        return x, None
-    return xfer_slice(dag, x, lo, end), xfer_slice(dag, x, end, hi)
-
-
-def _spec_kinds(dag: TransitionDag) -> list[tuple[str, ...]]:
-    """Per stage of `dag`: the slot kind of every spec index (looked up per piece)."""
-    return [tuple(spec.kind for spec in slot_specs(info.model)) for info in dag.stages]
-
-
-def _slot_kind(dag: TransitionDag, x: Xfer) -> str:
-    lo = x.slots[0]
-    return "first" if lo == 0 else ("last" if lo == dag.stages[x.stage].model.layers + 1 else "layer")
-
-
-def _one_slot(x: Xfer, pieces: tuple, elements: int, kind: str, element_bytes: int) -> Xfer:
-    """The first slot of `x` carrying only `pieces` (all of the slot's kind, `elements` in all)."""
-    volumes = [0, 0, 0]
-    volumes[_KIND_INDEX[kind]] = elements
-    lo = x.slots[0]
-    return Xfer(x.kind, x.stage, x.alloc, x.free, x.src_gpu, x.dst_gpu, (lo, lo + 1), pieces,
-                elements * element_bytes, tuple(volumes), x.states)
-
-
-def _split_slot(dag: TransitionDag, x: Xfer, budget: int, spec_kinds=None) -> tuple:
-    """Less than one slot fits: send the first slot's pieces that fit, cutting the piece
-    that straddles the budget along dim 0 (any row range of a box is a valid segment).
-    Only the head's pieces are measured: the rest of the slot has x's elements of that
-    kind minus the head's (`Xfer.volumes` sums its pieces). `spec_kinds`: `_spec_kinds(dag)`."""
-    lo, hi = x.slots
-    info = dag.stages[x.stage]
-    kinds = (spec_kinds or _spec_kinds(dag))[x.stage]
-    kind = _slot_kind(dag, x)
-    element_bytes = info.xfer_element_bytes(x.states)
-    pieces = [p for p in x.pieces if kinds[p.spec] == kind]
-    room = budget // element_bytes
-    head: list = []
-    taken = 0
-    for i, piece in enumerate(pieces):
-        volume = _volume(piece.box)
-        if volume <= room:
-            head.append(piece)
-            room -= volume
-            taken += volume
-            continue
-        (r0, r1), others = piece.box[0], piece.box[1:]
-        row = volume // (r1 - r0)
-        rows = room // row if row else 0
-        tail = pieces[i + 1:]
-        if rows:
-            head.append(Piece(piece.spec, ((r0, r0 + rows),) + others))
-            taken += rows * row
-            tail = [Piece(piece.spec, ((r0 + rows, r1),) + others)] + tail
-        else:
-            tail = [piece] + tail
-        break
-    else:
-        tail = []
-    if not head:
-        return None, x
-    rest = xfer_slice(dag, x, lo + 1, hi) if hi > lo + 1 else None
-    first = _one_slot(x, tuple(head), taken, kind, element_bytes)
-    if not tail:
-        return first, rest
-    left = _one_slot(x, tuple(tail), x.volumes[_KIND_INDEX[kind]] - taken, kind, element_bytes)
-    return first, (left if rest is None else (left, rest))
+    return Schedule(tuple(rounds), tuple(edges), chunked, staged_bytes + reserve_staged, False, tuple(notes)), \
+        reserve_staged
 
 
 def _break_cycle(dag, allocs, ready, mem, cap, host, host_cap, freed, staged, live) -> list[int]:
     """Stage before-shards of the least-blocked GPU to host memory; returns the frees staged."""
-    cluster = dag.module.cluster
     needs: dict[int, int] = {}
 
     def short(g: int, nbytes: int) -> None:
@@ -388,31 +309,73 @@ def _break_cycle(dag, allocs, ready, mem, cap, host, host_cap, freed, staged, li
             short(x.dst_gpu, one)
             if not staged[x.free]:
                 short(x.src_gpu, one)
+    pick = next(_staging_picks(dag, needs, freed, staged, live), None)
+    if pick is None:
+        worst = sorted(needs.items(), key=lambda item: (item[1], item[0]))[:4]
+        listing = ", ".join(f"GPU {g} short of {human_bytes(d)}" for g, d in worst) or "no GPU can make progress"
+        raise InfeasibleError(f"transition {dag.source} -> {dag.target} cannot fit: {listing} even with every"
+                              " movable shard staged to host memory",
+                              hint="the target plan does not fit next to the state that stays; check it with `nereusc check`")
+    gpu, deficit, picked, covered = pick
+    node = dag.module.cluster.node_of(gpu)
+    if host[node] + covered > host_cap:
+        raise InfeasibleError(
+            f"transition {dag.source} -> {dag.target} cannot break a memory cycle: GPU {gpu} needs {human_bytes(deficit)}"
+            f" more and staging {human_bytes(covered)} exceeds node {node}'s host memory"
+            f" ({human_bytes(host_cap - host[node])} left)",
+            hint="free GPUs for the transition, or add host memory")
+    _stage(dag, gpu, picked, covered, mem, host, staged)
+    return picked
+
+
+def _stage_for_reserve(dag, allocs, mem, cap, reserve, host, host_cap, freed, staged, live) -> list[int]:
+    """The staging alternative to lending the transient reserve: every GPU with a waiting
+    allocation stages before-shards (largest first) to host memory until the allocation
+    fits with the reserve kept (also one that would not fit in the reserve: lending it
+    would leave it waiting and the transfers cut below a layer). Returns the frees staged;
+    [] where no such GPU's unstaged before-shards cover its deficit within its node's host
+    memory (the caller lends the reserve instead)."""
+    needs: dict[int, int] = {}
+    for a in allocs:
+        alloc = dag.allocs[a]
+        if dag.stages[alloc.stage].after.offload:
+            continue
+        deficit = mem[alloc.gpu] + alloc.bytes + reserve - cap
+        needs[alloc.gpu] = min(needs.get(alloc.gpu, deficit), deficit)
+    outs: list[int] = []
+    node_of = dag.module.cluster.node_of
+    for gpu, _, picked, covered in _staging_picks(dag, needs, freed, staged, live):
+        if host[node_of(gpu)] + covered <= host_cap:
+            _stage(dag, gpu, picked, covered, mem, host, staged)
+            outs.extend(picked)
+    return outs
+
+
+def _staging_picks(dag, needs: dict[int, int], freed, staged, live):
+    """Yields (gpu, deficit, frees, their bytes) for the GPUs of `needs` (GPU → bytes
+    short), least deficit first, whose unstaged before-shards cover the deficit: the
+    largest of them that do (largest first). GPUs they cannot cover are skipped."""
+    on_gpu: dict[int, list[int]] = defaultdict(list)
+    if needs:
+        for i in live:
+            f = dag.frees[i]
+            if f.gpu in needs and not freed[i] and not staged[i] and f.bytes > 0:
+                on_gpu[f.gpu].append(i)
     for gpu, deficit in sorted(needs.items(), key=lambda item: (item[1], item[0])):
-        candidates = sorted((i for i in live if dag.frees[i].gpu == gpu and not freed[i] and not staged[i]
-                             and dag.frees[i].bytes > 0), key=lambda i: (-dag.frees[i].bytes, i))
+        candidates = sorted(on_gpu.get(gpu, ()), key=lambda i: (-dag.frees[i].bytes, i))
         if sum(dag.frees[i].bytes for i in candidates) < deficit:
             continue
-        node = cluster.node_of(gpu)
         picked, covered = [], 0
         for i in candidates:
             if covered >= deficit:
                 break
             picked.append(i)
             covered += dag.frees[i].bytes
-        if host[node] + covered > host_cap:
-            raise InfeasibleError(
-                f"transition {dag.source} -> {dag.target} cannot break a memory cycle: GPU {gpu} needs {human_bytes(deficit)}"
-                f" more and staging {human_bytes(covered)} exceeds node {node}'s host memory"
-                f" ({human_bytes(host_cap - host[node])} left)",
-                hint="free GPUs for the transition, or add host memory")
-        host[node] += covered
-        for i in picked:
-            staged[i] = True
-            mem[gpu] -= dag.frees[i].bytes
-        return picked
-    worst = sorted(needs.items(), key=lambda item: (item[1], item[0]))[:4]
-    listing = ", ".join(f"GPU {g} short of {human_bytes(d)}" for g, d in worst) or "no GPU can make progress"
-    raise InfeasibleError(f"transition {dag.source} -> {dag.target} cannot fit: {listing} even with every"
-                          " movable shard staged to host memory",
-                          hint="the target plan does not fit next to the state that stays; check it with `nereusc check`")
+        yield gpu, deficit, picked, covered
+
+
+def _stage(dag, gpu: int, picked: list[int], covered: int, mem, host, staged) -> None:
+    host[dag.module.cluster.node_of(gpu)] += covered
+    for i in picked:
+        staged[i] = True
+        mem[gpu] -= dag.frees[i].bytes

@@ -98,7 +98,7 @@ def test_dag_view_with_resource_edges_is_acyclic():
 
 
 def test_fit_cuts_the_embedding_slot_when_it_alone_is_too_big():
-    from nereus.passes.resources import _fit, xfer_slice
+    from nereus.passes.fitting import _fit, xfer_slice
 
     compiled = compile_full(_handover(), "S", "T")
     x = next(x for x in compiled.dag.xfers if x.kind == "send" and x.slots[0] == 0)
