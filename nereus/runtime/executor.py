@@ -20,10 +20,14 @@ leaves room for and parks only the rest. An abort copies parked shards back. A f
 anywhere is turned into a `Failure` (round, op, peer) and broadcast by `control.agree`,
 so every rank raises. Before the commit each rank synchronizes its device, so the
 commit (and `ExecutionResult.seconds`) marks the point where the new state is usable.
+The commit's one collective also gathers every rank's figures for the report
+(`ExecutionResult.ready_s`, `rank_figures`), so a transition costs the control group one
+agreement per round plus the commit.
 
 Fault injection for tests: `fault=(rank, round, phase)` with phase "pack" (before the
-agreement), "post" (after the large pieces were posted) or "unpack" (after the
-exchange), or the environment variable NEREUS_FAULT="rank:round:phase".
+agreement), "post" (after the large pieces were posted), "unpack" (after the
+exchange) or "commit" (at the commit, after the device synchronized; the round is not
+read), or the environment variable NEREUS_FAULT="rank:round:phase".
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ import torch.distributed as dist
 from nereus.ir.diagnostics import ProgramError
 
 from . import offload, packing, streams
-from .control import Failure, agree
+from .control import Failure, agree, commit
 from .posting import p2p_ops as _p2p_ops, post as _post
 from .parking import ROLLBACK_MODES, Parking, default_rollback, park_plan, real_room, restore_parked
 from .program import RankProgram
@@ -85,6 +89,11 @@ class ExecutionResult:
     parked_bytes: int = 0  # before-shards copied to host memory and released on their device
     held_bytes: int = 0  # before-shards the program freed that stayed on their device until the commit
     offload_bytes: int = 0  # read from offloaded before-units or written into offloaded after-units (PCIe on CUDA)
+    # seconds from `clock_start` to this rank's readiness to commit (every round done, the
+    # new state complete, the device synchronized), measured just before the commit's collective
+    ready_s: float = 0.0
+    # every rank's [ready_s, sent_bytes], in rank order, gathered by the commit's one collective
+    rank_figures: list = field(default_factory=list)
 
 
 def _fault_spec(fault) -> Optional[tuple[int, int, str]]:
@@ -118,7 +127,8 @@ def execute(prog: RankProgram, before: dict, *, group, control, device: torch.de
             fault=None, rollback: Optional[str] = None, park_device_types=("cuda",),
             round_hook: Optional[Callable[[int], None]] = None,
             capacity_bytes: Optional[int] = None, chunk_bytes: Optional[int] = None,
-            depth: Optional[int] = None, offloaded: frozenset = frozenset()) -> ExecutionResult:
+            depth: Optional[int] = None, offloaded: frozenset = frozenset(),
+            clock_start: Optional[float] = None) -> ExecutionResult:
     """Collective over `group` (data; or a list of data groups over the same ranks, whose
     communicators then move a round's ops concurrently) and `control` (gloo).
 
@@ -144,7 +154,8 @@ def execute(prog: RankProgram, before: dict, *, group, control, device: torch.de
     depth: the packed streams' chunk size and ring depth (streams.py; default
     streams.CHUNK_BYTES and streams.DEPTH); sender and receiver must pass the same.
     offloaded: {("before" | "after", unit id)} of the units in host memory (`offload`, see
-    offload.py): read and written there, never counted as device bytes."""
+    offload.py): read and written there, never counted as device bytes. clock_start: the
+    `time.perf_counter()` value `ExecutionResult.ready_s` counts from (default: this call)."""
     rollback = default_rollback(device) if rollback is None else rollback
     if rollback not in ROLLBACK_MODES:
         raise ProgramError(f"unknown rollback mode {rollback!r}", hint="use rollback='host' or 'device'")
@@ -157,7 +168,7 @@ def execute(prog: RankProgram, before: dict, *, group, control, device: torch.de
     try:
         result = _execute(prog, before, parking, group, control, torch.device(device), resident_bytes, verify,
                           progress, _fault_spec(fault), round_hook,
-                          (chunk_bytes or streams.CHUNK_BYTES, depth or streams.DEPTH), offloaded)
+                          (chunk_bytes or streams.CHUNK_BYTES, depth or streams.DEPTH), offloaded, clock_start)
     except BaseException as error:
         # the finished frames in the traceback still hold the new shards and the buffers:
         # clear them so the device memory is free before the old shards come back
@@ -199,8 +210,9 @@ class _Run:
 
 
 def _execute(prog, before, parking, group, control, device, resident_bytes, verify, progress, fault,
-             round_hook, chunking, offloaded=frozenset()) -> ExecutionResult:
+             round_hook, chunking, offloaded=frozenset(), clock_start=None) -> ExecutionResult:
     started = time.perf_counter()
+    clock_start = started if clock_start is None else clock_start
     run = _Run(prog, before, parking, group, control, device, Live(resident_bytes), verify, fault, offloaded)
     run.chunk_bytes, run.depth = chunking
     run.started = started
@@ -234,10 +246,15 @@ def _execute(prog, before, parking, group, control, device, resident_bytes, veri
                 torch.cuda.current_stream(device).synchronize()
                 for timing, start, end in events:
                     timing.device_s = start.elapsed_time(end) / 1e3
+            if fault is not None and fault[0] == run.rank and fault[2] == "commit":
+                raise InjectedFault("injected fault (commit)")
         except Exception as error:  # noqa: BLE001
             run.failure = Failure(run.rank, len(prog.rounds), "commit", None, str(error))
-    agree(run.failure, control, prog.source, prog.target)  # the commit
+    ready_s = time.perf_counter() - clock_start
+    # the commit; its collective carries the report's figures of every rank
+    figures = commit(run.failure, (ready_s, run.result.sent_bytes), control, prog.source, prog.target)
     result = run.result
+    result.ready_s, result.rank_figures = ready_s, figures
     result.state = run.new
     result.peak_bytes = run.live.peak
     result.verified = run.verified
