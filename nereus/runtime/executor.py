@@ -45,11 +45,12 @@ from nereus.ir.diagnostics import ProgramError
 
 from . import offload, packing, streams
 from .control import Failure, agree, commit
+from .execution_plan import plan_for
 from .posting import p2p_ops as _p2p_ops, post as _post
 from .parking import ROLLBACK_MODES, Parking, default_rollback, park_plan, real_room, restore_parked
 from .program import RankProgram
-from .wires import (TORCH_DTYPES, Live, allocate, check_complete, copy_stream, destination, in_stream,
-                    incoming, nothing, outgoing, peer_streams)
+from .wires import (TORCH_DTYPES, Live, allocate, check_complete, copy_stream, destination, incoming, nothing,
+                    outgoing, peer_streams)
 
 class InjectedFault(RuntimeError):
     """Raised by the fault hook."""
@@ -159,16 +160,19 @@ def execute(prog: RankProgram, before: dict, *, group, control, device: torch.de
     rollback = default_rollback(device) if rollback is None else rollback
     if rollback not in ROLLBACK_MODES:
         raise ProgramError(f"unknown rollback mode {rollback!r}", hint="use rollback='host' or 'device'")
+    chunk_bytes = chunk_bytes or streams.CHUNK_BYTES
+    plan = plan_for(prog, chunk_bytes)  # built on the program's first execution, then reused
     parking = None
     if rollback == "host":
-        parking = Parking(prog, before, park_device_types)
+        parking = Parking(prog, before, park_device_types, kept=plan.kept)
     elif rollback == "auto":
         room = real_room(device) if torch.device(device).type in park_device_types else None
-        parking = Parking(prog, before, park_device_types, park_plan(prog, resident_bytes, capacity_bytes, room))
+        units = park_plan(prog, resident_bytes, capacity_bytes, room, plan.park_replay(prog, resident_bytes))
+        parking = Parking(prog, before, park_device_types, units, kept=plan.kept)
     try:
         result = _execute(prog, before, parking, group, control, torch.device(device), resident_bytes, verify,
-                          progress, _fault_spec(fault), round_hook,
-                          (chunk_bytes or streams.CHUNK_BYTES, depth or streams.DEPTH), offloaded, clock_start)
+                          progress, _fault_spec(fault), round_hook, (chunk_bytes, depth or streams.DEPTH), offloaded,
+                          clock_start, plan)
     except BaseException as error:
         # the finished frames in the traceback still hold the new shards and the buffers:
         # clear them so the device memory is free before the old shards come back
@@ -188,7 +192,7 @@ class _Run:
     """Mutable state of one rank's transition, shared by its rounds."""
 
     def __init__(self, prog: RankProgram, before: dict, parking, group, control, device, live: Live,
-                 verify: bool, fault, offloaded: frozenset = frozenset()):
+                 verify: bool, fault, offloaded: frozenset = frozenset(), plan=None):
         self.prog, self.before, self.parking = prog, before, parking
         # units in host memory (offload): not device bytes; written in place there
         self.host_before = {unit for phase, unit in offloaded if phase == "before"}
@@ -205,15 +209,16 @@ class _Run:
         # stage_out; {} after its free
         self.sources = {unit: dict(before.get(unit, {})) for unit in prog.before}
         self.staged: set = set()
+        self.plan = plan  # what the rounds derive from the program alone (execution_plan.py)
         # after-shards a keep hands over in place (not allocated)
-        self.aliased = {(a.dst_unit, a.tensor) for w in prog.rounds for a in w.aliases}
+        self.aliased = plan.aliased
 
 
 def _execute(prog, before, parking, group, control, device, resident_bytes, verify, progress, fault,
-             round_hook, chunking, offloaded=frozenset(), clock_start=None) -> ExecutionResult:
+             round_hook, chunking, offloaded, clock_start, plan) -> ExecutionResult:
     started = time.perf_counter()
     clock_start = started if clock_start is None else clock_start
-    run = _Run(prog, before, parking, group, control, device, Live(resident_bytes), verify, fault, offloaded)
+    run = _Run(prog, before, parking, group, control, device, Live(resident_bytes), verify, fault, offloaded, plan)
     run.chunk_bytes, run.depth = chunking
     run.started = started
     events = []  # (timing, start, end) CUDA events of each round, read after the commit's synchronize
@@ -280,7 +285,6 @@ def _round(run: _Run, work, events: Optional[list] = None) -> RoundTiming:
     step = "alloc"
     peer = None
     sends, recvs, out_streams, in_streams = [], [], [], []
-    both_ways: set = set()
     try:
         if run.failure is not None:  # an earlier round failed here: go straight to agree
             raise _Skip()
@@ -300,15 +304,14 @@ def _round(run: _Run, work, events: Optional[list] = None) -> RoundTiming:
         for piece in work.copies:  # allocated now, copied while the messages travel
             step = f"alloc {piece.dst_unit} {piece.tensor}"
             destination(prog, new, live, device, piece, run.host_after)
-        both_ways = {m.peer for m in work.sends} & {m.peer for m in work.recvs}
-        for msg in work.sends:
+        planned = run.plan.rounds[work.index]  # which pieces join the peer streams: from the program
+        host_sources = run.host_before | run.staged
+        for msg, in_stream in zip(work.sends, planned.send_in_stream):
             step, peer = "pack send", msg.peer
-            sends.append(outgoing(msg, sources, device, in_stream(msg, both_ways, run.chunk_bytes),
-                                  run.host_before | run.staged))
-        for msg in work.recvs:
+            sends.append(outgoing(msg, sources, device, in_stream, host_sources))
+        for msg, in_stream in zip(work.recvs, planned.recv_in_stream):
             step, peer = "alloc recv", msg.peer
-            recvs.append(incoming(msg, prog, new, live, device, in_stream(msg, both_ways, run.chunk_bytes),
-                                   run.host_after))
+            recvs.append(incoming(msg, prog, new, live, device, in_stream, run.host_after))
         result.offload_bytes += offload.round_bytes(work, run.host_before, run.host_after)
         step, peer = "alloc stream buffers", None
         out_streams = peer_streams(sends, device, run.chunk_bytes, run.depth)

@@ -192,6 +192,7 @@ class Runtime:
         self._prepared: set = set()
         self._registrations = 0  # changes of this rank's registered model-stages (see _live_stages)
         self._gathered = None  # (every rank's registration count, every rank's registered model-stages)
+        self._live_known: dict = {}  # (plan, id of the compiled program, counts) -> live model-stages
         # the training model-stages of the workload, in a fixed order: their Adam steps ride
         # on _live_stages' collective
         self._trained = tuple(str(ms) for ms in module.workload.model_stages() if ms.stage == "training")
@@ -531,6 +532,11 @@ class Runtime:
             dist.all_gather_object(gathered, sorted(self._state), group=self._control)
             self._gathered = (counts, gathered)
         gathered = self._gathered[1]
+        # the same registrations and program give the same answer: checked once (the
+        # program is the compiled one, kept in self._programs for the Runtime's life)
+        known = (self._plan, id(program), counts)
+        if known in self._live_known:
+            return set(self._live_known[known]), steps
         registered = set().union(*map(set, gathered))
         untouched = set(program.get("untouched", ()))
         source = self.module.plan(self._plan)
@@ -545,6 +551,7 @@ class Runtime:
                     if ms not in gathered[gpu]:
                         raise NereusError(f"rank {gpu} holds {unit_id(ms, r)} but did not register {ms}",
                                           hint="every rank of a model-stage must call register() before transition()")
+        self._live_known[known] = frozenset(live)
         return live, steps
 
     def _local_step(self, model_stage: str) -> int:
