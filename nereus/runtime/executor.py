@@ -312,7 +312,8 @@ def _round(run: _Run, work, events: Optional[list] = None) -> RoundTiming:
         for msg, in_stream in zip(work.recvs, planned.recv_in_stream):
             step, peer = "alloc recv", msg.peer
             recvs.append(incoming(msg, prog, new, live, device, in_stream, run.host_after))
-        result.offload_bytes += offload.round_bytes(work, run.host_before, run.host_after)
+        if run.host_before or run.host_after:  # nothing offloaded (the common case): no piece to scan
+            result.offload_bytes += offload.round_bytes(work, run.host_before, run.host_after)
         step, peer = "alloc stream buffers", None
         out_streams = peer_streams(sends, device, run.chunk_bytes, run.depth)
         in_streams = peer_streams(recvs, device, run.chunk_bytes, run.depth)

@@ -189,7 +189,7 @@ class Runtime:
         self._program_bytes: dict = {}  # (from, to) -> bytes of that part's canonical JSON
         self._lowered: dict = {}  # (from, to, live model-stages) -> (restricted program, this rank's program)
         self._lowered_figures: dict = {}  # same key -> _Lowered: what a call derives from the program alone
-        self._prepared: set = set()
+        self._prepared: set = set()  # (from, to, live model-stages) that prepare() warmed
         self._registrations = 0  # changes of this rank's registered model-stages (see _live_stages)
         self._gathered = None  # (every rank's registration count, every rank's registered model-stages)
         self._live_known: dict = {}  # (plan, id of the compiled program, counts) -> live model-stages
