@@ -26,7 +26,8 @@ the devices synchronized (`Env.timed`), the slowest rank:
   way back in between, nereus_reverse_s) with the default rollback; `modes`: the same for
   each of `--modes`; nereus_prepared_s: a fresh Runtime on the same tensors, `prepare("B")`
   untimed (nereus_prepare_s), then the timed call; nereus_exec_s: the executor's own
-  figure (TransitionReport.max_seconds, which also ends at the synchronized commit).
+  figure (TransitionReport.max_seconds: until the slowest rank was ready to commit, its
+  device synchronized; the commit's one small collective follows).
 - gather_scatter_s: every tensor gathered whole on rank 0 and scattered in layout B
   (one warm-up, then the median of as many runs as Nereus).
 - dcp: torch.distributed.checkpoint save in layout A + load in layout B on local disk

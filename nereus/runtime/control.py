@@ -1,9 +1,12 @@
 """Agreement between ranks on a small control channel (a gloo group of its own).
 
 Every rank calls `agree(error)` the same number of times per transition (once per
-round before the data exchange, once to commit). The fast path is one all_reduce of a
-flag; only when some rank failed do ranks exchange the failure texts, so that every
-rank raises the same `TransitionAborted` naming the failing rank, round, op and peer.
+round before the data exchange) and `commit(error, figures)` once at the end. The fast
+path is one collective: an all_reduce of a flag for `agree`, an all_gather of [flag,
+figures...] for `commit` (so the report's figures of every rank ride on the commit, with
+no collective of their own); only when some rank failed do ranks exchange the failure
+texts, so that every rank raises the same `TransitionAborted` naming the failing rank,
+round, op and peer.
 The gloo group is created with a timeout, so a rank that never arrives turns into an
 error on the others instead of a hang.
 """
@@ -51,8 +54,26 @@ def agree(failure: Optional[Failure], group, source: str, target: str) -> None:
     otherwise raises TransitionAborted with every rank's failure on every rank."""
     flag = torch.tensor([0 if failure is None else 1], dtype=torch.int64)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
-    if int(flag.item()) == 0:
-        return
+    if int(flag.item()) != 0:
+        _abort(failure, group, source, target)
+
+
+def commit(failure: Optional[Failure], figures, group, source: str, target: str) -> list:
+    """Collective, the last agreement of a transition: `agree` whose one all_gather also
+    carries this rank's `figures` (floats; exact for integers below 2**53). Returns every
+    rank's figures, [[float] per rank] in rank order, when no rank failed; otherwise
+    raises TransitionAborted with every rank's failure on every rank (as `agree`)."""
+    row = torch.tensor([0.0 if failure is None else 1.0, *map(float, figures)], dtype=torch.float64)
+    rows = [torch.empty_like(row) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(rows, row, group=group)
+    if any(float(r[0]) != 0.0 for r in rows):
+        _abort(failure, group, source, target)
+    return [r[1:].tolist() for r in rows]
+
+
+def _abort(failure: Optional[Failure], group, source: str, target: str) -> None:
+    """Collective, after a flag showed that some rank failed: exchange the failures and
+    raise the same TransitionAborted on every rank."""
     gathered: list = [None] * dist.get_world_size(group)
     dist.all_gather_object(gathered, failure, group=group)
     raise TransitionAborted([f for f in gathered if f is not None], source, target)

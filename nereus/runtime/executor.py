@@ -20,10 +20,14 @@ leaves room for and parks only the rest. An abort copies parked shards back. A f
 anywhere is turned into a `Failure` (round, op, peer) and broadcast by `control.agree`,
 so every rank raises. Before the commit each rank synchronizes its device, so the
 commit (and `ExecutionResult.seconds`) marks the point where the new state is usable.
+The commit's one collective also gathers every rank's figures for the report
+(`ExecutionResult.ready_s`, `rank_figures`), so a transition costs the control group one
+agreement per round plus the commit.
 
 Fault injection for tests: `fault=(rank, round, phase)` with phase "pack" (before the
-agreement), "post" (after the large pieces were posted) or "unpack" (after the
-exchange), or the environment variable NEREUS_FAULT="rank:round:phase".
+agreement), "post" (after the large pieces were posted), "unpack" (after the
+exchange) or "commit" (at the commit, after the device synchronized; the round is not
+read), or the environment variable NEREUS_FAULT="rank:round:phase".
 """
 
 from __future__ import annotations
@@ -40,12 +44,13 @@ import torch.distributed as dist
 from nereus.ir.diagnostics import ProgramError
 
 from . import offload, packing, streams
-from .control import Failure, agree
+from .control import Failure, agree, commit
+from .execution_plan import plan_for
 from .posting import p2p_ops as _p2p_ops, post as _post
 from .parking import ROLLBACK_MODES, Parking, default_rollback, park_plan, real_room, restore_parked
 from .program import RankProgram
-from .wires import (TORCH_DTYPES, Live, allocate, check_complete, copy_stream, destination, in_stream, piece_region,
-                    incoming, nothing, outgoing, peer_streams)
+from .wires import (TORCH_DTYPES, Live, allocate, check_complete, copy_stream, destination, incoming, nothing,
+                    outgoing, peer_streams, piece_region)
 
 class InjectedFault(RuntimeError):
     """Raised by the fault hook."""
@@ -85,6 +90,11 @@ class ExecutionResult:
     parked_bytes: int = 0  # before-shards copied to host memory and released on their device
     held_bytes: int = 0  # before-shards the program freed that stayed on their device until the commit
     offload_bytes: int = 0  # read from offloaded before-units or written into offloaded after-units (PCIe on CUDA)
+    # seconds from `clock_start` to this rank's readiness to commit (every round done, the
+    # new state complete, the device synchronized), measured just before the commit's collective
+    ready_s: float = 0.0
+    # every rank's [ready_s, sent_bytes], in rank order, gathered by the commit's one collective
+    rank_figures: list = field(default_factory=list)
 
 
 def _fault_spec(fault) -> Optional[tuple[int, int, str]]:
@@ -118,7 +128,8 @@ def execute(prog: RankProgram, before: dict, *, group, control, device: torch.de
             fault=None, rollback: Optional[str] = None, park_device_types=("cuda",),
             round_hook: Optional[Callable[[int], None]] = None,
             capacity_bytes: Optional[int] = None, chunk_bytes: Optional[int] = None,
-            depth: Optional[int] = None, offloaded: frozenset = frozenset()) -> ExecutionResult:
+            depth: Optional[int] = None, offloaded: frozenset = frozenset(),
+            clock_start: Optional[float] = None) -> ExecutionResult:
     """Collective over `group` (data; or a list of data groups over the same ranks, whose
     communicators then move a round's ops concurrently) and `control` (gloo).
 
@@ -144,20 +155,24 @@ def execute(prog: RankProgram, before: dict, *, group, control, device: torch.de
     depth: the packed streams' chunk size and ring depth (streams.py; default
     streams.CHUNK_BYTES and streams.DEPTH); sender and receiver must pass the same.
     offloaded: {("before" | "after", unit id)} of the units in host memory (`offload`, see
-    offload.py): read and written there, never counted as device bytes."""
+    offload.py): read and written there, never counted as device bytes. clock_start: the
+    `time.perf_counter()` value `ExecutionResult.ready_s` counts from (default: this call)."""
     rollback = default_rollback(device) if rollback is None else rollback
     if rollback not in ROLLBACK_MODES:
         raise ProgramError(f"unknown rollback mode {rollback!r}", hint="use rollback='host' or 'device'")
+    chunk_bytes = chunk_bytes or streams.CHUNK_BYTES
+    plan = plan_for(prog, chunk_bytes)  # built on the program's first execution, then reused
     parking = None
     if rollback == "host":
-        parking = Parking(prog, before, park_device_types)
+        parking = Parking(prog, before, park_device_types, kept=plan.kept)
     elif rollback == "auto":
         room = real_room(device) if torch.device(device).type in park_device_types else None
-        parking = Parking(prog, before, park_device_types, park_plan(prog, resident_bytes, capacity_bytes, room))
+        units = park_plan(prog, resident_bytes, capacity_bytes, room, plan.park_replay(prog, resident_bytes))
+        parking = Parking(prog, before, park_device_types, units, kept=plan.kept)
     try:
         result = _execute(prog, before, parking, group, control, torch.device(device), resident_bytes, verify,
-                          progress, _fault_spec(fault), round_hook,
-                          (chunk_bytes or streams.CHUNK_BYTES, depth or streams.DEPTH), offloaded)
+                          progress, _fault_spec(fault), round_hook, (chunk_bytes, depth or streams.DEPTH), offloaded,
+                          clock_start, plan)
     except BaseException as error:
         # the finished frames in the traceback still hold the new shards and the buffers:
         # clear them so the device memory is free before the old shards come back
@@ -177,7 +192,7 @@ class _Run:
     """Mutable state of one rank's transition, shared by its rounds."""
 
     def __init__(self, prog: RankProgram, before: dict, parking, group, control, device, live: Live,
-                 verify: bool, fault, offloaded: frozenset = frozenset()):
+                 verify: bool, fault, offloaded: frozenset = frozenset(), plan=None):
         self.prog, self.before, self.parking = prog, before, parking
         # units in host memory (offload): not device bytes; written in place there
         self.host_before = {unit for phase, unit in offloaded if phase == "before"}
@@ -194,14 +209,16 @@ class _Run:
         # stage_out; {} after its free
         self.sources = {unit: dict(before.get(unit, {})) for unit in prog.before}
         self.staged: set = set()
+        self.plan = plan  # what the rounds derive from the program alone (execution_plan.py)
         # after-shards a keep hands over in place (not allocated)
-        self.aliased = {(a.dst_unit, a.tensor) for w in prog.rounds for a in w.aliases}
+        self.aliased = plan.aliased
 
 
 def _execute(prog, before, parking, group, control, device, resident_bytes, verify, progress, fault,
-             round_hook, chunking, offloaded=frozenset()) -> ExecutionResult:
+             round_hook, chunking, offloaded, clock_start, plan) -> ExecutionResult:
     started = time.perf_counter()
-    run = _Run(prog, before, parking, group, control, device, Live(resident_bytes), verify, fault, offloaded)
+    clock_start = started if clock_start is None else clock_start
+    run = _Run(prog, before, parking, group, control, device, Live(resident_bytes), verify, fault, offloaded, plan)
     run.chunk_bytes, run.depth = chunking
     run.started = started
     events = []  # (timing, start, end) CUDA events of each round, read after the commit's synchronize
@@ -234,10 +251,15 @@ def _execute(prog, before, parking, group, control, device, resident_bytes, veri
                 torch.cuda.current_stream(device).synchronize()
                 for timing, start, end in events:
                     timing.device_s = start.elapsed_time(end) / 1e3
+            if fault is not None and fault[0] == run.rank and fault[2] == "commit":
+                raise InjectedFault("injected fault (commit)")
         except Exception as error:  # noqa: BLE001
             run.failure = Failure(run.rank, len(prog.rounds), "commit", None, str(error))
-    agree(run.failure, control, prog.source, prog.target)  # the commit
+    ready_s = time.perf_counter() - clock_start
+    # the commit; its collective carries the report's figures of every rank
+    figures = commit(run.failure, (ready_s, run.result.sent_bytes), control, prog.source, prog.target)
     result = run.result
+    result.ready_s, result.rank_figures = ready_s, figures
     result.state = run.new
     result.peak_bytes = run.live.peak
     result.verified = run.verified
@@ -263,7 +285,6 @@ def _round(run: _Run, work, events: Optional[list] = None) -> RoundTiming:
     step = "alloc"
     peer = None
     sends, recvs, out_streams, in_streams = [], [], [], []
-    both_ways: set = set()
     try:
         if run.failure is not None:  # an earlier round failed here: go straight to agree
             raise _Skip()
@@ -283,16 +304,16 @@ def _round(run: _Run, work, events: Optional[list] = None) -> RoundTiming:
         for piece in work.copies:  # allocated now, copied while the messages travel
             step = f"alloc {piece.dst_unit} {piece.tensor}"
             destination(prog, new, live, device, piece, run.host_after)
-        both_ways = {m.peer for m in work.sends} & {m.peer for m in work.recvs}
-        for msg in work.sends:
+        planned = run.plan.rounds[work.index]  # which pieces join the peer streams: from the program
+        host_sources = run.host_before | run.staged
+        for msg, in_stream in zip(work.sends, planned.send_in_stream):
             step, peer = "pack send", msg.peer
-            sends.append(outgoing(msg, sources, device, in_stream(msg, both_ways, run.chunk_bytes),
-                                  run.host_before | run.staged))
-        for msg in work.recvs:
+            sends.append(outgoing(msg, sources, device, in_stream, host_sources))
+        for msg, in_stream in zip(work.recvs, planned.recv_in_stream):
             step, peer = "alloc recv", msg.peer
-            recvs.append(incoming(msg, prog, new, live, device, in_stream(msg, both_ways, run.chunk_bytes),
-                                   run.host_after))
-        result.offload_bytes += offload.round_bytes(work, run.host_before, run.host_after)
+            recvs.append(incoming(msg, prog, new, live, device, in_stream, run.host_after))
+        if run.host_before or run.host_after:  # nothing offloaded (the common case): no piece to scan
+            result.offload_bytes += offload.round_bytes(work, run.host_before, run.host_after)
         step, peer = "alloc stream buffers", None
         out_streams = peer_streams(sends, device, run.chunk_bytes, run.depth)
         in_streams = peer_streams(recvs, device, run.chunk_bytes, run.depth)

@@ -23,6 +23,7 @@ are released by the caller's registry at the commit.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -105,8 +106,30 @@ def replay(prog: RankProgram, resident_bytes: int = 0) -> tuple[list, int]:
     return peaks, live
 
 
+@dataclass(frozen=True)
+class ParkReplay:
+    """What `park_plan` reads from the program (and the resident bytes) alone."""
+
+    start: int  # resident + before-shards: the replay's bytes before the first round
+    staged: frozenset  # before-units some round stages out
+    released: tuple  # [(round, unit, bytes)] as `_released`
+    later: tuple  # per released unit: the largest replay peak after its round (or the final state)
+
+
+def park_replay(prog: RankProgram, resident_bytes: int = 0) -> ParkReplay:
+    peaks, final = replay(prog, resident_bytes)
+    # suffix maxima: later_from[i] = max(peaks[i:] + [final])
+    later_from = [final] * (len(peaks) + 1)
+    for i in range(len(peaks) - 1, -1, -1):
+        later_from[i] = max(peaks[i], later_from[i + 1])
+    released = tuple(_released(prog))
+    return ParkReplay(start=resident_bytes + sum(i.nbytes for shards in prog.before.values() for i in shards.values()),
+                      staged=frozenset(u for w in prog.rounds for u in w.stage_outs), released=released,
+                      later=tuple(later_from[index + 1] for index, _, _ in released))
+
+
 def park_plan(prog: RankProgram, resident_bytes: int, capacity_bytes: Optional[int],
-              real_room_bytes: Optional[int] = None) -> set:
+              real_room_bytes: Optional[int] = None, replayed: Optional[ParkReplay] = None) -> set:
     """rollback="auto": the before-units this rank must park (host memory) at their
     release; every other released unit stays on the device until the commit.
 
@@ -114,17 +137,16 @@ def park_plan(prog: RankProgram, resident_bytes: int, capacity_bytes: Optional[i
     unit kept so far, each later round's replay peak (and the final state) stays within
     `capacity_bytes` (the program's capacity of this GPU) and the growth over the start
     stays within `real_room_bytes` (what the device can still give now). None: no limit.
-    Stage_outs always park (later sends read them from host memory)."""
-    peaks, final = replay(prog, resident_bytes)
-    start = resident_bytes + sum(i.nbytes for shards in prog.before.values() for i in shards.values())
-    staged = {u for w in prog.rounds for u in w.stage_outs}
+    Stage_outs always park (later sends read them from host memory). `replayed`: this
+    program's `park_replay(prog, resident_bytes)` when computed before (it depends on
+    the program alone; the executor keeps it per program)."""
+    replayed = park_replay(prog, resident_bytes) if replayed is None else replayed
     held = 0
     out = set()
-    for index, unit, size in _released(prog):
-        later = max(peaks[index + 1:] + [final])
+    for (_, unit, size), later in zip(replayed.released, replayed.later):
         fits = (capacity_bytes is None or later + held + size <= capacity_bytes) and \
-               (real_room_bytes is None or later - start + held + size <= real_room_bytes)
-        if unit in staged or not fits:
+               (real_room_bytes is None or later - replayed.start + held + size <= real_room_bytes)
+        if unit in replayed.staged or not fits:
             out.add(unit)
         else:
             held += size
@@ -147,12 +169,14 @@ class Parking:
     (rollback="host" or "auto"); they replace the device tensors in the caller's `before`
     dicts. `units`: the before-units to park (None: every released one)."""
 
-    def __init__(self, prog: RankProgram, before: dict, device_types, units: Optional[set] = None):
+    def __init__(self, prog: RankProgram, before: dict, device_types, units: Optional[set] = None,
+                 kept: Optional[frozenset] = None):
         self.before = before
         self.device_types = frozenset(device_types)
         self.units = units
         # a kept shard becomes an after shard in place: its memory is never released
-        self.kept = {(a.src_unit, a.tensor) for w in prog.rounds for a in w.aliases}
+        # (`kept`: those (unit, tensor) when computed before, e.g. by the execution plan)
+        self.kept = {(a.src_unit, a.tensor) for w in prog.rounds for a in w.aliases} if kept is None else kept
         self.devices: dict = {}  # (unit, name) → device the shard was parked from
         self.streams: dict = {}  # CUDA device → the side stream the copies run on
         self.bytes = 0

@@ -54,8 +54,19 @@ blocks parking will use and leaves device blocks of the sizes the transition all
 the caching allocator, so a `transition(target)` right after runs at warm speed. The
 data communicators themselves are created and connected to every rank when the Runtime
 is constructed (NCCL), not in the first transition.
-`TransitionReport.seconds` runs from the call (after compiling) to the commit, which
-comes after every rank synchronized its device: the new state is usable then.
+`TransitionReport.seconds` runs from the call (after compiling) to the point where this
+rank is ready to commit: every round done, its new state complete and its device
+synchronized. `max_seconds` is the slowest rank's: the moment the last rank was ready,
+after which the commit (one small collective on the control group, which also carries
+these figures) makes the new state usable on every rank. `wall_s` covers the whole call.
+
+Control messages per warm transition (cached program, nothing newly registered): one
+all_gather of every rank's registration count and Adam steps (`_live_stages`), one
+agreement per round (executor), and the commit's all_gather of [failure flag, seconds,
+bytes sent]. Everything a call derives from the program alone (the program restricted
+to the registered model-stages, the lowered rank program, its resident and capacity
+bytes, its offloaded units) is computed once per (source, target, registered
+model-stages) and cached.
 """
 
 from __future__ import annotations
@@ -88,9 +99,11 @@ class TransitionReport:
     source: str
     target: str
     rank: int
-    seconds: float  # this rank, from the call to the commit (device synchronized), compile excluded
+    # this rank, from the call (compile excluded) to its readiness to commit: every round
+    # done, the new state complete, the device synchronized; the commit's collective follows
+    seconds: float
     compile_s: float  # this call's compile (0 when the program was cached, e.g. by prepare)
-    max_seconds: float  # slowest rank
+    max_seconds: float  # slowest rank's `seconds` (gathered by the commit's collective)
     bytes_sent: int  # this rank
     bytes_received: int
     bytes_copied: int
@@ -103,7 +116,7 @@ class TransitionReport:
     rollback: str = "device"  # where the old shards waited for the commit ("auto" | "host" | "device")
     parked_bytes: int = 0  # old shards this rank copied to host memory and released on the device
     held_bytes: int = 0  # old shards the program freed that stayed on this device until the commit (auto)
-    wall_s: float = 0.0  # this rank, the whole call: compile (if not cached) + seconds + the report's reductions
+    wall_s: float = 0.0  # this rank, the whole call: compile (if not cached) + seconds + the commit + the registry update
     prepared: bool = False  # prepare(target) had run for this (source, target) pair
     # seconds rank 0 spent proving the program before this transition (0.0 when proven by an
     # earlier one: cached per (from, to); None with verify_programs=False)
@@ -174,10 +187,15 @@ class Runtime:
         self._state: dict = {}  # model-stage → {name: local tensor}
         self._programs: dict = {}  # (from, to) -> (this rank's part of the program, seconds)
         self._program_bytes: dict = {}  # (from, to) -> bytes of that part's canonical JSON
-        self._lowered: dict = {}  # (from, to, live model-stages) -> this rank's program
-        self._prepared: set = set()
+        self._lowered: dict = {}  # (from, to, live model-stages) -> (restricted program, this rank's program)
+        self._lowered_figures: dict = {}  # same key -> _Lowered: what a call derives from the program alone
+        self._prepared: set = set()  # (from, to, live model-stages) that prepare() warmed
         self._registrations = 0  # changes of this rank's registered model-stages (see _live_stages)
-        self._gathered = None  # (registrations summed over ranks, every rank's registered model-stages)  # (from, to, live model-stages) that prepare() warmed
+        self._gathered = None  # (every rank's registration count, every rank's registered model-stages)
+        self._live_known: dict = {}  # (plan, id of the compiled program, counts) -> live model-stages
+        # the training model-stages of the workload, in a fixed order: their Adam steps ride
+        # on _live_stages' collective
+        self._trained = tuple(str(ms) for ms in module.workload.model_stages() if ms.stage == "training")
         self._check_ranks(plan)
 
     @classmethod
@@ -384,7 +402,7 @@ class Runtime:
         from .prepare import reserve_memory, warm_kernels, warm_links, warm_parking
 
         started = time.perf_counter()
-        program, compile_s, prog, key = self._lower(target)
+        program, compile_s, prog, key, _ = self._lower(target)
         kernels = warm_kernels(prog, self.device, TORCH_DTYPES)
         peers = warm_links(prog, self._data, self.device)
         pinned = 0
@@ -405,22 +423,23 @@ class Runtime:
         `target`. All or nothing: on failure every rank raises TransitionAborted and
         keeps its old state (restored from host memory where it was parked).
         `round_hook(index)` runs on this rank after each round (tests, instrumentation).
-        Returns this rank's TransitionReport; its `seconds` end at the commit, after every
-        rank synchronized its device (the new state is usable)."""
+        Returns this rank's TransitionReport; its `seconds` end when this rank is ready to
+        commit (every round done, its device synchronized), `max_seconds` when the slowest
+        rank was; the commit right after makes the new state usable."""
         called = time.perf_counter()
-        program, compile_s, prog, key = self._lower(target)
+        program, compile_s, prog, key, steps = self._lower(target)
         started = called + compile_s  # compiling is reported apart (compile_s, 0 when cached)
         live = set(key[2])
+        figures = self._lowered_figures[key]
         # the registry dicts themselves: where a freed shard is parked, the executor swaps
         # its entry for the host copy (no device reference left here) and back on abort
         before = {unit: self._state[prog.unit_stage[("before", unit)]] for unit in prog.before}
         result = execute(prog, before, group=self._data, control=self._control, device=self.device,
-                         resident_bytes=self._resident(program),
+                         resident_bytes=figures.resident_bytes,
                          verify=self.verify if verify is None else verify, progress=self.progress, fault=fault,
                          rollback=self.rollback, park_device_types=self.park_device_types, round_hook=round_hook,
-                         capacity_bytes=self._capacity(program), offloaded=offload.offloaded_units(program))
+                         capacity_bytes=figures.capacity_bytes, offloaded=figures.offloaded, clock_start=started)
         del before
-        steps = self._steps(live)
         keys = set(self._state)
         for ms in sorted(live):
             unit = unit_of_stage(result.state, prog.unit_stage, "after", ms)
@@ -432,17 +451,13 @@ class Runtime:
         if set(self._state) != keys:  # a rank that held nothing of a model-stage now does
             self._registrations += 1
         self._plan = target
-        seconds = time.perf_counter() - started  # the commit was the executor's last step
-        # one collective for the slowest rank's seconds and the total bytes sent
-        parts = [torch.zeros(2, dtype=torch.float64) for _ in range(self.world_size)]
-        dist.all_gather(parts, torch.tensor([seconds, float(result.sent_bytes)], dtype=torch.float64),
-                        group=self._control)
-        gathered = torch.stack(parts)
-        figures, maxed = gathered.sum(0), gathered.max(0).values
+        # every rank's [seconds, bytes sent] came with the commit (the executor's last step)
+        ranks = result.rank_figures
         return TransitionReport(
-            source=prog.source, target=target, rank=self.rank, seconds=seconds, compile_s=compile_s,
-            max_seconds=float(maxed[0]), bytes_sent=result.sent_bytes, bytes_received=result.received_bytes,
-            bytes_copied=result.copied_bytes, bytes_kept=result.kept_bytes, total_bytes_sent=int(figures[1]),
+            source=prog.source, target=target, rank=self.rank, seconds=result.ready_s, compile_s=compile_s,
+            max_seconds=max(seconds for seconds, _ in ranks), bytes_sent=result.sent_bytes,
+            bytes_received=result.received_bytes, bytes_copied=result.copied_bytes, bytes_kept=result.kept_bytes,
+            total_bytes_sent=int(sum(sent for _, sent in ranks)),
             peak_bytes=result.peak_bytes, rounds=[asdict(r) for r in result.rounds], verified=result.verified,
             rollback=result.rollback, parked_bytes=result.parked_bytes, held_bytes=result.held_bytes,
             wall_s=time.perf_counter() - called, prepared=key in self._prepared,
@@ -453,21 +468,24 @@ class Runtime:
 
     def _lower(self, target: str) -> tuple:
         """Collective: (program restricted to the live model-stages, compile seconds of
-        this call (0 when cached), this rank's lowered program, its cache key)."""
+        this call (0 when cached), this rank's lowered program, its cache key, {training
+        model-stage: Adam step, max over ranks, -1 where no rank holds one})."""
         _plan(self.module, target)
         self._check_ranks(target)
         cached = (self._plan, target) in self._programs
         program, compile_s = self.compile(target)
         if cached:
             compile_s = 0.0
-        live = self._live_stages(program)
-        if program_model_stages(program) - live:
-            program = restrict_program(program, live)
+        live, steps = self._live_stages(program)
         key = (self._plan, target, tuple(sorted(live)))
-        if key not in self._lowered:  # a job moving back and forth lowers each program once
+        if key not in self._lowered:  # a job moving back and forth restricts and lowers each program once
+            if program_model_stages(program) - live:
+                program = restrict_program(program, live)
             self._lowered[key] = (program, rank_program(program, self.rank, self.direct_min_bytes))
+            self._lowered_figures[key] = _Lowered(self._resident(program), self._capacity(program),
+                                                  offload.offloaded_units(program))
         program, prog = self._lowered[key]
-        return program, compile_s, prog, key
+        return program, compile_s, prog, key, steps
 
     def _resident(self, program: dict) -> int:
         return int(program.get("resident_bytes", {}).get(str(self.rank), 0))
@@ -495,19 +513,30 @@ class Runtime:
                                     f"but only {self.world_size} ranks run (rank r drives GPU r)",
                                     loc=placement.loc, hint="launch one process per GPU of the plan")
 
-    def _live_stages(self, program: dict) -> set:
-        """Collective: the model-stages of the transition that some rank registered (the
-        same set on every rank: derived from the plans, not from this rank's part). Raises
-        the same NereusError on every rank when a holder of a live model-stage did not. The
-        ranks' registered sets are gathered only when some rank registered since the last
-        gather (one small all_reduce of the ranks' registration counts tells)."""
-        count = torch.tensor([self._registrations], dtype=torch.int64)
-        dist.all_reduce(count, group=self._control)
-        if self._gathered is None or self._gathered[0] != int(count):
+    def _live_stages(self, program: dict) -> tuple[set, dict]:
+        """Collective: (the model-stages of the transition that some rank registered, the
+        same set on every rank: derived from the plans, not from this rank's part;
+        {training model-stage of the workload: its Adam step, the max over the ranks that
+        hold one, -1 where none does}). Raises the same NereusError on every rank when a
+        holder of a live model-stage did not register it. One small all_gather carries
+        every rank's registration count and steps; the ranks' registered sets are gathered
+        only when some rank's count changed since the last gather (counts only grow)."""
+        row = torch.tensor([self._registrations] + [self._local_step(ms) for ms in self._trained], dtype=torch.int64)
+        rows = [torch.empty_like(row) for _ in range(self.world_size)]
+        dist.all_gather(rows, row, group=self._control)
+        table = torch.stack(rows)
+        counts = tuple(table[:, 0].tolist())
+        steps = dict(zip(self._trained, table[:, 1:].max(0).values.tolist())) if self._trained else {}
+        if self._gathered is None or self._gathered[0] != counts:
             gathered: list = [None] * self.world_size
             dist.all_gather_object(gathered, sorted(self._state), group=self._control)
-            self._gathered = (int(count), gathered)
+            self._gathered = (counts, gathered)
         gathered = self._gathered[1]
+        # the same registrations and program give the same answer: checked once (the
+        # program is the compiled one, kept in self._programs for the Runtime's life)
+        known = (self._plan, id(program), counts)
+        if known in self._live_known:
+            return set(self._live_known[known]), steps
         registered = set().union(*map(set, gathered))
         untouched = set(program.get("untouched", ()))
         source = self.module.plan(self._plan)
@@ -522,21 +551,23 @@ class Runtime:
                     if ms not in gathered[gpu]:
                         raise NereusError(f"rank {gpu} holds {unit_id(ms, r)} but did not register {ms}",
                                           hint="every rank of a model-stage must call register() before transition()")
-        return live
+        self._live_known[known] = frozenset(live)
+        return live, steps
 
-    def _steps(self, live: set) -> dict:
-        """Collective: the Adam step of each live training model-stage (max over holders)."""
-        names = sorted(ms for ms in live if ms.endswith(".training"))
-        if not names:
-            return {}
-        values = []
-        for ms in names:
-            local = self._state.get(ms, {})
-            key = step_name(ModelStage.parse(ms).model)
-            values.append(int(local[key]) if key in local else -1)
-        tensor = torch.tensor(values, dtype=torch.int64)
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self._control)
-        return dict(zip(names, tensor.tolist()))
+    def _local_step(self, model_stage: str) -> int:
+        """This rank's Adam step of a training model-stage, -1 when it holds none."""
+        local = self._state.get(model_stage, {})
+        key = step_name(ModelStage.parse(model_stage).model)
+        return int(local[key]) if key in local else -1
+
+
+@dataclass(frozen=True)
+class _Lowered:
+    """What a transition derives from its (restricted) program alone, once per cache key."""
+
+    resident_bytes: int  # this rank's resident bytes in the program
+    capacity_bytes: Optional[int]  # this GPU's capacity in the program
+    offloaded: frozenset  # ("before" | "after", unit id) of the units kept in host memory
 
 
 def tensor_specs(module: Module, model_stage: str) -> dict:

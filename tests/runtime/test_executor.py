@@ -43,7 +43,8 @@ def _bytes_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
         a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
 
 
-FAULTS = [(1, 0, "pack"), (0, 0, "post"), (2, 1, "unpack")]
+# (rank, round, phase); "commit" fails at the commit, reported as round len(rounds) (3 here)
+FAULTS = [(1, 0, "pack"), (0, 0, "post"), (2, 1, "unpack"), (3, 3, "commit")]
 
 
 def _run_cases(rank, world, cases, tensors):

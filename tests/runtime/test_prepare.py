@@ -2,7 +2,8 @@
 lowers the program once (the transition after it compiles nothing and says it was
 prepared), opens a link to every peer of the rank's program, leaves the registered state
 alone, and the transition still ends with the exact new state; a report's `seconds` end
-at the commit, so they cover every round, and `wall_s` adds the compile of a cold call."""
+when the rank is ready to commit, so they cover every round, and `wall_s` adds the
+compile of a cold call."""
 
 from __future__ import annotations
 
