@@ -165,7 +165,9 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool, stage_for_reserve
     rounds: list[Round] = []
     edges: list[ResourceEdge] = []
     spec_kinds = _spec_kinds(dag)
-    ready: list[tuple[Xfer, int, int]] = []  # (transfer, _pending's thresholds)
+    # (transfer, _pending's thresholds): computed when a transfer first does not fit whole
+    # (most never need them: at 4,096 GPUs computing them up front cost ~0.1 s per compile)
+    ready: list[tuple] = []
     chunked = staged_bytes = reserve_staged = 0
     clock = RoundClock(dag) if seconds_cap is not None else None
     notes: list[str] = []
@@ -187,11 +189,11 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool, stage_for_reserve
                         hint="offload fewer model-stages or add host memory")
                 host[node] += alloc.bytes
                 took.append(a)
-                ready.extend(_pending(dag, x, spec_kinds) for x in incoming.get(a, ()))
+                ready.extend((x, None, None) for x in incoming.get(a, ()))
             elif mem[alloc.gpu] + alloc.bytes + reserve <= cap:
                 mem[alloc.gpu] += alloc.bytes
                 took.append(a)
-                ready.extend(_pending(dag, x, spec_kinds) for x in incoming.get(a, ()))
+                ready.extend((x, None, None) for x in incoming.get(a, ()))
                 if a in blocked_since:
                     for f in last_release.get(alloc.gpu, ()):
                         edges.append(ResourceEdge(f, a, alloc.gpu, edge_kind(dag, f, a)))
@@ -215,6 +217,9 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool, stage_for_reserve
                 later.append(entry)
                 continue
             else:
+                if whole_slot is None:
+                    entry = _pending(dag, x, spec_kinds)
+                    whole_slot, row = entry[1], entry[2]
                 budget = min(room_dst, room_src if src_extra else room_dst)
                 # the least a cut can carry is known: a transfer that cannot move waits
                 # without being cut (it used to be offered to _fit up to 3 times a round)
@@ -231,10 +236,10 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool, stage_for_reserve
             transient[x.dst_gpu] += head.bytes
             done.append(head)
             if isinstance(tail, tuple):
-                later.extend(_pending(dag, t, spec_kinds) for t in tail)
+                later.extend((t, None, None) for t in tail)
                 readers[x.free] += 1
             elif tail is not None:
-                later.append(_pending(dag, tail, spec_kinds))
+                later.append((tail, None, None))
         ready = later
         for x in done:
             readers[x.free] -= 1
