@@ -16,6 +16,11 @@ def _calls(device):
     return [("pack", views, offsets), ("unpack", views[::-1], offsets)]
 
 
+def _pieces(buffer, views, offsets):
+    """The bytes of a packed buffer that belong to its pieces (padding left out)."""
+    return torch.cat([buffer[o:o + v.numel() * v.element_size()] for v, o in zip(views, offsets)])
+
+
 def test_meta_views_give_the_launch_classes_of_the_real_calls():
     packer = Packer(backend="triton")
     real = _calls("cpu")
@@ -47,10 +52,11 @@ def test_prepared_jit_takes_the_torch_path_until_the_variants_are_compiled():
     for i, v in enumerate(views):
         v.copy_(torch.arange(v.numel()).view(v.shape).to(v.dtype) + i)
     total = offsets[-1] + views[-1].numel() * views[-1].element_size()
-    expected = packing.torch_pack(views, offsets, total)
+    expected = _pieces(packing.torch_pack(views, offsets, total), views, offsets)
     first = packer.pack_into(views, offsets, total)
-    assert packer.fallback_calls == 1 and torch.equal(first, expected)
+    # the alignment padding between pieces is never written (nor read): compare the pieces
+    assert packer.fallback_calls == 1 and torch.equal(_pieces(first, views, offsets), expected)
     packer._compiling.join()  # the missing variants compiled aside
     assert packer.launch_classes([("pack", views, offsets)]) <= packer.compiled
     second = packer.pack_into(views, offsets, total)
-    assert packer.fallback_calls == 1 and torch.equal(second, expected)
+    assert packer.fallback_calls == 1 and torch.equal(_pieces(second, views, offsets), expected)
