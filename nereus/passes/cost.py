@@ -265,7 +265,6 @@ def estimate(program, host_bytes_per_s: float = HOST_BYTES_PER_S,
     """Predicted seconds, byte counts and peak memory of `program` (module docstring)."""
     dag = program.dag
     cluster = dag.module.cluster
-    intra_bw = intra_bytes_per_s or cluster.intra_bytes_per_s
     # counted only when asked (a piece term, or count_pieces): at 256 GPUs a program has
     # millions of pieces, and the default pipeline's estimate does not need them
     pieces = pieces_per_gpu(program) if piece_s or count_pieces else [{} for _ in program.schedule.rounds]
@@ -291,7 +290,7 @@ def estimate(program, host_bytes_per_s: float = HOST_BYTES_PER_S,
             staged += dag.frees[f].bytes
             in_host.add(f)
         t, round_intra, round_inter = _round_seconds(cluster, ((m.src, m.dst, m.bytes) for m in messages), copy_g,
-                                                     host_g, host_bytes_per_s, message_latency_s, intra_bw)
+                                                     host_g, host_bytes_per_s, message_latency_s, intra_bytes_per_s)
         intra += round_intra
         inter += round_inter
         seconds.append(t + piece_s * max(pieces[len(seconds)].values(), default=0))

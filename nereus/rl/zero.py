@@ -41,7 +41,7 @@ from .optim import adam_step
 from .shards import local_boxes
 
 __all__ = ["chunk_boxes", "chunk_rows", "gather_weight_chunks", "gathered_weights", "local_weight_shapes",
-           "zero_adam_step"]
+           "padded_chunk", "zero_adam_step"]
 
 
 @torch.no_grad()
@@ -127,17 +127,20 @@ def _row_bytes(tensor: torch.Tensor) -> int:
     return tensor[:1].numel() * tensor.element_size() if tensor.shape[0] else 0
 
 
+def padded_chunk(tensor: torch.Tensor, replica: int, dp: int) -> torch.Tensor:
+    """Rows `chunk_rows(rows, dp, replica)` of `tensor`, flat, zero-padded to ceil(rows /
+    dp) rows: every replica's chunk of a tensor has the same size (the all-gather of the
+    weights and the reduce-scatter of the gradients, nereus.rl.zero3, cut alike)."""
+    row = tensor[:1].numel() if tensor.shape[0] else 0
+    padded = torch.zeros(-(-tensor.shape[0] // dp) * row, dtype=tensor.dtype, device=tensor.device)
+    lo, hi = chunk_rows(tensor.shape[0], dp, replica)
+    if hi > lo:
+        padded[:(hi - lo) * row] = tensor[lo:hi].reshape(-1)
+    return padded
+
+
 def _pack(weights: dict[str, torch.Tensor], names: list, replica: int, dp: int) -> torch.Tensor:
-    pieces = []
-    for name in names:
-        tensor = weights[name]
-        lo, hi = chunk_rows(tensor.shape[0], dp, replica)
-        padded = torch.zeros(-(-tensor.shape[0] // dp) * _row_bytes(tensor), dtype=torch.uint8,
-                             device=tensor.device)
-        if hi > lo:
-            raw = tensor[lo:hi].contiguous().reshape(-1).view(torch.uint8)
-            padded[:raw.numel()] = raw
-        pieces.append(padded)
+    pieces = [padded_chunk(weights[name], replica, dp).view(torch.uint8) for name in names]
     return torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.uint8)
 
 

@@ -49,7 +49,7 @@ import torch.distributed as dist
 
 from nereus.passes.layout import chunk_rows
 
-from .zero import gather_weight_chunks
+from .zero import gather_weight_chunks, padded_chunk
 
 
 def group_of(name: str) -> str:
@@ -263,14 +263,6 @@ def reduce_scatter_chunks(grads: dict[str, torch.Tensor], replica: int, dp: int,
 
 def _padded_chunks(grads: dict[str, torch.Tensor], names: list[str], replica: int, dp: int) -> torch.Tensor:
     """Replica `replica`'s chunk rows of every gradient, flat, each padded with zeros to
-    ceil(rows / dp) rows (equal segments for every replica)."""
-    pieces = []
-    for name in names:
-        grad = grads[name]
-        row = grad[:1].numel() if grad.shape[0] else 0
-        padded = torch.zeros(-(-grad.shape[0] // dp) * row, dtype=grad.dtype, device=grad.device)
-        lo, hi = chunk_rows(grad.shape[0], dp, replica)
-        if hi > lo:
-            padded[:(hi - lo) * row] = grad[lo:hi].reshape(-1)
-        pieces.append(padded)
+    ceil(rows / dp) rows (equal segments for every replica; `zero.padded_chunk`)."""
+    pieces = [padded_chunk(grads[name], replica, dp) for name in names]
     return torch.cat(pieces) if pieces else torch.zeros(0)

@@ -50,7 +50,7 @@ from .posting import p2p_ops as _p2p_ops, post as _post
 from .parking import ROLLBACK_MODES, Parking, default_rollback, park_plan, real_room, restore_parked
 from .program import RankProgram
 from .wires import (TORCH_DTYPES, Live, allocate, check_complete, copy_stream, destination, incoming, nothing,
-                    outgoing, peer_streams, piece_region)
+                    outgoing, peer_streams, dst_region, src_region)
 
 class InjectedFault(RuntimeError):
     """Raised by the fault hook."""
@@ -444,31 +444,16 @@ def _copies(run: _Run, work, side) -> Optional[tuple]:
 
 
 def _copy_pieces(run: _Run, pieces) -> None:
-    """Same-GPU pieces, one `_foreach_copy_` per dtype and contiguity (an expert-parallel
-    round has thousands: one Python step and copy launch each cost more than the bytes)."""
-    groups: dict = {}
+    """Same-GPU pieces, batched by `packing.copy_pairs` (an expert-parallel round has
+    thousands: one Python step and copy launch each cost more than the bytes)."""
     written, sources, new = run.written, run.sources, run.new
+    dsts, srcs = [], []
     for piece in pieces:
-        src = piece_region(sources[piece.src_unit][piece.tensor], piece.src_slices, piece.src_whole, piece.parts,
-                           piece.src_step)
-        dst = piece_region(new[piece.dst_unit][piece.tensor], piece.dst_slices, piece.dst_whole, piece.parts,
-                           piece.dst_step)
-        key = (src.dtype, src.is_contiguous() and dst.is_contiguous())  # dense lists take CUDA's fused path
-        group = groups.get(key)
-        if group is None:
-            group = groups[key] = ([], [])
-        group[0].append(dst)
-        group[1].append(src)
+        srcs.append(src_region(piece, sources[piece.src_unit][piece.tensor]))
+        dsts.append(dst_region(piece, new[piece.dst_unit][piece.tensor]))
         written[(piece.dst_unit, piece.tensor)] = written.get((piece.dst_unit, piece.tensor), 0) + piece.numel
         run.result.copied_bytes += piece.nbytes
-    crossing = run.staged or run.host_before or run.host_after  # some shard may live in host memory
-    with torch.no_grad():
-        for dsts, srcs in groups.values():
-            if crossing:  # a copy across memories: one call each, as before
-                for d, s in zip(dsts, srcs):
-                    d.copy_(s)
-            else:
-                packing.copy_all(dsts, srcs)
+    packing.copy_pairs(dsts, srcs)
 
 
 def _stage_out(run: _Run, unit: str) -> None:

@@ -39,18 +39,14 @@ def _chunk(buffer: torch.Tensor, view: torch.Tensor, offset: int) -> torch.Tenso
 def torch_pack(views: Sequence[torch.Tensor], offsets: Sequence[int], nbytes: int,
                out: Optional[torch.Tensor] = None) -> torch.Tensor:
     buffer = out if out is not None else torch.empty(nbytes, dtype=torch.uint8, device=views[0].device)
-    grouped = _grouped(buffer, views, offsets)
-    with torch.no_grad():
-        for regions, pieces in grouped:
-            copy_all(regions, pieces)
+    regions, pieces = _regions(buffer, views, offsets)
+    copy_pairs(regions, pieces)
     return buffer
 
 
 def torch_unpack(buffer: torch.Tensor, views: Sequence[torch.Tensor], offsets: Sequence[int]) -> None:
-    grouped = _grouped(buffer, views, offsets)
-    with torch.no_grad():
-        for regions, pieces in grouped:
-            copy_all(pieces, regions)
+    regions, pieces = _regions(buffer, views, offsets)
+    copy_pairs(pieces, regions)
 
 
 # below this many pieces a list is copied one `copy_` each (a few large pieces: the
@@ -59,9 +55,9 @@ FOREACH_MIN_PIECES = 16
 
 
 def copy_all(dsts: list, srcs: list) -> None:
-    """dsts[i] <- srcs[i]: one `_foreach_copy_` for many pieces in one memory, one `copy_`
-    each for a few, or where they cross memories (host pieces of an offloaded unit and a
-    device buffer)."""
+    """dsts[i] <- srcs[i], one dtype and pair of devices (`copy_pairs` groups them): one
+    `_foreach_copy_` for many pieces in one memory, one `copy_` each for a few, or where
+    they cross memories (host pieces of an offloaded unit and a device buffer)."""
     if len(dsts) >= FOREACH_MIN_PIECES and dsts[0].is_cuda == srcs[0].is_cuda:
         torch._foreach_copy_(dsts, srcs)
     else:
@@ -69,17 +65,33 @@ def copy_all(dsts: list, srcs: list) -> None:
             dst.copy_(src)
 
 
-def _grouped(buffer: torch.Tensor, views: Sequence[torch.Tensor], offsets: Sequence[int]) -> list:
-    """[(buffer regions, views)], one pair of lists per dtype and contiguity: each view's
-    region of `buffer` as a contiguous tensor of its dtype and shape, for one
-    `_foreach_copy_` per list (a C++ loop; on CUDA one fused launch for a list of dense
-    pairs, which one strided view would send down the per-tensor path) instead of a Python
-    step and a copy call per piece: an expert-parallel chunk holds thousands of small
-    pieces. A region is one `as_strided` of the buffer viewed once per dtype; a buffer
-    that cannot be viewed so (length or start not a multiple of the element size) gives
-    the region by slicing (`_chunk`)."""
-    typed: dict = {}
+def copy_pairs(dsts: list, srcs: list) -> None:
+    """dsts[i] <- srcs[i] for any list of pairs: grouped by dtype, density and the two
+    devices, each group by `copy_all` (a C++ loop; on CUDA one fused launch for a list of
+    dense pairs, which one strided view would send down the per-tensor path) instead of a
+    Python step and a copy call per piece: an expert-parallel round holds thousands of
+    small pieces. A group whose pairs cross memories (host shards of an offloaded or
+    staged unit) is copied one `copy_` each."""
     groups: dict = {}
+    for dst, src in zip(dsts, srcs):
+        key = (src.dtype, dst.is_contiguous() and src.is_contiguous(), dst.device, src.device)
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = ([], [])
+        group[0].append(dst)
+        group[1].append(src)
+    with torch.no_grad():
+        for group_dsts, group_srcs in groups.values():
+            copy_all(group_dsts, group_srcs)
+
+
+def _regions(buffer: torch.Tensor, views: Sequence[torch.Tensor], offsets: Sequence[int]) -> tuple[list, list]:
+    """(buffer regions, views), empty views left out: each view's region of `buffer` as a
+    contiguous tensor of its dtype and shape. A region is one `as_strided` of the buffer
+    viewed once per dtype; a buffer that cannot be viewed so (length or start not a
+    multiple of the element size) gives the region by slicing (`_chunk`)."""
+    typed: dict = {}
+    regions, pieces = [], []
     for view, offset in zip(views, offsets):
         if view.numel() == 0:
             continue
@@ -92,14 +104,9 @@ def _grouped(buffer: torch.Tensor, views: Sequence[torch.Tensor], offsets: Seque
         else:
             region = whole.as_strided(view.shape, _strides(view.shape),
                                       whole.storage_offset() + offset // whole.element_size())
-        # a list of dense pairs only takes CUDA's fused path; host views apart (offload.pack)
-        key = (dtype, view.is_contiguous(), view.is_cuda)
-        group = groups.get(key)
-        if group is None:
-            group = groups[key] = ([], [])
-        group[0].append(region)
-        group[1].append(view)
-    return list(groups.values())
+        regions.append(region)
+        pieces.append(view)
+    return regions, pieces
 
 
 def _typed(buffer: torch.Tensor, dtype: torch.dtype) -> Optional[torch.Tensor]:

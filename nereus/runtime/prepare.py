@@ -22,7 +22,8 @@ import torch.distributed as dist
 
 from . import packing, streams
 from .program import RankProgram
-from .wires import piece_region
+from .execution_plan import plan_for
+from .wires import dst_region, src_region
 
 _WARM_TAG = 1 << 26
 # data communicators on NCCL: NCCL runs the point-to-point ops of one communicator one
@@ -92,21 +93,20 @@ def warm_kernels(prog: RankProgram, device: torch.device, dtypes: dict) -> int:
 def stream_views(prog: RankProgram, dtypes: dict) -> list:
     """[(kind "pack" | "unpack", views)]: per round, peer and direction, the packed
     pieces' views (in message order) on meta tensors of the shards' shapes."""
+    plan = plan_for(prog, streams.CHUNK_BYTES)  # which pieces stream: as the executor decides
     out = []
-    for work in prog.rounds:
-        both_ways = {m.peer for m in work.sends} & {m.peer for m in work.recvs}
-        for kind, messages in (("pack", work.sends), ("unpack", work.recvs)):
+    for work, planned in zip(prog.rounds, plan.rounds):
+        for kind, messages, flags in (("pack", work.sends, planned.send_in_stream),
+                                      ("unpack", work.recvs, planned.recv_in_stream)):
             per_peer: dict = {}
-            for msg in messages:
-                for p in msg.pieces:
-                    if not streams.streamed(p, msg.peer in both_ways, streams.CHUNK_BYTES):
+            for msg, in_stream in zip(messages, flags):
+                for p, streamed in zip(msg.pieces, in_stream):
+                    if not streamed:
                         continue
-                    if kind == "pack":  # as the executor views it (wires.piece_region: two-part pieces too)
-                        view = piece_region(_meta(prog.before[p.src_unit][p.tensor], dtypes), p.src_slices,
-                                            p.src_whole, p.parts, p.src_step)
+                    if kind == "pack":  # as the executor views it (wires: two-part pieces too)
+                        view = src_region(p, _meta(prog.before[p.src_unit][p.tensor], dtypes))
                     else:
-                        view = piece_region(_meta(prog.after[p.dst_unit][p.tensor], dtypes), p.dst_slices,
-                                            p.dst_whole, p.parts, p.dst_step)
+                        view = dst_region(p, _meta(prog.after[p.dst_unit][p.tensor], dtypes))
                     per_peer.setdefault(msg.peer, []).append(view)
             out += [(kind, views) for views in per_peer.values()]
     return out

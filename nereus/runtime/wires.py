@@ -65,15 +65,9 @@ class Wire:
     host_packed_bytes: int = 0  # of the packed pieces, those read from host memory (aligned as in the stream)
 
 
-def in_stream(msg: Message, both_ways: set, chunk_bytes: int) -> list:
-    """Per piece of the message: whether it travels in the peer's stream (streams.streamed)."""
-    return [streams.streamed(p, msg.peer in both_ways, chunk_bytes) for p in msg.pieces]
-
-
 def outgoing(msg: Message, sources: dict, device, in_stream: list, host_units=frozenset()) -> Wire:
     """host_units: before-units read from host memory (offloaded or staged out)."""
-    views = [piece_region(sources[p.src_unit][p.tensor], p.src_slices, p.src_whole, p.parts, p.src_step)
-             for p in msg.pieces]
+    views = [src_region(p, sources[p.src_unit][p.tensor]) for p in msg.pieces]
     packed = [v for v, s in zip(views, in_stream) if s]
     direct = [v.to(device) for v, s in zip(views, in_stream) if not s]  # staged: host → device
     if not all(v.is_contiguous() for v in direct):
@@ -84,8 +78,7 @@ def outgoing(msg: Message, sources: dict, device, in_stream: list, host_units=fr
 
 def incoming(msg: Message, prog: RankProgram, new: dict, live: "Live", device, in_stream: list,
               host_units=frozenset()) -> Wire:
-    views = [piece_region(destination(prog, new, live, device, p, host_units), p.dst_slices, p.dst_whole, p.parts,
-                          p.dst_step) for p in msg.pieces]
+    views = [dst_region(p, destination(prog, new, live, device, p, host_units)) for p in msg.pieces]
     packed = [v for v, s in zip(views, in_stream) if s]
     direct = [v for v, s in zip(views, in_stream) if not s]
     bounce = []
@@ -109,6 +102,16 @@ def piece_region(tensor: torch.Tensor, slices: tuple, whole: bool, parts: int = 
         return view
     return view.as_strided((view.shape[0], parts) + tuple(view.shape[1:]),
                            (view.stride(0), step * tensor.stride(0)) + view.stride()[1:], view.storage_offset())
+
+
+def src_region(piece, tensor: torch.Tensor) -> torch.Tensor:
+    """`piece_region` of the piece's source side in `tensor` (its before-shard)."""
+    return piece_region(tensor, piece.src_slices, piece.src_whole, piece.parts, piece.src_step)
+
+
+def dst_region(piece, tensor: torch.Tensor) -> torch.Tensor:
+    """`piece_region` of the piece's destination side in `tensor` (its after-shard)."""
+    return piece_region(tensor, piece.dst_slices, piece.dst_whole, piece.parts, piece.dst_step)
 
 
 def peer_streams(wires: list, device, chunk_bytes: int, depth: int) -> list:
