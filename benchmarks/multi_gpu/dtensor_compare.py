@@ -124,6 +124,12 @@ def run(env: Env, args, shape: dict, bw: dict) -> dict:
     rt = Runtime(module, "TP", device=env.device, timeout_s=args.timeout_s)
     rt.register(TAG, build_local(tp, env.rank, plain, args.seed, TAG, env.device))
     prep = rt.prepare("DP")
+    if args.profile_prepared and args.profile_dir:  # the prepared call itself, under the profiler
+        from reshard import profile
+
+        profile(env, lambda: rt.transition("DP"), os.path.join(args.profile_dir, "profile_prepared.txt"),
+                "nereus TP -> DP, first call after prepare", rt=rt, source="TP", target="DP")
+        rt.transition("TP")
     report, prepared_s = env.timed(lambda: rt.transition("DP"))
     ok = nereus_ok(rt, dp)
     cold, cold_s = env.timed(lambda: rt.transition("TP"))  # DP -> TP not prepared: its cold call
@@ -200,6 +206,9 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=None, help="timed calls per method (default 7, quick 3)")
     parser.add_argument("--bandwidth-mib", type=int, default=None, help="default 1024 on GPU, 4 on CPU")
     parser.add_argument("--profile-dir", default=None, help="profile one warm Nereus TP -> DP here")
+    parser.add_argument("--profile-prepared", action="store_true",
+                        help="with --profile-dir: profile the first call after prepare instead (its "
+                             "figure is then no longer a first call)")
     args = parser.parse_args(argv)
     env = Env(args)
     shape = SHAPES["8b"] if env.cuda else SHAPES["tiny"]

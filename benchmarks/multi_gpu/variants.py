@@ -7,9 +7,10 @@ Workloads (8B shapes on CUDA, tiny on CPU): the DTensor comparison's TP n -> DP 
 generation weights (`--dt-layers`, default 8), beside DTensor `redistribute(Shard -> Replicate)`
 of the same tensors; and the weight sync training (tp n/2 pp 2) -> generation (tp g, dp n/g)
 for g in {1, 2} (`--ws-layers`, default 32). Variants (module switches, set alike on every
-rank): `default`; `copies-after` (executor.COPIES_AFTER: the same-GPU copies run after the
-exchange, not beside it); `direct-16m` (streams.BOTH_DIRECT_MIN = 16 MiB: contiguous pieces of
-16 MiB or more travel in place even when the peer is exchanged with both ways).
+rank, see VARIANTS): `default`; `packed` (every streamed piece through a ring slot, the
+previous default); `alone-4m` / `alone-64m` (streams.ALONE_BYTES: the size from which a piece
+travels in chunks of its own, in place where contiguous); `copies-after` (executor.COPIES_AFTER:
+the same-GPU copies run after the exchange, not beside it).
 Each repeat runs every variant once in turn (and DTensor once), so drift hits all alike;
 every call is timed barrier to barrier with the devices synchronized (`Env.timed`), medians
 reported. Each variant's result is checked byte for byte once. The first timed call of each
@@ -28,13 +29,26 @@ import torch
 from mg_common import SHAPES, Env, add_common_args, bounds, build_local, check_local, free_memory, \
     incoming_bytes, link_bandwidth, machine
 
-VARIANTS = {"default": (False, 0), "copies-after": (True, 0), "direct-16m": (False, 16 << 20)}
+# module switches per variant, set alike on every rank ({(module, attribute): value}); every
+# switch not named keeps the value the module had at import (the defaults a user gets)
+VARIANTS = {
+    "default": {},
+    # the previous default: every streamed piece packed into a ring slot and unpacked
+    "packed": {("streams", "IN_PLACE"): False, ("streams", "ALONE_BYTES"): 0},
+    "alone-4m": {("streams", "ALONE_BYTES"): 4 << 20},
+    "alone-64m": {("streams", "ALONE_BYTES"): 64 << 20},
+    "copies-after": {("executor", "COPIES_AFTER"): True},
+}
+_DEFAULTS: dict = {}
 
 
 def set_variant(name: str) -> None:
     from nereus.runtime import executor, streams
 
-    executor.COPIES_AFTER, streams.BOTH_DIRECT_MIN = VARIANTS[name]
+    modules = {"executor": executor, "streams": streams}
+    for key in {k for v in VARIANTS.values() for k in v}:
+        _DEFAULTS.setdefault(key, getattr(modules[key[0]], key[1]))
+        setattr(modules[key[0]], key[1], VARIANTS[name].get(key, _DEFAULTS[key]))
 
 
 def main(argv=None) -> int:

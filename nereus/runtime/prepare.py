@@ -121,22 +121,61 @@ def peers(prog: RankProgram) -> list:
 def warm_links(prog: RankProgram, group, device: torch.device) -> int:
     """Collective over `group` (or each group of a list): one tiny all_reduce (creates the
     communicator where the backend creates it lazily), then one small exchange with each
-    peer of the program (NCCL connects a pair on its first point-to-point op). Returns
-    the peers warmed."""
+    peer of the program (NCCL connects a pair on its first point-to-point op), and on
+    CUDA one exchange of a stream chunk's size with each peer in turn (a large op runs on
+    more channels than a tiny one, and NCCL connects each channel on its first use), then
+    the copy kernels the rounds launch (`warm_copies`). Returns the peers warmed."""
     mine = peers(prog)
-    for g in (group if isinstance(group, (list, tuple)) else [group]):
+    cuda = torch.device(device).type == "cuda"
+    groups = group if isinstance(group, (list, tuple)) else [group]
+    for g in groups:
         flag = torch.ones(1, device=device)
         dist.all_reduce(flag, group=g)
-        ops = []
-        for peer in mine:
-            ops.append(dist.P2POp(dist.isend, torch.ones(1, device=device), peer, g, _WARM_TAG))
-            ops.append(dist.P2POp(dist.irecv, torch.empty(1, device=device), peer, g, _WARM_TAG))
-        if ops:
-            for req in dist.batch_isend_irecv(ops):
-                req.wait()
-    if torch.device(device).type == "cuda":
+        _exchange(g, mine, torch.ones(1, device=device), torch.empty(1, device=device))
+    if cuda and mine:
+        # what the buffers hold does not matter: one pair of buffers serves every peer, one
+        # peer at a time in rank order (both ends of a pair reach it in the same order)
+        size = streams.CHUNK_BYTES
+        out, into = torch.empty(size, dtype=torch.uint8, device=device), torch.empty(size, dtype=torch.uint8,
+                                                                                      device=device)
+        for g in groups:
+            for peer in mine:
+                _exchange(g, [peer], out, into)
+        del out, into
+        warm_copies(prog, device)
+    if cuda:
         torch.cuda.current_stream(device).synchronize()
     return len(mine)
+
+
+def _exchange(group, peers: list, out: torch.Tensor, into: torch.Tensor) -> None:
+    ops = []
+    for peer in peers:
+        ops.append(dist.P2POp(dist.isend, out, peer, group, _WARM_TAG))
+        ops.append(dist.P2POp(dist.irecv, into, peer, group, _WARM_TAG))
+    for req in dist.batch_isend_irecv(ops) if ops else []:
+        req.wait()
+
+
+def warm_copies(prog: RankProgram, device: torch.device) -> None:
+    """Launch once, on tiny tensors of each dtype the program moves, the copy kernels a
+    round uses (a contiguous and a strided `copy_`, a `_foreach_copy_` list, on the
+    same-GPU copies' side stream too): CUDA loads a kernel's module on its first launch
+    in the process, a cost that would land in the first transition."""
+    from .wires import TORCH_DTYPES, copy_stream
+
+    dtypes = {TORCH_DTYPES[i.dtype] for part in (prog.before, prog.after) for shards in part.values()
+              for i in shards.values()}
+    side = copy_stream(device)
+    for stream in (torch.cuda.current_stream(device), side):
+        with torch.cuda.stream(stream):
+            for dtype in dtypes:
+                a, b = torch.zeros(4, 4, dtype=dtype, device=device), torch.zeros(4, 8, dtype=dtype, device=device)
+                a.copy_(b[:, :4])
+                b[:, 4:].copy_(a)
+                packing.copy_pairs([a.reshape(-1)[i:i + 1] for i in range(16)],
+                                   [b.reshape(-1)[i:i + 1] for i in range(16)])
+    torch.cuda.current_stream(device).wait_stream(side)
 
 
 def warm_parking(prog: RankProgram, units: Optional[set], dtypes: dict) -> int:
@@ -170,10 +209,9 @@ def reserve_memory(prog: RankProgram, aliased: set, device, dtypes: dict, room: 
         return 0
     sizes = [_nbytes(info, dtypes) for unit, shards in prog.after.items() for name, info in shards.items()
              if (unit, name) not in aliased]
-    for kind, views in stream_views(prog, dtypes):
-        chunks = [packing.layout([v.numel() * v.element_size() for v in c])[1]
-                  for c in streams.chunk_views(views, streams.CHUNK_BYTES)]
-        sizes += [max(chunks[i::streams.DEPTH]) for i in range(min(streams.DEPTH, len(chunks)))]
+    for kind, views in stream_views(prog, dtypes):  # the ring slots (meta views: in place as on the device)
+        sizes += [n for n in streams.slot_sizes(streams.chunk_views(views, streams.CHUNK_BYTES), "meta",
+                                                streams.DEPTH) if n]
     blocks, total = [], 0
     try:
         for size in sorted(sizes, reverse=True):

@@ -16,6 +16,14 @@ is packed again only after its previous chunk's batch completed, and received in
 again only after its previous chunk was unpacked (on CUDA these waits are stream
 waits: the host runs ahead and only the device waits).
 
+A chunk of one contiguous segment (a piece larger than a chunk is cut into such chunks)
+travels in place on a side whose view is contiguous: sent from or received into the
+tensor itself, with no pack, unpack or ring slot, while the other side may still pack
+or unpack it (a dim-1 slice). With `alone_bytes` set (NEREUS_P2P_ALONE_BYTES), every
+piece from that size on travels in chunks of its own and so in place where contiguous.
+It is off by default: measured on 2 H200s (benchmarks/RESULTS.md, "in-place chunks"),
+more and smaller batches cost more host time per op than the saved copies gave back.
+
 Input: the wires' packed views (sender: source views; receiver: destination views, the
 same shapes in the same order). Output: the destination views written. Invariant: a
 sender and its receiver derive the same chunks, tags and groups from the shapes alone,
@@ -39,6 +47,15 @@ STREAM_TAG = 1 << 20  # gloo tags of stream chunks start here (direct pieces: fr
 # at most (NEREUS_P2P_CHUNK_BYTES, NEREUS_P2P_DEPTH)
 CHUNK_BYTES = int(os.environ.get("NEREUS_P2P_CHUNK_BYTES", str(128 << 20)))
 DEPTH = int(os.environ.get("NEREUS_P2P_DEPTH", "8"))
+# pieces of this many bytes or more travel as chunks of their own, in place where contiguous
+# (0: never; NEREUS_P2P_ALONE_BYTES)
+# (0: never, the default: on 2 H200s, pieces of 4 or 16 MiB and up in chunks of their own made
+# a TP -> DP change of 8B-shaped weights 7-16% slower and a weight sync to tp 2 25% slower:
+# each op is one more batch of host work, and the device waited for the posts)
+ALONE_BYTES = int(os.environ.get("NEREUS_P2P_ALONE_BYTES", "0"))
+# whether a chunk of one contiguous segment travels in place (0: always through a slot, as
+# before; for measuring; NEREUS_P2P_IN_PLACE)
+IN_PLACE = os.environ.get("NEREUS_P2P_IN_PLACE", "1") != "0"
 # with a peer exchanged with both ways, a piece the lowering marked direct still joins the
 # stream below this many bytes (0: below one chunk, the default; NEREUS_P2P_BOTH_DIRECT_MIN)
 BOTH_DIRECT_MIN = int(os.environ.get("NEREUS_P2P_BOTH_DIRECT_MIN", "0"))
@@ -62,17 +79,24 @@ def _aligned(n: int) -> int:
     return (n + packing.ALIGN - 1) // packing.ALIGN * packing.ALIGN
 
 
-def chunk_views(views: list, chunk_bytes: int) -> list:
+def chunk_views(views: list, chunk_bytes: int, alone_bytes: Optional[int] = None) -> list:
     """[[segment view]]: `views` in order, cut into chunks of at most `chunk_bytes` packed
     bytes (a row larger than a chunk travels alone); a view is split along its first
-    dimension, so each segment is a view of whole rows. Depends on shapes and dtypes only
-    (works on meta tensors), so both sides of a stream cut it alike."""
+    dimension, so each segment is a view of whole rows. A view of `alone_bytes` or more
+    (default ALONE_BYTES; 0: no such rule) shares no chunk: its chunks hold it alone.
+    Depends on shapes and dtypes only (works on meta tensors), so both sides of a stream
+    cut it alike."""
+    alone_bytes = ALONE_BYTES if alone_bytes is None else alone_bytes
     chunks, current, used = [], [], 0
     for view in views:
         if view.numel() == 0:
             continue
         rows = view.shape[0] if view.dim() else 1
         row_bytes = _nbytes(view) // rows
+        alone = 0 < alone_bytes <= _nbytes(view)
+        if alone and current:
+            chunks.append(current)
+            current, used = [], 0
         start = 0
         while start < rows:
             take = min(rows - start, max(0, chunk_bytes - used) // row_bytes)
@@ -84,12 +108,34 @@ def chunk_views(views: list, chunk_bytes: int) -> list:
             current.append(view if take == rows else view[start:start + take])
             used += _aligned(take * row_bytes)
             start += take
-            if used >= chunk_bytes:
+            if used >= chunk_bytes or alone:
                 chunks.append(current)
                 current, used = [], 0
     if current:
         chunks.append(current)
     return chunks
+
+
+def in_place(segments: list, kind: str) -> bool:
+    """Whether a chunk travels from or into its one segment itself: a single contiguous
+    segment in the stream's memory (`kind`, the buffer's device type). Each side decides
+    for its own view; the op's size is the segment's bytes either way."""
+    return IN_PLACE and len(segments) == 1 and segments[0].is_contiguous() and segments[0].device.type == kind
+
+
+def chunk_nbytes(segments: list) -> tuple:
+    """(offsets, bytes on the wire) of a chunk: the aligned packed layout, or for one
+    segment its exact bytes (what an in-place op of either side moves)."""
+    if len(segments) == 1:
+        return (0,), _nbytes(segments[0])
+    return packing.layout([_nbytes(v) for v in segments])
+
+
+def slot_sizes(chunks: list, kind: str, depth: int) -> list:
+    """Bytes of each ring slot of a stream cut into `chunks` (see PeerStream): slot i holds
+    the chunks i, i + depth, ... that do not travel in place."""
+    sizes = [0 if in_place(c, kind) else chunk_nbytes(c)[1] for c in chunks]
+    return [max(sizes[i::depth]) for i in range(min(depth, len(sizes)))]
 
 
 @dataclass
@@ -99,34 +145,37 @@ class Chunk:
     nbytes: int
     fused: bool  # many small segments: the fused (Triton) pack pays; few large ones: plain copies
     crossing: bool = False  # some segment lives in another memory than the buffer (offloaded host shards)
+    wire: Optional[torch.Tensor] = None  # in place: the one segment's bytes, sent from / received into directly
 
 
 class PeerStream:
     """One direction of one round's stream with one peer: its chunks and ring slots."""
 
-    def __init__(self, peer: int, views: list, device, chunk_bytes: int = CHUNK_BYTES, depth: int = DEPTH):
+    def __init__(self, peer: int, views: list, device, chunk_bytes: int = CHUNK_BYTES, depth: int = DEPTH,
+                 alone_bytes: Optional[int] = None):
         self.peer = peer
         self.chunks = []
         kind = torch.device(device).type
-        for segments in chunk_views(views, chunk_bytes):
-            offsets, total = packing.layout([_nbytes(v) for v in segments])
+        cut = chunk_views(views, chunk_bytes, alone_bytes)
+        for segments in cut:
+            offsets, total = chunk_nbytes(segments)
             # segments in another memory than the buffer's (an offloaded unit's host shards)
             # cross PCIe through offload.pack/unpack: the fused kernels address one device
             crossing = any(v.device.type != kind for v in segments)
-            self.chunks.append(Chunk(segments, offsets, total, not crossing and fused(segments), crossing))
+            wire = segments[0].reshape(-1).view(torch.uint8) if in_place(segments, kind) else None
+            self.chunks.append(Chunk(segments, offsets, total, not crossing and fused(segments), crossing, wire))
         self.depth = max(1, depth)
-        slots = min(self.depth, len(self.chunks))
-        # slot i holds chunks i, i + depth, ...: sized for the largest (the sum over slots
-        # stays within the stream's packed bytes)
-        self.slots = [torch.empty(max(c.nbytes for c in self.chunks[i::self.depth]), dtype=torch.uint8,
-                                  device=device) for i in range(slots)]
+        # slot i holds chunks i, i + depth, ... that are not in place: sized for the largest
+        # (the sum over slots stays within the stream's packed bytes)
+        self.slots = [torch.empty(n, dtype=torch.uint8, device=device) for n in slot_sizes(cut, kind, self.depth)]
 
     @property
     def buffer_bytes(self) -> int:
         return sum(s.numel() for s in self.slots)
 
     def buffer(self, k: int) -> torch.Tensor:
-        return self.slots[k % self.depth][:self.chunks[k].nbytes]
+        chunk = self.chunks[k]
+        return chunk.wire if chunk.wire is not None else self.slots[k % self.depth][:chunk.nbytes]
 
 
 FUSED_MIN_SEGMENTS = 16
@@ -140,6 +189,8 @@ def fused(segments: list) -> bool:
 
 
 def pack_chunk(chunk: Chunk, buffer: torch.Tensor) -> None:
+    if chunk.wire is not None:  # sent from the tensor itself
+        return
     if chunk.crossing:  # host segments: packed in (pinned) host memory, then one PCIe copy (offload.py)
         offload.pack(chunk.views, chunk.offsets, buffer)
     elif chunk.fused:
@@ -149,6 +200,8 @@ def pack_chunk(chunk: Chunk, buffer: torch.Tensor) -> None:
 
 
 def unpack_chunk(chunk: Chunk, buffer: torch.Tensor) -> None:
+    if chunk.wire is not None:  # received into the tensor itself
+        return
     if chunk.crossing:  # one PCIe copy into pinned host memory, then unpacked there (offload.py)
         offload.unpack(buffer, chunk.views, chunk.offsets)
     elif chunk.fused:

@@ -14,7 +14,7 @@ from nereus.runtime.executor import execute
 from nereus.runtime.packing import layout
 from nereus.runtime.program import rank_program
 from nereus.runtime.state import shard_of, shard_unit
-from nereus.runtime.streams import PeerStream, chunk_views, streamed
+from nereus.runtime.streams import PeerStream, chunk_views, streamed, unpack_chunk
 
 from runtime_helpers import naive_program, oracle_units, reference_state, spawn, tensor_list
 
@@ -50,6 +50,26 @@ def test_one_oversized_row_travels_alone_and_ring_slots_stay_within_the_stream()
     assert stream.buffer_bytes <= sum(c.nbytes for c in stream.chunks)
 
 
+def test_a_large_view_travels_in_chunks_of_its_own_in_place_where_contiguous():
+    base = torch.arange(64 * 8, dtype=torch.float32).reshape(64, 8)  # 32-byte rows
+    small, rows, cols = torch.arange(5, dtype=torch.float32), base[8:40], base[:, :4]  # 1024 B contiguous, strided
+    views = [small, rows, small.clone(), cols, small.clone()]
+    chunks = chunk_views(views, 512, alone_bytes=1000)
+    assert _bytes([s for c in chunks for s in c]) == _bytes(views)
+    # the small views never share a chunk with a large one; a large one is cut at the chunk size
+    assert [[tuple(v.shape) for v in c] for c in chunks] == [[(5,)], [(16, 8)], [(16, 8)], [(5,)], [(32, 4)],
+                                                            [(32, 4)], [(5,)]]
+    assert [len(c) for c in chunk_views(views, 512, alone_bytes=0)] != [len(c) for c in chunks]
+    stream = PeerStream(1, views, torch.device("cpu"), chunk_bytes=512, depth=8, alone_bytes=1000)
+    wired = [c.wire is not None for c in stream.chunks]
+    assert wired == [True, True, True, True, False, False, True]  # single contiguous segments go in place
+    # in place: the wire is the tensor's own memory, and no slot is sized for it
+    assert stream.chunks[1].wire.data_ptr() == rows.data_ptr() and stream.buffer(1).numel() == 16 * 8 * 4
+    assert stream.buffer_bytes == 2 * 32 * 4 * 4
+    # the op size is the segment's bytes on both sides, whichever side packs
+    assert [c.nbytes for c in stream.chunks] == [20, 512, 512, 20, 512, 512, 20]
+
+
 def test_pieces_go_in_place_one_way_and_into_the_stream_both_ways():
     from types import SimpleNamespace as Piece
 
@@ -64,10 +84,13 @@ def _cases():
     u = lambda dp, tp, pp: oracle_units(MODEL, STAGE, dp, tp, pp, [0, 1])  # noqa: E731
     return [("tp2-dp2", u(1, 2, 1), u(2, 1, 1), None),  # both directions at once, strided pieces
             ("pp2-tp2", u(1, 1, 2), u(1, 2, 1), None),
-            ("tp2-dp2 fault", u(1, 2, 1), u(2, 1, 1), (1, 0, "post"))]
+            ("tp2-dp2 fault", u(1, 2, 1), u(2, 1, 1), (1, 0, "post")),
+            ("tp2-dp2 alone", u(1, 2, 1), u(2, 1, 1), None)]  # large pieces in chunks of their own
 
 
 def _run(rank, world, tensors):
+    import nereus.runtime.streams as streams_module
+
     control = dist.new_group(backend="gloo")
     full = reference_state(tensors)
     out = {}
@@ -76,8 +99,16 @@ def _run(rank, world, tensors):
         prog = rank_program(program, rank, direct_min_bytes=1 << 30)  # every piece in the stream
         before = {u["id"]: shard_unit(u, rank, full) for u in before_units if rank in u["gpus"]}
         snapshot = {u: {k: v.clone() for k, v in t.items()} for u, t in before.items()}
-        chunks = sum(len(chunk_views([before[p.src_unit][p.tensor][p.src_slices] for p in m.pieces], CHUNK))
+        alone = 256 if name.endswith("alone") else 0
+        chunks = sum(len(chunk_views([before[p.src_unit][p.tensor][p.src_slices] for p in m.pieces], CHUNK, alone))
                      for w in prog.rounds for m in w.sends)
+        landed = []  # per chunk received: whether it landed in place (no unpack)
+        streams_module.unpack_chunk = lambda chunk, buffer: (landed.append(chunk.wire is not None),
+                                                             unpack_chunk(chunk, buffer))
+        # "alone": every piece of 256 bytes or more travels in chunks of its own, in place
+        # where its view is contiguous (a dim-1 slice of a row-parallel weight is not)
+        streams_module.ALONE_BYTES = 256 if name.endswith("alone") else 0
+        streams_module.IN_PLACE = name.endswith("alone")
         try:
             result = execute(prog, before, group=None, control=control, device=torch.device("cpu"), verify=True,
                              fault=fault, chunk_bytes=CHUNK, depth=DEPTH)
@@ -87,7 +118,7 @@ def _run(rank, world, tensors):
             continue
         wrong = [s["tensor"] for unit in after_units for s in unit["shards"] if s["gpu"] == rank
                  and not torch.equal(result.state[unit["id"]][s["tensor"]], shard_of(full[s["tensor"]], s["boxes"]))]
-        out[name] = {"wrong": wrong, "verified": result.verified, "chunks": chunks, "sent": result.sent_bytes,
+        out[name] = {"wrong": wrong, "verified": result.verified, "chunks": chunks, "wired": (sum(landed), len(landed)), "sent": result.sent_bytes,
                      "received": result.received_bytes, "buffers": result.buffer_peak_bytes}
     return out
 
@@ -109,6 +140,17 @@ def test_small_chunks_through_a_short_ring_are_byte_exact_in_both_directions(per
             assert case["chunks"] > 4 * DEPTH, (rank, name, case)  # the ring's slots were reused
             assert case["sent"] > 0 and case["received"] > 0  # both directions at once
             assert case["buffers"] <= 2 * DEPTH * CHUNK + 64, (rank, name, case)  # the ring bounds the memory
+
+
+@pytest.mark.multiprocess
+def test_large_pieces_in_place_are_byte_exact_with_smaller_buffers(per_rank):
+    for rank, cases in enumerate(per_rank):
+        case, packed = cases["tp2-dp2 alone"], cases["tp2-dp2"]
+        assert case["wrong"] == [] and case["verified"] is True, (rank, case)
+        wired, received = case["wired"]
+        assert 0 < wired < received, (rank, case)  # received in place, and through slots (dim-1 slices)
+        assert packed["wired"][0] == 0, (rank, packed)
+        assert case["sent"] == packed["sent"] and case["buffers"] <= packed["buffers"], (rank, case, packed)
 
 
 @pytest.mark.multiprocess
