@@ -35,7 +35,7 @@ import torch
 
 from . import fallback
 from .segments import ALIGN, as_view, copy_pieces, layout, view_pieces
-from .tables import build_launches
+from .tables import build_launches, upload
 
 log = logging.getLogger("nereus.pack")
 BACKENDS = ("auto", "triton", "torch")
@@ -356,7 +356,7 @@ class Packer:
             anchor = kernels.anchor(plan.device).data_ptr()
             addresses = tuple(b.data_ptr() - r - anchor for b, r in zip(buffers, plan.residues))
             if plan.bases is None or plan.bases[0] != addresses:
-                plan.bases = (addresses, torch.tensor(addresses, dtype=torch.int64).to(plan.device))
+                plan.bases = (addresses, upload(torch.tensor(addresses, dtype=torch.int64), plan.device))
             bases = plan.bases[1]
         for launch in plan.launches:
             kernels.run_launch(launch, rel, bases)
