@@ -8,12 +8,12 @@ shards of an offloaded model-stage are host tensors, pinned where CUDA exists so
 copies to and from the GPU run at PCIe speed, and they count nothing against the GPU.
 
 In a transition (JSON program: `units.before/after[*].offload`):
-  - an offloaded before-unit is read from host memory: a send copies each of its small
-    pieces host→device into its place in the packed device buffer (NCCL sends from
-    device memory); a large piece is copied to the device alone;
+  - an offloaded before-unit is read from host memory: a send packs its small pieces in
+    host memory and moves the packed buffer to the device in one host→device copy (NCCL
+    sends from device memory); a large piece is copied to the device alone;
   - an offloaded after-unit is allocated in host memory: a message into it arrives in a
-    device buffer and each piece is copied device→host from its place there; a large
-    piece arrives in a device bounce tensor and is copied down;
+    device buffer and goes to host memory in one device→host copy before it is unpacked
+    there; a large piece arrives in a device bounce tensor and is copied down;
   - same-GPU copies between host and device memory are one `copy_` each.
 On CPU (gloo) host and device are the same memory: only the bookkeeping differs, which is
 what makes it testable without a GPU (`Runtime.placement`, `Runtime.device_bytes`).
@@ -60,31 +60,26 @@ def offloaded_units(program: dict) -> frozenset:
 
 
 def pack_from_host(views: Sequence[torch.Tensor], offsets: Sequence[int], out: torch.Tensor) -> torch.Tensor:
-    """Pack host views into the device buffer `out`: each piece copied host→device into
-    its region of the buffer (queued on the current stream; a contiguous view of a pinned
-    shard is one DMA at PCIe speed, and the shard outlives the transition). Why not pack
-    in host memory first: that is a CPU memcpy (one thread under torchrun), and an
-    offloaded transition packing so moved 3.85 GB over PCIe in 488 ms on 2 H200s, 7.9 GB/s
-    against the 55 GB/s the link gives."""
-    from .packing import buffer_regions
+    """Pack host views into the device buffer `out`: packed in pinned host memory, then
+    one host→device copy (queued on the current stream; the host buffer stays alive
+    until it ran because the pinned allocator records the stream)."""
+    from .packing import torch_pack
 
-    regions, pieces = buffer_regions(out, views, offsets)
-    for region, view in zip(regions, pieces):
-        region.copy_(view, non_blocking=True)
+    staging = host_empty((out.numel(),), torch.uint8)
+    torch_pack(views, offsets, out.numel(), out=staging)
+    out.copy_(staging, non_blocking=True)
     return out
 
 
 def unpack_to_host(buffer: torch.Tensor, views: Sequence[torch.Tensor], offsets: Sequence[int]) -> None:
-    """Unpack the device buffer `buffer` into host views: each piece copied device→host
-    from its region (a contiguous pinned view is one DMA; a strided one goes through
-    torch's contiguous temporary), then waited for, so the host views hold the bytes and
-    the buffer may be reused when this returns (as `pack_from_host`: no host-side pass)."""
-    from .packing import buffer_regions
+    """Unpack the device buffer `buffer` into host views: one device→host copy into pinned
+    memory (waited for), then the pieces are copied out of it in host memory."""
+    from .packing import torch_unpack
 
-    regions, pieces = buffer_regions(buffer, views, offsets)
-    for region, view in zip(regions, pieces):
-        view.copy_(region, non_blocking=True)
+    staging = host_empty((buffer.numel(),), torch.uint8)
+    staging.copy_(buffer, non_blocking=True)
     torch.cuda.current_stream(buffer.device).synchronize()
+    torch_unpack(staging, views, offsets)
 
 
 def new_shard(unit: str, shape, dtype, live, device, host_units) -> torch.Tensor:

@@ -39,13 +39,13 @@ def _chunk(buffer: torch.Tensor, view: torch.Tensor, offset: int) -> torch.Tenso
 def torch_pack(views: Sequence[torch.Tensor], offsets: Sequence[int], nbytes: int,
                out: Optional[torch.Tensor] = None) -> torch.Tensor:
     buffer = out if out is not None else torch.empty(nbytes, dtype=torch.uint8, device=views[0].device)
-    regions, pieces = buffer_regions(buffer, views, offsets)
+    regions, pieces = _regions(buffer, views, offsets)
     copy_pairs(regions, pieces)
     return buffer
 
 
 def torch_unpack(buffer: torch.Tensor, views: Sequence[torch.Tensor], offsets: Sequence[int]) -> None:
-    regions, pieces = buffer_regions(buffer, views, offsets)
+    regions, pieces = _regions(buffer, views, offsets)
     copy_pairs(pieces, regions)
 
 
@@ -85,7 +85,7 @@ def copy_pairs(dsts: list, srcs: list) -> None:
             copy_all(group_dsts, group_srcs)
 
 
-def buffer_regions(buffer: torch.Tensor, views: Sequence[torch.Tensor], offsets: Sequence[int]) -> tuple[list, list]:
+def _regions(buffer: torch.Tensor, views: Sequence[torch.Tensor], offsets: Sequence[int]) -> tuple[list, list]:
     """(buffer regions, views), empty views left out: each view's region of `buffer` as a
     contiguous tensor of its dtype and shape. A region is one `as_strided` of the buffer
     viewed once per dtype; a buffer that cannot be viewed so (length or start not a

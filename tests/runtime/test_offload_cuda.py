@@ -1,7 +1,8 @@
 """The PCIe side of offloaded units on a GPU (nereus.runtime.offload.pack_from_host /
 unpack_to_host): every piece lands where the packed layout puts it, byte for byte, for
-contiguous, strided and 1-D host views of pinned shards. Runs on CUDA only (on CPU the
-host and the device are one memory and these paths are not taken)."""
+contiguous, strided and 1-D host views of pinned shards, and nothing else of the host
+tensors is written. Runs on CUDA only (on CPU the host and the device are one memory and
+these paths are not taken)."""
 
 from __future__ import annotations
 
