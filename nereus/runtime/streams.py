@@ -48,9 +48,8 @@ STREAM_TAG = 1 << 20  # gloo tags of stream chunks start here (direct pieces: fr
 CHUNK_BYTES = int(os.environ.get("NEREUS_P2P_CHUNK_BYTES", str(128 << 20)))
 DEPTH = int(os.environ.get("NEREUS_P2P_DEPTH", "8"))
 # pieces of this many bytes or more travel as chunks of their own, in place where contiguous
-# (0: never; NEREUS_P2P_ALONE_BYTES)
-# (0: never, the default: on 2 H200s, pieces of 4 or 16 MiB and up in chunks of their own made
-# a TP -> DP change of 8B-shaped weights 7-16% slower and a weight sync to tp 2 25% slower:
+# (NEREUS_P2P_ALONE_BYTES; 0: never, the default: on 2 H200s, from 4 or 16 MiB on it made a
+# TP -> DP change of 8B-shaped weights 7-16% slower and a weight sync to tp 2 25% slower:
 # each op is one more batch of host work, and the device waited for the posts)
 ALONE_BYTES = int(os.environ.get("NEREUS_P2P_ALONE_BYTES", "0"))
 # whether a chunk of one contiguous segment travels in place (0: always through a slot, as
