@@ -23,6 +23,7 @@ import torch.distributed as dist
 from . import packing, streams
 from .program import RankProgram
 from .execution_plan import plan_for
+from .parking import real_room
 from .wires import dst_region, src_region
 
 _WARM_TAG = 1 << 26
@@ -132,20 +133,32 @@ def warm_links(prog: RankProgram, group, device: torch.device) -> int:
         flag = torch.ones(1, device=device)
         dist.all_reduce(flag, group=g)
         _exchange(g, mine, torch.ones(1, device=device), torch.empty(1, device=device))
-    if cuda and mine:
-        # what the buffers hold does not matter: one pair of buffers serves every peer, one
-        # peer at a time in rank order (both ends of a pair reach it in the same order)
+    if cuda:
         size = streams.CHUNK_BYTES
-        out, into = torch.empty(size, dtype=torch.uint8, device=device), torch.empty(size, dtype=torch.uint8,
-                                                                                      device=device)
-        for g in groups:
-            for peer in mine:
-                _exchange(g, [peer], out, into)
-        del out, into
+        # only where every rank has room for the two buffers (twice over): prepare must not
+        # fail or crowd a full GPU, and a rank that skipped the exchange while its peer
+        # posted it would leave the peer waiting, so the ranks decide together
+        if all_have_room(4 * size, real_room(device), groups[0], device) and mine:
+            # what the buffers hold does not matter: one pair serves every peer, one peer at
+            # a time in rank order (both ends of a pair reach it in the same order)
+            out = torch.empty(size, dtype=torch.uint8, device=device)
+            into = torch.empty(size, dtype=torch.uint8, device=device)
+            for g in groups:
+                for peer in mine:
+                    _exchange(g, [peer], out, into)
+            del out, into
         warm_copies(prog, device)
     if cuda:
         torch.cuda.current_stream(device).synchronize()
     return len(mine)
+
+
+def all_have_room(need: int, room: Optional[int], group, device) -> bool:
+    """Collective over `group`: whether every rank has `room` >= `need` bytes (None: no
+    limit known, counts as room). The same answer on every rank."""
+    flag = torch.tensor([1 if room is None or room >= need else 0], dtype=torch.int64, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+    return bool(flag.item())
 
 
 def _exchange(group, peers: list, out: torch.Tensor, into: torch.Tensor) -> None:

@@ -77,3 +77,25 @@ def test_seconds_end_at_the_commit_and_wall_adds_the_compile(per_rank):
         assert result["cold_seconds"] >= 0.05 * result["cold_rounds"]
         assert result["cold_wall_s"] >= result["cold_seconds"] + result["cold_compile_s"]
         assert result["bad_cold"] == []
+
+
+def _room_run(rank, world):
+    import torch
+    import torch.distributed as dist
+
+    from nereus.runtime.prepare import all_have_room
+
+    cpu = torch.device("cpu")
+    return {"one_short": all_have_room(100, 50 if rank == 2 else 1000, None, cpu),  # rank 2 lacks room
+            "all_fit": all_have_room(100, 1000, None, cpu),
+            "unknown": all_have_room(100, None, dist.new_group(backend="gloo"), cpu)}
+
+
+@pytest.mark.multiprocess
+def test_the_large_link_warm_up_is_skipped_everywhere_when_one_rank_lacks_room():
+    # prepare's chunk-sized exchange: a rank that skipped it while a peer posted it would
+    # leave the peer waiting, so every rank must get the same answer
+    results = spawn(_room_run, 4)
+    for rank, res in enumerate(results):
+        assert res is not None and res[0] == "ok", f"rank {rank}: {res}"
+        assert res[1] == {"one_short": False, "all_fit": True, "unknown": True}, (rank, res[1])
