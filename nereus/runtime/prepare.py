@@ -148,7 +148,6 @@ def warm_links(prog: RankProgram, group, device: torch.device) -> int:
                     _exchange(g, [peer], out, into)
             del out, into
         warm_copies(prog, device)
-    if cuda:
         torch.cuda.current_stream(device).synchronize()
     return len(mine)
 
