@@ -109,6 +109,7 @@ def run(env: Env, args, shape: dict, bw: dict) -> dict:
     import nereus.ir as ir
     from nereus.backends.json_program import plan_units_json
     from nereus.runtime import Runtime
+    from mg_profile import profile_call
     from torch.distributed.tensor import Replicate, Shard
 
     module = ir.parse_source(module_source(env.world, env.gpu_mem_bytes(), shape, args.layers), "dtensor.nir")
@@ -125,10 +126,8 @@ def run(env: Env, args, shape: dict, bw: dict) -> dict:
     rt.register(TAG, build_local(tp, env.rank, plain, args.seed, TAG, env.device))
     prep = rt.prepare("DP")
     if args.profile_prepared and args.profile_dir:  # the prepared call itself, under the profiler
-        from reshard import profile
-
-        profile(env, lambda: rt.transition("DP"), os.path.join(args.profile_dir, "profile_prepared.txt"),
-                "nereus TP -> DP, first call after prepare", rt=rt, source="TP", target="DP")
+        profile_call(env, lambda: rt.transition("DP"), os.path.join(args.profile_dir, "profile_prepared.txt"),
+                     "nereus TP -> DP, first call after prepare", rt=rt, source="TP", target="DP")
         rt.transition("TP")
     report, prepared_s = env.timed(lambda: rt.transition("DP"))
     ok = nereus_ok(rt, dp)
@@ -154,11 +153,9 @@ def run(env: Env, args, shape: dict, bw: dict) -> dict:
                        "bytes_busiest_gpu_in": busiest,
                        "bound_s": busiest / (bw["p2p_GBps"] * 1e9) if bw.get("p2p_GBps") and busiest else None}
     if args.profile_dir:
-        from reshard import profile
-
         rt.transition("TP")  # the loop above ends in DP
-        profile(env, lambda: rt.transition("DP"), os.path.join(args.profile_dir, "profile_dtensor.txt"),
-                "nereus TP -> DP", rt=rt, source="TP", target="DP")
+        profile_call(env, lambda: rt.transition("DP"), os.path.join(args.profile_dir, "profile_dtensor.txt"),
+                     "nereus TP -> DP", rt=rt, source="TP", target="DP")
     out = {"nereus_prepared_s": prepared_s, "nereus_prepare_s": env.slowest(prep["seconds"]),
            "prepared_kernels": prep["kernels"], "nereus_cold_s": cold_s, "nereus_cold_compile_s": cold.compile_s,
            "verified_nereus": ok, "rollback": report.rollback}

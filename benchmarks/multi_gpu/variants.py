@@ -10,8 +10,8 @@ for g in {1, 2} (`--ws-layers`, default 32). Variants (module switches, set alik
 rank, see VARIANTS): `default`; `packed` (every streamed piece through a ring slot, the
 previous default); `alone-4m` / `alone-64m` (streams.ALONE_BYTES: the size from which a piece
 travels in chunks of its own, in place where contiguous); `copies-after` (executor.COPIES_AFTER:
-the same-GPU copies run after the exchange, not beside it); `chunk-128m` / `chunk-256m` /
-`chunk-512m` (streams.CHUNK_BYTES) and `chunk-256m-depth4` (with streams.DEPTH 4).
+the same-GPU copies run after the exchange, not beside it); `chunk-256m` / `chunk-512m`
+(streams.CHUNK_BYTES; the default is 128 MiB) and `chunk-256m-depth4` (with streams.DEPTH 4).
 Each repeat runs every variant once in turn (and DTensor once), so drift hits all alike;
 every call is timed barrier to barrier with the devices synchronized (`Env.timed`), medians
 reported. Each variant's result is checked byte for byte once. The first timed call of each
@@ -25,7 +25,6 @@ import argparse
 import statistics
 import sys
 
-import torch
 
 from mg_common import SHAPES, Env, add_common_args, bounds, build_local, check_local, free_memory, \
     incoming_bytes, link_bandwidth, machine
@@ -43,7 +42,6 @@ VARIANTS = {
     "chunk-256m": {("streams", "CHUNK_BYTES"): 256 << 20},
     "chunk-512m": {("streams", "CHUNK_BYTES"): 512 << 20},
     "chunk-256m-depth4": {("streams", "CHUNK_BYTES"): 256 << 20, ("streams", "DEPTH"): 4},
-    "chunk-128m": {("streams", "CHUNK_BYTES"): 128 << 20},
 }
 _DEFAULTS: dict = {}
 

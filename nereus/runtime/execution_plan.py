@@ -30,7 +30,6 @@ class RoundPlan:
 
 @dataclass(frozen=True)
 class ExecutionPlan:
-    chunk_bytes: int
     aliased: frozenset  # (after-unit, tensor) handed over in place by a keep (never allocated)
     kept: frozenset  # (before-unit, tensor) handed over in place by a keep (never released)
     rounds: tuple  # RoundPlan per round of the program
@@ -54,7 +53,7 @@ def build_plan(prog: RankProgram, chunk_bytes: int) -> ExecutionPlan:
                          for m in messages)
 
         rounds.append(RoundPlan(both_ways, flags(work.sends), flags(work.recvs)))
-    return ExecutionPlan(chunk_bytes, frozenset((a.dst_unit, a.tensor) for a in aliases),
+    return ExecutionPlan(frozenset((a.dst_unit, a.tensor) for a in aliases),
                          frozenset((a.src_unit, a.tensor) for a in aliases), tuple(rounds))
 
 

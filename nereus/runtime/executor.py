@@ -164,11 +164,11 @@ def execute(prog: RankProgram, before: dict, *, group, control, device: torch.de
     plan = plan_for(prog, chunk_bytes)  # built on the program's first execution, then reused
     parking = None
     if rollback == "host":
-        parking = Parking(prog, before, park_device_types, kept=plan.kept)
+        parking = Parking(before, park_device_types, kept=plan.kept)
     elif rollback == "auto":
         room = real_room(device) if torch.device(device).type in park_device_types else None
         units = park_plan(prog, resident_bytes, capacity_bytes, room, plan.park_replay(prog, resident_bytes))
-        parking = Parking(prog, before, park_device_types, units, kept=plan.kept)
+        parking = Parking(before, park_device_types, units, kept=plan.kept)
     try:
         result = _execute(prog, before, parking, group, control, torch.device(device), resident_bytes, verify,
                           progress, _fault_spec(fault), round_hook, (chunk_bytes, depth or streams.DEPTH), offloaded,
@@ -192,7 +192,7 @@ class _Run:
     """Mutable state of one rank's transition, shared by its rounds."""
 
     def __init__(self, prog: RankProgram, before: dict, parking, group, control, device, live: Live,
-                 verify: bool, fault, offloaded: frozenset = frozenset(), plan=None):
+                 verify: bool, fault, offloaded: frozenset, plan):
         self.prog, self.before, self.parking = prog, before, parking
         # units in host memory (offload): not device bytes; written in place there
         self.host_before = {unit for phase, unit in offloaded if phase == "before"}

@@ -169,14 +169,13 @@ class Parking:
     (rollback="host" or "auto"); they replace the device tensors in the caller's `before`
     dicts. `units`: the before-units to park (None: every released one)."""
 
-    def __init__(self, prog: RankProgram, before: dict, device_types, units: Optional[set] = None,
-                 kept: Optional[frozenset] = None):
+    def __init__(self, before: dict, device_types, units: Optional[set] = None, *, kept: frozenset):
         self.before = before
         self.device_types = frozenset(device_types)
         self.units = units
         # a kept shard becomes an after shard in place: its memory is never released
-        # (`kept`: those (unit, tensor) when computed before, e.g. by the execution plan)
-        self.kept = {(a.src_unit, a.tensor) for w in prog.rounds for a in w.aliases} if kept is None else kept
+        # (`kept`: those (unit, tensor), from the execution plan)
+        self.kept = kept
         self.devices: dict = {}  # (unit, name) → device the shard was parked from
         self.streams: dict = {}  # CUDA device → the side stream the copies run on
         self.bytes = 0

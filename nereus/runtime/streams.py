@@ -133,7 +133,11 @@ def chunk_nbytes(segments: list) -> tuple:
 def slot_sizes(chunks: list, kind: str, depth: int) -> list:
     """Bytes of each ring slot of a stream cut into `chunks` (see PeerStream): slot i holds
     the chunks i, i + depth, ... that do not travel in place."""
-    sizes = [0 if in_place(c, kind) else chunk_nbytes(c)[1] for c in chunks]
+    return _ring([0 if in_place(c, kind) else chunk_nbytes(c)[1] for c in chunks], depth)
+
+
+def _ring(sizes: list, depth: int) -> list:
+    """Per ring slot, the largest of the chunk sizes (0: in place) it holds in turn."""
     return [max(sizes[i::depth]) for i in range(min(depth, len(sizes)))]
 
 
@@ -155,8 +159,7 @@ class PeerStream:
         self.peer = peer
         self.chunks = []
         kind = torch.device(device).type
-        cut = chunk_views(views, chunk_bytes, alone_bytes)
-        for segments in cut:
+        for segments in chunk_views(views, chunk_bytes, alone_bytes):
             offsets, total = chunk_nbytes(segments)
             # segments in another memory than the buffer's (an offloaded unit's host shards)
             # cross PCIe through offload.pack/unpack: the fused kernels address one device
@@ -166,7 +169,8 @@ class PeerStream:
         self.depth = max(1, depth)
         # slot i holds chunks i, i + depth, ... that are not in place: sized for the largest
         # (the sum over slots stays within the stream's packed bytes)
-        self.slots = [torch.empty(n, dtype=torch.uint8, device=device) for n in slot_sizes(cut, kind, self.depth)]
+        sizes = [0 if c.wire is not None else c.nbytes for c in self.chunks]
+        self.slots = [torch.empty(n, dtype=torch.uint8, device=device) for n in _ring(sizes, self.depth)]
 
     @property
     def buffer_bytes(self) -> int:
