@@ -3,8 +3,12 @@
 Input: a RankProgram and the packed streams' chunk size. Output: an ExecutionPlan: the
 after-shards a keep hands over in place and the before-shards it keeps, per round the
 peers this rank exchanges with in both directions and, per message, which pieces travel
-in the peer's packed stream (streams.streamed), and the parking replay of rollback="auto"
-per resident bytes (parking.park_replay). Invariant: nothing here depends on the live
+in the peer's packed stream (streams.streamed), every piece's region of its local tensor
+(wires.Region) and the chunks of every peer stream (streams.plan_chunks), and the parking
+replay of rollback="auto" per resident bytes (parking.park_replay). Why: slicing each
+piece and cutting each stream again cost every execution ~1-2 us of host time per piece
+and segment (thousands of them in a large transition) before the first byte moved; from
+the plan a view is one `as_strided`. Invariant: nothing here depends on the live
 tensors, so a plan built once serves every later execution of the same program.
 `plan_for` caches plans by the program object's identity for as long as that object
 lives, so a Runtime moving back and forth between plans (it keeps its lowered programs)
@@ -16,9 +20,21 @@ from __future__ import annotations
 import weakref
 from dataclasses import dataclass, field
 
+import torch
+
 from . import streams
 from .parking import ParkReplay, park_replay
 from .program import RankProgram
+from .wires import TORCH_DTYPES, region
+
+
+@dataclass(frozen=True)
+class StreamPlan:
+    """One direction of a round's packed stream with one peer, by shape alone."""
+
+    peer: int
+    pieces: tuple  # the packed pieces in stream order (message order)
+    chunks: tuple  # streams.ChunkPlan; segment.view indexes `pieces`
 
 
 @dataclass(frozen=True)
@@ -26,6 +42,15 @@ class RoundPlan:
     both_ways: frozenset  # peers this rank sends to and receives from in the round
     send_in_stream: tuple  # per message of work.sends: (per piece: travels in the peer's stream)
     recv_in_stream: tuple  # the same for work.recvs
+    send_regions: tuple = ()  # per message of work.sends: (per piece: its wires.Region in the source shard)
+    recv_regions: tuple = ()  # the same for work.recvs, in the destination shard
+    copy_regions: tuple = ()  # per piece of work.copies: (source Region, destination Region)
+    send_streams: tuple = ()  # StreamPlan per peer with packed pieces to send (first-message order)
+    recv_streams: tuple = ()  # the same for receiving
+    # (after-unit, tensor) written in this round only by received chunks that do not
+    # travel in place and by same-GPU copies: allocated when first written, after the
+    # round's agreement, overlapping the transfers (see rounds.run_round)
+    deferred: frozenset = frozenset()
 
 
 @dataclass(frozen=True)
@@ -44,29 +69,80 @@ class ExecutionPlan:
 
 def build_plan(prog: RankProgram, chunk_bytes: int) -> ExecutionPlan:
     aliases = [a for work in prog.rounds for a in work.aliases]
+    metas: dict = {}
+
+    def meta(info) -> torch.Tensor:  # a shard's shape and dtype, no memory
+        key = (tuple(info.shape), info.dtype)
+        if key not in metas:
+            metas[key] = torch.empty(key[0], dtype=TORCH_DTYPES[info.dtype], device="meta")
+        return metas[key]
+
+    def src(p):
+        return region(p, meta(prog.before[p.src_unit][p.tensor]), True)
+
+    def dst(p):
+        return region(p, meta(prog.after[p.dst_unit][p.tensor]), False)
+
+    def stream_plans(messages, flags, regions_of, side: str) -> tuple:
+        per_peer: dict = {}
+        for msg, in_stream, regions in zip(messages, flags, regions_of):
+            entry = per_peer.setdefault(msg.peer, ([], []))
+            for p, streamed, r in zip(msg.pieces, in_stream, regions):
+                if streamed:
+                    info = prog.before[p.src_unit][p.tensor] if side == "src" else prog.after[p.dst_unit][p.tensor]
+                    entry[0].append(p)
+                    entry[1].append(r.view(meta(info)))
+        plans = (StreamPlan(peer, tuple(pieces), streams.plan_chunks(views, chunk_bytes))
+                 for peer, (pieces, views) in per_peer.items())
+        return tuple(plan for plan in plans if plan.chunks)
+
     rounds = []
     for work in prog.rounds:
         both_ways = frozenset({m.peer for m in work.sends} & {m.peer for m in work.recvs})
 
-        def flags(messages):
-            return tuple(tuple(streams.streamed(p, m.peer in both_ways, chunk_bytes) for p in m.pieces)
-                         for m in messages)
-
-        rounds.append(RoundPlan(both_ways, flags(work.sends), flags(work.recvs)))
+        send_flags, recv_flags = _flags(work.sends, both_ways, chunk_bytes), _flags(work.recvs, both_ways, chunk_bytes)
+        send_regions = tuple(tuple(src(p) for p in m.pieces) for m in work.sends)
+        recv_regions = tuple(tuple(dst(p) for p in m.pieces) for m in work.recvs)
+        recv_streams = stream_plans(work.recvs, recv_flags, recv_regions, "dst")
+        rounds.append(RoundPlan(both_ways, send_flags, recv_flags, send_regions, recv_regions,
+                                tuple((src(p), dst(p)) for p in work.copies),
+                                stream_plans(work.sends, send_flags, send_regions, "src"), recv_streams,
+                                _deferred(work, recv_flags, recv_streams)))
     return ExecutionPlan(frozenset((a.dst_unit, a.tensor) for a in aliases),
                          frozenset((a.src_unit, a.tensor) for a in aliases), tuple(rounds))
 
 
-_PLANS: dict = {}  # id(program) → {chunk_bytes: ExecutionPlan}, dropped with the program
+def _deferred(work, recv_flags: tuple, recv_streams: tuple) -> frozenset:
+    """The round's after-shards that no op needs before the data moves: written only by
+    same-GPU copies and by received chunks that land in a ring slot (not in place)."""
+    written = {(p.dst_unit, p.tensor) for p in work.copies}
+    needed = {(a.dst_unit, a.tensor) for a in work.aliases}
+    for msg, flags in zip(work.recvs, recv_flags):
+        for p, streamed in zip(msg.pieces, flags):
+            (written if streamed else needed).add((p.dst_unit, p.tensor))
+    for plan in recv_streams:
+        for chunk in plan.chunks:
+            if chunk.single:  # may be received into the shard itself: it must exist at the post
+                needed.update((plan.pieces[s.view].dst_unit, plan.pieces[s.view].tensor) for s in chunk.segments)
+    return frozenset(written - needed)
+
+
+def _flags(messages, both_ways: frozenset, chunk_bytes: int) -> tuple:
+    return tuple(tuple(streams.streamed(p, m.peer in both_ways, chunk_bytes) for p in m.pieces) for m in messages)
+
+
+_PLANS: dict = {}  # id(program) → {(chunk_bytes, switches): ExecutionPlan}, dropped with the program
 
 
 def plan_for(prog: RankProgram, chunk_bytes: int) -> ExecutionPlan:
-    """The ExecutionPlan of `prog` for streams of `chunk_bytes`, built on first use."""
+    """The ExecutionPlan of `prog` for streams of `chunk_bytes` (and the streams' switches
+    as they are now: ALONE_BYTES, IN_PLACE, BOTH_DIRECT_MIN), built on first use."""
     key = id(prog)
     plans = _PLANS.get(key)
     if plans is None:
         plans = _PLANS[key] = {}
         weakref.finalize(prog, _PLANS.pop, key, None)  # an id is reused only after its object died
-    if chunk_bytes not in plans:
-        plans[chunk_bytes] = build_plan(prog, chunk_bytes)
-    return plans[chunk_bytes]
+    switches = (chunk_bytes, streams.ALONE_BYTES, streams.IN_PLACE, streams.BOTH_DIRECT_MIN)
+    if switches not in plans:
+        plans[switches] = build_plan(prog, chunk_bytes)
+    return plans[switches]

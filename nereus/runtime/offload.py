@@ -24,7 +24,7 @@ by `to_host`/`host_empty` is a CPU tensor, pinned exactly when CUDA is available
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 
@@ -71,15 +71,35 @@ def pack_from_host(views: Sequence[torch.Tensor], offsets: Sequence[int], out: t
     return out
 
 
+class HostUnpack:
+    """A packed buffer on its way into host views: the device→host copy into pinned
+    staging memory is queued on the current stream now; `finish()` waits for that copy
+    alone and copies the pieces out on the host. Why apart: waiting for the whole stream
+    in every chunk kept the host from posting the next chunks while the bytes crossed
+    PCIe and were unpacked (the streams finish these once the later chunks are posted)."""
+
+    def __init__(self, buffer: torch.Tensor, views: Sequence[torch.Tensor], offsets: Sequence[int]):
+        self.staging = host_empty((buffer.numel(),), torch.uint8)
+        self.staging.copy_(buffer, non_blocking=True)
+        self.copied = torch.cuda.Event()
+        self.copied.record(torch.cuda.current_stream(buffer.device))
+        self.views, self.offsets = views, offsets
+
+    def ready(self) -> bool:
+        """Whether the device→host copy is done (never blocks)."""
+        return self.copied.query()
+
+    def finish(self) -> None:
+        from .packing import torch_unpack
+
+        self.copied.synchronize()
+        torch_unpack(self.staging, self.views, self.offsets)
+
+
 def unpack_to_host(buffer: torch.Tensor, views: Sequence[torch.Tensor], offsets: Sequence[int]) -> None:
     """Unpack the device buffer `buffer` into host views: one device→host copy into pinned
     memory (waited for), then the pieces are copied out of it in host memory."""
-    from .packing import torch_unpack
-
-    staging = host_empty((buffer.numel(),), torch.uint8)
-    staging.copy_(buffer, non_blocking=True)
-    torch.cuda.current_stream(buffer.device).synchronize()
-    torch_unpack(staging, views, offsets)
+    HostUnpack(buffer, views, offsets).finish()
 
 
 def new_shard(unit: str, shape, dtype, live, device, host_units) -> torch.Tensor:
@@ -120,18 +140,22 @@ def pack(views: Sequence[torch.Tensor], offsets: Sequence[int], out: torch.Tenso
     return packing.pack(views, offsets, out.numel(), out=out)
 
 
-def unpack(buffer: torch.Tensor, views: Sequence[torch.Tensor], offsets: Sequence[int]) -> None:
-    """`packing.unpack` for a message whose destinations may live in host memory (as `pack`)."""
+def unpack(buffer: torch.Tensor, views: Sequence[torch.Tensor], offsets: Sequence[int]) -> Optional[HostUnpack]:
+    """`packing.unpack` for a message whose destinations may live in host memory (as
+    `pack`). All of them in host memory and the buffer on a GPU: returns the HostUnpack,
+    which the caller finishes (the pieces are written then); otherwise None, written now
+    (or, mixed, by copies queued on the current stream)."""
     from . import packing
 
     on_host = [not v.is_cuda for v in views]
     if buffer.is_cuda and on_host and all(on_host):
-        unpack_to_host(buffer, views, offsets)
-    elif buffer.is_cuda and any(on_host):
+        return HostUnpack(buffer, views, offsets)
+    if buffer.is_cuda and any(on_host):
         packing.torch_unpack(buffer, views, offsets)
     else:
         packing.unpack(buffer, views, offsets)
+    return None
 
 
-__all__ = ["DEVICE", "HOST", "host_empty", "new_shard", "offloaded_units", "pack",
+__all__ = ["DEVICE", "HOST", "HostUnpack", "host_empty", "new_shard", "offloaded_units", "pack",
            "pack_from_host", "pinnable", "round_bytes", "to_host", "unpack", "unpack_to_host"]

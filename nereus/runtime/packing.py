@@ -52,37 +52,83 @@ def torch_unpack(buffer: torch.Tensor, views: Sequence[torch.Tensor], offsets: S
 # below this many pieces a list is copied one `copy_` each (a few large pieces: the
 # driver's memcpy, as before); from it on, one `_foreach_copy_`
 FOREACH_MIN_PIECES = 16
+# ... of pieces below this size only: a large contiguous piece copies faster alone (on an
+# H200, dim-0 slices of 8B-shaped weights: 1.90 TB/s with `copy_`, 1.42 TB/s in
+# `_foreach_copy_`'s fused kernel; benchmarks/RESULTS.md, "same-GPU copies")
+FOREACH_MAX_BYTES = 1 << 20
 
 
 def copy_all(dsts: list, srcs: list) -> None:
     """dsts[i] <- srcs[i], one dtype and pair of devices (`copy_pairs` groups them): one
     `_foreach_copy_` for many pieces in one memory, one `copy_` each for a few, or where
-    they cross memories (host pieces of an offloaded unit and a device buffer)."""
-    if len(dsts) >= FOREACH_MIN_PIECES and dsts[0].is_cuda == srcs[0].is_cuda:
+    they cross memories (host pieces of an offloaded unit and a device buffer). A copy
+    between host and device memory is queued (non_blocking) like every other device
+    copy: the host reads no host piece before the stream is synchronized (at the commit;
+    the executor synchronizes before it checksums host views), and a blocking copy per
+    piece kept the host from posting the transfers meanwhile."""
+    crossing = dsts and dsts[0].is_cuda != srcs[0].is_cuda
+    if len(dsts) >= FOREACH_MIN_PIECES and not crossing:
         torch._foreach_copy_(dsts, srcs)
     else:
         for dst, src in zip(dsts, srcs):
-            dst.copy_(src)
+            dst.copy_(src, non_blocking=crossing)
 
 
 def copy_pairs(dsts: list, srcs: list) -> None:
     """dsts[i] <- srcs[i] for any list of pairs: grouped by dtype, density and the two
     devices, each group by `copy_all` (a C++ loop; on CUDA one fused launch for a list of
-    dense pairs, which one strided view would send down the per-tensor path) instead of a
-    Python step and a copy call per piece: an expert-parallel round holds thousands of
-    small pieces. A group whose pairs cross memories (host shards of an offloaded or
-    staged unit) is copied one `copy_` each."""
+    small dense pairs, which one strided view would send down the per-tensor path)
+    instead of a Python step and a copy call per piece: an expert-parallel round holds
+    thousands of small pieces. A dense pair of FOREACH_MAX_BYTES or more is copied alone
+    (`copy_`: the driver's memcpy); a strided pair is copied as the widest integer type
+    its rows allow (`widened`). A group whose pairs cross memories (host shards of an
+    offloaded or staged unit) is copied one `copy_` each."""
     groups: dict = {}
-    for dst, src in zip(dsts, srcs):
-        key = (src.dtype, dst.is_contiguous() and src.is_contiguous(), dst.device, src.device)
-        group = groups.get(key)
-        if group is None:
-            group = groups[key] = ([], [])
-        group[0].append(dst)
-        group[1].append(src)
     with torch.no_grad():
+        for dst, src in zip(dsts, srcs):
+            dense = dst.is_contiguous() and src.is_contiguous()
+            if not dense:
+                dst, src = widened(dst, src)
+            elif dst.numel() * dst.element_size() >= FOREACH_MAX_BYTES:
+                dst.copy_(src)
+                continue
+            key = (src.dtype, dense, dst.device, src.device)
+            group = groups.get(key)
+            if group is None:
+                group = groups[key] = ([], [])
+            group[0].append(dst)
+            group[1].append(src)
         for group_dsts, group_srcs in groups.values():
             copy_all(group_dsts, group_srcs)
+
+
+_WIDE = (torch.int64, torch.int32)
+
+
+def widened(dst: torch.Tensor, src: torch.Tensor) -> tuple:
+    """(dst, src) viewed as the widest of int64 / int32 that both can be viewed as, else
+    as they are. Why: a strided copy runs an indexing kernel per element; on an H200 a
+    dim-1 slice of 8B-shaped bf16 weights copies at 0.82 TB/s as bf16 and 1.66 TB/s as
+    int64 (rows of contiguous elements, a quarter of the elements to index). The bytes
+    moved are the same: the pair must have one dtype, contiguous rows and every byte
+    stride, row length and start a multiple of the wider type's size."""
+    if dst.dtype != src.dtype or dst.dim() == 0 or dst.stride(-1) != 1 or src.stride(-1) != 1:
+        return dst, src
+    size = dst.element_size()
+    for wide in _WIDE:
+        step = wide.itemsize
+        if step > size and _rows_of(dst, size, step) and _rows_of(src, size, step):
+            try:
+                return dst.view(wide), src.view(wide)
+            except RuntimeError:  # a layout torch refuses to reinterpret: copy as it is
+                break
+    return dst, src
+
+
+def _rows_of(t: torch.Tensor, size: int, step: int) -> bool:
+    """Whether `t` (rows contiguous, elements of `size` bytes) views as elements of `step` bytes."""
+    return (t.shape[-1] * size) % step == 0 and (t.storage_offset() * size) % step == 0 and \
+        all((stride * size) % step == 0 for stride in t.stride()[:-1])
 
 
 def _regions(buffer: torch.Tensor, views: Sequence[torch.Tensor], offsets: Sequence[int]) -> tuple[list, list]:
@@ -112,7 +158,7 @@ def _regions(buffer: torch.Tensor, views: Sequence[torch.Tensor], offsets: Seque
 def _typed(buffer: torch.Tensor, dtype: torch.dtype) -> Optional[torch.Tensor]:
     """The uint8 buffer viewed as `dtype` (its whole elements), or None when its start is
     not a multiple of the element size."""
-    size = torch.empty((), dtype=dtype).element_size()
+    size = dtype.itemsize
     flat = buffer.reshape(-1)
     if flat.storage_offset() % size:
         return None

@@ -160,7 +160,10 @@ def real_room(device) -> Optional[int]:
     if device.type != "cuda":
         return None
     free, _ = torch.cuda.mem_get_info(device)
-    spare = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    # the nested form: memory_reserved/memory_allocated each flatten every statistic into
+    # a new dict (~0.3 ms apiece on an H200 host), which every transition paid
+    stats = torch.cuda.memory_stats_as_nested_dict(device)
+    spare = (stats["reserved_bytes"]["all"]["current"] - stats["allocated_bytes"]["all"]["current"]) if stats else 0
     return int(REAL_ROOM_FRACTION * (free + spare))
 
 

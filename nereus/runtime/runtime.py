@@ -61,12 +61,14 @@ after which the commit (one small collective on the control group, which also ca
 these figures) makes the new state usable on every rank. `wall_s` covers the whole call.
 
 Control messages per warm transition (cached program, nothing newly registered): one
-all_gather of every rank's registration count and Adam steps (`_live_stages`), one
-agreement per round (executor), and the commit's all_gather of [failure flag, seconds,
-bytes sent]. Everything a call derives from the program alone (the program restricted
-to the registered model-stages, the lowered rank program, its resident and capacity
-bytes, its offloaded units) is computed once per (source, target, registered
-model-stages) and cached.
+agreement per round (executor), the first of which also gathers every rank's
+registration count and Adam steps (a rank that registered since makes every rank start
+over the full way, `_speculation`, before any byte moved), and the commit's all_gather
+of [failure flag, seconds, bytes sent]. Otherwise (cold, or after a registration) one
+all_gather of the counts and steps comes first (`_live_stages`). Everything a call
+derives from the program alone (the program restricted to the registered model-stages,
+the lowered rank program, its resident and capacity bytes, its offloaded units) is
+computed once per (source, target, registered model-stages) and cached.
 """
 
 from __future__ import annotations
@@ -86,6 +88,7 @@ from nereus.passes.layout import unit_id
 
 from . import offload, packing
 from .boxes import as_box, shard_shape
+from .control import Stale, gather_flagged
 from .executor import TORCH_DTYPES, execute
 from .parking import ROLLBACK_MODES, default_rollback
 from .program import DIRECT_MIN_BYTES, program_model_stages, rank_program, restrict_program, unit_of_stage
@@ -427,19 +430,24 @@ class Runtime:
         commit (every round done, its device synchronized), `max_seconds` when the slowest
         rank was; the commit right after makes the new state usable."""
         called = time.perf_counter()
-        program, compile_s, prog, key, steps = self._lower(target)
-        started = called + compile_s  # compiling is reported apart (compile_s, 0 when cached)
+        verify = self.verify if verify is None else verify
+        result = None
+        speculation = self._speculation(target)
+        if speculation is not None:  # warm: the registrations are checked by the first agreement
+            prog, key, counts = speculation
+            compile_s = 0.0
+            try:
+                result = self._execute(prog, key, verify, fault, round_hook, called,
+                                       (self._row(), lambda rows: tuple(r[0] for r in rows) == counts))
+            except Stale:  # some rank registered since: nothing moved; the full way below
+                result = None
+            else:
+                steps = self._steps(result.agreed_rows)
+        if result is None:
+            _, compile_s, prog, key, steps = self._lower(target)
+            # compiling is reported apart (compile_s, 0 when cached)
+            result = self._execute(prog, key, verify, fault, round_hook, called + compile_s)
         live = set(key[2])
-        figures = self._lowered_figures[key]
-        # the registry dicts themselves: where a freed shard is parked, the executor swaps
-        # its entry for the host copy (no device reference left here) and back on abort
-        before = {unit: self._state[prog.unit_stage[("before", unit)]] for unit in prog.before}
-        result = execute(prog, before, group=self._data, control=self._control, device=self.device,
-                         resident_bytes=figures.resident_bytes,
-                         verify=self.verify if verify is None else verify, progress=self.progress, fault=fault,
-                         rollback=self.rollback, park_device_types=self.park_device_types, round_hook=round_hook,
-                         capacity_bytes=figures.capacity_bytes, offloaded=figures.offloaded, clock_start=started)
-        del before
         keys = set(self._state)
         for ms in sorted(live):
             unit = unit_of_stage(result.state, prog.unit_stage, "after", ms)
@@ -465,6 +473,45 @@ class Runtime:
             program_bytes=self._program_bytes.get((prog.source, target), 0),
             verify_program_s=self._verify_program_s.pop((prog.source, target), 0.0 if self.verify_programs else None),
             offload_bytes=result.offload_bytes)
+
+    def _execute(self, prog, key: tuple, verify: bool, fault, round_hook, started: float, agreement=None):
+        figures = self._lowered_figures[key]
+        # the registry dicts themselves: where a freed shard is parked, the executor swaps
+        # its entry for the host copy (no device reference left here) and back on abort
+        before = {unit: self._state[prog.unit_stage[("before", unit)]] for unit in prog.before}
+        return execute(prog, before, group=self._data, control=self._control, device=self.device,
+                       resident_bytes=figures.resident_bytes, verify=verify, progress=self.progress, fault=fault,
+                       rollback=self.rollback, park_device_types=self.park_device_types, round_hook=round_hook,
+                       capacity_bytes=figures.capacity_bytes, offloaded=figures.offloaded, clock_start=started,
+                       agreement=agreement)
+
+    def _speculation(self, target: str) -> Optional[tuple]:
+        """(lowered program, its key, the registration counts it assumes) of a warm
+        transition to `target`, or None. Warm: compiled and lowered before for the live
+        model-stages that the last gathered registration counts gave. The executor's first
+        agreement then carries this rank's row (`_row`) instead of a collective of its own
+        (`_live_stages`); when some rank's count differs, every rank raises Stale there and
+        the transition starts over the full way. Every input is the same on every rank (the
+        gathered counts and what was derived from them), so every rank takes the same way."""
+        _plan(self.module, target)
+        self._check_ranks(target)
+        entry = self._programs.get((self._plan, target))
+        if self._gathered is None or entry is None:
+            return None
+        counts = self._gathered[0]
+        live = self._live_known.get((self._plan, id(entry[0]), counts))
+        key = (self._plan, target, tuple(sorted(live))) if live is not None else None
+        if key not in self._lowered:
+            return None
+        return self._lowered[key][1], key, counts
+
+    def _row(self) -> list:
+        """This rank's registration count and the Adam step of each training model-stage."""
+        return [self._registrations] + [self._local_step(ms) for ms in self._trained]
+
+    def _steps(self, rows: list) -> dict:
+        """{training model-stage: the max of its Adam step over the ranks (-1: none holds one)}."""
+        return {ms: max(row[1 + i] for row in rows) for i, ms in enumerate(self._trained)}
 
     def _lower(self, target: str) -> tuple:
         """Collective: (program restricted to the live model-stages, compile seconds of
@@ -521,12 +568,9 @@ class Runtime:
         holder of a live model-stage did not register it. One small all_gather carries
         every rank's registration count and steps; the ranks' registered sets are gathered
         only when some rank's count changed since the last gather (counts only grow)."""
-        row = torch.tensor([self._registrations] + [self._local_step(ms) for ms in self._trained], dtype=torch.int64)
-        rows = [torch.empty_like(row) for _ in range(self.world_size)]
-        dist.all_gather(rows, row, group=self._control)
-        table = torch.stack(rows)
-        counts = tuple(table[:, 0].tolist())
-        steps = dict(zip(self._trained, table[:, 1:].max(0).values.tolist())) if self._trained else {}
+        table = [r[1:] for r in gather_flagged(None, self._row(), torch.int64, self._control)]
+        counts = tuple(r[0] for r in table)
+        steps = self._steps(table)
         if self._gathered is None or self._gathered[0] != counts:
             gathered: list = [None] * self.world_size
             dist.all_gather_object(gathered, sorted(self._state), group=self._control)

@@ -85,9 +85,14 @@ def chunk_views(views: list, chunk_bytes: int, alone_bytes: Optional[int] = None
     (default ALONE_BYTES; 0: no such rule) shares no chunk: its chunks hold it alone.
     Depends on shapes and dtypes only (works on meta tensors), so both sides of a stream
     cut it alike."""
+    return [[segment for _, segment in chunk] for chunk in _cut(views, chunk_bytes, alone_bytes)]
+
+
+def _cut(views: list, chunk_bytes: int, alone_bytes: Optional[int]) -> list:
+    """`chunk_views` with each segment as (index of the view it cuts, segment)."""
     alone_bytes = ALONE_BYTES if alone_bytes is None else alone_bytes
     chunks, current, used = [], [], 0
-    for view in views:
+    for index, view in enumerate(views):
         if view.numel() == 0:
             continue
         rows = view.shape[0] if view.dim() else 1
@@ -104,7 +109,7 @@ def chunk_views(views: list, chunk_bytes: int, alone_bytes: Optional[int] = None
                 current, used = [], 0
                 continue
             take = max(take, 1)
-            current.append(view if take == rows else view[start:start + take])
+            current.append((index, view if take == rows else view[start:start + take]))
             used += _aligned(take * row_bytes)
             start += take
             if used >= chunk_bytes or alone:
@@ -113,6 +118,44 @@ def chunk_views(views: list, chunk_bytes: int, alone_bytes: Optional[int] = None
     if current:
         chunks.append(current)
     return chunks
+
+
+@dataclass(frozen=True)
+class SegmentPlan:
+    """A chunk segment by shape alone: a view (shape, stride, `offset` elements past the
+    tensor's storage offset) of the contiguous local tensor of the stream's view `view`."""
+
+    view: int
+    shape: tuple
+    stride: tuple
+    offset: int
+
+
+@dataclass(frozen=True)
+class ChunkPlan:
+    """A chunk by shape alone (see `plan_chunks`)."""
+
+    segments: tuple  # SegmentPlan
+    offsets: tuple
+    nbytes: int
+    fused: bool
+    single: bool  # one contiguous segment: travels in place where it lies in the stream's memory
+
+
+def plan_chunks(views: list, chunk_bytes: int, alone_bytes: Optional[int] = None) -> tuple:
+    """The chunks of a stream, once per program: `views` are the pieces' regions as views
+    of meta tensors of their local tensors' shapes (storage offset 0), cut as
+    `chunk_views` cuts them. `PeerStream.planned` turns them into views of the live
+    tensors with one `as_strided` per segment, instead of slicing every piece and
+    cutting the stream again on every execution."""
+    out = []
+    for chunk in _cut(views, chunk_bytes, alone_bytes):
+        segments = [v for _, v in chunk]
+        offsets, total = chunk_nbytes(segments)
+        out.append(ChunkPlan(tuple(SegmentPlan(i, tuple(v.shape), tuple(v.stride()), v.storage_offset())
+                                   for i, v in chunk), offsets, total, fused(segments),
+                             IN_PLACE and len(segments) == 1 and segments[0].is_contiguous()))
+    return tuple(out)
 
 
 def in_place(segments: list, kind: str) -> bool:
@@ -143,7 +186,7 @@ def _ring(sizes: list, depth: int) -> list:
 
 @dataclass
 class Chunk:
-    views: list
+    views: Optional[list]  # None until PeerStream.chunk takes them (a planned stream)
     offsets: tuple
     nbytes: int
     fused: bool  # many small segments: the fused (Triton) pack pays; few large ones: plain copies
@@ -166,10 +209,51 @@ class PeerStream:
             crossing = any(v.device.type != kind for v in segments)
             wire = segments[0].reshape(-1).view(torch.uint8) if in_place(segments, kind) else None
             self.chunks.append(Chunk(segments, offsets, total, not crossing and fused(segments), crossing, wire))
+        self.in_place = [c.wire is not None for c in self.chunks]
+        self._ring_slots(device, depth)
+
+    @classmethod
+    def planned(cls, peer: int, plans: tuple, tensors: list, device, depth: int = DEPTH) -> "PeerStream":
+        """The stream of `plan_chunks` plans over the live tensors: `tensors[i]` is the
+        (contiguous) local tensor of the plan's view i, or a function of no arguments that
+        allocates it on `device` (a destination the round deferred; never in a chunk that
+        travels in place). The same chunks as the constructor gives for those views; a
+        chunk's views are taken when the exchange first needs them (`chunk`: a receive
+        when it unpacks the chunk), so taking them, and allocating deferred destinations,
+        overlaps the transfers of the chunks before."""
+        stream = cls.__new__(cls)
+        stream.peer = peer
+        kind = torch.device(device).type
+        away = [not callable(t) and t.device.type != kind for t in tensors]
+        stream.chunks, stream.in_place = [], []
+        stream._plans, stream._tensors = plans, tensors  # views are taken from these by `chunk`
+        for plan in plans:
+            crossing = any(away[s.view] for s in plan.segments)
+            stream.chunks.append(Chunk(None, plan.offsets, plan.nbytes, not crossing and plan.fused, crossing))
+            stream.in_place.append(plan.single and not crossing)
+        stream._ring_slots(device, depth)
+        return stream
+
+    def chunk(self, k: int) -> Chunk:
+        """Chunk k, its views taken now if the stream was planned and they were not yet."""
+        chunk = self.chunks[k]
+        if chunk.views is None:
+            tensors, views = self._tensors, []
+            for s in self._plans[k].segments:
+                tensor = tensors[s.view]
+                if callable(tensor):  # a deferred destination: allocated now, once
+                    tensor = tensors[s.view] = tensor()
+                views.append(tensor.as_strided(s.shape, s.stride, tensor.storage_offset() + s.offset))
+            chunk.views = views
+            if self.in_place[k]:  # its ring slot is sized 0
+                chunk.wire = chunk.views[0].reshape(-1).view(torch.uint8)
+        return chunk
+
+    def _ring_slots(self, device, depth: int) -> None:
         self.depth = max(1, depth)
         # slot i holds chunks i, i + depth, ... that are not in place: sized for the largest
         # (the sum over slots stays within the stream's packed bytes)
-        sizes = [0 if c.wire is not None else c.nbytes for c in self.chunks]
+        sizes = [0 if wired else c.nbytes for c, wired in zip(self.chunks, self.in_place)]
         self.slots = [torch.empty(n, dtype=torch.uint8, device=device) for n in _ring(sizes, self.depth)]
 
     @property
@@ -177,8 +261,11 @@ class PeerStream:
         return sum(s.numel() for s in self.slots)
 
     def buffer(self, k: int) -> torch.Tensor:
-        chunk = self.chunks[k]
-        return chunk.wire if chunk.wire is not None else self.slots[k % self.depth][:chunk.nbytes]
+        """What chunk k travels in: its one segment itself, or its ring slot (a planned
+        chunk's views are not taken for this)."""
+        if self.in_place[k]:
+            return self.chunk(k).wire
+        return self.slots[k % self.depth][:self.chunks[k].nbytes]
 
 
 FUSED_MIN_SEGMENTS = 16
@@ -202,29 +289,54 @@ def pack_chunk(chunk: Chunk, buffer: torch.Tensor) -> None:
         packing.torch_pack(chunk.views, chunk.offsets, chunk.nbytes, out=buffer)
 
 
-def unpack_chunk(chunk: Chunk, buffer: torch.Tensor) -> None:
+def unpack_chunk(chunk: Chunk, buffer: torch.Tensor) -> Optional[offload.HostUnpack]:
+    """Unpack a received chunk; a chunk into host memory returns its HostUnpack, written
+    only once the caller finishes it (the device→host copy is queued)."""
     if chunk.wire is not None:  # received into the tensor itself
-        return
+        return None
     if chunk.crossing:  # one PCIe copy into pinned host memory, then unpacked there (offload.py)
-        offload.unpack(buffer, chunk.views, chunk.offsets)
-    elif chunk.fused:
+        return offload.unpack(buffer, chunk.views, chunk.offsets)
+    if chunk.fused:
         packing.unpack(buffer, chunk.views, chunk.offsets)
     else:
         packing.torch_unpack(buffer, chunk.views, chunk.offsets)
+    return None
 
 
 def exchange(sends: list, recvs: list, groups, depth: int = DEPTH,
-             on_unpacked: Optional[Callable[[PeerStream, int], None]] = None) -> Optional[tuple]:
+             on_unpacked: Optional[Callable[[PeerStream, int], None]] = None,
+             after_first: Optional[Callable[[], None]] = None) -> Optional[tuple]:
     """Collective among the streams' peers: move every chunk of `sends` and `recvs`
     (PeerStreams of one depth). Posts one batch per chunk index, on data group index % len(groups).
     Returns the first local failure as (step, peer, exception), or None; failures do not
     stop the posting. The exception comes without its traceback: kept in this frame, it
     would tie the frame (and its callers', the groups) into a reference cycle.
-    `on_unpacked(stream, k)` runs after chunk k of a receive stream was unpacked (tests)."""
+    `on_unpacked(stream, k)` runs after chunk k of a receive stream was unpacked (tests).
+    `after_first()` runs once the first batch is posted (at once when there is none): the
+    executor queues the round's same-GPU copies there, so their launches do not delay the
+    first bytes on the link; it must not raise."""
     groups = list(groups) if isinstance(groups, (list, tuple)) else [groups]
     steps = max((len(s.chunks) for s in sends + recvs), default=0)
     batches: list = []
     failure = None
+    into_host: list = []  # (HostUnpack, stream, k) in chunk order: copies into host memory under way
+
+    def finish(wait: bool) -> None:  # host unpacks whose device→host copy is done (all: wait)
+        nonlocal failure
+        while into_host:
+            job, r, k = into_host[0]
+            try:  # nothing may escape: the posting goes on whatever fails
+                if not (wait or job.ready()):
+                    return
+                del into_host[0]
+                if failure is None:
+                    job.finish()
+                    if on_unpacked is not None:
+                        on_unpacked(r, k)
+            except Exception as error:  # noqa: BLE001 - reported after
+                if into_host and into_host[0][0] is job:
+                    del into_host[0]
+                failure = failure or ("unpack recv", r.peer, error.with_traceback(None))
 
     def drain(k: int) -> None:  # batch k is done: its receive slots hold chunk k
         nonlocal failure
@@ -234,11 +346,14 @@ def exchange(sends: list, recvs: list, groups, depth: int = DEPTH,
         for r in recvs:
             if k < len(r.chunks) and failure is None:
                 try:
-                    unpack_chunk(r.chunks[k], r.buffer(k))
-                    if on_unpacked is not None:
+                    job = unpack_chunk(r.chunk(k), r.buffer(k))
+                    if job is not None:  # its slot is free for chunk k + depth: the copy out is queued before
+                        into_host.append((job, r, k))
+                    elif on_unpacked is not None:
                         on_unpacked(r, k)
                 except Exception as error:  # noqa: BLE001 - keep posting; reported after
                     failure = ("unpack recv", r.peer, error.with_traceback(None))
+        finish(wait=False)
 
     for k in range(steps):
         if k >= depth:  # the slots of chunk k are free once batch k - depth is done and unpacked
@@ -249,7 +364,7 @@ def exchange(sends: list, recvs: list, groups, depth: int = DEPTH,
             if k < len(s.chunks):
                 if failure is None:
                     try:
-                        pack_chunk(s.chunks[k], s.buffer(k))
+                        pack_chunk(s.chunk(k), s.buffer(k))
                     except Exception as error:  # noqa: BLE001 - the (garbage) chunk is sent anyway
                         failure = ("pack send", s.peer, error.with_traceback(None))
                 ops.append(dist.P2POp(dist.isend, s.buffer(k), s.peer, group, STREAM_TAG + k))
@@ -257,6 +372,11 @@ def exchange(sends: list, recvs: list, groups, depth: int = DEPTH,
             if k < len(r.chunks):
                 ops.append(dist.P2POp(dist.irecv, r.buffer(k), r.peer, group, STREAM_TAG + k))
         batches.append(dist.batch_isend_irecv(ops) if ops else [])
+        if k == 0 and after_first is not None:
+            after_first()
+    if steps == 0 and after_first is not None:
+        after_first()
     for k in range(max(0, steps - depth), steps):
         drain(k)
+    finish(wait=True)
     return failure

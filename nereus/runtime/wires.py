@@ -3,7 +3,7 @@
 The executor's bookkeeping, apart from its control flow: `allocate`/`destination` make
 after-shards (on the device and counted in `Live`, or in host memory for an offloaded
 unit), `outgoing`/`incoming` cut a message into the pieces that travel in place and
-those that join the peer's packed stream (`peer_streams`, streams.py), `copy_stream`
+those that join the peer's packed stream (`planned_streams`, streams.py), `copy_stream`
 gives same-GPU copies their side stream, and `check_complete` proves every element of
 every after-shard was produced. Input: a RankProgram's round and the live tensors.
 Invariant: `Live` counts each storage once, so aliases never count twice, and it counts
@@ -35,6 +35,19 @@ class Live:
         self.count: dict = {}
         self.bytes = base
         self.peak = base
+        self.reserved: dict = {}  # (unit, tensor) -> bytes counted before the shard is allocated
+
+    def reserve(self, key: tuple, nbytes: int) -> None:
+        """Count a shard that will be allocated later in the round (deferred) from now on,
+        so the peak is that of allocating it now, as the compiler's replay does."""
+        if key not in self.reserved:
+            self.reserved[key] = nbytes
+            self.bytes += nbytes
+            self.peak = max(self.peak, self.bytes)
+
+    def claim(self, key: tuple) -> None:
+        """Right before a reserved shard is allocated (and added): its reservation goes."""
+        self.bytes -= self.reserved.pop(key, 0)
 
     def add(self, tensor: torch.Tensor) -> None:
         storage = tensor.untyped_storage()  # one storage object per call: thousands of shards in an EP transition
@@ -54,39 +67,76 @@ class Live:
 
 @dataclass
 class Wire:
-    """A message on the wire: direct pieces (sent from / received into the shards in
-    place) and packed pieces (they travel in the peer's stream, see streams.py)."""
+    """A message on the wire: its direct pieces (sent from / received into the shards in
+    place); its packed pieces travel in the peer's stream (streams.py, from the plan)."""
 
     msg: Message
-    packed: list  # views of the packed pieces (sources when sending, shards when receiving)
     direct: list  # contiguous views sent from / received into in place
-    views: list  # every piece's view, in message order (checksums)
+    views: list  # every piece's view, in message order (checksums; empty when none are asked)
     bounce: list = field(default_factory=list)  # (device tensor, host view) of direct pieces into host memory
     host_packed_bytes: int = 0  # of the packed pieces, those read from host memory (aligned as in the stream)
 
 
-def outgoing(msg: Message, sources: dict, device, in_stream: list, host_units=frozenset()) -> Wire:
-    """host_units: before-units read from host memory (offloaded or staged out)."""
-    views = [src_region(p, sources[p.src_unit][p.tensor]) for p in msg.pieces]
-    packed = [v for v, s in zip(views, in_stream) if s]
-    direct = [v.to(device) for v, s in zip(views, in_stream) if not s]  # staged: host → device
+def outgoing(msg: Message, sources: dict, device, in_stream: list, regions: tuple, host_units=frozenset(),
+             views: bool = False) -> Wire:
+    """regions: the pieces' source Regions (execution_plan). host_units: before-units read
+    from host memory (offloaded or staged out). views: view every piece (checksums), not
+    only the direct ones."""
+    viewed = [regions[i].view(sources[p.src_unit][p.tensor])
+              for i, (p, s) in enumerate(zip(msg.pieces, in_stream)) if views or not s]
+    direct = [v for v, s in zip(viewed, in_stream) if not s] if views else viewed
+    direct = [v.to(device) for v in direct]  # staged: host → device
     if not all(v.is_contiguous() for v in direct):
         raise ProgramError("a direct piece is not contiguous in its source tensor")
-    host_bytes = layout([p.nbytes for p, s in zip(msg.pieces, in_stream) if s and p.src_unit in host_units])[1]
-    return Wire(msg, packed, direct, views, host_packed_bytes=host_bytes)
+    host_bytes = 0
+    if host_units:
+        host_bytes = layout([p.nbytes for p, s in zip(msg.pieces, in_stream) if s and p.src_unit in host_units])[1]
+    return Wire(msg, direct, viewed if views else [], host_packed_bytes=host_bytes)
 
 
-def incoming(msg: Message, prog: RankProgram, new: dict, live: "Live", device, in_stream: list,
-              host_units=frozenset()) -> Wire:
-    views = [dst_region(p, destination(prog, new, live, device, p, host_units)) for p in msg.pieces]
-    packed = [v for v, s in zip(views, in_stream) if s]
-    direct = [v for v, s in zip(views, in_stream) if not s]
+def incoming(msg: Message, prog: RankProgram, new: dict, live: "Live", device, in_stream: list, regions: tuple,
+             host_units=frozenset(), views: bool = False, deferred=frozenset()) -> Wire:
+    """Allocates every piece's destination shard (where no alloc came first) but those in
+    `deferred` (streamed pieces only: allocated when their chunk is unpacked); regions and
+    views as in `outgoing`."""
+    tensors = [None if (p.dst_unit, p.tensor) in deferred else destination(prog, new, live, device, p, host_units)
+               for p in msg.pieces]
+    viewed = [regions[i].view(t) for i, (t, s) in enumerate(zip(tensors, in_stream)) if views or not s]
+    direct = [v for v, s in zip(viewed, in_stream) if not s] if views else viewed
     bounce = []
     if torch.device(device).type == "cuda":  # NCCL receives into device memory only
         bounce = [(torch.empty(v.shape, dtype=v.dtype, device=device), v) for v in direct if not v.is_cuda]
         landing = {id(v): b for b, v in bounce}
         direct = [landing.get(id(v), v) for v in direct]
-    return Wire(msg, packed, direct, views, bounce)
+    return Wire(msg, direct, viewed if views else [], bounce)
+
+
+@dataclass(frozen=True)
+class Region:
+    """Where a piece lies in its local tensor, from the shapes alone: the tensor itself
+    (`whole`) or its view of `shape` and `stride` starting `offset` elements past the
+    tensor's storage offset. Holds for any contiguous tensor of the shard's shape (every
+    before-shard is checked contiguous; after-shards are allocated so)."""
+
+    whole: bool
+    shape: tuple = ()
+    stride: tuple = ()
+    offset: int = 0
+
+    def view(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.whole:
+            return tensor
+        return tensor.as_strided(self.shape, self.stride, tensor.storage_offset() + self.offset)
+
+
+def region(piece, meta: torch.Tensor, source: bool) -> Region:
+    """The Region of a piece's source (or destination) side, from a meta tensor of the
+    shard's shape (storage offset 0)."""
+    whole = piece.src_whole if source else piece.dst_whole
+    if whole:
+        return Region(True)
+    view = src_region(piece, meta) if source else dst_region(piece, meta)
+    return Region(False, tuple(view.shape), tuple(view.stride()), view.storage_offset())
 
 
 def piece_region(tensor: torch.Tensor, slices: tuple, whole: bool, parts: int = 1, step: int = 0) -> torch.Tensor:
@@ -114,14 +164,13 @@ def dst_region(piece, tensor: torch.Tensor) -> torch.Tensor:
     return piece_region(tensor, piece.dst_slices, piece.dst_whole, piece.parts, piece.dst_step)
 
 
-def peer_streams(wires: list, device, chunk_bytes: int, depth: int) -> list:
-    """One PeerStream per peer: the packed pieces of its messages, in message order
-    (sender and receiver enumerate a round's messages to each other alike)."""
-    views: dict = {}
-    for w in wires:
-        views.setdefault(w.msg.peer, []).extend(w.packed)
-    out = [streams.PeerStream(peer, v, device, chunk_bytes, depth) for peer, v in views.items()]
-    return [s for s in out if s.chunks]
+def planned_streams(plans: tuple, tensor_of, device, depth: int) -> list:
+    """One PeerStream per peer of a round's direction, from the execution plan's
+    StreamPlans (the packed pieces of its messages, in message order: sender and receiver
+    enumerate a round's messages to each other alike); `tensor_of(piece)` gives the local
+    tensor a packed piece is read from (send) or written into (receive)."""
+    return [streams.PeerStream.planned(plan.peer, plan.chunks, [tensor_of(p) for p in plan.pieces], device, depth)
+            for plan in plans]
 
 
 _COPY_STREAMS: dict = {}
@@ -145,22 +194,34 @@ def nothing():
 
 
 def allocate(prog: RankProgram, unit: str, new: dict, live: Live, device, aliased: set,
-              host_units=frozenset()) -> None:
+              host_units=frozenset(), deferred=frozenset()) -> None:
+    """Allocate an after-unit's shards (`alloc`) but those in `deferred` (the round has
+    reserved them in `live`; `destination` allocates them when they are first written)."""
     shards = prog.after.get(unit)
     if shards is None:
         raise ProgramError(f"alloc of {unit}, which holds nothing on GPU {prog.gpu}")
     slot = new.setdefault(unit, {})
     for name, info in shards.items():
-        if name not in slot and (unit, name) not in aliased:
+        if name not in slot and (unit, name) not in aliased and (unit, name) not in deferred:
             slot[name] = offload.new_shard(unit, info.shape, TORCH_DTYPES[info.dtype], live, device, host_units)
 
 
+def nbytes_of(info) -> int:
+    """Bytes of a shard of the program (program.TensorInfo: shape and dtype name)."""
+    numel = 1
+    for d in info.shape:
+        numel *= d
+    return numel * TORCH_DTYPES[info.dtype].itemsize
+
+
 def destination(prog: RankProgram, new: dict, live: Live, device, piece, host_units=frozenset()) -> torch.Tensor:
-    """The destination shard of a piece, allocated here if no alloc op came first."""
+    """The destination shard of a piece, allocated here if no alloc op came first (or the
+    round deferred it: its reservation in `live` becomes the allocation)."""
     slot = new.setdefault(piece.dst_unit, {})
     tensor = slot.get(piece.tensor)
     if tensor is None:
         info = prog.after[piece.dst_unit][piece.tensor]
+        live.claim((piece.dst_unit, piece.tensor))
         tensor = slot[piece.tensor] = offload.new_shard(piece.dst_unit, info.shape, TORCH_DTYPES[info.dtype], live,
                                                         device, host_units)
     return tensor

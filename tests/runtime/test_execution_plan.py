@@ -91,3 +91,18 @@ def test_a_plan_is_built_once_per_program_and_dropped_with_it():
     del prog
     gc.collect()
     assert key not in execution_plan._PLANS
+
+
+def test_the_streams_switches_select_their_own_plan(monkeypatch):
+    # variants.py flips these between calls of one process: a plan cut under other switches
+    # must not be reused (the chunks would not be what the switches say)
+    prog = next(iter(_programs()))
+    plan = execution_plan.plan_for(prog, 256)
+    single = [c.single for r in plan.rounds for sp in r.recv_streams + r.send_streams for c in sp.chunks]
+    assert any(single)
+    monkeypatch.setattr(streams, "IN_PLACE", False)
+    packed = execution_plan.plan_for(prog, 256)
+    assert packed is not plan
+    assert not any(c.single for r in packed.rounds for sp in r.recv_streams + r.send_streams for c in sp.chunks)
+    monkeypatch.setattr(streams, "IN_PLACE", True)
+    assert execution_plan.plan_for(prog, 256) is plan

@@ -1,4 +1,4 @@
-"""The executor's measurement switches (executor.COPIES_AFTER: same-GPU copies after the
+"""The executor's measurement switches (rounds.COPIES_AFTER: same-GPU copies after the
 exchange; streams.BOTH_DIRECT_MIN: contiguous pieces travel in place both ways from a size)
 move the same bytes as the default, on 2 gloo processes; and each round reports when it was
 posted (host seconds from the transition's start; device seconds only on CUDA)."""
@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from nereus.ir.model import Model
-from nereus.runtime import executor, streams
+from nereus.runtime import rounds, streams
 from nereus.runtime.executor import execute
 from nereus.runtime.program import rank_program
 from nereus.runtime.state import shard_of, shard_unit
@@ -49,7 +49,7 @@ def _run(rank, world, tensors):
         program = naive_program(before_units, after_units, tensors, gpus=world)
         prog = rank_program(program, rank, direct_min_bytes=256)  # small contiguous pieces are direct
         for name, (after, both_min) in VARIANTS.items():
-            executor.COPIES_AFTER, streams.BOTH_DIRECT_MIN = after, both_min
+            rounds.COPIES_AFTER, streams.BOTH_DIRECT_MIN = after, both_min
             before = {x["id"]: shard_unit(x, rank, full) for x in before_units if rank in x["gpus"]}
             result = execute(prog, before, group=None, control=control, device=torch.device("cpu"), verify=True,
                              chunk_bytes=1024, depth=2)
@@ -58,7 +58,7 @@ def _run(rank, world, tensors):
             out[(case, name)] = {"wrong": wrong, "verified": result.verified, "copied": result.copied_bytes,
                                  "posted": [r.posted_at_s for r in result.rounds],
                                  "device": [r.device_s for r in result.rounds]}
-    executor.COPIES_AFTER, streams.BOTH_DIRECT_MIN = False, 0
+    rounds.COPIES_AFTER, streams.BOTH_DIRECT_MIN = False, 0
     return out
 
 

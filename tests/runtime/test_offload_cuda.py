@@ -18,12 +18,16 @@ def _views(base: torch.Tensor, flat: torch.Tensor) -> list:
     return [base[3:20], base[:, 5:40], flat[7:300], base[40:41, 90:], base[50:64]]  # rows, dim-1 slice, 1-D, ...
 
 
-def test_pieces_cross_pcie_in_place_both_ways():
-    torch.manual_seed(0)
-    base = torch.randn(64, 96, dtype=torch.bfloat16).pin_memory()
-    flat = torch.randn(1000).pin_memory()
-    views = _views(base, flat)
+def _pinned_views(seed: int) -> tuple:
+    """(views of pinned random host tensors, their packed offsets, total bytes)."""
+    torch.manual_seed(seed)
+    views = _views(torch.randn(64, 96, dtype=torch.bfloat16).pin_memory(), torch.randn(1000).pin_memory())
     offsets, total = packing.layout([v.numel() * v.element_size() for v in views])
+    return views, offsets, total
+
+
+def test_pieces_cross_pcie_in_place_both_ways():
+    views, offsets, total = _pinned_views(0)
     want = packing.torch_pack([v.clone() for v in views], offsets, total)  # on the host, the reference
     out = torch.full((total,), 0xA5, dtype=torch.uint8, device="cuda")
     offload.pack_from_host(views, offsets, out)
@@ -41,3 +45,21 @@ def test_pieces_cross_pcie_in_place_both_ways():
     for index in ((slice(3, 20),), (slice(None), slice(5, 40)), (slice(40, 41), slice(90, None)), (slice(50, 64),)):
         untouched[index] = False
     assert not into_base[untouched].any()  # nothing outside the views was written
+
+
+def test_a_host_unpack_waits_for_its_copy_alone_and_queued_crossing_copies_land_by_the_sync():
+    views, offsets, total = _pinned_views(1)
+    buffer = torch.empty(total, dtype=torch.uint8, device="cuda")
+    offload.pack_from_host(views, offsets, buffer)
+    torch.cuda._sleep(200_000_000)  # the stream is busy for a while before the copy out
+    targets = _views(torch.zeros(64, 96, dtype=torch.bfloat16).pin_memory(), torch.zeros(1000).pin_memory())
+    job = offload.unpack(buffer, targets, offsets)
+    assert isinstance(job, offload.HostUnpack) and not job.ready()  # queued, not waited for
+    job.finish()
+    assert job.ready() and all(torch.equal(got, want) for got, want in zip(targets, views))
+    # device -> pinned host copies of strided pieces are queued; the stream's sync makes them readable
+    device = [v.cuda() for v in views]
+    into = _views(torch.zeros(64, 96, dtype=torch.bfloat16).pin_memory(), torch.zeros(1000).pin_memory())
+    packing.copy_pairs(into, device)
+    torch.cuda.current_stream().synchronize()
+    assert all(torch.equal(got, want) for got, want in zip(into, views))

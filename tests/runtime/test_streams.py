@@ -104,7 +104,7 @@ def _run(rank, world, tensors):
                      for w in prog.rounds for m in w.sends)
         landed = []  # per chunk received: whether it landed in place (no unpack)
         streams_module.unpack_chunk = lambda chunk, buffer: (landed.append(chunk.wire is not None),
-                                                             unpack_chunk(chunk, buffer))
+                                                             unpack_chunk(chunk, buffer))[1]
         # "alone": every piece of 256 bytes or more travels in chunks of its own, in place
         # where its view is contiguous (a dim-1 slice of a row-parallel weight is not)
         streams_module.ALONE_BYTES = 256 if name.endswith("alone") else 0

@@ -1,0 +1,370 @@
+"""One round of a rank program on this rank, and the state the rounds share (executor.py
+runs them: the agreements, the commit, the rollback around them).
+
+Input: the rank program's round (program.RoundWork), its execution plan (which pieces
+stream, every piece's view, the streams' chunks, the deferred destinations) and the
+live tensors. Output: the round's destination shards written, the freed before-shards
+released (parked where rollback asks), a RoundTiming. Invariant: every rank posts
+every op of the round whatever fails locally after the agreement (sizes come from the
+program), so a local failure never leaves a peer waiting; it is recorded in the run and
+raised on every rank at the next agreement or the commit.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from nereus.ir.diagnostics import ProgramError
+
+from . import offload, packing, streams
+from .control import Failure, agree
+from .posting import p2p_ops as _p2p_ops, post as _post
+from .program import RankProgram
+from .wires import (Live, allocate, copy_stream, destination, incoming, nbytes_of, nothing, outgoing,
+                    planned_streams)
+
+
+class InjectedFault(RuntimeError):
+    """Raised by the fault hook."""
+
+
+class _Skip(Exception):
+    """Internal: this rank already failed; skip to the next agreement."""
+
+
+@dataclass
+class RoundTiming:
+    index: int
+    seconds: float = 0.0
+    local_s: float = 0.0  # alloc, keep, copy, pack
+    exchange_s: float = 0.0
+    unpack_s: float = 0.0
+    sent_bytes: int = 0
+    received_bytes: int = 0
+    messages: int = 0
+    posted_at_s: float = 0.0  # host seconds from the transition's start to this round's first post
+    device_s: Optional[float] = None  # CUDA: device time from the first post to the round's last work
+
+
+@dataclass
+class ExecutionResult:
+    state: dict  # after-unit id → {tensor: local tensor}, this rank's new shards
+    rounds: list = field(default_factory=list)
+    seconds: float = 0.0
+    sent_bytes: int = 0
+    received_bytes: int = 0
+    copied_bytes: int = 0
+    kept_bytes: int = 0
+    peak_bytes: int = 0  # resident + live shards + message buffers on this GPU (the compiler's replay)
+    buffer_peak_bytes: int = 0  # largest sum of one round's message buffers
+    verified: Optional[bool] = None
+    rollback: str = "device"  # how an abort would have restored the old state ("auto" | "device" | "host")
+    parked_bytes: int = 0  # before-shards copied to host memory and released on their device
+    held_bytes: int = 0  # before-shards the program freed that stayed on their device until the commit
+    offload_bytes: int = 0  # read from offloaded before-units or written into offloaded after-units (PCIe on CUDA)
+    # seconds from `clock_start` to this rank's readiness to commit (every round done, the
+    # new state complete, the device synchronized), measured just before the commit's collective
+    ready_s: float = 0.0
+    # every rank's [ready_s, sent_bytes], in rank order, gathered by the commit's one collective
+    rank_figures: list = field(default_factory=list)
+    # with `execute(agreement=...)`: every rank's row, as the first agreement gathered it
+    agreed_rows: Optional[list] = None
+
+
+class _Run:
+    """Mutable state of one rank's transition, shared by its rounds."""
+
+    def __init__(self, prog: RankProgram, before: dict, parking, group, control, device, live: Live,
+                 verify: bool, fault, offloaded: frozenset, plan):
+        self.prog, self.before, self.parking = prog, before, parking
+        # units in host memory (offload): not device bytes; written in place there
+        self.host_before = {unit for phase, unit in offloaded if phase == "before"}
+        self.host_after = {unit for phase, unit in offloaded if phase == "after"}
+        self.group, self.control, self.device, self.live = group, control, device, live
+        self.verify, self.fault = verify, fault
+        self.verified = True if verify else None
+        self.rank = dist.get_rank()
+        self.result = ExecutionResult(state={})
+        self.new: dict = {}
+        self.written: dict = {}
+        self.failure: Optional[Failure] = None
+        # where each before-shard is read from now: its tensor, or a host copy after
+        # stage_out; {} after its free
+        self.sources = {unit: dict(before.get(unit, {})) for unit in prog.before}
+        self.staged: set = set()
+        self.plan = plan  # what the rounds derive from the program alone (execution_plan.py)
+        # after-shards a keep hands over in place (not allocated)
+        self.aliased = plan.aliased
+
+
+def agree_first(run: _Run) -> None:
+    """The agreement before a round's data moves; the first one carries `run.agreement`."""
+    if run.agreement is None:
+        agree(run.failure, run.control, run.prog.source, run.prog.target)
+        return
+    (row, fresh), run.agreement = run.agreement, None
+    run.result.agreed_rows = agree(run.failure, run.control, run.prog.source, run.prog.target, row, fresh)
+
+
+def run_round(run: _Run, work, events: Optional[list] = None) -> RoundTiming:
+    """One round on this rank; a local failure is recorded in `run.failure` and raised on
+    every rank at the next agreement. The round's buffers die with this frame. On CUDA,
+    appends (timing, start, end) events around the round's device work to `events`."""
+    prog, before, sources, new, live, device = run.prog, run.before, run.sources, run.new, run.live, run.device
+    rank, fault, result = run.rank, run.fault, run.result
+    timing = RoundTiming(work.index)
+    t0 = time.perf_counter()
+    step = "alloc"
+    peer = None
+    sends, recvs, out_streams, in_streams = [], [], [], []
+    try:
+        if run.failure is not None:  # an earlier round failed here: go straight to agree
+            raise _Skip()
+        planned = run.plan.rounds[work.index]  # what the program alone decides (execution_plan.py)
+        # shards only copies and slot-received chunks write: allocated when first written,
+        # after the agreement, while the transfers run (counted in `live` from now on, as
+        # the compiler's replay counts them); a failure then is reported at the commit,
+        # every op posted all the same. Not with verify (every view is taken up front),
+        # nor into host memory.
+        deferred = frozenset() if run.verify or not DEFER_DESTINATIONS else planned.deferred
+        if run.host_after and deferred:
+            deferred = frozenset(k for k in deferred if k[0] not in run.host_after)
+        for unit, name in deferred:
+            if name not in new.get(unit, {}):
+                live.reserve((unit, name), nbytes_of(prog.after[unit][name]))
+        for unit in work.allocs:
+            step = f"alloc {unit}"
+            allocate(prog, unit, new, live, device, run.aliased, run.host_after, deferred)
+        for alias in work.aliases:
+            step = f"keep {alias.dst_unit} {alias.tensor}"
+            tensor = before[alias.src_unit][alias.tensor]
+            slot = new.setdefault(alias.dst_unit, {})
+            if alias.tensor not in slot:
+                slot[alias.tensor] = tensor
+                if alias.dst_unit not in run.host_after:
+                    live.add(tensor)
+            run.written[(alias.dst_unit, alias.tensor)] = tensor.numel()
+            result.kept_bytes += tensor.numel() * tensor.element_size()
+        for piece in work.copies:  # allocated now (unless deferred), copied while the messages travel
+            if (piece.dst_unit, piece.tensor) not in deferred:
+                step = f"alloc {piece.dst_unit} {piece.tensor}"
+                destination(prog, new, live, device, piece, run.host_after)
+        host_sources = run.host_before | run.staged
+        for msg, in_stream, regions in zip(work.sends, planned.send_in_stream, planned.send_regions):
+            step, peer = "pack send", msg.peer
+            sends.append(outgoing(msg, sources, device, in_stream, regions, host_sources, run.verify))
+        for msg, in_stream, regions in zip(work.recvs, planned.recv_in_stream, planned.recv_regions):
+            step, peer = "alloc recv", msg.peer
+            recvs.append(incoming(msg, prog, new, live, device, in_stream, regions, run.host_after, run.verify,
+                                  deferred))
+        if run.host_before or run.host_after:  # nothing offloaded (the common case): no piece to scan
+            result.offload_bytes += offload.round_bytes(work, run.host_before, run.host_after)
+        step, peer = "alloc stream buffers", None
+        # the streams' chunks come from the plan: one as_strided per segment of the live tensors
+        out_streams = planned_streams(planned.send_streams, lambda p: sources[p.src_unit][p.tensor], device,
+                                      run.depth)
+        in_streams = planned_streams(planned.recv_streams, lambda p: _destination_now_or_later(run, p),
+                                     device, run.depth)
+        if fault == (rank, work.index, "pack"):
+            raise InjectedFault("injected fault (pack)")
+    except _Skip:
+        pass
+    except Exception as error:  # noqa: BLE001
+        run.failure = Failure(rank, work.index, step, peer, f"{type(error).__name__}: {error}")
+    timing.local_s = time.perf_counter() - t0
+    agree_first(run)
+    sums_in = []
+    buffers = sum(s.buffer_bytes for s in out_streams + in_streams)
+    if device.type != "cuda":  # off CUDA, pieces read from host memory (offloaded or staged-out
+        # units) pack in host memory, as in the compiler's replay; on CUDA the stream buffer
+        # NCCL sends from is device memory and counts whole
+        buffers = max(buffers - sum(w.host_packed_bytes for w in sends), 0)
+    result.buffer_peak_bytes = max(result.buffer_peak_bytes, buffers)
+    live.peak = max(live.peak, live.bytes + buffers)  # transient message buffers count too
+
+    t1 = time.perf_counter()
+    timing.posted_at_s = t1 - run.started
+    group = run.group
+    marks = None
+    if device.type == "cuda" and events is not None:
+        marks = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        marks[0].record(torch.cuda.current_stream(device))
+    try:
+        # Large pieces go first, straight from and into the shards; then the per-peer
+        # streams of the packed pieces (streams.py: chunked, packing overlaps sending);
+        # same-GPU copies run meanwhile (on a side stream on CUDA). Every rank posts every
+        # op of the round whatever happens locally (sizes come from the program), so a
+        # local failure here cannot leave a peer waiting: it is recorded and aborts the
+        # transition at the next agreement.
+        requests = _post(_p2p_ops(sends, dist.isend, group), _p2p_ops(recvs, dist.irecv, group))
+        late_error = None
+        try:
+            if fault == (rank, work.index, "post"):
+                raise InjectedFault("injected fault (post)")
+        except Exception as error:  # noqa: BLE001 - the streams are posted anyway
+            late_error = (step, peer, error.with_traceback(None))
+        # same-GPU copies overlap the transfers on a side stream (COPIES_AFTER: queued on
+        # the compute stream after the exchange instead, so they never contend with it)
+        side = copy_stream(device) if work.copies and not COPIES_AFTER else None
+        copied = []
+
+        def copies_now() -> None:  # once the stream's first batch is posted (streams.exchange)
+            if not COPIES_AFTER:
+                copied.append(_copies(run, work, side))
+
+        step, peer = "exchange", None
+        # whatever failed: every op posts
+        streamed = streams.exchange(out_streams, in_streams, group, depth=run.depth, after_first=copies_now)
+        late_error, streamed = late_error or (copied[0] if copied else None) or streamed, None
+        if COPIES_AFTER:
+            late_error = late_error or _copies(run, work, None)
+        out_ops, in_ops = [], []
+        if run.verify:  # after every data op of its peer: the last batch, on the first data group
+            group = group[0] if isinstance(group, (list, tuple)) else group
+            for w in sends:
+                sums = torch.tensor([c for v in w.views for c in packing.checksum(v)], dtype=torch.int64)
+                out_ops.append((1 << 30, dist.P2POp(dist.isend, sums.to(device), w.msg.peer, group,
+                                                    _VERIFY_TAG + w.msg.op_index)))
+            for w in recvs:
+                sums = torch.empty(2 * len(w.msg.pieces), dtype=torch.int64, device=device)
+                sums_in.append(sums)
+                in_ops.append((1 << 30, dist.P2POp(dist.irecv, sums, w.msg.peer, group, _VERIFY_TAG + w.msg.op_index)))
+        requests += _post(out_ops, in_ops)
+        try:
+            for req in requests:
+                req.wait()
+        finally:
+            if side is not None:
+                torch.cuda.current_stream(device).wait_stream(side)
+            if marks is not None:  # after the waits: the round's transfers, copies and unpacks
+                marks[1].record(torch.cuda.current_stream(device))
+                events.append((timing, *marks))
+        if late_error is not None:
+            # kept without its traceback, and dropped before it is raised: a live exception
+            # in a local ties this frame (the round's buffers; through f_back the process
+            # groups) into a cycle with its traceback that only the cyclic GC frees, and gloo
+            # groups alive at interpreter exit can abort it (tests/runtime/test_abort_cycles.py)
+            (step, peer, error), late_error = late_error, None
+            raise error
+        timing.exchange_s = time.perf_counter() - t1
+        if run.verify and device.type == "cuda" and (run.host_after or run.host_before):
+            torch.cuda.current_stream(device).synchronize()  # host views written by queued copies
+        t2 = time.perf_counter()
+        for i, w in enumerate(recvs):
+            step, peer = "unpack recv", w.msg.peer
+            for bounce, view in w.bounce:  # a direct piece into host memory (offloaded unit)
+                view.copy_(bounce)
+            for p in w.msg.pieces:
+                run.written[(p.dst_unit, p.tensor)] = run.written.get((p.dst_unit, p.tensor), 0) + p.numel
+            if run.verify:
+                got = [c for v in w.views for c in packing.checksum(v)]
+                if got != sums_in[i].tolist():
+                    run.verified = False
+                    raise ProgramError(f"checksum mismatch in the message from {w.msg.peer}")
+            if fault == (rank, work.index, "unpack"):
+                raise InjectedFault("injected fault (unpack)")
+        peer = None
+        timing.unpack_s = time.perf_counter() - t2
+        for unit in work.stage_outs:
+            step = f"stage_out {unit}"
+            _stage_out(run, unit)
+        for unit in work.frees:
+            step = f"free {unit}"
+            _free(run, unit)
+    except Exception as error:  # noqa: BLE001
+        run.failure = Failure(rank, work.index, step, peer, f"{type(error).__name__}: {error}")
+    timing.sent_bytes = sum(w.msg.nbytes for w in sends)
+    timing.received_bytes = sum(w.msg.nbytes for w in recvs)
+    timing.messages = len(sends) + len(recvs)
+    timing.seconds = time.perf_counter() - t0
+    return timing
+
+
+# Where a round's same-GPU copies run on CUDA: False = on a side stream while the messages
+# travel (the default); True = on the compute stream after the exchange (NEREUS_COPIES_AFTER=1,
+# for measuring whether the copies slow the transfers down).
+COPIES_AFTER = os.environ.get("NEREUS_COPIES_AFTER", "0") == "1"
+# Whether after-shards that only copies and slot-received chunks write are allocated when
+# first written, after the round's agreement (RoundPlan.deferred), or all before it as the
+# compiler's replay orders them (NEREUS_DEFER_DESTINATIONS=0, for measuring).
+DEFER_DESTINATIONS = os.environ.get("NEREUS_DEFER_DESTINATIONS", "1") != "0"
+
+
+def _destination_now_or_later(run: _Run, piece):
+    """A received piece's destination shard, or for a deferred one not allocated yet a
+    function that allocates it (PeerStream.planned calls it when the chunk is unpacked)."""
+    shard = run.new.get(piece.dst_unit, {}).get(piece.tensor)
+    if shard is not None:
+        return shard
+    return functools.partial(destination, run.prog, run.new, run.live, run.device, piece, run.host_after)
+
+
+def _copies(run: _Run, work, side) -> Optional[tuple]:
+    """Queue the round's same-GPU copies (on `side` when given); returns the first local
+    failure as (step, peer, exception without traceback), or None. Deferred destinations
+    are allocated first, on the current stream: a block allocated under the side stream
+    would belong to that stream's pool after the new state is handed over."""
+    step = f"copy {len(work.copies)} pieces"
+    try:
+        for piece in work.copies:
+            destination(run.prog, run.new, run.live, run.device, piece, run.host_after)
+        with torch.cuda.stream(side) if side is not None else nothing():
+            _copy_pieces(run, work.copies, work.index)
+    except Exception as error:  # noqa: BLE001
+        return step, None, error.with_traceback(None)
+    return None
+
+
+def _copy_pieces(run: _Run, pieces, index: int) -> None:
+    """Same-GPU pieces, batched by `packing.copy_pairs` (an expert-parallel round has
+    thousands: one Python step and copy launch each cost more than the bytes)."""
+    written, sources, new = run.written, run.sources, run.new
+    dsts, srcs = [], []
+    for piece, (src, dst) in zip(pieces, run.plan.rounds[index].copy_regions):
+        srcs.append(src.view(sources[piece.src_unit][piece.tensor]))
+        dsts.append(dst.view(new[piece.dst_unit][piece.tensor]))
+        written[(piece.dst_unit, piece.tensor)] = written.get((piece.dst_unit, piece.tensor), 0) + piece.numel
+        run.result.copied_bytes += piece.nbytes
+    packing.copy_pairs(dsts, srcs)
+
+
+def _stage_out(run: _Run, unit: str) -> None:
+    """Move a before-unit's shards to host memory; later copies and sends read them there.
+    rollback="host": the host copy is also the parked copy and the device tensor goes."""
+    if unit in run.staged:
+        return
+    names = tuple(run.prog.before[unit])
+    for name in names:
+        if unit not in run.host_before:
+            run.live.remove(run.before[unit][name])
+    copies = run.parking.release(unit, names, wait=True) if run.parking is not None else {}
+    for name in names:
+        tensor = run.before[unit][name]
+        if name in copies:
+            run.sources[unit][name] = copies[name]
+        else:
+            run.sources[unit][name] = tensor if tensor.device.type == "cpu" else tensor.to("cpu")
+    run.staged.add(unit)
+
+
+def _free(run: _Run, unit: str) -> None:
+    """Release a before-unit's shards. rollback="device": only from the live-bytes account
+    (the caller still holds them until the commit); "host": parked, then dropped."""
+    if unit not in run.staged:
+        names = tuple(run.prog.before[unit])
+        for name in names:
+            if unit not in run.host_before:
+                run.live.remove(run.before[unit][name])
+        if run.parking is not None:
+            run.parking.release(unit, names)
+    run.sources[unit] = {}
+
+
+_VERIFY_TAG = 1 << 24
