@@ -11,7 +11,10 @@ vocabulary tensors split on dim 0, row-parallel ones on dim 1, norms replicated)
 - tp-dp: TP n -> DP n. DTensor: Shard(0)/Shard(1) -> Replicate() (an all-gather per
   tensor); Nereus: the compiled transition (point-to-point messages).
 - dp-tp: DP n -> TP n. DTensor: Replicate() -> Shard(d) (a local slice per tensor, no
-  communication); Nereus: the compiled transition (local copies, nothing sent).
+  communication; cloned, so the replicas can be freed); Nereus: the compiled transition
+  (local copies, nothing sent). Both report the memory their results keep alive
+  (`*_held_bytes`, all GPUs: every storage a result views, counted whole), which shows
+  that both return standalone shards.
 
 (TP <-> PP or a placement change onto other GPUs is not a DTensor redistribution: a
 DTensor lives on one mesh.) The DTensor side splits each column tensor evenly on dim 0;
@@ -95,6 +98,16 @@ def dtensor_check(env: Env, dts: dict, specs: dict, seed: int) -> bool:
     return env.all_true(bad == 0)
 
 
+def held_bytes(tensors: list) -> int:
+    """Bytes of memory these tensors keep alive: each storage once, whole (a view holds all
+    of the tensor it views)."""
+    storages = {}
+    for t in tensors:
+        storage = t.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
+
+
 def timed_median(env: Env, fn, repeats: int) -> tuple:
     fn()  # warm-up
     times, out = [], None
@@ -145,6 +158,10 @@ def run(env: Env, args, shape: dict, bw: dict) -> dict:
             if len(times) == args.repeats:
                 ok = nereus_ok(rt, dst_units) and ok
             rt.transition(src)
+        if case == "dp-tp":  # what the TP shards hold once the replicas are gone (rt is back in DP now)
+            rt.transition("TP")
+            cases_held = env.total(held_bytes(list(rt.state(TAG).values())))
+            rt.transition("DP")
         src_units, dst_units_ = (tp, dp) if case == "tp-dp" else (dp, tp)
         incoming = incoming_bytes(src_units, dst_units_, plain)
         busiest = max(incoming.values(), default=0)
@@ -152,10 +169,15 @@ def run(env: Env, args, shape: dict, bw: dict) -> dict:
                        "nereus_exec_s": statistics.median(execs), "bytes_moved": int(env.total(rep.bytes_sent)),
                        "bytes_busiest_gpu_in": busiest,
                        "bound_s": busiest / (bw["p2p_GBps"] * 1e9) if bw.get("p2p_GBps") and busiest else None}
+        if case == "dp-tp":
+            cases[case]["nereus_held_bytes"] = cases_held
     if args.profile_dir:
         rt.transition("TP")  # the loop above ends in DP
         profile_call(env, lambda: rt.transition("DP"), os.path.join(args.profile_dir, "profile_dtensor.txt"),
                      "nereus TP -> DP", rt=rt, source="TP", target="DP")
+        profile_call(env, lambda: rt.transition("TP"), os.path.join(args.profile_dir, "profile_dtensor_dp_tp.txt"),
+                     "nereus DP -> TP", rt=rt, source="DP", target="TP")
+        rt.transition("DP")
     out = {"nereus_prepared_s": prepared_s, "nereus_prepare_s": env.slowest(prep["seconds"]),
            "prepared_kernels": prep["kernels"], "nereus_cold_s": cold_s, "nereus_cold_compile_s": cold.compile_s,
            "verified_nereus": ok, "rollback": report.rollback}
@@ -175,17 +197,21 @@ def run(env: Env, args, shape: dict, bw: dict) -> dict:
     resharded, slice_s, slice_times = timed_median(
         env, lambda: {n: dt.redistribute(env.mesh, targets[n]) for n, dt in replicated.items()}, args.repeats)
     ok_slice = dtensor_check(env, resharded, specs, args.seed)
+    dtensor_held = held_bytes([dt.to_local() for dt in resharded.values()])
     del replicated, resharded
     free_memory(env)
     cases["tp-dp"].update(dtensor="Shard(d) -> Replicate()", dtensor_s=gather_s, dtensor_times_s=gather_times,
                           verified_dtensor=ok_gather)
     cases["dp-tp"].update(dtensor="Replicate() -> Shard(d)", dtensor_s=slice_s, dtensor_times_s=slice_times,
-                          verified_dtensor=ok_slice)
+                          verified_dtensor=ok_slice, dtensor_held_bytes=env.total(dtensor_held))
     for name, c in cases.items():
         c["dtensor_over_nereus"] = c["dtensor_s"] / c["nereus_s"] if c["nereus_s"] else None
         if c["bound_s"]:
             c["nereus_over_bound"] = c["nereus_s"] / c["bound_s"]
             c["dtensor_over_bound"] = c["dtensor_s"] / c["bound_s"]
+        if "dtensor_held_bytes" in c:
+            env.log(f"{name}: memory the results keep alive, all GPUs: nereus {c['nereus_held_bytes'] / 1e9:.2f} GB, "
+                    f"dtensor {c['dtensor_held_bytes'] / 1e9:.2f} GB")
         env.log(f"{name}: nereus {c['nereus_s'] * 1e3:.1f} ms (exec {c['nereus_exec_s'] * 1e3:.1f}), dtensor "
                 f"{c['dtensor_s'] * 1e3:.1f} ms, bound {(c['bound_s'] or 0) * 1e3:.1f} ms, "
                 f"{c['bytes_moved'] / 1e9:.2f} GB moved")
@@ -202,7 +228,7 @@ def main(argv=None) -> int:
     parser.add_argument("--layers", type=int, default=None, help="default 8 (8B shapes); tiny model on CPU: 4")
     parser.add_argument("--repeats", type=int, default=None, help="timed calls per method (default 7, quick 3)")
     parser.add_argument("--bandwidth-mib", type=int, default=None, help="default 1024 on GPU, 4 on CPU")
-    parser.add_argument("--profile-dir", default=None, help="profile one warm Nereus TP -> DP here")
+    parser.add_argument("--profile-dir", default=None, help="profile one warm Nereus TP -> DP and DP -> TP here")
     parser.add_argument("--profile-prepared", action="store_true",
                         help="with --profile-dir: profile the first call after prepare instead (its "
                              "figure is then no longer a first call)")

@@ -9,8 +9,9 @@ of the same tensors; and the weight sync training (tp n/2 pp 2) -> generation (t
 for g in {1, 2} (`--ws-layers`, default 32). Variants (module switches, set alike on every
 rank, see VARIANTS): `default`; `packed` (every streamed piece through a ring slot, the
 previous default); `alone-4m` / `alone-64m` (streams.ALONE_BYTES: the size from which a piece
-travels in chunks of its own, in place where contiguous); `copies-after` (executor.COPIES_AFTER:
-the same-GPU copies run after the exchange, not beside it); `chunk-256m` / `chunk-512m`
+travels in chunks of its own, in place where contiguous); `copies-after` (rounds.COPIES_AFTER:
+the same-GPU copies run after the exchange, not beside it); `no-defer`
+(rounds.DEFER_DESTINATIONS off: every destination allocated before the agreement); `chunk-256m` / `chunk-512m`
 (streams.CHUNK_BYTES; the default is 128 MiB) and `chunk-256m-depth4` (with streams.DEPTH 4).
 Each repeat runs every variant once in turn (and DTensor once), so drift hits all alike;
 every call is timed barrier to barrier with the devices synchronized (`Env.timed`), medians
@@ -37,7 +38,9 @@ VARIANTS = {
     "packed": {("streams", "IN_PLACE"): False, ("streams", "ALONE_BYTES"): 0},
     "alone-4m": {("streams", "ALONE_BYTES"): 4 << 20},
     "alone-64m": {("streams", "ALONE_BYTES"): 64 << 20},
-    "copies-after": {("executor", "COPIES_AFTER"): True},
+    "copies-after": {("rounds", "COPIES_AFTER"): True},
+    # every destination allocated before the round's agreement (the session-5 order)
+    "no-defer": {("rounds", "DEFER_DESTINATIONS"): False},
     # the stream's chunk size (fewer, larger batches) and ring depth
     "chunk-256m": {("streams", "CHUNK_BYTES"): 256 << 20},
     "chunk-512m": {("streams", "CHUNK_BYTES"): 512 << 20},
@@ -47,9 +50,9 @@ _DEFAULTS: dict = {}
 
 
 def set_variant(name: str) -> None:
-    from nereus.runtime import executor, streams
+    from nereus.runtime import rounds, streams
 
-    modules = {"executor": executor, "streams": streams}
+    modules = {"rounds": rounds, "streams": streams}
     for key in {k for v in VARIANTS.values() for k in v}:
         _DEFAULTS.setdefault(key, getattr(modules[key[0]], key[1]))
         setattr(modules[key[0]], key[1], VARIANTS[name].get(key, _DEFAULTS[key]))
