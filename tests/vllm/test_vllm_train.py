@@ -95,7 +95,8 @@ def _train(tmp_path, name: str, *extra: str) -> dict:
                "--steps", str(STEPS), "--events", EVENTS, "--seed", str(SEED), "--lr", "3e-4", "--json",
                "--out", str(tmp_path / name), *extra]
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
-    assert done.returncode == 0, f"{name}: exit {done.returncode}\n{done.stderr[-4000:]}"
+    # with --json a failing rank's error object is stdout's last line; stderr has the rest
+    assert done.returncode == 0, f"{name}: exit {done.returncode}\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
