@@ -44,6 +44,7 @@ from nereus.ir.diagnostics import ProgramError
 from . import streams
 from .control import Failure, commit
 from .execution_plan import plan_for
+from .gc_pause import paused
 from .parking import ROLLBACK_MODES, Parking, default_rollback, park_plan, real_room, restore_parked
 from .program import RankProgram
 from .rounds import ExecutionResult, InjectedFault, RoundTiming, _Run, agree_first, run_round
@@ -129,8 +130,8 @@ def execute(prog: RankProgram, before: dict, *, group, control, device: torch.de
         parking = Parking(before, park_device_types, units, kept=plan.kept)
     try:
         # no autograd: registered parameters that require grad would record a graph node
-        # for every view taken of them
-        with torch.no_grad():
+        # for every view taken of them; the cyclic GC paused (gc_pause.py)
+        with torch.no_grad(), paused():
             result = _execute(prog, before, parking, group, control, torch.device(device), resident_bytes, verify,
                               progress, _fault_spec(fault), round_hook, (chunk_bytes, depth or streams.DEPTH),
                               offloaded, clock_start, plan, agreement)

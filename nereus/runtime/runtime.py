@@ -90,6 +90,7 @@ from . import offload, packing
 from .boxes import as_box, shard_shape
 from .control import Stale, gather_flagged
 from .executor import TORCH_DTYPES, execute
+from .gc_pause import paused
 from .parking import ROLLBACK_MODES, default_rollback
 from .program import DIRECT_MIN_BYTES, program_model_stages, rank_program, restrict_program, unit_of_stage
 from .state import assemble, shard_unit, step_name, unit_on_gpu
@@ -428,7 +429,12 @@ class Runtime:
         `round_hook(index)` runs on this rank after each round (tests, instrumentation).
         Returns this rank's TransitionReport; its `seconds` end when this rank is ready to
         commit (every round done, its device synchronized), `max_seconds` when the slowest
-        rank was; the commit right after makes the new state usable."""
+        rank was; the commit right after makes the new state usable. Python's cyclic
+        garbage collector is paused for the call (gc_pause; NEREUS_PAUSE_GC=0: not)."""
+        with paused():
+            return self._transition(target, verify, fault, round_hook)
+
+    def _transition(self, target: str, verify: Optional[bool], fault, round_hook) -> TransitionReport:
         called = time.perf_counter()
         verify = self.verify if verify is None else verify
         result = None

@@ -39,6 +39,7 @@ from nereus.ir.model import ModelStage, Module, Placement, Plan
 
 from .boxes import as_box, box_numel
 from .executor import TORCH_DTYPES, execute
+from .gc_pause import paused
 from .program import rank_program, unit_of_stage
 from .state import box_view, shard_unit, unit_on_gpu, writers
 
@@ -182,7 +183,12 @@ class WeightSync:
     def run(self, plan: str, source_state: dict) -> SyncResult:
         """Collective. Input: this rank's shards of `source` ({} when it holds none);
         optimizer state in it is ignored. Output: this rank's shards of `target` in `plan`.
-        Invariant: `source_state`'s tensors are never written."""
+        Invariant: `source_state`'s tensors are never written. Python's cyclic garbage
+        collector is paused for the call (gc_pause)."""
+        with paused():
+            return self._run(plan, source_state)
+
+    def _run(self, plan: str, source_state: dict) -> SyncResult:
         program, compile_s = self.part(plan)
         rank = dist.get_rank()
         weights = {k: v for k, v in source_state.items() if is_weight(k)}
