@@ -173,15 +173,15 @@ def run_case(env: Env, case: str, args, shape: dict, bw: dict, first_case: bool)
         import cProfile
         import pstats
 
-        profiler = cProfile.Profile() if env.rank == 0 else None
-        if profiler is not None:
-            profiler.enable()
-        rt.transition("B")
-        if profiler is not None:
-            profiler.disable()
-            profiler.dump_stats(f"{args.cprofile}.{case}.prof")
-            pstats.Stats(profiler).sort_stats("cumulative").print_stats(25)
-        rt.transition("A")
+        for target, suffix in (("B", ""), ("A", ".reverse")):
+            profiler = cProfile.Profile() if env.rank == 0 else None
+            if profiler is not None:
+                profiler.enable()
+            rt.transition(target)
+            if profiler is not None:
+                profiler.disable()
+                profiler.dump_stats(f"{args.cprofile}.{case}{suffix}.prof")
+                pstats.Stats(profiler).sort_stats("cumulative").print_stats(25)
     link = env.slowest(float(max(report.bytes_sent, report.bytes_received)))
     out = {"case": case, "model_stage": ms, "layers": layers, "state_bytes":
            sum(torch.Size(s).numel() * torch.empty((), dtype=d).element_size() for s, d in specs.values()),
@@ -273,7 +273,7 @@ def main(argv=None) -> int:
     parser.add_argument("--shape", choices=tuple(SHAPES), default=None,
                         help="default 30b-a3b on GPU, tiny on CPU; host = 30b-a3b's counts on tiny dimensions")
     parser.add_argument("--cprofile", default=None, metavar="PREFIX",
-                        help="rank 0 profiles one more warm A -> B with cProfile into PREFIX.CASE.prof")
+                        help="rank 0 profiles one more warm A -> B and B -> A with cProfile into PREFIX.CASE.prof and PREFIX.CASE.reverse.prof")
     parser.add_argument("--bandwidth-mib", type=int, default=None, help="default 1024 on GPU, 4 on CPU")
     parser.add_argument("--profile", default=None, metavar="DIR",
                         help="profile one warm transition per case (PyTorch profiler; summary in DIR/profile_moe.txt)")
