@@ -105,7 +105,7 @@ def _worker(rank: int, world: int, port: int, args, folder: str) -> None:
     for k in range(args.warmup):  # compiles and lowers both directions
         rt.transition(order[k % 2])
     pieces = {}
-    for key, (_, prog) in rt._lowered.items():
+    for key, prog in rt._lowered.items():
         pieces[f"{key[0]}->{key[1]}"] = sum(len(m.pieces) for w in prog.rounds for m in w.sends + w.recvs) \
             + sum(len(w.copies) + len(w.aliases) for w in prog.rounds)
     counts = _count_control(rt)

@@ -57,7 +57,7 @@ def timeline(prof, path: str, label: str) -> dict:
 
 def lowered(rt, source: str, target: str) -> list:
     """This rank's lowered programs source -> target of a Runtime (run or prepared before)."""
-    return [prog for key, (_, prog) in rt._lowered.items() if key[:2] == (source, target)]
+    return [prog for key, prog in rt._lowered.items() if key[:2] == (source, target)]
 
 
 def program_counts(progs: list, chunk_bytes=None) -> list:

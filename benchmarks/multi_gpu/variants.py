@@ -11,7 +11,8 @@ rank, see VARIANTS): `default`; `packed` (every streamed piece through a ring sl
 previous default); `alone-4m` / `alone-64m` (streams.ALONE_BYTES: the size from which a piece
 travels in chunks of its own, in place where contiguous); `copies-after` (rounds.COPIES_AFTER:
 the same-GPU copies run after the exchange, not beside it); `no-defer`
-(rounds.DEFER_DESTINATIONS off: every destination allocated before the agreement); `chunk-256m` / `chunk-512m`
+(rounds.DEFER_DESTINATIONS off: every destination allocated before the agreement); `gc-on`
+(gc_pause.PAUSE_GC off: Python's cyclic GC left on during transitions); `chunk-256m` / `chunk-512m`
 (streams.CHUNK_BYTES; the default is 128 MiB) and `chunk-256m-depth4` (with streams.DEPTH 4).
 Each repeat runs every variant once in turn (and DTensor once), so drift hits all alike;
 every call is timed barrier to barrier with the devices synchronized (`Env.timed`), medians
@@ -41,6 +42,8 @@ VARIANTS = {
     "copies-after": {("rounds", "COPIES_AFTER"): True},
     # every destination allocated before the round's agreement (the session-5 order)
     "no-defer": {("rounds", "DEFER_DESTINATIONS"): False},
+    # the cyclic garbage collector left on during transitions (NEREUS_PAUSE_GC=0)
+    "gc-on": {("gc_pause", "PAUSE_GC"): False},
     # the stream's chunk size (fewer, larger batches) and ring depth
     "chunk-256m": {("streams", "CHUNK_BYTES"): 256 << 20},
     "chunk-512m": {("streams", "CHUNK_BYTES"): 512 << 20},
@@ -50,9 +53,9 @@ _DEFAULTS: dict = {}
 
 
 def set_variant(name: str) -> None:
-    from nereus.runtime import rounds, streams
+    from nereus.runtime import gc_pause, rounds, streams
 
-    modules = {"rounds": rounds, "streams": streams}
+    modules = {"gc_pause": gc_pause, "rounds": rounds, "streams": streams}
     for key in {k for v in VARIANTS.values() for k in v}:
         _DEFAULTS.setdefault(key, getattr(modules[key[0]], key[1]))
         setattr(modules[key[0]], key[1], VARIANTS[name].get(key, _DEFAULTS[key]))

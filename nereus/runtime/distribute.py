@@ -51,6 +51,7 @@ class RankPart:
     proof_s: Optional[float]  # rank 0's global proof, seconds (None without verify)
     part_bytes: int  # size of the part's canonical JSON: what this rank holds of the program
     received_bytes: int  # bytes of program data this rank received (its digest, or 0)
+    text: str = ""  # the part's canonical JSON (what the digest hashes; json.loads gives `program`)
 
 
 def _lower_own_part(module: Module, source: str, target: str, rank: int, **options):
@@ -137,4 +138,4 @@ def obtain_rank_part(module: Module, source: str, target: str, rank: int, world_
     if int(flag) > 0:
         raise ProgramError(f"rank {int(flag) - 1} refused its part of the program {source} -> {target}; "
                            "no rank runs it", hint=f"rank {int(flag) - 1}'s error says why")
-    return RankPart(part, time.perf_counter() - started, proof_s, len(text), received)
+    return RankPart(part, time.perf_counter() - started, proof_s, len(text), received, text)

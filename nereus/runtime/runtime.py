@@ -73,6 +73,7 @@ computed once per (source, target, registered model-stages) and cached.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
@@ -189,14 +190,18 @@ class Runtime:
         _plan(module, plan)
         self._plan = plan
         self._state: dict = {}  # model-stage → {name: local tensor}
-        self._programs: dict = {}  # (from, to) -> (this rank's part of the program, seconds)
+        # (from, to) -> (this rank's part of the program as canonical JSON text, seconds, its
+        # untouched model-stages): text, not dicts and lists, because every full garbage
+        # collection of the process scans every container object it holds (a MoE part is
+        # ~10^5 of them: 40% of a collection's time in the gc_probe measurement)
+        self._programs: dict = {}
         self._program_bytes: dict = {}  # (from, to) -> bytes of that part's canonical JSON
-        self._lowered: dict = {}  # (from, to, live model-stages) -> (restricted program, this rank's program)
+        self._lowered: dict = {}  # (from, to, live model-stages) -> this rank's lowered program (RankProgram)
         self._lowered_figures: dict = {}  # same key -> _Lowered: what a call derives from the program alone
         self._prepared: set = set()  # (from, to, live model-stages) that prepare() warmed
         self._registrations = 0  # changes of this rank's registered model-stages (see _live_stages)
         self._gathered = None  # (every rank's registration count, every rank's registered model-stages)
-        self._live_known: dict = {}  # (plan, id of the compiled program, counts) -> live model-stages
+        self._live_known: dict = {}  # (plan, id of the compiled program's text, counts) -> live model-stages
         # the training model-stages of the workload, in a fixed order: their Adam steps ride
         # on _live_stages' collective
         self._trained = tuple(str(ms) for ms in module.workload.model_stages() if ms.stage == "training")
@@ -382,7 +387,14 @@ class Runtime:
         """Collective: this rank's part of the JSON program from the current plan to
         `target` (nereus.runtime.distribute: every rank compiles and lowers its own part;
         with verify_programs rank 0 proves the whole once and each rank checks its part's
-        digest), cached; and the seconds it took."""
+        digest), cached as its canonical JSON text (each call returns a fresh dict); and the
+        seconds it took."""
+        text, compile_s, _ = self._compiled(target)
+        return json.loads(text), compile_s
+
+    def _compiled(self, target: str) -> tuple:
+        """Collective when not cached: (this rank's part as canonical JSON text, compile
+        seconds, its untouched model-stages)."""
         from .distribute import obtain_rank_part
 
         key = (self._plan, target)
@@ -391,7 +403,7 @@ class Runtime:
                                    self.verify_programs)
             self._verify_program_s[key] = got.proof_s
             self._program_bytes[key] = got.part_bytes
-            self._programs[key] = (got.program, got.compile_s)
+            self._programs[key] = (got.text, got.compile_s, frozenset(got.program.get("untouched", ())))
         return self._programs[key]
 
     def prepare(self, target: str) -> dict:
@@ -406,14 +418,15 @@ class Runtime:
         from .prepare import reserve_memory, warm_kernels, warm_links, warm_parking
 
         started = time.perf_counter()
-        program, compile_s, prog, key, _ = self._lower(target)
+        compile_s, prog, key, _ = self._lower(target)
         kernels = warm_kernels(prog, self.device, TORCH_DTYPES)
         peers = warm_links(prog, self._data, self.device)
         pinned = 0
         if self.rollback != "device" and self.device.type in self.park_device_types:
             units = None
             if self.rollback == "auto":
-                units = park_plan(prog, self._resident(program), self._capacity(program), real_room(self.device))
+                figures = self._lowered_figures[key]
+                units = park_plan(prog, figures.resident_bytes, figures.capacity_bytes, real_room(self.device))
             pinned = warm_parking(prog, units, TORCH_DTYPES)
         aliased = {(a.dst_unit, a.tensor) for w in prog.rounds for a in w.aliases}
         reserved = reserve_memory(prog, aliased, self.device, TORCH_DTYPES, real_room(self.device))
@@ -450,7 +463,7 @@ class Runtime:
             else:
                 steps = self._steps(result.agreed_rows)
         if result is None:
-            _, compile_s, prog, key, steps = self._lower(target)
+            compile_s, prog, key, steps = self._lower(target)
             # compiling is reported apart (compile_s, 0 when cached)
             result = self._execute(prog, key, verify, fault, round_hook, called + compile_s)
         live = set(key[2])
@@ -509,7 +522,7 @@ class Runtime:
         key = (self._plan, target, tuple(sorted(live))) if live is not None else None
         if key not in self._lowered:
             return None
-        return self._lowered[key][1], key, counts
+        return self._lowered[key], key, counts
 
     def _row(self) -> list:
         """This rank's registration count and the Adam step of each training model-stage."""
@@ -520,25 +533,27 @@ class Runtime:
         return {ms: max(row[1 + i] for row in rows) for i, ms in enumerate(self._trained)}
 
     def _lower(self, target: str) -> tuple:
-        """Collective: (program restricted to the live model-stages, compile seconds of
-        this call (0 when cached), this rank's lowered program, its cache key, {training
-        model-stage: Adam step, max over ranks, -1 where no rank holds one})."""
+        """Collective: (compile seconds of this call (0 when cached), this rank's lowered
+        program restricted to the live model-stages, its cache key, {training model-stage:
+        Adam step, max over ranks, -1 where no rank holds one}). What the call derives from
+        the JSON part (resident and capacity bytes, offloaded units) is in
+        `_lowered_figures[key]`; the parsed part itself is not kept (see `_programs`)."""
         _plan(self.module, target)
         self._check_ranks(target)
         cached = (self._plan, target) in self._programs
-        program, compile_s = self.compile(target)
+        text, compile_s, untouched = self._compiled(target)
         if cached:
             compile_s = 0.0
-        live, steps = self._live_stages(program)
+        live, steps = self._live_stages(id(text), untouched)
         key = (self._plan, target, tuple(sorted(live)))
         if key not in self._lowered:  # a job moving back and forth restricts and lowers each program once
+            program = json.loads(text)
             if program_model_stages(program) - live:
                 program = restrict_program(program, live)
-            self._lowered[key] = (program, rank_program(program, self.rank, self.direct_min_bytes))
+            self._lowered[key] = rank_program(program, self.rank, self.direct_min_bytes)
             self._lowered_figures[key] = _Lowered(self._resident(program), self._capacity(program),
                                                   offload.offloaded_units(program))
-        program, prog = self._lowered[key]
-        return program, compile_s, prog, key, steps
+        return compile_s, self._lowered[key], key, steps
 
     def _resident(self, program: dict) -> int:
         return int(program.get("resident_bytes", {}).get(str(self.rank), 0))
@@ -566,7 +581,7 @@ class Runtime:
                                     f"but only {self.world_size} ranks run (rank r drives GPU r)",
                                     loc=placement.loc, hint="launch one process per GPU of the plan")
 
-    def _live_stages(self, program: dict) -> tuple[set, dict]:
+    def _live_stages(self, program_id: int, untouched: frozenset) -> tuple[set, dict]:
         """Collective: (the model-stages of the transition that some rank registered, the
         same set on every rank: derived from the plans, not from this rank's part;
         {training model-stage of the workload: its Adam step, the max over the ranks that
@@ -583,12 +598,11 @@ class Runtime:
             self._gathered = (counts, gathered)
         gathered = self._gathered[1]
         # the same registrations and program give the same answer: checked once (the
-        # program is the compiled one, kept in self._programs for the Runtime's life)
-        known = (self._plan, id(program), counts)
+        # program's text is the compiled one, kept in self._programs for the Runtime's life)
+        known = (self._plan, program_id, counts)
         if known in self._live_known:
             return set(self._live_known[known]), steps
         registered = set().union(*map(set, gathered))
-        untouched = set(program.get("untouched", ()))
         source = self.module.plan(self._plan)
         live = set()
         for placement in source.placements:  # in plan order: every rank raises the same error

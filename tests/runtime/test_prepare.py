@@ -32,7 +32,7 @@ def _run(rank, world):
     out = {"prepared": prepared, "plan_after_prepare": rt.plan, "bad_after_prepare": _check(rt, refs),
            "same_objects": all(id(v) == identities[ms][k] for ms in STAGES for k, v in rt.state(ms).items())}
     key = next(iter(rt._lowered))
-    out["peers"] = peers(rt._lowered[key][1])
+    out["peers"] = peers(rt._lowered[key])
     warm = rt.transition("S1")
     out.update(warm_compile_s=warm.compile_s, warm_prepared=warm.prepared, bad=_check(rt, refs))
     # unprepared and uncompiled: compile_s > 0 and wall_s covers it; a slow round shows in seconds

@@ -5,6 +5,7 @@ is refused on its rank (the others say which rank refused; nobody hangs)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -87,7 +88,7 @@ def _parts(rank, world, corrupt_rank):
         unchanged = rt.plan == "A" and all(torch.equal(held[ms][n], t) for ms in STAGES
                                            for n, t in rt.state(ms).items())
         return {"error": error.message, "unchanged": unchanged}
-    part = rt._programs[("A", "B")][0]
+    part = json.loads(rt._programs[("A", "B")][0])  # the runtime keeps the part's canonical text
     exact_b = all(torch.equal(rt.gather_state_dict(ms)[n], fulls[ms][n]) for ms in STAGES for n in fulls[ms])
     back = rt.transition("A")
     exact_a = all(torch.equal(rt.gather_state_dict(ms)[n], fulls[ms][n]) for ms in STAGES for n in fulls[ms])

@@ -93,7 +93,7 @@ def _run(rank, world):
         counts.clear()
         report = rt.transition(target)
         key = next(k for k in rt._lowered if k[:2] == (report.source, target))
-        prog = rt._lowered[key][1]
+        prog = rt._lowered[key]
         out["warm"].append({
             "counts": dict(counts), "rounds": len(prog.rounds), "report": report.to_json(),
             "program": {"send": prog.send_bytes, "recv": prog.recv_bytes, "copy": prog.copy_bytes,
