@@ -8,7 +8,9 @@ would only find the transition's own short-lived objects, which reference counti
 Checked: inside every round the collector is off (`round_hook`); after the call it is
 back on, also after a transition that aborts; a collector the user turned off stays off;
 with NEREUS_PAUSE_GC=0 (module switch `gc_pause.PAUSE_GC`) it stays on during the call;
-the paused transitions move the same bytes as the unpaused ones."""
+the paused transitions move the same bytes as the unpaused ones; the runtime keeps its
+compiled parts as JSON text (container objects it cached would be scanned by every later
+collection) and `compile` returns an equal, fresh dict each call."""
 
 from __future__ import annotations
 
@@ -66,6 +68,10 @@ def _run(rank, world):
     out["switch_off"] = (list(seen), gc.isenabled())
     out["bytes"] = [(r.bytes_sent, r.bytes_received) for r in (cold, warm, unpaused)]
     out["intact"] = all(torch.equal(rt.gather_state_dict(ms)[name], t) for ms in STAGES for name, t in full[ms].items())
+    # what every later collection would scan: the runtime keeps compiled parts as text
+    first, second = rt.compile("B")[0], rt.compile("B")[0]
+    out["parts"] = {"texts": all(type(entry[0]) is str for entry in rt._programs.values()),
+                    "fresh": first is not second, "equal": first == second and bool(first)}
     return out
 
 
@@ -100,3 +106,8 @@ def test_the_switch_leaves_it_on_and_the_same_bytes_move(per_rank):
         (cold, warm, unpaused) = result["bytes"]
         assert warm == unpaused and sum(warm) > 0 and sum(cold) > 0  # the same B -> A, paused or not
         assert result["intact"]
+
+
+def test_the_runtime_keeps_compiled_parts_as_text(per_rank):
+    for result in per_rank:
+        assert result["parts"] == {"texts": True, "fresh": True, "equal": True}
