@@ -2,15 +2,16 @@
 
 A full collection scans every tracked object of the process: the runtime's cached
 programs (their pieces, views and chunks), the registered tensors and the user's own
-objects. On a MoE refit's rank that is close to a million objects and 0.1-0.4 s, and a
-transition allocates enough new long-lived objects (the new shards) to set one off
-every other call or so; since every rank then waits for the stalled one in the next
-collective, one rank's collection stalls them all. During a transition the collector
-could only find the transition's own short-lived objects, which reference counting
-frees anyway, so `paused()` turns it off for the call and back on after (also after an
-error); objects of a reference cycle made meanwhile are found by the next automatic
-collection. Measured on the CPU box (gloo, Qwen3-30B-A3B's counts on tiny dimensions):
-see benchmarks/RESULTS.md, "GC pauses".
+objects. On a rank of the 6-layer MoE benchmark that is ~480,000 objects (~900,000
+before the runtime kept its compiled parts as text) and 0.1-0.4 s, and a transition
+allocates enough new long-lived objects (the new shards) to set one off every other
+call or so; since every rank then waits for the stalled one at the next collective, one
+rank's collection stalls them all. All a collection could free during a transition is
+cyclic garbage, which reference counting leaves behind and the next automatic
+collection after the call finds just the same; so `paused()` turns the collector off
+for the call and back on after (also after an error). Measured on the CPU box and the
+H200 machine's host (gloo, Qwen3-30B-A3B's counts on tiny dimensions): see
+benchmarks/RESULTS.md, "GC pauses".
 
 PAUSE_GC (environment NEREUS_PAUSE_GC=0 to turn it off) is read at each call.
 """
