@@ -13,7 +13,8 @@ for the call and back on after (also after an error). Measured on the CPU box an
 H200 machine's host (gloo, Qwen3-30B-A3B's counts on tiny dimensions): see
 benchmarks/RESULTS.md, "GC pauses".
 
-PAUSE_GC (environment NEREUS_PAUSE_GC=0 to turn it off) is read at each call.
+PAUSE_GC starts from the environment (NEREUS_PAUSE_GC=0: off) at import; the module
+attribute is read at each call, so tools can flip it (benchmarks/multi_gpu/variants.py).
 """
 
 from __future__ import annotations
