@@ -315,6 +315,11 @@ def _copies(run: _Run, work, side) -> Optional[tuple]:
     try:
         for piece in work.copies:
             destination(run.prog, run.new, run.live, run.device, piece, run.host_after)
+        if side is not None:
+            # a destination just allocated may reuse a block that work queued on the current
+            # stream since `side` last waited for it (a temporary freed meanwhile) still
+            # writes: the copies come after that work
+            side.wait_stream(torch.cuda.current_stream(run.device))
         with torch.cuda.stream(side) if side is not None else nothing():
             _copy_pieces(run, work.copies, work.index)
     except Exception as error:  # noqa: BLE001
