@@ -133,7 +133,7 @@ def execute(prog: RankProgram, before: dict, *, group, control, device: torch.de
         # for every view taken of them; the cyclic GC paused (gc_pause.py)
         with torch.no_grad(), paused():
             result = _execute(prog, before, parking, group, control, torch.device(device), resident_bytes, verify,
-                              progress, _fault_spec(fault), round_hook, (chunk_bytes, depth or streams.DEPTH),
+                              progress, _fault_spec(fault), round_hook, depth or streams.DEPTH,
                               offloaded, clock_start, plan, agreement)
     except BaseException as error:
         # the finished frames in the traceback still hold the new shards and the buffers:
@@ -151,13 +151,11 @@ def execute(prog: RankProgram, before: dict, *, group, control, device: torch.de
 
 
 def _execute(prog, before, parking, group, control, device, resident_bytes, verify, progress, fault,
-             round_hook, chunking, offloaded, clock_start, plan, agreement=None) -> ExecutionResult:
+             round_hook, depth, offloaded, clock_start, plan, agreement=None) -> ExecutionResult:
     started = time.perf_counter()
     clock_start = started if clock_start is None else clock_start
-    run = _Run(prog, before, parking, group, control, device, Live(resident_bytes), verify, fault, offloaded, plan)
-    run.chunk_bytes, run.depth = chunking
-    run.started = started
-    run.agreement = agreement  # consumed by the first agreement (see _agree)
+    run = _Run(prog, before, parking, group, control, device, Live(resident_bytes), verify, fault, offloaded, plan,
+               depth, started, agreement)
     events = []  # (timing, start, end) CUDA events of each round, read after the commit's synchronize
     try:
         _check_before(prog, before)

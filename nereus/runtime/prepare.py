@@ -24,7 +24,7 @@ from . import packing, streams
 from .program import RankProgram
 from .execution_plan import plan_for
 from .parking import real_room
-from .wires import dst_region, nbytes_of, src_region
+from .wires import dst_region, src_region
 
 _WARM_TAG = 1 << 26
 # data communicators on NCCL: NCCL runs the point-to-point ops of one communicator one
@@ -219,7 +219,7 @@ def reserve_memory(prog: RankProgram, aliased: set, device, dtypes: dict, room: 
     Returns the bytes reserved."""
     if torch.device(device).type != "cuda":
         return 0
-    sizes = [nbytes_of(info) for unit, shards in prog.after.items() for name, info in shards.items()
+    sizes = [info.nbytes for unit, shards in prog.after.items() for name, info in shards.items()
              if (unit, name) not in aliased]
     for kind, views in stream_views(prog, dtypes):  # the ring slots (meta views: in place as on the device)
         sizes += [n for n in streams.slot_sizes(streams.chunk_views(views, streams.CHUNK_BYTES), "meta",

@@ -27,8 +27,7 @@ from . import offload, packing, streams
 from .control import Failure, agree
 from .posting import p2p_ops as _p2p_ops, post as _post
 from .program import RankProgram
-from .wires import (Live, allocate, copy_stream, destination, incoming, nbytes_of, nothing, outgoing,
-                    planned_streams)
+from .wires import Live, allocate, copy_stream, destination, incoming, nothing, outgoing, planned_streams
 
 
 class InjectedFault(RuntimeError):
@@ -82,7 +81,8 @@ class _Run:
     """Mutable state of one rank's transition, shared by its rounds."""
 
     def __init__(self, prog: RankProgram, before: dict, parking, group, control, device, live: Live,
-                 verify: bool, fault, offloaded: frozenset, plan):
+                 verify: bool, fault, offloaded: frozenset, plan, depth: int, started: float,
+                 agreement: Optional[tuple] = None):
         self.prog, self.before, self.parking = prog, before, parking
         # units in host memory (offload): not device bytes; written in place there
         self.host_before = {unit for phase, unit in offloaded if phase == "before"}
@@ -100,6 +100,9 @@ class _Run:
         self.sources = {unit: dict(before.get(unit, {})) for unit in prog.before}
         self.staged: set = set()
         self.plan = plan  # what the rounds derive from the program alone (execution_plan.py)
+        self.depth = depth  # the packed streams' ring depth
+        self.started = started  # time.perf_counter() at the start of the execution
+        self.agreement = agreement  # (row, fresh) for the first agreement, then None (agree_first)
         # after-shards a keep hands over in place (not allocated)
         self.aliased = plan.aliased
 
@@ -138,7 +141,7 @@ def run_round(run: _Run, work, events: Optional[list] = None) -> RoundTiming:
             deferred = frozenset(k for k in deferred if k[0] not in run.host_after)
         for unit, name in deferred:
             if name not in new.get(unit, {}):
-                live.reserve((unit, name), nbytes_of(prog.after[unit][name]))
+                live.reserve((unit, name), prog.after[unit][name].nbytes)
         for unit in work.allocs:
             step = f"alloc {unit}"
             allocate(prog, unit, new, live, device, run.aliased, run.host_after, deferred)

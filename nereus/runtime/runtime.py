@@ -193,7 +193,7 @@ class Runtime:
         # (from, to) -> (this rank's part of the program as canonical JSON text, seconds, its
         # untouched model-stages): text, not dicts and lists, because every full garbage
         # collection of the process scans every container object it holds (a MoE part is
-        # ~10^5 of them: 40% of a collection's time in the gc_probe measurement)
+        # ~10^5 of them: a third of a collection's time, benchmarks/RESULTS.md "GC pauses")
         self._programs: dict = {}
         self._program_bytes: dict = {}  # (from, to) -> bytes of that part's canonical JSON
         self._lowered: dict = {}  # (from, to, live model-stages) -> this rank's lowered program (RankProgram)
@@ -201,7 +201,7 @@ class Runtime:
         self._prepared: set = set()  # (from, to, live model-stages) that prepare() warmed
         self._registrations = 0  # changes of this rank's registered model-stages (see _live_stages)
         self._gathered = None  # (every rank's registration count, every rank's registered model-stages)
-        self._live_known: dict = {}  # (plan, id of the compiled program's text, counts) -> live model-stages
+        self._live_known: dict = {}  # (plan, target, counts) -> live model-stages
         # the training model-stages of the workload, in a fixed order: their Adam steps ride
         # on _live_stages' collective
         self._trained = tuple(str(ms) for ms in module.workload.model_stages() if ms.stage == "training")
@@ -514,11 +514,10 @@ class Runtime:
         gathered counts and what was derived from them), so every rank takes the same way."""
         _plan(self.module, target)
         self._check_ranks(target)
-        entry = self._programs.get((self._plan, target))
-        if self._gathered is None or entry is None:
+        if self._gathered is None or (self._plan, target) not in self._programs:
             return None
         counts = self._gathered[0]
-        live = self._live_known.get((self._plan, id(entry[0]), counts))
+        live = self._live_known.get((self._plan, target, counts))
         key = (self._plan, target, tuple(sorted(live))) if live is not None else None
         if key not in self._lowered:
             return None
@@ -544,7 +543,7 @@ class Runtime:
         text, compile_s, untouched = self._compiled(target)
         if cached:
             compile_s = 0.0
-        live, steps = self._live_stages(id(text), untouched)
+        live, steps = self._live_stages(target, untouched)
         key = (self._plan, target, tuple(sorted(live)))
         if key not in self._lowered:  # a job moving back and forth restricts and lowers each program once
             program = json.loads(text)
@@ -581,7 +580,7 @@ class Runtime:
                                     f"but only {self.world_size} ranks run (rank r drives GPU r)",
                                     loc=placement.loc, hint="launch one process per GPU of the plan")
 
-    def _live_stages(self, program_id: int, untouched: frozenset) -> tuple[set, dict]:
+    def _live_stages(self, target: str, untouched: frozenset) -> tuple[set, dict]:
         """Collective: (the model-stages of the transition that some rank registered, the
         same set on every rank: derived from the plans, not from this rank's part;
         {training model-stage of the workload: its Adam step, the max over the ranks that
@@ -597,9 +596,9 @@ class Runtime:
             dist.all_gather_object(gathered, sorted(self._state), group=self._control)
             self._gathered = (counts, gathered)
         gathered = self._gathered[1]
-        # the same registrations and program give the same answer: checked once (the
-        # program's text is the compiled one, kept in self._programs for the Runtime's life)
-        known = (self._plan, program_id, counts)
+        # the same registrations and transition give the same answer: checked once (its
+        # program is compiled once, kept in self._programs for the Runtime's life)
+        known = (self._plan, target, counts)
         if known in self._live_known:
             return set(self._live_known[known]), steps
         registered = set().union(*map(set, gathered))

@@ -206,14 +206,6 @@ def allocate(prog: RankProgram, unit: str, new: dict, live: Live, device, aliase
             slot[name] = offload.new_shard(unit, info.shape, TORCH_DTYPES[info.dtype], live, device, host_units)
 
 
-def nbytes_of(info) -> int:
-    """Bytes of a shard of the program (program.TensorInfo: shape and dtype name)."""
-    numel = 1
-    for d in info.shape:
-        numel *= d
-    return numel * TORCH_DTYPES[info.dtype].itemsize
-
-
 def destination(prog: RankProgram, new: dict, live: Live, device, piece, host_units=frozenset()) -> torch.Tensor:
     """The destination shard of a piece, allocated here if no alloc op came first (or the
     round deferred it: its reservation in `live` becomes the allocation)."""
