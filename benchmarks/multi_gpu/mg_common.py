@@ -383,6 +383,9 @@ def selected_cases(parser: argparse.ArgumentParser, requested: Optional[str], kn
     names = [c for c in (requested or ",".join(known)).split(",") if c]
     for case in names:
         if case not in known:
+            # exit cleanly: a process leaving with its gloo groups alive aborts (SIGABRT)
+            if dist.is_initialized():
+                dist.destroy_process_group()
             parser.error(f"unknown case {case} for {world} ranks; known: {known}")
     return names
 
