@@ -228,20 +228,50 @@ def test_segment_forms_are_equivalent():
         SegmentView(t, (4, 0, 0), (2, 6, 7)).view()
 
 
-def test_keyless_calls_are_cached_by_exact_fingerprint():
-    """The executor passes no key: identical views reuse the plan, any change rebuilds,
-    and torch-fallback plans (which would keep tensors alive) are never cached."""
-    w = torch.randn(8, 64)
-    views = [w[:, :32], w[2:5]]
-    offsets, total = layout(views)
+def test_keyless_plans_are_reused_wherever_the_tensors_sit():
+    """The executor passes no key, and its shards are new tensors on every transition: a
+    plan depends on the views' shapes, strides, dtypes and addresses mod 16, not on the
+    addresses, so views of fresh tensors reuse it and still read and write where they
+    are now. A view at another residue gets a plan of its own; torch-fallback plans (which
+    would keep tensors alive) are never cached."""
+    def views_of(w):
+        return [w[:, :32], w[2:5]]
+
+    torch_path = Packer("torch")
+    w1 = torch.randn(8, 64)
+    offsets, total = layout(views_of(w1))
     fused = Packer("triton")
-    first = fused.pack_into(views, offsets, total).clone()
-    again = fused.pack_into([w[:, :32], w[2:5]], offsets, total)
-    assert fused.plans_built == 1 and torch.equal(first, again)
-    moved = fused.pack_into([w[:, 32:], w[2:5]], offsets, total)  # same shapes, other addresses
+    first = fused.pack_into(views_of(w1), offsets, total).clone()
+    w2 = torch.randn(8, 64)  # another allocation, other values
+    second = fused.pack_into(views_of(w2), offsets, total)
+    assert fused.plans_built == 1
+    assert torch.equal(first, torch_path.pack_into(views_of(w1), offsets, total))
+    assert torch.equal(second, torch_path.pack_into(views_of(w2), offsets, total))
+    d1, d2 = torch.zeros(8, 64), torch.zeros(8, 64)
+    fused.unpack_from(first, views_of(d1), offsets)
+    fused.unpack_from(second, views_of(d2), offsets)  # the unpack plan of d1, into d2
     assert fused.plans_built == 2
-    assert torch.equal(moved, Packer("torch").pack_into([w[:, 32:], w[2:5]], offsets, total))
+    for got, want in ((d1, w1), (d2, w2)):
+        assert torch.equal(got[:, :32], want[:, :32]) and torch.equal(got[2:5], want[2:5])
+        assert not got[5:, 32:].any()  # nothing written outside the views
+    shifted = torch.randn(8 * 64 + 1)[1:].view(8, 64)  # 4 bytes past a 16-byte boundary
+    assert shifted.data_ptr() % 16 != w1.data_ptr() % 16
+    moved = fused.pack_into(views_of(shifted), offsets, total)
+    assert fused.plans_built == 3
+    assert torch.equal(moved, torch_path.pack_into(views_of(shifted), offsets, total))
     plain = Packer("torch")
-    plain.pack_into(views, offsets, total)
-    plain.pack_into(views, offsets, total)
+    plain.pack_into(views_of(w1), offsets, total)
+    plain.pack_into(views_of(w1), offsets, total)
     assert plain.plans_built == 2
+
+
+def test_keyless_copies_are_cached_by_exact_addresses():
+    """Copy plans hold both sides' addresses: other tensors rebuild (and copy right)."""
+    a, b = torch.randn(4, 16), torch.zeros(4, 16)
+    fused = Packer("triton")
+    fused.copy([(a[:, :8], b[:, 8:])])
+    fused.copy([(a[:, :8], b[:, 8:])])
+    assert fused.plans_built == 1 and torch.equal(b[:, 8:], a[:, :8])
+    c, d = torch.randn(4, 16), torch.zeros(4, 16)
+    fused.copy([(c[:, :8], d[:, 8:])])
+    assert fused.plans_built == 2 and torch.equal(d[:, 8:], c[:, :8]) and torch.equal(b[:, 8:], a[:, :8])

@@ -57,7 +57,7 @@ def covered(launch) -> dict[tuple[int, int], int]:
     seen: dict[tuple[int, int], int] = {}
     seg = launch.segments.tolist()
     for piece, local in launch.tiles.tolist():
-        _, dst, _, rows, inner, _, dst_s, col_tiles = seg[piece]
+        _, dst, _, rows, inner, _, dst_s, col_tiles, _ = seg[piece]
         row_tile, col_tile = divmod(local, col_tiles)
         for r in range(row_tile * launch.rows, (row_tile + 1) * launch.rows):
             for c in range(col_tile * launch.cols, (col_tile + 1) * launch.cols):

@@ -3,9 +3,11 @@
 One program moves one tile: up to ROWS rows x COLS words of one piece. It reads its
 (piece, tile) from the tile table, the piece's row from the segment table, and copies
 words from the source rows to the destination rows. Addresses are word offsets from the
-`anchor` pointer (any number of tensors in one launch), or, on the buffer side of a pack
-or unpack, offsets into the message's buffer, whose own offset from the anchor (bytes)
-comes from `bases` (so a cached table serves any buffer). All index arithmetic is int64
+`anchor` pointer (any number of tensors in one launch; copies), or, in a pack or unpack,
+offsets into the message's buffer on the buffer side, whose own offset from the anchor
+(bytes) comes from `bases`, and offsets from the view's base on the tensor side, whose
+offset from the anchor comes from `views` (so a cached table serves any buffer and any
+tensors of the same shapes, strides and 16-byte residues). All index arithmetic is int64
 except the per-program tile split; no division happens per element or per row.
 
 Mixed dtypes: the kernel moves *words*, not elements. A bf16 weight box and an fp32
@@ -54,8 +56,8 @@ def anchor(device: torch.device) -> torch.Tensor:
 
 
 @triton.jit
-def move_tiles_kernel(tiles, table, bases, anchor, NC: tl.constexpr, REL: tl.constexpr, WORD: tl.constexpr,
-                      VEC: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr):
+def move_tiles_kernel(tiles, table, bases, views, anchor, NC: tl.constexpr, REL: tl.constexpr,
+                      WORD: tl.constexpr, VEC: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     piece = tl.load(tiles + 2 * pid).to(tl.int64)
     local = tl.load(tiles + 2 * pid + 1)
@@ -64,8 +66,10 @@ def move_tiles_kernel(tiles, table, bases, anchor, NC: tl.constexpr, REL: tl.con
     dst = tl.load(entry + 1)
     if REL == 1:
         dst += tl.load(bases + tl.load(entry + 2)) // WORD
+        src += tl.load(views + tl.load(entry + 8)) // WORD
     if REL == 2:
         src += tl.load(bases + tl.load(entry + 2)) // WORD
+        dst += tl.load(views + tl.load(entry + 8)) // WORD
     rows = tl.load(entry + 3)
     inner = tl.load(entry + 4)
     src_s = tl.load(entry + 5)
@@ -86,19 +90,23 @@ def move_tiles_kernel(tiles, table, bases, anchor, NC: tl.constexpr, REL: tl.con
     tl.store(anchor + (dst_row[:, None] + c[None, :]), words, mask=mask)
 
 
-def run_launch(launch: Launch, rel: int, bases: Optional[torch.Tensor]):
-    """Input: a Launch whose tables live on the device of the data and were built against
-    `anchor(device)`, `rel` (REL_*), and for REL_SRC/REL_DST the int64 tensor of each
-    buffer's byte offset from the anchor (multiples of 16).
+def run_launch(launch: Launch, rel: int, bases: Optional[torch.Tensor], views: Optional[torch.Tensor] = None):
+    """Input: a Launch whose tables live on the device of the data, `rel` (REL_*); for
+    REL_NONE tables built against `anchor(device)`; for REL_SRC/REL_DST tables whose
+    tensor side is relative to view slots (`view_pieces(..., slot=k)`, anchor 0), the
+    int64 tensor of each buffer's byte offset from the anchor (`bases`) and of each view
+    base's (`views`), all multiples of 16.
     Output: Triton's handle of the compiled kernel (its `.asm` shows the code), or None;
     the launch's pieces are copied asynchronously on the current stream."""
     n_tiles = launch.tiles.shape[0]
     if n_tiles == 0:
         return None
-    if bases is None:
-        bases = launch.segments  # unused by the kernel when rel == REL_NONE
+    if rel != REL_NONE and (bases is None or views is None):
+        raise ValueError("a pack or unpack launch needs the buffers' and the views' bases")
+    bases = launch.segments if bases is None else bases  # unused by the kernel when rel == REL_NONE
+    views = launch.segments if views is None else views
     word_anchor = anchor(launch.segments.device).view(WORD_DTYPES[launch.word])
     return move_tiles_kernel[(n_tiles,)](
-        launch.tiles, launch.segments, bases, word_anchor, NC=NCOLS, REL=rel, WORD=launch.word, VEC=launch.vec,
-        ROWS=launch.rows, COLS=launch.cols, num_warps=launch.num_warps,
+        launch.tiles, launch.segments, bases, views, word_anchor, NC=NCOLS, REL=rel, WORD=launch.word,
+        VEC=launch.vec, ROWS=launch.rows, COLS=launch.cols, num_warps=launch.num_warps,
     )

@@ -94,7 +94,10 @@ class Piece(NamedTuple):
     """One copy of `rows` rows of `inner` contiguous words each. Row r sits at word
     `src + r*src_s` and `dst + r*dst_s` (word addresses: byte address // word). On the
     buffer side of a pack or unpack the address is the byte offset // word in message
-    `msg`'s buffer. A single contiguous run has rows == 1 (the tiler re-cuts it)."""
+    `msg`'s buffer; on its tensor side, when the pieces come from `view_pieces(...,
+    slot=k)`, it is relative to view k's base (its address rounded down to 16 bytes,
+    given per call), so one plan serves the same views wherever their tensors sit. A
+    single contiguous run has rows == 1 (the tiler re-cuts it)."""
 
     word: int
     vec: int
@@ -105,6 +108,7 @@ class Piece(NamedTuple):
     src_s: int
     dst_s: int
     msg: int = 0
+    slot: int = 0
 
 
 def _lowbit(value: int) -> int:
@@ -112,7 +116,7 @@ def _lowbit(value: int) -> int:
 
 
 def normalize_pair(sizes: Sequence[int], src_strides: Sequence[int], dst_strides: Sequence[int],
-                   src: int, dst: int, elem: int, msg: int = 0) -> list[Piece]:
+                   src: int, dst: int, elem: int, msg: int = 0, slot: int = 0) -> list[Piece]:
     """Input: one box given by its sizes and, per side, element strides and byte address
     (or byte offset), for elements of `elem` bytes. Output: the pieces that copy it.
 
@@ -134,40 +138,46 @@ def normalize_pair(sizes: Sequence[int], src_strides: Sequence[int], dst_strides
         run, outer = merged[-1][0] * elem, merged[:-1]
     else:  # no contiguous innermost dim: every element is its own run
         run, outer = elem, merged
-    return _pieces(outer, run, src, dst, msg)
+    return _pieces(outer, run, src, dst, msg, slot)
 
 
-def _pieces(outer: list[tuple[int, int, int]], run: int, src: int, dst: int, msg: int) -> list[Piece]:
+def _pieces(outer: list[tuple[int, int, int]], run: int, src: int, dst: int, msg: int, slot: int) -> list[Piece]:
     if len(outer) > 1:  # the kernel indexes one outer dim (no division per row): split
         n, a, b = outer[0]
-        return [p for k in range(n) for p in _pieces(outer[1:], run, src + k * a, dst + k * b, msg)]
+        return [p for k in range(n) for p in _pieces(outer[1:], run, src + k * a, dst + k * b, msg, slot)]
     rows, a, b = outer[0] if outer else (1, run, run)
-    return [_piece(src, dst, rows, run, a, b, msg)]
+    return [_piece(src, dst, rows, run, a, b, msg, slot)]
 
 
-def _piece(src: int, dst: int, rows: int, run: int, src_s: int, dst_s: int, msg: int) -> Piece:
+def _piece(src: int, dst: int, rows: int, run: int, src_s: int, dst_s: int, msg: int, slot: int = 0) -> Piece:
     """A piece from byte quantities, in the widest words that divide them all."""
     low = _lowbit(math.gcd(src, dst, run, src_s, dst_s))
     word = min(MAX_WORD, low)
     return Piece(word, 2 if low >= 16 else 1, src // word, dst // word, rows, run // word,
-                 src_s // word, dst_s // word, msg)
+                 src_s // word, dst_s // word, msg, slot)
 
 
-def view_pieces(view: torch.Tensor, offset: int, msg: int, direction: str) -> list[Piece]:
+def view_pieces(view: torch.Tensor, offset: int, msg: int, direction: str, slot=None) -> list[Piece]:
     """Pieces between a tensor view and its contiguous image at byte `offset` of message
-    `msg`'s buffer; direction "pack" (view → buffer) or "unpack" (buffer → view)."""
+    `msg`'s buffer; direction "pack" (view → buffer) or "unpack" (buffer → view).
+    slot=None: the view's side holds absolute addresses. slot=k: addresses relative to
+    view k's base, `data_ptr() - data_ptr() % ALIGN` (the word size and the 16-byte
+    hint depend on the address only through that residue)."""
     addr = view.data_ptr()
+    if slot is not None:
+        addr %= ALIGN
+    slot = slot or 0
     if view.is_contiguous():  # the common case, one dense run: skip the general path
         run = nbytes(view)
         if run == 0:
             return []
         src, dst = (addr, offset) if direction == "pack" else (offset, addr)
-        return [_piece(src, dst, 1, run, run, run, msg)]
+        return [_piece(src, dst, 1, run, run, run, msg, slot)]
     sizes = list(view.shape)
     contiguous = _contiguous_strides(sizes)
     if direction == "pack":
-        return normalize_pair(sizes, view.stride(), contiguous, addr, offset, view.element_size(), msg)
-    return normalize_pair(sizes, contiguous, view.stride(), offset, addr, view.element_size(), msg)
+        return normalize_pair(sizes, view.stride(), contiguous, addr, offset, view.element_size(), msg, slot)
+    return normalize_pair(sizes, contiguous, view.stride(), offset, addr, view.element_size(), msg, slot)
 
 
 def copy_pieces(src: torch.Tensor, dst: torch.Tensor) -> list[Piece]:

@@ -13,14 +13,19 @@ pointer argument's alignment, and keeps it through `anchor + offset` when the of
 carry `tl.multiple_of`; an address cast from an integer (`int_to_ptr`) loses it, and the
 PTX then has no vector loads (seen: 0 of 16 data loads were `ld.global.v2`, and 8 of
 8 with the anchor). Offsets on the buffer side of a pack/unpack are left relative to the
-message's buffer, whose anchor offset comes per call from a small `bases` table.
+message's buffer, whose anchor offset comes per call from a small `bases` table, and on
+its tensor side relative to each view's 16-byte aligned base, which a second small table
+gives per call: a pack or unpack plan depends on the views' shapes, strides and address
+residues, not on where the caching allocator put this transition's shards.
 
 Tables are int64 (addresses and strides of tensors past 2**31 elements are exact),
 built on the host with vectorised torch ops, copied to the device once and cached by
 the caller.
 
 Segment table, one row of NCOLS int64 per piece:
-    0 src   1 dst   2 msg   3 rows   4 inner   5 src_s   6 dst_s   7 col_tiles
+    0 src   1 dst   2 msg   3 rows   4 inner   5 src_s   6 dst_s   7 col_tiles   8 slot
+(slot: the view whose base the tensor side of a pack or unpack is relative to, see
+`segments.Piece`; such tables are built with anchor 0 and the bases come per call.)
 Tile table, one row of two int32 per program: (piece index, tile index in the piece).
 """
 
@@ -34,7 +39,7 @@ import torch
 
 from .segments import Piece
 
-NCOLS = 8
+NCOLS = 9
 TILE_OVERHEAD = 512  # lane-equivalents a tile costs beyond its lanes (table loads, latency)
 ROW_OVERHEAD = 16  # lane-equivalents per tile row (row index arithmetic, short bursts)
 COLS_CHOICES = (16, 32, 64, 128, 256, 512, 1024, 2048)
@@ -123,7 +128,8 @@ def _launch(word: int, vec: int, pieces: list[Piece], anchor: int, rel: Optional
             force_tile: Optional[tuple[int, int]]) -> Launch:
     fields = torch.tensor(pieces, dtype=torch.int64).view(-1, len(Piece._fields))  # Piece is a NamedTuple
     order = [Piece._fields.index(name) for name in ("src", "dst", "msg", "rows", "inner", "src_s", "dst_s")]
-    raw = torch.cat([fields[:, order], torch.zeros_like(fields[:, :1])], dim=1)
+    slot = Piece._fields.index("slot")
+    raw = torch.cat([fields[:, order], torch.zeros_like(fields[:, :1]), fields[:, slot:slot + 1]], dim=1)
     if rel != "src":
         raw[:, 0] -= anchor
     if rel != "dst":
