@@ -172,7 +172,11 @@ def _execute(prog, before, parking, group, control, device, resident_bytes, veri
         run.result.sent_bytes += timing.sent_bytes
         run.result.received_bytes += timing.received_bytes
         if round_hook is not None:
-            round_hook(work.index)
+            try:  # the user's code: a failure in it aborts on every rank, as any other
+                round_hook(work.index)
+            except Exception as error:  # noqa: BLE001
+                if run.failure is None:
+                    run.failure = Failure(run.rank, work.index, "round_hook", None, f"{type(error).__name__}: {error}")
         if bar is not None:
             bar[0].update(bar[1], advance=1, description=f"round {work.index}: {timing.messages} messages, "
                           f"{timing.sent_bytes / 2**20:.1f} MiB out, {timing.seconds * 1e3:.1f} ms")

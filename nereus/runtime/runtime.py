@@ -89,7 +89,7 @@ from nereus.passes.layout import unit_id
 
 from . import offload, packing
 from .boxes import as_box, shard_shape
-from .control import Stale, gather_flagged
+from .control import Stale, collectives, gather_flagged
 from .executor import TORCH_DTYPES, execute
 from .gc_pause import paused
 from .parking import ROLLBACK_MODES, default_rollback
@@ -463,7 +463,8 @@ class Runtime:
             else:
                 steps = self._steps(result.agreed_rows)
         if result is None:
-            compile_s, prog, key, steps = self._lower(target)
+            with collectives(self._plan, target, "compile"):  # a peer gone: TransitionAborted, not gloo's error
+                compile_s, prog, key, steps = self._lower(target)
             # compiling is reported apart (compile_s, 0 when cached)
             result = self._execute(prog, key, verify, fault, round_hook, called + compile_s)
         live = set(key[2])
@@ -588,7 +589,8 @@ class Runtime:
         holder of a live model-stage did not register it. One small all_gather carries
         every rank's registration count and steps; the ranks' registered sets are gathered
         only when some rank's count changed since the last gather (counts only grow)."""
-        table = [r[1:] for r in gather_flagged(None, self._row(), torch.int64, self._control)]
+        table = [r[1:] for r in gather_flagged(None, self._row(), torch.int64, self._control,
+                                               (self._plan, target, "live"))]
         counts = tuple(r[0] for r in table)
         steps = self._steps(table)
         if self._gathered is None or self._gathered[0] != counts:

@@ -175,6 +175,31 @@ def reference_state(tensors: list, seed: int = 0) -> dict:
     return {t["name"]: torch.randn(t["shape"], generator=gen).to(dt[t["dtype"]]) for t in tensors}
 
 
+def registered(source: str, plan: str, stages, rank: int, world: int, seed: int, **options) -> tuple:
+    """(a Runtime of `source` at `plan` with every model-stage of `stages` registered from
+    seeded full state dicts, {model-stage: full state dict}); options go to Runtime."""
+    from nereus.ir import parse_source
+    from nereus.runtime import Runtime
+
+    rt = Runtime(parse_source(source, "test.nir"), plan, rank=rank, world_size=world, **options)
+    gen = torch.Generator().manual_seed(seed)
+    full = {}
+    for ms in stages:
+        full[ms] = {name: (torch.tensor(3, dtype=torch.int64) if name.endswith("#step")
+                           else torch.randn(shape, generator=gen).to(dtype))
+                    for name, (shape, dtype) in rt.tensor_specs(ms).items()}
+        rt.register(ms, rt.shard_state_dict(ms, full[ms]))
+    return rt, full
+
+
+def spawn_ok(fn, world: int, *args) -> list:
+    """`spawn`, asserting that every rank returned: each rank's result."""
+    results = spawn(fn, world, *args)
+    for r, res in enumerate(results):
+        assert res is not None and res[0] == "ok", f"rank {r}: {res}"
+    return [res[1] for res in results]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -19,25 +19,16 @@ import gc
 import pytest
 import torch
 
-import nereus.ir as ir
-from nereus.runtime import Runtime, TransitionAborted, gc_pause
+from nereus.runtime import TransitionAborted, gc_pause
 
-from runtime_helpers import spawn
+from runtime_helpers import registered, spawn_ok
 from test_transition_overhead import SOURCE, STAGES  # 2 stages, TP <-> DP both ways
 
 pytestmark = pytest.mark.multiprocess
 
 
 def _run(rank, world):
-    module = ir.parse_source(SOURCE, "gc.nir")
-    rt = Runtime(module, "A", rank=rank, world_size=world, direct_min_bytes=1024)
-    gen = torch.Generator().manual_seed(11)
-    full = {}
-    for ms in STAGES:
-        full[ms] = {name: (torch.tensor(3, dtype=torch.int64) if name.endswith("#step")
-                           else torch.randn(shape, generator=gen).to(dtype))
-                    for name, (shape, dtype) in rt.tensor_specs(ms).items()}
-        rt.register(ms, rt.shard_state_dict(ms, full[ms]))
+    rt, full = registered(SOURCE, "A", STAGES, rank, world, 11, direct_min_bytes=1024)
     seen: list = []
 
     def hook(index):
@@ -77,10 +68,7 @@ def _run(rank, world):
 
 @pytest.fixture(scope="module")
 def per_rank():
-    results = spawn(_run, 2)
-    for r, res in enumerate(results):
-        assert res is not None and res[0] == "ok", f"rank {r}: {res}"
-    return [res[1] for res in results]
+    return spawn_ok(_run, 2)
 
 
 def test_the_collector_is_off_inside_every_round_and_on_again_after(per_rank):

@@ -15,7 +15,7 @@ import nereus.ir as ir
 from nereus.runtime import Runtime
 from nereus.runtime.prepare import peers
 
-from runtime_helpers import spawn
+from runtime_helpers import spawn, spawn_ok
 from test_runtime import STAGES, _check, _reference, _source
 
 pytestmark = pytest.mark.multiprocess
@@ -44,10 +44,7 @@ def _run(rank, world):
 
 @pytest.fixture(scope="module")
 def per_rank():
-    results = spawn(_run, 4)
-    for r, res in enumerate(results):
-        assert res is not None and res[0] == "ok", f"rank {r}: {res}"
-    return [res[1] for res in results]
+    return spawn_ok(_run, 4)
 
 
 def test_prepare_leaves_the_state_alone(per_rank):

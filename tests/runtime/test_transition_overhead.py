@@ -17,7 +17,7 @@ import nereus.ir as ir
 from nereus.runtime import Runtime, TransitionAborted
 from nereus.runtime.state import step_name
 
-from runtime_helpers import spawn
+from runtime_helpers import spawn, spawn_ok
 
 pytestmark = pytest.mark.multiprocess
 
@@ -116,10 +116,7 @@ def _run(rank, world):
 
 @pytest.fixture(scope="module")
 def per_rank():
-    results = spawn(_run, 2)
-    for r, res in enumerate(results):
-        assert res is not None and res[0] == "ok", f"rank {r}: {res}"
-    return [res[1] for res in results]
+    return spawn_ok(_run, 2)
 
 
 def test_a_warm_transition_costs_one_agreement_per_round_and_the_commit(per_rank):
