@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 
@@ -91,10 +92,18 @@ def plot(result: dict, path: str, title: str) -> None:
 def simulate_command(trace, as_json, plot_path, margin, show_steps, estimate_transitions, oracle_grid, quiet,
                      traceback):
     """Replay a drift trace under fixed, greedy and Nereus policies and the DP oracle."""
+    if not math.isfinite(margin) or margin < 0:
+        raise click.BadParameter(f"must be a finite number ≥ 0, not {margin}", param_hint="--margin")
+    if not (math.isfinite(oracle_grid) and oracle_grid > 0):
+        raise click.BadParameter(f"must be a finite ratio > 0 (0.05: responses 5% apart), not {oracle_grid}",
+                                 param_hint="--oracle-grid")
     if plot_path:
         from nereus.cli.extras import require
 
         require(("matplotlib",), "`nereus simulate --plot`")
+        folder = os.path.dirname(os.path.abspath(plot_path))
+        if not os.path.isdir(folder):  # before the replay, not after it
+            raise click.BadParameter(f"its folder {folder} does not exist", param_hint="--plot")
     from nereus.controller.simulator import load_trace, simulate
 
     loaded = load_trace(trace)

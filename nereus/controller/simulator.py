@@ -66,12 +66,16 @@ TRANSITION_JITTER = 0.1
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
 
-def scaled_plan(module: Module, initial: Plan, gpus: int, name: str = "fixed") -> Plan:
-    """The initial plan's TP/PP per model-stage with DP scaled to `gpus` (lowest ids)."""
+def scaled_plan(module: Module, initial: Plan, gpus: int, name: str = "fixed") -> Optional[Plan]:
+    """The initial plan's TP/PP per model-stage with DP scaled to `gpus` (lowest ids);
+    None when some model-stage's TP x PP needs more than `gpus` GPUs (the fixed policy
+    cannot run there)."""
     from nereus.ir.gpuset import items_for
 
     from .search import Choice
 
+    if any(p.tp * p.pp > gpus for p in initial.placements):
+        return None
     choices = {}
     for p in initial.placements:
         dp = max(1, gpus // (p.tp * p.pp))
@@ -255,7 +259,11 @@ def simulate(trace: Trace, margin: float = 0.1, policies=POLICIES, transition_me
             controller = controllers.get(name)
             if controller is None:  # fixed: rescale DP when the GPU count changes, nothing else
                 if step.gpus != last_gpus or world.top[run.plan] >= step.gpus:
-                    target, why = world.add(scaled_plan(module, initial, step.gpus)), f"rescale DP to {step.gpus} GPUs"
+                    scaled = scaled_plan(module, initial, step.gpus)
+                    if scaled is None:  # fewer GPUs than one replica of some model-stage
+                        run.failed_at = i
+                        continue
+                    target, why = world.add(scaled), f"rescale DP to {step.gpus} GPUs"
             else:
                 began, cpu = time.perf_counter(), time.thread_time()
                 decision = controller.decide(i, known, step.gpus)

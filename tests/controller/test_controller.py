@@ -238,3 +238,46 @@ def test_a_forced_targets_correction_is_not_held_back_by_the_tie_threshold(small
     assert not stay.switch
     ctl.transitioned(small.plan("S1"), 1.0, 1.0, step=3)  # any later move (here one not forced)
     assert ctl.admission_settings().rho_min == ctl.settings.rho_min
+
+
+@pytest.mark.parametrize("content, message", [
+    ("null", "the trace is null, not a JSON object"),
+    ("[1, 2]", "the trace is an array, not a JSON object"),
+    ('{"nir": 3, "plan": "S1", "steps": []}', "'nir' must be a string, found 3"),
+    ('{"nir": "SMALL", "plan": "S1", "steps": {}}', "'steps' must be a list of steps"),
+    ('{"nir": "SMALL", "plan": "S1", "seed": "x", "steps": []}', "'seed' must be an integer, found \"x\""),
+    ('{"nir": "SMALL", "plan": "S1", "steps": [null]}', "step 0 is not an object"),
+    ('{"nir": "SMALL", "plan": "S1", "steps": [{"response": -5, "gpus": 8}]}',
+     "step 0: response must be a positive integer, found -5"),
+    ('{"nir": "SMALL", "plan": "S1", "steps": [{"response": 0, "gpus": 8}]}',
+     "step 0: response must be a positive integer, found 0"),
+    ('{"nir": "SMALL", "plan": "S1", "steps": [{"response": "2048", "gpus": 8}]}',
+     "step 0: response must be a positive integer, found \"2048\""),
+    ('{"nir": "SMALL", "plan": "S1", "steps": [{"response": 2048.7, "gpus": 8}]}',
+     "step 0: response must be a positive integer, found 2048.7"),
+    ('{"nir": "SMALL", "plan": "S1", "steps": [{"response": true, "gpus": 8}]}',
+     "step 0: response must be a positive integer, found true"),
+    ('{"nir": "SMALL", "plan": "S1", "steps": [{"response": Infinity, "gpus": 8}]}',
+     "step 0: response must be a positive integer, found Infinity"),
+    ('{"nir": "SMALL", "plan": "S1", "steps": [{"response": 512, "gpus": 8, "prompt": "x"}]}',
+     "step 0: prompt must be a positive integer, found \"x\""),
+    ('{"nir": "SMALL", "plan": "S1", "steps": [{"response": 512, "gpus": 8, "batch": -1}]}',
+     "step 0: batch must be a positive integer, found -1"),
+    ('{"nir": "SMALL", "plan": "S1", "steps": [{"response": 512, "gpus": 8, "batch": MB_PLUS_ONE}]}',
+     "step 0: batch MB_PLUS_ONE is not a multiple of the workload's microbatch (MB)"),
+    ('{"nir": "SMALL", "plan": "S1", "steps": [{"respnse": 512, "gpus": 8}]}', "step 0: unknown key 'respnse'"),
+    ('{"nir": "SMALL", "plan": "S1", "steps": [{"response": 1' + '0' * 5000 + ', "gpus": 8}]}', "not valid JSON"),
+])
+def test_traces_are_checked_as_strictly_as_a_workload(tmp_path, content, message):
+    """Every malformed value is an error naming the file, step and field (exit 2 in the
+    CLI), never a traceback from inside the replay or a silent truncation."""
+    small = ir.parse_file(os.path.join(HERE, "small.nir"))
+    mb = small.workload.microbatch
+    fill = {"SMALL": os.path.join(HERE, "small.nir"), "MB_PLUS_ONE": str(mb + 1), "(MB)": f"({mb})"}
+    for old, new in fill.items():
+        content, message = content.replace(old, new), message.replace(old, new)
+    bad = tmp_path / "bad.json"
+    bad.write_text(content)
+    with pytest.raises(ir.NereusError) as raised:
+        load_trace(str(bad))
+    assert message in str(raised.value)

@@ -203,3 +203,19 @@ def test_controllers_decide_on_observed_responses_only(tmp_path, monkeypatch):
         if step > 0:
             assert response == steps[step - 1]["response"], (step, response)
         assert gpus == steps[step]["gpus"]
+
+
+def test_the_fixed_policy_fails_where_one_replica_no_longer_fits(tmp_path):
+    """GPUs drop below a model-stage's TP x PP: the fixed policy (rescale DP only) cannot
+    run there, and the replay says so (failed at that step) instead of crashing on a
+    unit larger than the GPUs left; the controllers move to a plan that fits."""
+    nir = tmp_path / "wide.nir"
+    nir.write_text(open(SMALL).read().replace("actor.training    dp 2 tp 2 pp 2", "actor.training    dp 1 tp 4 pp 2"))
+    path = tmp_path / "drop.json"
+    path.write_text(json.dumps({"nir": str(nir), "plan": "S1", "seed": 3,
+                                "steps": [{"response": 512, "gpus": 8}, {"response": 512, "gpus": 4},
+                                          {"response": 512, "gpus": 4}]}))
+    result = simulate(load_trace(str(path)), transition_method="estimate")
+    assert result["policies"]["fixed"]["failed_at"] == 1
+    assert result["policies"]["nereus"]["failed_at"] is None
+    assert result["policies"]["nereus"]["steps_run"] == 3
