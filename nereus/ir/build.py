@@ -304,7 +304,8 @@ def _placement(syntax: PlacementSyntax, cluster: Cluster, plan: str) -> Placemen
                                 width=key.width)
         else:
             try:
-                values[key.text] = units.parse_int(value.text, key.text)
+                # zero 0 is the documented default, so it may be written out
+                values[key.text] = units.parse_int(value.text, key.text, minimum=0 if key.text == "zero" else 1)
             except units.UnitError as error:
                 raise SemanticError(error.message, value.loc, error.hint, width=value.width) from None
             locs[key.text] = value.loc

@@ -560,3 +560,17 @@ def test_no_internal_token_names_in_syntax_errors():
     for name, edits, whole, expected in CASES:
         for internal in ("__ANON", "RBRACE", "LBRACE", "QUANTITY", "MODEL_STAGE", "GPU_ID", "$END", "Token("):
             assert internal not in expected, (name, internal)
+
+
+def test_zero_0_the_documented_default_may_be_written():
+    """docs/ir.md: `zero 0|1|3`, default 0; writing the default is the same plan, on any
+    model-stage, and a negative value is an error at the value."""
+    written = ir.parse_source(_source([("actor.training dp 2 tp 2 pp 2 on n0..n1",
+                                        "actor.training dp 2 tp 2 pp 2 zero 0 on n0..n1"),
+                                       ("actor.generation dp 2 tp 4 on 0..7",
+                                        "actor.generation dp 2 tp 4 zero 0 on 0..7")], None), "t.nir")
+    assert written.plans == ir.parse_source(BASE, "t.nir").plans
+    with pytest.raises(ir.NereusError) as caught:
+        ir.parse_source(_source([("actor.training dp 2 tp 2 pp 2 on n0..n1",
+                                  "actor.training dp 2 tp 2 pp 2 zero -1 on n0..n1")], None), "t.nir")
+    assert caught.value.format().splitlines()[0] == "t.nir:18:38: error: zero must be at least 0, found -1"
