@@ -62,7 +62,9 @@ class _Reader:
         return SemanticError(f"{self.shown}: {message}", self.where.loc, hint, width=self.where.width)
 
     def int(self, key: str, default: Optional[int] = None) -> int:
-        value = self.config.get(key, default)
+        value = self.config.get(key)
+        if value is None:  # absent or null: transformers reads null as its default too
+            value = default
         if value is None:
             raise self.error(f"'{key}' is missing", f"a transformers config.json sets {key}")
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -212,7 +214,9 @@ def read_hf_config(word: Word, path: str, nir_file: str) -> HfConfig:
     _reject_unsupported(read, family)
     fields: dict = {"architecture": family}
     if config["architectures"][0].endswith("ForSequenceClassification"):
-        labels = config.get("id2label") or {"0": "LABEL_0"}
+        # no id2label: transformers' default, 2 labels (transformers 5 leaves the default
+        # out of config.json; a 1-label model always writes its id2label)
+        labels = config.get("id2label") or {"0": "LABEL_0", "1": "LABEL_1"}
         if config.get("num_labels", len(labels)) != 1:
             raise read.unsupported("id2label", labels, "a reward model or critic scores with one label "
                                                        "(`num_labels=1`, Nereus' `head value`)")

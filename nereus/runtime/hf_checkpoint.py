@@ -55,8 +55,7 @@ class SafetensorsFiles:
         self.directory = directory
         index = os.path.join(directory, "model.safetensors.index.json")
         if os.path.isfile(index):
-            with open(index, encoding="utf-8") as handle:
-                files = sorted(set(json.load(handle)["weight_map"].values()))
+            files = _index_files(index)
         elif os.path.isfile(os.path.join(directory, "model.safetensors")):
             files = ["model.safetensors"]
         else:
@@ -65,17 +64,29 @@ class SafetensorsFiles:
         self.entries: dict = {}  # name -> (file, dtype, shape, data start)
         for file in files:
             path = os.path.join(directory, file)
-            with open(path, "rb") as handle:
-                (length,) = struct.unpack("<Q", handle.read(8))
-                header = json.loads(handle.read(length))
+            length, header = _header(path)
             for name, info in header.items():
                 if name == "__metadata__":
                     continue
-                if info["dtype"] not in SAFETENSORS_DTYPES:
-                    raise NereusError(f"{path}: {name} has dtype {info['dtype']}, which Nereus does not read")
-                self.entries[name] = (path, SAFETENSORS_DTYPES[info["dtype"]], tuple(info["shape"]),
-                                      8 + length + info["data_offsets"][0])
+                try:
+                    dtype, shape, (first, last) = info["dtype"], tuple(info["shape"]), info["data_offsets"]
+                except (KeyError, TypeError, ValueError):
+                    raise NereusError(f"{path}: the header entry of {name} lacks dtype, shape or data_offsets",
+                                      hint=_REWRITE) from None
+                if dtype not in SAFETENSORS_DTYPES:
+                    raise NereusError(f"{path}: {name} has dtype {dtype}, which Nereus does not read")
+                self.entries[name] = (path, SAFETENSORS_DTYPES[dtype], shape, 8 + length + first)
         self._fds: dict = {}
+
+    def check(self, name: str, shape: tuple, model: str) -> None:
+        """Raise unless tensor `name` is a floating-point tensor of `shape`."""
+        path, dtype, have, _ = self.entries[name]
+        if have != tuple(shape):
+            raise NereusError(f"{path}: {name} has shape {list(have)}, {model} needs {list(shape)}",
+                              hint="is the checkpoint of the model's architecture and sizes (its config.json)?")
+        if not dtype.is_floating_point:
+            raise NereusError(f"{path}: {name} is {str(dtype).replace('torch.', '')}, not a floating-point weight",
+                              hint="is this a model checkpoint?")
 
     def __contains__(self, name: str) -> bool:
         return name in self.entries
@@ -107,22 +118,63 @@ class SafetensorsFiles:
         fd = self._fd(path)
         (lo, hi), rest = box[0], box[1:]
         if all(a == 0 and b == n for (a, b), n in zip(rest, shape[1:])):  # whole rows: one read
-            _pread(fd, target, start + lo * row)
+            _pread(fd, target, start + lo * row, f"{path}: {name}")
             return
         if len(shape) != 2:
             raise NereusError(f"{name}: reading a column range of a {len(shape)}-D tensor is not supported")
         (c0, c1) = rest[0]
         width = (c1 - c0) * size
         for i, r in enumerate(range(lo, hi)):
-            _pread(fd, target[i * width:(i + 1) * width], start + r * row + c0 * size)
+            _pread(fd, target[i * width:(i + 1) * width], start + r * row + c0 * size, f"{path}: {name}")
 
 
-def _pread(fd: int, target: memoryview, offset: int) -> None:
+_REWRITE = "the file may be truncated, a Git LFS pointer (clone with git-lfs) or not safetensors; save it again"
+
+
+def _index_files(index: str) -> list:
+    """The shard files an index (`model.safetensors.index.json`) lists, each checked to exist."""
+    try:
+        with open(index, encoding="utf-8") as handle:
+            files = sorted(set(json.load(handle)["weight_map"].values()))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, ValueError) as error:
+        raise NereusError(f"{index}: not valid JSON ({error})", hint=_REWRITE) from None
+    except (KeyError, TypeError, AttributeError):
+        raise NereusError(f"{index}: no 'weight_map' of tensor names to files",
+                          hint="an index is {\"weight_map\": {\"name\": \"model-00001-of-00002.safetensors\", ...}}") from None
+    missing = [f for f in files if not isinstance(f, str) or not os.path.isfile(os.path.join(os.path.dirname(index), f))]
+    if missing:
+        raise NereusError(f"{index} lists {missing[0]}, which is not in {os.path.dirname(index)}",
+                          hint="copy every shard file of the checkpoint")
+    return files
+
+
+def _header(path: str) -> tuple:
+    """(header length, header dict) of a safetensors file, checked against its size."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as handle:
+        head = handle.read(8)
+        if len(head) < 8:
+            raise NereusError(f"{path}: {size} bytes, too short for a safetensors file", hint=_REWRITE)
+        (length,) = struct.unpack("<Q", head)
+        if length > size - 8:
+            raise NereusError(f"{path}: its header length ({length} bytes) exceeds the file ({size} bytes)",
+                              hint=_REWRITE)
+        try:
+            header = json.loads(handle.read(length))
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, ValueError) as error:
+            raise NereusError(f"{path}: the header is not valid JSON ({error})", hint=_REWRITE) from None
+    if not isinstance(header, dict):
+        raise NereusError(f"{path}: the header is not a JSON object", hint=_REWRITE)
+    return length, header
+
+
+def _pread(fd: int, target: memoryview, offset: int, what: str) -> None:
     done = 0
     while done < len(target):
         n = os.preadv(fd, [target[done:done + _MAX_READ]], offset + done)
         if n <= 0:
-            raise NereusError("unexpected end of a safetensors file", hint="the checkpoint may be truncated")
+            raise NereusError(f"{what}: the file ends at byte {offset + done}, inside the tensor's data",
+                              hint="the checkpoint is truncated: copy or save it again")
         done += n
 
 
@@ -166,6 +218,9 @@ def shard_checkpoint(model: Model, model_stage: ModelStage, unit: Optional[dict]
         return {}
     files = SafetensorsFiles(directory)
     try:
+        for hf, target in hf_targets(model).items():  # every present tensor, before any read
+            if hf in files:
+                files.check(hf, target.shape, model.name)
         sources = _sources(model)
         dtype = TORCH_DTYPES[model.dtype]
         weights = {f"{model.name}/{spec.name}" for spec in tensor_table(model)}

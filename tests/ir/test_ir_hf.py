@@ -227,3 +227,33 @@ def test_sequence_classification_checkpoints_are_value_heads(checkpoints):
     with pytest.raises(ir.SemanticError, match="id2label .* is not supported") as err:
         _parse(checkpoints, _module('model actor = hf("ckpt/Qwen2.5-7B")', "actor.training dp 8 on 0..7"))
     assert "one label" in err.value.hint
+
+
+def test_no_id2label_means_transformers_default_of_two_labels(checkpoints):
+    """transformers 5 leaves id2label out of config.json when it is the default, 2 labels:
+    such a classifier is no reward model (its score head has 2 rows), whatever the file
+    omits; num_labels 1 written out is one."""
+    directory = checkpoints / "ckpt" / "Qwen2.5-7B"
+    config = json.loads((directory / "config.json").read_text())
+    config["architectures"] = ["Qwen2ForSequenceClassification"]
+    config.pop("id2label", None)
+    config.pop("num_labels", None)
+    (directory / "config.json").write_text(json.dumps(config))
+    text = _module('model actor = hf("ckpt/Qwen2.5-7B")', "actor.training dp 8 on 0..7")
+    with pytest.raises(ir.SemanticError, match="id2label .* is not supported"):
+        _parse(checkpoints, text)
+    config["num_labels"] = 1
+    (directory / "config.json").write_text(json.dumps(config))
+    assert _parse(checkpoints, text).model("actor").head == "value"
+
+
+def test_a_null_kv_head_count_is_transformers_default(checkpoints):
+    """"num_key_value_heads": null reads as the attention heads (multi-head attention), as
+    transformers reads it."""
+    directory = checkpoints / "ckpt" / "Qwen2.5-7B"
+    config = json.loads((directory / "config.json").read_text())
+    config["num_key_value_heads"] = None
+    (directory / "config.json").write_text(json.dumps(config))
+    actor = _parse(checkpoints, _module('model actor = hf("ckpt/Qwen2.5-7B")', "actor.training dp 8 on 0..7")) \
+        .model("actor")
+    assert actor.kv_heads == actor.heads == config["num_attention_heads"]
