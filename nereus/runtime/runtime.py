@@ -251,13 +251,24 @@ class Runtime:
         unit = unit_on_gpu(self.layout(model_stage), self.rank)
         if unit is None:
             return {}
+        specs = self.tensor_specs(model_stage)
+        for name in {s["tensor"] for s in unit["shards"] if s["gpu"] == self.rank}:
+            tensor = full.get(name)
+            if tensor is None:
+                continue  # shard_unit names it
+            shape, dtype = specs[name]
+            if tuple(tensor.shape) != tuple(shape) or tensor.dtype != dtype:
+                raise NereusError(f"{name}: the full tensor is {list(tensor.shape)} {_dtype(tensor.dtype)}, "
+                                  f"{ms.model} needs {list(shape)} {_dtype(dtype)}",
+                                  hint="tensor_specs(model_stage) gives every full tensor's shape and dtype "
+                                       "(convert with .to(dtype))")
         if unit.get("offload", False):  # kept in (pinned) host memory outside its stage
             local = {name: offload.to_host(t) for name, t in shard_unit(unit, self.rank, full).items()}
         else:
             local = shard_unit(unit, self.rank, full, device=self.device)
         step = step_name(ms.model)
         if ms.stage == "training" and step in full:
-            local[step] = torch.as_tensor(full[step], dtype=torch.int64).clone()
+            local[step] = _step(step, full[step])
         return local
 
     def register(self, model_stage: str, local: dict) -> None:
@@ -271,10 +282,19 @@ class Runtime:
         if missing or extra:
             raise NereusError(f"{model_stage} on rank {self.rank}: missing {missing[:3]}, unexpected {extra[:3]}",
                               hint="build the dict with shard_state_dict(model_stage, full)")
+        if step in local:
+            if ms.stage != "training":
+                raise NereusError(f"{step}: {model_stage} holds no optimizer state, so no Adam step",
+                                  hint="register the step with the .training model-stage")
+            local = {**local, step: _step(step, local[step])}
+        specs = self.tensor_specs(model_stage)
         for name, shard in expected.items():
             shape = shard_shape([as_box(b) for b in shard["boxes"]])
             if tuple(local[name].shape) != shape:
                 raise NereusError(f"{name}: local shape {tuple(local[name].shape)}, the layout says {shape}")
+            if local[name].dtype != specs[name][1]:
+                raise NereusError(f"{name}: the local tensor is {_dtype(local[name].dtype)}, the layout says "
+                                  f"{_dtype(specs[name][1])}", hint="convert with .to(dtype) before register")
             if not local[name].is_contiguous():
                 raise NereusError(f"{name}: the local tensor is not contiguous",
                                   hint="register contiguous tensors (transitions send and receive them in place)")
@@ -633,6 +653,21 @@ class _Lowered:
     resident_bytes: int  # this rank's resident bytes in the program
     capacity_bytes: Optional[int]  # this GPU's capacity in the program
     offloaded: frozenset  # ("before" | "after", unit id) of the units kept in host memory
+
+
+def _dtype(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _step(name: str, value) -> torch.Tensor:
+    """An Adam step as a 0-d int64 tensor; an integer (Python or tensor) or an integral
+    float, never a fraction or a bool."""
+    tensor = torch.as_tensor(value)
+    if tensor.dim() != 0 or tensor.dtype == torch.bool or tensor.is_complex() or \
+            (tensor.is_floating_point() and float(tensor) != int(tensor)) or float(tensor) < 0:
+        raise NereusError(f"{name}: an Adam step is a whole number ≥ 0, found {value!r}",
+                          hint="e.g. torch.tensor(3) or 3")
+    return tensor.to(torch.int64).clone()
 
 
 def tensor_specs(module: Module, model_stage: str) -> dict:
