@@ -41,6 +41,8 @@ def verify_command(program: str, against: str | None, overrides: tuple, as_json:
         raise ProgramError(f"{program} is not JSON: {error.msg} at line {error.lineno} column {error.colno}") from None
     except UnicodeDecodeError as error:
         raise ProgramError(f"{program} is not UTF-8 text: {error.reason} at byte {error.start}") from None
+    except (ValueError, RecursionError) as error:  # an integer of >4300 digits, nesting deeper than Python's stack
+        raise ProgramError(f"{program} is not JSON a program can be: {str(error) or type(error).__name__}") from None
     module = None
     if against is not None:
         from nereus.cli.check import load_module

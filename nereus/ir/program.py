@@ -8,6 +8,8 @@ Imports neither torch nor triton."""
 
 from __future__ import annotations
 
+import json
+
 from dataclasses import dataclass
 
 from .diagnostics import ProgramError
@@ -31,11 +33,16 @@ def program_from_json(data: dict) -> JsonProgram:
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ProgramError("not a Nereus program: 'format' must be \"nereus-program\"",
                            hint="produce one with `nereusc FILE --transition S1:S2 --emit json -o program.json`")
-    if data.get("version") != VERSION:
-        raise ProgramError(f"unsupported program version {data.get('version')!r}; this compiler reads version 1")
+    version = data.get("version")
+    if type(version) is not int or version != VERSION:  # not True, not 1.0: the integer 1
+        raise ProgramError(f"unsupported program version {json.dumps(version)}; this compiler reads version 1")
     for key in REQUIRED_FIELDS:
         if key not in data:
             raise ProgramError(f"program lacks the required field '{key}'")
+    transition = data["transition"]
+    if not isinstance(transition, dict) or not all(isinstance(transition.get(k), str) for k in ("from", "to")):
+        raise ProgramError("header field 'transition' must be {\"from\": PLAN, \"to\": PLAN}",
+                           hint="docs/program.md lists every field and its type")
     return JsonProgram(data)
 
 

@@ -25,6 +25,7 @@ Invariant: any input — malformed or not — ends in a report or a located Prog
 from __future__ import annotations
 
 import gc
+import json
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -122,6 +123,7 @@ def _replay(data: dict, header: Header, cursor: _Cursor) -> VerifyReport:
     written: dict = defaultdict(list)
     peak = dict(mem)
     ops = segments = moved = 0
+    seen_ids: set = set()
     for k, rnd in enumerate(rounds):
         cursor.where = f"round {k}"
         if not isinstance(rnd, dict) or not isinstance(rnd.get("ops"), list):
@@ -140,6 +142,15 @@ def _replay(data: dict, header: Header, cursor: _Cursor) -> VerifyReport:
                 _check_memory(f"round {k}, ops 0-{i - 1} (allocs and transfers)", mem, transient, capacity, peak)
             phase = PHASE[kind]
             ops += 1
+            # `id` and `round` (docs/program.md: added fields, so optional): ids unique, the
+            # round the op's own
+            if "round" in op and (not is_int(op["round"]) or op["round"] != k):
+                fail(f"{where}: its 'round' field says {json.dumps(op['round'])}, it sits in round {k}")
+            if "id" in op:
+                if not is_int(op["id"]) or op["id"] in seen_ids:
+                    fail(f"{where}: op id {json.dumps(op['id'])} is not a new integer",
+                         hint="op ids are unique, in program order")
+                seen_ids.add(op["id"])
             if kind in ("alloc", "free", "stage_out"):
                 gpu, unit = op.get("gpu"), op.get("unit")
                 if not is_int(gpu) or gpu not in capacity:

@@ -79,6 +79,9 @@ def test_read_after_free_fails(programs):
     frees = [o for o in p["rounds"][k]["ops"] if o["op"] == "free" and o["unit"] == src_unit and o["gpu"] == op["src"]]
     p["rounds"][k]["ops"].remove(frees[0])
     p["rounds"].insert(0, {"ops": [frees[0]]})
+    for index, rnd in enumerate(p["rounds"]):  # each op's `round` field follows it
+        for o in rnd["ops"]:
+            o["round"] = index
     with pytest.raises(ProgramError, match="read after free"):
         verify_program(p)
 

@@ -805,6 +805,40 @@ def wrong_version(p):
 
 
 @corruption()
+def version_true(p):
+    p["version"] = True  # == 1 in Python, not the integer 1 in JSON
+    return p
+
+
+@corruption()
+def version_float(p):
+    p["version"] = 1.0
+    return p
+
+
+@corruption()
+def transition_null(p):
+    p["transition"] = None
+    return p
+
+
+@corruption()
+def op_id_repeated(p):
+    ops = [op for rnd in p["rounds"] for op in rnd["ops"]]
+    if len(ops) < 2:
+        raise NotApplicable
+    ops[1]["id"] = ops[0]["id"]
+    return p
+
+
+@corruption()
+def op_round_field_wrong(p):
+    op = p["rounds"][-1]["ops"][0]
+    op["round"] = op["round"] + 5
+    return p
+
+
+@corruption()
 def rounds_missing(p):
     del p["rounds"]
     return p
@@ -842,7 +876,7 @@ def test_corruption_is_rejected_with_a_located_message(programs, corrupt):
         if corrupted is None:
             continue
         applied += 1
-        assert corrupted != program, name
+        assert json.dumps(corrupted, sort_keys=True) != json.dumps(program, sort_keys=True), name  # True == 1
         with pytest.raises(ProgramError, match=LOCATED) as caught:
             verify_program(corrupted, against=module)
         if not corrupt.needs_plans:  # the plans are not needed to see it
@@ -929,3 +963,14 @@ def test_random_malformed_fields_are_located_errors_never_crashes(programs):
                 except ProgramError as error:
                     assert re.search(LOCATED, error.message), (name, trial, error.message)
                     assert "malformed program" not in error.message, (name, trial, error.message)
+
+
+@pytest.mark.parametrize("text", ['{"format": "nereus-program", "version": 1' + "0" * 5000 + "}",
+                                  "[" * 100000 + "]" * 100000])
+def test_json_python_will_not_read_is_an_error_not_a_traceback(tmp_path, text):
+    """An integer of more digits than Python converts, nesting deeper than its stack."""
+    path = tmp_path / "odd.json"
+    path.write_text(text)
+    done = _cli(str(path))
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.startswith(f"error: {path} is not JSON a program can be: ")
