@@ -65,6 +65,7 @@ class SafetensorsFiles:
         for file in files:
             path = os.path.join(directory, file)
             length, header = _header(path)
+            size = os.path.getsize(path)
             for name, info in header.items():
                 if name == "__metadata__":
                     continue
@@ -75,6 +76,15 @@ class SafetensorsFiles:
                                       hint=_REWRITE) from None
                 if dtype not in SAFETENSORS_DTYPES:
                     raise NereusError(f"{path}: {name} has dtype {dtype}, which Nereus does not read")
+                numel = 1
+                for n in shape:
+                    numel *= n
+                if last - first != numel * SAFETENSORS_DTYPES[dtype].itemsize:
+                    raise NereusError(f"{path}: {name} spans {last - first} bytes, its shape {list(shape)} and dtype "
+                                      f"{dtype} make {numel * SAFETENSORS_DTYPES[dtype].itemsize}", hint=_REWRITE)
+                if 8 + length + last > size:
+                    raise NereusError(f"{path}: {name}: the file ends at byte {size}, inside the tensor's data",
+                                      hint="the checkpoint is truncated: copy or save it again")
                 self.entries[name] = (path, SAFETENSORS_DTYPES[dtype], shape, 8 + length + first)
         self._fds: dict = {}
 

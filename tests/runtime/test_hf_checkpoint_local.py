@@ -88,11 +88,15 @@ def test_a_tensor_of_another_shape_or_dtype_is_an_error(tmp_path, edit, message)
     assert message in str(raised.value)
 
 
+_SHORT = b'{"x": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}}'
+
+
 @pytest.mark.parametrize("content, message", [
     (b"", "0 bytes, too short for a safetensors file"),
     (b"version https://git-lfs.github.com/spec/v1\noid sha256:4d7a\nsize 123\n", "exceeds the file"),
     (b"\x05\x00\x00\x00\x00\x00\x00\x00{bad}", "the header is not valid JSON"),
     (b"\x02\x00\x00\x00\x00\x00\x00\x00[]", "the header is not a JSON object"),
+    (len(_SHORT).to_bytes(8, "little") + _SHORT + bytes(8), "x spans 4 bytes, its shape [2] and dtype F32 make 8"),
 ])
 def test_a_malformed_file_is_an_error_naming_it(tmp_path, content, message):
     write_checkpoint("llama31", tmp_path / "ckpt")
