@@ -182,6 +182,9 @@ def compile_command(file, transition, overrides, emit, output, as_json, time_pas
             total = sum(compiled.timings.values())
             listing = ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in compiled.timings.items())
             click.echo(f"time {source} -> {target}: {listing}; total {total * 1000:.1f} ms", err=True)
+    over = [c for c in results if (c.summary.get("peak_memory") or {}).get("fraction", 0.0) > 1.0]
+    if over and emit == "json":  # a program that cannot run is not written
+        raise NereusError(_over_memory(over[0]), hint=_OVER_HINT)
     if emit in (None, "summary"):
         if as_json:
             text = json.dumps({**checked, "transitions": [c.summary for c in results]}, indent=None)
@@ -212,5 +215,17 @@ def compile_command(file, transition, overrides, emit, output, as_json, time_pas
             handle.write(text + "\n")
     else:
         click.echo(text)
+    if over:  # shown above, and an error: the program would run out of memory
+        click.echo(f"error: {_over_memory(over[0])}\nhint: {_OVER_HINT}", err=True)
+        sys.exit(2)
     if not fits:  # like `nereusc check`: an infeasible plan is an error
         sys.exit(2)
+
+
+_OVER_HINT = "keep the `resources` pass in --pipeline: it schedules the transition within memory"
+
+
+def _over_memory(compiled) -> str:
+    peak = compiled.summary["peak_memory"]
+    return (f"transition {compiled.summary['transition']} needs {human_bytes(peak['bytes'])} on GPU {peak['gpu']} "
+            f"in round {peak['round']}, {peak['fraction']:.1%} of its usable memory: the program does not fit")

@@ -241,9 +241,15 @@ def _word(token: Token, file: str) -> Word:
     return Word(str(token), Location(file, token.line, token.column))
 
 
+_LONE_CR = re.compile(r"\r(?!\n)")
+
+
 def parse_syntax(text: str, file: str = "<input>") -> tuple[Declaration, ...]:
     """Input: source text. Output: its declarations in order. Raises ParseError (with the
     source attached) when the text does not follow the grammar."""
+    # a lone CR ends a line (old Mac files), as str.splitlines, which error displays and
+    # comment anchoring use, has it; CRLF is the grammar's already
+    text = _LONE_CR.sub("\n", text)
     try:
         tree = _PARSER.parse(text)
     except UnexpectedInput as error:

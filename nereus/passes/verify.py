@@ -72,6 +72,10 @@ def verify_program(program_json: dict, against=None) -> VerifyReport:
     cursor = _Cursor()
     try:
         data = program_from_json(program_json).data
+        if "rank" in data:  # docs/program.md, "Rank programs": one rank's part
+            raise ProgramError(f"this is rank {data['rank']}'s part of the program; verify proves whole programs",
+                               hint="emit the whole program (without --rank) to verify it; the runtime checks each "
+                                    "part's digest against the proven whole")
         header = parse_header(data)
         if against is not None:
             from .verify_world import check_against

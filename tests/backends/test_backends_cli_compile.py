@@ -104,3 +104,29 @@ def test_emit_dag_lists_records_in_stable_order(nir):
     assert first.exit_code == 0, first.output
     assert first.output == second.output and first.output.startswith("dag A -> B")
     assert "actor.generation: dp 2 tp 4 pp 1 -> dp 4 tp 2 pp 1" in first.output
+
+
+TIGHT = """
+cluster c { nodes 2 gpus_per_node 4 gpu { mem 3.2GB flops 300TFLOPS hbm 2TB/s } intra 300GB/s inter 25GB/s host_mem 64GB }
+model actor = llama { layers 8 hidden 1024 heads 16 kv_heads 2 ffn 4096 vocab 32000 }
+workload w { batch 8 prompt 16 response 16 microbatch 1 recompute full training: actor }
+plan A { actor.training dp 8 on 0..7 }
+plan B { actor.training dp 1 tp 8 on 7..0 }
+"""
+
+
+def test_a_pipeline_without_resources_does_not_emit_a_program_that_cannot_run(tmp_path):
+    """Without the `resources` pass nothing schedules the transition within memory: a
+    program past the GPUs' usable memory is an error (exit 2), and no file is written."""
+    path = tmp_path / "tight.nir"
+    path.write_text(TIGHT)
+    out = tmp_path / "x.json"
+    runner = CliRunner()
+    done = runner.invoke(nereusc, [str(path), "--transition", "B:A", "--pipeline", "diff,dag,lower",
+                                   "--emit", "json", "-o", str(out)])
+    assert done.exit_code == 2 and not out.exists()
+    assert "error: transition B -> A needs 6.9 GiB on GPU 0 in round 0, 232.5% of its usable memory" in done.output
+    shown = runner.invoke(nereusc, [str(path), "--transition", "B:A", "--pipeline", "diff,dag,lower"])
+    assert shown.exit_code == 2 and "peak memory 6.9 GiB of 3.0 GiB usable" in shown.output
+    fine = runner.invoke(nereusc, [str(path), "--transition", "B:A", "--emit", "json", "-o", str(out)])
+    assert fine.exit_code == 0 and out.exists()

@@ -574,3 +574,17 @@ def test_zero_0_the_documented_default_may_be_written():
         ir.parse_source(_source([("actor.training dp 2 tp 2 pp 2 on n0..n1",
                                   "actor.training dp 2 tp 2 pp 2 zero -1 on n0..n1")], None), "t.nir")
     assert caught.value.format().splitlines()[0] == "t.nir:18:38: error: zero must be at least 0, found -1"
+
+
+def test_lone_carriage_returns_end_lines():
+    """A file saved with CR line ends (old Mac) is the same program; a comment ends at its
+    CR instead of swallowing the rest of the file, and errors name the right line."""
+    assert ir.parse_source(BASE.replace("\n", "\r"), "t.nir").plans == ir.parse_source(BASE, "t.nir").plans
+    with pytest.raises(ir.NereusError) as caught:
+        ir.parse_source(_source([("actor.training dp 8 on 7..0", "actor.training dp 0 on 7..0")], None)
+                        .replace("\n", "\r"), "t.nir")
+    with pytest.raises(ir.NereusError) as plain:  # the same text and location as with LF ends
+        ir.parse_source(_source([("actor.training dp 8 on 7..0", "actor.training dp 0 on 7..0")], None), "t.nir")
+    assert caught.value.format() == plain.value.format()
+    assert ir.format_source("# first\r" + BASE.replace("\n", "\r"), "t.nir") == ir.format_source("# first\n" + BASE,
+                                                                                                 "t.nir")

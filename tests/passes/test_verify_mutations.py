@@ -974,3 +974,17 @@ def test_json_python_will_not_read_is_an_error_not_a_traceback(tmp_path, text):
     done = _cli(str(path))
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.startswith(f"error: {path} is not JSON a program can be: ")
+
+
+def test_a_rank_part_is_named_as_such(tmp_path):
+    """`--rank R` emits one rank's part; verify proves whole programs and says so."""
+    from pathlib import Path
+
+    path = tmp_path / "r1.json"
+    example = Path(__file__).parents[2] / "examples" / "ppo-8b.nir"
+    done = subprocess.run([sys.executable, "-m", "nereus.cli", str(example), "--transition", "S2:S3",
+                           "--emit", "json", "--rank", "1", "-o", str(path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    result = _cli(str(path))
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: this is rank 1's part of the program; verify proves whole programs")
