@@ -87,6 +87,7 @@ def hf_to_nereus(model: Model, hf_state: dict) -> dict:
     name (fused tensors assembled). Raises NereusError naming a missing, unknown or
     mis-shaped tensor."""
     targets = hf_targets(model)
+    hf_state = unstack_experts(model, hf_state)
     unknown = sorted(set(hf_state) - set(targets) - {tied_alias(model)})
     missing = sorted(set(targets) - set(hf_state))
     if unknown or missing:
@@ -102,6 +103,37 @@ def hf_to_nereus(model: Model, hf_state: dict) -> dict:
             spec = specs[target.tensor]
             out[target.tensor] = torch.empty(spec.shape, dtype=value.dtype, device=value.device)
         out[target.tensor][target.rows[0]:target.rows[1]].copy_(value)
+    return out
+
+
+_STACKED = re.compile(r"(model\.layers\.\d+\.mlp\.experts)\.(gate_up_proj|down_proj)$")
+
+
+def unstack_experts(model: Model, hf_state: dict) -> dict:
+    """`hf_state` with transformers 5's stacked experts (a live Qwen3MoeForCausalLM's
+    `state_dict()`: `mlp.experts.gate_up_proj` [E, 2F, hidden], gate rows then up rows,
+    and `mlp.experts.down_proj` [E, hidden, F]) as the per-expert names of the published
+    checkpoints (`mlp.experts.{e}.gate_proj.weight`, ...), views of the stacked tensors;
+    other entries as they are."""
+    if not getattr(model, "experts", 0) or not any(_STACKED.search(k) for k in hf_state):
+        return hf_state
+    out = {}
+    for name, value in hf_state.items():
+        match = _STACKED.search(name)
+        if match is None:
+            out[name] = value
+            continue
+        prefix, kind = match.groups()
+        if value.dim() != 3 or value.shape[0] != model.experts:
+            raise NereusError(f"{name}: shape {tuple(value.shape)}, {model.name} needs [{model.experts}, ...] "
+                              f"(one slice per expert)")
+        for e in range(model.experts):
+            if kind == "down_proj":
+                out[f"{prefix}.{e}.down_proj.weight"] = value[e]
+            else:
+                half = value.shape[1] // 2
+                out[f"{prefix}.{e}.gate_proj.weight"] = value[e, :half]
+                out[f"{prefix}.{e}.up_proj.weight"] = value[e, half:]
     return out
 
 

@@ -49,6 +49,27 @@ def test_reference_logits_equal_transformers_qwen3_moe(tmp_path):
         assert (logits(changed, state, ids) - expected).abs().max().item() > 1e-3
 
 
+def test_a_live_transformers_state_dict_with_stacked_experts_is_read(tmp_path):
+    """transformers 5 stacks a live model's experts (`mlp.experts.gate_up_proj` [E, 2F,
+    hidden], `down_proj` [E, hidden, F]); its `state_dict()` gives the same logits as the
+    per-expert names of the files it writes."""
+    hf_model = write_checkpoint("qwen3_moe", tmp_path / "ckpt")
+    (tmp_path / "plan.nir").write_text(nir("ckpt"))
+    model = ir.parse_file(tmp_path / "plan.nir").model("actor")
+    live = hf_model.state_dict()
+    if "model.layers.0.mlp.experts.gate_up_proj" not in live:
+        pytest.skip("this transformers keeps per-expert parameters")
+    ids = torch.randint(0, model.vocab, (2, 24), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        expected = hf_model(ids).logits
+    ours = logits(model, live, ids)
+    assert torch.equal(ours, logits(model, _file_state(tmp_path / "ckpt"), ids))
+    assert (ours - expected).abs().max().item() < 1e-4
+    wrong = dict(live, **{"model.layers.0.mlp.experts.down_proj": live["model.layers.0.mlp.experts.down_proj"][:3]})
+    with pytest.raises(ir.NereusError, match=r"down_proj: shape \(3, 16, 8\), actor needs \[4, \.\.\.\]"):
+        logits(model, wrong, ids)
+
+
 # (dp, ep, tp, pp, GPU order): mesh position i runs on process order[i]
 LAYOUTS = [(1, 4, 1, 1, (3, 1, 0, 2)), (1, 2, 2, 1, (2, 0, 3, 1)), (2, 2, 1, 1, (1, 3, 2, 0)),
            (1, 2, 1, 2, (0, 1, 2, 3))]
