@@ -97,7 +97,7 @@ def report_plans(module: Module, as_json: bool = False, plans=None, collect: dic
 
 
 @click.command("check")
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("file", type=click.Path())  # a folder: reported by the command (JSON with --json)
 @set_option
 @click.option("--plan", "plans", multiple=True, help="Check only these plans (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")

@@ -41,6 +41,9 @@ def _pairs(module, transition: str | None) -> list[tuple[str, str]]:
             if plan not in names:  # before any output: the plan table would only bury the error
                 raise SemanticError(f"--transition names no plan {plan!r} of {module.file}",
                                     hint=f"plans: {', '.join(names)}")
+        if source == target:  # as `transition S1 -> S1` in a file
+            raise SemanticError(f"--transition from plan {source} to itself",
+                                hint="a transition goes between two different plans")
         return [(source, target)]
     return [(t.source, t.target) for t in module.transitions]
 
@@ -119,7 +122,7 @@ def _print_after(name: str, state) -> None:
 
 
 @click.command("compile")
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("file", type=click.Path())  # a folder: reported by the command (JSON with --json)
 @click.option("--transition", metavar="S1:S2",
               help="Compile this transition (any two plans of FILE); 'S1->S2' quoted also works.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",

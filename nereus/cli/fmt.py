@@ -17,7 +17,7 @@ from nereus.cli.errors import reports_errors, traceback_option
 
 
 @click.command("fmt")
-@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
+@click.argument("file", type=click.Path(allow_dash=True))
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a workload or cluster value, e.g. workload.response=8192 (repeatable).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True, allow_dash=True),

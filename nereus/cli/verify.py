@@ -18,7 +18,7 @@ from nereus.ir.diagnostics import ProgramError
 
 
 @click.command("verify")
-@click.argument("program", type=click.Path(dir_okay=False, allow_dash=True))
+@click.argument("program", type=click.Path(allow_dash=True))
 @click.option("--against", "against", type=click.Path(dir_okay=False), default=None, metavar="FILE.nir",
               help="Check the program's header (layouts, capacities, resident bytes, offload, host memory)"
                    " against the plans of FILE.nir.")

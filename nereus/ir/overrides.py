@@ -71,15 +71,19 @@ def apply_overrides(module: Module, overrides: Iterable[str]) -> Module:
     for text in overrides:
         start = Location(SET_FILE, 1, column)
         column += len(text) + 1
-        key, equals, value = text.partition("=")
+        raw_key, equals, raw_value = text.partition("=")
+        # `--set 'workload.response = 8192 '` means the same; locations stay the text's
+        key, value = raw_key.strip(), raw_value.strip()
+        key_at = len(raw_key) - len(raw_key.lstrip())
+        value_at = len(raw_key) + 1 + len(raw_value) - len(raw_value.lstrip())
         if not equals:
             raise SemanticError(f"expected KEY=VALUE, found '{text}'", start, "write it like workload.response=8192",
                                 line, len(text))
         if key not in OVERRIDE_KEYS:
-            raise SemanticError(f"unknown key '{key}' for --set", start,
+            raise SemanticError(f"unknown key '{key}' for --set", Location(SET_FILE, 1, start.column + key_at),
                                 did_you_mean(key, OVERRIDE_KEYS) + "keys: " + ", ".join(OVERRIDE_KEYS), line,
                                 max(1, len(key)))
-        value_loc = Location(SET_FILE, 1, start.column + len(key) + 1)
+        value_loc = Location(SET_FILE, 1, start.column + value_at)
         if not value:
             raise SemanticError(f"{key} needs a value after '='", value_loc, f"write it like {key}=VALUE", line)
         section, field, parse = OVERRIDE_KEYS[key]

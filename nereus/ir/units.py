@@ -32,11 +32,34 @@ class UnitError(ValueError):
         self.hint = hint
 
 
+_EXPONENT = re.compile(r"[eE][-+]?[0-9]+")
+
+
 def _split(text: str, what: str) -> tuple[Decimal, str]:
     match = _QUANTITY.fullmatch(text)
     if match is None:
         raise UnitError(f"{what} takes a number, found '{text}'")
-    return Decimal(match.group(1)), match.group(2)
+    number, rest = Decimal(match.group(1)), match.group(2)
+    if _EXPONENT.fullmatch(rest):  # 1.6e1: exponents are not quantities here
+        try:
+            value = Decimal(text)
+            digits = f"{value:f}" if abs(value.adjusted()) < 30 else None
+        except InvalidOperation:
+            digits = None
+        raise UnitError(f"{what} is written with digits, not an exponent: found {text}",
+                        f"write {what} {digits.rstrip('0').rstrip('.') if digits and '.' in digits else digits}"
+                        if digits else f"write {what} in digits")
+    if match.group(1) in ("0", "-0") and rest[:1] in ("x", "X", "b", "B", "o", "O") and len(rest) > 1:
+        raise UnitError(f"{what} is a decimal number, found {text}", f"write {what} {_other_base(text)}"
+                        if _other_base(text) is not None else None)
+    return number, rest
+
+
+def _other_base(text: str) -> Optional[int]:
+    try:
+        return int(text, 0)
+    except ValueError:
+        return None
 
 
 def _units_hint(units: dict[str, int]) -> str:
@@ -161,6 +184,8 @@ def parse_positive_float(text: str, what: str) -> float:
             raise UnitError(f"{what} takes a plain number, found unit '{unit}'", f"write it like {what} 1e-5")
         raise UnitError(f"{what} must be positive, found {text}")
     value = float(text)
+    if value == 0 and Decimal(text) != 0:
+        raise UnitError(f"{what} {text} is too small: it rounds to 0 as a float", f"write it like {what} 1e-5")
     if value <= 0:
         raise UnitError(f"{what} must be positive, found {text}")
     if value == float("inf"):

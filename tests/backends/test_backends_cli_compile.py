@@ -130,3 +130,23 @@ def test_a_pipeline_without_resources_does_not_emit_a_program_that_cannot_run(tm
     assert shown.exit_code == 2 and "peak memory 6.9 GiB of 3.0 GiB usable" in shown.output
     fine = runner.invoke(nereusc, [str(path), "--transition", "B:A", "--emit", "json", "-o", str(out)])
     assert fine.exit_code == 0 and out.exists()
+
+
+def test_a_transition_from_a_plan_to_itself_is_an_error(tmp_path):
+    """As `transition A -> A` in a file (it compiled an empty program, exit 0)."""
+    path = tmp_path / "t.nir"
+    path.write_text(TIGHT)
+    done = CliRunner().invoke(nereusc, [str(path), "--transition", "A:A", "--emit", "json"])
+    assert done.exit_code == 2
+    assert "error: --transition from plan A to itself" in done.output
+
+
+@pytest.mark.parametrize("command", [["check"], [], ["verify"]])
+def test_a_folder_given_as_the_file_is_a_json_error_with_json(tmp_path, command):
+    """`--json` promises one JSON object on stdout for every error, a folder too."""
+    folder = tmp_path / "plans.nir"
+    folder.mkdir()
+    done = CliRunner().invoke(nereusc, [*command, str(folder), "--json"])
+    assert done.exit_code == 2
+    error = json.loads(done.stdout)["error"]
+    assert (error["file"], error["type"], error["message"]) == (str(folder), "IsADirectoryError", "Is a directory")

@@ -40,6 +40,12 @@ def test_workload_values(module):
     assert module.workload.response == 16  # the input is not modified
 
 
+def test_spaces_around_the_key_and_value_are_not_part_of_them(module):
+    """A shell quote easily keeps a space: `--set 'workload.response=8192 '`."""
+    changed = ir.apply_overrides(module, ["workload.response=8192 ", " workload.batch = 64"])
+    assert (changed.workload.response, changed.workload.batch) == (8192, 64)
+
+
 def test_cluster_values(module):
     changed = ir.apply_overrides(module, ["cluster.gpu.mem=141GB", "cluster.intra=1.8TB/s", "cluster.reserve=5%",
                                           "cluster.host_mem=2TiB", "cluster.gpu.flops=1PFLOPS"])

@@ -51,3 +51,20 @@ def test_errors(call, text, message):
     with pytest.raises(units.UnitError) as caught:
         call(text, "mem")
     assert caught.value.message == message
+
+
+@pytest.mark.parametrize("call,text,message,hint", [
+    (units.parse_int, "1.6e1", "batch is written with digits, not an exponent: found 1.6e1", "write batch 16"),
+    (units.parse_int, "2.5e2", "batch is written with digits, not an exponent: found 2.5e2", "write batch 250"),
+    (units.parse_int, "1e400", "batch is written with digits, not an exponent: found 1e400", "write batch in digits"),
+    (units.parse_int, "0x10", "batch is a decimal number, found 0x10", "write batch 16"),
+    (units.parse_int, "0b101", "batch is a decimal number, found 0b101", "write batch 5"),
+    (units.parse_positive_float, "1e-400", "batch 1e-400 is too small: it rounds to 0 as a float",
+     "write it like batch 1e-5"),
+])
+def test_hints_name_a_value_that_is_itself_valid(call, text, message, hint):
+    """The hint for an exponent or another base writes the same number in digits (it
+    said `write batch 1.6` for 1.6e1 and `write batch 0` for 0x10)."""
+    with pytest.raises(units.UnitError) as caught:
+        call(text, "batch")
+    assert (caught.value.message, caught.value.hint) == (message, hint)
