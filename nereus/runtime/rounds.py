@@ -175,6 +175,7 @@ def run_round(run: _Run, work, events: Optional[list] = None) -> RoundTiming:
                                       run.depth)
         in_streams = planned_streams(planned.recv_streams, lambda p: _destination_now_or_later(run, p),
                                      device, run.depth)
+        step = "pack"
         if fault == (rank, work.index, "pack"):
             raise InjectedFault("injected fault (pack)")
     except _Skip:
