@@ -99,6 +99,9 @@ def hf_to_nereus(model: Model, hf_state: dict) -> dict:
         value = hf_state[hf]
         if tuple(value.shape) != target.shape:
             raise NereusError(f"{hf}: shape {tuple(value.shape)}, {model.name} needs {target.shape}")
+        if not value.is_floating_point():
+            raise NereusError(f"{hf}: {str(value.dtype).replace('torch.', '')}, not a floating-point weight",
+                              hint="is this a model's state dict?")
         if target.tensor not in out:
             spec = specs[target.tensor]
             out[target.tensor] = torch.empty(spec.shape, dtype=value.dtype, device=value.device)

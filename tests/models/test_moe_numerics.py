@@ -65,6 +65,9 @@ def test_a_live_transformers_state_dict_with_stacked_experts_is_read(tmp_path):
     ours = logits(model, live, ids)
     assert torch.equal(ours, logits(model, _file_state(tmp_path / "ckpt"), ids))
     assert (ours - expected).abs().max().item() < 1e-4
+    ints = dict(live, **{"model.norm.weight": live["model.norm.weight"].to(torch.int32)})
+    with pytest.raises(ir.NereusError, match="model.norm.weight: int32, not a floating-point weight"):
+        logits(model, ints, ids)
     wrong = dict(live, **{"model.layers.0.mlp.experts.down_proj": live["model.layers.0.mlp.experts.down_proj"][:3]})
     with pytest.raises(ir.NereusError, match=r"down_proj: shape \(3, 16, 8\), actor needs \[4, \.\.\.\]"):
         logits(model, wrong, ids)
