@@ -68,3 +68,28 @@ class InfeasibleError(NereusError):
 
 class ProgramError(NereusError):
     """A rank program (JSON) that is malformed or fails verification."""
+
+
+class SettingError(NereusError):
+    """An environment variable (or option) whose value Nereus cannot use."""
+
+
+def env_number(name: str, default, minimum, kind=int, environ=None):
+    """The value of environment variable `name` as a `kind` (int or float) of at least
+    `minimum`, or `default` when unset or empty. Raises SettingError naming the variable
+    for anything else (a word, nan, a value below the minimum)."""
+    import math
+    import os
+
+    text = (os.environ if environ is None else environ).get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = kind(text)
+    except ValueError:
+        value = None
+    if value is None or (kind is float and not math.isfinite(value)) or value < minimum:
+        what = "a whole number" if kind is int else "a finite number"
+        raise SettingError(f"{name}={text!r}: must be {what} ≥ {minimum}",
+                           hint=f"unset it for the default ({default}); README, \"Environment variables\"")
+    return value

@@ -75,7 +75,8 @@ def _label(source: str, target: str, kind: str) -> str:
             "first": f"the first agreement of {source} -> {target}",
             "commit": f"the commit of {source} -> {target}",
             "live": f"the start of {source} -> {target}",
-            "compile": f"compiling {source} -> {target}"}.get(kind, f"{kind} of {source} -> {target}")
+            "compile": f"compiling {source} -> {target}",
+            "prepare": f"prepare({target!r}) from {source}"}.get(kind, f"{kind} of {source} -> {target}")
 
 
 def _collective(call, source: str, target: str, kind: str):
@@ -118,21 +119,23 @@ class Stale(Exception):
 
 
 def agree(failure: Optional[Failure], group, source: str, target: str, row: Optional[tuple] = None,
-          fresh: Optional[Callable[[list], bool]] = None) -> Optional[list]:
+          fresh: Optional[Callable[[list], bool]] = None, kind: str = "agree") -> Optional[list]:
     """Collective. Input: this rank's failure or None. Returns when no rank failed;
     otherwise raises TransitionAborted with every rank's failure on every rank.
     With `row` (ints; the same length on every rank) the one collective is an all_gather
     of [flag, *row] instead of an all_reduce of the flag, and every rank's row comes back
     ([[int] per rank]); when `fresh(rows)` is False every rank raises Stale (they all see
-    the same rows), before any failure is looked at."""
+    the same rows), before any failure is looked at. `kind` names the step (its tag):
+    "agree" in a round, "compile" before a program is compiled, "prepare" before
+    `Runtime.prepare` warms the data links."""
     if row is None:
         # [flag, tag, -tag] under MAX: the tags agree iff max(tag) == -max(-tag)
-        mine = tag(source, target, "agree")
+        mine = tag(source, target, kind)
         flag = torch.tensor([0 if failure is None else 1, mine, -mine], dtype=torch.int64)
-        _collective(lambda: dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group), source, target, "agree")
+        _collective(lambda: dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group), source, target, kind)
         top, bottom = int(flag[1]), -int(flag[2])
         if top != bottom:
-            _desync(group, source, target, "agree")
+            _desync(group, source, target, kind)
         if int(flag[0]) != 0:
             _abort(failure, group, source, target)
         return None

@@ -39,7 +39,7 @@ from typing import Callable, Optional
 
 import torch
 
-from nereus.ir.diagnostics import ProgramError
+from nereus.ir.diagnostics import ProgramError, SettingError
 
 from . import streams
 from .control import Failure, commit
@@ -58,8 +58,18 @@ def _fault_spec(fault) -> Optional[tuple[int, int, str]]:
     text = os.environ.get("NEREUS_FAULT")
     if not text:
         return None
-    rank, rnd, phase = text.split(":")
-    return int(rank), int(rnd), phase
+    try:
+        rank, rnd, phase = text.split(":")
+        spec = int(rank), int(rnd), phase
+    except ValueError:
+        spec = None
+    if spec is None or phase not in FAULT_PHASES:
+        raise SettingError(f"NEREUS_FAULT={text!r}: must be RANK:ROUND:PHASE",
+                           hint=f"phases: {', '.join(FAULT_PHASES)} (tests inject a failure there)")
+    return spec
+
+
+FAULT_PHASES = ("pack", "post", "unpack", "commit")
 
 
 def _check_before(prog: RankProgram, before: dict) -> None:

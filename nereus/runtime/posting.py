@@ -11,6 +11,9 @@ import os
 
 import torch.distributed as dist
 
+from nereus.ir.diagnostics import env_number
+
+
 def p2p_ops(wires: list, fn, groups) -> list:
     """[(index, op)]: the p2p ops of the direct pieces of some messages (the packed
     pieces travel in per-peer streams, see streams.py), each with its index among this
@@ -34,7 +37,7 @@ def p2p_ops(wires: list, fn, groups) -> list:
 # then sits in the batch of the same number there, so NCCL cannot deadlock, and the first
 # batch starts moving while the host still posts the next. P2P_INTERLEAVE alternates sends
 # and receives within a batch. (Environment: NEREUS_P2P_BATCH, NEREUS_P2P_INTERLEAVE.)
-P2P_BATCH = int(os.environ.get("NEREUS_P2P_BATCH", "0"))
+P2P_BATCH = env_number("NEREUS_P2P_BATCH", 0, 0)
 P2P_INTERLEAVE = os.environ.get("NEREUS_P2P_INTERLEAVE", "0") == "1"
 
 

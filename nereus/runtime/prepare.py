@@ -14,11 +14,12 @@ output: a count for the report; invariant: no registered tensor is read or writt
 
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import torch
 import torch.distributed as dist
+
+from nereus.ir.diagnostics import env_number
 
 from . import packing, streams
 from .program import RankProgram
@@ -40,7 +41,7 @@ def data_groups(device, timeout_s: float, count: Optional[int] = None):
     from datetime import timedelta
 
     if count is None:
-        count = int(os.environ.get("NEREUS_P2P_GROUPS", "0")) or \
+        count = env_number("NEREUS_P2P_GROUPS", 0, 0) or \
             (P2P_GROUPS_NCCL if torch.device(device).type == "cuda" and dist.get_backend() == "nccl" else 1)
     if count <= 1:
         return None

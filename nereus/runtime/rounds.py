@@ -207,6 +207,7 @@ def run_round(run: _Run, work, events: Optional[list] = None) -> RoundTiming:
         # op of the round whatever happens locally (sizes come from the program), so a
         # local failure here cannot leave a peer waiting: it is recorded and aborts the
         # transition at the next agreement.
+        step, peer = "post", None
         requests = _post(_p2p_ops(sends, dist.isend, group), _p2p_ops(recvs, dist.irecv, group))
         late_error = None
         try:

@@ -74,6 +74,7 @@ computed once per (source, target, registered model-stages) and cached.
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
@@ -89,7 +90,7 @@ from nereus.passes.layout import unit_id
 
 from . import offload, packing
 from .boxes import as_box, shard_shape
-from .control import Stale, collectives, gather_flagged
+from .control import Stale, agree, collectives, gather_flagged
 from .executor import TORCH_DTYPES, execute
 from .gc_pause import paused
 from .parking import ROLLBACK_MODES, default_rollback
@@ -155,6 +156,7 @@ class Runtime:
                               hint="rollback='auto' (default on CUDA), 'host' (old shards wait in host memory) or 'device'")
         if not isinstance(module, Module):
             raise TypeError("Runtime needs a parsed nereus.ir.Module (use Runtime.from_file for a path)")
+        _check_options(timeout_s, direct_min_bytes, park_device_types, p2p_groups)
         self.module = module
         _plan(module, plan)
         if not dist.is_initialized():
@@ -366,6 +368,7 @@ class Runtime:
         specs = self.tensor_specs(model_stage)
         step = step_name(ms.model)
         local = self._state.get(model_stage, {})
+        self._check_gather(model_stage, local)
         out = assemble(self.layout(model_stage), self.rank, local, specs, group=self._control)
         if step in specs:
             value = torch.tensor([int(local[step]) if step in local else -1], dtype=torch.int64)
@@ -398,8 +401,24 @@ class Runtime:
         from .hf_checkpoint import gather_hf
 
         ms = self._model_stage(model_stage)
+        self._check_gather(model_stage, self._state.get(model_stage, {}))
         return gather_hf(self.module.model(ms.model), self.layout(model_stage), self.rank,
                          self._state.get(model_stage, {}), group=self._control)
+
+    def _check_gather(self, model_stage: str, local: dict) -> None:
+        """Collective: the same NereusError on every rank when some rank holds shards of
+        `model_stage` it has not registered (a gather would otherwise fail on those ranks
+        alone and leave the others in a collective of their own)."""
+        unit = unit_on_gpu(self.layout(model_stage), self.rank)
+        needed = set() if unit is None else {s["tensor"] for s in unit["shards"] if s["gpu"] == self.rank}
+        missing = len(needed - set(local))
+        rows = gather_flagged(None, [missing], torch.int64, self._control, (self._plan, f"gather {model_stage}", "gather"))
+        short = [rank for rank, row in enumerate(rows) if row[1]]
+        if short:
+            raise NereusError(f"gather of {model_stage}: rank{'s' if len(short) > 1 else ''} "
+                              f"{', '.join(map(str, short))} hold{'' if len(short) > 1 else 's'} shards of it "
+                              "but did not register them",
+                              hint="register(model_stage, shards) on every rank that holds a unit of it first")
 
     # -- transitions -------------------------------------------------------------------
 
@@ -419,6 +438,10 @@ class Runtime:
 
         key = (self._plan, target)
         if key not in self._programs:
+            # every rank is compiling this transition (a rank asking for another target
+            # makes every rank raise TransitionAborted here, before the compile's own
+            # collectives could pair with the wrong ones)
+            agree(None, self._control, self._plan, target, kind="compile")
             got = obtain_rank_part(self.module, self._plan, target, self.rank, self.world_size, self._control,
                                    self.verify_programs)
             self._verify_program_s[key] = got.proof_s
@@ -438,7 +461,12 @@ class Runtime:
         from .prepare import reserve_memory, warm_kernels, warm_links, warm_parking
 
         started = time.perf_counter()
-        compile_s, prog, key, _ = self._lower(target)
+        with collectives(self._plan, target, "compile"):
+            compile_s, prog, key, _ = self._lower(target)
+        # every rank is preparing this transition before the data links are used (a rank in
+        # transition() or preparing another target: TransitionAborted on every rank, within
+        # timeout_s, instead of a wait on the data group's own timeout)
+        agree(None, self._control, self._plan, target, kind="prepare")
         kernels = warm_kernels(prog, self.device, TORCH_DTYPES)
         peers = warm_links(prog, self._data, self.device)
         pinned = 0
@@ -653,6 +681,25 @@ class _Lowered:
     resident_bytes: int  # this rank's resident bytes in the program
     capacity_bytes: Optional[int]  # this GPU's capacity in the program
     offloaded: frozenset  # ("before" | "after", unit id) of the units kept in host memory
+
+
+def _check_options(timeout_s, direct_min_bytes, park_device_types, p2p_groups) -> None:
+    """The constructor's numeric and device-type options, each a NereusError naming it."""
+    def whole(value) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not math.isfinite(timeout_s) \
+            or timeout_s < 1:
+        raise NereusError(f"timeout_s={timeout_s!r}: must be a number of seconds ≥ 1",
+                          hint="how long a collective waits for a peer (default 120)")
+    if not whole(direct_min_bytes) or direct_min_bytes < 0:
+        raise NereusError(f"direct_min_bytes={direct_min_bytes!r}: must be a whole number of bytes ≥ 0")
+    if p2p_groups is not None and (not whole(p2p_groups) or p2p_groups < 1):
+        raise NereusError(f"p2p_groups={p2p_groups!r}: must be a whole number ≥ 1 (or None: the default)")
+    if not isinstance(park_device_types, (tuple, list, set, frozenset)) or \
+            not all(isinstance(t, str) for t in park_device_types):
+        raise NereusError(f"park_device_types={park_device_types!r}: must be a tuple of device types",
+                          hint='e.g. ("cuda",), the default, or ("cpu",) in tests')
 
 
 def _dtype(dtype: torch.dtype) -> str:

@@ -40,24 +40,26 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
+from nereus.ir.diagnostics import env_number
+
 from . import offload, packing
 
 STREAM_TAG = 1 << 20  # gloo tags of stream chunks start here (direct pieces: from 0)
 # chunk size and ring depth; 128 MiB x 8 slots = 1 GiB of buffers per peer and direction
 # at most (NEREUS_P2P_CHUNK_BYTES, NEREUS_P2P_DEPTH)
-CHUNK_BYTES = int(os.environ.get("NEREUS_P2P_CHUNK_BYTES", str(128 << 20)))
-DEPTH = int(os.environ.get("NEREUS_P2P_DEPTH", "8"))
+CHUNK_BYTES = env_number("NEREUS_P2P_CHUNK_BYTES", 128 << 20, 1 << 10)
+DEPTH = env_number("NEREUS_P2P_DEPTH", 8, 1)
 # pieces of this many bytes or more travel as chunks of their own, in place where contiguous
 # (NEREUS_P2P_ALONE_BYTES; 0: never, the default: on 2 H200s, from 4 or 16 MiB on it made a
 # TP -> DP change of 8B-shaped weights 7-16% slower and a weight sync to tp 2 25% slower:
 # each op is one more batch of host work, and the device waited for the posts)
-ALONE_BYTES = int(os.environ.get("NEREUS_P2P_ALONE_BYTES", "0"))
+ALONE_BYTES = env_number("NEREUS_P2P_ALONE_BYTES", 0, 0)
 # whether a chunk of one contiguous segment travels in place (0: always through a slot, as
 # before; for measuring; NEREUS_P2P_IN_PLACE)
 IN_PLACE = os.environ.get("NEREUS_P2P_IN_PLACE", "1") != "0"
 # with a peer exchanged with both ways, a piece the lowering marked direct still joins the
 # stream below this many bytes (0: below one chunk, the default; NEREUS_P2P_BOTH_DIRECT_MIN)
-BOTH_DIRECT_MIN = int(os.environ.get("NEREUS_P2P_BOTH_DIRECT_MIN", "0"))
+BOTH_DIRECT_MIN = env_number("NEREUS_P2P_BOTH_DIRECT_MIN", 0, 0)
 
 
 def streamed(piece, both_ways: bool, chunk_bytes: int) -> bool:

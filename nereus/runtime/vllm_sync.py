@@ -135,6 +135,15 @@ class WeightSync:
     def __init__(self, module: Module, *, source: str = "actor.training", target: str = "actor.generation",
                  engine_input: bool = False, device: Optional[torch.device] = None, control=None,
                  bucket: Optional[int] = None, timeout_s: float = 600.0):
+        stages = {str(ms) for ms in module.workload.model_stages()}
+        for role, name in (("source", source), ("target", target)):
+            if name not in stages:
+                raise SemanticError(f"WeightSync {role} {name!r} is no model-stage of the workload",
+                                    hint=f"model-stages: {', '.join(sorted(stages))}")
+        if ModelStage.parse(source).model != ModelStage.parse(target).model or \
+                ModelStage.parse(target).stage == "training":
+            raise SemanticError(f"WeightSync {source} -> {target}: a sync copies one model's weights into a stage "
+                                "without optimizer state", hint="e.g. source='actor.training', target='actor.generation'")
         self.module, self.source, self.target, self.engine_input = module, source, target, engine_input
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.control = control if control is not None else \
@@ -152,6 +161,7 @@ class WeightSync:
         """Collective: the whole sync program of `plan` (compiled on rank 0, broadcast,
         cached) and compile seconds: for inspection; `run` never fetches it (`part`)."""
         if plan not in self._programs:
+            _known_plan(self.module, plan)
             started = time.perf_counter()
             box: list = [None]
             if dist.get_rank() == 0:
@@ -174,6 +184,7 @@ class WeightSync:
         if plan not in self._parts:
             from .distribute import obtain_rank_part
 
+            _known_plan(self.module, plan)
             got = obtain_rank_part(sync_module(self.module, plan, self.source, self.target, self.engine_input),
                                    SYNC_FROM, SYNC_TO, dist.get_rank(), dist.get_world_size(), self.control,
                                    verify=False, options=self.options)
@@ -209,6 +220,11 @@ class WeightSync:
         return SyncResult(new, result.seconds, result.sent_bytes, result.received_bytes, result.copied_bytes,
                           result.kept_bytes, len(prog.rounds), compile_s,
                           extra={"round_timings": [asdict(r) for r in result.rounds]})
+
+
+def _known_plan(module: Module, plan: str) -> None:
+    if plan not in {p.name for p in module.plans}:
+        raise SemanticError(f"unknown plan {plan!r}", hint=f"plans: {', '.join(p.name for p in module.plans)}")
 
 
 def gather_then_slice(module: Module, plan: str, source_state: dict, *, source: str = "actor.training",

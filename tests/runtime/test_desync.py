@@ -20,7 +20,8 @@ import time
 import pytest
 import torch
 
-from nereus.runtime import TransitionAborted
+from nereus.ir import NereusError
+from nereus.runtime import Runtime, TransitionAborted
 
 from runtime_helpers import registered, spawn, spawn_ok
 from test_transition_overhead import SOURCE, STAGES  # plans A, B over 2 GPUs
@@ -67,6 +68,32 @@ def _hook_and_targets(rank, world):
     except TransitionAborted as error:
         out["targets"] = (str(error), rt.plan)
     out["after"] = (_intact(rt, full), [rt.transition("B").target, rt.plan], _intact(rt, full))
+    return out
+
+
+def _cold_and_prepare(rank, world):
+    """Different targets on a first (cold) call; prepare on one rank while the other
+    transitions; a gather before the holder registered."""
+    rt, full = _registered(rank, world)
+    out = {}
+    try:
+        rt.transition("B" if rank == 0 else "C")
+        out["cold"] = ("returned", rt.plan)
+    except TransitionAborted as error:
+        out["cold"] = (str(error), rt.plan)
+    began = time.perf_counter()
+    try:
+        rt.prepare("B") if rank == 0 else rt.transition("B")
+        out["prepare"] = ("returned", rt.plan)
+    except TransitionAborted as error:
+        out["prepare"] = (str(error), rt.plan, time.perf_counter() - began)
+    out["after"] = (rt.transition("B").target, _intact(rt, full))
+    fresh = Runtime(rt.module, "A", rank=rank, world_size=world, timeout_s=60.0)
+    try:
+        fresh.gather_state_dict("actor.generation")
+        out["gather"] = "returned"
+    except NereusError as error:
+        out["gather"] = str(error).splitlines()[0]
     return out
 
 
@@ -119,3 +146,15 @@ def test_a_peer_that_never_comes_is_a_transition_aborted():
     assert "rank 0, round -1, control collective at the first agreement of A -> B" in text
     assert timeout_s - 0.5 < seconds < timeout_s + 10
     assert plan == "A" and all(intact)
+
+
+def test_cold_targets_prepare_and_gathers_out_of_step_fail_alike_on_every_rank():
+    for result in spawn_ok(_cold_and_prepare, 2):
+        text, plan = result["cold"]
+        assert "rank 0, round -1, control: at compiling A -> B; rank 1, round -1, control: at compiling A -> C" \
+            in text and plan == "A"
+        text, plan, seconds = result["prepare"]
+        assert "rank 0, round -1, control: at prepare('B') from A" in text and plan == "A" and seconds < 30
+        assert result["after"] == ("B", True)
+        assert result["gather"] == ("error: gather of actor.generation: ranks 0, 1 hold shards of it "
+                                    "but did not register them")

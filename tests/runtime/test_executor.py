@@ -118,5 +118,5 @@ def test_a_fault_on_one_rank_aborts_every_rank_and_keeps_old_state(per_rank, fau
         assert result["intact"], rank
         assert f"rank {fault[0]}, round {fault[1]}" in result["aborted"]
         assert f"injected fault ({fault[2]})" in result["aborted"]
-        if fault[2] == "pack":  # the op named is the one that failed
-            assert f"round {fault[1]}, pack: " in result["aborted"], result["aborted"]
+        if fault[2] in ("pack", "post"):  # the op named is the one that failed
+            assert f"round {fault[1]}, {fault[2]}: " in result["aborted"], result["aborted"]

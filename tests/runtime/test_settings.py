@@ -1,0 +1,90 @@
+"""Settings a user can get wrong are errors naming them: environment variables (read when
+the runtime's modules load, or by `nereus train`), the Runtime constructor's options and
+WeightSync's stages and plans. Before, a depth of 0 failed every transition with an
+IndexError, a word gave int()'s ValueError naming no variable, 'cpu' became the device
+types ('c', 'p', 'u'), and an unknown plan was a bare KeyError."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from nereus.ir.diagnostics import SettingError, env_number
+
+
+@pytest.mark.parametrize("text, kind, minimum, message", [
+    ("0", int, 1, "NEREUS_X='0': must be a whole number ≥ 1"),
+    ("-3", int, 0, "NEREUS_X='-3': must be a whole number ≥ 0"),
+    ("abc", int, 1, "NEREUS_X='abc': must be a whole number ≥ 1"),
+    ("1.5", int, 1, "NEREUS_X='1.5': must be a whole number ≥ 1"),
+    ("nan", float, 1.0, "NEREUS_X='nan': must be a finite number ≥ 1.0"),
+    ("inf", float, 1.0, "NEREUS_X='inf': must be a finite number ≥ 1.0"),
+])
+def test_a_bad_value_names_the_variable(text, kind, minimum, message):
+    with pytest.raises(SettingError) as raised:
+        env_number("NEREUS_X", 7, minimum, kind, environ={"NEREUS_X": text})
+    assert raised.value.message == message
+
+
+def test_unset_or_empty_is_the_default_and_a_good_value_is_read():
+    assert env_number("NEREUS_X", 7, 1, environ={}) == 7
+    assert env_number("NEREUS_X", 7, 1, environ={"NEREUS_X": " "}) == 7
+    assert env_number("NEREUS_X", 7, 1, environ={"NEREUS_X": "12"}) == 12
+    assert math.isclose(env_number("NEREUS_X", 60.0, 1.0, float, environ={"NEREUS_X": "2.5"}), 2.5)
+
+
+@pytest.mark.parametrize("name, value", [("NEREUS_P2P_DEPTH", "0"), ("NEREUS_P2P_CHUNK_BYTES", "x"),
+                                         ("NEREUS_P2P_BATCH", "-1"), ("NEREUS_P2P_ALONE_BYTES", "-1")])
+def test_the_runtime_refuses_them_when_it_loads(name, value):
+    done = subprocess.run([sys.executable, "-c", "import nereus.runtime.rounds"], capture_output=True, text=True,
+                          env={**os.environ, name: value})
+    assert done.returncode != 0 and f"SettingError: error: {name}='{value}'" in done.stderr
+
+
+def _runtime_options(rank, world):
+    import nereus.ir as ir
+    from nereus.ir import NereusError
+    from nereus.runtime import Runtime
+    from nereus.runtime.vllm_sync import WeightSync
+
+    from test_transition_overhead import SOURCE
+
+    module = ir.parse_source(SOURCE, "o.nir")
+    out = {}
+    for key, options in {"timeout": {"timeout_s": 0}, "timeout word": {"timeout_s": "abc"},
+                         "direct": {"direct_min_bytes": "x"}, "groups": {"p2p_groups": 0},
+                         "park": {"park_device_types": "cpu"}}.items():
+        try:
+            Runtime(module, "A", rank=rank, world_size=world, **options)
+            out[key] = "accepted"
+        except NereusError as error:
+            out[key] = str(error).splitlines()[0]
+    sync = WeightSync(module)
+    for key, call in {"plan": lambda: sync.run("NOPE", {}),
+                      "stages": lambda: WeightSync(module, source="actor.generation", target="actor.training")}.items():
+        try:
+            call()
+            out[key] = "accepted"
+        except NereusError as error:
+            out[key] = str(error).splitlines()[0]
+    return out
+
+
+def test_runtime_and_weight_sync_options_are_checked():
+    from runtime_helpers import spawn_ok
+
+    for out in spawn_ok(_runtime_options, 2):
+        assert out == {
+            "timeout": "error: timeout_s=0: must be a number of seconds ≥ 1",
+            "timeout word": "error: timeout_s='abc': must be a number of seconds ≥ 1",
+            "direct": "error: direct_min_bytes='x': must be a whole number of bytes ≥ 0",
+            "groups": "error: p2p_groups=0: must be a whole number ≥ 1 (or None: the default)",
+            "park": "error: park_device_types='cpu': must be a tuple of device types",
+            "plan": "error: unknown plan 'NOPE'",
+            "stages": "error: WeightSync actor.generation -> actor.training: a sync copies one model's weights "
+                      "into a stage without optimizer state",
+        }
