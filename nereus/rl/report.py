@@ -28,8 +28,9 @@ def compare(run: dict, control: dict, run_state: Optional[str] = None, control_s
     and of the final weights when both OUT/final_state.pt paths are given."""
     out = {}
     for key in ("loss", "value_loss", "reward", "kl"):
+        # NaN wins (max() would drop it or not depending on the order)
         out[f"max_abs_diff_{key}"] = max((abs(a[key] - b[key]) for a, b in zip(run["steps"], control["steps"])),
-                                         default=0.0)
+                                         default=0.0, key=lambda d: (d != d, d))
     out["same_sha256"] = run["final_weights_sha256"] == control["final_weights_sha256"]
     if run_state and control_state and os.path.exists(run_state) and os.path.exists(control_state):
         import torch

@@ -443,7 +443,9 @@ class RlTrainer:
 
     def _run(self) -> dict:
         self.initialise()
-        events, drift = dict(self.spec.events), dict(self.spec.drift)
+        events, drift = dict(self.spec.events), {}
+        for step, override in self.spec.drift:  # several changes after one step: all, in order
+            drift.setdefault(step, []).append(override)
         steps, transitions = [], []
         policy = None
         if self.spec.controller:
@@ -458,9 +460,9 @@ class RlTrainer:
             ran_under = self.w
             steps.append(record)
             self.emit({"event": "step", **asdict(record)})
-            if i in drift:
-                self.apply_drift(drift[i])
-                self.emit({"event": "drift", "after_step": i, "set": drift[i]})
+            for override in drift.get(i, ()):
+                self.apply_drift(override)
+                self.emit({"event": "drift", "after_step": i, "set": override})
             if i >= self.spec.steps:
                 break
             target = events.get(i)

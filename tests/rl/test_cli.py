@@ -80,3 +80,40 @@ def test_grpo_without_a_reward_model_trains_on_the_task_rule(tmp_path):
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert [s["rm_score"] for s in result["steps"]] == [None, None]
     assert all(0.0 <= s["reward"] <= 1.0 for s in result["steps"])
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--algo", "grpo", "--group", "1"], "--group 1: GRPO needs at least 2 responses per prompt"),
+    (["--lr", "nan"], "--lr nan: must be a finite number > 0"),
+    (["--lr", "-1"], "--lr -1.0: must be a finite number > 0"),
+    (["--nproc", "0"], "--nproc 0: must be at least 1"),
+    (["--out", ""], "--out is empty"),
+    (["--backend", "nccl"], "--backend nccl needs a CUDA device per process"),
+    (["--steps", "1", "--events", "1:S2"], "a 1-step run has no step boundary: use --steps 2 or more"),
+    (["--steps", "3", "--events", "\u00b2:S2"], "--events: cannot read '\u00b2:S2'"),
+    (["--steps", "3", "--drift", "1:respons=8"], "--drift '1:respons=8': unknown key 'workload.respons'"),
+])
+def test_options_are_checked_before_any_process_starts(args, message):
+    run = _nereus(PLAN, "--algo", "grpo", *args) if "--algo" not in args else _nereus(PLAN, *args)
+    if args[:2] == ["--backend", "nccl"] and "CUDA device" not in run.stderr and run.returncode == 0:
+        pytest.skip("this machine has a CUDA device per process")
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    assert message in run.stderr, run.stderr
+
+
+def test_a_file_without_plans_is_an_error(tmp_path):
+    text = open(PLAN).read()
+    path = tmp_path / "noplans.nir"
+    path.write_text(text[:text.index("plan ")])
+    run = _nereus(str(path), "--algo", "grpo", "--steps", "2")
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert "declares no plan" in run.stderr
+
+
+def test_changes_after_one_step_all_apply_in_order():
+    from nereus.cli.train import parse_drift
+    import nereus.ir as ir
+
+    module = ir.parse_file(PLAN)
+    assert parse_drift("2:response=8,1:batch=16,2:response=10", module, 4) == \
+        [(1, "workload.batch=16"), (2, "workload.response=8"), (2, "workload.response=10")]

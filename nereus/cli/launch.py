@@ -1,0 +1,235 @@
+"""Running `nereus train`'s workers under torchrun, and ending the job when one fails.
+
+`launch(config, nproc, ...)` starts `python -m torch.distributed.run ... -m
+nereus.rl.worker CONFIG` in a process group of its own, turns the workers' `@nereus-rl`
+lines into a progress bar and returns rank 0's result. When a rank fails the job ends
+within NEREUS_FAILURE_TIMEOUT_S (default 60 s) whatever the other ranks do: torchrun
+stops them as soon as the failing rank exits, and past the limit the launcher stops the
+whole process group (SIGTERM, then SIGKILL), so that a worker which ignores SIGTERM, or
+outlives torchrun holding the output pipe, cannot keep the command waiting. The error
+shown first is the root cause (`root_cause`): the rank whose own failure started it, not
+a peer that then lost its connection or aborted a transition because of it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from typing import Optional
+
+import click
+
+from nereus.ir.diagnostics import NereusError, env_number
+
+PREFIX = "@nereus-rl "  # same as nereus.rl.worker.PREFIX (not imported: it needs torch)
+FAILURE_TIMEOUT_S = 60.0
+STOP_GRACE_S = 10.0  # between SIGTERM and SIGKILL of the process group
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(config: dict, nproc: int, out: str, progress_label: str, quiet: bool,
+           failure_timeout_s: Optional[float] = None) -> dict:
+    """Run the worker under torchrun; returns the result dict of rank 0. When a rank
+    fails, the job ends within `failure_timeout_s` (module docstring) and TrainingFailed
+    carries the root cause's error and traceback (with `quiet`, the --json mode, also
+    printed as one JSON line {"error": {...}}). The limit defaults to
+    NEREUS_FAILURE_TIMEOUT_S, else FAILURE_TIMEOUT_S."""
+    if failure_timeout_s is None:
+        failure_timeout_s = env_number("NEREUS_FAILURE_TIMEOUT_S", FAILURE_TIMEOUT_S, 1.0, float)
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, "config.json")
+    with open(path, "w") as f:
+        json.dump(config, f, indent=1)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+               "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
+               "-m", "nereus.rl.worker", path]
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from nereus.ir.units import human_bytes
+
+    console = Console(stderr=True)
+    other: list[str] = []
+    errors: list[dict] = []
+    result, guard = None, None
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console,
+                  disable=quiet) as progress:
+        task = progress.add_task(progress_label + " (starting)", total=config["steps"], info="")
+        # a process group of its own: the guard (and Ctrl-C) can stop every worker, also
+        # one that outlived torchrun
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                start_new_session=True)
+        try:
+            for line in proc.stdout:
+                if not line.startswith(PREFIX):
+                    other.append(line)
+                    continue
+                try:
+                    event = json.loads(line[len(PREFIX):])
+                except json.JSONDecodeError:  # another rank's output cut into the line
+                    other.append(line)
+                    continue
+                if event["event"] == "step":
+                    progress.update(task, completed=event["step"], description=f"{progress_label} [{event['plan']}]",
+                                    info=f"reward {event['reward']:.3f}  kl {event['kl']:+.4f}  loss {event['loss']:+.4f}")
+                elif event["event"] == "transition":
+                    progress.console.print(f"  after step {event['after_step']}: {event['from']} → {event['to']} in "
+                                           f"{event['seconds']:.2f} s, {human_bytes(event['bytes'])} sent")
+                elif event["event"] == "drift":
+                    progress.console.print(f"  after step {event['after_step']}: {event['set']}")
+                elif event["event"] == "done":
+                    result = event
+                elif event["event"] == "error":
+                    errors.append(_error_event(event))
+                    if guard is None:
+                        guard = failure_guard(proc, failure_timeout_s)
+            proc.wait()
+        except BaseException:  # Ctrl-C (or any error here): no worker outlives the command
+            stop_group(proc)
+            raise
+        finally:
+            if guard is not None:
+                guard.cancel()
+    killed = _killed_ranks(other, {e.get("rank") for e in errors})
+    if errors or killed:
+        failed = TrainingFailed(root_cause(errors, killed))
+        if quiet:  # this object is the report: reports_errors would print a second, rank-less one
+            click.echo(json.dumps({"error": failed.details}))
+            raise SystemExit(2)
+        raise failed
+    if proc.returncode != 0 or result is None:
+        tail = "".join(other[-40:])
+        raise NereusError(f"the training processes failed (exit code {proc.returncode}):\n{tail}",
+                          hint="rerun with --traceback for the launcher's own traceback")
+    result.pop("event", None)
+    return result
+
+
+class TrainingFailed(NereusError):
+    """A rank of `nereus train` failed; `details` is the root cause's error event (rank,
+    type, message, traceback)."""
+
+    kind = "training failed"
+
+    def __init__(self, event: dict):
+        self.details = {k: event.get(k) for k in ("rank", "type", "message", "traceback")}
+        if event.get("user_error"):  # a NereusError: its own formatted text says it all
+            message = f"rank {event.get('rank')}: {event.get('message', '')}"
+        else:
+            message = (f"rank {event.get('rank')} raised {event.get('type')}: {event.get('message', '')}\n"
+                       f"{event.get('traceback', '')}").rstrip()
+        super().__init__(message)
+
+
+def _error_event(event: dict) -> dict:
+    """The worker's full error event (written to a file named in the line, when it could)."""
+    if "file" in event:
+        try:
+            with open(event["file"]) as f:
+                return json.load(f)
+        except (OSError, json.JSONDecodeError):
+            return dict(event, message=f"rank {event.get('rank')} failed; its report {event['file']} is unreadable")
+    return event
+
+
+# what a peer of the failing rank raises because of it
+_CONSEQUENCE = re.compile(r"Connection (reset|closed) by peer|Timed out waiting|pair closure|Broken pipe|"
+                          r"NCCL communicator was aborted|ProcessGroup.*aborted", re.IGNORECASE)
+_NAMED = re.compile(r"rolled back on every rank: rank (\d+),")
+
+
+def root_cause(errors: list, killed: dict) -> dict:
+    """The error event to show first: when the ranks raised the same TransitionAborted,
+    the event of the rank its first failure names; else the first event that is not a
+    lost connection or a timeout (what the peers of a failed rank see); else a rank that
+    a signal killed before it could report (a peer saw only the connection drop); else
+    the first event."""
+    for event in errors:
+        named = _NAMED.search(str(event.get("message", "")))
+        if named is not None:
+            for candidate in errors:
+                if candidate.get("rank") == int(named.group(1)):
+                    return candidate
+            break
+    for event in errors:
+        if not _CONSEQUENCE.search(str(event.get("message", ""))):
+            return event
+    if killed:
+        rank, signum = min(killed.items())
+        name = signal.Signals(signum).name if signum in signal.Signals._value2member_map_ else str(signum)
+        return {"rank": rank, "type": "Killed", "traceback": "",
+                "message": f"rank {rank} was killed by signal {signum} ({name}) and reported nothing; the other "
+                           "ranks' errors follow from it (out of memory? `dmesg` shows the OOM killer)"}
+    return errors[0]
+
+
+def _killed_ranks(lines: list, reported: set) -> dict:
+    """{rank: signal} of the ranks torchrun says a signal ended (its failure summary:
+    `rank : R (local_rank: L)` then `exitcode : -S`), that sent no error event."""
+    killed, rank = {}, None
+    for line in lines:
+        found = re.search(r"\brank\s*:\s*(\d+)\s*\(local_rank", line)
+        if found:
+            rank = int(found.group(1))
+            continue
+        code = re.search(r"exitcode\s*:\s*(-?\d+)", line)
+        if code and rank is not None:
+            signum = -int(code.group(1))
+            # SIGTERM / SIGINT: torchrun (or the guard) stopping a peer of the failed rank
+            if signum > 0 and signum not in (signal.SIGTERM, signal.SIGINT) and rank not in reported:
+                killed[rank] = signum
+            rank = None
+    return killed
+
+
+def stop_group(proc) -> None:
+    """SIGTERM the launcher's process group, SIGKILL it STOP_GRACE_S later if anything of
+    it is still running (torchrun, or a worker that outlived it)."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        return
+    try:
+        proc.wait(timeout=STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # also orphans of torchrun, which still hold the pipe
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def failure_guard(proc, seconds: float):
+    """After a rank failed: stop the whole job (`stop_group`) if it has not ended within
+    `seconds`."""
+    timer = threading.Timer(seconds, stop_group, args=(proc,))
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+def json_safe(value):
+    """`value` with every NaN or infinite float as None: `--json` output stays JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value

@@ -1,0 +1,88 @@
+"""`nereus train`'s launcher (nereus/cli/launch.py): which rank's error is shown first,
+and that the failure guard stops the whole process group, also a worker that ignores
+SIGTERM and outlives torchrun while holding the output pipe (the command waited for it
+forever before). No torch needed: the launcher's pieces are tested as they are."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+from nereus.cli import launch
+
+FAILED = {"rank": 3, "type": "ValueError", "message": "bad batch", "traceback": "..."}
+RESET = {"rank": 0, "type": "RuntimeError",
+         "message": "[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:4741"}
+ABORTED = [{"rank": r, "type": "TransitionAborted",
+            "message": "transition aborted: S1 -> S2 rolled back on every rank: rank 3, round 0, unpack: "
+                       "InjectedFault: injected fault (unpack)"} for r in (2, 0, 3, 1)]
+SUMMARY = ["Root Cause (first observed failure):\n", "[0]:\n", "  rank      : 1 (local_rank: 1)\n",
+           "  exitcode  : -9 (pid: 4242)\n", "[1]:\n", "  rank      : 2 (local_rank: 2)\n",
+           "  exitcode  : -15 (pid: 4243)\n"]
+
+
+def test_the_rank_a_transition_abort_names_is_shown_first():
+    assert launch.root_cause(ABORTED, {})["rank"] == 3
+
+
+def test_a_lost_connection_is_a_consequence_not_the_cause():
+    assert launch.root_cause([RESET, FAILED], {}) is FAILED
+
+
+def test_a_rank_a_signal_killed_is_named_when_the_others_only_lost_it():
+    killed = launch._killed_ranks(SUMMARY, reported={0})
+    assert killed == {1: signal.SIGKILL}  # -15: torchrun stopping a peer, not a cause
+    cause = launch.root_cause([RESET], killed)
+    assert (cause["rank"], cause["type"]) == (1, "Killed")
+    assert cause["message"].startswith("rank 1 was killed by signal 9 (SIGKILL) and reported nothing")
+    assert launch.root_cause([FAILED], killed) is FAILED  # a real error of its own comes first
+
+
+def test_json_output_has_no_nan():
+    assert launch.json_safe({"a": [float("nan"), 1.0], "b": float("inf"), "c": "x"}) == \
+        {"a": [None, 1.0], "b": None, "c": "x"}
+
+
+# a "torchrun" that exits on SIGTERM, leaving a "worker" that ignores SIGTERM and keeps
+# the shared stdout open
+LAUNCHER = r"""
+import os, signal, subprocess, sys, time
+worker = subprocess.Popen([sys.executable, "-c",
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); import os; print('worker', os.getpid(), flush=True); time.sleep(300)"])
+signal.signal(signal.SIGTERM, lambda *a: os._exit(1))
+time.sleep(300)
+"""
+
+
+def test_the_guard_stops_a_worker_that_ignores_sigterm_and_outlives_its_launcher(monkeypatch):
+    monkeypatch.setattr(launch, "STOP_GRACE_S", 1.0)
+    proc = subprocess.Popen([sys.executable, "-c", LAUNCHER], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    word, pid = proc.stdout.readline().split()
+    assert word == "worker"
+    began = time.perf_counter()
+    guard = launch.failure_guard(proc, 1.0)
+    rest = proc.stdout.read()  # EOF only once every holder of the pipe is gone
+    waited = time.perf_counter() - began
+    guard.cancel()
+    assert rest == "" and waited < 10, waited
+    assert proc.wait(timeout=5) != 0
+    assert _gone(int(pid))
+
+
+def _gone(pid: int, within_s: float = 5.0) -> bool:
+    """Dead within `within_s`: no such process, or a zombie (killed; its parent is gone,
+    so init reaps it)."""
+    deadline = time.perf_counter() + within_s
+    while True:
+        try:
+            with open(f"/proc/{pid}/status") as status:
+                if any(line.startswith("State:") and "Z" in line.split()[1] for line in status):
+                    return True
+        except FileNotFoundError:
+            return True
+        if time.perf_counter() > deadline:
+            return False
+        time.sleep(0.05)
