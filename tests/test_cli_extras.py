@@ -70,3 +70,16 @@ def test_help_works_without_the_extras(without):
     without("numpy", "torch", "rich")
     result = CliRunner().invoke(nereus, ["train", "--help"])
     assert result.exit_code == 0 and "Usage" in result.output
+
+
+def test_bench_help_is_the_commands_and_bench_name_help_the_scripts():
+    """`nereus bench --help` documents the command; `nereus bench NAME --help` reaches the
+    script (its own options), which the command's eager --help used to swallow."""
+    import subprocess
+    import sys
+
+    own = CliRunner().invoke(nereus, ["bench", "--help"])
+    assert own.exit_code == 0 and own.output.startswith("Usage: nereus bench [OPTIONS] [NAME] [ARGS]...")
+    script = subprocess.run([sys.executable, "-c", "from nereus.cli import nereus; nereus()", "bench", "plan_scale",
+                             "--help"], capture_output=True, text=True, timeout=120)
+    assert script.returncode == 0 and script.stdout.startswith("usage: plan_scale.py"), script.stdout + script.stderr

@@ -22,17 +22,25 @@ def available() -> list[str]:
     return sorted(p.stem for p in folder.glob("*.py")) if folder.is_dir() else []
 
 
-@click.command("bench", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+# no eager --help here: `nereus bench NAME --help` is the script's help (its options),
+# `nereus bench --help` this command's
+@click.command("bench", context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
+                                          "help_option_names": []})
 @click.argument("name", required=False)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @traceback_option
 @reports_errors
-def bench_command(name, args, traceback):
+@click.pass_context
+def bench_command(ctx, name, args, traceback):
     """Run benchmark NAME (a script in benchmarks/, e.g. plan_scale) with ARGS.
 
     Without NAME, list the benchmarks. Each prints one JSON object as its last stdout
-    line. Benchmarks ship with the source tree: use an editable install (pip install -e .).
+    line. `nereus bench NAME --help` shows the benchmark's own options. Benchmarks ship
+    with the source tree: use an editable install (pip install -e .).
     """
+    if name in ("--help", "-h"):
+        click.echo(ctx.get_help())
+        return
     names = available()
     if not names:
         raise NereusError(f"no benchmarks found in {benchmarks_dir()}",
