@@ -164,8 +164,8 @@ def train_command(plan_file, plan_name, algo, nproc, steps, events, controller, 
         raise NereusError("--steps must be at least 1")
     if nproc is not None and nproc < 1:
         raise NereusError(f"--nproc {nproc}: must be at least 1", hint="or leave it out: one process per GPU id")
-    if not math.isfinite(lr) or lr <= 0:
-        raise NereusError(f"--lr {lr}: must be a finite number > 0", hint="e.g. --lr 3e-3 (the default)")
+    if not math.isfinite(lr) or lr < 0:  # 0 trains nothing: the weights stay as loaded (checks)
+        raise NereusError(f"--lr {lr}: must be a finite number ≥ 0", hint="e.g. --lr 3e-3 (the default)")
     if algo == "grpo" and group < 2:
         raise NereusError(f"--group {group}: GRPO needs at least 2 responses per prompt",
                           hint="its advantage is each reward against its group's mean and deviation; e.g. --group 4")

@@ -84,8 +84,8 @@ def test_grpo_without_a_reward_model_trains_on_the_task_rule(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--algo", "grpo", "--group", "1"], "--group 1: GRPO needs at least 2 responses per prompt"),
-    (["--lr", "nan"], "--lr nan: must be a finite number > 0"),
-    (["--lr", "-1"], "--lr -1.0: must be a finite number > 0"),
+    (["--lr", "nan"], "--lr nan: must be a finite number ≥ 0"),
+    (["--lr", "-1"], "--lr -1.0: must be a finite number ≥ 0"),
     (["--nproc", "0"], "--nproc 0: must be at least 1"),
     (["--out", ""], "--out is empty"),
     (["--backend", "nccl"], "--backend nccl needs a CUDA device per process"),
