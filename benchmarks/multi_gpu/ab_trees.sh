@@ -25,7 +25,7 @@ timeout 120 python3 -m pytest -q -p no:cacheprovider -rs tests/runtime/test_exec
 step correctness_new 70 new correctness.py --quick --json-out $O/correctness_new.json
 step dt8_old 45 old dtensor_compare.py --layers 8 --json-out $O/dt8_old.json
 step dt8_new 45 new dtensor_compare.py --layers 8 --json-out $O/dt8_new.json
-step variants_new 90 new variants.py --variants default,no-defer,gc-on --json-out $O/variants_new.json
+step variants_new 90 new variants.py --variants default,defer,gc-on --json-out $O/variants_new.json
 step reshard_new 90 new reshard.py --quick --json-out $O/reshard_new.json
 step ws_old 60 old weight_sync.py --quick --json-out $O/ws_old.json
 step ws_new 60 new weight_sync.py --quick --json-out $O/ws_new.json

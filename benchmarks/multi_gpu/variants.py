@@ -10,8 +10,9 @@ for g in {1, 2} (`--ws-layers`, default 32). Variants (module switches, set alik
 rank, see VARIANTS): `default`; `packed` (every streamed piece through a ring slot, the
 previous default); `alone-4m` / `alone-64m` (streams.ALONE_BYTES: the size from which a piece
 travels in chunks of its own, in place where contiguous); `copies-after` (rounds.COPIES_AFTER:
-the same-GPU copies run after the exchange, not beside it); `no-defer`
-(rounds.DEFER_DESTINATIONS off: every destination allocated before the agreement); `gc-on`
+the same-GPU copies run after the exchange, not beside it); `no-defer` / `defer`
+(rounds.DEFER_DESTINATIONS off, the default since session 8: every destination allocated
+before the agreement; on: allocated when first written); `gc-on`
 (gc_pause.PAUSE_GC off: Python's cyclic GC left on during transitions); `chunk-256m` / `chunk-512m`
 (streams.CHUNK_BYTES; the default is 128 MiB) and `chunk-256m-depth4` (with streams.DEPTH 4).
 Each repeat runs every variant once in turn (and DTensor once), so drift hits all alike;
@@ -40,8 +41,10 @@ VARIANTS = {
     "alone-4m": {("streams", "ALONE_BYTES"): 4 << 20},
     "alone-64m": {("streams", "ALONE_BYTES"): 64 << 20},
     "copies-after": {("rounds", "COPIES_AFTER"): True},
-    # every destination allocated before the round's agreement (the session-5 order)
+    # every destination allocated before the round's agreement (the default again since
+    # session 8); `defer`: those only copies and slot chunks write allocated when first written
     "no-defer": {("rounds", "DEFER_DESTINATIONS"): False},
+    "defer": {("rounds", "DEFER_DESTINATIONS"): True},
     # the cyclic garbage collector left on during transitions (NEREUS_PAUSE_GC=0)
     "gc-on": {("gc_pause", "PAUSE_GC"): False},
     # the stream's chunk size (fewer, larger batches) and ring depth

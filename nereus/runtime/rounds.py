@@ -297,9 +297,13 @@ def run_round(run: _Run, work, events: Optional[list] = None) -> RoundTiming:
 # for measuring whether the copies slow the transfers down).
 COPIES_AFTER = os.environ.get("NEREUS_COPIES_AFTER", "0") == "1"
 # Whether after-shards that only copies and slot-received chunks write are allocated when
-# first written, after the round's agreement (RoundPlan.deferred), or all before it as the
-# compiler's replay orders them (NEREUS_DEFER_DESTINATIONS=0, for measuring).
-DEFER_DESTINATIONS = os.environ.get("NEREUS_DEFER_DESTINATIONS", "1") != "0"
+# first written, after the round's agreement (RoundPlan.deferred; NEREUS_DEFER_DESTINATIONS=1),
+# or all before it as the compiler's replay orders them (the default). Off since session 8:
+# on 2 H200s, interleaved in one process, deferring made a weight sync to tp 2 dp 1 24.8 ms
+# against 20.4 ms and TP -> DP of 8 layers 12.0 against 11.2 ms (its copies wait, on the side
+# stream, for the current stream's work queued before each late allocation); it saved host
+# time on CPUs only (benchmarks/RESULTS.md, "session 8 ... 2 x H200").
+DEFER_DESTINATIONS = os.environ.get("NEREUS_DEFER_DESTINATIONS", "0") == "1"
 
 
 def _destination_now_or_later(run: _Run, piece):

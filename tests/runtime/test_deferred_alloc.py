@@ -27,6 +27,7 @@ CHUNK, DEPTH = 512, 2
 
 
 def _run(rank, world, tensors):
+    rounds.DEFER_DESTINATIONS = True  # opt-in (NEREUS_DEFER_DESTINATIONS=1); this process only
     control = dist.new_group(backend="gloo")
     full = reference_state(tensors)
     u = lambda dp, tp: oracle_units(MODEL, STAGE, dp, tp, 1, [0, 1])  # noqa: E731

@@ -23,6 +23,14 @@ MODEL = Model("actor", "llama", layers=2, hidden=64, heads=4, kv_heads=2, ffn=12
 STAGE = "actor.training"
 
 
+@pytest.fixture(autouse=True)
+def deferred(monkeypatch):
+    """The deferred destinations these tests check are opt-in (NEREUS_DEFER_DESTINATIONS=1)."""
+    from nereus.runtime import rounds
+
+    monkeypatch.setattr(rounds, "DEFER_DESTINATIONS", True)
+
+
 @pytest.fixture
 def control():
     if not dist.is_initialized():
