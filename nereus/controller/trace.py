@@ -44,6 +44,7 @@ class Trace:
 
 _SHAPE = "a trace is {\"nir\": ..., \"plan\": ..., \"steps\": [...]}"
 _STEP_KEYS = ("response", "gpus", "prompt", "batch")
+_STEP_HINT = 'e.g. {"response": 1024, "gpus": 64}'
 
 
 def _whole(value) -> bool:
@@ -87,7 +88,7 @@ def load_trace(path: str) -> Trace:
     steps = []
     for i, s in enumerate(data["steps"]):
         if not isinstance(s, dict):
-            raise TraceError(f"{path}: step {i} is not an object", hint='e.g. {"response": 1024, "gpus": 64}')
+            raise TraceError(f"{path}: step {i} is not an object", hint=_STEP_HINT)
         unknown = sorted(set(s) - set(_STEP_KEYS))
         if unknown:
             raise TraceError(f"{path}: step {i}: unknown key {unknown[0]!r}", hint=f"step keys: {', '.join(_STEP_KEYS)}")
@@ -95,11 +96,11 @@ def load_trace(path: str) -> Trace:
             if key not in s:
                 if key in ("response", "gpus"):
                     raise TraceError(f"{path}: step {i} needs integer 'response' and 'gpus'",
-                                     hint='e.g. {"response": 1024, "gpus": 64}')
+                                     hint=_STEP_HINT)
                 continue
             if not _whole(s[key]) or s[key] < 1:
                 raise TraceError(f"{path}: step {i}: {key} must be a positive integer, found {json.dumps(s[key])}",
-                                 hint='e.g. {"response": 1024, "gpus": 64}')
+                                 hint=_STEP_HINT)
         step = TraceStep(s["response"], s["gpus"], s.get("prompt"), s.get("batch"))
         if step.gpus % module.cluster.gpus_per_node or not 0 < step.gpus <= module.cluster.num_gpus:
             raise TraceError(f"{path}: step {i}: gpus {step.gpus} is not a whole number of nodes of the cluster",

@@ -9,7 +9,6 @@ Imports neither torch nor triton."""
 from __future__ import annotations
 
 import json
-
 from dataclasses import dataclass
 
 from .diagnostics import ProgramError

@@ -41,17 +41,12 @@ def _split(text: str, what: str) -> tuple[Decimal, str]:
         raise UnitError(f"{what} takes a number, found '{text}'")
     number, rest = Decimal(match.group(1)), match.group(2)
     if _EXPONENT.fullmatch(rest):  # 1.6e1: exponents are not quantities here
-        try:
-            value = Decimal(text)
-            digits = f"{value:f}" if abs(value.adjusted()) < 30 else None
-        except InvalidOperation:
-            digits = None
-        raise UnitError(f"{what} is written with digits, not an exponent: found {text}",
-                        f"write {what} {digits.rstrip('0').rstrip('.') if digits and '.' in digits else digits}"
-                        if digits else f"write {what} in digits")
+        value = Decimal(text)  # the pattern above makes it a valid Decimal
+        digits = f"{value.normalize():f}" if abs(value.adjusted()) < 30 else "in digits"
+        raise UnitError(f"{what} is written with digits, not an exponent: found {text}", f"write {what} {digits}")
     if match.group(1) in ("0", "-0") and rest[:1] in ("x", "X", "b", "B", "o", "O") and len(rest) > 1:
-        raise UnitError(f"{what} is a decimal number, found {text}", f"write {what} {_other_base(text)}"
-                        if _other_base(text) is not None else None)
+        other = _other_base(text)
+        raise UnitError(f"{what} is a decimal number, found {text}", f"write {what} {other}" if other is not None else None)
     return number, rest
 
 

@@ -79,13 +79,6 @@ def _label(source: str, target: str, kind: str) -> str:
             "prepare": f"prepare({target!r}) from {source}"}.get(kind, f"{kind} of {source} -> {target}")
 
 
-def _collective(call, source: str, target: str, kind: str):
-    """Run one control collective; a gloo error (a peer timed out, exited or closed the
-    connection) becomes TransitionAborted naming this rank."""
-    with collectives(source, target, kind):
-        return call()
-
-
 @contextlib.contextmanager
 def collectives(source: str, target: str, kind: str):
     """Around collectives of a transition (the control group's, before or in it): a
@@ -132,7 +125,8 @@ def agree(failure: Optional[Failure], group, source: str, target: str, row: Opti
         # [flag, tag, -tag] under MAX: the tags agree iff max(tag) == -max(-tag)
         mine = tag(source, target, kind)
         flag = torch.tensor([0 if failure is None else 1, mine, -mine], dtype=torch.int64)
-        _collective(lambda: dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group), source, target, kind)
+        with collectives(source, target, kind):
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
         top, bottom = int(flag[1]), -int(flag[2])
         if top != bottom:
             _desync(group, source, target, kind)
@@ -161,7 +155,8 @@ def gather_flagged(failure: Optional[Failure], values, dtype, group, where: tupl
     source, target, kind = where
     mine = torch.tensor([0 if failure is None else 1, tag(source, target, kind), *values], dtype=dtype)
     gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
-    _collective(lambda: dist.all_gather(gathered, mine, group=group), source, target, kind)
+    with collectives(source, target, kind):
+        dist.all_gather(gathered, mine, group=group)
     rows = torch.stack(gathered).tolist()
     if len({r[1] for r in rows}) > 1:
         _desync(group, source, target, kind)
@@ -181,8 +176,8 @@ def _desync(group, source: str, target: str, kind: str) -> None:
     in a commit drops its new state there (the old one stands), so every rank is back in
     its old plan."""
     labels: list = [None] * dist.get_world_size(group)
-    _collective(lambda: dist.all_gather_object(labels, _label(source, target, kind), group=group),
-                source, target, kind)
+    with collectives(source, target, kind):
+        dist.all_gather_object(labels, _label(source, target, kind), group=group)
     failures = [Failure(rank, -1, "control", None, f"at {label}") for rank, label in enumerate(labels)]
     raise TransitionAborted(failures, source, target,
                             hint="the ranks were in different collectives: every rank must call transition() with "
@@ -194,5 +189,6 @@ def _abort(failure: Optional[Failure], group, source: str, target: str) -> None:
     """Collective, after a flag showed that some rank failed: exchange the failures and
     raise the same TransitionAborted on every rank."""
     gathered: list = [None] * dist.get_world_size(group)
-    _collective(lambda: dist.all_gather_object(gathered, failure, group=group), source, target, "abort")
+    with collectives(source, target, "abort"):
+        dist.all_gather_object(gathered, failure, group=group)
     raise TransitionAborted([f for f in gathered if f is not None], source, target)

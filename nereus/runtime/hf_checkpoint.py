@@ -28,6 +28,7 @@ head from the embedding.
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 from typing import Optional
@@ -64,28 +65,10 @@ class SafetensorsFiles:
         self.entries: dict = {}  # name -> (file, dtype, shape, data start)
         for file in files:
             path = os.path.join(directory, file)
-            length, header = _header(path)
-            size = os.path.getsize(path)
+            length, header, size = _header(path)
             for name, info in header.items():
-                if name == "__metadata__":
-                    continue
-                try:
-                    dtype, shape, (first, last) = info["dtype"], tuple(info["shape"]), info["data_offsets"]
-                except (KeyError, TypeError, ValueError):
-                    raise NereusError(f"{path}: the header entry of {name} lacks dtype, shape or data_offsets",
-                                      hint=_REWRITE) from None
-                if dtype not in SAFETENSORS_DTYPES:
-                    raise NereusError(f"{path}: {name} has dtype {dtype}, which Nereus does not read")
-                numel = 1
-                for n in shape:
-                    numel *= n
-                if last - first != numel * SAFETENSORS_DTYPES[dtype].itemsize:
-                    raise NereusError(f"{path}: {name} spans {last - first} bytes, its shape {list(shape)} and dtype "
-                                      f"{dtype} make {numel * SAFETENSORS_DTYPES[dtype].itemsize}", hint=_REWRITE)
-                if 8 + length + last > size:
-                    raise NereusError(f"{path}: {name}: the file ends at byte {size}, inside the tensor's data",
-                                      hint="the checkpoint is truncated: copy or save it again")
-                self.entries[name] = (path, SAFETENSORS_DTYPES[dtype], shape, 8 + length + first)
+                if name != "__metadata__":
+                    self.entries[name] = _entry(path, name, info, 8 + length, size)
         self._fds: dict = {}
 
     def check(self, name: str, shape: tuple, model: str) -> None:
@@ -158,8 +141,33 @@ def _index_files(index: str) -> list:
     return files
 
 
+def _entry(path: str, name: str, info, data_start: int, size: int) -> tuple:
+    """(file, dtype, shape, byte where the data starts) of header entry `name`, whose
+    byte span must be its shape's and lie inside the file (`data_start`: where the data
+    section starts, `size`: the file's bytes)."""
+    try:
+        dtype, shape, (first, last) = info["dtype"], tuple(info["shape"]), info["data_offsets"]
+    except (KeyError, TypeError, ValueError):
+        raise NereusError(f"{path}: the header entry of {name} lacks dtype, shape or data_offsets",
+                          hint=_REWRITE) from None
+    if dtype not in SAFETENSORS_DTYPES:
+        raise NereusError(f"{path}: {name} has dtype {dtype}, which Nereus does not read")
+    nbytes = math.prod(shape) * SAFETENSORS_DTYPES[dtype].itemsize
+    if last - first != nbytes:
+        raise NereusError(f"{path}: {name} spans {last - first} bytes, its shape {list(shape)} and dtype "
+                          f"{dtype} make {nbytes}", hint=_REWRITE)
+    if data_start + last > size:
+        raise _truncated(f"{path}: {name}", size)
+    return path, SAFETENSORS_DTYPES[dtype], shape, data_start + first
+
+
+def _truncated(what: str, at: int) -> NereusError:
+    return NereusError(f"{what}: the file ends at byte {at}, inside the tensor's data",
+                       hint="the checkpoint is truncated: copy or save it again")
+
+
 def _header(path: str) -> tuple:
-    """(header length, header dict) of a safetensors file, checked against its size."""
+    """(header length, header dict, file size) of a safetensors file, checked against its size."""
     size = os.path.getsize(path)
     with open(path, "rb") as handle:
         head = handle.read(8)
@@ -175,7 +183,7 @@ def _header(path: str) -> tuple:
             raise NereusError(f"{path}: the header is not valid JSON ({error})", hint=_REWRITE) from None
     if not isinstance(header, dict):
         raise NereusError(f"{path}: the header is not a JSON object", hint=_REWRITE)
-    return length, header
+    return length, header, size
 
 
 def _pread(fd: int, target: memoryview, offset: int, what: str) -> None:
@@ -183,8 +191,7 @@ def _pread(fd: int, target: memoryview, offset: int, what: str) -> None:
     while done < len(target):
         n = os.preadv(fd, [target[done:done + _MAX_READ]], offset + done)
         if n <= 0:
-            raise NereusError(f"{what}: the file ends at byte {offset + done}, inside the tensor's data",
-                              hint="the checkpoint is truncated: copy or save it again")
+            raise _truncated(what, offset + done)
         done += n
 
 

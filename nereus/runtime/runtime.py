@@ -158,7 +158,7 @@ class Runtime:
             raise TypeError("Runtime needs a parsed nereus.ir.Module (use Runtime.from_file for a path)")
         _check_options(timeout_s, direct_min_bytes, park_device_types, p2p_groups)
         self.module = module
-        _plan(module, plan)
+        known_plan(module, plan)
         if not dist.is_initialized():
             if rank is None or world_size is None:
                 raise NereusError("no torch.distributed process group",
@@ -189,7 +189,7 @@ class Runtime:
             from .prepare import data_groups
 
             self._data = data_groups(self.device, timeout_s, p2p_groups)
-        _plan(module, plan)
+        known_plan(module, plan)
         self._plan = plan
         self._state: dict = {}  # model-stage → {name: local tensor}
         # (from, to) -> (this rank's part of the program as canonical JSON text, seconds, its
@@ -254,7 +254,7 @@ class Runtime:
         if unit is None:
             return {}
         specs = self.tensor_specs(model_stage)
-        for name in {s["tensor"] for s in unit["shards"] if s["gpu"] == self.rank}:
+        for name in self._own_shards(unit):
             tensor = full.get(name)
             if tensor is None:
                 continue  # shard_unit names it
@@ -277,7 +277,7 @@ class Runtime:
         """Hand this rank's shards of `model_stage` to Nereus (checked against the layout)."""
         ms = self._model_stage(model_stage)
         unit = unit_on_gpu(self.layout(model_stage), self.rank)
-        expected = {} if unit is None else {s["tensor"]: s for s in unit["shards"] if s["gpu"] == self.rank}
+        expected = self._own_shards(unit)
         step = step_name(ms.model)
         missing = sorted(set(expected) - set(local))
         extra = sorted(set(local) - set(expected) - {step})
@@ -321,7 +321,11 @@ class Runtime:
         if unit is None:
             return {}
         where = offload.HOST if unit.get("offload", False) else offload.DEVICE
-        return {s["tensor"]: where for s in unit["shards"] if s["gpu"] == self.rank}
+        return {name: where for name in self._own_shards(unit)}
+
+    def _own_shards(self, unit: Optional[dict]) -> dict:
+        """{tensor: shard} of `unit` (JSON layout) on this rank; {} for no unit."""
+        return {} if unit is None else {s["tensor"]: s for s in unit["shards"] if s["gpu"] == self.rank}
 
     def device_bytes(self, model_stage: Optional[str] = None) -> int:
         """Bytes of this rank's registered shards (of `model_stage`, or of every registered
@@ -409,9 +413,7 @@ class Runtime:
         """Collective: the same NereusError on every rank when some rank holds shards of
         `model_stage` it has not registered (a gather would otherwise fail on those ranks
         alone and leave the others in a collective of their own)."""
-        unit = unit_on_gpu(self.layout(model_stage), self.rank)
-        needed = set() if unit is None else {s["tensor"] for s in unit["shards"] if s["gpu"] == self.rank}
-        missing = len(needed - set(local))
+        missing = len(set(self._own_shards(unit_on_gpu(self.layout(model_stage), self.rank))) - set(local))
         rows = gather_flagged(None, [missing], torch.int64, self._control, (self._plan, f"gather {model_stage}", "gather"))
         short = [rank for rank, row in enumerate(rows) if row[1]]
         if short:
@@ -461,8 +463,7 @@ class Runtime:
         from .prepare import reserve_memory, warm_kernels, warm_links, warm_parking
 
         started = time.perf_counter()
-        with collectives(self._plan, target, "compile"):
-            compile_s, prog, key, _ = self._lower(target)
+        compile_s, prog, key, _ = self._lower(target)
         # every rank is preparing this transition before the data links are used (a rank in
         # transition() or preparing another target: TransitionAborted on every rank, within
         # timeout_s, instead of a wait on the data group's own timeout)
@@ -511,8 +512,7 @@ class Runtime:
             else:
                 steps = self._steps(result.agreed_rows)
         if result is None:
-            with collectives(self._plan, target, "compile"):  # a peer gone: TransitionAborted, not gloo's error
-                compile_s, prog, key, steps = self._lower(target)
+            compile_s, prog, key, steps = self._lower(target)
             # compiling is reported apart (compile_s, 0 when cached)
             result = self._execute(prog, key, verify, fault, round_hook, called + compile_s)
         live = set(key[2])
@@ -561,7 +561,7 @@ class Runtime:
         (`_live_stages`); when some rank's count differs, every rank raises Stale there and
         the transition starts over the full way. Every input is the same on every rank (the
         gathered counts and what was derived from them), so every rank takes the same way."""
-        _plan(self.module, target)
+        known_plan(self.module, target)
         self._check_ranks(target)
         if self._gathered is None or (self._plan, target) not in self._programs:
             return None
@@ -585,14 +585,16 @@ class Runtime:
         program restricted to the live model-stages, its cache key, {training model-stage:
         Adam step, max over ranks, -1 where no rank holds one}). What the call derives from
         the JSON part (resident and capacity bytes, offloaded units) is in
-        `_lowered_figures[key]`; the parsed part itself is not kept (see `_programs`)."""
-        _plan(self.module, target)
+        `_lowered_figures[key]`; the parsed part itself is not kept (see `_programs`). A
+        peer gone meanwhile: TransitionAborted, not gloo's error."""
+        known_plan(self.module, target)
         self._check_ranks(target)
         cached = (self._plan, target) in self._programs
-        text, compile_s, untouched = self._compiled(target)
+        with collectives(self._plan, target, "compile"):
+            text, compile_s, untouched = self._compiled(target)
+            live, steps = self._live_stages(target, untouched)
         if cached:
             compile_s = 0.0
-        live, steps = self._live_stages(target, untouched)
         key = (self._plan, target, tuple(sorted(live)))
         if key not in self._lowered:  # a job moving back and forth restricts and lowers each program once
             program = json.loads(text)
@@ -733,7 +735,8 @@ def tensor_specs(module: Module, model_stage: str) -> dict:
     return specs
 
 
-def _plan(module: Module, name: str) -> None:
+def known_plan(module: Module, name: str) -> None:
+    """SemanticError listing the plans unless `module` declares plan `name`."""
     try:  # zero 1/3 and ep > 1 run too: every placement the compiler accepts runs
         module.plan(name)
     except KeyError:

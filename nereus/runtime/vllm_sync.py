@@ -41,6 +41,7 @@ from .boxes import as_box, box_numel
 from .executor import TORCH_DTYPES, execute
 from .gc_pause import paused
 from .program import rank_program, unit_of_stage
+from .runtime import known_plan
 from .state import box_view, shard_unit, unit_on_gpu, writers
 
 SYNC_FROM, SYNC_TO = "sync.from", "sync.to"
@@ -161,7 +162,7 @@ class WeightSync:
         """Collective: the whole sync program of `plan` (compiled on rank 0, broadcast,
         cached) and compile seconds: for inspection; `run` never fetches it (`part`)."""
         if plan not in self._programs:
-            _known_plan(self.module, plan)
+            known_plan(self.module, plan)
             started = time.perf_counter()
             box: list = [None]
             if dist.get_rank() == 0:
@@ -184,7 +185,7 @@ class WeightSync:
         if plan not in self._parts:
             from .distribute import obtain_rank_part
 
-            _known_plan(self.module, plan)
+            known_plan(self.module, plan)
             got = obtain_rank_part(sync_module(self.module, plan, self.source, self.target, self.engine_input),
                                    SYNC_FROM, SYNC_TO, dist.get_rank(), dist.get_world_size(), self.control,
                                    verify=False, options=self.options)
@@ -220,11 +221,6 @@ class WeightSync:
         return SyncResult(new, result.seconds, result.sent_bytes, result.received_bytes, result.copied_bytes,
                           result.kept_bytes, len(prog.rounds), compile_s,
                           extra={"round_timings": [asdict(r) for r in result.rounds]})
-
-
-def _known_plan(module: Module, plan: str) -> None:
-    if plan not in {p.name for p in module.plans}:
-        raise SemanticError(f"unknown plan {plan!r}", hint=f"plans: {', '.join(p.name for p in module.plans)}")
 
 
 def gather_then_slice(module: Module, plan: str, source_state: dict, *, source: str = "actor.training",

@@ -357,24 +357,22 @@ class Packer:
                 fallback.unpack_entries(buffers, plan.entries)
             return
         kernels = _kernels()
-        bases = None
+        bases = view_bases = None
         rel = kernels.REL_NONE
         if plan.kind != "copy":
             rel = kernels.REL_DST if plan.kind == "pack" else kernels.REL_SRC
             if any(b.device != plan.device for b in buffers):
                 raise ValueError(f"buffers on {sorted({str(b.device) for b in buffers})}, segments on {plan.device}")
             anchor = kernels.anchor(plan.device).data_ptr()
-            addresses = tuple(b.data_ptr() - r - anchor for b, r in zip(buffers, plan.residues))
-            if plan.bases is None or plan.bases[0] != addresses:
-                plan.bases = (addresses, upload(torch.tensor(addresses, dtype=torch.int64), plan.device))
-            bases = plan.bases[1]
+            plan.bases = _table(plan.bases, tuple(b.data_ptr() - r - anchor for b, r in zip(buffers, plan.residues)),
+                                plan.device)
             if views is not None:  # else a keyed hit: the views of the plan's first call
-                at = tuple(p - p % ALIGN - anchor for p in (v.data_ptr() for msg in views for v in msg))
-                if plan.view_bases is None or plan.view_bases[0] != at:
-                    plan.view_bases = (at, upload(torch.tensor(at, dtype=torch.int64), plan.device))
-            view_bases = plan.view_bases[1]
+                plan.view_bases = _table(plan.view_bases, tuple(p - p % ALIGN - anchor for p in
+                                                                (v.data_ptr() for msg in views for v in msg)),
+                                         plan.device)
+            bases, view_bases = plan.bases[1], plan.view_bases[1]
         for launch in plan.launches:
-            kernels.run_launch(launch, rel, bases, view_bases if plan.kind != "copy" else None)
+            kernels.run_launch(launch, rel, bases, view_bases)
         self.compiled |= {(plan.kind, x.word, x.vec, x.rows, x.cols) for x in plan.launches}
 
 
@@ -409,6 +407,13 @@ def _fingerprint(kind: str, views: list[list[torch.Tensor]], offsets: list[tuple
     return (tuple(tuple((v.data_ptr() % mod, v.shape, v.stride(), v.dtype) for v in msg) for msg in views),
             tuple(offsets), totals)
 
+
+def _table(cached: Optional[tuple], values: tuple[int, ...], device: torch.device) -> tuple:
+    """(values, their int64 table on `device`): `cached` itself while the values are the
+    same (no upload), else a new upload."""
+    if cached is not None and cached[0] == values:
+        return cached
+    return values, upload(torch.tensor(values, dtype=torch.int64), device)
 
 
 def _residue(buffer: torch.Tensor) -> int:

@@ -157,16 +157,13 @@ def _piece(src: int, dst: int, rows: int, run: int, src_s: int, dst_s: int, msg:
                  src_s // word, dst_s // word, msg, slot)
 
 
-def view_pieces(view: torch.Tensor, offset: int, msg: int, direction: str, slot=None) -> list[Piece]:
+def view_pieces(view: torch.Tensor, offset: int, msg: int, direction: str, slot: int) -> list[Piece]:
     """Pieces between a tensor view and its contiguous image at byte `offset` of message
-    `msg`'s buffer; direction "pack" (view → buffer) or "unpack" (buffer → view).
-    slot=None: the view's side holds absolute addresses. slot=k: addresses relative to
-    view k's base, `data_ptr() - data_ptr() % ALIGN` (the word size and the 16-byte
-    hint depend on the address only through that residue)."""
-    addr = view.data_ptr()
-    if slot is not None:
-        addr %= ALIGN
-    slot = slot or 0
+    `msg`'s buffer; direction "pack" (view → buffer) or "unpack" (buffer → view). The
+    view's side is relative to the base of view `slot`, `data_ptr() - data_ptr() % ALIGN`
+    (the word size and the 16-byte hint depend on the address only through that
+    residue; the bases come per call)."""
+    addr = view.data_ptr() % ALIGN
     if view.is_contiguous():  # the common case, one dense run: skip the general path
         run = nbytes(view)
         if run == 0:
