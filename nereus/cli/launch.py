@@ -13,6 +13,7 @@ a peer that then lost its connection or aborted a transition because of it.
 
 from __future__ import annotations
 
+import glob
 import json
 import math
 import os
@@ -49,6 +50,8 @@ def launch(config: dict, nproc: int, out: str, progress_label: str, quiet: bool,
     if failure_timeout_s is None:
         failure_timeout_s = env_number("NEREUS_FAILURE_TIMEOUT_S", FAILURE_TIMEOUT_S, 1.0, float)
     os.makedirs(out, exist_ok=True)
+    for old in glob.glob(os.path.join(out, "error-rank*.json")):  # an earlier run's reports
+        os.remove(old)
     path = os.path.join(out, "config.json")
     with open(path, "w") as f:
         json.dump(config, f, indent=1)
@@ -106,6 +109,10 @@ def launch(config: dict, nproc: int, out: str, progress_label: str, quiet: bool,
         finally:
             if guard is not None:
                 guard.cancel()
+    if errors or proc.returncode != 0:
+        # every rank's own report: a line on stdout can be cut into by another rank's output
+        reported = {e.get("rank") for e in errors}
+        errors += [e for e in _reports(out) if e.get("rank") not in reported]
     killed = _killed_ranks(other, {e.get("rank") for e in errors})
     if errors or killed:
         failed = TrainingFailed(root_cause(errors, killed))
@@ -146,6 +153,19 @@ def _error_event(event: dict) -> dict:
         except (OSError, json.JSONDecodeError):
             return dict(event, message=f"rank {event.get('rank')} failed; its report {event['file']} is unreadable")
     return event
+
+
+def _reports(out: str) -> list:
+    """The error reports the ranks wrote to OUT/error-rank<r>.json (nereus.rl.worker), in
+    rank order."""
+    found = []
+    for path in sorted(glob.glob(os.path.join(out, "error-rank*.json"))):
+        try:
+            with open(path) as f:
+                found.append(json.load(f))
+        except (OSError, json.JSONDecodeError):
+            continue
+    return sorted(found, key=lambda e: e.get("rank", -1))
 
 
 # what a peer of the failing rank raises because of it

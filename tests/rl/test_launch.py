@@ -86,3 +86,15 @@ def _gone(pid: int, within_s: float = 5.0) -> bool:
         if time.perf_counter() > deadline:
             return False
         time.sleep(0.05)
+
+
+def test_reports_are_read_from_the_files_when_a_line_was_cut(tmp_path):
+    """A rank's error line on stdout can be cut into by another rank's output; its report
+    file (OUT/error-rank<r>.json) still names it."""
+    import json
+
+    (tmp_path / "error-rank1.json").write_text(json.dumps(FAILED | {"rank": 1}))
+    (tmp_path / "error-rank0.json").write_text(json.dumps(RESET))
+    reports = launch._reports(str(tmp_path))
+    assert [r["rank"] for r in reports] == [0, 1]
+    assert launch.root_cause(reports, {})["rank"] == 1
