@@ -7,14 +7,23 @@ follows that: at a step boundary, i.e. after `register` and after every transiti
 shards of an offloaded model-stage are host tensors, pinned where CUDA exists so that
 copies to and from the GPU run at PCIe speed, and they count nothing against the GPU.
 
-In a transition (JSON program: `units.before/after[*].offload`):
-  - an offloaded before-unit is read from host memory: a send packs its small pieces in
-    host memory and moves the packed buffer to the device in one host→device copy (NCCL
-    sends from device memory); a large piece is copied to the device alone;
-  - an offloaded after-unit is allocated in host memory: a message into it arrives in a
-    device buffer and goes to host memory in one device→host copy before it is unpacked
-    there; a large piece arrives in a device bounce tensor and is copied down;
-  - same-GPU copies between host and device memory are one `copy_` each.
+In a transition (JSON program: `units.before/after[*].offload`), on CUDA, where the host
+shards are pinned memory the GPU maps (always, for shards this runtime made: the fused
+pack kernels then address them in place, `nereus.backends.triton.mapped`):
+  - a send from an offloaded before-unit packs its pieces straight from host memory into
+    the device buffer NCCL sends, one kernel launch reading over PCIe;
+  - a message into an offloaded after-unit arrives in a device buffer and is unpacked
+    straight into host memory, one launch writing over PCIe; a large piece arrives in a
+    device bounce tensor and is copied down (queued);
+  - same-GPU copies between host and device memory: a dense piece is one queued
+    `copy_` (the copy engine), a strided one with a contiguous side one kernel launch.
+Everything is queued on the stream, so the host goes on posting while the bytes cross
+PCIe (1 H200: 1.9 GB of 8B-shaped TP halves unpacked into host memory in 37 ms, 52 GB/s;
+packing them on the host first took 361 ms under torchrun's one CPU thread). Where the
+host memory is not mapped (pageable tensors, NEREUS_MAPPED_HOST=0): a send packs its
+pieces in pinned host memory and moves the packed buffer in one host→device copy, a
+receive copies the buffer down once and unpacks it on the host, and a copy is one
+`copy_` per piece.
 On CPU (gloo) host and device are the same memory: only the bookkeeping differs, which is
 what makes it testable without a GPU (`Runtime.placement`, `Runtime.device_bytes`).
 
@@ -27,6 +36,8 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 import torch
+
+from nereus.backends.triton.mapped import hold
 
 HOST = "host"
 DEVICE = "device"
@@ -127,12 +138,18 @@ def round_bytes(work, host_before, host_after) -> int:
 
 
 def pack(views: Sequence[torch.Tensor], offsets: Sequence[int], out: torch.Tensor) -> torch.Tensor:
-    """`packing.pack` for a message whose pieces may live in host memory: all on the host
-    and the buffer on a GPU, one host→device copy; mixed, one `copy_` per piece (each
-    crossing where it must); all on the buffer's device, the fused kernels' path."""
+    """`packing.pack` for a message whose pieces may live in host memory. Host pieces in
+    pinned memory the GPU maps: the fused kernels read them in place, one launch over
+    PCIe (`packing.host_in_place`). Otherwise: all on the host, packed there and one
+    host→device copy; mixed, one `copy_` per piece (each crossing where it must); all on
+    the buffer's device, the fused kernels' path."""
     from . import packing
 
     on_host = [not v.is_cuda for v in views]
+    if out.is_cuda and any(on_host) and packing.host_in_place(views, out.device):
+        packing.kernels().pack_into(views, offsets, out.numel(), out)
+        hold(views, out.device)  # no pinned block it reads is reused before it ran
+        return out
     if out.is_cuda and on_host and all(on_host):
         return pack_from_host(views, offsets, out)
     if out.is_cuda and any(on_host):
@@ -142,12 +159,18 @@ def pack(views: Sequence[torch.Tensor], offsets: Sequence[int], out: torch.Tenso
 
 def unpack(buffer: torch.Tensor, views: Sequence[torch.Tensor], offsets: Sequence[int]) -> Optional[HostUnpack]:
     """`packing.unpack` for a message whose destinations may live in host memory (as
-    `pack`). All of them in host memory and the buffer on a GPU: returns the HostUnpack,
-    which the caller finishes (the pieces are written then); otherwise None, written now
-    (or, mixed, by copies queued on the current stream)."""
+    `pack`). Mapped pinned host views: the fused kernels write them in place, queued on
+    the current stream; returns None. Otherwise, all of them in host memory and the
+    buffer on a GPU: returns the HostUnpack, which the caller finishes (the pieces are
+    written then); else None, written now (or, mixed, by copies queued on the current
+    stream)."""
     from . import packing
 
     on_host = [not v.is_cuda for v in views]
+    if buffer.is_cuda and any(on_host) and packing.host_in_place(views, buffer.device):
+        packing.kernels().unpack_from(buffer, views, offsets)
+        hold(views, buffer.device)  # no pinned block it writes is reused before it ran
+        return None
     if buffer.is_cuda and on_host and all(on_host):
         return HostUnpack(buffer, views, offsets)
     if buffer.is_cuda and any(on_host):

@@ -82,15 +82,20 @@ def copy_pairs(dsts: list, srcs: list) -> None:
     thousands of small pieces. A dense pair of FOREACH_MAX_BYTES or more is copied alone
     (`copy_`: the driver's memcpy); a strided pair is copied as the widest integer type
     its rows allow (`widened`). A group whose pairs cross memories (host shards of an
-    offloaded or staged unit) is copied one `copy_` each."""
+    offloaded or staged unit) is copied one `copy_` each, queued; a strided pair across
+    memories with a contiguous side is one kernel launch where the GPU maps the host
+    side (`_cross_in_place`: torch would copy it through a temporary on one CPU thread)."""
     groups: dict = {}
     with torch.no_grad():
         for dst, src in zip(dsts, srcs):
             dense = dst.is_contiguous() and src.is_contiguous()
+            crossing = dst.device != src.device
             if not dense:
+                if crossing and _cross_in_place(dst, src):
+                    continue
                 dst, src = widened(dst, src)
             elif dst.numel() * dst.element_size() >= FOREACH_MAX_BYTES:
-                dst.copy_(src)
+                dst.copy_(src, non_blocking=crossing)
                 continue
             key = (src.dtype, dense, dst.device, src.device)
             group = groups.get(key)
@@ -100,6 +105,36 @@ def copy_pairs(dsts: list, srcs: list) -> None:
             group[1].append(src)
         for group_dsts, group_srcs in groups.values():
             copy_all(group_dsts, group_srcs)
+
+
+def host_in_place(tensors: Sequence[torch.Tensor], device: torch.device) -> bool:
+    """Whether the fused kernels on CUDA `device` address these tensors where they lie:
+    the kernels are there, and every host tensor is pinned memory the GPU maps
+    (nereus.backends.triton.mapped; NEREUS_MAPPED_HOST=0 says no)."""
+    if _KERNELS is None or torch.device(device).type != "cuda":
+        return False
+    from nereus.backends.triton.mapped import mapped
+
+    return mapped(tensors, device)
+
+
+def _cross_in_place(dst: torch.Tensor, src: torch.Tensor) -> bool:
+    """dst <- src between host and device memory by the fused kernels, queued, when one
+    side is contiguous (the other is unpacked into / packed from it) and the GPU maps the
+    host side; False (nothing done) otherwise."""
+    from nereus.backends.triton.mapped import hold
+
+    device = dst.device if dst.is_cuda else src.device
+    if not device.type == "cuda" or dst.numel() == 0 or not host_in_place([dst, src], device):
+        return False
+    if src.is_contiguous():
+        _KERNELS.unpack_from(src.reshape(-1).view(torch.uint8), [dst], [0])
+    elif dst.is_contiguous():
+        _KERNELS.pack_into([src], [0], dst.numel() * dst.element_size(), dst.reshape(-1).view(torch.uint8))
+    else:
+        return False
+    hold([dst, src], device)
+    return True
 
 
 _WIDE = (torch.int64, torch.int32)

@@ -77,40 +77,49 @@ def _meta(info, dtypes: dict) -> torch.Tensor:
     return torch.empty(info.shape, dtype=dtypes[info.dtype], device="meta")
 
 
-def warm_kernels(prog: RankProgram, device: torch.device, dtypes: dict) -> int:
+def warm_kernels(prog: RankProgram, device: torch.device, dtypes: dict, offloaded=frozenset()) -> int:
     """Compile the pack/unpack kernel variants this rank's streams use (the chunks of
     strided pieces, cut as streams.py cuts them, on meta views of the real shard shapes;
-    nothing is allocated at their size). Returns the variants run."""
+    nothing is allocated at their size), and every chunk of a stream with pieces in host
+    memory (offloaded units, `offloaded` as offload.offloaded_units gives it: the kernels
+    address those in place, whatever their layout). Returns the variants run."""
     kernels = packing.kernels()
     if kernels is None or not hasattr(kernels, "warm") or torch.device(device).type != "cuda":
         return 0
     calls = []
-    for kind, views in stream_views(prog, dtypes):
+    for kind, views, on_host in stream_views(prog, dtypes, offloaded):
         for segments in streams.chunk_views(views, streams.CHUNK_BYTES):
-            if streams.fused(segments):  # the other chunks are plain copies
+            if on_host or streams.fused(segments):  # the other chunks are plain copies
                 calls.append((kind, segments, packing.layout([v.numel() * v.element_size() for v in segments])[0]))
     return kernels.warm(calls, device)
 
 
-def stream_views(prog: RankProgram, dtypes: dict) -> list:
-    """[(kind "pack" | "unpack", views)]: per round, peer and direction, the packed
-    pieces' views (in message order) on meta tensors of the shards' shapes."""
+def stream_views(prog: RankProgram, dtypes: dict, offloaded=frozenset()) -> list:
+    """[(kind "pack" | "unpack", views, on_host)]: per round, peer and direction, the
+    packed pieces' views (in message order) on meta tensors of the shards' shapes, and
+    whether some of them lie in host memory (a unit of `offloaded`, ("before" | "after",
+    unit id) pairs)."""
     plan = plan_for(prog, streams.CHUNK_BYTES)  # which pieces stream: as the executor decides
     out = []
     for work, planned in zip(prog.rounds, plan.rounds):
         for kind, messages, flags in (("pack", work.sends, planned.send_in_stream),
                                       ("unpack", work.recvs, planned.recv_in_stream)):
             per_peer: dict = {}
+            host: set = set()
             for msg, in_stream in zip(messages, flags):
                 for p, streamed in zip(msg.pieces, in_stream):
                     if not streamed:
                         continue
                     if kind == "pack":  # as the executor views it (wires: two-part pieces too)
                         view = src_region(p, _meta(prog.before[p.src_unit][p.tensor], dtypes))
+                        away = ("before", p.src_unit) in offloaded
                     else:
                         view = dst_region(p, _meta(prog.after[p.dst_unit][p.tensor], dtypes))
+                        away = ("after", p.dst_unit) in offloaded
                     per_peer.setdefault(msg.peer, []).append(view)
-            out += [(kind, views) for views in per_peer.values()]
+                    if away:
+                        host.add(msg.peer)
+            out += [(kind, views, peer in host) for peer, views in per_peer.items()]
     return out
 
 

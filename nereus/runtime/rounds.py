@@ -259,13 +259,15 @@ def run_round(run: _Run, work, events: Optional[list] = None) -> RoundTiming:
             (step, peer, error), late_error = late_error, None
             raise error
         timing.exchange_s = time.perf_counter() - t1
-        if run.verify and device.type == "cuda" and (run.host_after or run.host_before):
-            torch.cuda.current_stream(device).synchronize()  # host views written by queued copies
         t2 = time.perf_counter()
-        for i, w in enumerate(recvs):
+        for w in recvs:
             step, peer = "unpack recv", w.msg.peer
             for bounce, view in w.bounce:  # a direct piece into host memory (offloaded unit)
-                view.copy_(bounce)
+                view.copy_(bounce, non_blocking=True)  # queued: the commit synchronizes first
+        if run.verify and device.type == "cuda" and (run.host_after or run.host_before):
+            torch.cuda.current_stream(device).synchronize()  # host views written by queued copies
+        for i, w in enumerate(recvs):
+            step, peer = "unpack recv", w.msg.peer
             for p in w.msg.pieces:
                 run.written[(p.dst_unit, p.tensor)] = run.written.get((p.dst_unit, p.tensor), 0) + p.numel
             if run.verify:

@@ -468,7 +468,7 @@ class Runtime:
         # transition() or preparing another target: TransitionAborted on every rank, within
         # timeout_s, instead of a wait on the data group's own timeout)
         agree(None, self._control, self._plan, target, kind="prepare")
-        kernels = warm_kernels(prog, self.device, TORCH_DTYPES)
+        kernels = warm_kernels(prog, self.device, TORCH_DTYPES, self._lowered_figures[key].offloaded)
         peers = warm_links(prog, self._data, self.device)
         pinned = 0
         if self.rollback != "device" and self.device.type in self.park_device_types:

@@ -85,7 +85,9 @@ def outgoing(msg: Message, sources: dict, device, in_stream: list, regions: tupl
     viewed = [regions[i].view(sources[p.src_unit][p.tensor])
               for i, (p, s) in enumerate(zip(msg.pieces, in_stream)) if views or not s]
     direct = [v for v, s in zip(viewed, in_stream) if not s] if views else viewed
-    direct = [v.to(device) for v in direct]  # staged: host → device
+    # staged or offloaded: host → device, queued (a pinned source records its copy; a
+    # pageable one is copied before `to` returns)
+    direct = [v.to(device, non_blocking=True) for v in direct]
     if not all(v.is_contiguous() for v in direct):
         raise ProgramError("a direct piece is not contiguous in its source tensor")
     host_bytes = 0

@@ -122,7 +122,7 @@ def test_prepare_warms_the_views_the_executor_packs(monkeypatch):
 
     module = _module("dp 1 tp 2")
     prog = rank_program(program_json(compile_transition(module, "A", "B")), 0)
-    views = [v for _, vs in stream_views(prog, TORCH_DTYPES) for v in vs]
+    views = [v for _, vs, _ in stream_views(prog, TORCH_DTYPES) for v in vs]
     two_part = [p for w in prog.rounds for m in w.sends for p in m.pieces if p.parts == 2]
     assert two_part and sum(v.dim() == 3 and v.shape[1] == 2 for v in views) >= len(two_part)
     sent = sum(p.nbytes for w in prog.rounds for m in w.sends for p in m.pieces)

@@ -47,7 +47,8 @@ def test_pieces_cross_pcie_in_place_both_ways():
     assert not into_base[untouched].any()  # nothing outside the views was written
 
 
-def test_a_host_unpack_waits_for_its_copy_alone_and_queued_crossing_copies_land_by_the_sync():
+def test_a_host_unpack_waits_for_its_copy_alone_and_queued_crossing_copies_land_by_the_sync(monkeypatch):
+    monkeypatch.setenv("NEREUS_MAPPED_HOST", "0")  # the copying path (mapped host: test_mapped_host_cuda.py)
     views, offsets, total = _pinned_views(1)
     buffer = torch.empty(total, dtype=torch.uint8, device="cuda")
     offload.pack_from_host(views, offsets, buffer)

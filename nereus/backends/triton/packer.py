@@ -38,6 +38,7 @@ from typing import Any, Hashable, Optional, Sequence
 import torch
 
 from . import fallback
+from .mapped import mapped
 from .segments import ALIGN, as_view, copy_pieces, layout, view_pieces
 from .tables import build_launches, upload
 
@@ -196,7 +197,7 @@ class Packer:
         byte offsets into a uint8 buffer of `nbytes` (`out` when given)."""
         residues = (_residue(out),) if out is not None else (0,)
         plan, described = self._plan("pack", key, (len(views),), residues,
-                                     lambda: _describe([views], [offsets], [nbytes]))
+                                     lambda: _describe([views], [offsets], [nbytes], [out] if out is not None else ()))
         buffer = out if out is not None else torch.empty(nbytes, dtype=torch.uint8, device=plan.device)
         if not self._ready(plan):
             fallback.pack_entries([_bytes(buffer, nbytes)], [(0, v, o) for v, o in zip(views, offsets)])
@@ -209,7 +210,7 @@ class Packer:
         """The executor's contract: write the bytes at each offset into its view."""
         size = _bytes(buffer, 0).numel()
         plan, described = self._plan("unpack", key, (len(views),), (_residue(buffer),),
-                                     lambda: _describe([views], [offsets], [size]))
+                                     lambda: _describe([views], [offsets], [size], [buffer]))
         if not self._ready(plan):
             fallback.unpack_entries([_bytes(buffer, size)], [(0, v, o) for v, o in zip(views, offsets)])
             return
@@ -305,7 +306,7 @@ class Packer:
         described, auto = None, key is None
         if auto:  # identify the call by its shapes, strides and residues (copies: addresses)
             described = describe()
-            key = ("auto", _fingerprint(kind, *described[:3]))
+            key = ("auto", described[3], _fingerprint(kind, *described[:3]))
         plan = self._plans.get((kind, key))
         if plan is not None and plan.counts == counts and plan.residues == residues:
             self._plans.move_to_end((kind, key))
@@ -361,7 +362,7 @@ class Packer:
         rel = kernels.REL_NONE
         if plan.kind != "copy":
             rel = kernels.REL_DST if plan.kind == "pack" else kernels.REL_SRC
-            if any(b.device != plan.device for b in buffers):
+            if any(b.device != plan.device for b in buffers) and not mapped(buffers, plan.device):
                 raise ValueError(f"buffers on {sorted({str(b.device) for b in buffers})}, segments on {plan.device}")
             anchor = kernels.anchor(plan.device).data_ptr()
             plan.bases = _table(plan.bases, tuple(b.data_ptr() - r - anchor for b, r in zip(buffers, plan.residues)),
@@ -377,15 +378,17 @@ class Packer:
 
 
 def _describe(messages: Sequence[Sequence[Any]], offsets: Optional[Sequence[Sequence[int]]] = None,
-              totals: Optional[Sequence[int]] = None):
-    """(views, offsets, totals, device) of messages; `layout` decides offsets unless given."""
+              totals: Optional[Sequence[int]] = None, buffers: Sequence[torch.Tensor] = ()):
+    """(views, offsets, totals, device) of messages; `layout` decides offsets unless given.
+    The device is the one of the views and `buffers`, or of those on a GPU where the
+    others are host memory the GPU maps (`mapped.py`)."""
     views = [[as_view(s) for s in msg] for msg in messages]
     if offsets is None:
         layouts = [layout(v) for v in views]
         offsets, totals = [o for o, _ in layouts], [t for _, t in layouts]
     for msg, offs, total in zip(views, offsets, totals):
         _check_fits(msg, offs, total)
-    return views, [tuple(o) for o in offsets], tuple(totals), _device([v for m in views for v in m])
+    return views, [tuple(o) for o in offsets], tuple(totals), _device([v for m in views for v in m], buffers)
 
 
 def _describe_copy(pairs: Sequence[tuple[Any, Any]]):
@@ -439,10 +442,16 @@ def _check_fits(views: Sequence[torch.Tensor], offsets: Sequence[int], size: int
             raise ValueError(f"segment [{offset}, {end}) does not fit a buffer of {size} bytes")
 
 
-def _device(views: Sequence[torch.Tensor]) -> torch.device:
-    devices = {v.device for v in views}
+def _device(views: Sequence[torch.Tensor], buffers: Sequence[torch.Tensor] = ()) -> torch.device:
+    """The device the kernels of a call run on: the one all its tensors share, or the
+    one GPU among them where every other tensor is host memory it maps (pinned)."""
+    tensors = list(views) + list(buffers)
+    devices = {t.device for t in tensors}
     if not devices:
         return torch.device("cpu")
+    gpus = {d for d in devices if d.type == "cuda"}
+    if len(devices) > 1 and len(gpus) == 1 and mapped(tensors, next(iter(gpus))):
+        return gpus.pop()
     if len(devices) != 1:
         raise ValueError(f"segments and buffers of one call must share a device, got {sorted(map(str, devices))}")
     return devices.pop()
