@@ -106,3 +106,25 @@ def test_summary_uses_binary_units():
     result = nereusc(EXAMPLES / "ppo-8b.nir", "--transition", "S1:S2", "--emit", "summary")
     assert result.returncode == 0, result.stderr
     assert "GiB" in result.stdout and not any(f" {unit} " in result.stdout for unit in ("GB", "TB", "MB"))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["check", "--json", "--bogus"], "No such option '--bogus'"),
+    (["compile", "--json", "--emit", "yaml"], "Invalid value for '--emit'"),
+    (["runtime", "simulate", "--json", "--margin", "many"], "Invalid value for '--margin'"),
+], ids=["unknown-option", "bad-choice", "bad-number"])
+def test_usage_errors_with_json_are_json_errors(bad, args, message):
+    """A script that asked for --json reads JSON on stdout, also when click refuses the
+    command line itself (an unknown option, a value of the wrong kind)."""
+    result = nereusc(*args, bad)
+    assert result.returncode == 2
+    error = json.loads(result.stdout)["error"]
+    assert error["type"] == "UsageError" and error["message"].startswith(message)
+    assert error["hint"].startswith("see `") and "--help`" in error["hint"]
+    assert result.stderr == ""
+
+
+def test_usage_errors_without_json_keep_clicks_text(bad):
+    result = nereusc("check", "--bogus", bad)
+    assert result.returncode == 2 and result.stdout == ""
+    assert "No such option '--bogus'" in result.stderr and "Usage:" in result.stderr

@@ -69,6 +69,31 @@ class _LazyGroup(click.Group):
             args = [self._default, *args]
         return super().resolve_command(ctx, args)
 
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        """click's main; with `--json` on the command line, a usage error (an unknown
+        option, a value of the wrong kind) is the same JSON error object on stdout as any
+        other error (nereus.cli.errors), not click's usage text: a script that asked for
+        JSON reads JSON. Exit 2 either way, as click exits."""
+        argv = list(sys.argv[1:] if args is None else args)
+        if not standalone_mode or "--json" not in argv:
+            return super().main(argv, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            # non-standalone: click returns ctx.exit's code (no command returns a value)
+            code = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.exceptions.Exit as done:  # --help, --version
+            sys.exit(done.exit_code)
+        except click.Abort:
+            click.echo("Aborted!", err=True)
+            sys.exit(1)
+        except click.ClickException as error:
+            import json
+
+            where = error.ctx.command_path if getattr(error, "ctx", None) is not None else (prog_name or self.name)
+            click.echo(json.dumps({"error": {"file": None, "line": None, "col": None, "type": "UsageError",
+                                             "message": error.format_message(), "hint": f"see `{where} --help`"}}))
+            sys.exit(error.exit_code)
+        sys.exit(code if isinstance(code, int) else 0)
+
     def format_commands(self, ctx, formatter):
         rows = [(name, self._lazy[name][2]) for name in sorted(self._lazy)]
         with formatter.section("Commands"):
