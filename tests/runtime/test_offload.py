@@ -191,3 +191,60 @@ def test_an_aborted_transition_out_of_offload_keeps_the_host_state(chain):
         assert last["aborted"] is not None and "injected" in last["aborted"], (rank, last["aborted"])
         assert last["plan"] == "B" and last["bad"] == [] and last["gather_ok"], rank
         assert last["placement"]["ref.inference"]["places"] in (["host"], []), rank
+
+
+def test_prepare_warms_every_stream_that_reads_or_writes_host_memory():
+    """On CUDA the pack kernels address offloaded shards in place whatever their layout,
+    so `prepare` must compile the variants of every stream with host pieces, not only of
+    the chunks the device path packs with the kernels (strided, many segments)."""
+    from nereus.runtime.offload import offloaded_units
+    from nereus.runtime.prepare import stream_views
+    from nereus.runtime.program import rank_program
+    from nereus.runtime.wires import TORCH_DTYPES
+
+    module = ir.parse_source(SOURCE, "offload.nir")
+    flagged_any = 0
+    for source, target in (("A", "B"), ("B", "C"), ("C", "D")):
+        program = program_json(compile_transition(module, source, target))
+        host = offloaded_units(program)
+        for gpu in range(WORLD):
+            prog = rank_program(program, gpu)
+            flagged = stream_views(prog, TORCH_DTYPES, host)
+            on_host = {(kind, i) for i, (kind, _, away) in enumerate(flagged) if away}
+            # a stream is flagged exactly when some packed piece of it is an offloaded unit's
+            expected = set()
+            plain = stream_views(prog, TORCH_DTYPES)
+            assert [(k, len(v)) for k, v, _ in plain] == [(k, len(v)) for k, v, _ in flagged]
+            assert not any(away for _, _, away in plain)
+            for i, (kind, views, _) in enumerate(flagged):
+                phase = "before" if kind == "pack" else "after"
+                units = {unit for p, unit in host if p == phase}
+                if units and _stream_units(prog, kind, i, flagged) & units:
+                    expected.add((kind, i))
+            assert on_host == expected
+            flagged_any += len(on_host)
+        assert host  # each of these moves has offloaded units
+    assert flagged_any
+
+
+def _stream_units(prog, kind: str, index: int, flagged: list) -> set:
+    """The units of stream `index` of `stream_views`' list (same enumeration order)."""
+    from nereus.runtime.execution_plan import plan_for
+    from nereus.runtime import streams
+
+    plan = plan_for(prog, streams.CHUNK_BYTES)
+    i = 0
+    for work, planned in zip(prog.rounds, plan.rounds):
+        for k, messages, flags in (("pack", work.sends, planned.send_in_stream),
+                                   ("unpack", work.recvs, planned.recv_in_stream)):
+            per_peer: dict = {}
+            for msg, in_stream in zip(messages, flags):
+                for p, streamed in zip(msg.pieces, in_stream):
+                    if streamed:
+                        per_peer.setdefault(msg.peer, set()).add(p.src_unit if k == "pack" else p.dst_unit)
+            for units in per_peer.values():
+                if i == index:
+                    assert k == kind
+                    return units
+                i += 1
+    raise AssertionError(f"no stream {index}")
