@@ -93,3 +93,21 @@ def test_unknown_plan_in_transition_option_fails_before_any_output():
     assert result.exit_code == 2
     assert result.stdout == ""
     assert f"error: --transition names no plan 'S9' of {EXAMPLES / 'ppo-8b.nir'}\nhint: plans: S1, S2, S3" in result.output
+
+
+def test_check_json_on_an_infeasible_plan_is_one_object_with_the_error():
+    """README: with --json the error is one JSON object on stdout. For a plan that does
+    not fit that object is the report, with the first infeasible plan's error object."""
+    import subprocess
+    import sys
+
+    path = EXAMPLES / "infeasible-70b-8gpu.nir"
+    result = subprocess.run([sys.executable, "-m", "nereus.cli", "check", str(path), "--json"],
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and result.stderr == ""
+    report = json.loads(result.stdout)
+    assert report["feasible"] is False
+    error = report["error"]
+    assert (error["file"], error["line"], error["col"], error["type"]) == (str(path), 22, 6, "InfeasibleError")
+    assert error["message"].startswith("plan tight does not fit: GPU 0 needs")
+    assert error["hint"].startswith("the largest contributor is actor.training optimizer")

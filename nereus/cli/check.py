@@ -64,23 +64,18 @@ def model_sizes(module: Module) -> list[dict]:
 
 
 def report_plans(module: Module, as_json: bool = False, plans=None, collect: dict | None = None) -> bool:
-    """Check every plan (or those named in `plans`), print the feasibility table (or JSON
-    when `as_json`; with `collect`, the JSON fields are stored there for the caller to
-    print in its own object instead), and for each infeasible plan an error at the plan's
-    location naming the worst GPU and stage. Returns True iff every plan fits."""
+    """Check every plan (or those named in `plans`), print the feasibility table and for
+    each infeasible plan an error at the plan's location naming the worst GPU and stage
+    (stderr); or, when `as_json`, one JSON object whose `error` field is the first
+    infeasible plan's error object (nereus.cli.errors; absent when every plan fits), so
+    that stdout is the whole answer (with `collect`, the fields are stored there for the
+    caller to print in its own object instead). Returns True iff every plan fits."""
+    from nereus.cli.errors import error_json
     from nereus.passes.feasibility import check_plan, infeasible_error
 
     selected = [p for p in module.plans if plans is None or p.name in plans]
     reports = [check_plan(module, plan) for plan in selected]
-    if as_json:
-        payload = {"file": module.file, "models": model_sizes(module), "plans": [r.to_json() for r in reports],
-                   "feasible": all(r.feasible for r in reports)}
-        if collect is not None:
-            collect.update(payload)
-        else:
-            click.echo(json.dumps(payload))
-    else:
-        click.echo(feasibility_table(reports))
+    errors = []
     source = None
     for plan, report in zip(selected, reports):
         if report.feasible:
@@ -91,9 +86,21 @@ def report_plans(module: Module, as_json: bool = False, plans=None, collect: dic
                     source = handle.read()
             except OSError:
                 source = ""
-        error = infeasible_error(plan, report, source)
+        errors.append(infeasible_error(plan, report, source))
+    if as_json:
+        payload = {"file": module.file, "models": model_sizes(module), "plans": [r.to_json() for r in reports],
+                   "feasible": not errors}
+        if errors:
+            payload["error"] = error_json(errors[0])
+        if collect is not None:
+            collect.update(payload)
+        else:
+            click.echo(json.dumps(payload))
+        return not errors
+    click.echo(feasibility_table(reports))
+    for error in errors:
         click.echo(error.format(), err=True)
-    return all(r.feasible for r in reports)
+    return not errors
 
 
 @click.command("check")

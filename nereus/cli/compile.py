@@ -185,6 +185,7 @@ def compile_command(file, transition, overrides, emit, output, as_json, time_pas
             total = sum(compiled.timings.values())
             listing = ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in compiled.timings.items())
             click.echo(f"time {source} -> {target}: {listing}; total {total * 1000:.1f} ms", err=True)
+    _check_emitted(results, emit)
     over = [c for c in results if (c.summary.get("peak_memory") or {}).get("fraction", 0.0) > 1.0]
     if over and emit == "json":  # a program that cannot run is not written
         raise NereusError(_over_memory(over[0]), hint=_OVER_HINT)
@@ -223,6 +224,24 @@ def compile_command(file, transition, overrides, emit, output, as_json, time_pas
         sys.exit(2)
     if not fits:  # like `nereusc check`: an infeasible plan is an error
         sys.exit(2)
+
+
+# the IR each emit level prints, and the pass that makes it
+_EMIT_NEEDS = {"json": ("program", "lower"), "text": ("program", "lower"), "dot": ("program", "lower"),
+               "dag": ("dag", "dag")}
+
+
+def _check_emitted(results: list, emit) -> None:
+    """The IR `emit` prints exists: a --pipeline that stops before the pass making it is
+    the user's error, named as such."""
+    if emit not in _EMIT_NEEDS or not results:
+        return
+    what, stage = _EMIT_NEEDS[emit]
+    if getattr(results[0], what) is None:
+        noun = "program" if what == "program" else "DAG"
+        raise SemanticError(f"the pipeline stopped before '{stage}': no {noun} to emit",
+                            hint=f"--emit {emit} needs '{stage}' in --pipeline (and the passes before it), "
+                                 "or leave --pipeline out")
 
 
 _OVER_HINT = "keep the `resources` pass in --pipeline: it schedules the transition within memory"

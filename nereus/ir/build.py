@@ -31,7 +31,9 @@ WORKLOAD_INTS: tuple[str, ...] = ("batch", "prompt", "response", "microbatch")
 def _choice(options: tuple[str, ...]) -> Callable[[str, str], str]:
     def parse(text: str, what: str) -> str:
         if text not in options:
-            raise units.UnitError(f"{what} must be {_one_of(options)}, found '{text}'")
+            close = difflib.get_close_matches(text, options, n=1, cutoff=0.5)
+            raise units.UnitError(f"{what} must be {_one_of(options)}, found '{text}'",
+                                  f"did you mean '{close[0]}'?" if close else f"write it like {what} {options[0]}")
         return text
 
     return parse
@@ -155,7 +157,8 @@ def _read_block(entries: tuple[Entry, ...], schema: dict[str, Callable], where: 
         try:
             values[name] = parse(entry.value.text, name)
         except units.UnitError as error:
-            raise SemanticError(error.message, entry.value.loc, error.hint, width=entry.value.width) from None
+            hint = error.hint or (f"write it like {EXAMPLES[name]}" if name in EXAMPLES else None)
+            raise SemanticError(error.message, entry.value.loc, hint, width=entry.value.width) from None
         locs[name] = entry.value.loc
     return _Values(values, locs)
 

@@ -4,7 +4,9 @@ The Module holds no comments (they carry no meaning). To reformat a file without
 them, each comment is tied to an *anchor* of the syntax tree — the declaration, key or
 placement on its line (a trailing comment) or on the next line that has one (a comment
 on its own line) — and the printer puts it back at the same anchor in the canonical
-text. A comment after the last declaration stays at the end of the file. A comment
+text. A comment after the last declaration stays at the end of the file, one above the
+first declaration at its top (the canonical order may print another declaration first),
+and one inside a model's block above that model (a model prints on one line). A comment
 whose anchor is not printed (e.g. a default that the canonical form leaves out) moves
 to a line of its own at the end of its block, or else above the nearest enclosing
 anchor that is printed.
@@ -19,6 +21,7 @@ from .model import Module
 from .overrides import apply_overrides
 from .parser import parse_source
 from .printer import Anchor, print_lines, print_module
+from .diagnostics import source_lines
 from .syntax import Declaration, parse_syntax
 
 _WORKLOAD_COUNTS = ("batch", "prompt", "response", "microbatch")
@@ -41,7 +44,7 @@ def _comments(text: str) -> list[tuple[int, str, bool]]:
     its own line followed by a blank line is followed by an empty comment "", which
     prints as that blank line."""
     found = []
-    lines = text.splitlines()
+    lines = source_lines(text)
     for number, line in enumerate(lines, start=1):
         index = _comment_start(line)
         if index >= 0:
@@ -89,13 +92,27 @@ def format_source(text: str, file: str = "<input>", overrides: Iterable[str] = (
     with the source's comments kept. Invariant: the output parses to the same Module as
     the input (after overrides), and format_source(output) == output."""
     module: Module = apply_overrides(parse_source(text, file), overrides)
-    anchors = _anchors(parse_syntax(text, file))
+    decls = parse_syntax(text, file)
+    anchors = _anchors(decls)
     lines = [line for line, _ in anchors]
-    printed = {anchor for group in print_lines(module) for anchor, _ in group}
+    groups = print_lines(module)
+    printed = {anchor for group in groups for anchor, _ in group}
+    # a model prints on one line: a comment inside its block goes above it
+    models = [(d.keyword.loc.line, d.end_line, ("model", d.name.text)) for d in decls if d.kind == "model"]
+    # comments above the first declaration head the file when another one prints first
+    header = bool(anchors) and bool(groups) and groups[0][0][0] != anchors[0][1]
     before: dict[Anchor, list[str]] = {}
     after: dict[Anchor, list[str]] = {}
+    head: list[str] = []
     tail: list[str] = []
     for line, comment, alone in _comments(text):
+        inside = next((model for start, end, model in models if start < line <= end), None)
+        if alone and header and line < anchors[0][0]:
+            head.append(comment)
+            continue
+        if alone and inside is not None:
+            before.setdefault(inside, []).append(comment)
+            continue
         if alone:
             index = bisect.bisect_right(lines, line)  # the next anchored line
             if index == len(anchors):
@@ -115,4 +132,4 @@ def format_source(text: str, file: str = "<input>", overrides: Iterable[str] = (
             into.setdefault(anchor, []).append(comment)
         else:  # a trailing comment whose key is not printed: above its enclosing line
             before.setdefault(anchor, []).append(comment)
-    return print_module(module, before, after, tail)
+    return print_module(module, before, after, tail, head)

@@ -16,6 +16,17 @@ from typing import Optional
 from .model import Location
 
 
+
+def source_lines(text: str) -> list[str]:
+    """The lines of source text as the parser counts them: LF, CRLF and a lone CR end a
+    line, nothing else. (`str.splitlines` also breaks at FF, VT, FS, GS, RS, NEL, LS and
+    PS, which the grammar reads as ordinary characters: in a comment, comment text.) Like
+    `splitlines`, a final line end adds no empty line."""
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    if lines and lines[-1] == "" and len(lines) > 1:
+        lines.pop()
+    return [] if text == "" else lines
+
 class NereusError(Exception):
     """A user-facing error. `loc` may be None for errors with no source position
     (e.g. a program file that fails verification names its round and op instead)."""
@@ -40,7 +51,7 @@ class NereusError(Exception):
         head = f"{self.loc}: " if self.loc is not None else ""
         lines = [f"{head}{self.kind}: {self.message}"]
         if self.loc is not None and self.source is not None:
-            text = self.source.splitlines()
+            text = source_lines(self.source)
             if 1 <= self.loc.line <= len(text):
                 line = text[self.loc.line - 1].rstrip("\n").expandtabs(1)
                 gutter = f"{self.loc.line:>5} | "

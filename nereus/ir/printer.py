@@ -169,12 +169,17 @@ def _indent(text: str) -> str:
 
 def print_module(module: Module, before: Optional[Mapping[Anchor, Sequence[str]]] = None,
                  after: Optional[Mapping[Anchor, Sequence[str]]] = None,
-                 tail: Sequence[str] = ()) -> str:
+                 tail: Sequence[str] = (), head: Sequence[str] = ()) -> str:
     """Input: a Module; optionally comments to put back: `before[anchor]` on lines of their
     own above the anchored line, `after[anchor]` at the end of it, `tail` at the end of
-    the file. Output: the canonical source text, ending in one newline."""
+    the file, `head` at its top. Output: the canonical source text, ending in one newline."""
     before, after = before or {}, after or {}
     out: list[str] = []
+    head = list(head)
+    while head and not head[-1]:
+        head.pop()
+    if head:
+        out.append("\n".join(head))
     for group in print_lines(module):
         lines = []
         for anchor, text in group:

@@ -17,7 +17,7 @@ from typing import Optional, Union
 from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
-from .diagnostics import ParseError
+from .diagnostics import ParseError, source_lines
 from .model import GpuSetItem, Location
 
 _GRAMMAR = os.path.join(os.path.dirname(__file__), "grammar.lark")
@@ -118,6 +118,31 @@ def _describe_expected(expected: set[str]) -> str:
     return ", ".join(words[:-1]) + " or " + words[-1]
 
 
+# the form to write, by what the parser expected (terminal names): the hint of a syntax
+# error that has no more precise one
+_FORMS = (
+    ({"GPU_ID"}, "GPU sets are written like on 0..7, on 0, 2, 4, on n0..n1 or on n1:0..3"),
+    ({"NODE"}, "GPU sets are written like on 0..7, on 0, 2, 4, on n0..n1 or on n1:0..3"),
+    ({"ARROW"}, "a transition is written: transition S1 -> S2"),
+    ({"MODEL_STAGE"}, "a placement is written: actor.training dp 2 tp 4 on 0..7"),
+    ({"EQUAL"}, "declarations are written: model actor = llama { ... }, plan A { ... }, plan B = A { ... }"),
+    ({"LBRACE"}, "a block follows in braces: cluster c { ... }, plan A { ... }"),
+    ({"RBRACE"}, "a block holds keys with their values (microbatch 4), blocks, and ends with '}'"),
+    ({"QUANTITY"}, "a key takes a value, like layers 32, mem 141GB or intra 900GB/s"),
+    ({"NAME"}, "names start with a letter or '_': actor, plan_b, S1"),
+)
+
+
+def _form_hint(expected: set[str]) -> str:
+    # anonymous terminals ('->', '..') by what they match
+    named = {_TERMINAL_WORDS.get(name, name).strip("'") for name in expected} | set(expected)
+    named |= {"ARROW"} if "->" in named else set()
+    for names, hint in _FORMS:
+        if names & named:
+            return hint
+    return "the .nir syntax: docs/ir.md"
+
+
 def _innermost_open_brace(text: str, upto: int) -> Optional[int]:
     """The offset of the innermost `{` still open at offset `upto`, if any."""
     stack: list[int] = []
@@ -152,7 +177,7 @@ _SPACED_UNIT = re.compile(r"[0-9][ \t]+(?:" + "|".join(re.escape(u) for u in _UN
 def _spaced_unit(text: str, line: int, file: str) -> Optional[ParseError]:
     """`host_mem 1 TB` reads as a key `TB`: if the error's line or the one before holds a
     number and a unit apart, that is the mistake to report."""
-    lines = text.splitlines()
+    lines = source_lines(text)
     for number in (line - 1, line):
         if 1 <= number <= len(lines):
             match = _SPACED_UNIT.search(lines[number - 1])
@@ -211,28 +236,32 @@ def _syntax_error(error: UnexpectedInput, text: str, file: str) -> ParseError:
             hint = "GPU ids are 0 or more"
         elif token.type == "QUANTITY" and "RBRACE" in expected:
             hint = _previous_words_hint(text, offset)
+        elif token.type == "QUANTITY" and text[:offset].rstrip().endswith(":"):
+            hint = "a value follows its key without ':', like batch 8 (a ':' lists models: training: actor, critic)"
         elif token.type == "NAME":
             keywords = [_TERMINAL_WORDS[name].strip("'") for name in expected if name in _TERMINAL_WORDS]
             close = difflib.get_close_matches(str(token), [k for k in keywords if k.isalpha()], n=1, cutoff=0.6)
             hint = f"did you mean '{close[0]}'?" if close else None
-        return ParseError(message, Location(file, token.line, token.column), hint, text, len(str(token)))
+        return ParseError(message, Location(file, token.line, token.column), hint or _form_hint(expected), text,
+                          len(str(token)))
     if isinstance(error, (UnexpectedToken, UnexpectedEOF)):
         expected = set(error.expected)
         token = getattr(error, "token", None)
         if token is not None and token.end_line is not None:
             loc = Location(file, token.end_line, token.end_column)
         else:
-            lines = text.splitlines() or [""]
+            lines = source_lines(text) or [""]
             loc = Location(file, len(lines), len(lines[-1]) + 1)
         hint = _unclosed_brace_hint(text, _innermost_open_brace(text, len(text)), file) if "RBRACE" in expected \
             else None
-        return ParseError(f"unexpected end of input; expected {_describe_expected(expected)}", loc, hint, text)
+        return ParseError(f"unexpected end of input; expected {_describe_expected(expected)}", loc,
+                          hint or _form_hint(expected), text)
     if isinstance(error, UnexpectedCharacters):
         char = text[error.pos_in_stream] if error.pos_in_stream < len(text) else ""
         message = f"unexpected character '{char}'"
         if error.allowed:
             message += f"; expected {_describe_expected(set(error.allowed))}"
-        hint = "comments start with '#'" if char in "/;" else None
+        hint = "comments start with '#'" if char in "/;" else _form_hint(set(error.allowed or ()))
         return ParseError(message, Location(file, error.line, error.column), hint, text)
     return ParseError(str(error).splitlines()[0], None, None, text)
 
@@ -242,6 +271,29 @@ def _word(token: Token, file: str) -> Word:
 
 
 _LONE_CR = re.compile(r"\r(?!\n)")
+# deeper blocks are never .nir (a declaration's block holds at most one level of blocks:
+# gpu { }, rope_scaling { }); the limit keeps the parser's recursion within Python's
+MAX_NESTING = 100
+
+
+def _too_deep(text: str, file: str) -> Optional[ParseError]:
+    """The error for the first `{` past MAX_NESTING levels (comments and strings skipped), if any."""
+    depth, state = 0, None  # state: None, "#" (in a comment) or '"' (in a string)
+    for offset, char in enumerate(text):
+        if state is not None:
+            if char == "\n" or (state == '"' and char == '"'):
+                state = None
+        elif char in '#"':
+            state = char
+        elif char == "{":
+            depth += 1
+            if depth > MAX_NESTING:
+                return ParseError(f"blocks nest more than {MAX_NESTING} deep", _location_of(text, offset, file),
+                                  "a declaration's block holds at most one level of blocks "
+                                  "(gpu { ... }, rope_scaling { ... })", text)
+        elif char == "}":
+            depth = max(depth - 1, 0)
+    return None
 
 
 def parse_syntax(text: str, file: str = "<input>") -> tuple[Declaration, ...]:
@@ -250,6 +302,9 @@ def parse_syntax(text: str, file: str = "<input>") -> tuple[Declaration, ...]:
     # a lone CR ends a line (old Mac files), as str.splitlines, which error displays and
     # comment anchoring use, has it; CRLF is the grammar's already
     text = _LONE_CR.sub("\n", text)
+    deep = _too_deep(text, file) if text.count("{") > MAX_NESTING else None
+    if deep is not None:
+        raise deep
     try:
         tree = _PARSER.parse(text)
     except UnexpectedInput as error:

@@ -40,9 +40,11 @@ def _split(text: str, what: str) -> tuple[Decimal, str]:
     if match is None:
         raise UnitError(f"{what} takes a number, found '{text}'")
     number, rest = Decimal(match.group(1)), match.group(2)
-    if _EXPONENT.fullmatch(rest):  # 1.6e1: exponents are not quantities here
-        value = Decimal(text)  # the pattern above makes it a valid Decimal
-        digits = f"{value.normalize():f}" if abs(value.adjusted()) < 30 else "in digits"
+    exponent = _EXPONENT.match(rest)
+    if exponent is not None:  # 1.6e1, 1e3GB: exponents are not quantities here
+        value = Decimal(match.group(1) + exponent.group(0))  # the patterns make it a valid Decimal
+        unit = rest[exponent.end():]
+        digits = f"{value.normalize():f}{unit}" if abs(value.adjusted()) < 30 else "in digits"
         raise UnitError(f"{what} is written with digits, not an exponent: found {text}", f"write {what} {digits}")
     if match.group(1) in ("0", "-0") and rest[:1] in ("x", "X", "b", "B", "o", "O") and len(rest) > 1:
         other = _other_base(text)
@@ -67,10 +69,11 @@ def parse_int(text: str, what: str, minimum: int = 1) -> int:
     if unit:
         raise UnitError(f"{what} takes a plain number, found unit '{unit}'", f"write {what} {number}")
     if number != number.to_integral_value():
-        raise UnitError(f"{what} must be a whole number, found {text}")
+        raise UnitError(f"{what} must be a whole number, found {text}",
+                        f"write {what} {max(minimum, int(number.to_integral_value()))}")
     value = int(number)
     if value < minimum:
-        raise UnitError(f"{what} must be at least {minimum}, found {value}")
+        raise UnitError(f"{what} must be at least {minimum}, found {value}", f"write {what} {minimum} or more")
     return value
 
 
@@ -81,7 +84,7 @@ def _scaled(text: str, what: str, units: dict[str, int], example: str) -> Decima
     if unit not in units:
         raise UnitError(f"unknown unit '{unit}' for {what}", _units_hint(units))
     if number <= 0:
-        raise UnitError(f"{what} must be positive, found {text}")
+        raise UnitError(f"{what} must be positive, found {text}", f"write it like {example}")
     with localcontext() as context:
         context.prec = 80
         return number * units[unit]
@@ -114,7 +117,11 @@ def parse_fraction(text: str, what: str) -> float:
         context.prec = 80
         fraction = number / 100 if unit == "%" else number
     if not 0 <= fraction < 1:
-        raise UnitError(f"{what} must be at least 0% and below 100%, found {text}")
+        raise UnitError(f"{what} must be at least 0% and below 100%, found {text}",
+                        f"the share of each GPU's memory kept free, e.g. {what} 5%")
+    if float(fraction) >= 1:  # below 1 as written, 1.0 as a float: it would fail later as "100%"
+        raise UnitError(f"{what} {text} is below 100% only past a float's precision",
+                        f"write at most 15 significant digits, e.g. {what} 99.99%")
     return float(fraction)
 
 

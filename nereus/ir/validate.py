@@ -37,6 +37,13 @@ def _error(message: str, node, key: str, hint: Optional[str] = None, width: int 
     return SemanticError(message, key_loc(node, key), hint, width=width)
 
 
+def _written(node, *keys: str) -> str:
+    """The first of `keys` whose value `node` writes itself (a derived model inherits the
+    others from its base): the place to point at when a rule ties several keys."""
+    own = {name for name, _ in getattr(node, "key_locs", ())}
+    return next((key for key in keys if key in own), keys[0])
+
+
 def _width(node, key: str, value) -> int:
     return len(str(value)) if key_loc(node, key) is not getattr(node, "loc", None) else len(getattr(node, "name", "x"))
 
@@ -89,7 +96,7 @@ def validate_cluster(cluster: Cluster) -> None:
         _quantity_at_most(cluster, key, value, maximum, written)
     if not 0 <= cluster.reserve < 1:
         raise _error(f"reserve must be at least 0% and below 100%, found {cluster.reserve * 100:g}%", cluster,
-                     "reserve")
+                     "reserve", "the share of each GPU's memory kept free, e.g. reserve 5%")
 
 
 def validate_model(model: Model) -> None:
@@ -104,15 +111,17 @@ def validate_model(model: Model) -> None:
     if model.head not in HEADS:
         raise _error(f"unknown head '{model.head}'", model, "head", f"heads: {', '.join(HEADS)}")
     if model.head_dim is None:
-        raise _error(f"hidden {model.hidden} must be divisible by heads ({model.heads})", model, "hidden",
+        key = _written(model, "hidden", "heads")
+        raise _error(f"hidden {model.hidden} must be divisible by heads ({model.heads})", model, key,
                      f"head_dim = hidden / heads must be whole; e.g. hidden {model.heads * max(1, model.hidden // model.heads)}"
-                     ", or give head_dim", _width(model, "hidden", model.hidden))
+                     ", or give head_dim", _width(model, key, getattr(model, key)))
     _validate_numerics(model)
     _validate_experts(model)
     if model.kv_heads > model.heads or model.heads % model.kv_heads:
-        raise _error(f"kv_heads {model.kv_heads} must divide heads ({model.heads})", model, "kv_heads",
+        key = _written(model, "kv_heads", "heads")
+        raise _error(f"kv_heads {model.kv_heads} must divide heads ({model.heads})", model, key,
                      f"each KV head serves heads / kv_heads query heads; use one of {_divisors(model.heads)}",
-                     _width(model, "kv_heads", model.kv_heads))
+                     _width(model, key, getattr(model, key)))
 
 
 def _validate_experts(model: Model) -> None:
@@ -129,9 +138,10 @@ def _validate_experts(model: Model) -> None:
         return
     _at_least_one(model, keys, f"model {model.name} ({model.architecture})")
     if model.experts_per_token > model.experts:
+        key = _written(model, "experts_per_token", "experts")
         raise _error(f"experts_per_token {model.experts_per_token} is more than the {model.experts} experts of "
-                     f"{model.name}", model, "experts_per_token", f"use at most {model.experts}",
-                     _width(model, "experts_per_token", model.experts_per_token))
+                     f"{model.name}", model, key, f"use at most {model.experts}",
+                     _width(model, key, getattr(model, key)))
 
 
 def _validate_numerics(model: Model) -> None:
@@ -157,7 +167,8 @@ def _validate_numerics(model: Model) -> None:
                          f"rope_scaling.{key}")
     if scaling.high_freq_factor <= scaling.low_freq_factor:
         raise _error(f"rope_scaling high_freq_factor ({scaling.high_freq_factor:g}) must be above low_freq_factor "
-                     f"({scaling.low_freq_factor:g})", model, "rope_scaling.high_freq_factor",
+                     f"({scaling.low_freq_factor:g})", model,
+                     _written(model, "rope_scaling.high_freq_factor", "rope_scaling.low_freq_factor"),
                      "Llama-3.1 uses low_freq_factor 1 and high_freq_factor 4")
 
 

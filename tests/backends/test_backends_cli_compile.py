@@ -150,3 +150,25 @@ def test_a_folder_given_as_the_file_is_a_json_error_with_json(tmp_path, command)
     assert done.exit_code == 2
     error = json.loads(done.stdout)["error"]
     assert (error["file"], error["type"], error["message"]) == (str(folder), "IsADirectoryError", "Is a directory")
+
+
+@pytest.mark.parametrize("pipeline, emit, stage", [
+    ("diff", ["--emit", "text"], "lower"),
+    ("diff", ["--emit", "dot"], "lower"),
+    ("diff", ["--emit", "json"], "lower"),
+    ("diff,dag", ["--emit", "json", "--rank", "0"], "lower"),
+    ("diff", ["--emit", "dag"], "dag"),
+])
+def test_an_emit_level_the_pipeline_stops_before_is_an_error(nir, pipeline, emit, stage):
+    """Every emit level needs its IR: asking for one past the last pass of --pipeline is
+    the user's error (exit 2, JSON with --json), never a traceback."""
+    runner = CliRunner()
+    for extra in ([], ["--json"]):
+        result = runner.invoke(nereusc, [str(nir), "--transition", "A:B", "--pipeline", pipeline, *emit, *extra])
+        assert result.exit_code == 2, result.output
+        assert result.exception is None or isinstance(result.exception, SystemExit)
+        message = f"the pipeline stopped before '{stage}'"
+        if extra:
+            assert json.loads(result.stdout)["error"]["message"].startswith(message)
+        else:
+            assert message in result.output

@@ -80,22 +80,26 @@ CASES = [
      "\n".join([
          't.nir:7:12: error: host_mem 1.5B is not a whole number of bytes',
          '    7 |   host_mem 1.5B',
-         '      |            ^^^^'])),
+         '      |            ^^^^',
+         'hint: write it like host_mem 2TB'])),
     ('zero_nodes', [('nodes 2', 'nodes 0')], None,
      "\n".join([
          't.nir:2:9: error: nodes must be at least 1, found 0',
          '    2 |   nodes 0',
-         '      |         ^'])),
+         '      |         ^',
+         'hint: write nodes 1 or more'])),
     ('negative_gpus_per_node', [('gpus_per_node 4', 'gpus_per_node -4')], None,
      "\n".join([
          't.nir:3:17: error: gpus_per_node must be at least 1, found -4',
          '    3 |   gpus_per_node -4',
-         '      |                 ^^'])),
+         '      |                 ^^',
+         'hint: write gpus_per_node 1 or more'])),
     ('reserve_too_large', [('  host_mem 1TB\n', '  host_mem 1TB\n  reserve 100%\n')], None,
      "\n".join([
          't.nir:8:11: error: reserve must be at least 0% and below 100%, found 100%',
          '    8 |   reserve 100%',
-         '      |           ^^^^'])),
+         '      |           ^^^^',
+         "hint: the share of each GPU's memory kept free, e.g. reserve 5%"])),
     ('unknown_architecture', [('= llama {', '= lama {')], None,
      "\n".join([
          "t.nir:9:15: error: unknown model or architecture 'lama'",
@@ -130,7 +134,8 @@ CASES = [
      "\n".join([
          "t.nir:9:87: error: dtype must be 'bf16', 'fp16' or 'fp32', found 'fp8'",
          '    9 | model actor = llama { layers 4 hidden 256 heads 8 kv_heads 2 ffn 512 vocab 1024 dtype fp8 }',
-         '      |                                                                                       ^^^'])),
+         '      |                                                                                       ^^^',
+         "hint: did you mean 'fp32'?"])),
     ('hidden_not_divisible', [('hidden 256 heads 8', 'hidden 250 heads 8')], None,
      "\n".join([
          't.nir:9:39: error: hidden 250 must be divisible by heads (8)',
@@ -267,7 +272,8 @@ CASES = [
      "\n".join([
          't.nir:22:21: error: dp must be at least 1, found 0',
          '   22 |   actor.training dp 0 on 7..0',
-         '      |                     ^'])),
+         '      |                     ^',
+         'hint: write dp 1 or more'])),
     ('model_stage_not_in_workload', [('  actor.training dp 8 on 7..0\n', '  actor.training dp 8 on 7..0\n  critic.generation dp 8 on 0..7\n')], None,
      "\n".join([
          't.nir:23:3: error: critic.generation is not in workload w',
@@ -338,7 +344,8 @@ CASES = [
      "\n".join([
          "t.nir:22:26: error: expected a GPU set (like 0..7, n1 or n2:0..3), found 'foo'",
          '   22 |   actor.training dp 8 on foo',
-         '      |                          ^^^'])),
+         '      |                          ^^^',
+         'hint: GPU sets are written like on 0..7, on 0, 2, 4, on n0..n1 or on n1:0..3'])),
     ('negative_gpu_id', [('on 7..0', 'on -1..3')], None,
      "\n".join([
          "t.nir:22:26: error: expected a GPU set (like 0..7, n1 or n2:0..3), found '-1'",
@@ -355,7 +362,8 @@ CASES = [
      "\n".join([
          "t.nir:12:3: error: expected '{', found 'batch'",
          '   12 |   batch 8 prompt 16 response 16 microbatch 2',
-         '      |   ^^^^^'])),
+         '      |   ^^^^^',
+         'hint: a block follows in braces: cluster c { ... }, plan A { ... }'])),
     ('bad_character', [('  nodes 2\n', '  nodes 2;\n')], None,
      "\n".join([
          "t.nir:2:10: error: unexpected character ';'; expected a key or '}'",
@@ -366,22 +374,26 @@ CASES = [
      "\n".join([
          "t.nir:24:14: error: expected '->', found 'B'",
          '   24 | transition A B',
-         '      |              ^'])),
+         '      |              ^',
+         'hint: a transition is written: transition S1 -> S2'])),
     ('model_missing_equals', [('model critic = actor', 'model critic actor')], None,
      "\n".join([
          "t.nir:10:14: error: expected '=', found 'actor'",
          '   10 | model critic actor { head value }',
-         '      |              ^^^^^'])),
+         '      |              ^^^^^',
+         'hint: declarations are written: model actor = llama { ... }, plan A { ... }, plan B = A { ... }'])),
     ('stray_keyword', [('plan B = A {', 'plan plan B = A {')], None,
      "\n".join([
          "t.nir:21:11: error: expected '=' or '{', found 'B'",
          '   21 | plan plan B = A {',
-         '      |           ^'])),
+         '      |           ^',
+         'hint: declarations are written: model actor = llama { ... }, plan A { ... }, plan B = A { ... }'])),
     ('gpu_set_trailing_comma', [('on 7..0', 'on 7..0,')], None,
      "\n".join([
          "t.nir:23:1: error: expected a GPU set (like 0..7, n1 or n2:0..3), found '}'",
          '   23 | }',
-         '      | ^'])),
+         '      | ^',
+         'hint: GPU sets are written like on 0..7, on 0, 2, 4, on n0..n1 or on n1:0..3'])),
     ('value_missing', [('  nodes 2\n', '  nodes\n')], None,
      "\n".join([
          "t.nir:3:17: error: expected a key or '}', found '4'",
@@ -432,7 +444,8 @@ CASES = [
      "\n".join([
          "t.nir:9:87: error: dtype must be 'bf16', 'fp16' or 'fp32', found '16'",
          '    9 | model actor = llama { layers 4 hidden 256 heads 8 kv_heads 2 ffn 512 vocab 1024 dtype 16 }',
-         '      |                                                                                       ^^'])),
+         '      |                                                                                       ^^',
+         "hint: did you mean 'fp16'?"])),
     ('int_with_unit', [('layers 4', 'layers 4GB')], None,
      "\n".join([
          "t.nir:9:30: error: layers takes a plain number, found unit 'GB'",
@@ -485,7 +498,8 @@ CASES = [
      "\n".join([
          "t.nir:12:10: error: expected a name, found '8'",
          '   12 |   batch: 8 prompt 16 response 16 microbatch 2',
-         '      |          ^'])),
+         '      |          ^',
+         "hint: a value follows its key without ':', like batch 8 (a ':' lists models: training: actor, critic)"])),
     ('eof_inside_block', [('  actor.training dp 8 on 7..0\n}\ntransition A -> B\n', '  actor.training dp 8 on 7..0\n')], None,
      "\n".join([
          "t.nir:22:30: error: unexpected end of input; expected a placement key (dp, tp, pp, ep, on, offload, zero), the next model-stage or '}'",
@@ -496,7 +510,8 @@ CASES = [
      "\n".join([
          't.nir:24:16: error: unexpected end of input; expected a name',
          '   24 | transition A ->',
-         '      |                ^'])),
+         '      |                ^',
+         "hint: names start with a letter or '_': actor, plan_b, S1"])),
     ('second_cluster', [('transition A -> B\n', 'transition A -> B\ncluster d { nodes 1 }\n')], None,
      "\n".join([
          't.nir:25:1: error: a second cluster is declared',
@@ -525,7 +540,8 @@ CASES = [
      "\n".join([
          "t.nir:1:9: error: expected a name, found '{'",
          '    1 | cluster {',
-         '      |         ^'])),
+         '      |         ^',
+         "hint: names start with a letter or '_': actor, plan_b, S1"])),
 ]
 
 
@@ -588,3 +604,77 @@ def test_lone_carriage_returns_end_lines():
     assert caught.value.format() == plain.value.format()
     assert ir.format_source("# first\r" + BASE.replace("\n", "\r"), "t.nir") == ir.format_source("# first\n" + BASE,
                                                                                                  "t.nir")
+
+
+@pytest.mark.parametrize("char", ["\f", "\v", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"],
+                         ids=["FF", "VT", "FS", "GS", "RS", "NEL", "LS", "PS"])
+def test_only_newlines_end_lines_for_errors_and_comments(char):
+    """The grammar ends a line at LF (CRLF, CR) only; Python's `splitlines` also breaks at
+    FF, VT, FS, GS, RS, NEL, LS and PS. Error displays and comment anchoring count lines
+    as the parser does: inside a comment such a character is comment text (kept by fmt),
+    and an error quotes the line it names."""
+    commented = BASE.replace("\n", f"  # one{char} two\n", 1)
+    assert ir.parse_source(commented, "t.nir").plans == ir.parse_source(BASE, "t.nir").plans
+    formatted = ir.format_source(commented, "t.nir")
+    assert f"# one{char} two" in formatted
+    assert ir.format_source(formatted, "t.nir") == formatted
+    broken = _source([("actor.training dp 8 on 7..0", "actor.training dp 0 on 7..0")], None)
+    with pytest.raises(ir.NereusError) as plain:
+        ir.parse_source(broken, "t.nir")
+    with pytest.raises(ir.NereusError) as caught:
+        ir.parse_source(broken.replace("\n", f"  # a{char}b\n", 1), "t.nir")
+    shown, want = caught.value.format().splitlines(), plain.value.format().splitlines()
+    assert shown[0] == want[0] and shown[2:] == want[2:]  # same place, caret and hint
+    assert shown[1].endswith(want[1].split("| ", 1)[1])  # the quoted line is the one named
+
+
+def test_blocks_nested_past_the_limit_are_an_error_not_a_recursion_error():
+    from nereus.ir.syntax import MAX_NESTING
+
+    deep = "cluster c { gpu " + "{ a " * 1000 + "{ }" + " }" * 1000 + " }\n"
+    with pytest.raises(ir.NereusError) as caught:
+        ir.parse_source(deep, "deep.nir")
+    column = len("cluster c { gpu ") + 4 * (MAX_NESTING - 1) + 1  # the brace one level too deep
+    assert caught.value.format().splitlines()[0] == \
+        f"deep.nir:1:{column}: error: blocks nest more than {MAX_NESTING} deep"
+    # braces in comments and strings do not count
+    ok = '# ' + "{" * 500 + '\ncluster c { nodes 1 }\n'
+    with pytest.raises(ir.NereusError) as other:  # (an incomplete cluster: any other error)
+        ir.parse_source(ok, "ok.nir")
+    assert "nest" not in other.value.message
+
+
+@pytest.mark.parametrize("derived, key", [
+    ("model judge = actor { heads 3 }", "heads 3"),
+    ("model judge = actor { heads 16 }", "heads 16"),  # kv_heads 2 inherited: divides 16, fine below
+    ("model judge = actor { kv_heads 3 }", "kv_heads 3"),
+])
+def test_a_rule_a_derived_model_breaks_points_at_the_key_it_writes(derived, key):
+    """A rule that ties two keys (hidden / heads, heads / kv_heads) is reported at the one
+    the derived model writes, not at its name (the other is its base's)."""
+    source = BASE.replace("transition A -> B\n", "") + derived + "\n"
+    if key == "heads 16":  # a valid change: no error
+        ir.parse_source(source, "t.nir")
+        return
+    with pytest.raises(ir.NereusError) as caught:
+        ir.parse_source(source, "t.nir")
+    line = source.splitlines().index(derived) + 1
+    head = caught.value.format().splitlines()[0]
+    assert head.startswith(f"t.nir:{line}:{derived.index(key.split()[1]) + 1}: error: "), head
+
+
+def test_a_reserve_below_100_only_past_float_precision_is_named_as_written():
+    source = BASE.replace("host_mem 1TB", "host_mem 1TB\n  reserve 99.999999999999999999%")
+    with pytest.raises(ir.NereusError) as caught:
+        ir.parse_source(source, "t.nir")
+    text = caught.value.format()
+    assert "reserve 99.999999999999999999% is below 100% only past a float's precision" in text
+    assert "found 100%" not in text
+
+
+def test_an_exponent_before_a_unit_is_named_as_an_exponent():
+    source = BASE.replace("host_mem 1TB", "host_mem 1e3GB")
+    with pytest.raises(ir.NereusError) as caught:
+        ir.parse_source(source, "t.nir")
+    assert caught.value.message == "host_mem is written with digits, not an exponent: found 1e3GB"
+    assert caught.value.hint == "write host_mem 1000GB"

@@ -90,7 +90,8 @@ INVALID = [
     (["workload.response=8192", "workload.batch=0"],
      "<--set>:1:39: error: batch must be at least 1, found 0\n"
      "    1 | workload.response=8192 workload.batch=0\n"
-     "      |                                       ^"),
+     "      |                                       ^\n"
+     "hint: write batch 1 or more"),
     (["workload.response"],
      "<--set>:1:1: error: expected KEY=VALUE, found 'workload.response'\n"
      "    1 | workload.response\n"
@@ -130,11 +131,13 @@ INVALID = [
     (["cluster.reserve=120%"],
      "<--set>:1:17: error: reserve must be at least 0% and below 100%, found 120%\n"
      "    1 | cluster.reserve=120%\n"
-     "      |                 ^^^^"),
+     "      |                 ^^^^\n"
+     "hint: the share of each GPU's memory kept free, e.g. reserve 5%"),
     (["workload.recompute=some"],
      "<--set>:1:20: error: recompute must be 'none', 'selective' or 'full', found 'some'\n"
      "    1 | workload.recompute=some\n"
-     "      |                    ^^^^"),
+     "      |                    ^^^^\n"
+     "hint: did you mean 'none'?"),
 ]
 
 

@@ -38,7 +38,20 @@ CASES = {
     "staging": (lambda: ring_module(2)[0], "S", "T"),
     "offload": (offload_module, "S", "T"),
     "offload_flip": (offload_module, "S", "U"),
+    "zero": (lambda: _zero_module(2, 4), "S", "T"),
 }
+
+
+def _zero_module(dp_before: int, dp_after: int):
+    """actor.training under zero 1 from dp `dp_before` to `dp_after` (tp 2): units with `dp` and `zero`."""
+    import dataclasses
+
+    from builders import cluster, llama, module, place, workload
+
+    plans = {name: [dataclasses.replace(place("actor.training", dp, 2, 1, range(dp * 2)), zero=1)]
+             for name, dp in (("S", dp_before), ("T", dp_after))}
+    return module(cluster(2, 4, 10**9), [llama("actor", 4, 64, 8, 2, 128, 256)], workload({"training": ["actor"]}),
+                  plans)
 
 
 @pytest.fixture(scope="module")
@@ -293,6 +306,26 @@ def unit_offload_flag_flipped_on_one_replica(p):
     if len(units) < 2 or units[0]["model_stage"] != units[1]["model_stage"]:
         return None
     units[1]["offload"] = not units[1]["offload"]
+    return p
+
+
+@corruption(needs_plans=True)
+def zero_unit_dp_changed(p):
+    """The runtime does not read a unit's `dp`, but the header must still be the plans'."""
+    units = [u for u in p["units"]["before"] + p["units"]["after"] if "dp" in u]
+    if not units:
+        return None
+    for unit in units:
+        unit["dp"] = "x"
+    return p
+
+
+@corruption(needs_plans=True)
+def zero_unit_zero_changed(p):
+    units = [u for u in p["units"]["after"] if u.get("zero")]
+    if not units:
+        return None
+    units[0]["zero"] = 3 if units[0]["zero"] == 1 else 1
     return p
 
 
