@@ -92,8 +92,9 @@ def plot(result: dict, path: str, title: str) -> None:
 def simulate_command(trace, as_json, plot_path, margin, show_steps, estimate_transitions, oracle_grid, quiet,
                      traceback):
     """Replay a drift trace under fixed, greedy and Nereus policies and the DP oracle."""
-    if not math.isfinite(margin) or margin < 0:
-        raise click.BadParameter(f"must be a finite number ≥ 0, not {margin}", param_hint="--margin")
+    if not (math.isfinite(margin) and 0 <= margin < 1):
+        raise click.BadParameter(f"must be at least 0 and below 1 (a share of the predicted gain), not {margin}",
+                                 param_hint="--margin")
     if not (math.isfinite(oracle_grid) and oracle_grid > 0):
         raise click.BadParameter(f"must be a finite ratio > 0 (0.05: responses 5% apart), not {oracle_grid}",
                                  param_hint="--oracle-grid")
@@ -104,9 +105,20 @@ def simulate_command(trace, as_json, plot_path, margin, show_steps, estimate_tra
         folder = os.path.dirname(os.path.abspath(plot_path))
         if not os.path.isdir(folder):  # before the replay, not after it
             raise click.BadParameter(f"its folder {folder} does not exist", param_hint="--plot")
-    from nereus.controller.simulator import load_trace, simulate
+        from matplotlib.backend_bases import FigureCanvasBase
+
+        kinds = FigureCanvasBase.get_supported_filetypes()
+        extension = os.path.splitext(plot_path)[1].lstrip(".").lower()
+        if extension not in kinds:
+            raise click.BadParameter(f"{plot_path!r}: the file name must end in one of "
+                                     f"{', '.join('.' + k for k in sorted(kinds))}", param_hint="--plot")
+    from nereus.controller.simulator import load_trace, oracle_points, simulate
 
     loaded = load_trace(trace)
+    try:
+        oracle_points(loaded, oracle_grid)  # checked before the replay, not after it
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--oracle-grid") from None
     if not quiet:
         click.echo(f"simulating {len(loaded.steps)} steps of {trace} ...", err=True)
     result = simulate(loaded, margin=margin, transition_method="estimate" if estimate_transitions else "compile",
@@ -138,6 +150,9 @@ def simulate_command(trace, as_json, plot_path, margin, show_steps, estimate_tra
         plot(result, plot_path, f"{trace} (margin {margin:g})")
         click.echo(f"wrote {plot_path}")
     if as_json:
-        click.echo(json.dumps({"name": "simulate", "trace": trace, "margin": margin, "policies": result["policies"],
-                               "oracle": result["oracle"]}))
+        from nereus.cli.launch import json_safe
+
+        click.echo(json.dumps(json_safe({"name": "simulate", "trace": trace, "margin": margin,
+                                         "policies": result["policies"], "oracle": result["oracle"]}),
+                              allow_nan=False))
     sys.stderr.flush()

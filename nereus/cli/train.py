@@ -66,6 +66,11 @@ def parse_drift(text: Optional[str], module, steps: int) -> list[tuple[int, str]
         if not sep or not _DIGITS.fullmatch(step.strip()) or "=" not in assignment:
             raise NereusError(f"--drift: cannot read {item!r}", hint='write STEP:KEY=VALUE pairs, e.g. "4:response=12"')
         key = assignment.strip()
+        block = key.split(".", 1)[0] if "." in key.split("=", 1)[0] else "workload"
+        if block != "workload":  # only the workload drifts: the cluster and models are the run's
+            raise NereusError(f"--drift {item!r}: only workload keys drift, not {block} keys",
+                              hint="workload keys: batch, prompt, response, microbatch, recompute "
+                                   '(e.g. "4:response=12"); a cluster or model change is another plan file')
         key = key if key.startswith("workload.") else f"workload.{key}"
         if not 1 <= int(step) < steps:
             raise NereusError(f"--drift: step {int(step)} is not a step boundary of a {steps}-step run",

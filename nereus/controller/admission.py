@@ -62,13 +62,37 @@ class AdmissionSettings:
     # coefficients differ from the prior by ~25%)
     unobserved_error: float = 0.05
 
+    def __post_init__(self):
+        """Every setting in its range (a margin of 1 or more would flip the payback test:
+        (1 − margin) ≤ 0 makes a gain inside the noise pass), else a SettingError naming it."""
+        from nereus.ir.diagnostics import SettingError
+
+        def number(name: str, low: float, high: float = math.inf, high_open: bool = False, whole: bool = False):
+            value = getattr(self, name)
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and \
+                low <= value and (value < high if high_open else value <= high) and (not whole or value == int(value))
+            if not ok:
+                span = f"at least {low:g}" + (f" and below {high:g}" if high_open else
+                                             f" and at most {high:g}" if math.isfinite(high) else "")
+                raise SettingError(f"AdmissionSettings {name}={value!r}: must be {'a whole number ' if whole else ''}"
+                                   f"{span}", hint=f"the default is {getattr(AdmissionSettings, name)!r}")
+
+        number("margin", 0.0, 1.0, high_open=True)
+        number("z", 0.0)
+        number("rho_min", 0.0, 1.0, high_open=True)
+        number("min_interval", 0, whole=True)
+        number("confirm", 1, whole=True)
+        number("trial_steps", 0, whole=True)
+        number("default_error", 0.0)
+        number("unobserved_error", 0.0)
+
 
 @dataclass(frozen=True)
 class Decision:
     step: int
     switch: bool
     # infeasible-now | pays-back-now | pays-back | trial | no-gain | below-min-gain | no-payback | too-soon |
-    # confirming | no-feasible-plan
+    # confirming | no-feasible-plan; the greedy baseline: faster (any faster plan, whatever the move costs)
     reason: str
     current_s: float  # predicted step latency of the current plan (inf if infeasible)
     candidate_s: float  # predicted step latency of the best plan found
@@ -78,6 +102,7 @@ class Decision:
     margin: float
     saving_s: float  # confident saving over the remaining steps, after the margin
     plan: Optional[Plan] = field(default=None, compare=False)  # the candidate (the target when switch)
+    z: float = 1.645  # the settings' z: the rule subtracted z·σ from the gain
 
     @property
     def why(self) -> str:
@@ -88,11 +113,16 @@ class Decision:
             return f"step {self.step}: stay, no feasible plan exists for this workload and GPU budget"
         verb = "switch" if self.switch else "stay"
         gain = self.current_s - self.candidate_s
+        if self.reason == "faster":
+            return (f"step {self.step}: switch (faster; the greedy baseline ignores the move's cost): current "
+                    f"{self.current_s:.2f} s, candidate {self.candidate_s:.2f} s, transition {self.transition_s:.2f} s")
+        # σ is the gain's uncertainty; the rule subtracts z·σ (z: AdmissionSettings.z)
+        noise = f"z·σ {self.z * self.sigma_s:.3f} (σ {self.sigma_s:.3f})"
         if not math.isfinite(self.transition_s):  # not estimated: no transition cost could change it
             return (f"step {self.step}: {verb} ({self.reason}): current {self.current_s:.2f} s, candidate "
-                    f"{self.candidate_s:.2f} s, gain {gain:.3f} s/step − z·σ {self.sigma_s:.3f}")
+                    f"{self.candidate_s:.2f} s, gain {gain:.3f} s/step − {noise}")
         return (f"step {self.step}: {verb} ({self.reason}): current {self.current_s:.2f} s, candidate "
-                f"{self.candidate_s:.2f} s, gain {gain:.3f} s/step − z·σ {self.sigma_s:.3f}, × {self.remaining_steps}"
+                f"{self.candidate_s:.2f} s, gain {gain:.3f} s/step − {noise}, × {self.remaining_steps}"
                 f" steps × (1 − {self.margin:g}) = {self.saving_s:.1f} s vs transition {self.transition_s:.2f} s")
 
     def to_json(self) -> dict:
@@ -118,7 +148,7 @@ def admit(step: int, current_s: float, current_feasible: bool, candidate_s: floa
     step's GPUs, the latest observed response; rule 2)."""
     def decide(switch: bool, reason: str, saving: float) -> Decision:
         return Decision(step, switch, reason, current_s if current_feasible else math.inf, candidate_s,
-                        remaining_steps, transition_s, sigma_s, settings.margin, saving, candidate)
+                        remaining_steps, transition_s, sigma_s, settings.margin, saving, candidate, settings.z)
 
     if not candidate_feasible:
         return decide(False, "no-feasible-plan", 0.0)

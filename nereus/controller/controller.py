@@ -81,6 +81,18 @@ def predict_plan(module: Module, workload: Workload, cost: CostModel, plan: Plan
                           {str(k): v for k, v in memory.waves.items()})
 
 
+def _check_seconds(seconds, what: str, zero: bool = False) -> None:
+    """A measured time is finite and positive (0 too where `zero`: a model-stage that ran
+    nothing, which the cost model skips); else a SettingError naming the call."""
+    number = isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
+    if not (number and (seconds >= 0 if zero else seconds > 0) and seconds < math.inf):
+        from nereus.ir.diagnostics import SettingError
+
+        raise SettingError(f"{what}: {seconds!r} is not a measured time (finite seconds "
+                           f"{'≥' if zero else '>'} 0)",
+                           hint="pass the step's wall seconds, e.g. time.perf_counter() differences")
+
+
 @dataclass
 class Controller:
     module: Module
@@ -129,6 +141,7 @@ class Controller:
     # -- observations -------------------------------------------------------------------
     def observe(self, model_stage, plan: Plan, workload: Workload, seconds: float) -> None:
         """One measured latency of a model-stage under `plan` (the layout it ran with)."""
+        _check_seconds(seconds, "observe", zero=True)
         ms = ModelStage.parse(model_stage) if isinstance(model_stage, str) else model_stage
         placement = plan.placement(ms)
         waves = 1
@@ -137,8 +150,11 @@ class Controller:
         self.cost.observe(workload, ms, layout_of(self.module, placement, waves), seconds)
 
     def observe_step(self, seconds: float) -> None:
-        """A measured whole-step latency of the current plan (for the confidence term)."""
-        self._step_times.append(seconds)
+        """A measured whole-step latency of the current plan (for the confidence term): a
+        finite number of seconds > 0, else a SettingError (a NaN would surface decisions
+        later as a TypeError inside the statistics)."""
+        _check_seconds(seconds, "observe_step")
+        self._step_times.append(float(seconds))
         del self._step_times[:-50]
 
     def transitioned(self, plan: Plan, seconds: Optional[float] = None, predicted: Optional[float] = None,
@@ -321,6 +337,12 @@ class Controller:
         latencies over `level(workload)`. `after_failure`: the step was attempted and did not
         fit; `workload` now carries its own response (it replaces the last one in the level).
         Returns (and logs) a Decision; it does not change `self.plan`."""
+        gpus_total = self.module.cluster.num_gpus
+        if isinstance(gpus, bool) or not isinstance(gpus, int) or not 0 < gpus <= gpus_total:
+            from nereus.ir.diagnostics import SettingError
+
+            raise SettingError(f"decide: gpus={gpus!r} is not a GPU count of cluster {self.module.cluster.name} "
+                               f"(1..{gpus_total})", hint="the GPUs available before this step: ids 0..gpus-1")
         self._decisions += 1
         remaining = max(0, self.total_steps - step)
         level, spread = self.level(workload, again=after_failure)
@@ -355,7 +377,9 @@ class Controller:
             settings = AdmissionSettings(margin=0.0, z=0.0, rho_min=0.0, min_interval=0, confirm=1)
             decision = admit(step, current.step_s, fits, candidate.step_s, True, remaining, 0.0,
                              settings, candidate=found.plan)
-            decision = Decision(decision.step, decision.switch, decision.reason, decision.current_s,
+            # the baseline ignores the transition's cost: its reason says so, not "pays-back"
+            reason = "faster" if decision.switch and decision.reason != "infeasible-now" else decision.reason
+            decision = Decision(decision.step, decision.switch, reason, decision.current_s,
                                 decision.candidate_s, remaining, transition() if decision.switch else math.nan,
                                 0.0, 0.0, decision.saving_s, found.plan)
         else:

@@ -210,8 +210,17 @@ def _pareto(candidates: list[_Candidate]) -> list[_Candidate]:
 
 @lru_cache(maxsize=1024)
 def _wave_counts(replica_batch: int) -> tuple[int, ...]:
-    """Every distinct ⌈B/b⌉ for b = 1..B: the wave counts a replica of B sequences can need."""
-    return tuple(sorted({math.ceil(replica_batch / b) for b in range(1, replica_batch + 1)}))
+    """Every distinct ⌈B/b⌉ for b = 1..B: the wave counts a replica of B sequences can need.
+    O(√B) steps, not B (a batch of millions is a valid workload): from a b with
+    ⌈B/b⌉ = q > 1, the next value starts at b = ⌈B/(q−1)⌉, the first b with ⌈B/b⌉ ≤ q − 1."""
+    out, b = [], 1
+    while b <= replica_batch:
+        q = -(-replica_batch // b)
+        out.append(q)
+        if q == 1:
+            break
+        b = max(b + 1, -(-replica_batch // (q - 1)))
+    return tuple(sorted(out))
 
 
 def _incumbent(space: _Space, plan: Optional[Plan]):

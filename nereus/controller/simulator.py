@@ -187,20 +187,42 @@ def _mover(world: _World, run: _Run, controller: Optional[Controller], step: int
     return move
 
 
-def _oracle_candidates(world: _World, trace: Trace, grid: float, progress: Optional[Progress]) -> None:
-    """Add the search's optimum under the truth on a geometric response grid per (GPUs,
-    prompt, batch) of the trace."""
+# the oracle's searches: more than this many grid points is a grid finer than any use
+MAX_ORACLE_POINTS = 4096
+
+
+def oracle_points(trace: Trace, grid: float) -> list:
+    """[(gpus, workload)] the oracle searches: a geometric response grid of ratio 1 + `grid`
+    per (GPUs, prompt, batch) of the trace, each integer response once. Raises ValueError
+    past MAX_ORACLE_POINTS (naming the finest grid within it) before any point is made."""
     spans: dict = {}
     for step in trace.steps:
         key = (step.gpus, step.prompt, step.batch)
         lo, hi = spans.get(key, (step.response, step.response))
         spans[key] = (min(lo, step.response), max(hi, step.response))
+    counts = {key: (1 + math.ceil(math.log(hi / lo) / math.log1p(grid)) if hi > lo else 1, lo, hi)
+              for key, (lo, hi) in spans.items()}
+    # a finer grid than one integer apart adds nothing: at most hi - lo + 1 responses a span
+    total = sum(min(count, hi - lo + 1) for count, lo, hi in counts.values())
+    if total > MAX_ORACLE_POINTS:
+        widest = max(math.log(hi / lo) for _, lo, hi in counts.values())
+        finest = math.expm1(widest / (MAX_ORACLE_POINTS / len(counts) - 1))
+        raise ValueError(f"a grid of {grid:g} makes {total} oracle searches (at most {MAX_ORACLE_POINTS}); "
+                         f"use {finest:.2g} or more")
     points = []
-    for (gpus, prompt, batch), (lo, hi) in spans.items():
-        count = 1 + math.ceil(math.log(hi / lo) / math.log1p(grid)) if hi > lo else 1
+    for (gpus, prompt, batch), (count, lo, hi) in counts.items():
+        seen = set()
         for k in range(count):
             response = min(hi, round(lo * (1.0 + grid) ** k))
-            points.append((gpus, trace.workload(TraceStep(response, gpus, prompt, batch))))
+            if response not in seen:
+                seen.add(response)
+                points.append((gpus, trace.workload(TraceStep(response, gpus, prompt, batch))))
+    return points
+
+
+def _oracle_candidates(world: _World, trace: Trace, grid: float, progress: Optional[Progress]) -> None:
+    """Add the search's optimum under the truth on the oracle's response grid (`oracle_points`)."""
+    points = oracle_points(trace, grid)
     for done, (gpus, workload) in enumerate(points):
         found = search_plan(world.module, workload, world.truth, gpus, name="oracle")
         if found.plan is not None:
@@ -221,7 +243,11 @@ def _oracle(world: _World, trace: Trace, start: int, progress: Optional[Progress
         if progress and ((t + 1) % 50 == 0 or t + 1 == steps):
             progress("oracle table", t + 1, steps)
     moves = np.array([[world.move(a, b) for b in range(count)] for a in range(count)])
-    return dp_oracle(step_s, moves, start), step_s
+    best = dp_oracle(step_s, moves, start)
+    if best.failed_at is not None and best.failed_at > 0:
+        # no candidate runs step `failed_at`: the oracle still runs the steps before it, at best
+        best = replace(dp_oracle(step_s[:best.failed_at], moves, start), failed_at=best.failed_at)
+    return best, step_s
 
 
 def simulate(trace: Trace, margin: float = 0.1, policies=POLICIES, transition_method: str = "compile",
@@ -314,20 +340,21 @@ def simulate(trace: Trace, margin: float = 0.1, policies=POLICIES, transition_me
         _oracle_candidates(world, trace, oracle_grid, progress)
         best, _ = _oracle(world, trace, start, progress)
         run = _Run("oracle", start, failed_at=best.failed_at)
-        if best.failed_at is None:
-            previous = start
-            for t, c in enumerate(best.path):
-                if c != previous:
-                    run.transitions.append((t, world.move(previous, c), "hindsight"))
-                run.latencies.append(world.step(c, trace.workload(trace.steps[t]), trace.steps[t].gpus).step_s)
-                rows[t]["oracle"] = run.latencies[-1]
-                previous = c
+        previous = start
+        for t, c in enumerate(best.path):  # up to the step no candidate runs, if any
+            if c != previous:
+                run.transitions.append((t, world.move(previous, c), "hindsight"))
+            run.latencies.append(world.step(c, trace.workload(trace.steps[t]), trace.steps[t].gpus).step_s)
+            rows[t]["oracle"] = run.latencies[-1]
+            previous = c
         summary["oracle"] = run.summary(common)
-        oracle_info = {"candidates": len(world.plans), "total_s": best.total_s, "grid": oracle_grid}
+        # total_s: over the steps the oracle ran (all of them unless `failed_at`)
+        oracle_info = {"candidates": len(world.plans), "total_s": sum(run.latencies) + run.summary(common)["transition_s"],
+                       "failed_at": best.failed_at, "grid": oracle_grid}
         runs["oracle"] = run
         for name, s in summary.items():
-            s["gap_to_oracle"] = s["total_s"] / best.total_s - 1 if s["failed_at"] is None and math.isfinite(
-                best.total_s) else None
+            s["gap_to_oracle"] = s["total_s"] / best.total_s - 1 if s["failed_at"] is None and \
+                best.failed_at is None and best.total_s > 0 else None
     decisions = controllers["nereus"].log if "nereus" in controllers else []
     return {"policies": summary, "steps": rows,
             "transitions": {name: [{"step": s, "seconds": t, "why": w} for s, t, w in run.transitions]

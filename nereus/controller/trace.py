@@ -15,6 +15,7 @@ from typing import Optional
 
 from nereus.ir.diagnostics import NereusError
 from nereus.ir.model import Module, Workload
+from nereus.ir.validate import MAX_WORKLOAD
 
 
 class TraceError(NereusError):
@@ -101,6 +102,9 @@ def load_trace(path: str) -> Trace:
             if not _whole(s[key]) or s[key] < 1:
                 raise TraceError(f"{path}: step {i}: {key} must be a positive integer, found {json.dumps(s[key])}",
                                  hint=_STEP_HINT)
+            if key in MAX_WORKLOAD and s[key] > MAX_WORKLOAD[key]:  # as the .nir's workload limits
+                raise TraceError(f"{path}: step {i}: {key} {s[key]} is above the limit of {MAX_WORKLOAD[key]}",
+                                 hint=f"a workload's {key} is at most {MAX_WORKLOAD[key]} (docs/ir.md)")
         step = TraceStep(s["response"], s["gpus"], s.get("prompt"), s.get("batch"))
         if step.gpus % module.cluster.gpus_per_node or not 0 < step.gpus <= module.cluster.num_gpus:
             raise TraceError(f"{path}: step {i}: gpus {step.gpus} is not a whole number of nodes of the cluster",

@@ -50,7 +50,10 @@ class ControllerPolicy:
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.controller = None
         if self.rank == 0:
-            self.controller = DeclaredPlans(module, module.plan(plan), total_steps)
+            # the loop numbers steps 1..N and the controller counts the steps still to run
+            # from the one it decides before (total − step, 0-based): one more total keeps the
+            # loop's numbers and counts that step itself
+            self.controller = DeclaredPlans(module, module.plan(plan), total_steps + 1)
             self.controller.runnable = runnable
         self.decisions: list[dict] = []
         self._checked: dict = {}  # last step's predicted vs measured seconds, sent with the next decision
@@ -72,7 +75,8 @@ class ControllerPolicy:
         self.controller.observe_step(step_seconds)
 
     def decide(self, step: int, workload: Workload, gpus: int) -> Optional[str]:
-        """The plan to move to before `step`, or None; collective (rank 0 decides)."""
+        """The plan to move to before `step` (the loop's number, 1..N), or None; collective
+        (rank 0 decides)."""
         box: list = [None]
         if self.controller is not None:
             decision = self.controller.decide(step, workload, gpus)
@@ -89,6 +93,7 @@ class ControllerPolicy:
         return box[0]["target"]
 
     def transitioned(self, module: Module, plan: str, seconds: float, step: int) -> None:
+        """The loop moved to `plan` before `step` (its number, as `decide` took it)."""
         if self.controller is not None:
             # the estimate of this very move (a scripted event may differ from the decision's
             # candidate), uncorrected, as the controller's measured/predicted ratio expects

@@ -472,7 +472,7 @@ class RlTrainer:
             if target is not None and target != self.plan_name:
                 transitions.append(self.transition(i, target))
                 if policy is not None:
-                    policy.transitioned(self.module, target, transitions[-1]["seconds"], i)
+                    policy.transitioned(self.module, target, transitions[-1]["seconds"], i + 1)  # before step i + 1
                 self.emit({"event": "transition", **transitions[-1]})
         final = {ms: self.rt.gather_state_dict(ms) for ms in sorted(self.stages) if ms.endswith(".training")}
         merged = {k: v for full in final.values() for k, v in full.items()}

@@ -267,6 +267,10 @@ def test_a_forced_targets_correction_is_not_held_back_by_the_tie_threshold(small
      "step 0: batch MB_PLUS_ONE is not a multiple of the workload's microbatch (MB)"),
     ('{"nir": "SMALL", "plan": "S1", "steps": [{"respnse": 512, "gpus": 8}]}', "step 0: unknown key 'respnse'"),
     ('{"nir": "SMALL", "plan": "S1", "steps": [{"response": 1' + '0' * 5000 + ', "gpus": 8}]}', "not valid JSON"),
+    ('{"nir": "SMALL", "plan": "S1", "steps": [{"response": 512, "gpus": 8, "batch": 200000000000}]}',
+     "step 0: batch 200000000000 is above the limit of 16777216"),
+    ('{"nir": "SMALL", "plan": "S1", "steps": [{"response": 1000000000000000000000000000000, "gpus": 8}]}',
+     "step 0: response 1000000000000000000000000000000 is above the limit of 16777216"),
 ])
 def test_traces_are_checked_as_strictly_as_a_workload(tmp_path, content, message):
     """Every malformed value is an error naming the file, step and field (exit 2 in the
@@ -281,3 +285,75 @@ def test_traces_are_checked_as_strictly_as_a_workload(tmp_path, content, message
     with pytest.raises(ir.NereusError) as raised:
         load_trace(str(bad))
     assert message in str(raised.value)
+
+
+def test_wave_counts_are_every_distinct_ceiling_and_take_root_time():
+    """The search's wave counts of a replica batch B: every distinct ⌈B/b⌉, b = 1..B, found
+    in O(√B) steps (a loop over every b hung `nereus simulate` on a batch of 2e11)."""
+    import math
+    import time
+
+    from nereus.controller.search import _wave_counts
+
+    for batch in list(range(1, 400)) + [997, 1024, 4096, 65537]:
+        assert _wave_counts(batch) == tuple(sorted({math.ceil(batch / b) for b in range(1, batch + 1)})), batch
+    started = time.perf_counter()
+    counts = _wave_counts(1 << 24)
+    assert len(counts) < 2 * 4097 + 2 and counts[0] == 1 and counts[-1] == 1 << 24
+    assert time.perf_counter() - started < 1.0
+
+
+@pytest.mark.parametrize("settings", [dict(margin=1.0), dict(margin=5), dict(margin=-0.1), dict(margin=float("nan")),
+                                      dict(margin="x"), dict(confirm=0), dict(z=-1), dict(min_interval=-5),
+                                      dict(min_interval=1.5), dict(rho_min=float("inf"))])
+def test_admission_settings_out_of_range_are_errors_naming_the_setting(settings):
+    """A margin of 1 or more turns the payback test over ((1 − margin) ≤ 0 passes a gain
+    inside the noise); NaN passed it as a trial. Every setting is checked when made."""
+    from nereus.controller.admission import AdmissionSettings
+
+    with pytest.raises(ir.NereusError) as caught:
+        AdmissionSettings(**settings)
+    assert f"AdmissionSettings {next(iter(settings))}=" in caught.value.message
+
+
+@pytest.mark.parametrize("gpus", [0, -8, 32, 2.0, True])
+def test_decide_refuses_a_gpu_count_the_cluster_does_not_have(gpus):
+    module = ir.parse_file(os.path.join(HERE, "small.nir"))
+    controller = Controller(module, module.plans[0], 100, transition_method="estimate")
+    with pytest.raises(ir.NereusError) as caught:
+        controller.decide(0, module.workload, gpus)
+    assert f"gpus={gpus!r}" in caught.value.message
+
+
+@pytest.mark.parametrize("seconds", [float("nan"), float("inf"), -1.0, 0.0, "1"])
+def test_observed_step_times_must_be_measured_times(seconds):
+    module = ir.parse_file(os.path.join(HERE, "small.nir"))
+    controller = Controller(module, module.plans[0], 100, transition_method="estimate")
+    controller.observe_step(8.0)
+    with pytest.raises(ir.NereusError):
+        controller.observe_step(seconds)
+    controller.decide(0, module.workload, module.cluster.num_gpus)  # the bad value was not kept
+
+
+def test_the_decision_text_shows_z_sigma_and_the_product_it_printed():
+    """The log's arithmetic must add up: (gain − z·σ) × steps × (1 − margin) = saving."""
+    s = AdmissionSettings()
+    d = admit(3, 10.0, True, 9.0, True, 100, 1.0, s, sigma_s=0.2)
+    text = d.why
+    assert f"z·σ {s.z * 0.2:.3f} (σ 0.200)" in text
+    assert f"= {(1.0 - s.z * 0.2) * 100 * (1 - s.margin):.1f} s" in text
+
+
+def test_the_greedy_baseline_says_it_ignores_the_cost():
+    module = ir.parse_file(os.path.join(HERE, "small.nir"))
+    greedy = Controller(module, module.plans[0], 1, greedy=True, transition_method="estimate")
+    reasons = []
+    for step, response in enumerate((256, 4096, 8192, 14000)):
+        d = greedy.decide(step, replace(module.workload, response=response), module.cluster.num_gpus)
+        reasons.append(d.reason)
+        assert d.reason not in ("pays-back", "pays-back-now", "trial"), d.why
+        if d.switch and d.reason == "faster":
+            assert "ignores the move's cost" in d.why
+        if d.switch:
+            greedy.transitioned(d.plan, 1.0, 1.0, step=step)
+    assert "faster" in reasons

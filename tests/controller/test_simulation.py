@@ -219,3 +219,38 @@ def test_the_fixed_policy_fails_where_one_replica_no_longer_fits(tmp_path):
     assert result["policies"]["fixed"]["failed_at"] == 1
     assert result["policies"]["nereus"]["failed_at"] is None
     assert result["policies"]["nereus"]["steps_run"] == 3
+
+
+def test_a_step_no_plan_fits_ends_every_policy_and_the_oracle_runs_the_steps_before(tmp_path):
+    """The oracle fails where no candidate fits, like every policy, but runs the steps
+    before it at its best; --json stays JSON (no Infinity)."""
+    from nereus.cli import nereus as cli
+
+    path = _write(tmp_path, "nofit", [{"response": 512, "gpus": 8}, {"response": 512, "gpus": 8},
+                                      {"response": 16000000, "gpus": 8}])
+    result = CliRunner().invoke(cli, ["simulate", path, "--json", "--estimate-transitions", "--quiet"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout.strip().splitlines()[-1], parse_constant=lambda c: pytest.fail(c))
+    oracle = summary["policies"]["oracle"]
+    assert oracle["failed_at"] == 2 and oracle["steps_run"] == 2 and summary["oracle"]["failed_at"] == 2
+    assert oracle["common_mean_step_s"] > 0
+    for name, policy in summary["policies"].items():
+        assert policy["failed_at"] == 2, name
+        assert oracle["common_total_s"] <= policy["common_total_s"] * (1 + 1e-9), name
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--margin", "1"], "--margin"),
+    (["--margin", "-0.1"], "--margin"),
+    (["--oracle-grid", "1e-7"], "--oracle-grid"),
+    (["--plot", "out.txt"], "--plot"),
+])
+def test_settings_are_checked_before_the_replay(tmp_path, args, message):
+    from nereus.cli import nereus as cli
+
+    if args[0] == "--plot":
+        args = ["--plot", str(tmp_path / args[1])]
+    result = CliRunner().invoke(cli, ["simulate", _growth(tmp_path), "--estimate-transitions", *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "replay" not in result.output
+    assert not (tmp_path / "out.txt").exists()

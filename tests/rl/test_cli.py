@@ -92,6 +92,8 @@ def test_grpo_without_a_reward_model_trains_on_the_task_rule(tmp_path):
     (["--steps", "1", "--events", "1:S2"], "a 1-step run has no step boundary: use --steps 2 or more"),
     (["--steps", "3", "--events", "\u00b2:S2"], "--events: cannot read '\u00b2:S2'"),
     (["--steps", "3", "--drift", "1:respons=8"], "--drift '1:respons=8': unknown key 'workload.respons'"),
+    (["--steps", "3", "--drift", "1:cluster.reserve=10%"],
+     "--drift '1:cluster.reserve=10%': only workload keys drift, not cluster keys"),
 ])
 def test_options_are_checked_before_any_process_starts(args, message):
     run = _nereus(PLAN, "--algo", "grpo", *args) if "--algo" not in args else _nereus(PLAN, *args)

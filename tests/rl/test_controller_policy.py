@@ -36,3 +36,14 @@ def test_controller_never_names_a_plan_the_loop_cannot_run():
     targets = [policy.decide(step, module.workload, 4) for step in range(2, 6)]
     assert all(t in (None, "S2") for t in targets), targets
     assert len(policy.decisions) == 4 and all("why" in d for d in policy.decisions)
+
+
+def test_the_decision_before_a_step_counts_that_step_among_the_remaining():
+    """The loop numbers its steps 1..N and asks before step s whether to move: the steps a
+    move could repay are s..N, N - s + 1 of them (so a move before the last step weighs one
+    step, as the simulator counts it), and the records keep the loop's step numbers."""
+    module = _module()
+    policy = ControllerPolicy(module, "S1", total_steps=4, runnable=())
+    for step in (2, 3, 4):
+        policy.decide(step, module.workload, 4)
+    assert [(d["step"], d["remaining_steps"]) for d in policy.decisions] == [(2, 3), (3, 2), (4, 1)]
