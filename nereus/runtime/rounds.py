@@ -366,7 +366,9 @@ def _stage_out(run: _Run, unit: str) -> None:
         if name in copies:
             run.sources[unit][name] = copies[name]
         else:
-            run.sources[unit][name] = tensor if tensor.device.type == "cpu" else tensor.to("cpu")
+            # pinned where CUDA exists: the pack kernels then read it in place over PCIe
+            # (offload.py); a pageable copy would be packed on one CPU thread
+            run.sources[unit][name] = tensor if tensor.device.type == "cpu" else offload.to_host(tensor)
     run.staged.add(unit)
 
 
