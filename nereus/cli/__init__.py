@@ -89,7 +89,8 @@ class _LazyGroup(click.Group):
             import json
 
             where = error.ctx.command_path if getattr(error, "ctx", None) is not None else (prog_name or self.name)
-            click.echo(json.dumps({"error": {"file": None, "line": None, "col": None, "type": "UsageError",
+            kind = "UsageError" if isinstance(error, click.UsageError) else type(error).__name__
+            click.echo(json.dumps({"error": {"file": None, "line": None, "col": None, "type": kind,
                                              "message": error.format_message(), "hint": f"see `{where} --help`"}}))
             sys.exit(error.exit_code)
         sys.exit(code if isinstance(code, int) else 0)

@@ -42,6 +42,7 @@ gain moves at once: a one-step delay at a generation-wave cliff costs a whole st
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -69,8 +70,12 @@ class AdmissionSettings:
 
         def number(name: str, low: float, high: float = math.inf, high_open: bool = False, whole: bool = False):
             value = getattr(self, name)
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and \
-                low <= value and (value < high if high_open else value <= high) and (not whole or value == int(value))
+            try:
+                ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and \
+                    low <= value and (value < high if high_open else value <= high) and \
+                    (not whole or value == int(value))
+            except OverflowError:  # an integer past a float's range
+                ok = False
             if not ok:
                 span = f"at least {low:g}" + (f" and below {high:g}" if high_open else
                                              f" and at most {high:g}" if math.isfinite(high) else "")

@@ -25,6 +25,7 @@ a correction of that pick is not held back by the tie threshold (`admission_sett
 from __future__ import annotations
 
 import math
+import numbers
 import statistics
 import time
 from dataclasses import dataclass, field, replace
@@ -84,7 +85,7 @@ def predict_plan(module: Module, workload: Workload, cost: CostModel, plan: Plan
 def _check_seconds(seconds, what: str, zero: bool = False) -> None:
     """A measured time is finite and positive (0 too where `zero`: a model-stage that ran
     nothing, which the cost model skips); else a SettingError naming the call."""
-    number = isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
+    number = isinstance(seconds, numbers.Real) and not isinstance(seconds, bool)
     if not (number and (seconds >= 0 if zero else seconds > 0) and seconds < math.inf):
         from nereus.ir.diagnostics import SettingError
 
@@ -338,7 +339,7 @@ class Controller:
         fit; `workload` now carries its own response (it replaces the last one in the level).
         Returns (and logs) a Decision; it does not change `self.plan`."""
         gpus_total = self.module.cluster.num_gpus
-        if isinstance(gpus, bool) or not isinstance(gpus, int) or not 0 < gpus <= gpus_total:
+        if isinstance(gpus, bool) or not isinstance(gpus, numbers.Integral) or not 0 < gpus <= gpus_total:
             from nereus.ir.diagnostics import SettingError
 
             raise SettingError(f"decide: gpus={gpus!r} is not a GPU count of cluster {self.module.cluster.name} "

@@ -187,36 +187,46 @@ def _mover(world: _World, run: _Run, controller: Optional[Controller], step: int
     return move
 
 
-# the oracle's searches: more than this many grid points is a grid finer than any use
+# the oracle's searches between each (GPUs, prompt, batch) group's shortest and longest
+# response: more points than this is a grid finer than any use
 MAX_ORACLE_POINTS = 4096
 
 
+def _grid_size(lo: int, hi: int, grid: float) -> int:
+    """How many responses the grid of ratio 1 + `grid` puts in [lo, hi], at most every
+    integer there (a non-finite count, a grid that underflows: every integer)."""
+    if hi == lo:
+        return 1
+    steps = math.log(hi / lo) / math.log1p(grid) if math.log1p(grid) > 0 else math.inf
+    return hi - lo + 1 if not math.isfinite(steps) or steps + 1 >= hi - lo + 1 else 1 + math.ceil(steps)
+
+
 def oracle_points(trace: Trace, grid: float) -> list:
-    """[(gpus, workload)] the oracle searches: a geometric response grid of ratio 1 + `grid`
-    per (GPUs, prompt, batch) of the trace, each integer response once. Raises ValueError
-    past MAX_ORACLE_POINTS (naming the finest grid within it) before any point is made."""
+    """[(gpus, workload)] the oracle searches: per (GPUs, prompt, batch) group of the trace,
+    its shortest and longest response and a geometric grid of ratio 1 + `grid` between
+    them, each integer response once. Raises ValueError, before any point is made, when
+    the grid puts more than MAX_ORACLE_POINTS responses between the groups' ends (naming
+    the finest grid within that); the ends themselves are never refused."""
     spans: dict = {}
     for step in trace.steps:
         key = (step.gpus, step.prompt, step.batch)
         lo, hi = spans.get(key, (step.response, step.response))
         spans[key] = (min(lo, step.response), max(hi, step.response))
-    counts = {key: (1 + math.ceil(math.log(hi / lo) / math.log1p(grid)) if hi > lo else 1, lo, hi)
-              for key, (lo, hi) in spans.items()}
-    # a finer grid than one integer apart adds nothing: at most hi - lo + 1 responses a span
-    total = sum(min(count, hi - lo + 1) for count, lo, hi in counts.values())
-    if total > MAX_ORACLE_POINTS:
-        widest = max(math.log(hi / lo) for _, lo, hi in counts.values())
-        finest = math.expm1(widest / (MAX_ORACLE_POINTS / len(counts) - 1))
-        raise ValueError(f"a grid of {grid:g} makes {total} oracle searches (at most {MAX_ORACLE_POINTS}); "
-                         f"use {finest:.2g} or more")
+    sizes = {key: _grid_size(lo, hi, grid) for key, (lo, hi) in spans.items()}
+    inner = sum(max(0, size - 2) for size in sizes.values())  # beyond each group's two ends
+    if inner > MAX_ORACLE_POINTS:
+        spread = sum(math.log(hi / lo) for lo, hi in spans.values() if hi > lo)
+        finest = math.expm1(spread / MAX_ORACLE_POINTS)
+        raise ValueError(f"a grid of {grid:g} puts {inner} oracle searches between the trace's shortest and "
+                         f"longest responses (at most {MAX_ORACLE_POINTS}); use {finest:.2g} or more")
     points = []
-    for (gpus, prompt, batch), (count, lo, hi) in counts.items():
-        seen = set()
-        for k in range(count):
-            response = min(hi, round(lo * (1.0 + grid) ** k))
-            if response not in seen:
-                seen.add(response)
-                points.append((gpus, trace.workload(TraceStep(response, gpus, prompt, batch))))
+    for (gpus, prompt, batch), (lo, hi) in spans.items():
+        size = sizes[(gpus, prompt, batch)]
+        if size == hi - lo + 1:
+            responses = range(lo, hi + 1)
+        else:  # size <= MAX_ORACLE_POINTS + 2 here: the loop is short
+            responses = sorted({min(hi, round(lo * (1.0 + grid) ** k)) for k in range(size)} | {hi})
+        points += [(gpus, trace.workload(TraceStep(response, gpus, prompt, batch))) for response in responses]
     return points
 
 

@@ -231,7 +231,7 @@ def reserve_memory(prog: RankProgram, aliased: set, device, dtypes: dict, room: 
         return 0
     sizes = [info.nbytes for unit, shards in prog.after.items() for name, info in shards.items()
              if (unit, name) not in aliased]
-    for kind, views in stream_views(prog, dtypes):  # the ring slots (meta views: in place as on the device)
+    for kind, views, _ in stream_views(prog, dtypes):  # the ring slots (meta views: in place as on the device)
         sizes += [n for n in streams.slot_sizes(streams.chunk_views(views, streams.CHUNK_BYTES), "meta",
                                                 streams.DEPTH) if n]
     blocks, total = [], 0

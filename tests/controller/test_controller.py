@@ -305,7 +305,7 @@ def test_wave_counts_are_every_distinct_ceiling_and_take_root_time():
 
 @pytest.mark.parametrize("settings", [dict(margin=1.0), dict(margin=5), dict(margin=-0.1), dict(margin=float("nan")),
                                       dict(margin="x"), dict(confirm=0), dict(z=-1), dict(min_interval=-5),
-                                      dict(min_interval=1.5), dict(rho_min=float("inf"))])
+                                      dict(min_interval=1.5), dict(rho_min=float("inf")), dict(min_interval=10**400)])
 def test_admission_settings_out_of_range_are_errors_naming_the_setting(settings):
     """A margin of 1 or more turns the payback test over ((1 − margin) ≤ 0 passes a gain
     inside the noise); NaN passed it as a trial. Every setting is checked when made."""
@@ -332,7 +332,7 @@ def test_observed_step_times_must_be_measured_times(seconds):
     controller.observe_step(8.0)
     with pytest.raises(ir.NereusError):
         controller.observe_step(seconds)
-    controller.decide(0, module.workload, module.cluster.num_gpus)  # the bad value was not kept
+    controller.decide(0, module.workload, np.int64(module.cluster.num_gpus))  # the bad value was not kept
 
 
 def test_the_decision_text_shows_z_sigma_and_the_product_it_printed():

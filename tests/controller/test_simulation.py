@@ -254,3 +254,30 @@ def test_settings_are_checked_before_the_replay(tmp_path, args, message):
     assert result.exit_code == 2, result.output
     assert message in result.output and "replay" not in result.output
     assert not (tmp_path / "out.txt").exists()
+
+
+def test_oracle_points_cover_each_group_at_any_grid_and_never_hang(tmp_path):
+    """Each (GPUs, prompt, batch) group's shortest and longest responses are always
+    searched; a grid finer than one token apart means every integer between, found without
+    a loop of 1/grid steps; a grid that underflows is every integer too; only a grid that
+    puts more than MAX_ORACLE_POINTS responses between the ends is refused."""
+    import time
+
+    from nereus.controller.simulator import MAX_ORACLE_POINTS, oracle_points
+
+    trace = load_trace(_write(tmp_path, "span", [{"response": 1000, "gpus": 8}, {"response": 2000, "gpus": 8},
+                                                 {"response": 1500, "gpus": 4}]))
+    started = time.perf_counter()
+    for grid in (1e-6, 1e-10, 1e-320, 5e-324):
+        responses = sorted(w.response for g, w in oracle_points(trace, grid) if g == 8)
+        assert responses == list(range(1000, 2001)), grid
+    assert time.perf_counter() - started < 5.0
+    coarse = sorted(w.response for g, w in oracle_points(trace, 0.05) if g == 8)
+    assert coarse[0] == 1000 and coarse[-1] == 2000 and len(coarse) == len(set(coarse)) < 20
+    assert [w.response for g, w in oracle_points(trace, 0.05) if g == 4] == [1500]
+    wide = load_trace(_write(tmp_path, "wide", [{"response": 1, "gpus": 8}, {"response": 1 << 24, "gpus": 8}]))
+    with pytest.raises(ValueError, match=f"at most {MAX_ORACLE_POINTS}"):
+        oracle_points(wide, 1e-9)
+    many = load_trace(_write(tmp_path, "many", [{"response": 600 + i % 2, "gpus": 8, "batch": 8 * (1 + i // 2)}
+                                                for i in range(2 * 2100)]))
+    assert len(oracle_points(many, 1e-9)) == 2 * 2100  # 2,100 groups of two ends: not refused
