@@ -94,3 +94,46 @@ def test_kv_heads_replicate_when_tp_exceeds_kv_heads():
     kv = 2 * 4 * 1 * 32 * 2 * 8 * 32  # one KV head per rank; all 8 sequences, 32 tokens
     logits = 4 * 8 * 250
     assert report.worst.bytes == 2 * params + kv + logits
+
+
+HOST_TIGHT = """
+cluster cpu {
+  nodes 1  gpus_per_node 2
+  gpu { mem 64MB  flops 1TFLOPS  hbm 100GB/s }
+  intra 10GB/s  inter 1GB/s  host_mem 100KB
+}
+model actor = llama { layers 2 hidden 64 heads 4 kv_heads 1 ffn 128 vocab 128 dtype bf16 }
+workload grpo {
+  batch 4  prompt 8  response 8  microbatch 1
+  generation: actor
+  training:   actor
+}
+plan A {
+  actor.generation dp 2 on 0, 1
+  actor.training   dp 1 tp 2 on 0, 1
+}
+plan B = A {
+  actor.generation dp 2 on 0, 1 offload
+}
+"""
+
+
+def test_offloaded_state_must_fit_in_its_nodes_host_memory():
+    """An offloaded model-stage waits in host memory: a plan whose offloaded state
+    overflows a node's host_mem does not fit (the verifier replays the same bytes and
+    rejects every program out of it; the check used to say it fits)."""
+    from nereus.ir import parse_source
+    from nereus.passes.feasibility import check_plan, infeasible_error
+
+    module = parse_source(HOST_TIGHT, "host.nir")
+    assert check_plan(module, "A").feasible
+    report = check_plan(module, "B")
+    assert not report.feasible and not report.overflowing  # the GPUs fit: host memory does not
+    node, used = report.host_overflowing[0]
+    # two dp replicas of the whole generation weights, both on node 0
+    weights = sum(report_bytes for report_bytes in report.host_bytes.values())
+    assert node == 0 and used == weights > module.cluster.host_mem_bytes
+    error = infeasible_error(module.plan("B"), report)
+    assert error.message.startswith("plan B does not fit: node 0 holds ")
+    assert "host memory" in error.message and "offload" in error.hint
+    assert report.to_json()["host"]["overflowing"] == [{"node": 0, "bytes": used}]

@@ -90,9 +90,19 @@ def candidate_choices(module: Module, workload: Workload, model_stage: ModelStag
             if dp > workload.batch:
                 continue
             out.append(Choice(model_stage, dp, tp, pp, False))
-            if allow_offload and model_stage.stage == "inference":
+            if allow_offload and model_stage.stage == "inference" and \
+                    _fits_host(module, model, model_stage, tp, pp, min(gpus, module.cluster.gpus_per_node)):
                 out.append(Choice(model_stage, dp, tp, pp, True))
     return out
+
+
+def _fits_host(module: Module, model, model_stage: ModelStage, tp: int, pp: int, per_node: int) -> bool:
+    """Whether this model-stage offloaded alone fits its nodes' host memory (the plan check
+    counts every offloaded model-stage together; several that fit alone may not)."""
+    from nereus.passes.feasibility import model_state_bytes_per_gpu
+
+    largest = max(model_state_bytes_per_gpu(model, model_stage.stage, tp, pp, p)["weights"] for p in range(pp))
+    return largest * per_node <= module.cluster.host_mem_bytes
 
 
 def build_plan(module: Module, choices: dict, gpus: int, name: str) -> Plan:

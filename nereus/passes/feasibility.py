@@ -2,8 +2,10 @@
 
 Input: a validated `Module` and one of its plans. Output: a `FeasibilityReport` with the
 bytes in use on every (GPU, stage) pair, split into named contributors, and the worst
-pair. Invariant: `report.feasible` iff every GPU × stage total ≤ usable memory
-(`gpu.mem × (1 − reserve)`). The pass is pure and never mutates its input.
+pair, and the bytes offloaded model-stages keep in each node's host memory. Invariant:
+`report.feasible` iff every GPU × stage total ≤ usable memory (`gpu.mem × (1 − reserve)`)
+and every node's offloaded state ≤ its `host_mem`. The pass is pure and never mutates its
+input.
 
 Memory model (docs/ir.md, "The memory model"; sources cited per term):
 
@@ -180,6 +182,11 @@ class FeasibilityReport:
     overflowing: tuple[GpuStageUse, ...]  # every (gpu, stage) over capacity, worst first
     resident_bytes: dict = field(compare=False)  # gpu -> bytes resident at the step boundary
     totals: dict = field(compare=False, default_factory=dict)  # (gpu, stage) -> bytes in use
+    # offloaded model-stages wait in their nodes' host memory: node -> bytes, and the nodes
+    # over host_mem, most over first ((node, bytes), ...)
+    host_bytes: dict = field(compare=False, default_factory=dict)
+    host_capacity_bytes: int = 0
+    host_overflowing: tuple = ()
 
     def bytes_on(self, gpu: int, stage: str) -> int:
         return self.totals.get((gpu, stage), 0)
@@ -197,7 +204,10 @@ class FeasibilityReport:
         return {"plan": self.plan, "feasible": self.feasible, "capacity_bytes": self.capacity_bytes,
                 "headroom_bytes": self.headroom_bytes, "worst": use(self.worst),
                 "overflowing": [use(u) for u in self.overflowing[:16]],
-                "overflowing_count": len(self.overflowing)}
+                "overflowing_count": len(self.overflowing),
+                "host": {"capacity_bytes": self.host_capacity_bytes,
+                         "bytes": {str(node): n for node, n in sorted(self.host_bytes.items())},
+                         "overflowing": [{"node": node, "bytes": n} for node, n in self.host_overflowing[:16]]}}
 
 
 def _placement_contributions(module: Module, placement: Placement):
@@ -312,7 +322,29 @@ def check_plan(module: Module, plan: Plan | str) -> FeasibilityReport:
     order = sorted(totals, key=lambda k: (-totals[k], k[0], STAGES.index(k[1])))
     worst = summarise(order[0], usage[order[0]])
     overflowing = tuple(summarise(k, usage[k]) for k in order if totals[k] > capacity)
-    return FeasibilityReport(plan.name, capacity, not overflowing, worst, overflowing, resident_per_gpu, totals)
+    host = offloaded_host_bytes(module, plan)
+    host_capacity = module.cluster.host_mem_bytes
+    host_over = tuple(sorted(((node, n) for node, n in host.items() if n > host_capacity), key=lambda x: (-x[1], x[0])))
+    return FeasibilityReport(plan.name, capacity, not overflowing and not host_over, worst, overflowing,
+                             resident_per_gpu, totals, host, host_capacity, host_over)
+
+
+def offloaded_host_bytes(module: Module, plan: Plan) -> dict[int, int]:
+    """Bytes of offloaded model-stages' state in each node's host memory at a step
+    boundary ({node: bytes}): every shard of an offloaded unit waits on the host of the
+    node of the GPU that computes it, as the verifier's replay counts it."""
+    per_node: dict[int, int] = {}
+    width = module.cluster.gpus_per_node
+    for placement in plan.placements:
+        if not placement.offload:
+            continue
+        for gpus, resident, _ in _placement_contributions(module, placement):
+            # gradients are not kept between steps (they are zeroed at the boundary): the
+            # weights and the optimizer state wait on the host
+            total = sum(n for kind, n in resident.items() if kind != "grads")
+            for gpu in gpus:
+                per_node[gpu // width] = per_node.get(gpu // width, 0) + total
+    return per_node
 
 
 def check_module(module: Module) -> list[FeasibilityReport]:
@@ -324,6 +356,13 @@ def infeasible_error(plan: Plan, report: FeasibilityReport, source: str | None =
     the worst GPU and stage, and the largest contributor in the hint. One wording for the
     check and for every command that refuses an infeasible plan."""
     worst = report.worst
+    if not report.overflowing and report.host_overflowing:  # the GPUs fit; host memory does not
+        node, used = report.host_overflowing[0]
+        return InfeasibleError(
+            f"plan {plan.name} does not fit: node {node} holds {human_bytes(used)} of offloaded state in host memory "
+            f"but has {human_bytes(report.host_capacity_bytes)} ({len(report.host_overflowing)} node(s) overflow)",
+            plan.loc, "offload fewer model-stages, spread their GPUs over more nodes, or raise the cluster's host_mem",
+            source or None, width=len(plan.name) if plan.loc else 1)
     top = worst.contributors[0]
     return InfeasibleError(
         f"plan {plan.name} does not fit: GPU {worst.gpu} needs {human_bytes(worst.bytes)} in {worst.stage} "

@@ -352,7 +352,8 @@ class Runtime:
         state = self.state(model_stage)
         if not self._offloaded(model_stage):  # the common case, every step: no layout to build
             return dict(state)
-        moved = {name: state[name].to(self.device, non_blocking=True)
+        # copies also where host and device are one memory (CPU): the contract is the same
+        moved = {name: state[name].to(self.device, non_blocking=True, copy=True)
                  for name, where in self.placement(model_stage).items() if where == offload.HOST and name in state}
         return {**state, **moved}
 

@@ -111,6 +111,7 @@ def _run(rank, world):
     on_device = sorted({up[n].device.type for n in names})
     original = up[names[0]].clone()
     up[names[0]].add_(1)
+    private = _same(rt.state("ref.inference")[names[0]], original)  # a copy: the state waits for write_back
     rt.write_back("ref.inference", up)
     held = rt.state("ref.inference")[names[0]]
     changed = _same(held, up[names[0]]) and not _same(held, original)
@@ -120,7 +121,7 @@ def _run(rank, world):
     registered = rt.shard_state_dict("ref.inference", refs["ref.inference"])
     rt.register("ref.inference", registered)
     steps.append(_snapshot(rt, module, refs))
-    steps[-1]["device_state"] = {"same": same, "devices": on_device, "written_back": changed}
+    steps[-1]["device_state"] = {"same": same, "devices": on_device, "written_back": changed, "private": private}
     # out of offload with a failure on rank 1 after its exchange: every rank keeps plan B
     try:
         rt.transition("D", fault=(1, 0, "unpack"))
@@ -182,7 +183,8 @@ def test_transition_peak_equals_the_verifiers_replay(chain):
 
 def test_device_state_brings_offloaded_shards_up_and_write_back_returns_changes(chain):
     for rank, steps in enumerate(chain):
-        assert steps[-2]["device_state"] == {"same": True, "devices": ["cpu"], "written_back": True}, rank
+        assert steps[-2]["device_state"] == {"same": True, "devices": ["cpu"], "written_back": True,
+                                             "private": True}, rank
 
 
 def test_an_aborted_transition_out_of_offload_keeps_the_host_state(chain):
