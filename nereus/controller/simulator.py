@@ -197,7 +197,8 @@ def _grid_size(lo: int, hi: int, grid: float) -> int:
     integer there (a non-finite count, a grid that underflows: every integer)."""
     if hi == lo:
         return 1
-    steps = math.log(hi / lo) / math.log1p(grid) if math.log1p(grid) > 0 else math.inf
+    ratio = math.log1p(grid)
+    steps = math.log(hi / lo) / ratio if ratio > 0 else math.inf
     return hi - lo + 1 if not math.isfinite(steps) or steps + 1 >= hi - lo + 1 else 1 + math.ceil(steps)
 
 
@@ -359,7 +360,7 @@ def simulate(trace: Trace, margin: float = 0.1, policies=POLICIES, transition_me
             previous = c
         summary["oracle"] = run.summary(common)
         # total_s: over the steps the oracle ran (all of them unless `failed_at`)
-        oracle_info = {"candidates": len(world.plans), "total_s": sum(run.latencies) + run.summary(common)["transition_s"],
+        oracle_info = {"candidates": len(world.plans), "total_s": summary["oracle"]["total_s"],
                        "failed_at": best.failed_at, "grid": oracle_grid}
         runs["oracle"] = run
         for name, s in summary.items():

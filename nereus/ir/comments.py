@@ -106,11 +106,11 @@ def format_source(text: str, file: str = "<input>", overrides: Iterable[str] = (
     head: list[str] = []
     tail: list[str] = []
     for line, comment, alone in _comments(text):
-        inside = next((model for start, end, model in models if start < line <= end), None)
+        inside = next((model for start, end, model in models if start < line <= end), None) if alone else None
         if alone and header and line < anchors[0][0]:
             head.append(comment)
             continue
-        if alone and inside is not None:
+        if inside is not None:
             before.setdefault(inside, []).append(comment)
             continue
         if alone:

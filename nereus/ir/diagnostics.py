@@ -16,16 +16,16 @@ from typing import Optional
 from .model import Location
 
 
-
 def source_lines(text: str) -> list[str]:
     """The lines of source text as the parser counts them: LF, CRLF and a lone CR end a
     line, nothing else. (`str.splitlines` also breaks at FF, VT, FS, GS, RS, NEL, LS and
     PS, which the grammar reads as ordinary characters: in a comment, comment text.) Like
     `splitlines`, a final line end adds no empty line."""
     lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
-    if lines and lines[-1] == "" and len(lines) > 1:
+    if lines[-1] == "":
         lines.pop()
-    return [] if text == "" else lines
+    return lines
+
 
 class NereusError(Exception):
     """A user-facing error. `loc` may be None for errors with no source position

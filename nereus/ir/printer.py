@@ -167,6 +167,14 @@ def _indent(text: str) -> str:
     return text[: len(text) - len(text.lstrip())]
 
 
+def _comment_block(comments: Sequence[str]) -> list[str]:
+    """[comments as one block of lines, its trailing blank lines dropped], or [] for none."""
+    comments = list(comments)
+    while comments and not comments[-1]:
+        comments.pop()
+    return ["\n".join(comments)] if comments else []
+
+
 def print_module(module: Module, before: Optional[Mapping[Anchor, Sequence[str]]] = None,
                  after: Optional[Mapping[Anchor, Sequence[str]]] = None,
                  tail: Sequence[str] = (), head: Sequence[str] = ()) -> str:
@@ -174,12 +182,7 @@ def print_module(module: Module, before: Optional[Mapping[Anchor, Sequence[str]]
     own above the anchored line, `after[anchor]` at the end of it, `tail` at the end of
     the file, `head` at its top. Output: the canonical source text, ending in one newline."""
     before, after = before or {}, after or {}
-    out: list[str] = []
-    head = list(head)
-    while head and not head[-1]:
-        head.pop()
-    if head:
-        out.append("\n".join(head))
+    out: list[str] = _comment_block(head)
     for group in print_lines(module):
         lines = []
         for anchor, text in group:
@@ -188,9 +191,5 @@ def print_module(module: Module, before: Optional[Mapping[Anchor, Sequence[str]]
             trailing = after.get(anchor, ())
             lines.append(text + ("  " + " ".join(trailing) if trailing else ""))
         out.append("\n".join(lines))
-    tail = list(tail)
-    while tail and not tail[-1]:
-        tail.pop()
-    if tail:
-        out.append("\n".join(tail))
+    out += _comment_block(tail)
     return "\n\n".join(out) + "\n"

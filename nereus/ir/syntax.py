@@ -121,9 +121,8 @@ def _describe_expected(expected: set[str]) -> str:
 # the form to write, by what the parser expected (terminal names): the hint of a syntax
 # error that has no more precise one
 _FORMS = (
-    ({"GPU_ID"}, "GPU sets are written like on 0..7, on 0, 2, 4, on n0..n1 or on n1:0..3"),
-    ({"NODE"}, "GPU sets are written like on 0..7, on 0, 2, 4, on n0..n1 or on n1:0..3"),
-    ({"ARROW"}, "a transition is written: transition S1 -> S2"),
+    ({"GPU_ID", "NODE"}, "GPU sets are written like on 0..7, on 0, 2, 4, on n0..n1 or on n1:0..3"),
+    ({"->"}, "a transition is written: transition S1 -> S2"),
     ({"MODEL_STAGE"}, "a placement is written: actor.training dp 2 tp 4 on 0..7"),
     ({"EQUAL"}, "declarations are written: model actor = llama { ... }, plan A { ... }, plan B = A { ... }"),
     ({"LBRACE"}, "a block follows in braces: cluster c { ... }, plan A { ... }"),
@@ -134,27 +133,35 @@ _FORMS = (
 
 
 def _form_hint(expected: set[str]) -> str:
-    # anonymous terminals ('->', '..') by what they match
+    # terminal names, and the anonymous ones ('->', '..') by what they match
     named = {_TERMINAL_WORDS.get(name, name).strip("'") for name in expected} | set(expected)
-    named |= {"ARROW"} if "->" in named else set()
     for names, hint in _FORMS:
         if names & named:
             return hint
     return "the .nir syntax: docs/ir.md"
 
 
+def _braces(text: str, upto: int):
+    """(offset, "{" | "}") of the braces of text[:upto], those in comments and quoted
+    strings left out."""
+    state = None  # None, "#" (in a comment) or '"' (in a string)
+    for offset, char in enumerate(text[:upto]):
+        if state is not None:
+            if char == "\n" or (state == '"' and char == '"'):
+                state = None
+        elif char in '#"':
+            state = char
+        elif char in "{}":
+            yield offset, char
+
+
 def _innermost_open_brace(text: str, upto: int) -> Optional[int]:
     """The offset of the innermost `{` still open at offset `upto`, if any."""
     stack: list[int] = []
-    in_comment = False
-    for offset, char in enumerate(text[:upto]):
-        if in_comment:
-            in_comment = char != "\n"
-        elif char == "#":
-            in_comment = True
-        elif char == "{":
+    for offset, char in _braces(text, upto):
+        if char == "{":
             stack.append(offset)
-        elif char == "}" and stack:
+        elif stack:
             stack.pop()
     return stack[-1] if stack else None
 
@@ -278,21 +285,13 @@ MAX_NESTING = 100
 
 def _too_deep(text: str, file: str) -> Optional[ParseError]:
     """The error for the first `{` past MAX_NESTING levels (comments and strings skipped), if any."""
-    depth, state = 0, None  # state: None, "#" (in a comment) or '"' (in a string)
-    for offset, char in enumerate(text):
-        if state is not None:
-            if char == "\n" or (state == '"' and char == '"'):
-                state = None
-        elif char in '#"':
-            state = char
-        elif char == "{":
-            depth += 1
-            if depth > MAX_NESTING:
-                return ParseError(f"blocks nest more than {MAX_NESTING} deep", _location_of(text, offset, file),
-                                  "a declaration's block holds at most one level of blocks "
-                                  "(gpu { ... }, rope_scaling { ... })", text)
-        elif char == "}":
-            depth = max(depth - 1, 0)
+    depth = 0
+    for offset, char in _braces(text, len(text)):
+        depth = depth + 1 if char == "{" else max(depth - 1, 0)
+        if depth > MAX_NESTING:
+            return ParseError(f"blocks nest more than {MAX_NESTING} deep", _location_of(text, offset, file),
+                              "a declaration's block holds at most one level of blocks "
+                              "(gpu { ... }, rope_scaling { ... })", text)
     return None
 
 

@@ -108,6 +108,9 @@ def parse_flops(text: str, what: str) -> float:
     return float(_scaled(text, what, FLOPS_UNITS, "989TFLOPS"))
 
 
+RESERVE_HINT = "the share of each GPU's memory kept free, e.g. reserve 5%"
+
+
 def parse_fraction(text: str, what: str) -> float:
     """A fraction in [0, 1) from `5%` or `0.05`."""
     number, unit = _split(text, what)
@@ -117,8 +120,7 @@ def parse_fraction(text: str, what: str) -> float:
         context.prec = 80
         fraction = number / 100 if unit == "%" else number
     if not 0 <= fraction < 1:
-        raise UnitError(f"{what} must be at least 0% and below 100%, found {text}",
-                        f"the share of each GPU's memory kept free, e.g. {what} 5%")
+        raise UnitError(f"{what} must be at least 0% and below 100%, found {text}", RESERVE_HINT)
     if float(fraction) >= 1:  # below 1 as written, 1.0 as a float: it would fail later as "100%"
         raise UnitError(f"{what} {text} is below 100% only past a float's precision",
                         f"write at most 15 significant digits, e.g. {what} 99.99%")

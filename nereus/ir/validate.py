@@ -16,6 +16,7 @@ from .model import (
     ARCHITECTURE_DEFAULTS, DTYPE_BYTES, HEADS, MOE_ARCHITECTURES, ROPE_SCALING_TYPES, STAGES, ZERO_STAGES, Cluster,
     Model, Module, Placement, Plan, Workload, key_loc,
 )
+from .units import RESERVE_HINT
 
 ARCHITECTURES: tuple[str, ...] = tuple(ARCHITECTURE_DEFAULTS)
 RECOMPUTE: tuple[str, ...] = ("none", "selective", "full")
@@ -96,7 +97,7 @@ def validate_cluster(cluster: Cluster) -> None:
         _quantity_at_most(cluster, key, value, maximum, written)
     if not 0 <= cluster.reserve < 1:
         raise _error(f"reserve must be at least 0% and below 100%, found {cluster.reserve * 100:g}%", cluster,
-                     "reserve", "the share of each GPU's memory kept free, e.g. reserve 5%")
+                     "reserve", RESERVE_HINT)
 
 
 def validate_model(model: Model) -> None:

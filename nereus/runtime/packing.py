@@ -125,7 +125,7 @@ def _cross_in_place(dst: torch.Tensor, src: torch.Tensor) -> bool:
     from nereus.backends.triton.mapped import hold
 
     device = dst.device if dst.is_cuda else src.device
-    if not device.type == "cuda" or dst.numel() == 0 or not host_in_place([dst, src], device):
+    if dst.numel() == 0 or not host_in_place([dst, src], device):
         return False
     if src.is_contiguous():
         _KERNELS.unpack_from(src.reshape(-1).view(torch.uint8), [dst], [0])
