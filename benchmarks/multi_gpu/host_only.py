@@ -1,0 +1,210 @@
+"""One rank's host work in a TP <-> DP transition, with no peer: a single process, no data moved.
+
+    python3 benchmarks/multi_gpu/host_only.py --layers 8            # 1 GPU: rank 0 of a 2-GPU job
+    python3 benchmarks/multi_gpu/host_only.py --device cpu --layers 8 --shape tiny
+
+Why: the 2-GPU TP -> DP figures sit at 1.45-1.60x of the link bound, and part of the gap is
+host work around the transfers (benchmarks/RESULTS.md). That work (the plan's views, the
+allocations, the pack and copy launches, the agreements, the commit) can be measured on
+one GPU: this process joins torch's "fake" process group as rank `--rank` of `--world`,
+whose collectives and point-to-point ops return at once and move nothing, and runs that
+rank's program of the transitions of dtensor_compare.py on real tensors of the real
+shapes. The same-GPU copies and the pack/unpack kernels run; the peers' bytes never
+arrive (the received pieces keep whatever the allocator gave), so nothing is checked.
+
+Per call (synchronize before, synchronize after, as the 2-GPU benchmarks time it): wall
+time, and where rank 0's call was: first op posted (`posted_at_s`; `local_s` of it is the
+work before the agreement), last op posted, device time of the rounds (CUDA events),
+ready (device synchronized) and returned (`wall_s`). `--profile FILE` runs as many more
+calls under cProfile and writes the top functions. These are host figures: NCCL's own
+host cost per posted batch (about 0.1-0.2 ms on the H200 host) is not in them. Last
+stdout line: one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from dtensor_compare import TAG, module_source, weight_specs
+from mg_common import SHAPES, build_local, machine
+
+SPLITS = ("call_s", "local_s", "posted_at_s", "posted_done_s", "device_s", "ready_s", "wall_s")
+
+
+def join_fake(rank: int, world: int) -> None:
+    """Join a fake process group; every group created later is fake too (a gloo group
+    would wait for peers that do not exist)."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+    real_new_group = dist.new_group
+
+    def fake_group(*args, **kwargs):
+        kwargs["backend"] = "fake"
+        return real_new_group(*args, **kwargs)
+
+    dist.new_group = fake_group
+
+    # the fake group moves no bytes; object collectives on CUDA would unpickle empty
+    # buffers, so every rank "receives" what this one holds, as the CPU fake group does
+    def all_gather_object(out, obj, group=None):
+        out[:] = [obj] * len(out)
+
+    def scatter_object_list(out, inputs, src=0, group=None):
+        out[0] = inputs[dist.get_rank()] if inputs is not None else None
+
+    def broadcast_object_list(objects, src=0, group=None, device=None):
+        return None
+
+    dist.all_gather_object, dist.scatter_object_list = all_gather_object, scatter_object_list
+    dist.broadcast_object_list = broadcast_object_list
+
+
+def timed_calls(rt, device, repeats: int, profiler=None) -> dict:
+    out: dict = {"tp-dp": [], "dp-tp": []}
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    for _ in range(repeats):
+        for case, target in (("tp-dp", "DP"), ("dp-tp", "TP")):
+            sync()
+            if profiler is not None:
+                profiler.enable()
+            t0 = time.perf_counter()
+            report = rt.transition(target)
+            sync()
+            seconds = time.perf_counter() - t0
+            if profiler is not None:
+                profiler.disable()
+            first = report.rounds[0] if report.rounds else {}
+            last = report.rounds[-1] if report.rounds else {"posted_at_s": 0.0, "exchange_s": 0.0}
+            device_s = sum(r["device_s"] or 0.0 for r in report.rounds)
+            out[case].append((seconds, first.get("local_s", 0.0), first.get("posted_at_s", 0.0),
+                              last["posted_at_s"] + last["exchange_s"], device_s, report.seconds, report.wall_s))
+    return out
+
+
+def gpu_busy(rt, device, repeats: int, path: str) -> dict:
+    """Medians over `repeats` TP -> DP calls (each followed by an untraced DP -> TP) of the
+    call's wall time and of the GPU's busy time inside it (the union of every kernel and
+    copy interval on any stream), from the PyTorch profiler's CUDA activity. Each call is
+    wrapped, with the synchronize after it, in a `record_function` range: the trace's
+    clock is shared by host ranges and GPU events, and no GPU work of a call can run
+    outside its range (synchronized at both ends)."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(repeats):
+            torch.cuda.synchronize(device)
+            with record_function("nereus-tp-dp"):
+                rt.transition("DP")
+                torch.cuda.synchronize(device)
+            rt.transition("TP")
+            torch.cuda.synchronize(device)
+    prof.export_chrome_trace(path)
+    with open(path) as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    ranges = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") == "nereus-tp-dp"
+                    and e.get("cat") == "user_annotation")
+    gpu = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    rows = []
+    for t0, t1 in ranges:
+        call = [e for e in gpu if t0 <= e["ts"] <= t1]
+        busy, end = 0.0, None
+        for a, b in sorted((e["ts"], e["ts"] + e["dur"]) for e in call):
+            if end is None or a > end:
+                busy, end = busy + b - a, b
+            elif b > end:
+                busy, end = busy + b - end, b
+        rows.append(((t1 - t0) / 1e6, busy / 1e6, sum(e["dur"] for e in call if e["cat"] == "kernel") / 1e6,
+                     sum(e["dur"] for e in call if e["cat"] != "kernel") / 1e6, len(call)))
+    if not rows:
+        return {"error": "no traced call found"}
+    cols = [statistics.median(c) for c in zip(*rows)]
+    return dict(zip(("call_s", "busy_s", "kernel_s", "memcpy_s", "launches"), cols))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="8b")
+    parser.add_argument("--world", type=int, default=2)
+    parser.add_argument("--rank", type=int, default=0)
+    parser.add_argument("--device", choices=("cuda", "cpu"), default=None)
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--profile", default=None, help="also run --repeats calls under cProfile; write here")
+    parser.add_argument("--top", type=int, default=40)
+    parser.add_argument("--trace", default=None,
+                        help="CUDA: also run --repeats TP -> DP calls under the PyTorch profiler; write "
+                             "the Chrome trace here and report how much of each call the GPU was busy")
+    parser.add_argument("--json-out", default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    kind = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device("cuda", 0) if kind == "cuda" else torch.device("cpu")
+    if kind == "cuda":
+        torch.cuda.set_device(device)
+    else:
+        torch.set_num_threads(1)
+    join_fake(args.rank, args.world)
+
+    import nereus.ir as ir
+    from nereus.backends.json_program import plan_units_json
+    from nereus.runtime import Runtime
+
+    mem = torch.cuda.get_device_properties(device).total_memory if kind == "cuda" else 141 * 10**9
+    module = ir.parse_source(module_source(args.world, mem, SHAPES[args.shape], args.layers), "host_only.nir")
+    plain = {n: (s, d) for n, (s, d, _) in weight_specs(module).items()}
+    rt = Runtime(module, "TP", device=device)
+    rt.register(TAG, build_local(plan_units_json(module, "TP", TAG), args.rank, plain, args.seed, TAG, device))
+    for _ in range(2):  # compile, lower, first-call allocations and kernels
+        rt.transition("DP")
+        rt.transition("TP")
+    summary: dict = {}
+    passes = [("plain", None)]
+    profiler = cProfile.Profile() if args.profile else None
+    if profiler is not None:
+        passes.append(("profiled", profiler))
+    for label, prof in passes:
+        summary[label] = {}
+        for case, rows in timed_calls(rt, device, args.repeats, prof).items():
+            f = dict(zip(SPLITS, (statistics.median(c) for c in zip(*rows))))
+            summary[label][case] = f
+            print(f"{label} {case}: call {f['call_s'] * 1e3:.2f} ms; first op posted at "
+                  f"{f['posted_at_s'] * 1e3:.2f} ms (local work {f['local_s'] * 1e3:.2f}), posting done "
+                  f"{f['posted_done_s'] * 1e3:.2f}, device work {f['device_s'] * 1e3:.2f}, ready "
+                  f"{f['ready_s'] * 1e3:.2f}, returned {f['wall_s'] * 1e3:.2f} ms", flush=True)
+    if args.trace and kind == "cuda":
+        summary["trace"] = gpu_busy(rt, device, args.repeats, args.trace)
+        t = summary["trace"]
+        print(t) if "error" in t else print(f"trace tp-dp: call {t['call_s'] * 1e3:.2f} ms, GPU busy {t['busy_s'] * 1e3:.2f} ms "
+              f"(kernels {t['kernel_s'] * 1e3:.2f}, copies {t['memcpy_s'] * 1e3:.2f}; summed over streams), "
+              f"{t['launches']:.0f} launches per call", flush=True)
+    if profiler is not None:
+        text = io.StringIO()
+        for key in ("cumulative", "tottime"):
+            pstats.Stats(profiler, stream=text).sort_stats(key).print_stats(args.top)
+        with open(args.profile, "w") as f:
+            f.write(text.getvalue())
+    result = {"name": "multi_gpu_host_only", "device": kind, "world": args.world, "rank": args.rank,
+              "shape": args.shape, "layers": args.layers, "repeats": args.repeats, **summary,
+              "env": {k: v for k, v in os.environ.items() if k.startswith("NEREUS_")}, "machine": machine()}
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            f.write(json.dumps(result) + "\n")
+    print(json.dumps(result), flush=True)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
