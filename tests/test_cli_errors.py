@@ -70,6 +70,14 @@ def test_traceback_prints_the_traceback_and_still_exits_2(bad):
                                            "microbatches that divide 256: 1, 2, 4, 8, 16, 32, 64, 128, ...")
 
 
+def test_traceback_does_not_repeat_the_message(bad):
+    """The traceback ends with the error's type; its message (for `nereus train`, a rank's
+    own traceback) is printed once, below it."""
+    result = nereusc("check", bad, "--traceback")
+    assert result.stderr.count("microbatch 3 must divide batch (256)") == 1
+    assert "SemanticError (the error below)" in result.stderr
+
+
 def test_missing_file_with_json(tmp_path):
     result = nereusc("check", tmp_path / "nope.nir", "--json")
     assert result.returncode == 2

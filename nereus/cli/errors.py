@@ -46,7 +46,11 @@ def report_error(error: Exception, as_json: bool) -> None:
     from nereus.cli import traceback_requested
 
     if traceback_requested():
-        traceback_module.print_exception(type(error), error, error.__traceback__, file=sys.stderr)
+        # the frames and the type only: the message follows once (for `nereus train` it
+        # holds the failing rank's own traceback, which print_exception would repeat)
+        print("Traceback (most recent call last):", file=sys.stderr)
+        traceback_module.print_tb(error.__traceback__, file=sys.stderr)
+        print(f"{type(error).__name__} (the error below)", file=sys.stderr)
     if as_json:
         click.echo(json.dumps({"error": error_json(error)}))
     else:
