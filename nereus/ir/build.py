@@ -204,7 +204,8 @@ def _checkpoint_fields(decl: Declaration, file: str) -> dict:
         raise SemanticError("hf(\"\") needs a path", argument.loc,
                             "give the checkpoint directory or its config.json, relative to the .nir file",
                             width=argument.width)
-    config = read_hf_config(argument, path, file)
+    overridden = frozenset(entry.key.text for entry in decl.body or ())
+    config = read_hf_config(argument, path, file, overridden)
     fields = {**config.fields, "checkpoint": path, "checkpoint_dir": config.directory, "base": None}
     fields["checkpoint_fields"] = tuple(sorted((k, v) for k, v in config.fields.items() if k != "architecture"))
     return fields

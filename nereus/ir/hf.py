@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from dataclasses import dataclass
 from typing import Optional
 
@@ -90,10 +91,15 @@ class _Reader:
 
 
 def _resolve(path: str, nir_file: str) -> str:
+    path = os.path.expanduser(path)
     if os.path.isabs(path):
         return path
     here = os.path.dirname(nir_file) if nir_file and not nir_file.startswith("<") else ""
     return os.path.normpath(os.path.join(here or os.getcwd(), path))
+
+
+# what a Hugging Face Hub id looks like: ORG/NAME, no dots leading either part
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w\-.]*/[A-Za-z0-9][\w\-.]*")
 
 
 def _load(word: Word, path: str, nir_file: str) -> tuple[dict, str, str]:
@@ -103,9 +109,15 @@ def _load(word: Word, path: str, nir_file: str) -> tuple[dict, str, str]:
     file = os.path.join(resolved, "config.json") if directory_given else resolved
     shown = os.path.join(path, "config.json") if directory_given else path
     if not os.path.isfile(file):
+        hint = (f"hf(\"...\") takes a checkpoint directory holding config.json (or that file), "
+                f"relative to the .nir file (looked for {file})")
+        if _HUB_ID.fullmatch(path) and not os.path.exists(os.path.dirname(resolved)):
+            name = path.split("/")[1]
+            hint += (f"; if {path} is a Hub id: Nereus reads local directories and downloads nothing, so fetch "
+                     f"it first (`huggingface-cli download {path} --local-dir ckpt/{name}`, then "
+                     f"hf(\"ckpt/{name}\"))")
         raise SemanticError(f"no config.json at '{path}'" if directory_given else f"no file '{path}'", word.loc,
-                            f"hf(\"...\") takes a checkpoint directory holding config.json (or that file), "
-                            f"relative to the .nir file (looked for {file})", width=word.width)
+                            hint, width=word.width)
     try:
         with open(file, encoding="utf-8") as handle:
             config = json.load(handle)
@@ -203,11 +215,13 @@ def _moe_fields(read: _Reader) -> dict:
             "norm_topk_prob": read.bool("norm_topk_prob", False)}
 
 
-def read_hf_config(word: Word, path: str, nir_file: str) -> HfConfig:
+def read_hf_config(word: Word, path: str, nir_file: str, overridden: frozenset = frozenset()) -> HfConfig:
     """Input: the `hf("...")` argument (`word` is its token, `path` its text) and the
     `.nir` file's name. Output: the Model fields the config gives and the checkpoint
     directory. Raises a SemanticError at `word` for a missing or unreadable file, bad
-    JSON, an unsupported architecture or field."""
+    JSON, an unsupported architecture or field. `overridden`: the keys the braces set,
+    whose config.json fields are not read (a dtype the braces replace need not be one
+    Nereus supports)."""
     config, directory, shown = _load(word, path, nir_file)
     read = _Reader(config, word, shown)
     family = _architecture(read)
@@ -236,7 +250,7 @@ def read_hf_config(word: Word, path: str, nir_file: str) -> HfConfig:
     if family == "qwen3_moe":
         fields.update(_moe_fields(read))
     dtype_key = "torch_dtype" if "torch_dtype" in config else "dtype"
-    dtype = config.get(dtype_key)
+    dtype = config.get(dtype_key) if "dtype" not in overridden else None
     if dtype is not None:
         if dtype not in HF_DTYPES:
             raise read.unsupported(dtype_key, dtype, f"dtypes: {', '.join(HF_DTYPES)}; or set dtype in braces")

@@ -109,7 +109,9 @@ def hf_to_nereus(model: Model, hf_state: dict) -> dict:
     return out
 
 
-_STACKED = re.compile(r"(model\.layers\.\d+\.mlp\.experts)\.(gate_up_proj|down_proj)$")
+# transformers 5 stacks a Qwen3-MoE layer's experts (a live model's state_dict(), and files
+# saved from it): `<prefix>.gate_up_proj` [E, 2F, H] and `<prefix>.down_proj` [E, H, F]
+STACKED_EXPERTS = re.compile(r"(model\.layers\.\d+\.mlp\.experts)\.(gate_up_proj|down_proj)$")
 
 
 def unstack_experts(model: Model, hf_state: dict) -> dict:
@@ -118,11 +120,11 @@ def unstack_experts(model: Model, hf_state: dict) -> dict:
     and `mlp.experts.down_proj` [E, hidden, F]) as the per-expert names of the published
     checkpoints (`mlp.experts.{e}.gate_proj.weight`, ...), views of the stacked tensors;
     other entries as they are."""
-    if not getattr(model, "experts", 0) or not any(_STACKED.search(k) for k in hf_state):
+    if not getattr(model, "experts", 0) or not any(STACKED_EXPERTS.search(k) for k in hf_state):
         return hf_state
     out = {}
     for name, value in hf_state.items():
-        match = _STACKED.search(name)
+        match = STACKED_EXPERTS.search(name)
         if match is None:
             out[name] = value
             continue

@@ -133,7 +133,12 @@ def test_missing_checkpoint_is_located_at_the_path(tmp_path):
         '    2 | model actor = hf("ckpt/nope")',
         "      |                  ^^^^^^^^^^^",
         'hint: hf("...") takes a checkpoint directory holding config.json (or that file), relative to the .nir '
-        "file (looked for TMP/ckpt/nope/config.json)"]
+        "file (looked for TMP/ckpt/nope/config.json); if ckpt/nope is a Hub id: Nereus reads local directories "
+        "and downloads nothing, so fetch it first (`huggingface-cli download ckpt/nope --local-dir ckpt/nope`, "
+        'then hf("ckpt/nope"))']
+    (tmp_path / "ckpt").mkdir()  # a local folder: no word of the Hub
+    assert _error(tmp_path, _module('model actor = hf("ckpt/nope")')).splitlines()[-1].endswith(
+        "(looked for TMP/ckpt/nope/config.json)")
 
 
 def _write_config(directory: Path, config) -> None:
@@ -257,3 +262,25 @@ def test_a_null_kv_head_count_is_transformers_default(checkpoints):
     actor = _parse(checkpoints, _module('model actor = hf("ckpt/Qwen2.5-7B")', "actor.training dp 8 on 0..7")) \
         .model("actor")
     assert actor.kv_heads == actor.heads == config["num_attention_heads"]
+
+
+def test_a_dtype_set_in_braces_replaces_an_unsupported_config_dtype(tmp_path):
+    """The hint of an unsupported config dtype says "or set dtype in braces": that works."""
+    _write_config(tmp_path, _llama_config(torch_dtype="float64"))
+    module = _parse(tmp_path, _module('model actor = hf("ckpt") { dtype fp32 }'))
+    assert module.model("actor").dtype == "fp32"
+
+
+def test_a_home_relative_path_is_expanded(tmp_path, monkeypatch):
+    _write_config(tmp_path, _llama_config())
+    monkeypatch.setenv("HOME", str(tmp_path))
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    assert _parse(other, _module('model actor = hf("~/ckpt")')).model("actor").hidden == 4096
+
+
+def test_a_hub_id_is_told_to_download_first(tmp_path):
+    text = _error(tmp_path, _module('model actor = hf("Qwen/Qwen3-8B")'))
+    assert "error: no config.json at 'Qwen/Qwen3-8B'" in text
+    assert "Nereus reads local directories and downloads nothing" in text
+    assert "huggingface-cli download Qwen/Qwen3-8B --local-dir" in text

@@ -1,6 +1,8 @@
 """nereus.models.logits equals transformers' logits (fp32, CPU) for a tiny random model of
 each family, read through `model actor = hf("...")` from the checkpoint transformers wrote."""
 
+import re
+
 import pytest
 import torch
 
@@ -36,3 +38,17 @@ def test_each_trait_changes_the_logits(tmp_path):
 
     for changed in (replace(model, rope_scaling=None), replace(model, norm_eps=1e-6), replace(model, rope_theta=1e4)):
         assert (logits(changed, hf_model.state_dict(), ids) - expected).abs().max().item() > 1e-4
+
+
+@pytest.mark.parametrize("ids, message", [
+    (torch.tensor([1, 2, 3]), "input_ids must be a [batch, tokens] tensor of token ids, got shape [3]"),
+    (torch.tensor([[1.0, 2.0]]), "input_ids must be a [batch, tokens] tensor of token ids, got torch.float32"),
+    (torch.tensor([[1, 96]]), "input_ids holds 96, outside the vocabulary [0, 96) of actor"),
+    (torch.tensor([[-1, 2]]), "input_ids holds -1, outside the vocabulary [0, 96) of actor"),
+])
+def test_bad_input_ids_are_errors_that_say_so(tmp_path, ids, message):
+    model_hf = write_checkpoint("llama31", tmp_path / "ckpt")
+    (tmp_path / "plan.nir").write_text(nir("ckpt"))
+    model = ir.parse_file(tmp_path / "plan.nir").model("actor")
+    with pytest.raises(ir.NereusError, match=re.escape(message)):
+        logits(model, model_hf.state_dict(), ids)

@@ -114,6 +114,7 @@ def test_a_truncated_file_and_bad_indexes_are_errors_naming_them(tmp_path):
     path.write_bytes(path.read_bytes()[:-100])
     with pytest.raises(ir.NereusError, match="the file ends at byte .* inside the tensor's data"):
         _load(tmp_path)
+    path.unlink()  # an index is read only without a model.safetensors (transformers' order)
     index = tmp_path / "ckpt" / "model.safetensors.index.json"
     for text, message in (("{", "not valid JSON"), ("{}", "no 'weight_map'"),
                           ('{"weight_map": {"a": "model-00002.safetensors"}}', "lists model-00002.safetensors")):
@@ -121,3 +122,120 @@ def test_a_truncated_file_and_bad_indexes_are_errors_naming_them(tmp_path):
         with pytest.raises(ir.NereusError) as raised:
             _load(tmp_path)
         assert str(index) in str(raised.value) and message in str(raised.value)
+
+
+def _file_with(entries: dict, data: bytes = bytes(64)) -> bytes:
+    import json
+
+    header = json.dumps(entries).encode()
+    return len(header).to_bytes(8, "little") + header + data
+
+
+@pytest.mark.parametrize("entry, message", [
+    ({"dtype": "F32", "shape": [2], "data_offsets": ["0", "8"]}, "data_offsets must be two byte offsets"),
+    ({"dtype": "F32", "shape": ["2"], "data_offsets": [0, 8]}, "shape must be a list of sizes"),
+    ({"dtype": "F32", "shape": [2.0], "data_offsets": [0, 8]}, "shape must be a list of sizes"),
+    ({"dtype": "F32", "shape": [True, 2], "data_offsets": [0, 8]}, "shape must be a list of sizes"),
+    ({"dtype": ["F32"], "shape": [2], "data_offsets": [0, 8]}, "dtype must be one of"),
+    ({"dtype": "F33", "shape": [2], "data_offsets": [0, 8]}, "dtype must be one of"),
+    ({"dtype": "F32", "shape": [2], "data_offsets": [-8, 0]}, "data_offsets must be two byte offsets"),
+    ({"dtype": "F32", "shape": [2], "data_offsets": [8, 0]}, "data_offsets must be two byte offsets"),
+])
+def test_a_malformed_header_entry_is_an_error_naming_it(tmp_path, entry, message):
+    """Each field of a header entry is checked before it is used: a wrong type is a
+    located error (it was a TypeError), a negative or reversed span too (it read the header
+    bytes as data)."""
+    write_checkpoint("llama31", tmp_path / "ckpt")
+    (tmp_path / "plan.nir").write_text(nir("ckpt"))
+    (tmp_path / "ckpt" / "model.safetensors").write_bytes(_file_with({"x": entry}))
+    with pytest.raises(ir.NereusError) as raised:
+        _load(tmp_path)
+    text = raised.value.format()
+    assert f"{tmp_path / 'ckpt' / 'model.safetensors'}: the header entry of x: {message}" in text
+    assert "hint: the file may be truncated" in text
+
+
+def test_overlapping_tensors_are_an_error(tmp_path):
+    write_checkpoint("llama31", tmp_path / "ckpt")
+    (tmp_path / "plan.nir").write_text(nir("ckpt"))
+    (tmp_path / "ckpt" / "model.safetensors").write_bytes(_file_with({
+        "a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
+        "b": {"dtype": "F32", "shape": [4], "data_offsets": [8, 24]}}))
+    with pytest.raises(ir.NereusError, match=r"a \[0, 16\) and b \[8, 24\) overlap"):
+        _load(tmp_path)
+
+
+def test_tensors_of_a_dtype_nereus_does_not_read_are_skipped_unless_needed(tmp_path):
+    """A buffer in U8, BOOL or F8 that no weight maps to does not stop the load (it did);
+    a needed weight in such a dtype is an error with a hint."""
+    from safetensors.torch import load_file
+
+    write_checkpoint("llama31", tmp_path / "ckpt")
+    (tmp_path / "plan.nir").write_text(nir("ckpt"))
+    path = tmp_path / "ckpt" / "model.safetensors"
+    tensors = load_file(str(path))
+    before = _load(tmp_path)
+    _rewrite(path, {**tensors, "some.buffer": torch.ones(3, dtype=torch.uint8),
+                    "some.mask": torch.ones(2, dtype=torch.bool),
+                    "some.scale": torch.ones(2).to(torch.float8_e4m3fn)})
+    after = _load(tmp_path)
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    _rewrite(path, {**tensors, "model.norm.weight": tensors["model.norm.weight"].to(torch.float8_e4m3fn)})
+    with pytest.raises(ir.NereusError) as raised:
+        _load(tmp_path)
+    assert "model.norm.weight has dtype F8_E4M3, which Nereus does not read" in str(raised.value)
+    assert raised.value.hint.startswith("Nereus reads BF16, F16, F32")
+
+
+def test_model_safetensors_comes_before_an_index_as_in_transformers(tmp_path):
+    """With both a model.safetensors and an index in one directory (transformers leaves an
+    old index behind when it saves unsharded over a sharded checkpoint), both transformers
+    and Nereus read model.safetensors: they load the same weights."""
+    first = write_checkpoint("llama31", tmp_path / "ckpt", seed=1)
+    first.save_pretrained(tmp_path / "ckpt", max_shard_size="40KB")
+    second = write_checkpoint("llama31", tmp_path / "ckpt", seed=2)  # unsharded, over it
+    assert (tmp_path / "ckpt" / "model.safetensors.index.json").exists()
+    (tmp_path / "plan.nir").write_text(nir("ckpt"))
+    loaded = _load(tmp_path)
+    model = ir.parse_file(tmp_path / "plan.nir").model("actor")
+    expected = hf_to_nereus(model, second.state_dict())
+    assert torch.equal(loaded["actor/final_norm.weight"], expected["actor/final_norm.weight"])
+
+
+def test_missing_files_name_what_is_missing(tmp_path):
+    write_checkpoint("llama31", tmp_path / "ckpt")
+    (tmp_path / "plan.nir").write_text(nir("ckpt"))
+    ckpt = tmp_path / "ckpt"
+    (ckpt / "model.safetensors").rename(ckpt / "model-00001-of-00002.safetensors")
+    with pytest.raises(ir.NereusError) as raised:
+        _load(tmp_path)
+    assert "no model.safetensors.index.json listing model-00001-of-00002.safetensors" in str(raised.value)
+    (ckpt / "model-00001-of-00002.safetensors").unlink()
+    (ckpt / "pytorch_model.bin").write_bytes(b"x")
+    with pytest.raises(ir.NereusError) as raised:
+        _load(tmp_path)
+    assert "pytorch_model.bin" in str(raised.value) and "safetensors" in raised.value.hint
+
+
+def test_stacked_experts_in_a_file_load_as_the_per_expert_names(tmp_path):
+    """A Qwen3-MoE file with transformers 5's stacked experts (`mlp.experts.gate_up_proj`
+    [E, 2F, H], `mlp.experts.down_proj` [E, H, F]: a live model's state_dict() saved with
+    safetensors) loads as the per-expert checkpoint save_pretrained writes."""
+    from safetensors.torch import save_file
+
+    model_hf = write_checkpoint("qwen3_moe", tmp_path / "ckpt")
+    (tmp_path / "plan.nir").write_text(nir("ckpt", "actor.inference dp 1 tp 2 on 0, 1"))
+    module = ir.parse_file(tmp_path / "plan.nir")
+    model = module.model("actor")
+    units = plan_units_json(module, "A", "actor.inference")
+    per_expert = [shard_checkpoint(model, ir.ModelStage("actor", "inference"), unit_on_gpu(units, g), g,
+                                   str(tmp_path / "ckpt")) for g in (0, 1)]
+    state = model_hf.state_dict()
+    assert any(k.endswith("mlp.experts.gate_up_proj") for k in state)
+    (tmp_path / "ckpt" / "model.safetensors").unlink()
+    save_file({k: v.contiguous() for k, v in state.items()}, str(tmp_path / "ckpt" / "model.safetensors"))
+    for g in (0, 1):
+        stacked = shard_checkpoint(model, ir.ModelStage("actor", "inference"), unit_on_gpu(units, g), g,
+                                   str(tmp_path / "ckpt"))
+        assert set(stacked) == set(per_expert[g])
+        assert all(torch.equal(stacked[k], per_expert[g][k]) for k in stacked)
