@@ -136,3 +136,22 @@ def test_usage_errors_without_json_keep_clicks_text(bad):
     result = nereusc("check", "--bogus", bad)
     assert result.returncode == 2 and result.stdout == ""
     assert "No such option '--bogus'" in result.stderr and "Usage:" in result.stderr
+
+
+def test_emit_summary_checks_every_plan_and_says_when_there_is_no_transition(tmp_path):
+    """--emit summary on a file whose plan does not fit exits 2 as the default command does
+    (it printed nothing and exited 0); with no transition declared it says so."""
+    infeasible = EXAMPLES / "infeasible-70b-8gpu.nir"
+    result = nereusc(infeasible, "--emit", "summary", "--json")
+    assert result.returncode == 2
+    assert "plan tight does not fit" in json.loads(result.stdout)["error"]["message"]
+    result = nereusc(infeasible, "--emit", "summary")
+    assert result.returncode == 2 and "error: plan tight does not fit" in result.stderr
+    fits = tmp_path / "fits.nir"
+    fits.write_text(infeasible.read_text().replace("layers 80", "layers 8"))
+    result = nereusc(fits, "--emit", "summary", "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert json.loads(result.stdout) == {"transitions": []}
+    result = nereusc(fits, "--emit", "summary")
+    assert result.returncode == 0 and result.stdout == ""
+    assert "declares no transition" in result.stderr

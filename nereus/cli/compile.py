@@ -159,7 +159,14 @@ def compile_command(file, transition, overrides, emit, output, as_json, time_pas
         if not as_json:
             click.echo(f"{file}: {describe(module)}")
         fits = report_plans(module, as_json, collect=checked)
-    elif len(pairs) != 1 and emit != "summary":
+    elif emit == "summary":  # every plan checked, as without --emit; an unfit one is the error
+        from nereus.passes.feasibility import require_fit
+
+        try:
+            require_fit(module, *(p.name for p in module.plans))
+        except NereusError as error:
+            raise error.with_source(_source_text(module.file)) if error.loc is not None else error
+    elif len(pairs) != 1:
         raise SemanticError(f"--emit {emit} writes one transition and {file} declares {len(pairs)}",
                             hint="choose one with --transition S1:S2")
     hook = _print_after if print_after_all else None
@@ -212,7 +219,12 @@ def compile_command(file, transition, overrides, emit, output, as_json, time_pas
         from nereus.backends.dot import program_dot
 
         text = program_dot(results[0].program).rstrip("\n")
-    if not results and not (as_json and checked):
+    if not results and emit == "summary":  # nothing declared: an empty list, and a word why
+        if as_json:
+            click.echo(json.dumps({"transitions": []}))
+        else:
+            click.echo(f"{file} declares no transition: nothing to summarize", err=True)
+    elif not results and not (as_json and checked):
         pass  # nothing declared: the plan table said it all
     elif output and output != "-":
         with open(output, "w", encoding="utf-8") as handle:

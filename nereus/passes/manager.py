@@ -11,6 +11,7 @@ state after every pass (`print_after_all`).
 from __future__ import annotations
 
 import gc
+import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
@@ -216,6 +217,21 @@ def _value(text: str, kind, key: str, pass_name: str):
                             hint="sizes take units (256MiB), booleans true/false")
 
 
+# a value each option takes, for the hint of an option written without one
+_EXAMPLES = {"bucket": "256MiB", "host_bytes_per_s": "50e9", "message_latency_s": "20e-6"}
+# what each numeric option must be: (test, wording)
+_RANGES = {"bucket": (lambda v: v > 0, "a positive size"),
+           "host_bytes_per_s": (lambda v: math.isfinite(v) and v > 0, "a positive number of bytes per second"),
+           "message_latency_s": (lambda v: math.isfinite(v) and v >= 0, "a number of seconds >= 0")}
+
+
+def _check_range(key: str, text: str, value, pass_name: str) -> None:
+    rule = _RANGES.get(key)
+    if rule is not None and not rule[0](value):
+        raise PipelineError(f"option {key}={text} of pass '{pass_name}' must be {rule[1]}",
+                            hint=f"e.g. {key}={_EXAMPLES[key]}")
+
+
 def parse_pipeline(text: str) -> list:
     """`diff,dag,fusion{bucket=256MiB}` → [DiffPass(), DagPass(), FusionPass(bucket=...)]."""
     passes = []
@@ -237,12 +253,16 @@ def parse_pipeline(text: str) -> list:
             for item in filter(None, (s.strip() for s in body.split(","))):
                 key, eq, value = item.partition("=")
                 key = key.strip()
-                if not eq or key not in known:
+                if not eq and key in known:
+                    example = _EXAMPLES.get(key, "true")
+                    raise PipelineError(f"option {key} of pass '{name}' needs a value ({key}={example})")
+                if key not in known:
                     raise PipelineError(f"pass '{name}' has no option {key!r}",
                                         hint=f"options: {', '.join(sorted(known)) or 'none'}")
                 kind = known[key]
                 kind = "bool" if "bool" in str(kind) else ("float" if "float" in str(kind) else "int")
                 options[key] = _value(value, kind, key, name)
+                _check_range(key, value.strip(), options[key], name)
         if name not in PASSES:
             raise PipelineError(f"unknown pass {name!r} in pipeline {text!r}",
                                 hint=f"passes: {', '.join(PASSES)}")

@@ -8,7 +8,8 @@ world and rejects any difference. A symbolic replay then proves:
   - every box of every after-unit shard is written exactly once (keep, copy or send), from a
     before-unit shard of the same model-stage that holds it (box inside one of its boxes)
     and is not yet freed, into an allocated after shard (box inside one of its boxes); a
-    keep hands a whole identical shard over on one GPU, between units in the same memory;
+    keep hands a whole identical shard (same boxes, same order) over on one GPU, between
+    units in the same memory;
   - every segment box has the tensor's rank and integer bounds 0 ≤ lo < hi ≤ dim;
   - ops of a round come in phase order (alloc; keep, copy, send; stage_out, free); a send has
     distinct GPUs (its receive is the same record, so it is matched in the same round);
@@ -126,6 +127,9 @@ def _replay(data: dict, header: Header, cursor: _Cursor) -> VerifyReport:
     allocated = set()
     written: dict = defaultdict(list)
     peak = dict(mem)
+    # the state before round 0 fits too (the rounds check after their allocs; a program
+    # with no rounds is checked only here)
+    _check_memory("before round 0", mem, {}, capacity, peak)
     ops = segments = moved = 0
     seen_ids: set = set()
     for k, rnd in enumerate(rounds):
@@ -220,6 +224,8 @@ def _replay(data: dict, header: Header, cursor: _Cursor) -> VerifyReport:
                                  hint="a keep hands over in place: both units must live in the same memory")
                         keeps[(s["src_unit"], s["dst_unit"], src, s["tensor"])].append((box, where))
                 if kind != "keep":
+                    if not is_int(op.get("bytes")):
+                        fail(f"{where}: bytes must be a non-negative integer, not {op.get('bytes')!r}"[:200])
                     if op.get("bytes") != total:
                         fail(f"{where}: declares {op.get('bytes')} bytes, its segments hold {total}")
                     moved += total
@@ -234,6 +240,12 @@ def _replay(data: dict, header: Header, cursor: _Cursor) -> VerifyReport:
             if boxes != sorted(before[su][g][name]) or boxes != sorted(after[du][g][name]):
                 fail(f"{handed[0][1]}: keep of {name} on GPU {g} is not a whole identical shard",
                      hint="a partial shard on the same GPU is a copy")
+            # a local tensor stacks its boxes in their listed order: the same boxes listed in
+            # another order are another tensor, which the runtime must copy, not hand over
+            if list(before[su][g][name]) != list(after[du][g][name]):
+                fail(f"{handed[0][1]}: keep of {name} on GPU {g} hands over a shard whose boxes the after "
+                     "unit lists in another order", hint="a keep needs the same boxes in the same order; "
+                                                         "a reordered shard is a copy")
     last = f"after round {len(rounds) - 1} (the last)"
     for uid, per_gpu in after.items():
         for g, shards in per_gpu.items():

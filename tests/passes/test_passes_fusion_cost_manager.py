@@ -2,6 +2,8 @@
 
 import os
 
+import re
+
 import pytest
 
 from builders import cluster, fig5_module, llama, module, place, workload
@@ -86,6 +88,24 @@ def test_pipeline_parsing():
         parse_pipeline("fusion{size=1}")
     with pytest.raises(PipelineError, match="needs the result"):
         compile_transition(fig5_module(), "S1", "split", pipeline="dag")
+
+
+@pytest.mark.parametrize("pipeline, message", [
+    ("diff,dag,resources,fusion,lower,cost{host_bytes_per_s=0}", "host_bytes_per_s=0 of pass 'cost' must be a positive number"),
+    ("diff,dag,resources,fusion,lower,cost{host_bytes_per_s=nan}", "host_bytes_per_s=nan of pass 'cost' must be a positive number"),
+    ("diff,dag,resources,fusion,lower,cost{message_latency_s=-1}",
+     "message_latency_s=-1 of pass 'cost' must be a number of seconds >= 0"),
+    ("diff,dag,resources,fusion,lower,cost{message_latency_s=inf}",
+     "message_latency_s=inf of pass 'cost' must be a number of seconds >= 0"),
+    ("diff,dag,resources,fusion{bucket=0},lower", "bucket=0 of pass 'fusion' must be a positive size"),
+    ("diff,dag,resources,fusion{bucket=-1},lower", "bucket=-1 of pass 'fusion' must be a positive size"),
+    ("diff,dag,resources,fusion{bucket},lower", "option bucket of pass 'fusion' needs a value (bucket=256MiB)"),
+])
+def test_pass_options_out_of_range_are_refused(pipeline, message):
+    """A zero host bandwidth divided by zero (a traceback); a negative or NaN latency made
+    the estimate drop the transfers; a bucket of 0 or less cut every transfer apart."""
+    with pytest.raises(PipelineError, match=re.escape(message)):
+        parse_pipeline(pipeline)
 
 
 def test_timings_and_summary():

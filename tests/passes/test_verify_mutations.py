@@ -883,7 +883,44 @@ def round_without_ops(p):
     return p
 
 
+@corruption()
+def keep_into_a_shard_listing_its_boxes_in_another_order(p):
+    """The same boxes in another order is another local tensor (its rows stacked in
+    another order): the runtime cannot hand the shard over and copies it, using memory
+    the verifier did not count. The boxes were compared sorted."""
+    kept = {(s["dst_unit"], op["gpu"], s["tensor"]) for _, _, op in _ops(p, "keep") for s in op["segments"]}
+    for unit in p["units"]["after"]:
+        for shard in unit["shards"]:
+            if len(shard["boxes"]) > 1 and (unit["id"], shard["gpu"], shard["tensor"]) in kept:
+                shard["boxes"] = shard["boxes"][::-1]
+                return p
+    raise NotApplicable
+
+
+@corruption()
+def send_bytes_as_a_float(p):
+    """575232.0 equals 575232 in Python: the type was not checked on sends and copies."""
+    op = _first(p, ("send", "copy"), lambda op: op["bytes"] > 0)
+    if op is None:
+        raise NotApplicable
+    op["bytes"] = float(op["bytes"])
+    return p
+
+
 # ---------------------------------------------------------------- tests
+
+
+def test_a_program_without_rounds_is_still_held_to_its_capacity(programs):
+    """The state before the first round is checked too: a program with no rounds whose
+    resident bytes exceed a GPU was "ok, peak 100000.0% of capacity"."""
+    from builders import fig5_module
+
+    program = program_json(compile_transition(fig5_module(), "S1", "S1", check_fit=False))
+    assert program["rounds"] == []
+    verify_program(program)
+    program["resident_bytes"]["0"] = 10**15
+    with pytest.raises(ProgramError, match=r"before round 0: GPU 0 needs"):
+        verify_program(program)
 
 
 def test_at_least_forty_corruption_classes():
