@@ -54,6 +54,9 @@ def verify_command(program: str, against: str | None, overrides: tuple, as_json:
     if as_json:
         click.echo(json.dumps({"ok": True, "rounds": report.rounds, "ops": report.ops, "segments": report.segments,
                                "bytes_moved": report.bytes_moved, "worst_gpu": report.worst_gpu,
-                               "worst_fraction": report.worst_fraction, "against": against}))
+                               "worst_fraction": report.worst_fraction, "against": against,
+                               "warnings": list(report.warnings)}))
     else:
+        for warning in report.warnings:  # a misspelled optional field falls back to its default
+            click.echo(f"{program}: warning: {warning}", err=True)
         click.echo(f"{program}: {report}" + (f" (header matches {against})" if against else ""))

@@ -28,7 +28,7 @@ from __future__ import annotations
 import gc
 import json
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from nereus.ir.diagnostics import ProgramError
 from nereus.ir.program import program_from_json
@@ -48,6 +48,7 @@ class VerifyReport:
     peak_bytes: dict  # gpu -> highest memory seen
     worst_gpu: int
     worst_fraction: float  # peak / capacity on the worst GPU
+    warnings: tuple = ()  # fields no reader knows (verify_fields.py): ignored, and said so
 
     def __str__(self) -> str:
         return (f"ok: {self.rounds} rounds, {self.ops} ops, {self.segments} segments, {human_bytes(self.bytes_moved)} moved;"
@@ -82,7 +83,10 @@ def verify_program(program_json: dict, against=None) -> VerifyReport:
             from .verify_world import check_against
 
             check_against(data, against)
-        return _replay(data, header, cursor)
+        report = _replay(data, header, cursor)
+        from .verify_fields import unknown_fields
+
+        return replace(report, warnings=tuple(unknown_fields(program_json)))
     except ProgramError:
         raise
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as error:

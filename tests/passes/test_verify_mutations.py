@@ -1058,3 +1058,22 @@ def test_a_rank_part_is_named_as_such(tmp_path):
     result = _cli(str(path))
     assert result.returncode == 2
     assert result.stderr.startswith("error: this is rank 1's part of the program; verify proves whole programs")
+
+
+def test_emitted_programs_have_no_unknown_fields_and_a_typo_is_named(programs):
+    """Unknown fields are accepted (v1 grows by optional fields) but named: a misspelled
+    `capacity_bytes` silently fell back to `mem_bytes` and proved a different program."""
+    from nereus.backends.rank_json import rank_program_json
+    from nereus.passes.verify_fields import unknown_fields
+
+    for name, (module, program) in programs.items():
+        assert verify_program(program).warnings == (), name
+    module, program = programs["staging"]
+    assert unknown_fields(rank_program_json(compile_transition(module, "S", "T", check_fit=False), 0)) == []
+    typo = copy.deepcopy(program)
+    typo["gpus"][0]["capacity_byte"] = typo["gpus"][0].pop("capacity_bytes")
+    typo["units"]["before"][0]["ofload"] = True
+    assert verify_program(typo).warnings == (
+        "header field 'gpus' (entry 0): unknown field 'capacity_byte' (did you mean 'capacity_bytes'?): ignored",
+        f"header field 'units.before' (unit {typo['units']['before'][0]['id']}): unknown field 'ofload' "
+        "(did you mean 'offload'?): ignored")
