@@ -176,13 +176,17 @@ _NAMED = re.compile(r"rolled back on every rank: rank (\d+),")
 
 def root_cause(errors: list, killed: dict) -> dict:
     """The error event to show first: when the ranks raised the same TransitionAborted,
-    the event of the rank its first failure names; else the first event that is not a
+    the event of the rank its first failure names (unless that failure is itself a lost
+    connection); else the first event that is not a
     lost connection or a timeout (what the peers of a failed rank see); else a rank that
     a signal killed before it could report (a peer saw only the connection drop); else
     the first event."""
     for event in errors:
-        named = _NAMED.search(str(event.get("message", "")))
-        if named is not None:
+        message = str(event.get("message", ""))
+        named = _NAMED.search(message)
+        # an abort whose failure is a lost connection names the rank that lost it, not the
+        # rank that failed (one that raised in its step while this one waited in a transition)
+        if named is not None and not _CONSEQUENCE.search(message):
             for candidate in errors:
                 if candidate.get("rank") == int(named.group(1)):
                     return candidate
@@ -219,20 +223,58 @@ def _killed_ranks(lines: list, reported: set) -> dict:
 
 
 def stop_group(proc) -> None:
-    """SIGTERM the launcher's process group, SIGKILL it STOP_GRACE_S later if anything of
-    it is still running (torchrun, or a worker that outlived it)."""
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except (ProcessLookupError, PermissionError):
-        return
+    """SIGTERM the launcher's process group and every descendant of the launcher, SIGKILL
+    them STOP_GRACE_S later if anything is still running (torchrun, or a worker that
+    outlived it). The descendants are named one by one: torchrun (torch >= 2.13) starts
+    each worker in a session of its own, which the group's signal never reaches, and an
+    orphaned worker holds the output pipe open (the command would wait for it forever)."""
+    family = descendants(proc.pid)  # before torchrun dies: its orphans lose the link
+    _signal(proc.pid, family, signal.SIGTERM)
     try:
         proc.wait(timeout=STOP_GRACE_S)
     except subprocess.TimeoutExpired:
         pass
+    _signal(proc.pid, family | descendants(proc.pid), signal.SIGKILL)
+
+
+def _signal(group: int, pids: set, sig) -> None:
     try:
-        os.killpg(proc.pid, signal.SIGKILL)  # also orphans of torchrun, which still hold the pipe
+        os.killpg(group, sig)
     except (ProcessLookupError, PermissionError):
         pass
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def descendants(pid: int) -> set:
+    """Every process below `pid` (children, their children, ...), from /proc; empty where
+    there is no /proc."""
+    children: dict = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return set()
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as handle:
+                stat = handle.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2:].split()  # after the command name, which may hold spaces
+        if len(fields) > 1:
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
 
 
 def failure_guard(proc, seconds: float):

@@ -27,6 +27,17 @@ def test_the_rank_a_transition_abort_names_is_shown_first():
     assert launch.root_cause(ABORTED, {})["rank"] == 3
 
 
+def test_an_abort_that_names_a_rank_for_a_lost_connection_is_not_the_cause():
+    """A rank that raised outside any transition (its step) leaves its peer waiting in a
+    transition's agreement; the peer's abort names itself for the lost connection. The
+    rank whose own error started it comes first (the peer's abort was shown)."""
+    lost = {"rank": 0, "type": "TransitionAborted",
+            "message": "transition aborted: S1 -> S2 rolled back on every rank: rank 0, round -1, control "
+                       "collective at compiling S1 -> S2: [gloo/transport/tcp/pair.cc:553] Connection closed by peer"}
+    own = {"rank": 1, "type": "RuntimeError", "message": "injected fault on rank 1 after step 2"}
+    assert launch.root_cause([lost, own], {}) is own
+
+
 def test_a_lost_connection_is_a_consequence_not_the_cause():
     assert launch.root_cause([RESET, FAILED], {}) is FAILED
 
@@ -98,3 +109,28 @@ def test_reports_are_read_from_the_files_when_a_line_was_cut(tmp_path):
     reports = launch._reports(str(tmp_path))
     assert [r["rank"] for r in reports] == [0, 1]
     assert launch.root_cause(reports, {})["rank"] == 1
+
+
+# as torchrun starts workers since torch 2.13 (subprocess_handler: start_new_session=True):
+# the worker is in a session and process group of its own, which killpg of the launcher's
+# group never reaches
+OWN_SESSION = LAUNCHER.replace('time.sleep(300)"])', 'time.sleep(300)"], start_new_session=True)')
+
+
+def test_the_guard_stops_a_worker_in_its_own_session(monkeypatch):
+    assert OWN_SESSION != LAUNCHER
+    monkeypatch.setattr(launch, "STOP_GRACE_S", 1.0)
+    proc = subprocess.Popen([sys.executable, "-c", OWN_SESSION], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    word, pid = proc.stdout.readline().split()
+    assert word == "worker"
+    began = time.perf_counter()
+    guard = launch.failure_guard(proc, 1.0)
+    try:
+        rest = proc.stdout.read()  # EOF only once every holder of the pipe is gone
+    finally:
+        guard.cancel()
+        subprocess.run(["kill", "-9", pid], capture_output=True)  # never leave it behind
+    waited = time.perf_counter() - began
+    assert rest == "" and waited < 10, waited
+    assert _gone(int(pid))
