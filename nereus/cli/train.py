@@ -90,6 +90,10 @@ def check_before_launch(plan_file: str, module, algo: str, group: int, nproc: in
     import nereus.ir as ir
     from nereus.rl.checks import MINIBATCHES, check_batch, check_replicas, check_run
 
+    # the NEREUS_* settings the runtime checks as it is imported: a bad value is an error
+    # naming the variable here, not in every worker (where only torchrun's dump shows)
+    import nereus.runtime  # noqa: F401
+    import nereus.runtime.executor  # noqa: F401
     try:
         check_run(module, algo, MINIBATCHES, group, nproc)
         for _, key in drifts:

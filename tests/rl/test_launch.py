@@ -134,3 +134,20 @@ def test_the_guard_stops_a_worker_in_its_own_session(monkeypatch):
     waited = time.perf_counter() - began
     assert rest == "" and waited < 10, waited
     assert _gone(int(pid))
+
+
+def test_a_bad_runtime_setting_is_named_before_any_process_starts(tmp_path):
+    """NEREUS_* settings the runtime checks when imported were checked only in the workers,
+    whose error the launcher could not show (40 lines of torchrun's dump, no name)."""
+    import os
+    import pathlib
+
+    root = pathlib.Path(__file__).parents[2]
+    env = dict(os.environ, PYTHONPATH=str(root), NEREUS_P2P_DEPTH="0")
+    run = subprocess.run([sys.executable, "-c", "from nereus.cli import nereus; nereus()", "train",
+                          str(root / "examples" / "rl" / "grpo-cpu.nir"), "--algo", "grpo", "--nproc", "2",
+                          "--steps", "1", "--out", str(tmp_path / "out")],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "NEREUS_P2P_DEPTH='0': must be a whole number" in run.stderr
+    assert "Traceback" not in run.stderr and not (tmp_path / "out" / "run").exists()
