@@ -108,6 +108,7 @@ class Decision:
     saving_s: float  # confident saving over the remaining steps, after the margin
     plan: Optional[Plan] = field(default=None, compare=False)  # the candidate (the target when switch)
     z: float = 1.645  # the settings' z: the rule subtracted z·σ from the gain
+    now_gain_s: Optional[float] = None  # predicted saving per step at the known workload (rule 2)
 
     @property
     def why(self) -> str:
@@ -123,6 +124,11 @@ class Decision:
                     f"{self.current_s:.2f} s, candidate {self.candidate_s:.2f} s, transition {self.transition_s:.2f} s")
         # σ is the gain's uncertainty; the rule subtracts z·σ (z: AdmissionSettings.z)
         noise = f"z·σ {self.z * self.sigma_s:.3f} (σ {self.sigma_s:.3f})"
+        if self.reason == "pays-back-now" and self.now_gain_s is not None:
+            # rule 2 decides on the gain at the known workload, not at the predicted level
+            return (f"step {self.step}: {verb} ({self.reason}): gain now {self.now_gain_s:.3f} s/step (at the "
+                    f"known workload) − {noise} > transition {self.transition_s:.2f} s; at the predicted level "
+                    f"current {self.current_s:.2f} s, candidate {self.candidate_s:.2f} s")
         if not math.isfinite(self.transition_s):  # not estimated: no transition cost could change it
             return (f"step {self.step}: {verb} ({self.reason}): current {self.current_s:.2f} s, candidate "
                     f"{self.candidate_s:.2f} s, gain {gain:.3f} s/step − {noise}")
@@ -138,7 +144,7 @@ class Decision:
                 "current_s": num(self.current_s), "candidate_s": num(self.candidate_s),
                 "remaining_steps": self.remaining_steps, "transition_s": num(self.transition_s),
                 "sigma_s": num(self.sigma_s), "margin": self.margin, "saving_s": num(self.saving_s),
-                "why": self.why}
+                "now_gain_s": num(self.now_gain_s), "why": self.why}
 
 
 def admit(step: int, current_s: float, current_feasible: bool, candidate_s: float, candidate_feasible: bool,
@@ -153,7 +159,8 @@ def admit(step: int, current_s: float, current_feasible: bool, candidate_s: floa
     step's GPUs, the latest observed response; rule 2)."""
     def decide(switch: bool, reason: str, saving: float) -> Decision:
         return Decision(step, switch, reason, current_s if current_feasible else math.inf, candidate_s,
-                        remaining_steps, transition_s, sigma_s, settings.margin, saving, candidate, settings.z)
+                        remaining_steps, transition_s, sigma_s, settings.margin, saving, candidate, settings.z,
+                        now_gain_s)
 
     if not candidate_feasible:
         return decide(False, "no-feasible-plan", 0.0)

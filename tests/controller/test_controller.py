@@ -357,3 +357,14 @@ def test_the_greedy_baseline_says_it_ignores_the_cost():
         if d.switch:
             greedy.transitioned(d.plan, 1.0, 1.0, step=step)
     assert "faster" in reasons
+
+
+def test_a_pays_back_now_switch_shows_the_gain_it_decided_on():
+    """Rule 2 switches on the gain at the known workload (`now_gain_s`), which may differ
+    from the gain at the predicted level the text showed: the logged numbers argued
+    against the move they recorded (gain -0.309 s/step, switch)."""
+    d = admit(734, 541.48, True, 541.79, True, 100, 26.76, AdmissionSettings(z=0.0, rho_min=0.01),
+              now_gain_s=40.0)
+    assert d.switch and d.reason == "pays-back-now"
+    assert "gain now 40.000 s/step" in d.why and "> transition 26.76 s" in d.why
+    assert d.to_json()["now_gain_s"] == 40.0
