@@ -40,6 +40,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+# what a run writes into its folder (nereus.rl.worker); an earlier run's copies go first
+RUN_OUTPUTS = ("result.json", "final_state.pt", "checkpoint", "error-rank*.json")
+
+
+def clear_earlier_run(out: str) -> None:
+    """Remove what an earlier run wrote into `out` (RUN_OUTPUTS), so that a run that fails
+    leaves no result of another beside its own config; other files stay."""
+    import shutil
+
+    for pattern in RUN_OUTPUTS:
+        for old in glob.glob(os.path.join(out, pattern)):
+            if os.path.isdir(old) and not os.path.islink(old):
+                shutil.rmtree(old)
+            else:
+                os.remove(old)
+
+
 def launch(config: dict, nproc: int, out: str, progress_label: str, quiet: bool,
            failure_timeout_s: Optional[float] = None) -> dict:
     """Run the worker under torchrun; returns the result dict of rank 0. When a rank
@@ -50,8 +67,7 @@ def launch(config: dict, nproc: int, out: str, progress_label: str, quiet: bool,
     if failure_timeout_s is None:
         failure_timeout_s = env_number("NEREUS_FAILURE_TIMEOUT_S", FAILURE_TIMEOUT_S, 1.0, float)
     os.makedirs(out, exist_ok=True)
-    for old in glob.glob(os.path.join(out, "error-rank*.json")):  # an earlier run's reports
-        os.remove(old)
+    clear_earlier_run(out)
     path = os.path.join(out, "config.json")
     with open(path, "w") as f:
         json.dump(config, f, indent=1)

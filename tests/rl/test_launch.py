@@ -151,3 +151,14 @@ def test_a_bad_runtime_setting_is_named_before_any_process_starts(tmp_path):
     assert run.returncode == 2, run.stdout + run.stderr
     assert "NEREUS_P2P_DEPTH='0': must be a whole number" in run.stderr
     assert "Traceback" not in run.stderr and not (tmp_path / "out" / "run").exists()
+
+
+def test_an_earlier_runs_outputs_are_cleared_before_a_new_run(tmp_path):
+    """A failed rerun into the same --out left the earlier run's result.json, final weights
+    and checkpoint beside the new config.json: outputs of two runs that looked like one."""
+    (tmp_path / "checkpoint").mkdir()
+    (tmp_path / "checkpoint" / "0.distcp").write_text("x")
+    for name in ("result.json", "final_state.pt", "error-rank1.json", "notes.txt"):
+        (tmp_path / name).write_text("x")
+    launch.clear_earlier_run(str(tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]  # what the run did not write stays
