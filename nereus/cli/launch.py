@@ -23,6 +23,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from typing import Optional
 
 import click
@@ -90,6 +91,9 @@ def launch(config: dict, nproc: int, out: str, progress_label: str, quiet: bool,
                   TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console,
                   disable=quiet) as progress:
         task = progress.add_task(progress_label + " (starting)", total=config["steps"], info="")
+        # rich draws no bar where stderr is no terminal (CI, a log file, `| tee`): plain
+        # lines then, one per PLAIN_PROGRESS_S at most, so a long run never looks hung
+        plain = None if quiet or console.is_terminal else _PlainProgress(console, progress_label, config["steps"])
         # a process group of its own: the guard (and Ctrl-C) can stop every worker, also
         # one that outlived torchrun
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
@@ -105,8 +109,11 @@ def launch(config: dict, nproc: int, out: str, progress_label: str, quiet: bool,
                     other.append(line)
                     continue
                 if event["event"] == "step":
+                    info = f"reward {event['reward']:.3f}  kl {event['kl']:+.4f}  loss {event['loss']:+.4f}"
                     progress.update(task, completed=event["step"], description=f"{progress_label} [{event['plan']}]",
-                                    info=f"reward {event['reward']:.3f}  kl {event['kl']:+.4f}  loss {event['loss']:+.4f}")
+                                    info=info)
+                    if plain is not None:
+                        plain.step(event["step"], event["plan"], info)
                 elif event["event"] == "transition":
                     progress.console.print(f"  after step {event['after_step']}: {event['from']} → {event['to']} in "
                                            f"{event['seconds']:.2f} s, {human_bytes(event['bytes'])} sent")
@@ -236,6 +243,27 @@ def _killed_ranks(lines: list, reported: set) -> dict:
                 killed[rank] = signum
             rank = None
     return killed
+
+
+PLAIN_PROGRESS_S = 10.0  # seconds between plain progress lines (stderr not a terminal)
+
+
+class _PlainProgress:
+    """Progress as plain lines on a console that is no terminal: the first step, then at
+    most one line per PLAIN_PROGRESS_S, and the last step."""
+
+    def __init__(self, console, label: str, total: int):
+        self.console, self.label, self.total = console, label, total
+        self.started = time.perf_counter()
+        self.last = None
+        console.print(f"{label}: starting the processes", highlight=False)
+
+    def step(self, step: int, plan: str, info: str) -> None:
+        now = time.perf_counter()
+        if self.last is None or now - self.last >= PLAIN_PROGRESS_S or step >= self.total:
+            self.last = now
+            self.console.print(f"{self.label}: step {step}/{self.total} [{plan}] {info} "
+                               f"({now - self.started:.0f} s)", highlight=False, soft_wrap=True)
 
 
 def stop_group(proc) -> None:

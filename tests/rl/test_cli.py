@@ -68,6 +68,16 @@ def test_workload_errors_are_reported_before_any_process_starts(tmp_path):
 
 
 @pytest.mark.multiprocess
+@pytest.mark.multiprocess
+def test_progress_lines_when_stderr_is_no_terminal(tmp_path):
+    """Rich draws no bar into a pipe or a log file: plain lines say the run is alive (stderr
+    was empty until the end)."""
+    run = _nereus(PLAN, "--algo", "grpo", "--nproc", "2", "--steps", "2", "--out", str(tmp_path))
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "starting the processes" in run.stderr
+    assert "step 1/2 [S1] reward" in run.stderr and "step 2/2 [S1] reward" in run.stderr
+
+
 def test_grpo_without_a_reward_model_trains_on_the_task_rule(tmp_path):
     with open(PLAN) as f:
         text = _without(f.read(), "inference:  ref, reward", "  reward.inference  dp 1 tp 2  on 0, 1\n")
