@@ -105,6 +105,30 @@ def check_before_launch(plan_file: str, module, algo: str, group: int, nproc: in
             raise error.with_source(f.read()) from None
 
 
+def unfit_plans(module, drifts: list[tuple[int, str]]) -> list[str]:
+    """A line per plan that does not fit the cluster's GPU memory (`nereusc check`), at the
+    start and after each --drift that makes it stop fitting. Warnings, not errors: on CPUs
+    (gloo) memory is not the cluster's, and on GPUs the declared cluster may not be the
+    machine; but a GPU run of such a plan runs out of memory."""
+    import nereus.ir as ir
+    from nereus.passes.feasibility import check_plan, infeasible_error
+
+    out, unfit = [], set()
+
+    def check(module, when: str) -> None:
+        for plan in module.plans:
+            report = check_plan(module, plan)
+            if not report.feasible and plan.name not in unfit:
+                unfit.add(plan.name)
+                out.append(f"{when}{infeasible_error(plan, report).message}; on GPUs the run would run out of memory")
+
+    check(module, "")
+    for step, key in drifts:
+        module = ir.apply_overrides(module, [key])
+        check(module, f"after step {step} ({key}): ")
+    return out
+
+
 def check_vllm_importable() -> None:
     """Raise NereusError (exit 2, no traceback) unless this Python can import vllm. The
     workers run under the same interpreter (sys.executable), so checking here suffices;
@@ -194,6 +218,8 @@ def train_command(plan_file, plan_name, algo, nproc, steps, events, controller, 
         raise NereusError(f"the plans use GPUs 0..{needed - 1} but --nproc is {nproc}",
                           hint=f"use --nproc {needed} (one process per GPU id)")
     check_before_launch(plan_file, module, algo, group, nproc, drifts)
+    for warning in unfit_plans(module, drifts):
+        click.echo(f"{plan_file}: warning: {warning}", err=True)
     if backend == "nccl":
         _check_cuda(nproc)
     out = out or os.path.join("runs", f"{os.path.splitext(os.path.basename(plan_file))[0]}-{algo}")

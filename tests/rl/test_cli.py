@@ -129,3 +129,18 @@ def test_changes_after_one_step_all_apply_in_order():
     module = ir.parse_file(PLAN)
     assert parse_drift("2:response=8,1:batch=16,2:response=10", module, 4) == \
         [(1, "workload.batch=16"), (2, "workload.response=8"), (2, "workload.response=10")]
+
+
+def test_plans_that_do_not_fit_are_warned_about_before_launch():
+    """A plan `nereusc check` refuses trained silently (on GPUs it would run out of memory),
+    also one a --drift makes stop fitting."""
+    import nereus.ir as ir
+    from nereus.cli.train import unfit_plans
+
+    module = ir.parse_file(PLAN)
+    assert unfit_plans(module, []) == []
+    tight = ir.apply_overrides(module, ["cluster.gpu.mem=2MB"])
+    warnings = unfit_plans(tight, [])
+    assert warnings and all("does not fit" in w and "run out of memory" in w for w in warnings)
+    drifted = unfit_plans(module, [(2, "workload.response=100000")])
+    assert drifted and drifted[0].startswith("after step 2 (workload.response=100000): plan ")
