@@ -67,6 +67,36 @@ def check_models(module: Module) -> None:
         if wanted is not None and model.head != wanted:
             raise SemanticError(f"{name} needs `head {wanted}` in the RL loop, it has head {model.head}",
                                 key_loc(model, "head"), hint="actor and ref: head lm; critic and reward: head value")
+        if name == "reward" and model.checkpoint_dir is not None:
+            names = checkpoint_names(model.checkpoint_dir)
+            # a missing value head starts at zero: right for a critic (it learns), but the
+            # reward model is never trained, so it would score every response 0
+            if names is not None and "score.weight" not in names:
+                raise SemanticError(f"reward reads {model.checkpoint}, which has no score.weight: its value head "
+                                    "would start at zero and score every response 0", model.loc,
+                                    hint="use a reward model's checkpoint (a ...ForSequenceClassification with "
+                                         "num_labels=1), or leave reward.inference out (the task's rule scores)")
+
+
+def checkpoint_names(directory: str):
+    """The tensor names of a checkpoint directory, read from its one file's header or its
+    index (no torch, no tensor data), in transformers' order: model.safetensors first;
+    None where they cannot be read (the loader then says why)."""
+    import json
+    import os
+    import struct
+
+    single = os.path.join(directory, "model.safetensors")
+    try:
+        if os.path.isfile(single):
+            with open(single, "rb") as handle:
+                (length,) = struct.unpack("<Q", handle.read(8))
+                header = json.loads(handle.read(min(length, 100 << 20)))
+            return set(header) - {"__metadata__"}
+        with open(os.path.join(directory, "model.safetensors.index.json"), encoding="utf-8") as handle:
+            return set(json.load(handle)["weight_map"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, struct.error):
+        return None
 
 
 def check_replicas(module: Module, minibatches: int) -> None:

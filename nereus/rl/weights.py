@@ -9,7 +9,8 @@ Invariant: a model that starts from a checkpoint is read per rank, only this ran
 Where each model's weights come from:
 - a model declared `hf("dir")`, or an alias of one (`model ref = actor`,
   `model critic = actor { head value }`), reads its checkpoint; a value head missing from
-  a causal-LM checkpoint starts at zero (a critic that predicts 0);
+  a causal-LM checkpoint starts at zero (a critic that predicts 0; a reward model without
+  one is refused before launch, nereus.rl.checks);
 - `ref` and `critic` declared by hand with the actor's architecture start from the
   actor's checkpoint when the actor has one (the reference policy is the initial actor);
 - every other model is drawn from the seeded generator in the order actor, ref (a copy of

@@ -44,13 +44,17 @@ CLASSES = {"LlamaConfig": "LlamaForCausalLM", "Qwen2Config": "Qwen2ForCausalLM",
            "Qwen3MoeConfig": "Qwen3MoeForCausalLM"}
 
 
-def tiny_model(name: str, seed: int = 0):
+def tiny_model(name: str, seed: int = 0, value_head: bool = False):
     """A random fp32 transformers model; norms and biases random too, so that each weight
-    changes the logits (transformers initializes norms to 1 and biases to 0)."""
+    changes the logits (transformers initializes norms to 1 and biases to 0). value_head:
+    the family's ...ForSequenceClassification with one label (a reward model)."""
     config_class, arguments = {**TINY, **MOE_TINY}[name]
-    config = getattr(transformers, config_class)(**arguments)
+    config = getattr(transformers, config_class)(**arguments, **({"num_labels": 1} if value_head else {}))
     torch.manual_seed(seed)
-    model = getattr(transformers, CLASSES[config_class])(config).eval()
+    model_class = CLASSES[config_class]
+    if value_head:
+        model_class = model_class.replace("ForCausalLM", "ForSequenceClassification")
+    model = getattr(transformers, model_class)(config).eval()
     with torch.no_grad():
         for parameter_name, parameter in model.named_parameters():
             if "norm" in parameter_name:
@@ -64,9 +68,9 @@ def tiny_model(name: str, seed: int = 0):
     return model
 
 
-def write_checkpoint(name: str, directory: Path, seed: int = 0, dtype=torch.float32):
+def write_checkpoint(name: str, directory: Path, seed: int = 0, dtype=torch.float32, value_head: bool = False):
     """Save a tiny model with save_pretrained (config.json + model.safetensors); returns it."""
-    model = tiny_model(name, seed).to(dtype)
+    model = tiny_model(name, seed, value_head).to(dtype)
     model.save_pretrained(directory)
     return model
 

@@ -2,7 +2,7 @@
 
 The actor (a tiny random Llama-3.1-shaped model written by transformers), its reference
 and a critic declared `actor { head value }` start from the actor's checkpoint; the
-reward model (a tiny Qwen2.5) from its own. Checked: the loop's log-probs at the start
+reward model (a tiny Qwen2.5 sequence classifier, one label) from its own. Checked: the loop's log-probs at the start
 equal the single-process reference `nereus.models.logits` on the same files, the critic
 predicts 0, training stages start from an fp32 master and zeroed Adam, and after a plan
 change the shards gathered back equal the files byte for byte, for the Nereus runtime and
@@ -66,7 +66,7 @@ def run_dir(tmp_path_factory) -> Path:
     # a fresh interpreter writes them: the test process runs no torch op before forking
     script = ("import sys; from pathlib import Path; from hf_tiny import write_checkpoint\n"
               "write_checkpoint('llama31', Path(sys.argv[1]) / 'actor', seed=1)\n"
-              "write_checkpoint('qwen2', Path(sys.argv[1]) / 'reward', seed=2)\n")
+              "write_checkpoint('qwen2', Path(sys.argv[1]) / 'reward', seed=2, value_head=True)\n")
     subprocess.run([sys.executable, "-c", script, str(root)], check=True, cwd=TESTS / "models", timeout=300)
     (root / "plan.nir").write_text(PLAN)
     return root
@@ -121,7 +121,8 @@ def _start_and_move(root: str, runtime_kind: str) -> dict:
                                   ("reward", "reward.inference"))}
     for name, hf in gathered.items():
         expected = dict(files["reward" if name == "reward" else "actor"])
-        if module.model(name).head == "value":  # causal-LM checkpoints: no score, the head starts at 0
+        if module.model(name).head == "value" and "score.weight" not in expected:  # the critic from the
+            # actor's causal-LM checkpoint: no score, the head starts at 0
             expected.pop("lm_head.weight")
             expected["score.weight"] = torch.zeros_like(hf["score.weight"])
         report[f"{name} bytes equal"] = set(hf) == set(expected) and all(
@@ -209,3 +210,20 @@ def test_a_checkpoint_too_small_for_the_task_is_refused_before_launch(tmp_path):
     assert run.returncode == 2, run.stdout + run.stderr
     assert 'actor has vocab 8 (vocab_size of actor) but the tasks use 11 tokens' in run.stderr
     assert "plan.nir:3:" in run.stderr and "Traceback" not in run.stderr and not (tmp_path / "out").exists()
+
+
+def test_a_reward_model_without_a_score_head_is_refused_before_launch(tmp_path):
+    """A causal-LM checkpoint as the reward model: its value head would start at zero and
+    score every response 0 for the whole run (it did, silently)."""
+    subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; from hf_tiny import write_checkpoint\n"
+                    "write_checkpoint('llama31', Path(sys.argv[1]) / 'actor', seed=1)\n"
+                    "write_checkpoint('qwen2', Path(sys.argv[1]) / 'reward', seed=2)\n", str(tmp_path)],
+                   check=True, cwd=TESTS / "models", timeout=300)
+    (tmp_path / "plan.nir").write_text(PLAN)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    run = subprocess.run([sys.executable, "-c", "from nereus.cli import nereus; nereus()", "train",
+                          str(tmp_path / "plan.nir"), "--nproc", "2", "--steps", "2", "--out", str(tmp_path / "out")],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert 'reward reads reward, which has no score.weight' in run.stderr
+    assert "plan.nir:6:" in run.stderr and not (tmp_path / "out").exists()
