@@ -27,6 +27,56 @@ def load_module(path: str, overrides=()) -> Module:
     return module
 
 
+def _read(path) -> str | None:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+    except (OSError, TypeError, UnicodeDecodeError):
+        return None
+
+
+def check_checkpoints(module: Module, source: str | None = None) -> list[str]:
+    """Each `hf("...")` model against its checkpoint's safetensors headers (no tensor data
+    read): a tensor missing, of another shape or dtype is the error the runtime would give
+    after launch, raised here at the model (at the brace key that changes the sizes, when
+    one does); the checkpoint's tensors no weight reads are returned as warnings."""
+    from nereus.ir.diagnostics import NereusError
+    from nereus.ir.model import key_loc
+    from nereus.models.safetensors_header import checkpoint_entries, compare_with_model
+
+    warnings = []
+    for model in module.models:
+        if model.checkpoint_dir is None:
+            continue
+        try:
+            entries = checkpoint_entries(model.checkpoint_dir)
+        except NereusError as error:
+            raise SemanticError(f"model {model.name}: {error.message}", model.loc, error.hint, source=source) from None
+        problems, unused = compare_with_model(model, entries)
+        config = dict(model.checkpoint_fields)
+        written = [k for k, _ in model.key_locs]  # the keys of the braces, in order
+        changed = [k for k in written if k in config and getattr(model, k) != config[k] and k not in ("dtype", "head")]
+        if problems:
+            name, message = problems[0]
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            if changed:
+                key = changed[0]
+                raise SemanticError(f"model {model.name}: the checkpoint {model.checkpoint} {message}{more}",
+                                    key_loc(model, key),
+                                    f"the braces set {key} {getattr(model, key)} where its config.json says "
+                                    f"{config[key]}: remove the override, or use a checkpoint of those sizes",
+                                    source=source)
+            raise SemanticError(f"model {model.name}: the checkpoint {model.checkpoint} {message}{more}", model.loc,
+                                "is config.json the checkpoint's own? its tensors do not match the sizes it states",
+                                source=source)
+        if unused:
+            shown = ", ".join(unused[:3]) + (f" and {len(unused) - 3} more" if len(unused) > 3 else "")
+            why = f" (the braces set {', '.join(changed)})" if changed else ""
+            warnings.append(f"model {model.name}: {len(unused)} tensors of {model.checkpoint} are not read{why}: "
+                            f"{shown}; the model computes without them")
+    return warnings
+
+
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
 
@@ -63,7 +113,8 @@ def model_sizes(module: Module) -> list[dict]:
              "bytes": parameter_count(m) * m.dtype_bytes, "checkpoint": m.checkpoint} for m in module.models]
 
 
-def report_plans(module: Module, as_json: bool = False, plans=None, collect: dict | None = None) -> bool:
+def report_plans(module: Module, as_json: bool = False, plans=None, collect: dict | None = None,
+                 warnings: list | None = None) -> bool:
     """Check every plan (or those named in `plans`), print the feasibility table and for
     each infeasible plan an error at the plan's location naming the worst GPU and stage
     (stderr); or, when `as_json`, one JSON object whose `error` field is the first
@@ -89,7 +140,7 @@ def report_plans(module: Module, as_json: bool = False, plans=None, collect: dic
         errors.append(infeasible_error(plan, report, source))
     if as_json:
         payload = {"file": module.file, "models": model_sizes(module), "plans": [r.to_json() for r in reports],
-                   "feasible": not errors}
+                   "feasible": not errors, "warnings": list(warnings or ())}
         if errors:
             payload["error"] = error_json(errors[0])
         if collect is not None:
@@ -116,11 +167,14 @@ def check_command(file, overrides, plans, as_json, traceback):
     Exits 0 when everything fits, 2 on a syntax or rule error or an infeasible plan.
     """
     module = load_module(file, overrides)
+    warnings = check_checkpoints(module, _read(module.file))
     unknown = [p for p in plans if p not in {plan.name for plan in module.plans}]
     if unknown:
         raise SemanticError(f"no plan named {unknown[0]!r} in {file}",
                             hint=f"--plan takes one of: {', '.join(plan.name for plan in module.plans)}")
     if not as_json:
         click.echo(f"{file}: {describe(module)}")
-    if not report_plans(module, as_json, set(plans) if plans else None):
+        for warning in warnings:
+            click.echo(f"{file}: warning: {warning}", err=True)
+    if not report_plans(module, as_json, set(plans) if plans else None, warnings=warnings):
         sys.exit(2)

@@ -154,11 +154,14 @@ def compile_command(file, transition, overrides, emit, output, as_json, time_pas
         raise SemanticError("--rank selects one rank's program: it needs --emit json",
                             hint="nereusc FILE --transition S1:S2 --emit json --rank R")
     if emit is None:
-        from nereus.cli.check import describe, report_plans
+        from nereus.cli.check import check_checkpoints, describe, report_plans
 
+        warnings = check_checkpoints(module, _source_text(module.file))
         if not as_json:
             click.echo(f"{file}: {describe(module)}")
-        fits = report_plans(module, as_json, collect=checked)
+            for warning in warnings:
+                click.echo(f"{file}: warning: {warning}", err=True)
+        fits = report_plans(module, as_json, collect=checked, warnings=warnings)
     elif emit == "summary":  # every plan checked, as without --emit; an unfit one is the error
         from nereus.passes.feasibility import require_fit
 

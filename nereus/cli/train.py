@@ -218,7 +218,11 @@ def train_command(plan_file, plan_name, algo, nproc, steps, events, controller, 
         raise NereusError(f"the plans use GPUs 0..{needed - 1} but --nproc is {nproc}",
                           hint=f"use --nproc {needed} (one process per GPU id)")
     check_before_launch(plan_file, module, algo, group, nproc, drifts)
-    for warning in unfit_plans(module, drifts):
+    from nereus.cli.check import check_checkpoints
+
+    with open(plan_file, encoding="utf-8") as handle:
+        checkpoint_warnings = check_checkpoints(module, handle.read())
+    for warning in checkpoint_warnings + unfit_plans(module, drifts):
         click.echo(f"{plan_file}: warning: {warning}", err=True)
     if backend == "nccl":
         _check_cuda(nproc)

@@ -27,10 +27,7 @@ head from the embedding.
 
 from __future__ import annotations
 
-import json
-import math
 import os
-import struct
 from typing import Optional
 
 import torch
@@ -38,7 +35,8 @@ import torch
 from nereus.ir.diagnostics import NereusError
 from nereus.ir.model import Model, ModelStage
 from nereus.models import OPTIMIZER_STATES, optimizer_name, tensor_table
-from nereus.models.hf import STACKED_EXPERTS, hf_targets, nereus_to_hf
+from nereus.models.hf import hf_targets, nereus_to_hf
+from nereus.models.safetensors_header import checkpoint_entries, truncated
 
 from .boxes import as_box
 from .executor import TORCH_DTYPES
@@ -50,47 +48,19 @@ _MAX_READ = 1 << 30  # bytes per pread call (Linux caps a single read below 2 Gi
 
 
 class SafetensorsFiles:
-    """The tensors of a checkpoint directory by name: where each lies in which file."""
+    """The tensors of a checkpoint directory by name (nereus.models.safetensors_header):
+    where each lies in which file, and its torch dtype."""
 
     def __init__(self, directory: str):
         self.directory = directory
         self.entries: dict = {}  # name -> (file, dtype, shape, data start)
         self.unread: dict = {}  # name -> (file, safetensors dtype) of tensors in a dtype Nereus does not read
-        for file in _checkpoint_files(directory):
-            path = os.path.join(directory, file)
-            length, header, size = _header(path)
-            spans = []
-            for name, info in header.items():
-                if name == "__metadata__":
-                    continue
-                entry, kind = _entry(path, name, info, 8 + length, size)
-                spans.append((entry[3], entry[3] + _span(entry, kind), name))
-                if kind in SAFETENSORS_DTYPES:
-                    self.entries[name] = entry
-                else:
-                    self.unread[name] = (path, kind)
-            _check_disjoint(path, spans, 8 + length)
-        self._stacked_experts()
+        for name, entry in checkpoint_entries(directory).items():
+            if entry.kind in SAFETENSORS_DTYPES:
+                self.entries[name] = (entry.path, SAFETENSORS_DTYPES[entry.kind], entry.shape, entry.start)
+            else:
+                self.unread[name] = (entry.path, entry.kind)
         self._fds: dict = {}
-
-    def _stacked_experts(self) -> None:
-        """Per-expert entries for transformers 5's stacked experts (`mlp.experts.gate_up_proj`
-        [E, 2F, H], gate rows then up rows; `mlp.experts.down_proj` [E, H, F]), the names
-        published checkpoints and save_pretrained use: expert e's matrix is a run of whole
-        rows of the stacked tensor viewed as 2-D, so it reads like any tensor."""
-        for name, (path, dtype, shape, start) in list(self.entries.items()):
-            match = STACKED_EXPERTS.search(name)
-            if match is None or len(shape) != 3:
-                continue
-            prefix, kind = match.groups()
-            experts, rows, width = shape
-            step = rows * width * dtype.itemsize
-            parts = (("down_proj", 0, rows),) if kind == "down_proj" else \
-                (("gate_proj", 0, rows // 2), ("up_proj", rows // 2, rows - rows // 2))
-            for e in range(experts):
-                for part, first, count in parts:
-                    self.entries.setdefault(f"{prefix}.{e}.{part}.weight",
-                                            (path, dtype, (count, width), start + e * step + first * width * dtype.itemsize))
 
     def check(self, name: str, shape: tuple, model: str) -> None:
         """Raise unless tensor `name` is a floating-point tensor of `shape`."""
@@ -147,141 +117,12 @@ class SafetensorsFiles:
             _pread(fd, target[i * width:(i + 1) * width], start + r * row + c0 * size, f"{path}: {name}")
 
 
-_REWRITE = "the file may be truncated, a Git LFS pointer (clone with git-lfs) or not safetensors; save it again"
-
-
-def _index_files(index: str) -> list:
-    """The shard files an index (`model.safetensors.index.json`) lists, each checked to exist."""
-    try:
-        with open(index, encoding="utf-8") as handle:
-            files = sorted(set(json.load(handle)["weight_map"].values()))
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, ValueError) as error:
-        raise NereusError(f"{index}: not valid JSON ({error})", hint=_REWRITE) from None
-    except (KeyError, TypeError, AttributeError):
-        raise NereusError(f"{index}: no 'weight_map' of tensor names to files",
-                          hint="an index is {\"weight_map\": {\"name\": \"model-00001-of-00002.safetensors\", ...}}") from None
-    missing = [f for f in files if not isinstance(f, str) or not os.path.isfile(os.path.join(os.path.dirname(index), f))]
-    if missing:
-        raise NereusError(f"{index} lists {missing[0]}, which is not in {os.path.dirname(index)}",
-                          hint="copy every shard file of the checkpoint")
-    return files
-
-
-def _checkpoint_files(directory: str) -> list:
-    """The safetensors files of a checkpoint directory, in transformers' order of
-    precedence: `model.safetensors`, else the shards its index lists (an index left next
-    to a model.safetensors, as save_pretrained leaves one, is not read)."""
-    if os.path.isfile(os.path.join(directory, "model.safetensors")):
-        return ["model.safetensors"]
-    index = os.path.join(directory, "model.safetensors.index.json")
-    if os.path.isfile(index):
-        return _index_files(index)
-    try:
-        names = sorted(os.listdir(directory))
-    except OSError:
-        names = []
-    shards = [n for n in names if n.endswith(".safetensors")]
-    if shards:
-        raise NereusError(f"no model.safetensors.index.json listing {shards[0]}"
-                          f"{f' and {len(shards) - 1} more' if len(shards) > 1 else ''} in {directory}",
-                          hint="copy the checkpoint's model.safetensors.index.json too (it maps each tensor "
-                               "to its shard file)")
-    pickled = [n for n in names if n.endswith((".bin", ".pt", ".pth"))]
-    if pickled:
-        raise NereusError(f"{directory} holds {pickled[0]}, and Nereus reads only safetensors files",
-                          hint="convert it: load it with transformers and save_pretrained(dir), which writes "
-                               "safetensors")
-    raise NereusError(f"no model.safetensors or model.safetensors.index.json in {directory}",
-                      hint="write the checkpoint with transformers' save_pretrained(dir)")
-
-
-# the safetensors format's dtypes and their bytes per element: every header entry's span is
-# checked; only SAFETENSORS_DTYPES are read
-FORMAT_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1, "I16": 2, "U16": 2,
-                "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
-
-
-def _is_size(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _entry(path: str, name: str, info, data_start: int, size: int) -> tuple:
-    """((file, dtype or None, shape, byte where the data starts), safetensors dtype) of
-    header entry `name`: each field of its type, its byte span its shape's, inside the
-    file (`data_start`: where the data section starts, `size`: the file's bytes). The
-    dtype is None for a format dtype Nereus does not read (checked only if needed)."""
-    def bad(what: str) -> NereusError:
-        return NereusError(f"{path}: the header entry of {name}: {what}", hint=_REWRITE)
-
-    if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= set(info):
-        raise NereusError(f"{path}: the header entry of {name} lacks dtype, shape or data_offsets", hint=_REWRITE)
-    kind, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
-    if not isinstance(kind, str) or kind not in FORMAT_BYTES:
-        raise bad(f"dtype must be one of {', '.join(FORMAT_BYTES)}, found {json.dumps(kind)[:40]}")
-    if not isinstance(shape, list) or not all(_is_size(n) for n in shape):
-        raise bad(f"shape must be a list of sizes, found {json.dumps(shape)[:60]}")
-    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_size(n) for n in offsets) \
-            or offsets[0] > offsets[1]:
-        raise bad(f"data_offsets must be two byte offsets [begin, end] with 0 <= begin <= end, "
-                  f"found {json.dumps(offsets)[:60]}")
-    first, last = offsets
-    shape = tuple(shape)
-    nbytes = math.prod(shape) * FORMAT_BYTES[kind]
-    if last - first != nbytes:
-        raise NereusError(f"{path}: {name} spans {last - first} bytes, its shape {list(shape)} and dtype "
-                          f"{kind} make {nbytes}", hint=_REWRITE)
-    if data_start + last > size:
-        raise _truncated(f"{path}: {name}", size)
-    return (path, SAFETENSORS_DTYPES.get(kind), shape, data_start + first), kind
-
-
-def _span(entry: tuple, kind: str) -> int:
-    return math.prod(entry[2]) * FORMAT_BYTES[kind]
-
-
-def _check_disjoint(path: str, spans: list, data_start: int) -> None:
-    """No two tensors of a file share a byte (a corrupt header could point one tensor
-    into another's data)."""
-    end, last = None, None
-    for first, stop, name in sorted(s for s in spans if s[1] > s[0]):
-        if end is not None and first < end:
-            raise NereusError(f"{path}: the tensors {last[2]} [{last[0] - data_start}, {last[1] - data_start}) and "
-                              f"{name} [{first - data_start}, {stop - data_start}) overlap in the data section",
-                              hint=_REWRITE)
-        end, last = stop, (first, stop, name)
-
-
-def _truncated(what: str, at: int) -> NereusError:
-    return NereusError(f"{what}: the file ends at byte {at}, inside the tensor's data",
-                       hint="the checkpoint is truncated: copy or save it again")
-
-
-def _header(path: str) -> tuple:
-    """(header length, header dict, file size) of a safetensors file, checked against its size."""
-    size = os.path.getsize(path)
-    with open(path, "rb") as handle:
-        head = handle.read(8)
-        if len(head) < 8:
-            raise NereusError(f"{path}: {size} bytes, too short for a safetensors file", hint=_REWRITE)
-        (length,) = struct.unpack("<Q", head)
-        if length > size - 8:
-            raise NereusError(f"{path}: its header length ({length} bytes) exceeds the file ({size} bytes)",
-                              hint=_REWRITE)
-        try:
-            header = json.loads(handle.read(length))
-        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, ValueError) as error:
-            raise NereusError(f"{path}: the header is not valid JSON ({error})", hint=_REWRITE) from None
-    if not isinstance(header, dict):
-        raise NereusError(f"{path}: the header is not a JSON object", hint=_REWRITE)
-    return length, header, size
-
-
 def _pread(fd: int, target: memoryview, offset: int, what: str) -> None:
     done = 0
     while done < len(target):
         n = os.preadv(fd, [target[done:done + _MAX_READ]], offset + done)
         if n <= 0:
-            raise _truncated(what, offset + done)
+            raise truncated(what, offset + done)
         done += n
 
 

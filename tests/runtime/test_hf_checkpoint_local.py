@@ -4,6 +4,7 @@ that differs from the checkpoint's (read, then cast)."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -239,3 +240,46 @@ def test_stacked_experts_in_a_file_load_as_the_per_expert_names(tmp_path):
                                    str(tmp_path / "ckpt"))
         assert set(stacked) == set(per_expert[g])
         assert all(torch.equal(stacked[k], per_expert[g][k]) for k in stacked)
+
+
+def _nereusc(*args):
+    import os
+    import subprocess
+
+    root = Path(__file__).parents[2]
+    return subprocess.run([sys.executable, "-m", "nereus.cli", *map(str, args)], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(root)), timeout=120)
+
+
+@pytest.mark.parametrize("extra, located, message", [
+    (" { hidden 32 }", "{ hidden 32 }", "the braces set hidden 32 where its config.json says 64"),
+    (" { layers 3 }", "{ layers 3 }", "lacks model.layers.2.input_layernorm.weight, which actor needs"),
+])
+def test_nereusc_check_compares_a_checkpoint_with_its_model(tmp_path, extra, located, message):
+    """A brace override that no longer matches the checkpoint passed `nereusc check` and
+    failed only after `nereus train` had started its processes; it is an error at the
+    override now, from the safetensors headers alone."""
+    write_checkpoint("llama31", tmp_path / "ckpt")
+    (tmp_path / "plan.nir").write_text(nir("ckpt", extra=extra))
+    assert _nereusc("check", tmp_path / "plan.nir", "--set", "cluster.gpu.mem=80GB").returncode == 2
+    run = _nereusc("check", tmp_path / "plan.nir")
+    assert run.returncode == 2, run.stdout + run.stderr
+    first = run.stderr.splitlines()[0]
+    assert first.startswith(f"{tmp_path / 'plan.nir'}:2:") and "error: model actor: the checkpoint ckpt" in first
+    assert message in run.stderr and "Traceback" not in run.stderr
+
+
+def test_checkpoint_tensors_no_weight_reads_are_a_warning(tmp_path):
+    """`qkv_bias false` on a Qwen2 checkpoint drops its biases: the model computes another
+    function than the checkpoint's, which was said nowhere."""
+    write_checkpoint("qwen2", tmp_path / "ckpt")
+    (tmp_path / "plan.nir").write_text(nir("ckpt", extra=" { qkv_bias false }"))
+    run = _nereusc("check", tmp_path / "plan.nir")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert ("warning: model actor: 6 tensors of ckpt are not read (the braces set qkv_bias): "
+            "model.layers.0.self_attn.k_proj.bias") in run.stderr
+    run = _nereusc("check", tmp_path / "plan.nir", "--json")
+    assert json.loads(run.stdout)["warnings"][0].startswith("model actor: 6 tensors of ckpt are not read")
+    (tmp_path / "plan.nir").write_text(nir("ckpt"))
+    run = _nereusc("check", tmp_path / "plan.nir")
+    assert run.returncode == 0 and "warning" not in run.stderr
