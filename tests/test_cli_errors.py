@@ -155,3 +155,20 @@ def test_emit_summary_checks_every_plan_and_says_when_there_is_no_transition(tmp
     result = nereusc(fits, "--emit", "summary")
     assert result.returncode == 0 and result.stdout == ""
     assert "declares no transition" in result.stderr
+
+
+def test_an_infeasible_transition_keeps_the_report_and_the_other_transitions():
+    """One transition that cannot be scheduled replaced the whole --json report with a bare
+    error without a location; the plan table and the feasible transition A -> C were lost."""
+    plan = ROOT / "tests" / "data" / "swap-staging.nir"
+    result = nereusc(plan, "--set", "cluster.host_mem=1KB", "--json")
+    assert result.returncode == 2, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    assert [p["plan"] for p in report["plans"]] == ["A", "B", "C"]
+    assert [t["transition"] for t in report["transitions"]] == ["A -> C"]
+    error = report["error"]
+    assert (error["file"], error["line"]) == (str(plan), 29) and "transition A -> B cannot break" in error["message"]
+    result = nereusc(plan, "--set", "cluster.host_mem=1KB")
+    assert result.returncode == 2
+    assert "transition A -> C:" in result.stdout
+    assert f"{plan}:29:12: error: transition A -> B cannot break a memory cycle" in result.stderr

@@ -181,6 +181,8 @@ def compile_command(file, transition, overrides, emit, output, as_json, time_pas
         unfit = {p.name for p in module.plans if not check_plan(module, p).feasible}
     if rank is not None and pipeline is None:
         pipeline = RANK_PIPELINE  # one rank's program needs no cost estimate
+    failed: list = []  # without --emit: a transition that cannot compile is reported, the others still are
+    declared = {(t.source, t.target): t.loc for t in module.transitions}
     for source, target in pairs:
         if source in unfit or target in unfit:
             continue
@@ -189,7 +191,13 @@ def compile_command(file, transition, overrides, emit, output, as_json, time_pas
             compiled = compile_transition(module, source, target, pipeline=pipeline, print_after_all=hook,
                                           check_fit=emit is not None)
         except NereusError as error:  # quote the source line, as `nereusc check` does
-            raise error.with_source(_source_text(module.file)) if error.loc is not None else error
+            if error.loc is None and declared.get((source, target)) is not None:
+                error.loc = declared[(source, target)]  # at the transition's declaration
+            error = error.with_source(_source_text(module.file)) if error.loc is not None else error
+            if emit is not None:
+                raise error
+            failed.append(error)
+            continue
         results.append(compiled)
         if time_passes:
             total = sum(compiled.timings.values())
@@ -199,6 +207,10 @@ def compile_command(file, transition, overrides, emit, output, as_json, time_pas
     over = [c for c in results if (c.summary.get("peak_memory") or {}).get("fraction", 0.0) > 1.0]
     if over and emit == "json":  # a program that cannot run is not written
         raise NereusError(_over_memory(over[0]), hint=_OVER_HINT)
+    if failed and as_json and "error" not in checked:  # the first error of the run, as a plan's would be
+        from nereus.cli.errors import error_json
+
+        checked["error"] = error_json(failed[0])
     if emit in (None, "summary"):
         if as_json:
             text = json.dumps({**checked, "transitions": [c.summary for c in results]}, indent=None)
@@ -234,6 +246,11 @@ def compile_command(file, transition, overrides, emit, output, as_json, time_pas
             handle.write(text + "\n")
     else:
         click.echo(text)
+    if failed:
+        if not as_json:
+            for error in failed:
+                click.echo(error.format(), err=True)
+        sys.exit(2)
     if over:  # shown above, and an error: the program would run out of memory
         click.echo(f"error: {_over_memory(over[0])}\nhint: {_OVER_HINT}", err=True)
         sys.exit(2)
