@@ -67,6 +67,9 @@ def launch(config: dict, nproc: int, out: str, progress_label: str, quiet: bool,
     NEREUS_FAILURE_TIMEOUT_S, else FAILURE_TIMEOUT_S."""
     if failure_timeout_s is None:
         failure_timeout_s = env_number("NEREUS_FAILURE_TIMEOUT_S", FAILURE_TIMEOUT_S, 1.0, float)
+    from nereus.rl.topology import collective_timeout
+
+    collective_timeout()  # NEREUS_COLLECTIVE_TIMEOUT_S checked here, read by every worker
     os.makedirs(out, exist_ok=True)
     clear_earlier_run(out)
     path = os.path.join(out, "config.json")

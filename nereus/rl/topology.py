@@ -21,10 +21,12 @@ rank and caches groups by their rank tuple, so a later plan reuses earlier group
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from datetime import timedelta
 from typing import Any, Optional
 
 import torch.distributed as dist
 
+from nereus.ir.diagnostics import env_number
 from nereus.models import pp_layer_range
 from nereus.ir.model import Module, Placement, Plan
 
@@ -73,8 +75,20 @@ class Role:
         return slice(offset + lo, offset + hi)
 
 
+# seconds a collective of the RL loop waits for its peers before it fails (torch's default
+# is 30 minutes on gloo, 10 on NCCL): a peer that stalls without raising (a deadlock, a hung
+# device) then ends the job as a failure does; NEREUS_COLLECTIVE_TIMEOUT_S
+COLLECTIVE_TIMEOUT_S = 600.0
+
+
+def collective_timeout() -> timedelta:
+    """The RL loop's collective timeout: NEREUS_COLLECTIVE_TIMEOUT_S, else COLLECTIVE_TIMEOUT_S."""
+    return timedelta(seconds=env_number("NEREUS_COLLECTIVE_TIMEOUT_S", COLLECTIVE_TIMEOUT_S, 1.0, float))
+
+
 class Groups:
-    """Process groups by rank tuple, created collectively and cached."""
+    """Process groups by rank tuple, created collectively and cached (each with the loop's
+    collective timeout: a group's default would be torch's, not the default group's)."""
 
     def __init__(self) -> None:
         self._cache: dict[tuple[int, ...], Any] = {}
@@ -83,7 +97,8 @@ class Groups:
         if len(ranks) == 1:
             return None
         if ranks not in self._cache:
-            self._cache[ranks] = dist.new_group(list(ranks)) if dist.is_initialized() else None
+            self._cache[ranks] = dist.new_group(list(ranks), timeout=collective_timeout()) \
+                if dist.is_initialized() else None
         return self._cache[ranks]
 
     def for_plan(self, module: Module, plan: Plan, world: int) -> dict[str, Optional[Role]]:

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from nereus.ir.diagnostics import NereusError
 
 from .algorithms import RlConfig
+from .topology import collective_timeout
 from .trainer import RlTrainer, TrainSpec
 
 PREFIX = "@nereus-rl "
@@ -127,7 +128,9 @@ def main(argv: list[str]) -> int:
     backend = config.get("backend") or ("nccl" if torch.cuda.is_available() else "gloo")
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group(backend)
+    # a peer that stalls without raising (a deadlock, a hung device) ends the job once a
+    # collective waits this long: the waiting rank raises and reports, as any failure
+    dist.init_process_group(backend, timeout=collective_timeout())
     try:
         result = run(config)
         _emit({"event": "done", **result})

@@ -45,3 +45,48 @@ def test_json_mode_prints_the_error_object(tmp_path):
     assert error["rank"] == 1 and error["type"] == "RuntimeError"
     assert "injected fault on rank 1 after step 2" in error["message"]
     assert "Traceback" in error["traceback"]
+
+
+def test_a_rank_that_stalls_ends_the_job_after_the_collective_timeout(tmp_path):
+    """A rank that stops without raising (SIGSTOP here; a deadlock, a hung device) left its
+    peers waiting in a collective for gloo's default 30 minutes. With
+    NEREUS_COLLECTIVE_TIMEOUT_S their wait times out, which ends the job as a failure does."""
+    import signal
+
+    from nereus.cli.launch import descendants
+
+    env = dict(os.environ, PYTHONPATH=ROOT, NEREUS_COLLECTIVE_TIMEOUT_S="5", NEREUS_FAILURE_TIMEOUT_S="10")
+    proc = subprocess.Popen([sys.executable, "-c", "from nereus.cli import nereus; nereus()", "train", PLAN,
+                             "--algo", "grpo", "--nproc", "2", "--steps", "100000", "--out", str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    stopped = None
+    try:
+        for line in proc.stderr:  # plain progress lines: stderr is a pipe
+            if "step 1/" in line:
+                break
+        workers = [p for p in descendants(proc.pid) if b"nereus.rl.worker" in _cmdline(p)]
+        stopped = max(workers)
+        os.kill(stopped, signal.SIGSTOP)
+        started = time.perf_counter()
+        rest = proc.stderr.read()
+        proc.wait(timeout=120)
+        seconds = time.perf_counter() - started
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if stopped is not None:
+            try:
+                os.kill(stopped, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert proc.returncode == 2, rest
+    assert seconds < 60, seconds
+    assert "training failed: rank" in rest
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return handle.read()
+    except OSError:
+        return b""
