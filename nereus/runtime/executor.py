@@ -27,7 +27,8 @@ agreement per round plus the commit.
 Fault injection for tests: `fault=(rank, round, phase)` with phase "pack" (before the
 agreement), "post" (after the large pieces were posted), "unpack" (after the
 exchange) or "commit" (at the commit, after the device synchronized; the round is not
-read), or the environment variable NEREUS_FAULT="rank:round:phase".
+read), or the environment variable NEREUS_FAULT="rank:round:phase[:source->target]" (the
+last field: only in that transition).
 """
 
 from __future__ import annotations
@@ -52,20 +53,32 @@ from .wires import TORCH_DTYPES, Live, check_complete
 
 __all__ = ["TORCH_DTYPES", "ExecutionResult", "InjectedFault", "RoundTiming", "execute"]
 
-def _fault_spec(fault) -> Optional[tuple[int, int, str]]:
+def _fault_spec(fault, source: str = "", target: str = "") -> Optional[tuple[int, int, str]]:
+    """The fault to inject in the transition `source` -> `target`: `fault` when given, else
+    NEREUS_FAULT="RANK:ROUND:PHASE[:SOURCE->TARGET]" (with the fourth field, only in that
+    transition: under `nereus train` each step's weight sync is a transition too)."""
     if fault is not None:
         return tuple(fault)
     text = os.environ.get("NEREUS_FAULT")
     if not text:
         return None
+    fields = text.split(":", 3)
+    spec = where = None
     try:
-        rank, rnd, phase = text.split(":")
+        rank, rnd, phase = fields[:3]
         spec = int(rank), int(rnd), phase
+        if len(fields) == 4:
+            where = tuple(part.strip() for part in fields[3].split("->"))
+            if len(where) != 2 or not all(where):
+                spec = None
     except ValueError:
         spec = None
-    if spec is None or phase not in FAULT_PHASES:
-        raise SettingError(f"NEREUS_FAULT={text!r}: must be RANK:ROUND:PHASE",
-                           hint=f"phases: {', '.join(FAULT_PHASES)} (tests inject a failure there)")
+    if spec is None or spec[2] not in FAULT_PHASES:
+        raise SettingError(f"NEREUS_FAULT={text!r}: must be RANK:ROUND:PHASE[:SOURCE->TARGET]",
+                           hint=f"phases: {', '.join(FAULT_PHASES)} (tests inject a failure there); the last "
+                                "field limits it to one transition, e.g. 1:0:pack:S1->S2")
+    if where is not None and where != (source, target):
+        return None
     return spec
 
 
@@ -143,7 +156,8 @@ def execute(prog: RankProgram, before: dict, *, group, control, device: torch.de
         # for every view taken of them; the cyclic GC paused (gc_pause.py)
         with torch.no_grad(), paused():
             result = _execute(prog, before, parking, group, control, torch.device(device), resident_bytes, verify,
-                              progress, _fault_spec(fault), round_hook, depth or streams.DEPTH,
+                              progress, _fault_spec(fault, prog.source, prog.target), round_hook,
+                              depth or streams.DEPTH,
                               offloaded, clock_start, plan, agreement)
     except BaseException as error:
         # the finished frames in the traceback still hold the new shards and the buffers:

@@ -88,3 +88,20 @@ def test_runtime_and_weight_sync_options_are_checked():
             "stages": "error: WeightSync actor.generation -> actor.training: a sync copies one model's weights "
                       "into a stage without optimizer state",
         }
+
+
+def test_nereus_fault_can_name_the_transition_it_fires_in(monkeypatch):
+    """Under `nereus train` every step's weight sync is a transition too, so a fault for
+    round 0 fired there, before any plan change: a fourth field names the transition."""
+    from nereus.runtime.executor import _fault_spec
+
+    monkeypatch.setenv("NEREUS_FAULT", "1:0:pack")
+    assert _fault_spec(None, "sync.from", "sync.to") == (1, 0, "pack")
+    monkeypatch.setenv("NEREUS_FAULT", "1:0:pack:S1->S2")
+    assert _fault_spec(None, "sync.from", "sync.to") is None
+    assert _fault_spec(None, "S1", "S2") == (1, 0, "pack")
+    monkeypatch.setenv("NEREUS_FAULT", "1:0:pack:S1")
+    with pytest.raises(SettingError, match=r"must be RANK:ROUND:PHASE\[:SOURCE->TARGET\]"):
+        _fault_spec(None, "S1", "S2")
+    monkeypatch.setenv("NEREUS_FAULT", "1:0:post:S2 -> S3")
+    assert _fault_spec(None, "S2", "S3") == (1, 0, "post")
