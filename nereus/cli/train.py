@@ -78,7 +78,12 @@ def parse_drift(text: Optional[str], module, steps: int) -> list[tuple[int, str]
         try:
             module = ir.apply_overrides(module, [key])
         except NereusError as error:  # said as --drift's, not as --set's
-            raise NereusError(f"--drift {item!r}: {error.message.replace(' for --set', '')}", hint=error.hint) from None
+            message = error.message.replace(" for --set", "").replace(" (after --set)", "")
+            hint = error.hint
+            if hint and "cluster." in hint and "keys: " in hint:  # only workload keys drift: list those
+                head, _, keys = hint.partition("keys: ")
+                hint = head + "keys: " + ", ".join(k for k in keys.split(", ") if k.startswith("workload."))
+            raise NereusError(f"--drift {item!r}: {message}", hint=hint) from None
         out.append((int(step), key))
     return sorted(out, key=lambda entry: entry[0])  # stable: changes after one step keep their order
 
@@ -96,10 +101,17 @@ def check_before_launch(plan_file: str, module, algo: str, group: int, nproc: in
     import nereus.runtime.executor  # noqa: F401
     try:
         check_run(module, algo, MINIBATCHES, group, nproc)
-        for _, key in drifts:
+        for step, key in drifts:
             module = ir.apply_overrides(module, [key])
-            check_batch(module, algo, MINIBATCHES, group)
-            check_replicas(module, MINIBATCHES)
+            try:
+                check_batch(module, algo, MINIBATCHES, group)
+                check_replicas(module, MINIBATCHES)
+            except NereusError as error:  # the file is fine: the drift breaks it
+                error.message = f"after --drift {step}:{key.removeprefix('workload.')}: {error.message}"
+                error.args = (error.message,)
+                if error.loc is not None and str(error.loc.file).startswith("<"):
+                    error.loc = None  # the drifted value's place is the command line, not the file
+                raise
     except NereusError as error:
         with open(plan_file) as f:
             raise error.with_source(f.read()) from None

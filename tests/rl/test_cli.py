@@ -102,6 +102,11 @@ def test_grpo_without_a_reward_model_trains_on_the_task_rule(tmp_path):
     (["--steps", "1", "--events", "1:S2"], "a 1-step run has no step boundary: use --steps 2 or more"),
     (["--steps", "3", "--events", "\u00b2:S2"], "--events: cannot read '\u00b2:S2'"),
     (["--steps", "3", "--drift", "1:respons=8"], "--drift '1:respons=8': unknown key 'workload.respons'"),
+    (["--steps", "4", "--drift", "2:microbatch=1,2:batch=4"],
+     "error: after --drift 2:batch=4: batch 4 must divide into 2 minibatches of whole groups of 4"),
+    (["--steps", "4", "--drift", "2:batch=4"], "error: --drift '2:batch=4': microbatch 8 is larger than batch 4\n"),
+    (["--steps", "4", "--drift", "3:foo=1"], "keys: workload.batch, workload.prompt, workload.response, "
+     "workload.microbatch, workload.recompute\n"),
     (["--steps", "3", "--drift", "1:cluster.reserve=10%"],
      "--drift '1:cluster.reserve=10%': only workload keys drift, not cluster keys"),
 ])
