@@ -98,5 +98,12 @@ def dag_text(dag) -> str:
 
 
 def _mesh(placement) -> str:
+    """dp/tp/pp[/ep], the GPUs and what else the placement sets (a swap of GPUs, a zero or
+    offload change is visible in the header)."""
+    from nereus.ir.gpuset import format_gpu_set, items_for
+
     ep = f" ep {placement.ep}" if placement.ep != 1 else ""
-    return f"dp {placement.dp} tp {placement.tp} pp {placement.pp}{ep}"
+    zero = f" zero {placement.zero}" if placement.zero else ""
+    offload = " offload" if placement.offload else ""
+    return (f"dp {placement.dp} tp {placement.tp} pp {placement.pp}{ep} on "
+            f"{format_gpu_set(items_for(placement.gpus))}{zero}{offload}")

@@ -103,7 +103,25 @@ def test_emit_dag_lists_records_in_stable_order(nir):
     second = runner.invoke(nereusc, [str(nir), "--transition", "A->B", "--emit", "dag"])
     assert first.exit_code == 0, first.output
     assert first.output == second.output and first.output.startswith("dag A -> B")
-    assert "actor.generation: dp 2 tp 4 pp 1 -> dp 4 tp 2 pp 1" in first.output
+    assert "actor.generation: dp 2 tp 4 pp 1 on 0..7 -> dp 4 tp 2 pp 1 on 7, 6, 5, 4, 3, 2, 1, 0" in first.output
+
+
+def test_the_dag_header_shows_what_moves(tmp_path):
+    """A swap of GPUs printed `dp 1 tp 1 pp 1 -> dp 1 tp 1 pp 1`, a zero or offload change
+    nothing: the header names the GPUs, zero and offload."""
+    import pathlib
+
+    swap = pathlib.Path(__file__).parents[1] / "data" / "swap-staging.nir"
+    result = CliRunner().invoke(nereusc, [str(swap), "--transition", "A->B", "--emit", "dag"])
+    assert result.exit_code == 0, result.output
+    assert "actor.training: dp 1 tp 1 pp 1 on 0 -> dp 1 tp 1 pp 1 on 1" in result.output
+    text = swap.read_text().replace("actor.training dp 1 on 1\n  critic", "actor.training dp 1 on 0  zero 1\n  critic")
+    text = text.replace("critic.training dp 1 on 0\n}", "critic.training dp 1 on 1  offload\n}", 1)
+    (tmp_path / "z.nir").write_text(text)
+    result = CliRunner().invoke(nereusc, [str(tmp_path / "z.nir"), "--transition", "A->B", "--emit", "dag"])
+    assert result.exit_code == 0, result.output
+    assert "actor.training: dp 1 tp 1 pp 1 on 0 -> dp 1 tp 1 pp 1 on 0 zero 1" in result.output
+    assert "critic.training: dp 1 tp 1 pp 1 on 1 -> dp 1 tp 1 pp 1 on 1 offload" in result.output
 
 
 TIGHT = """
