@@ -35,7 +35,7 @@ def verify_command(program: str, against: str | None, overrides: tuple, as_json:
         if program == "-":
             data = json.load(click.get_text_stream("stdin"))
         else:
-            with open(program, encoding="utf-8") as handle:
+            with open(program, encoding="utf-8-sig") as handle:  # a byte-order mark some editors write
                 data = json.load(handle)
     except json.JSONDecodeError as error:
         raise ProgramError(f"{program} is not JSON: {error.msg} at line {error.lineno} column {error.colno}") from None

@@ -31,7 +31,7 @@ from collections import defaultdict
 from dataclasses import dataclass, replace
 
 from nereus.ir.diagnostics import ProgramError
-from nereus.ir.program import program_from_json
+from nereus.ir.program import expand_segment_units, program_from_json
 from nereus.ir.units import human_bytes
 
 from .verify_header import Header, check_box, fail, is_int, nonnegative, overlap, parse_header, volume
@@ -78,6 +78,10 @@ def verify_program(program_json: dict, against=None) -> VerifyReport:
             raise ProgramError(f"this is rank {data['rank']}'s part of the program; verify proves whole programs",
                                hint="emit the whole program (without --rank) to verify it; the runtime checks each "
                                     "part's digest against the proven whole")
+        try:  # the compact form (units named once per op, as rank parts write them): per segment
+            data = expand_segment_units(data)
+        except (AttributeError, KeyError, TypeError):
+            pass  # malformed: the replay names where
         header = parse_header(data)
         if against is not None:
             from .verify_world import check_against
@@ -151,7 +155,7 @@ def _replay(data: dict, header: Header, cursor: _Cursor) -> VerifyReport:
             if PHASE[kind] < phase:
                 fail(f"{where}: out of phase order", hint="a round runs allocs, then transfers, then frees")
             if PHASE[kind] > 1 and phase <= 1:
-                _check_memory(f"round {k}, ops 0-{i - 1} (allocs and transfers)", mem, transient, capacity, peak)
+                _check_memory(_before_frees(k, i), mem, transient, capacity, peak)
             phase = PHASE[kind]
             ops += 1
             # `id` and `round` (docs/program.md: added fields, so optional): ids unique, the
@@ -237,7 +241,7 @@ def _replay(data: dict, header: Header, cursor: _Cursor) -> VerifyReport:
                     transient[src] += from_gpu
                     transient[dst] += total
         if phase <= 1:
-            _check_memory(f"round {k}, ops 0-{len(rnd['ops']) - 1} (allocs and transfers)", mem, transient,
+            _check_memory(_before_frees(k, len(rnd["ops"])), mem, transient,
                           capacity, peak)
         for (su, du, g, name), handed in keeps.items():
             boxes = sorted(box for box, _ in handed)
@@ -323,6 +327,16 @@ def _transfer(where, s, src, dst, header: Header, status, allocated, written) ->
             fail(f"{where}: {name} {list(box)} on GPU {dst} written twice (double write)")
     done.append(box)
     return volume(box) * element_bytes, box
+
+
+def _before_frees(k: int, first_free: int) -> str:
+    """Where a round's memory is checked: after its allocs and transfers (ops before
+    `first_free`), before its stage_outs and frees."""
+    if first_free == 0:
+        return f"round {k}, at its start (no allocs or transfers)"
+    if first_free == 1:
+        return f"round {k}, op 0 (allocs and transfers)"
+    return f"round {k}, ops 0-{first_free - 1} (allocs and transfers)"
 
 
 def _check_memory(where, mem, transient, capacity, peak) -> None:

@@ -1077,3 +1077,33 @@ def test_emitted_programs_have_no_unknown_fields_and_a_typo_is_named(programs):
         "header field 'gpus' (entry 0): unknown field 'capacity_byte' (did you mean 'capacity_bytes'?): ignored",
         f"header field 'units.before' (unit {typo['units']['before'][0]['id']}): unknown field 'ofload' "
         "(did you mean 'offload'?): ignored")
+
+
+def test_a_whole_program_in_the_compact_form_verifies(programs):
+    """Units named once per op (the form rank parts use) gave "source None is not a before
+    unit"; the verifier reads both forms."""
+    from nereus.ir.program import compact_segment_units
+
+    _, program = programs["staging"]
+    compact = copy.deepcopy(program)
+    for rnd in compact["rounds"]:
+        rnd["ops"] = [compact_segment_units(op) for op in rnd["ops"]]
+    assert compact != program
+    assert verify_program(compact).bytes_moved == verify_program(program).bytes_moved
+
+
+def test_cli_reads_a_byte_order_mark_and_names_a_transition_to_itself(programs, tmp_path):
+    from nereus.ir.printer import print_module
+
+    module, program = programs["staging"]
+    path = tmp_path / "ring.nir"
+    path.write_text(print_module(module))
+    marked = tmp_path / "bom.json"
+    marked.write_bytes(b"\xef\xbb\xbf" + json.dumps(program).encode())
+    ok = _cli(str(marked), "--against", str(path))
+    assert ok.returncode == 0, ok.stderr
+    same = copy.deepcopy(program)
+    same["transition"]["to"] = same["transition"]["from"]
+    (tmp_path / "same.json").write_text(json.dumps(same))
+    rejected = _cli(str(tmp_path / "same.json"), "--against", str(path))
+    assert rejected.returncode == 2 and "from plan S to itself" in rejected.stderr, rejected.stderr
