@@ -44,14 +44,14 @@ class VerifyReport:
     rounds: int
     ops: int
     segments: int
-    bytes_moved: int  # copy + send bytes
+    bytes_moved: int  # copy + send bytes (the compile summary's "moved" also counts staged bytes)
     peak_bytes: dict  # gpu -> highest memory seen
     worst_gpu: int
     worst_fraction: float  # peak / capacity on the worst GPU
     warnings: tuple = ()  # fields no reader knows (verify_fields.py): ignored, and said so
 
     def __str__(self) -> str:
-        return (f"ok: {self.rounds} rounds, {self.ops} ops, {self.segments} segments, {human_bytes(self.bytes_moved)} moved;"
+        return (f"ok: {self.rounds} rounds, {self.ops} ops, {self.segments} segments, {human_bytes(self.bytes_moved)} copied or sent;"
                 f" peak {self.worst_fraction:.1%} of capacity on GPU {self.worst_gpu}")
 
 
