@@ -277,8 +277,20 @@ def rank_program(program: dict, gpu: int, direct_min_bytes: int = DIRECT_MIN_BYT
     Invariant: for every message, the sender's and the receiver's RankProgram list the
     same pieces in the same order, hence the same byte count. Raises ProgramError when
     the program is malformed (unknown tensor, a segment not covered by its shards,
-    a byte count that disagrees with the boxes)."""
-    if program.get("format") != "nereus-program" or program.get("version") != 1:
+    a byte count that disagrees with the boxes, a field missing or of the wrong type)."""
+    if not isinstance(program, dict):
+        raise ProgramError("a program is a JSON object", hint="compile it with `nereusc FILE --emit json`")
+    try:
+        return _rank_program(program, gpu, direct_min_bytes)
+    except (KeyError, TypeError, AttributeError, ValueError, IndexError) as error:
+        # a field missing or of the wrong type: named, not a KeyError from deep inside
+        raise ProgramError(f"malformed program ({type(error).__name__}: {error})",
+                           hint="`nereusc verify PROGRAM.json` names the field; docs/program.md lists them") from None
+
+
+def _rank_program(program: dict, gpu: int, direct_min_bytes: int) -> RankProgram:
+    version = program.get("version")
+    if program.get("format") != "nereus-program" or type(version) is not int or version != 1:
         raise ProgramError("not a nereus-program version 1", hint="compile it with `nereusc FILE --emit json`")
     program = expand_segment_units(program)  # a rank program states shared units per op
     tensors = {t["name"]: t for t in program["tensors"]}

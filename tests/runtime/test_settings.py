@@ -105,3 +105,31 @@ def test_nereus_fault_can_name_the_transition_it_fires_in(monkeypatch):
         _fault_spec(None, "S1", "S2")
     monkeypatch.setenv("NEREUS_FAULT", "1:0:post:S2 -> S3")
     assert _fault_spec(None, "S2", "S3") == (1, 0, "post")
+
+
+@pytest.mark.parametrize("edit", [
+    lambda p: p.pop("rounds"),
+    lambda p: p["rounds"][0]["ops"][0].pop("op"),
+    lambda p: p.update(version=True),
+    lambda p: p.update(version=1.0),
+    lambda p: p["tensors"][0].update(dtype="int8"),
+])
+def test_rank_program_names_a_malformed_program(edit):
+    """It raised KeyError, TypeError or ValueError from deep inside, and took version true
+    or 1.0 for 1 (the verifier does not)."""
+    import copy
+
+    from nereus.backends.json_program import program_json
+    from nereus.ir.diagnostics import ProgramError
+    from nereus.passes import compile_transition
+    from nereus.runtime.program import rank_program
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "passes"))
+    from builders import fig5_module
+
+    program = program_json(compile_transition(fig5_module(), "S1", "tp_up", check_fit=False))
+    rank_program(program, 0)
+    broken = copy.deepcopy(program)
+    edit(broken)
+    with pytest.raises(ProgramError):
+        rank_program(broken, 0)
