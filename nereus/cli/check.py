@@ -35,6 +35,15 @@ def _read(path) -> str | None:
         return None
 
 
+def _has_weights(directory: str) -> bool:
+    import os
+
+    try:
+        return any(name.endswith((".safetensors", ".safetensors.index.json")) for name in os.listdir(directory))
+    except OSError:
+        return False
+
+
 def check_checkpoints(module: Module, source: str | None = None) -> list[str]:
     """Each `hf("...")` model against its checkpoint's safetensors headers (no tensor data
     read): a tensor missing, of another shape or dtype is the error the runtime would give
@@ -46,8 +55,8 @@ def check_checkpoints(module: Module, source: str | None = None) -> list[str]:
 
     warnings = []
     for model in module.models:
-        if model.checkpoint_dir is None:
-            continue
+        if model.checkpoint_dir is None or not _has_weights(model.checkpoint_dir):
+            continue  # a config.json alone plans a run (no weights needed until it starts)
         try:
             entries = checkpoint_entries(model.checkpoint_dir)
         except NereusError as error:

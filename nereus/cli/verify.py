@@ -17,6 +17,10 @@ from nereus.cli.errors import reports_errors, traceback_option
 from nereus.ir.diagnostics import ProgramError
 
 
+# a program file that is not (whole, UTF-8) JSON: truncated, another encoding, not a program
+_REEMIT = "write it again: `nereusc FILE --transition S1:S2 --emit json -o PROGRAM.json` (UTF-8 JSON)"
+
+
 @click.command("verify")
 @click.argument("program", type=click.Path(allow_dash=True))
 @click.option("--against", "against", type=click.Path(dir_okay=False), default=None, metavar="FILE.nir",
@@ -38,11 +42,14 @@ def verify_command(program: str, against: str | None, overrides: tuple, as_json:
             with open(program, encoding="utf-8-sig") as handle:  # a byte-order mark some editors write
                 data = json.load(handle)
     except json.JSONDecodeError as error:
-        raise ProgramError(f"{program} is not JSON: {error.msg} at line {error.lineno} column {error.colno}") from None
+        raise ProgramError(f"{program} is not JSON: {error.msg} at line {error.lineno} column {error.colno}",
+                           hint=_REEMIT) from None
     except UnicodeDecodeError as error:
-        raise ProgramError(f"{program} is not UTF-8 text: {error.reason} at byte {error.start}") from None
+        raise ProgramError(f"{program} is not UTF-8 text: {error.reason} at byte {error.start}",
+                           hint=_REEMIT) from None
     except (ValueError, RecursionError) as error:  # an integer of >4300 digits, nesting deeper than Python's stack
-        raise ProgramError(f"{program} is not JSON a program can be: {str(error) or type(error).__name__}") from None
+        raise ProgramError(f"{program} is not JSON a program can be: {str(error) or type(error).__name__}",
+                           hint=_REEMIT) from None
     module = None
     if against is not None:
         from nereus.cli.check import load_module

@@ -34,10 +34,13 @@ def program_from_json(data: dict) -> JsonProgram:
                            hint="produce one with `nereusc FILE --transition S1:S2 --emit json -o program.json`")
     version = data.get("version")
     if type(version) is not int or version != VERSION:  # not True, not 1.0: the integer 1
-        raise ProgramError(f"unsupported program version {json.dumps(version)}; this compiler reads version 1")
+        raise ProgramError(f"unsupported program version {json.dumps(version)}; this compiler reads version 1",
+                           hint="`\"version\": 1`, an integer (a program of a later version needs a later nereusc)")
     for key in REQUIRED_FIELDS:
         if key not in data:
-            raise ProgramError(f"program lacks the required field '{key}'")
+            raise ProgramError(f"program lacks the required field '{key}'",
+                               hint="docs/program.md, \"Top level\", lists the fields; `nereusc FILE --emit json` "
+                                    "writes whole programs")
     transition = data["transition"]
     if not isinstance(transition, dict) or not all(isinstance(transition.get(k), str) for k in ("from", "to")):
         raise ProgramError("header field 'transition' must be {\"from\": PLAN, \"to\": PLAN}",

@@ -41,7 +41,19 @@ class Header:
     offloaded: frozenset  # ("before" | "after", unit id) of offloaded units
 
 
+# the section of docs/program.md that describes what an error is about (a hint for the
+# errors that need no more specific one)
+_SECTIONS = (("header field 'units", "\"Units and the local shard contract\" gives a unit's fields and how "
+              "its shards' boxes tile each tensor"),
+             ("header field", "\"Top level\" gives each header field and its type"),
+             ("round", "\"Ops\" gives each op's fields and the phase order of a round"),
+             ("after round", "\"Ops\" says what each op must leave done by the last round"))
+
+
 def fail(message: str, hint: str | None = None):
+    if hint is None:
+        hint = next((f"docs/program.md, {text}; programs `nereusc FILE --emit json` writes verify"
+                     for prefix, text in _SECTIONS if message.startswith(prefix)), None)
     raise ProgramError(message, hint=hint)
 
 
