@@ -8,8 +8,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 # os.environ.get("NEREUS_X" ...), os.environ["NEREUS_X"], "NEREUS_X" in os.environ,
-# env_number("NEREUS_X", ...) (nereus.ir.diagnostics: a checked number)
-READS = re.compile(r"""(?:environ(?:\.get\(|\[)|env_number\()\s*["'](NEREUS_[A-Z0-9_]+)["']|["'](NEREUS_[A-Z0-9_]+)["']\s+(?:not\s+)?in\s+os\.environ""")
+# env_number("NEREUS_X", ...), env_flag("NEREUS_X", ...) (nereus.ir.diagnostics: a checked number or switch)
+READS = re.compile(r"""(?:environ(?:\.get\(|\[)|env_number\(|env_flag\()\s*["'](NEREUS_[A-Z0-9_]+)["']|["'](NEREUS_[A-Z0-9_]+)["']\s+(?:not\s+)?in\s+os\.environ""")
 
 
 def _read_by_the_package() -> set:

@@ -104,3 +104,22 @@ def env_number(name: str, default, minimum, kind=int, environ=None):
         raise SettingError(f"{name}={text!r}: must be {what} ≥ {minimum}",
                            hint=f"unset it for the default ({default}); README, \"Environment variables\"")
     return value
+
+
+_FLAGS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
+
+
+def env_flag(name: str, default: bool, environ=None) -> bool:
+    """Environment variable `name` as a switch: 1/true/yes/on or 0/false/no/off (any case),
+    `default` when unset or empty. Raises SettingError naming the variable for anything
+    else (`NEREUS_PAUSE_GC=maybe` meant on, `NEREUS_COPIES_AFTER=7` off)."""
+    import os
+
+    text = (os.environ if environ is None else environ).get(name, "").strip()
+    if not text:
+        return default
+    value = _FLAGS.get(text.lower())
+    if value is None:
+        raise SettingError(f"{name}={text!r}: must be 1 or 0 (true/false, yes/no, on/off)",
+                           hint=f"unset it for the default ({int(default)}); README, \"Environment variables\"")
+    return value

@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import os
 
-PAUSE_GC = os.environ.get("NEREUS_PAUSE_GC", "1") != "0"
+from nereus.ir.diagnostics import env_flag
+
+PAUSE_GC = env_flag("NEREUS_PAUSE_GC", True)
 
 
 @contextlib.contextmanager

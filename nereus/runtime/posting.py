@@ -7,11 +7,10 @@ communicator) match every op, and batches cannot deadlock.
 
 from __future__ import annotations
 
-import os
 
 import torch.distributed as dist
 
-from nereus.ir.diagnostics import env_number
+from nereus.ir.diagnostics import env_flag, env_number
 
 
 def p2p_ops(wires: list, fn, groups) -> list:
@@ -38,7 +37,7 @@ def p2p_ops(wires: list, fn, groups) -> list:
 # batch starts moving while the host still posts the next. P2P_INTERLEAVE alternates sends
 # and receives within a batch. (Environment: NEREUS_P2P_BATCH, NEREUS_P2P_INTERLEAVE.)
 P2P_BATCH = env_number("NEREUS_P2P_BATCH", 0, 0)
-P2P_INTERLEAVE = os.environ.get("NEREUS_P2P_INTERLEAVE", "0") == "1"
+P2P_INTERLEAVE = env_flag("NEREUS_P2P_INTERLEAVE", False)
 
 
 def post(sends: list, recvs: list) -> list:

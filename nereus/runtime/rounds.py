@@ -13,7 +13,6 @@ raised on every rank at the next agreement or the commit.
 from __future__ import annotations
 
 import functools
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Optional
@@ -21,7 +20,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from nereus.ir.diagnostics import ProgramError
+from nereus.ir.diagnostics import ProgramError, env_flag
 
 from . import offload, packing, streams
 from .control import Failure, agree
@@ -297,7 +296,7 @@ def run_round(run: _Run, work, events: Optional[list] = None) -> RoundTiming:
 # Where a round's same-GPU copies run on CUDA: False = on a side stream while the messages
 # travel (the default); True = on the compute stream after the exchange (NEREUS_COPIES_AFTER=1,
 # for measuring whether the copies slow the transfers down).
-COPIES_AFTER = os.environ.get("NEREUS_COPIES_AFTER", "0") == "1"
+COPIES_AFTER = env_flag("NEREUS_COPIES_AFTER", False)
 # Whether after-shards that only copies and slot-received chunks write are allocated when
 # first written, after the round's agreement (RoundPlan.deferred; NEREUS_DEFER_DESTINATIONS=1),
 # or all before it as the compiler's replay orders them (the default). Off since session 8:
@@ -305,7 +304,7 @@ COPIES_AFTER = os.environ.get("NEREUS_COPIES_AFTER", "0") == "1"
 # against 20.4 ms and TP -> DP of 8 layers 12.0 against 11.2 ms (its copies wait, on the side
 # stream, for the current stream's work queued before each late allocation); it saved host
 # time on CPUs only (benchmarks/RESULTS.md, "session 8 ... 2 x H200").
-DEFER_DESTINATIONS = os.environ.get("NEREUS_DEFER_DESTINATIONS", "0") == "1"
+DEFER_DESTINATIONS = env_flag("NEREUS_DEFER_DESTINATIONS", False)
 
 
 def _destination_now_or_later(run: _Run, piece):

@@ -33,14 +33,13 @@ reported), so no peer waits forever.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
 
-from nereus.ir.diagnostics import env_number
+from nereus.ir.diagnostics import env_flag, env_number
 
 from . import offload, packing
 
@@ -56,7 +55,7 @@ DEPTH = env_number("NEREUS_P2P_DEPTH", 8, 1)
 ALONE_BYTES = env_number("NEREUS_P2P_ALONE_BYTES", 0, 0)
 # whether a chunk of one contiguous segment travels in place (0: always through a slot, as
 # before; for measuring; NEREUS_P2P_IN_PLACE)
-IN_PLACE = os.environ.get("NEREUS_P2P_IN_PLACE", "1") != "0"
+IN_PLACE = env_flag("NEREUS_P2P_IN_PLACE", True)
 # with a peer exchanged with both ways, a piece the lowering marked direct still joins the
 # stream below this many bytes (0: below one chunk, the default; NEREUS_P2P_BOTH_DIRECT_MIN)
 BOTH_DIRECT_MIN = env_number("NEREUS_P2P_BOTH_DIRECT_MIN", 0, 0)

@@ -133,3 +133,20 @@ def test_rank_program_names_a_malformed_program(edit):
     edit(broken)
     with pytest.raises(ProgramError):
         rank_program(broken, 0)
+
+
+@pytest.mark.parametrize("text, value", [("", True), ("1", True), ("0", False), ("TRUE", True), ("off", False),
+                                         (" no ", False)])
+def test_a_switch_reads_the_usual_spellings(text, value):
+    from nereus.ir.diagnostics import env_flag
+
+    assert env_flag("NEREUS_X", True, environ={"NEREUS_X": text}) is value
+
+
+@pytest.mark.parametrize("name, value", [("NEREUS_PAUSE_GC", "maybe"), ("NEREUS_COPIES_AFTER", "7"),
+                                         ("NEREUS_P2P_IN_PLACE", "yes please")])
+def test_a_switch_that_is_neither_is_refused_when_the_runtime_loads(name, value):
+    """NEREUS_PAUSE_GC=maybe meant on and NEREUS_COPIES_AFTER=7 off, silently."""
+    done = subprocess.run([sys.executable, "-c", "import nereus.runtime.executor"], capture_output=True, text=True,
+                          env={**os.environ, name: value})
+    assert done.returncode != 0 and f"SettingError: error: {name}='{value}': must be 1 or 0" in done.stderr

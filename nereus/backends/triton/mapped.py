@@ -28,10 +28,11 @@ address, and `device` is a CUDA device.
 from __future__ import annotations
 
 import ctypes
-import os
 from typing import Optional, Sequence
 
 import torch
+
+from nereus.ir.diagnostics import env_flag
 
 _DEVICE_POINTER = 3  # CU_POINTER_ATTRIBUTE_DEVICE_POINTER
 _driver = None  # the loaded libcuda, False where it does not load
@@ -52,7 +53,7 @@ def _libcuda():
 
 def enabled() -> bool:
     """NEREUS_MAPPED_HOST (default 1): whether host pieces may be addressed in place."""
-    return os.environ.get("NEREUS_MAPPED_HOST", "1").strip() != "0"
+    return env_flag("NEREUS_MAPPED_HOST", True)
 
 
 def device_address(address: int) -> Optional[int]:
