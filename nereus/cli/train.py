@@ -28,8 +28,10 @@ from nereus.cli.launch import json_safe, launch
 from nereus.ir.diagnostics import NereusError, SemanticError
 from nereus.ir.units import human_bytes
 
-def parse_events(text: Optional[str], plans: set[str], steps: int) -> list[tuple[int, str]]:
-    """"3:S2,6:S3" → [(3, "S2"), (6, "S3")]: after step 3 move to S2, after step 6 to S3."""
+def parse_events(text: Optional[str], plans: set[str], steps: int, start: Optional[str] = None) -> list[tuple[int, str]]:
+    """"3:S2,6:S3" → [(3, "S2"), (6, "S3")]: after step 3 move to S2, after step 6 to S3.
+    With `start` (the plan the run starts in), a move to the plan already running is an
+    error (the loop would drop it: no transition, nothing measured)."""
     events = []
     for item in filter(None, (part.strip() for part in (text or "").split(","))):
         step, sep, plan = item.partition(":")
@@ -44,6 +46,12 @@ def parse_events(text: Optional[str], plans: set[str], steps: int) -> list[tuple
         events.append((step, plan))
     if len({s for s, _ in events}) != len(events):
         raise NereusError("--events: two transitions after the same step")
+    running = start
+    for step, plan in sorted(events):
+        if plan == running:
+            raise NereusError(f"--events {step}:{plan}: {plan} is already the plan running after step {step}",
+                              hint="a transition moves to another plan; leave this one out")
+        running = plan
     return sorted(events)
 
 
@@ -216,7 +224,7 @@ def train_command(plan_file, plan_name, algo, nproc, steps, events, controller, 
                           hint="its advantage is each reward against its group's mean and deviation; e.g. --group 4")
     if out is not None and not out.strip():
         raise NereusError("--out is empty", hint="name a folder, or leave --out out for runs/<plan file>-<algo>")
-    scripted = parse_events(events, set(plans), steps)
+    scripted = parse_events(events, set(plans), steps, plan_name)
     drifts = parse_drift(drift, module, steps)
     if engine == "vllm":
         import torch

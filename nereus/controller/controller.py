@@ -33,6 +33,7 @@ from typing import Optional
 
 import numpy as np
 
+from nereus.ir.diagnostics import SettingError
 from nereus.ir.model import ModelStage, Module, Plan, Workload
 
 from .admission import AdmissionSettings, Decision, admit, gain_sigma
@@ -114,6 +115,10 @@ class Controller:
     log: list = field(default_factory=list)
 
     def __post_init__(self):
+        if type(self.total_steps) is not int or self.total_steps < 1:
+            # 0 or fewer: no decision could ever pay back, and none said why
+            raise SettingError(f"Controller total_steps={self.total_steps!r}: must be a whole number ≥ 1",
+                               hint="the steps the run will take in all (the payback horizon counts down from it)")
         if self.cost is None:
             self.cost = CostModel(self.module)
         self._search: Optional[SearchResult] = None

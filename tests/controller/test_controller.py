@@ -368,3 +368,14 @@ def test_a_pays_back_now_switch_shows_the_gain_it_decided_on():
     assert d.switch and d.reason == "pays-back-now"
     assert "gain now 40.000 s/step" in d.why and "> transition 26.76 s" in d.why
     assert d.to_json()["now_gain_s"] == 40.0
+
+
+
+@pytest.mark.parametrize("total", [0, -3, 2.5, True])
+def test_total_steps_must_be_a_step_count(total):
+    from nereus.controller.controller import Controller
+    from nereus.ir.diagnostics import SettingError
+
+    module = ir.parse_file(os.path.join(os.path.dirname(__file__), "..", "..", "examples", "rl", "grpo-cpu.nir"))
+    with pytest.raises(SettingError, match="total_steps"):
+        Controller(module, module.plans[0], total)
