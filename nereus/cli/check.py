@@ -35,22 +35,52 @@ def _read(path) -> str | None:
         return None
 
 
+def _braces_cause(model, config: dict, entries: dict, changed: list) -> list:
+    """The brace keys that make the checkpoint not fit: the first one whose return to
+    config.json's value alone makes it fit, else all of them when their return together
+    does, else none (the checkpoint does not fit its own config). A field the braces did
+    not write but derive (head_dim from an overridden hidden) returns with each key."""
+    import dataclasses
+
+    from nereus.models.safetensors_header import compare_with_model
+
+    derived = {k: v for k, v in config.items() if k not in changed and k not in ("dtype", "head")
+               and hasattr(model, k) and getattr(model, k) != v}
+
+    def fits(keys) -> bool:
+        try:
+            back = dataclasses.replace(model, **derived, **{k: config[k] for k in keys})
+            return not compare_with_model(back, entries)[0]
+        except (TypeError, ValueError):
+            return False
+
+    for key in changed:
+        if fits([key]):
+            return [key]
+    return list(changed) if changed and fits(changed) else []
+
+
 def _has_weights(directory: str) -> bool:
+    """Whether the folder holds weights at all: a config.json alone, or with only its index
+    (`huggingface-cli download ... --include "*.json"`), plans a run before the download."""
     import os
 
     try:
-        return any(name.endswith((".safetensors", ".safetensors.index.json")) for name in os.listdir(directory))
+        return any(name.endswith(".safetensors") for name in os.listdir(directory))
     except OSError:
         return False
 
 
-def check_checkpoints(module: Module, source: str | None = None) -> list[str]:
+def check_checkpoints(module: Module, source: str | None = None, strict: bool = False) -> list[str]:
     """Each `hf("...")` model against its checkpoint's safetensors headers (no tensor data
     read): a tensor missing, of another shape or dtype is the error the runtime would give
-    after launch, raised here at the model (at the brace key that changes the sizes, when
-    one does); the checkpoint's tensors no weight reads are returned as warnings."""
+    after launch, raised here at the model (at the brace keys, when reverting them to
+    config.json's values removes it); the checkpoint's tensors no weight reads are
+    returned as warnings. Unreadable weights: an error when `strict` (a run is next),
+    else a warning (planning needs none)."""
     from nereus.ir.diagnostics import NereusError
     from nereus.ir.model import key_loc
+    from nereus.ir.printer import _value
     from nereus.models.safetensors_header import checkpoint_entries, compare_with_model
 
     warnings = []
@@ -60,24 +90,31 @@ def check_checkpoints(module: Module, source: str | None = None) -> list[str]:
         try:
             entries = checkpoint_entries(model.checkpoint_dir)
         except NereusError as error:
-            raise SemanticError(f"model {model.name}: {error.message}", model.loc, error.hint, source=source) from None
+            if strict:  # a run reads them next
+                raise SemanticError(f"model {model.name}: {error.message}", model.loc, error.hint,
+                                    source=source) from None
+            # planning needs no weights (a Git LFS pointer, shards still downloading): said,
+            # not refused; `nereus train` refuses them
+            warnings.append(f"model {model.name}: its weights cannot be read yet ({error.message}); "
+                            "nereus train will refuse them")
+            continue
         problems, unused = compare_with_model(model, entries)
         config = dict(model.checkpoint_fields)
         written = [k for k, _ in model.key_locs]  # the keys of the braces, in order
         changed = [k for k in written if k in config and getattr(model, k) != config[k] and k not in ("dtype", "head")]
         if problems:
-            name, message = problems[0]
+            _, message = problems[0]
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-            if changed:
-                key = changed[0]
-                raise SemanticError(f"model {model.name}: the checkpoint {model.checkpoint} {message}{more}",
-                                    key_loc(model, key),
-                                    f"the braces set {key} {getattr(model, key)} where its config.json says "
-                                    f"{config[key]}: remove the override, or use a checkpoint of those sizes",
+            text = f"model {model.name}: its checkpoint {model.checkpoint} {message}{more}"
+            cause = _braces_cause(model, config, entries, changed)
+            if cause:
+                shown = ", ".join(f"{k} {_value(getattr(model, k))} (config.json: {_value(config[k])})"
+                                  for k in cause)
+                raise SemanticError(text, key_loc(model, cause[0]),
+                                    f"the braces set {shown}: remove them, or use a checkpoint with those values",
                                     source=source)
-            raise SemanticError(f"model {model.name}: the checkpoint {model.checkpoint} {message}{more}", model.loc,
-                                "is config.json the checkpoint's own? its tensors do not match the sizes it states",
-                                source=source)
+            raise SemanticError(text, model.loc, "its tensors do not match the sizes its own config.json states: "
+                                "is config.json the checkpoint's own, and every shard complete?", source=source)
         if unused:
             shown = ", ".join(unused[:3]) + (f" and {len(unused) - 3} more" if len(unused) > 3 else "")
             why = f" (the braces set {', '.join(changed)})" if changed else ""

@@ -241,7 +241,7 @@ def train_command(plan_file, plan_name, algo, nproc, steps, events, controller, 
     from nereus.cli.check import check_checkpoints
 
     with open(plan_file, encoding="utf-8") as handle:
-        checkpoint_warnings = check_checkpoints(module, handle.read())
+        checkpoint_warnings = check_checkpoints(module, handle.read(), strict=True)
     for warning in checkpoint_warnings + unfit_plans(module, drifts):
         click.echo(f"{plan_file}: warning: {warning}", err=True)
     if backend == "nccl":

@@ -57,6 +57,12 @@ def verify_command(program: str, against: str | None, overrides: tuple, as_json:
         module = load_module(against, overrides)
     elif overrides:
         raise click.UsageError("--set needs --against FILE.nir")
+    moves = data.get("transition") if isinstance(data, dict) else None
+    if module is not None and isinstance(moves, dict) and moves.get("from") == moves.get("to") is not None:
+        # the runtime accepts an empty program of a plan to itself (transition to the plan it
+        # is in); a file that claims one is worth a word
+        raise ProgramError(f"header field 'transition' ({moves['from']} -> {moves['to']}): a transition from "
+                           f"plan {moves['from']} to itself", hint="a program moves state between two different plans")
     report = verify_program(data, against=module)
     if as_json:
         click.echo(json.dumps({"ok": True, "rounds": report.rounds, "ops": report.ops, "segments": report.segments,

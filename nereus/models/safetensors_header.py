@@ -9,8 +9,8 @@ Invariant: every error is a NereusError naming the file (and the tensor), with a
 
 Files, in transformers' order: `model.safetensors`; else the shards
 `model.safetensors.index.json` lists. The compiler reads these to compare a checkpoint with
-its model before launch (nereus.models.hf.checkpoint_report); the runtime reads the bytes
-(nereus.runtime.hf_checkpoint).
+its model before launch (`compare_with_model` below, run by nereus.cli.check's
+check_checkpoints); the runtime reads the bytes (nereus.runtime.hf_checkpoint).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import struct
 from typing import NamedTuple
 
@@ -31,6 +32,7 @@ class Entry(NamedTuple):
     kind: str  # the format's dtype: BF16, F32, U8, ...
     shape: tuple
     start: int  # byte of the file where the tensor's data starts
+    stacked: str = ""  # an expert's matrix listed under its per-expert name: the stacked tensor it is in
 
 
 _REWRITE = "the file may be truncated, a Git LFS pointer (clone with git-lfs) or not safetensors; save it again"
@@ -83,8 +85,14 @@ def checkpoint_files(directory: str) -> list:
 
 # the safetensors format's dtypes and their bytes per element: every header entry's span is
 # checked; only SAFETENSORS_DTYPES are read
-FORMAT_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1, "I16": 2, "U16": 2,
+FORMAT_BYTES = {"C64": 8, "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1, "I16": 2, "U16": 2,
                 "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+
+
+# what a dtype name of the format looks like (one this module cannot size is kept, unread)
+_DTYPE_NAME = re.compile(r"[A-Z][A-Z0-9_]{0,15}")
+# safetensors refuses headers past this; a corrupt length must not make `nereusc check` read gigabytes
+MAX_HEADER_BYTES = 100_000_000
 
 
 def _is_size(value) -> bool:
@@ -101,7 +109,7 @@ def _entry(path: str, name: str, info, data_start: int, size: int) -> Entry:
     if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= set(info):
         raise NereusError(f"{path}: the header entry of {name} lacks dtype, shape or data_offsets", hint=_REWRITE)
     kind, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
-    if not isinstance(kind, str) or kind not in FORMAT_BYTES:
+    if not isinstance(kind, str) or not _DTYPE_NAME.fullmatch(kind):
         raise bad(f"dtype must be one of {', '.join(FORMAT_BYTES)}, found {json.dumps(kind)[:40]}")
     if not isinstance(shape, list) or not all(_is_size(n) for n in shape):
         raise bad(f"shape must be a list of sizes, found {json.dumps(shape)[:60]}")
@@ -111,6 +119,10 @@ def _entry(path: str, name: str, info, data_start: int, size: int) -> Entry:
                   f"found {json.dumps(offsets)[:60]}")
     first, last = offsets
     shape = tuple(shape)
+    if kind not in FORMAT_BYTES:  # a dtype of a later format (F4, F6_E2M3, ...): read by no weight here
+        if data_start + last > size:
+            raise truncated(f"{path}: {name}", size)
+        return Entry(path, kind, shape, data_start + first)
     nbytes = math.prod(shape) * FORMAT_BYTES[kind]
     if last - first != nbytes:
         raise NereusError(f"{path}: {name} spans {last - first} bytes, its shape {list(shape)} and dtype "
@@ -149,6 +161,9 @@ def _header(path: str) -> tuple:
         if length > size - 8:
             raise NereusError(f"{path}: its header length ({length} bytes) exceeds the file ({size} bytes)",
                               hint=_REWRITE)
+        if length > MAX_HEADER_BYTES:
+            raise NereusError(f"{path}: its header length ({length} bytes) exceeds the format's limit "
+                              f"({MAX_HEADER_BYTES} bytes)", hint=_REWRITE)
         try:
             header = json.loads(handle.read(length))
         except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, ValueError) as error:
@@ -171,7 +186,8 @@ def checkpoint_entries(directory: str) -> dict:
             if name == "__metadata__":
                 continue
             entry = _entry(path, name, info, 8 + length, size)
-            spans.append((entry.start, entry.start + math.prod(entry.shape) * FORMAT_BYTES[entry.kind], name))
+            if entry.kind in FORMAT_BYTES:
+                spans.append((entry.start, entry.start + math.prod(entry.shape) * FORMAT_BYTES[entry.kind], name))
             entries[name] = entry
         _check_disjoint(path, spans, 8 + length)
     _stacked_experts(entries)
@@ -185,7 +201,7 @@ def _stacked_experts(entries: dict) -> None:
     rows of the stacked tensor viewed as 2-D, so it reads like any tensor."""
     for name, entry in list(entries.items()):
         match = STACKED_EXPERTS.search(name)
-        if match is None or len(entry.shape) != 3:
+        if match is None or len(entry.shape) != 3 or entry.kind not in FORMAT_BYTES:
             continue
         prefix, kind = match.groups()
         experts, rows, width = entry.shape
@@ -196,7 +212,7 @@ def _stacked_experts(entries: dict) -> None:
             for part, first, count in parts:
                 entries.setdefault(f"{prefix}.{e}.{part}.weight",
                                    Entry(entry.path, entry.kind, (count, width),
-                                         entry.start + (e * rows + first) * width * item))
+                                         entry.start + (e * rows + first) * width * item, name))
 
 
 # the format's floating-point dtypes the runtime reads a weight in
@@ -219,15 +235,15 @@ def compare_with_model(model, entries: dict) -> tuple:
             if not target.tensor.endswith("/value_head.weight"):
                 problems.append((name, f"lacks {name}, which {model.name} needs"))
         elif tuple(entry.shape) != tuple(target.shape):
-            problems.append((name, f"{name} has shape {list(entry.shape)}, {model.name} needs {list(target.shape)}"))
+            problems.append((name, f"holds {name} of shape {list(entry.shape)}, {model.name} needs "
+                                   f"{list(target.shape)}"))
         elif entry.kind not in READ_KINDS:
-            problems.append((name, f"{name} has dtype {entry.kind}, not a floating-point dtype Nereus reads "
+            problems.append((name, f"holds {name} in dtype {entry.kind}, not a floating-point dtype Nereus reads "
                                    f"({', '.join(READ_KINDS)})"))
     read = set(targets) | {tied_alias(model)}
     if model.head == "value":  # a critic read from a causal LM's checkpoint leaves its head
         read.add("lm_head.weight")
-    # a stacked expert tensor is read through its per-expert names
-    stacked = {n for n in entries if STACKED_EXPERTS.search(n) and
-               any(k.startswith(STACKED_EXPERTS.search(n).group(1) + ".") for k in read if k)}
-    unused = sorted(set(entries) - read - stacked)
+    # a stacked expert tensor is read through its per-expert names (listed, not in the file)
+    read |= {entries[n].stacked for n in read if n in entries and entries[n].stacked}
+    unused = sorted(n for n, entry in entries.items() if not entry.stacked and n not in read)
     return problems, unused

@@ -35,9 +35,6 @@ def check_against(data: dict, module: Module) -> None:
         if name not in plans:
             raise ProgramError(f"header field 'transition' ({source} -> {target}): no plan {name!r} in the module",
                                hint=f"its plans are {', '.join(plans)}")
-    if source == target:
-        raise ProgramError(f"header field 'transition' ({source} -> {target}): a transition from plan {source} "
-                           "to itself", hint="a program moves state between two different plans")
     world = transition_world(module, source, target)
     _by_key("gpus", "GPU", data["gpus"], world.gpus, "id")
     _by_key("nodes", "node", data.get("nodes"), world.nodes, "id")

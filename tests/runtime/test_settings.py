@@ -150,3 +150,21 @@ def test_a_switch_that_is_neither_is_refused_when_the_runtime_loads(name, value)
     done = subprocess.run([sys.executable, "-c", "import nereus.runtime.executor"], capture_output=True, text=True,
                           env={**os.environ, name: value})
     assert done.returncode != 0 and f"SettingError: error: {name}='{value}': must be 1 or 0" in done.stderr
+
+
+def _self_transition(rank, world):
+    from nereus.runtime import Runtime
+    import nereus.ir as ir
+
+    from test_transition_overhead import SOURCE
+
+    rt = Runtime(ir.parse_source(SOURCE, "o.nir"), "A", rank=rank, world_size=world)
+    return len(rt.transition("A").rounds)
+
+
+def test_a_transition_to_the_plan_the_runtime_is_in_is_an_empty_one():
+    """The verifier's check of a plan-to-itself program belongs to `nereusc verify`: the
+    runtime API returned an empty report for it and must go on doing so."""
+    from runtime_helpers import spawn_ok
+
+    assert spawn_ok(_self_transition, 2) == [0, 0]
