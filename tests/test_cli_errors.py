@@ -172,3 +172,15 @@ def test_an_infeasible_transition_keeps_the_report_and_the_other_transitions():
     assert result.returncode == 2
     assert "transition A -> C:" in result.stdout
     assert f"{plan}:29:12: error: transition A -> B cannot break a memory cycle" in result.stderr
+
+
+def test_a_pipeline_error_is_said_once_and_summary_checks_only_the_plans_it_summarizes(tmp_path):
+    plan = ROOT / "tests" / "data" / "swap-staging.nir"
+    result = nereusc(plan, "--pipeline", "diff,dag,resources,fusion{bucket=0},lower")
+    assert result.returncode == 2 and result.stderr.count("bucket=0") == 1, result.stderr
+    assert result.stderr.startswith("error: option bucket=0")  # the command line's, no file line
+    text = plan.read_text() + "plan Tiny = A {\n  actor.training dp 1 tp 1 pp 1 on 0\n  critic.training dp 1 on 0\n}\n"
+    (tmp_path / "more.nir").write_text(text)
+    result = nereusc(tmp_path / "more.nir", "--transition", "A:C", "--emit", "summary")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "transition A -> C" in result.stdout

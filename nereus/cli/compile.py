@@ -162,11 +162,12 @@ def compile_command(file, transition, overrides, emit, output, as_json, time_pas
             for warning in warnings:
                 click.echo(f"{file}: warning: {warning}", err=True)
         fits = report_plans(module, as_json, collect=checked, warnings=warnings)
-    elif emit == "summary":  # every plan checked, as without --emit; an unfit one is the error
+    elif emit == "summary":  # the plans summarized (every plan without --transition), checked: an unfit one is the error
         from nereus.passes.feasibility import require_fit
 
         try:
-            require_fit(module, *(p.name for p in module.plans))
+            named = {plan for pair in pairs for plan in pair} if transition else {p.name for p in module.plans}
+            require_fit(module, *(p.name for p in module.plans if p.name in named))
         except NereusError as error:
             raise error.with_source(_source_text(module.file)) if error.loc is not None else error
     elif len(pairs) != 1:
@@ -181,6 +182,10 @@ def compile_command(file, transition, overrides, emit, output, as_json, time_pas
         unfit = {p.name for p in module.plans if not check_plan(module, p).feasible}
     if rank is not None and pipeline is None:
         pipeline = RANK_PIPELINE  # one rank's program needs no cost estimate
+    if pipeline:  # an error in the option is the command line's, said once (not at each transition)
+        from nereus.passes.manager import parse_pipeline
+
+        parse_pipeline(pipeline)
     failed: list = []  # without --emit: a transition that cannot compile is reported, the others still are
     declared = {(t.source, t.target): t.loc for t in module.transitions}
     for source, target in pairs:
@@ -191,7 +196,9 @@ def compile_command(file, transition, overrides, emit, output, as_json, time_pas
             compiled = compile_transition(module, source, target, pipeline=pipeline, print_after_all=hook,
                                           check_fit=emit is not None)
         except NereusError as error:  # quote the source line, as `nereusc check` does
-            if error.loc is None and declared.get((source, target)) is not None:
+            from nereus.passes.manager import PipelineError
+
+            if error.loc is None and declared.get((source, target)) is not None and not isinstance(error, PipelineError):
                 error.loc = declared[(source, target)]  # at the transition's declaration
             error = error.with_source(_source_text(module.file)) if error.loc is not None else error
             if emit is not None:

@@ -90,6 +90,8 @@ def parse_drift(text: Optional[str], module, steps: int) -> list[tuple[int, str]
             hint = error.hint
             if hint and "cluster." in hint and "keys: " in hint:  # only workload keys drift: list those
                 head, _, keys = hint.partition("keys: ")
+                if "'cluster." in head:  # a did-you-mean of a key that cannot drift
+                    head = ""
                 hint = head + "keys: " + ", ".join(k for k in keys.split(", ") if k.startswith("workload."))
             raise NereusError(f"--drift {item!r}: {message}", hint=hint) from None
         out.append((int(step), key))
@@ -106,7 +108,14 @@ def check_before_launch(plan_file: str, module, algo: str, group: int, nproc: in
     # the NEREUS_* settings the runtime checks as it is imported: a bad value is an error
     # naming the variable here, not in every worker (where only torchrun's dump shows)
     import nereus.runtime  # noqa: F401
-    import nereus.runtime.executor  # noqa: F401
+    import nereus.runtime.executor as executor
+    from nereus.ir.diagnostics import env_number
+    from nereus.rl.worker import step_fault
+
+    # and those read only when a runtime builds its groups or a transition starts
+    env_number("NEREUS_P2P_GROUPS", 0, 0)
+    executor._fault_spec(None)
+    step_fault()
     try:
         check_run(module, algo, MINIBATCHES, group, nproc)
         for step, key in drifts:

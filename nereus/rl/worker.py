@@ -16,11 +16,12 @@ import sys
 import time
 import traceback
 from dataclasses import fields
+from typing import Optional
 
 import torch
 import torch.distributed as dist
 
-from nereus.ir.diagnostics import NereusError
+from nereus.ir.diagnostics import NereusError, SettingError
 
 from .algorithms import RlConfig
 from .topology import collective_timeout
@@ -52,11 +53,25 @@ def _emit(event: dict) -> None:
         print(PREFIX + json.dumps(event), flush=True)
 
 
+def step_fault() -> Optional[tuple[int, int]]:
+    """Tests: NEREUS_STEP_FAULT="rank:step" (that rank raises after that step), or None;
+    a SettingError naming the variable for anything else."""
+    spec = os.environ.get("NEREUS_STEP_FAULT", "").strip()
+    if not spec:
+        return None
+    try:
+        rank, step = map(int, spec.split(":"))
+    except ValueError:
+        raise SettingError(f"NEREUS_STEP_FAULT={spec!r}: must be RANK:STEP",
+                           hint="tests inject a failure there, e.g. 1:2 (rank 1 raises after step 2)") from None
+    return rank, step
+
+
 def _injected_fault(event: dict) -> None:
     """Tests: NEREUS_STEP_FAULT="rank:step" makes that rank raise after that step."""
-    spec = os.environ.get("NEREUS_STEP_FAULT")
+    spec = step_fault()
     if spec and event.get("event") == "step" and dist.is_initialized():
-        rank, step = map(int, spec.split(":"))
+        rank, step = spec
         if dist.get_rank() == rank and event.get("step") == step:
             raise RuntimeError(f"injected fault on rank {rank} after step {step}")
 

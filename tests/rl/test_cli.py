@@ -109,6 +109,8 @@ def test_grpo_without_a_reward_model_trains_on_the_task_rule(tmp_path):
      "workload.microbatch, workload.recompute\n"),
     (["--steps", "6", "--events", "2:S2,4:S2"], "--events 4:S2: S2 is already the plan running after step 4"),
     (["--steps", "6", "--events", "2:S1"], "--events 2:S1: S1 is already the plan running after step 2"),
+    (["--steps", "4", "--drift", "2:gpus_per_node=4"], "--drift '2:gpus_per_node=4': unknown key "
+     "'workload.gpus_per_node'\nhint: keys: workload.batch"),
     (["--steps", "3", "--drift", "1:cluster.reserve=10%"],
      "--drift '1:cluster.reserve=10%': only workload keys drift, not cluster keys"),
 ])

@@ -235,6 +235,10 @@ def test_stacked_experts_in_a_file_load_as_the_per_expert_names(tmp_path):
     assert any(k.endswith("mlp.experts.gate_up_proj") for k in state)
     (tmp_path / "ckpt" / "model.safetensors").unlink()
     save_file({k: v.contiguous() for k, v in state.items()}, str(tmp_path / "ckpt" / "model.safetensors"))
+    from nereus.models.safetensors_header import checkpoint_entries, compare_with_model
+
+    # the per-expert names listed for reading are no tensors of the file: none "unread"
+    assert compare_with_model(model, checkpoint_entries(str(tmp_path / "ckpt"))) == ([], [])
     for g in (0, 1):
         stacked = shard_checkpoint(model, ir.ModelStage("actor", "inference"), unit_on_gpu(units, g), g,
                                    str(tmp_path / "ckpt"))
