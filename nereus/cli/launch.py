@@ -98,7 +98,8 @@ def launch(config: dict, nproc: int, out: str, progress_label: str, quiet: bool,
         # lines then, one per PLAIN_PROGRESS_S at most, so a long run never looks hung
         plain = None if quiet or console.is_terminal else _PlainProgress(console, progress_label, config["steps"])
         # a process group of its own: the guard (and Ctrl-C) can stop every worker, also
-        # one that outlived torchrun
+        # one that outlived torchrun (re-parented here, not to init: keep_orphans)
+        keep_orphans()
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                 start_new_session=True)
         try:
@@ -270,30 +271,98 @@ class _PlainProgress:
 
 
 def stop_group(proc) -> None:
-    """SIGTERM the launcher's process group and every descendant of the launcher, SIGKILL
-    them STOP_GRACE_S later if anything is still running (torchrun, or a worker that
-    outlived it). The descendants are named one by one: torchrun (torch >= 2.13) starts
-    each worker in a session of its own, which the group's signal never reaches, and an
-    orphaned worker holds the output pipe open (the command would wait for it forever)."""
-    family = descendants(proc.pid)  # before torchrun dies: its orphans lose the link
-    _signal(proc.pid, family, signal.SIGTERM)
+    """SIGTERM the launcher's process group and every descendant of this process (torchrun
+    and its workers), SIGKILL them STOP_GRACE_S later if anything is still running. The
+    descendants are named one by one: torchrun (torch >= 2.13) starts each worker in a
+    session of its own, which the group's signal never reaches, and an orphaned worker
+    holds the output pipe open (the command would wait for it forever). Each is signalled
+    through a pidfd taken when it was found, so a process that later reuses a freed PID
+    is never hit; `launch` makes this process the subreaper of its descendants, so an
+    orphan of torchrun stays among them."""
+    family = _handles(descendants(os.getpid()))
     try:
-        proc.wait(timeout=STOP_GRACE_S)
-    except subprocess.TimeoutExpired:
-        pass
-    _signal(proc.pid, family | descendants(proc.pid), signal.SIGKILL)
+        if proc.returncode is None:
+            _killpg(proc.pid, signal.SIGTERM)
+        for handle in family.values():
+            handle.signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            pass
+        if proc.returncode is None:
+            _killpg(proc.pid, signal.SIGKILL)
+        for handle in family.values():
+            handle.signal(signal.SIGKILL)
+    finally:
+        for handle in family.values():
+            handle.close()
 
 
-def _signal(group: int, pids: set, sig) -> None:
+def _killpg(group: int, sig) -> None:
     try:
         os.killpg(group, sig)
     except (ProcessLookupError, PermissionError):
         pass
-    for pid in pids:
+
+
+class _Process:
+    """A process to signal: through a pidfd where the system has them (it keeps naming
+    that process, also after its PID is freed and reused), else by PID after checking
+    that the PID still started when it did."""
+
+    def __init__(self, pid: int, started: Optional[bytes]):
+        self.pid, self.started, self.fd = pid, started, None
+        if hasattr(os, "pidfd_open"):
+            try:
+                self.fd = os.pidfd_open(pid)
+            except OSError:  # gone already
+                self.fd = -1
+            if self.fd >= 0 and _start_time(pid) != started:  # the PID was reused in between
+                os.close(self.fd)
+                self.fd = -1
+
+    def signal(self, sig) -> None:
         try:
-            os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
+            if self.fd is not None:
+                if self.fd >= 0:
+                    signal.pidfd_send_signal(self.fd, sig)
+            elif _start_time(self.pid) == self.started:
+                os.kill(self.pid, sig)
+        except (ProcessLookupError, PermissionError, OSError):
             pass
+
+    def close(self) -> None:
+        if self.fd is not None and self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _handles(pids) -> dict:
+    return {pid: _Process(pid, _start_time(pid)) for pid in pids}
+
+
+def _start_time(pid: int) -> Optional[bytes]:
+    """Field 22 of /proc/PID/stat (when the process started, in clock ticks): with the PID,
+    it names one process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(b")") + 2:].split()
+    return fields[19] if len(fields) > 19 else None
+
+
+def keep_orphans() -> None:
+    """Make this process the subreaper of its descendants (Linux): a worker orphaned by
+    torchrun is re-parented here, not to init, so `stop_group` still finds it."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
 
 
 def descendants(pid: int) -> set:

@@ -170,3 +170,59 @@ def test_an_earlier_runs_outputs_are_cleared_before_a_new_run(tmp_path):
         (tmp_path / name).write_text("x")
     launch.clear_earlier_run(str(tmp_path))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]  # what the run did not write stays
+
+
+# a "torchrun" as torch 2.13's: its worker in a session of its own; on SIGTERM it reaps the
+# worker (which the same SIGTERM ended: its PID is free again) and takes 2 s to shut down
+REAPING_LAUNCHER = r"""
+import os, signal, subprocess, sys, time
+worker = subprocess.Popen(["sleep", "1000"], start_new_session=True)
+print(worker.pid, flush=True)
+def stop(*_):
+    os.waitpid(worker.pid, 0)
+    time.sleep(2)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+while True:
+    time.sleep(1)
+"""
+
+
+def test_the_guard_never_signals_a_process_that_reuses_a_freed_pid(monkeypatch, tmp_path):
+    """The guard lists the job's processes, SIGTERMs them and SIGKILLs what is left
+    STOP_GRACE_S later. A worker that died at SIGTERM frees its PID; a new process given
+    that PID (by wrap-around on a busy host; forced here through ns_last_pid) was
+    SIGKILLed with the job."""
+    import os
+    import threading
+
+    last_pid = "/proc/sys/kernel/ns_last_pid"
+    if not os.access(last_pid, os.W_OK):
+        import pytest
+
+        pytest.skip("needs a writable ns_last_pid (root) to force the PID reuse")
+    monkeypatch.setattr(launch, "STOP_GRACE_S", 1.0)
+    proc = subprocess.Popen([sys.executable, "-c", REAPING_LAUNCHER], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    worker, victim = int(proc.stdout.readline()), {}
+
+    def reuse():
+        deadline = time.perf_counter() + 5
+        while os.path.exists(f"/proc/{worker}") and time.perf_counter() < deadline:  # reaped: PID free
+            time.sleep(0.01)
+        with open(last_pid, "w") as handle:
+            handle.write(str(worker - 1))
+        victim["p"] = subprocess.Popen(["sleep", "30"], start_new_session=True)
+
+    thread = threading.Thread(target=reuse)
+    thread.start()
+    launch.stop_group(proc)
+    thread.join()
+    other = victim["p"]
+    time.sleep(0.2)
+    try:
+        assert other.pid == worker, "the PID was not reused: nothing tested"
+        assert other.poll() is None, f"the process that took PID {other.pid} (the worker's: {worker}) was killed"
+    finally:
+        other.kill()
+        other.wait()
