@@ -50,6 +50,8 @@ def clear_earlier_run(out: str) -> None:
     leaves no result of another beside its own config; other files stay."""
     import shutil
 
+    if not os.path.isdir(out):
+        return
     for pattern in RUN_OUTPUTS:
         for old in glob.glob(os.path.join(out, pattern)):
             if os.path.isdir(old) and not os.path.islink(old):

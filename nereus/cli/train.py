@@ -260,6 +260,12 @@ def train_command(plan_file, plan_name, algo, nproc, steps, events, controller, 
               "seed": seed, "task": task, "runtime": runtime, "overrides": list(overrides),
               "controller": controller, "drift": drifts, "engine": engine, "greedy": greedy, "backend": None if backend == "auto" else backend,
               "rl": {"algo": algo, "lr": lr, "critic_lr": lr, "group": group}, "out": os.path.join(out, "run")}
+    from nereus.cli.launch import clear_earlier_run
+
+    # an earlier run's control and plot go too: a failed run leaves none of another beside it
+    clear_earlier_run(os.path.join(out, "control"))
+    if os.path.isfile(os.path.join(out, "reward_kl.png")):
+        os.remove(os.path.join(out, "reward_kl.png"))
     started = time.perf_counter()
     result = launch(config, nproc, config["out"], "train", as_json)
     runs = {"with transitions" if scripted or controller else "run": result}

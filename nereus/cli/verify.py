@@ -37,7 +37,7 @@ def verify_command(program: str, against: str | None, overrides: tuple, as_json:
 
     try:
         if program == "-":
-            data = json.load(click.get_text_stream("stdin"))
+            data = json.loads(click.get_text_stream("stdin").read().lstrip("\ufeff"))  # a byte-order mark too
         else:
             with open(program, encoding="utf-8-sig") as handle:  # a byte-order mark some editors write
                 data = json.load(handle)
