@@ -184,3 +184,15 @@ def test_a_pipeline_error_is_said_once_and_summary_checks_only_the_plans_it_summ
     result = nereusc(tmp_path / "more.nir", "--transition", "A:C", "--emit", "summary")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "transition A -> C" in result.stdout
+
+
+def test_python_dash_m_usage_lines_say_how_to_run_it_again():
+    """`python -m nereus.cli runtime train --help` printed `python -m nereus.cli train`,
+    which runs the compiler."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-m", "nereus.cli", "runtime", "train", "--help"], env=env,
+                         capture_output=True, text=True).stdout
+    assert out.startswith("Usage: python -m nereus.cli runtime train [OPTIONS] PLAN_FILE")
+    out = subprocess.run([sys.executable, "-m", "nereus.cli", "check", "--help"], env=env,
+                         capture_output=True, text=True).stdout
+    assert out.startswith("Usage: python -m nereus.cli check [OPTIONS] FILE")

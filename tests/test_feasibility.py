@@ -137,3 +137,11 @@ def test_offloaded_state_must_fit_in_its_nodes_host_memory():
     assert error.message.startswith("plan B does not fit: node 0 holds ")
     assert "host memory" in error.message and "offload" in error.hint
     assert report.to_json()["host"]["overflowing"] == [{"node": 0, "bytes": used}]
+
+
+def test_a_near_miss_is_said_with_bytes_that_differ():
+    """'GPU 2 needs 2.1 MiB in training but has 2.1 MiB': both rounded to one figure."""
+    from nereus.passes.feasibility import _apart
+
+    assert _apart(2_200_000, 2_150_000) == ("2,200,000 B", "2,150,000 B")
+    assert _apart(3 << 20, 2 << 20) == ("3.0 MiB", "2.0 MiB")

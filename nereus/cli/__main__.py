@@ -6,6 +6,7 @@ from nereus.cli import nereus, nereusc
 
 if len(sys.argv) > 1 and sys.argv[1] == "runtime":
     del sys.argv[1]
-    nereus()
+    # usage lines say how to run it again (`python -m nereus.cli runtime train ...`)
+    nereus(prog_name="python -m nereus.cli runtime")
 else:
-    nereusc()
+    nereusc(prog_name="python -m nereus.cli")

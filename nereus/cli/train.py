@@ -134,6 +134,53 @@ def check_before_launch(plan_file: str, module, algo: str, group: int, nproc: in
             raise error.with_source(f.read()) from None
 
 
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def check_host_memory(module, plan_name: str, available: Optional[int] = None) -> None:
+    """On CPU processes (gloo) every rank's state lives in this machine's memory: refuse a
+    plan whose ranks together need more than is available (a GPU-scale plan started its
+    64 ranks of an 8B model on a CPU box, until the OOM killer ended it)."""
+    from nereus.ir.units import human_bytes
+    from nereus.passes.feasibility import check_plan
+
+    report = check_plan(module, module.plan(plan_name))
+    per_gpu: dict = {}
+    for (gpu, _), used in report.totals.items():
+        per_gpu[gpu] = max(per_gpu.get(gpu, 0), used)
+    need = sum(per_gpu.values())
+    if available is None:
+        available = _available_memory()
+        if available is None:
+            return
+    if need > available:
+        raise NereusError(f"plan {plan_name} on CPU processes needs {human_bytes(need)} of this machine's memory "
+                          f"(its {len(per_gpu)} ranks together), and {human_bytes(available)} is available",
+                          hint="run it on GPUs (--backend nccl), or train a plan sized for a CPU "
+                               "(examples/rl/*-cpu.nir)")
+
+
+def _available_memory() -> Optional[int]:
+    """Bytes this machine can give new processes: /proc/meminfo's MemAvailable (free memory
+    plus the page cache it can drop), else the free pages; None where neither is known."""
+    import os
+
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def unfit_plans(module, drifts: list[tuple[int, str]]) -> list[str]:
     """A line per plan that does not fit the cluster's GPU memory (`nereusc check`), at the
     start and after each --drift that makes it stop fitting. Warnings, not errors: on CPUs
@@ -253,6 +300,8 @@ def train_command(plan_file, plan_name, algo, nproc, steps, events, controller, 
         checkpoint_warnings = check_checkpoints(module, handle.read(), strict=True)
     for warning in checkpoint_warnings + unfit_plans(module, drifts):
         click.echo(f"{plan_file}: warning: {warning}", err=True)
+    if backend == "gloo" or (backend == "auto" and not _has_cuda()):
+        check_host_memory(module, plan_name)
     if backend == "nccl":
         _check_cuda(nproc)
     out = out or os.path.join("runs", f"{os.path.splitext(os.path.basename(plan_file))[0]}-{algo}")

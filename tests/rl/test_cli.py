@@ -153,3 +153,18 @@ def test_plans_that_do_not_fit_are_warned_about_before_launch():
     assert warnings and all("does not fit" in w and "run out of memory" in w for w in warnings)
     drifted = unfit_plans(module, [(2, "workload.response=100000")])
     assert drifted and drifted[0].startswith("after step 2 (workload.response=100000): plan ")
+
+
+def test_a_gpu_scale_plan_is_refused_on_cpu_processes():
+    """`nereus train examples/ppo-8b.nir` on a CPU box started 64 ranks of an 8B model until
+    the OOM killer ended them: refused before launch, naming what it needs."""
+    import nereus.ir as ir
+    from nereus.cli.train import check_host_memory
+    from nereus.ir.diagnostics import NereusError
+
+    big = ir.parse_file(os.path.join(ROOT, "examples", "ppo-8b.nir"))
+    with pytest.raises(NereusError, match=r"plan S1 on CPU processes needs .* TiB of this machine's memory "
+                                          r"\(its 64 ranks together\), and 16.0 GiB is available"):
+        check_host_memory(big, "S1", available=16 << 30)
+    small = ir.parse_file(PLAN)
+    check_host_memory(small, "S1", available=16 << 30)
