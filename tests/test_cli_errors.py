@@ -196,3 +196,21 @@ def test_python_dash_m_usage_lines_say_how_to_run_it_again():
     out = subprocess.run([sys.executable, "-m", "nereus.cli", "check", "--help"], env=env,
                          capture_output=True, text=True).stdout
     assert out.startswith("Usage: python -m nereus.cli check [OPTIONS] FILE")
+
+
+def test_traceback_shows_what_an_error_was_raised_from(monkeypatch, capsys):
+    from nereus.cli.errors import report_error
+    from nereus.ir.diagnostics import NereusError
+
+    monkeypatch.setattr(sys, "argv", ["nereusc", "--traceback"])
+    try:
+        try:
+            {}["missing"]
+        except KeyError as cause:
+            raise NereusError("the outer error") from cause
+    except NereusError as error:
+        with pytest.raises(SystemExit):
+            report_error(error, as_json=False)
+    err = capsys.readouterr().err
+    assert "KeyError: 'missing'" in err and "raised from the one above" in err
+    assert err.count("error: the outer error") == 1

@@ -46,6 +46,10 @@ def report_error(error: Exception, as_json: bool) -> None:
     from nereus.cli import traceback_requested
 
     if traceback_requested():
+        chained = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
+        if chained is not None:  # what it was raised from (e.g. a transition's abort): whole
+            traceback_module.print_exception(type(chained), chained, chained.__traceback__, file=sys.stderr)
+            print("\nThe error below was raised from the one above:\n", file=sys.stderr)
         # the frames and the type only: the message follows once (for `nereus train` it
         # holds the failing rank's own traceback, which print_exception would repeat)
         print("Traceback (most recent call last):", file=sys.stderr)
