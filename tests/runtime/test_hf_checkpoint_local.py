@@ -350,3 +350,17 @@ def test_weights_not_downloaded_yet_plan_with_a_warning(tmp_path):
     run = _nereusc("check", tmp_path / "plan.nir")
     assert run.returncode == 0, run.stdout + run.stderr
     assert "warning: model actor: its weights cannot be read yet" in run.stderr
+
+
+def test_a_header_past_the_formats_limit_is_refused_unread(tmp_path):
+    """A corrupt length of 150 MB in a (sparse) 200 MB file made `nereusc check` read and
+    parse it; safetensors refuses headers past 100 MB, and so does this reader now."""
+    from nereus.models.safetensors_header import MAX_HEADER_BYTES, checkpoint_entries
+
+    (tmp_path / "ckpt").mkdir()
+    path = tmp_path / "ckpt" / "model.safetensors"
+    with open(path, "wb") as handle:
+        handle.write((150_000_000).to_bytes(8, "little"))
+        handle.truncate(200_000_000)
+    with pytest.raises(ir.NereusError, match=f"exceeds the format's limit \\({MAX_HEADER_BYTES} bytes\\)"):
+        checkpoint_entries(str(tmp_path / "ckpt"))
