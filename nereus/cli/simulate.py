@@ -1,7 +1,7 @@
 """`nereus simulate TRACE [--json] [--plot out.png] [--margin x] [--steps]`: replay a drift trace
 under the fixed, greedy and Nereus policies and the DP oracle (nereus.controller.simulator).
-Progress goes to stderr; the summary table (or, with --json, one JSON object on the last
-line) to stdout."""
+Progress goes to stderr; the summary table to stdout, or with --json one JSON object
+(the table then goes to stderr with the progress)."""
 
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ def plot(result: dict, path: str, title: str) -> None:
 
 @click.command("simulate")
 @click.argument("trace", type=click.Path(exists=True, dir_okay=False))
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object on the last line.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object on stdout (the table goes to stderr).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a PNG of per-step latency.")
 @click.option("--margin", type=float, default=0.1, show_default=True, help="Admission margin (confidence setting).")
 @click.option("--steps", "show_steps", is_flag=True, help="Print every step's latency per policy.")
@@ -123,32 +123,34 @@ def simulate_command(trace, as_json, plot_path, margin, show_steps, estimate_tra
         click.echo(f"simulating {len(loaded.steps)} steps of {trace} ...", err=True)
     result = simulate(loaded, margin=margin, transition_method="estimate" if estimate_transitions else "compile",
                       oracle_grid=oracle_grid, progress=None if quiet else StderrProgress())
+    # with --json, stdout is the one JSON object: the table and the moves go to stderr
+    say = (lambda text: click.echo(text, err=True)) if as_json else click.echo
     names = list(result["policies"])
     if show_steps:
-        click.echo("step  response  gpus  " + "  ".join(f"{n:>9s}" for n in names))
+        say("step  response  gpus  " + "  ".join(f"{n:>9s}" for n in names))
         for r in result["steps"]:
-            click.echo(f"{r['step']:4d}  {r['response']:8d}  {r['gpus']:4d}  "
+            say(f"{r['step']:4d}  {r['response']:8d}  {r['gpus']:4d}  "
                        + "  ".join(f"{_fmt(r.get(n)):>9s}" for n in names))
     for name, moves in result["transitions"].items():
         for move in moves:
             if name != "oracle" or show_steps:
-                click.echo(f"{name}: step {move['step']}: transition {move['seconds']:.2f} s — {move['why']}")
-    click.echo(f"{'policy':8s} {'steps run':>9s} {'failed at':>9s} {'mean step s':>12s} {'total s':>10s} "
+                say(f"{name}: step {move['step']}: transition {move['seconds']:.2f} s — {move['why']}")
+    say(f"{'policy':8s} {'steps run':>9s} {'failed at':>9s} {'mean step s':>12s} {'total s':>10s} "
                f"{'vs oracle':>10s} {'transitions':>11s} {'transition s':>12s} {'share':>8s} {'ctl ms/step':>11s}")
     for name, s in result["policies"].items():
         gap = "-" if s.get("gap_to_oracle") is None else f"{100 * s['gap_to_oracle']:+.2f}%"
         ctl = f"{s['controller_ms_per_step']:.2f}" if "controller_ms_per_step" in s else "-"
         failed = "-" if s["failed_at"] is None else str(s["failed_at"])
-        click.echo(f"{name:8s} {s['steps_run']:9d} {failed:>9s} {_fmt(s['mean_step_s']):>12s} {s['total_s']:10.1f} "
+        say(f"{name:8s} {s['steps_run']:9d} {failed:>9s} {_fmt(s['mean_step_s']):>12s} {s['total_s']:10.1f} "
                    f"{gap:>10s} {s['transitions']:11d} {s['transition_s']:12.2f} {100 * s['transition_share']:7.3f}% "
                    f"{ctl:>11s}")
     common = next(iter(result["policies"].values()))["common_steps"]
     if common < len(result["steps"]):
-        click.echo(f"over the {common} steps every policy ran: " + ", ".join(
+        say(f"over the {common} steps every policy ran: " + ", ".join(
             f"{name} {_fmt(s['common_mean_step_s'])} s/step" for name, s in result["policies"].items()))
     if plot_path:
         plot(result, plot_path, f"{trace} (margin {margin:g})")
-        click.echo(f"wrote {plot_path}")
+        click.echo(f"wrote {plot_path}", err=as_json)
     if as_json:
         from nereus.cli.launch import json_safe
 
