@@ -34,7 +34,7 @@ from nereus.ir.diagnostics import ProgramError
 from nereus.ir.program import expand_segment_units, program_from_json
 from nereus.ir.units import human_bytes
 
-from .verify_header import Header, check_box, fail, is_int, nonnegative, overlap, parse_header, volume
+from .verify_header import Header, check_box, fail, is_int, nonnegative, overlap, parse_header, shown, volume
 
 PHASE = {"alloc": 0, "keep": 1, "copy": 1, "send": 1, "stage_out": 2, "free": 2}
 
@@ -233,7 +233,7 @@ def _replay(data: dict, header: Header, cursor: _Cursor) -> VerifyReport:
                         keeps[(s["src_unit"], s["dst_unit"], src, s["tensor"])].append((box, where))
                 if kind != "keep":
                     if not is_int(op.get("bytes")):
-                        fail(f"{where}: bytes must be a non-negative integer, not {op.get('bytes')!r}"[:200])
+                        fail(f"{where}: bytes must be a non-negative integer, not {shown(op.get('bytes'))}")
                     if op.get("bytes") != total:
                         fail(f"{where}: declares {op.get('bytes')} bytes, its segments hold {total}")
                     moved += total

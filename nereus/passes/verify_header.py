@@ -57,13 +57,20 @@ def fail(message: str, hint: str | None = None):
     raise ProgramError(message, hint=hint)
 
 
+def shown(value, width: int = 40) -> str:
+    """`value` as an error quotes it: its repr, cut to `width` characters (a 4000-digit
+    number was echoed whole)."""
+    text = repr(value)
+    return text if len(text) <= width else f"{text[:width - 12]}... ({len(text)} characters)"
+
+
 def is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
 def nonnegative(value, where: str, what: str) -> int:
     if not is_int(value) or value < 0:
-        fail(f"{where}: {what} must be a non-negative integer, not {value!r}")
+        fail(f"{where}: {what} must be a non-negative integer, not {shown(value)}")
     return value
 
 

@@ -1108,3 +1108,12 @@ def test_cli_reads_a_byte_order_mark_and_names_a_transition_to_itself(programs, 
     (tmp_path / "same.json").write_text(json.dumps(same))
     rejected = _cli(str(tmp_path / "same.json"), "--against", str(path))
     assert rejected.returncode == 2 and "from plan S to itself" in rejected.stderr, rejected.stderr
+
+
+def test_a_huge_value_is_quoted_short(programs):
+    _, program = programs["staging"]
+    broken = copy.deepcopy(program)
+    broken["resident_bytes"]["0"] = -(10 ** 4000 // 10 ** 3990) * 10 ** 500
+    with pytest.raises(ProgramError) as caught:
+        verify_program(broken)
+    assert len(caught.value.message) < 200 and "characters)" in caught.value.message
