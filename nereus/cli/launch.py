@@ -343,15 +343,20 @@ def _handles(pids) -> dict:
     return {pid: _Process(pid, _start_time(pid)) for pid in pids}
 
 
-def _start_time(pid: int) -> Optional[bytes]:
-    """Field 22 of /proc/PID/stat (when the process started, in clock ticks): with the PID,
-    it names one process."""
+def _stat(pid) -> list:
+    """The fields of /proc/PID/stat after the command name (which may hold spaces): [0] is
+    the state, [1] the parent's PID, [19] the start time; [] when the process is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
             stat = handle.read()
     except OSError:
-        return None
-    fields = stat[stat.rfind(b")") + 2:].split()
+        return []
+    return stat[stat.rfind(b")") + 2:].split()
+
+
+def _start_time(pid: int) -> Optional[bytes]:
+    """When the process started (clock ticks since boot): with the PID, it names one process."""
+    fields = _stat(pid)
     return fields[19] if len(fields) > 19 else None
 
 
@@ -376,14 +381,7 @@ def descendants(pid: int) -> set:
     except OSError:
         return set()
     for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as handle:
-                stat = handle.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(b")") + 2:].split()  # after the command name, which may hold spaces
+        fields = _stat(entry) if entry.isdigit() else []
         if len(fields) > 1:
             children.setdefault(int(fields[1]), []).append(int(entry))
     found, todo = set(), [pid]

@@ -26,6 +26,8 @@ import click
 from nereus.cli.errors import reports_errors, traceback_option
 from nereus.cli.launch import json_safe, launch
 from nereus.ir.diagnostics import NereusError, SemanticError
+from nereus.ir.build import did_you_mean
+from nereus.ir.overrides import OVERRIDE_KEYS
 from nereus.ir.units import human_bytes
 
 def parse_events(text: Optional[str], plans: set[str], steps: int, start: Optional[str] = None) -> list[tuple[int, str]]:
@@ -56,6 +58,7 @@ def parse_events(text: Optional[str], plans: set[str], steps: int, start: Option
 
 
 _DIGITS = re.compile(r"[0-9]+")  # not str.isdigit: it takes '²', which int() refuses
+_DRIFT_KEYS = tuple(k for k in OVERRIDE_KEYS if k.startswith("workload."))  # what --drift may change
 
 
 def _boundaries(steps: int, what: str) -> str:
@@ -77,9 +80,16 @@ def parse_drift(text: Optional[str], module, steps: int) -> list[tuple[int, str]
         block = key.split(".", 1)[0] if "." in key.split("=", 1)[0] else "workload"
         if block != "workload":  # only the workload drifts: the cluster and models are the run's
             raise NereusError(f"--drift {item!r}: only workload keys drift, not {block} keys",
-                              hint="workload keys: batch, prompt, response, microbatch, recompute "
+                              hint=f"workload keys: {', '.join(k.split('.', 1)[1] for k in _DRIFT_KEYS)} "
                                    '(e.g. "4:response=12"); a cluster or model change is another plan file')
         key = key if key.startswith("workload.") else f"workload.{key}"
+        name = key.split("=", 1)[0].strip()
+        if name not in _DRIFT_KEYS:
+            # the nearest of every key --set knows, offered only if it may drift (gpus_per_node
+            # is nearest to cluster.gpus_per_node, not to a workload key)
+            nearest = did_you_mean(name, OVERRIDE_KEYS)
+            raise NereusError(f"--drift {item!r}: unknown key '{name}'",
+                              hint=(nearest if "'workload." in nearest else "") + "keys: " + ", ".join(_DRIFT_KEYS))
         if not 1 <= int(step) < steps:
             raise NereusError(f"--drift: step {int(step)} is not a step boundary of a {steps}-step run",
                               hint=_boundaries(steps, "the change"))
@@ -87,13 +97,7 @@ def parse_drift(text: Optional[str], module, steps: int) -> list[tuple[int, str]
             module = ir.apply_overrides(module, [key])
         except NereusError as error:  # said as --drift's, not as --set's
             message = error.message.replace(" for --set", "").replace(" (after --set)", "")
-            hint = error.hint
-            if hint and "cluster." in hint and "keys: " in hint:  # only workload keys drift: list those
-                head, _, keys = hint.partition("keys: ")
-                if "'cluster." in head:  # a did-you-mean of a key that cannot drift
-                    head = ""
-                hint = head + "keys: " + ", ".join(k for k in keys.split(", ") if k.startswith("workload."))
-            raise NereusError(f"--drift {item!r}: {message}", hint=hint) from None
+            raise NereusError(f"--drift {item!r}: {message}", hint=error.hint) from None
         out.append((int(step), key))
     return sorted(out, key=lambda entry: entry[0])  # stable: changes after one step keep their order
 
@@ -109,11 +113,10 @@ def check_before_launch(plan_file: str, module, algo: str, group: int, nproc: in
     # naming the variable here, not in every worker (where only torchrun's dump shows)
     import nereus.runtime  # noqa: F401
     import nereus.runtime.executor as executor
-    from nereus.ir.diagnostics import env_number
+    import nereus.runtime.prepare  # noqa: F401 - NEREUS_P2P_GROUPS
     from nereus.rl.worker import step_fault
 
-    # and those read only when a runtime builds its groups or a transition starts
-    env_number("NEREUS_P2P_GROUPS", 0, 0)
+    # and the test hooks each transition or step reads again
     executor._fault_spec(None)
     step_fault()
     try:

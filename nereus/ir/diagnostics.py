@@ -85,14 +85,20 @@ class SettingError(NereusError):
     """An environment variable (or option) whose value Nereus cannot use."""
 
 
+def _env_text(name: str, environ=None) -> str:
+    """Environment variable `name` stripped ('' when unset): what env_number and env_flag read."""
+    import os
+
+    return (os.environ if environ is None else environ).get(name, "").strip()
+
+
 def env_number(name: str, default, minimum, kind=int, environ=None):
     """The value of environment variable `name` as a `kind` (int or float) of at least
     `minimum`, or `default` when unset or empty. Raises SettingError naming the variable
     for anything else (a word, nan, a value below the minimum)."""
     import math
-    import os
 
-    text = (os.environ if environ is None else environ).get(name, "").strip()
+    text = _env_text(name, environ)
     if not text:
         return default
     try:
@@ -113,9 +119,7 @@ def env_flag(name: str, default: bool, environ=None) -> bool:
     """Environment variable `name` as a switch: 1/true/yes/on or 0/false/no/off (any case),
     `default` when unset or empty. Raises SettingError naming the variable for anything
     else (`NEREUS_PAUSE_GC=maybe` meant on, `NEREUS_COPIES_AFTER=7` off)."""
-    import os
-
-    text = (os.environ if environ is None else environ).get(name, "").strip()
+    text = _env_text(name, environ)
     if not text:
         return default
     value = _FLAGS.get(text.lower())

@@ -79,23 +79,15 @@ def check_models(module: Module) -> None:
 
 
 def checkpoint_names(directory: str):
-    """The tensor names of a checkpoint directory, read from its one file's header or its
-    index (no torch, no tensor data), in transformers' order: model.safetensors first;
-    None where they cannot be read (the loader then says why)."""
-    import json
-    import os
-    import struct
+    """The tensor names of a checkpoint directory (nereus.models.safetensors_header: its
+    headers, no torch, no tensor data), or None where they cannot be read (the loader, and
+    `nereus train`'s checkpoint check, say why)."""
+    from nereus.ir.diagnostics import NereusError
+    from nereus.models.safetensors_header import checkpoint_entries
 
-    single = os.path.join(directory, "model.safetensors")
     try:
-        if os.path.isfile(single):
-            with open(single, "rb") as handle:
-                (length,) = struct.unpack("<Q", handle.read(8))
-                header = json.loads(handle.read(min(length, 100 << 20)))
-            return set(header) - {"__metadata__"}
-        with open(os.path.join(directory, "model.safetensors.index.json"), encoding="utf-8") as handle:
-            return set(json.load(handle)["weight_map"])
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, struct.error):
+        return set(checkpoint_entries(directory))
+    except NereusError:
         return None
 
 

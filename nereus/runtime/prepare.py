@@ -32,6 +32,7 @@ _WARM_TAG = 1 << 26
 # after the other (measured on 2 H200s: 64 ops of 32 MB each way 198 GB/s per direction
 # on one communicator, 288 GB/s over 4); override with NEREUS_P2P_GROUPS
 P2P_GROUPS_NCCL = 4
+P2P_GROUPS = env_number("NEREUS_P2P_GROUPS", 0, 0)  # 0: the default above (NCCL) or 1
 
 
 def data_groups(device, timeout_s: float, count: Optional[int] = None):
@@ -41,7 +42,7 @@ def data_groups(device, timeout_s: float, count: Optional[int] = None):
     from datetime import timedelta
 
     if count is None:
-        count = env_number("NEREUS_P2P_GROUPS", 0, 0) or \
+        count = P2P_GROUPS or \
             (P2P_GROUPS_NCCL if torch.device(device).type == "cuda" and dist.get_backend() == "nccl" else 1)
     if count <= 1:
         return None

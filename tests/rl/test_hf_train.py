@@ -195,6 +195,15 @@ def test_bundled_example_reads_its_checkpoint():
     assert run_world(1, _example_loads, str(path)) == ["llama", True, True, True]
 
 
+def _train_refused(root):
+    """`nereus train` of PLAN in `root` (its checkpoints written there), which must be
+    refused before launch: the completed process."""
+    (root / "plan.nir").write_text(PLAN)
+    return subprocess.run([sys.executable, "-c", "from nereus.cli import nereus; nereus()", "train",
+                           str(root / "plan.nir"), "--nproc", "2", "--steps", "2", "--out", str(root / "out")],
+                          capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120)
+
+
 def test_a_checkpoint_too_small_for_the_task_is_refused_before_launch(tmp_path):
     config = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 96,
               "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 8,
@@ -202,11 +211,7 @@ def test_a_checkpoint_too_small_for_the_task_is_refused_before_launch(tmp_path):
     for name in ("actor", "reward"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.json").write_text(json.dumps(config))
-    (tmp_path / "plan.nir").write_text(PLAN)
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    run = subprocess.run([sys.executable, "-c", "from nereus.cli import nereus; nereus()", "train",
-                          str(tmp_path / "plan.nir"), "--nproc", "2", "--steps", "2", "--out", str(tmp_path / "out")],
-                         capture_output=True, text=True, env=env, timeout=120)
+    run = _train_refused(tmp_path)
     assert run.returncode == 2, run.stdout + run.stderr
     assert 'actor has vocab 8 (vocab_size of actor) but the tasks use 11 tokens' in run.stderr
     assert "plan.nir:3:" in run.stderr and "Traceback" not in run.stderr and not (tmp_path / "out").exists()
@@ -219,11 +224,7 @@ def test_a_reward_model_without_a_score_head_is_refused_before_launch(tmp_path):
                     "write_checkpoint('llama31', Path(sys.argv[1]) / 'actor', seed=1)\n"
                     "write_checkpoint('qwen2', Path(sys.argv[1]) / 'reward', seed=2)\n", str(tmp_path)],
                    check=True, cwd=TESTS / "models", timeout=300)
-    (tmp_path / "plan.nir").write_text(PLAN)
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    run = subprocess.run([sys.executable, "-c", "from nereus.cli import nereus; nereus()", "train",
-                          str(tmp_path / "plan.nir"), "--nproc", "2", "--steps", "2", "--out", str(tmp_path / "out")],
-                         capture_output=True, text=True, env=env, timeout=120)
+    run = _train_refused(tmp_path)
     assert run.returncode == 2, run.stdout + run.stderr
     assert 'reward reads reward, which has no score.weight' in run.stderr
     assert "plan.nir:6:" in run.stderr and not (tmp_path / "out").exists()
