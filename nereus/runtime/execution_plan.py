@@ -59,6 +59,8 @@ class ExecutionPlan:
     kept: frozenset  # (before-unit, tensor) handed over in place by a keep (never released)
     rounds: tuple  # RoundPlan per round of the program
     _replays: dict = field(default_factory=dict, compare=False, repr=False)  # resident bytes → ParkReplay
+    # the kernel replays of the rounds' copies and stream chunks (runtime/replay.py), by round and residues
+    launches: dict = field(default_factory=dict, compare=False, repr=False)
 
     def park_replay(self, prog: RankProgram, resident_bytes: int) -> ParkReplay:
         """parking.park_replay(prog, resident_bytes), computed once per resident bytes."""

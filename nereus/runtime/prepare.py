@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from nereus.ir.diagnostics import env_number
 
-from . import packing, streams
+from . import packing, replay, streams
 from .program import RankProgram
 from .execution_plan import plan_for
 from .parking import real_room
@@ -92,7 +92,12 @@ def warm_kernels(prog: RankProgram, device: torch.device, dtypes: dict, offloade
         for segments in streams.chunk_views(views, streams.CHUNK_BYTES):
             if on_host or streams.fused(segments):  # the other chunks are plain copies
                 calls.append((kind, segments, packing.layout([v.numel() * v.element_size() for v in segments])[0]))
-    return kernels.warm(calls, device)
+    run = kernels.warm(calls, device)
+    # the replays of the rounds' copies and stream chunks (replay.py): built into the
+    # plan now, their variants compiled
+    classes = replay.warm(prog, plan_for(prog, streams.CHUNK_BYTES), device, streams.DEPTH)
+    kernels.default_packer().compile(classes, torch.device(device))
+    return run + len(classes)
 
 
 def stream_views(prog: RankProgram, dtypes: dict, offloaded=frozenset()) -> list:

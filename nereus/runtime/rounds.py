@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from nereus.ir.diagnostics import ProgramError, env_flag
 
-from . import offload, packing, streams
+from . import offload, packing, replay, streams
 from .control import Failure, agree
 from .posting import p2p_ops as _p2p_ops, post as _post
 from .program import RankProgram
@@ -171,9 +171,11 @@ def run_round(run: _Run, work, events: Optional[list] = None) -> RoundTiming:
         step, peer = "alloc stream buffers", None
         # the streams' chunks come from the plan: one as_strided per segment of the live tensors
         out_streams = planned_streams(planned.send_streams, lambda p: sources[p.src_unit][p.tensor], device,
-                                      run.depth)
+                                      run.depth, functools.partial(replay.bind_stream, run.plan, work.index, "send",
+                                                                   device))
         in_streams = planned_streams(planned.recv_streams, lambda p: _destination_now_or_later(run, p),
-                                     device, run.depth)
+                                     device, run.depth, functools.partial(replay.bind_stream, run.plan, work.index,
+                                                                          "recv", device))
         step = "pack"
         if fault == (rank, work.index, "pack"):
             raise InjectedFault("injected fault (pack)")
@@ -341,12 +343,16 @@ def _copy_pieces(run: _Run, pieces, index: int) -> None:
     """Same-GPU pieces, batched by `packing.copy_pairs` (an expert-parallel round has
     thousands: one Python step and copy launch each cost more than the bytes)."""
     written, sources, new = run.written, run.sources, run.new
+    for piece in pieces:
+        written[(piece.dst_unit, piece.tensor)] = written.get((piece.dst_unit, piece.tensor), 0) + piece.numel
+        run.result.copied_bytes += piece.nbytes
+    # CUDA: one replayed launch per access class, its tables kept with the plan (replay.py)
+    if replay.copies(run.plan, run.prog, index, pieces, sources, new, run.device):
+        return
     dsts, srcs = [], []
     for piece, (src, dst) in zip(pieces, run.plan.rounds[index].copy_regions):
         srcs.append(src.view(sources[piece.src_unit][piece.tensor]))
         dsts.append(dst.view(new[piece.dst_unit][piece.tensor]))
-        written[(piece.dst_unit, piece.tensor)] = written.get((piece.dst_unit, piece.tensor), 0) + piece.numel
-        run.result.copied_bytes += piece.nbytes
     packing.copy_pairs(dsts, srcs)
 
 

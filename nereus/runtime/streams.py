@@ -211,6 +211,7 @@ class PeerStream:
             wire = segments[0].reshape(-1).view(torch.uint8) if in_place(segments, kind) else None
             self.chunks.append(Chunk(segments, offsets, total, not crossing and fused(segments), crossing, wire))
         self.in_place = [c.wire is not None for c in self.chunks]
+        self.replays, self.table = None, None
         self._ring_slots(device, depth)
 
     @classmethod
@@ -232,6 +233,10 @@ class PeerStream:
             crossing = any(away[s.view] for s in plan.segments)
             stream.chunks.append(Chunk(None, plan.offsets, plan.nbytes, not crossing and plan.fused, crossing))
             stream.in_place.append(plan.single and not crossing)
+        # per chunk, a Replay that packs or unpacks it with no view taken, and the table
+        # of this call's addresses it reads (replay.bind_stream sets them; None: the torch
+        # or per-call kernel path of pack_chunk / unpack_chunk)
+        stream.replays, stream.table = None, None
         stream._ring_slots(device, depth)
         return stream
 
@@ -256,6 +261,22 @@ class PeerStream:
         # (the sum over slots stays within the stream's packed bytes)
         sizes = [0 if wired else c.nbytes for c, wired in zip(self.chunks, self.in_place)]
         self.slots = [torch.empty(n, dtype=torch.uint8, device=device) for n in _ring(sizes, self.depth)]
+
+    def pack(self, k: int) -> None:
+        """Pack chunk k into what it travels in (nothing for a chunk sent in place)."""
+        replay = self.replays[k] if self.replays is not None else None
+        if replay is not None:
+            replay.run(self.table)
+        else:
+            pack_chunk(self.chunk(k), self.buffer(k))
+
+    def unpack(self, k: int) -> Optional[offload.HostUnpack]:
+        """Unpack received chunk k (see `unpack_chunk`)."""
+        replay = self.replays[k] if self.replays is not None else None
+        if replay is not None:
+            replay.run(self.table)
+            return None
+        return unpack_chunk(self.chunk(k), self.buffer(k))
 
     @property
     def buffer_bytes(self) -> int:
@@ -347,7 +368,7 @@ def exchange(sends: list, recvs: list, groups, depth: int = DEPTH,
         for r in recvs:
             if k < len(r.chunks) and failure is None:
                 try:
-                    job = unpack_chunk(r.chunk(k), r.buffer(k))
+                    job = r.unpack(k)
                     if job is not None:  # its slot is free for chunk k + depth: the copy out is queued before
                         into_host.append((job, r, k))
                     elif on_unpacked is not None:
@@ -365,7 +386,7 @@ def exchange(sends: list, recvs: list, groups, depth: int = DEPTH,
             if k < len(s.chunks):
                 if failure is None:
                     try:
-                        pack_chunk(s.chunk(k), s.buffer(k))
+                        s.pack(k)
                     except Exception as error:  # noqa: BLE001 - the (garbage) chunk is sent anyway
                         failure = ("pack send", s.peer, error.with_traceback(None))
                 ops.append(dist.P2POp(dist.isend, s.buffer(k), s.peer, group, STREAM_TAG + k))

@@ -166,13 +166,19 @@ def dst_region(piece, tensor: torch.Tensor) -> torch.Tensor:
     return piece_region(tensor, piece.dst_slices, piece.dst_whole, piece.parts, piece.dst_step)
 
 
-def planned_streams(plans: tuple, tensor_of, device, depth: int) -> list:
+def planned_streams(plans: tuple, tensor_of, device, depth: int, bind=None) -> list:
     """One PeerStream per peer of a round's direction, from the execution plan's
     StreamPlans (the packed pieces of its messages, in message order: sender and receiver
     enumerate a round's messages to each other alike); `tensor_of(piece)` gives the local
-    tensor a packed piece is read from (send) or written into (receive)."""
-    return [streams.PeerStream.planned(plan.peer, plan.chunks, [tensor_of(p) for p in plan.pieces], device, depth)
-            for plan in plans]
+    tensor a packed piece is read from (send) or written into (receive). `bind(stream,
+    plan)` runs on each (replay.bind_stream: the chunks' replayed launches)."""
+    out = []
+    for plan in plans:
+        stream = streams.PeerStream.planned(plan.peer, plan.chunks, [tensor_of(p) for p in plan.pieces], device, depth)
+        if bind is not None:
+            bind(stream, plan)
+        out.append(stream)
+    return out
 
 
 _COPY_STREAMS: dict = {}

@@ -230,6 +230,12 @@ class Packer:
         self._compile(classes - self.compiled, device)
         return len(classes)
 
+    def compile(self, classes, device: torch.device) -> None:
+        """Compile (and run once on a scratch buffer) the (kind, word, vec, ROWS, COLS)
+        variants not compiled yet (e.g. a Replay's `classes`); nothing off Triton."""
+        if self.backend_for(torch.device(device)) == "triton":
+            self._compile(set(classes) - self.compiled, torch.device(device))
+
     def _compile(self, classes: set, device: torch.device) -> None:
         """Run each (kind, word, vec, ROWS, COLS) variant once on a scratch buffer."""
         if not classes:
@@ -270,15 +276,23 @@ class Packer:
         the missing ones are compiled in a background thread (one at a time)."""
         if self.jit != "prepared" or plan.backend != "triton":
             return True
-        classes = {(plan.kind, x.word, x.vec, x.rows, x.cols) for x in plan.launches}
-        missing = classes - self.compiled
+        return self.ready({(plan.kind, x.word, x.vec, x.rows, x.cols) for x in plan.launches}, plan.device)
+
+    def ready(self, classes, device: torch.device) -> bool:
+        """Whether launches of these (kind, word, vec, ROWS, COLS) variants may run now:
+        always under jit "eager" (a variant compiles on first use); under "prepared" once
+        each is compiled, the missing ones compiling in a background thread meanwhile
+        (one at a time; the caller takes its torch path)."""
+        if self.jit != "prepared":
+            return True
+        missing = set(classes) - self.compiled
         if not missing:
             return True
         self._missing |= missing
         if self._compiling is None or not self._compiling.is_alive():
             import threading
 
-            todo, device = set(self._missing), plan.device
+            todo = set(self._missing)
             self._missing.clear()
             self._compiling = threading.Thread(target=self._compile_quietly, args=(todo, device), daemon=True)
             self._compiling.start()

@@ -1,0 +1,116 @@
+"""Replayed launches: the tables of a pack, unpack or copy built once, launched again with
+only the tensors' addresses new.
+
+Why: a transition repeats (a per-step weight sync, a plan change back and forth), and
+on one H200 the host's posting of a TP -> DP change of 32 8B-shaped layers took 15.5-23.4
+ms against 11.8 ms of GPU work (benchmarks/RESULTS.md, "session 10"): a Python step, a
+view and a copy launch per piece. The Packer's own cache (packer.py) keys a plan by every
+view's shape, stride and address, so it still takes each view and fingerprints it per
+call, and a copy plan holds both sides' addresses, which change with every new shard.
+Here nothing is viewed per call: the caller describes its boxes once, by shape alone, as
+strided boxes of numbered *slots* (a tensor or a byte buffer), and per call gives one
+address per slot.
+
+Input: `Box`es (slot, shape, element strides, element offset past the slot's address,
+element size), the slots' address residues mod 16, the device. Output: a `Replay`, one
+launch per access class (see tables.py), every address relative to its slot's base (the
+slot's address rounded down to 16 bytes); `table(tensors)` gives the per-call bases and
+`run(table)` launches. Invariant: a Replay built for given residues moves exactly its
+boxes' bytes, each to the same row-major position, for any slot addresses with those
+residues (the word size and 16-byte vector class depend on an address only through its
+residue); callers key their Replays by the residues.
+
+The kernel is the packer's (kernels.py, REL_DST or REL_SRC): in a pack or a copy the
+destination is relative to `bases[msg]` and the source to `views[slot]`; in an unpack
+the reverse. One table serves as both: a piece's `msg` and `slot` are slot numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+
+from .segments import ALIGN, Piece, _contiguous_strides, normalize_pair
+from .tables import build_launches, upload
+
+
+@dataclass(frozen=True)
+class Box:
+    """A strided box of slot `slot`'s tensor: `shape` with element `stride`s, starting
+    `offset` elements past the address the slot is given per call, elements of `elem`
+    bytes."""
+
+    slot: int
+    shape: tuple
+    stride: tuple
+    offset: int
+    elem: int
+
+
+def copy_pieces(pairs: Sequence[tuple[Box, Box]], residues: Sequence[int]) -> list[Piece]:
+    """Pieces of same-device copies, each (source box, destination box) of one shape."""
+    out = []
+    for src, dst in pairs:
+        if tuple(src.shape) != tuple(dst.shape) or src.elem != dst.elem:
+            raise ValueError(f"copy between boxes {list(src.shape)} x{src.elem} and {list(dst.shape)} x{dst.elem}")
+        out += normalize_pair(src.shape, src.stride, dst.stride, residues[src.slot] + src.offset * src.elem,
+                              residues[dst.slot] + dst.offset * dst.elem, src.elem, msg=dst.slot, slot=src.slot)
+    return out
+
+
+def message_pieces(kind: str, entries: Sequence[tuple[Box, int, int]], residues: Sequence[int]) -> list[Piece]:
+    """Pieces of a pack ("pack": box -> buffer) or an unpack ("unpack": buffer -> box);
+    entries: (box, the buffer's slot, the box's byte offset in the buffer)."""
+    out = []
+    for box, buffer, offset in entries:
+        dense = _contiguous_strides(box.shape)
+        at, to = residues[box.slot] + box.offset * box.elem, residues[buffer] + offset
+        if kind == "pack":
+            out += normalize_pair(box.shape, box.stride, dense, at, to, box.elem, msg=buffer, slot=box.slot)
+        else:
+            out += normalize_pair(box.shape, dense, box.stride, to, at, box.elem, msg=buffer, slot=box.slot)
+    return out
+
+
+class Replay:
+    """The launches of one pack, unpack or copy, built once (see the module docstring)."""
+
+    def __init__(self, kind: str, pieces: list, device: torch.device, tile: Optional[tuple[int, int]] = None,
+                 max_vec: int = 2):
+        if kind not in ("pack", "unpack", "copy"):
+            raise ValueError(f"a replay packs, unpacks or copies, not {kind!r}")
+        rel = "src" if kind == "unpack" else "dst"
+        self.kind = kind
+        self.launches = [x.to(device) for x in build_launches(pieces, 0, rel, tile, max_vec)]
+        self.moved_bytes = sum(x.moved_bytes for x in self.launches)
+        # the kernel variants it launches, named as Packer.compiled names them (a copy
+        # runs the pack variant: destination relative to `bases`, source to `views`)
+        variant = "unpack" if kind == "unpack" else "pack"
+        self.classes = frozenset((variant, x.word, x.vec, x.rows, x.cols) for x in self.launches)
+
+    @property
+    def table_bytes(self) -> int:
+        return sum(x.segments.numel() * 8 + x.tiles.numel() * 4 for x in self.launches)
+
+    def run(self, table: torch.Tensor) -> None:
+        """Launch on the current stream; `table` from `table()` of this call's slots."""
+        from . import kernels
+
+        rel = kernels.REL_SRC if self.kind == "unpack" else kernels.REL_DST
+        for launch in self.launches:
+            kernels.run_launch(launch, rel, table, table)
+
+
+def residues(addresses: Sequence[int]) -> tuple[int, ...]:
+    return tuple(a % ALIGN for a in addresses)
+
+
+def table(addresses: Sequence[int], device: torch.device) -> torch.Tensor:
+    """The per-call table: each slot's base (address rounded down to 16 bytes) as a byte
+    offset from the device's anchor, on `device` (queued on the current stream)."""
+    from . import kernels
+
+    anchor = kernels.anchor(device).data_ptr()
+    return upload(torch.tensor([a - a % ALIGN - anchor for a in addresses], dtype=torch.int64), device)

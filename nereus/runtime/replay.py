@@ -1,0 +1,208 @@
+"""A round's same-GPU copies and packed stream chunks as replayed kernel launches (CUDA).
+
+Why: the host's posting paced TP -> DP changes on the H200s. With no peer (one GPU,
+benchmarks/multi_gpu/host_only.py) rank 0's posting of 32 8B-shaped layers took 15.5-23.4
+ms for 11.8 ms of GPU work and 777 launches: per piece, a view of its tensor, a Python
+step in `packing.copy_pairs` and a `copy_`; per chunk of a stream, a view per segment and a
+`copy_` each. Here each round's copies, and each stream chunk's pack or unpack, are a
+`Replay` (nereus.backends.triton.replay): its tables are built from the execution plan's
+regions on first use and kept with the plan; a call reads one address per tensor,
+uploads them in one table and launches once per access class.
+
+Input: the ExecutionPlan, the round, the live tensors. Output: the copies or the chunk's
+bytes queued on the current stream, byte for byte what the torch path writes. Where a
+replay cannot run, the callers take the torch path: off CUDA (unless NEREUS_PACK_BACKEND
+forces the kernels, under TRITON_INTERPRET), with Triton absent, a tensor in host memory
+(an offloaded or staged-out unit) or on another device, a destination not allocated yet
+(NEREUS_DEFER_DESTINATIONS), a kernel variant not compiled yet under the default
+"prepared" JIT (it compiles aside; `Runtime.prepare` compiles them up front), and with
+NEREUS_REPLAY=0 (for measuring what replaying gives).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from nereus.ir.diagnostics import env_flag
+
+from . import packing
+from .wires import TORCH_DTYPES
+
+ENABLED = env_flag("NEREUS_REPLAY", True)
+# replays kept per execution plan (per residue pattern); past it the plan's cache restarts
+MAX_PER_PLAN = 256
+
+
+def packer_for(device) -> Optional[object]:
+    """The Packer whose kernels replay on `device`, or None where they do not run."""
+    kernels = packing.kernels()
+    if not ENABLED or kernels is None:
+        return None
+    packer = kernels.default_packer()
+    try:
+        if packer.backend_for(torch.device(device)) != "triton":
+            return None
+    except (ImportError, ValueError):  # "triton" forced where it cannot run: the torch path
+        return None
+    return packer
+
+
+def _addresses(tensors: list, device) -> Optional[list]:
+    """Each tensor's address, or None when one is not a tensor yet (deferred) or lies
+    elsewhere than `device` (host memory, another GPU)."""
+    device = torch.device(device)
+    index = device.index if device.type == "cuda" else -1
+    if device.type == "cuda" and index is None:
+        index = torch.cuda.current_device()
+    out = []
+    for t in tensors:
+        if not isinstance(t, torch.Tensor) or t.get_device() != index:
+            return None
+        out.append(t.data_ptr())
+    return out
+
+
+def _cached(plan, key: tuple, build):
+    cache = plan.launches
+    value = cache.get(key)
+    if value is None:
+        if len(cache) >= MAX_PER_PLAN:
+            cache.clear()
+        value = cache[key] = build()
+    return value
+
+
+def _box(region, info, slot: int):
+    from nereus.backends.triton.replay import Box
+    from nereus.backends.triton.segments import _contiguous_strides
+
+    elem = TORCH_DTYPES[info.dtype].itemsize
+    if region.whole:
+        return Box(slot, tuple(info.shape), tuple(_contiguous_strides(info.shape)), 0, elem)
+    return Box(slot, region.shape, region.stride, region.offset, elem)
+
+
+def _device_key(device) -> tuple:
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return ("cuda", torch.cuda.current_device())
+    return (device.type, device.index)
+
+
+def _copy_replay(plan, prog, index: int, pieces, residues: tuple, device):
+    from nereus.backends.triton import replay
+
+    def boxes():
+        regions = plan.rounds[index].copy_regions
+        return [(_box(src, prog.before[p.src_unit][p.tensor], 2 * i), _box(dst, prog.after[p.dst_unit][p.tensor],
+                                                                           2 * i + 1))
+                for i, (p, (src, dst)) in enumerate(zip(pieces, regions))]
+
+    pairs = _cached(plan, ("copy boxes", index), boxes)
+    return _cached(plan, ("copy", index, _device_key(device), residues),
+                   lambda: replay.Replay("copy", replay.copy_pieces(pairs, residues), device))
+
+
+def copies(plan, prog, index: int, pieces, sources: dict, new: dict, device) -> bool:
+    """Queue round `index`'s same-GPU copies (`pieces`, its work.copies) on the current
+    stream as one replay; False, with nothing queued, where a replay cannot run."""
+    packer = packer_for(device)
+    if packer is None or not pieces:
+        return False
+    tensors = []
+    for p in pieces:  # slot 2i: piece i's source shard, 2i + 1: its destination shard
+        tensors.append(sources[p.src_unit].get(p.tensor))
+        tensors.append(new.get(p.dst_unit, {}).get(p.tensor))
+    addresses = _addresses(tensors, device)
+    if addresses is None:
+        return False
+    from nereus.backends.triton import replay
+
+    launches = _copy_replay(plan, prog, index, pieces, replay.residues(addresses), device)
+    if not packer.ready(launches.classes, torch.device(device)):
+        return False
+    launches.run(replay.table(addresses, device))
+    packer.compiled |= launches.classes
+    return True
+
+
+def _stream_replays(plan, index: int, direction: str, stream_plan, depth: int, replayed: tuple, elems: list,
+                    residues: tuple, device) -> list:
+    """Per chunk of a stream, its Replay (None where `replayed` says no), cached in the
+    plan. Slots: the stream's ring slots (min(depth, chunks)), then its tensors."""
+    from nereus.backends.triton import replay
+
+    kind = "pack" if direction == "send" else "unpack"
+    slots = min(depth, len(stream_plan.chunks))
+
+    def build():
+        out = []
+        for k, (chunk, wanted) in enumerate(zip(stream_plan.chunks, replayed)):
+            if not wanted:
+                out.append(None)
+                continue
+            entries = [(replay.Box(slots + s.view, s.shape, s.stride, s.offset, elems[s.view]), k % depth, at)
+                       for s, at in zip(chunk.segments, chunk.offsets)]
+            out.append(replay.Replay(kind, replay.message_pieces(kind, entries, residues), device))
+        return out
+
+    key = (direction, index, stream_plan.peer, depth, _device_key(device), replayed, residues)
+    return _cached(plan, key, build)
+
+
+def _classes(replays) -> frozenset:
+    return frozenset().union(*(r.classes for r in replays if r is not None))
+
+
+def bind_stream(plan, index: int, direction: str, device, stream, stream_plan) -> None:
+    """Give a planned PeerStream (streams.PeerStream.planned) of round `index` its
+    replays: `stream.replays[k]` packs (direction "send") or unpacks ("recv") chunk k,
+    None for a chunk that travels in place or crosses memories, and `stream.table`
+    the call's slot addresses (the ring slots', then each stream tensor's), uploaded
+    now. Leaves the stream as it is where a replay cannot run."""
+    packer = packer_for(device)
+    if packer is None or not stream.chunks:
+        return
+    replayed = tuple(not (wired or c.crossing) for c, wired in zip(stream.chunks, stream.in_place))
+    if not any(replayed):
+        return
+    addresses = _addresses(list(stream.slots) + list(stream._tensors), device)
+    if addresses is None:
+        return
+    from nereus.backends.triton import replay
+
+    chunks = _stream_replays(plan, index, direction, stream_plan, stream.depth, replayed,
+                             [t.element_size() for t in stream._tensors], replay.residues(addresses), device)
+    classes = _classes(chunks)
+    if not packer.ready(classes, torch.device(device)):
+        return
+    stream.replays, stream.table = chunks, replay.table(addresses, device)
+    packer.compiled |= classes
+
+
+def warm(prog, plan, device, depth: int) -> frozenset:
+    """Build the replays of every round's copies and streams for tensors at 16-byte
+    aligned addresses (as the caching allocator gives them), so a first execution finds
+    them in the plan; returns the kernel variants they launch, for the caller to compile
+    (empty where replays do not run). A stream with pieces in host memory is left out:
+    its chunks cross memories and are not replayed."""
+    if packer_for(device) is None:
+        return frozenset()
+    classes = set()
+    for index, (work, planned) in enumerate(zip(prog.rounds, plan.rounds)):
+        if work.copies:
+            zeros = (0,) * (2 * len(work.copies))
+            classes |= _copy_replay(plan, prog, index, work.copies, zeros, device).classes
+        for direction, stream_plans in (("send", planned.send_streams), ("recv", planned.recv_streams)):
+            for sp in stream_plans:
+                side = [prog.before[p.src_unit][p.tensor] if direction == "send" else prog.after[p.dst_unit][p.tensor]
+                        for p in sp.pieces]
+                replayed = tuple(not c.single for c in sp.chunks)
+                if not any(replayed):
+                    continue
+                zeros = (0,) * (min(depth, len(sp.chunks)) + len(sp.pieces))
+                elems = [TORCH_DTYPES[info.dtype].itemsize for info in side]
+                classes |= _classes(_stream_replays(plan, index, direction, sp, depth, replayed, elems, zeros, device))
+    return frozenset(classes)

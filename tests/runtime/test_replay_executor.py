@@ -1,0 +1,63 @@
+"""The executor with replayed launches (runtime/replay.py) on 2 gloo processes: the Triton
+kernels forced on CPU under the interpreter, so the same-GPU copies and the packed
+streams' chunks run as replays. Every rank's new shards equal the reference slices byte
+for byte, on a first call (the replays built) and a second (replayed from the plan's
+cache onto new shards), and the plan holds the copy, send and receive replays."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nereus.ir.model import Model
+
+from runtime_helpers import naive_program, oracle_units, reference_state, spawn_ok, tensor_list
+
+pytestmark = pytest.mark.multiprocess
+
+MODEL = Model("actor", "llama", layers=1, hidden=32, heads=4, kv_heads=2, ffn=64, vocab=64)
+STAGE = "actor.inference"
+
+
+def _run(rank, world, tensors, before_units, after_units):
+    from nereus.runtime import replay
+    from nereus.runtime.execution_plan import plan_for
+    from nereus.runtime.executor import execute, streams
+    from nereus.runtime.program import rank_program
+    from nereus.runtime.state import shard_of, shard_unit
+
+    import torch.distributed as dist
+
+    assert replay.packer_for(torch.device("cpu")) is not None  # the kernels run here
+    control = dist.new_group(backend="gloo")
+    full = reference_state(tensors)
+    prog = rank_program(naive_program(before_units, after_units, tensors, gpus=world), rank)
+    before = {u["id"]: shard_unit(u, rank, full) for u in before_units if rank in u["gpus"]}
+    plan = plan_for(prog, streams.CHUNK_BYTES)
+    warmed = replay.warm(prog, plan, torch.device("cpu"), streams.DEPTH)
+    keys = set(plan.launches)
+    wrong = []
+    for call in range(2):
+        result = execute(prog, before, group=None, control=control, device=torch.device("cpu"))
+        for unit in after_units:
+            for shard in unit["shards"]:
+                if shard["gpu"] == rank:
+                    got = result.state[unit["id"]][shard["tensor"]]
+                    want = shard_of(full[shard["tensor"]], shard["boxes"])
+                    if not torch.equal(got.view(torch.uint8), want.view(torch.uint8)):
+                        wrong.append((call, shard["tensor"]))
+    kinds = sorted({key[0] for key in plan.launches if key[0] != "copy boxes"})
+    return {"wrong": wrong, "kinds": kinds, "warmed": len(warmed), "built": sorted(map(str, set(plan.launches) - keys))}
+
+
+def test_tp_to_dp_with_replayed_copies_and_chunks_is_byte_exact(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("NEREUS_PACK_BACKEND", "triton")
+    monkeypatch.setenv("NEREUS_PACK_JIT", "eager")
+    tensors = tensor_list(MODEL, training=False)
+    before = oracle_units(MODEL, STAGE, 1, 2, 1, [0, 1])
+    after = oracle_units(MODEL, STAGE, 2, 1, 1, [0, 1])
+    for rank, out in enumerate(spawn_ok(_run, 2, tensors, before, after)):
+        assert out["wrong"] == [], rank
+        assert out["kinds"] == ["copy", "recv", "send"], rank
+        assert out["warmed"] > 0 and out["built"] == [], (rank, out)  # replay.warm built what the calls ran
