@@ -15,7 +15,10 @@ arrive (the received pieces keep whatever the allocator gave), so nothing is che
 Per call (synchronize before, synchronize after, as the 2-GPU benchmarks time it): wall
 time, and where rank 0's call was: first op posted (`posted_at_s`; `local_s` of it is the
 work before the agreement), last op posted, device time of the rounds (CUDA events),
-ready (device synchronized) and returned (`wall_s`). `--profile FILE` runs as many more
+ready (device synchronized) and returned (`wall_s`). Every kernel variant is compiled
+before the timing (`prepare` of both targets). `--ab-replay` times the calls with the
+replayed launches of runtime/replay.py off and on, alternating in the one process (the
+host's speed varies between processes by as much as the effect). `--profile FILE` runs as many more
 calls under cProfile and writes the top functions. These are host figures: NCCL's own
 host cost per posted batch (about 0.1-0.2 ms on the H200 host) is not in them. Last
 stdout line: one JSON object.
@@ -148,6 +151,9 @@ def main(argv=None) -> int:
                              "the Chrome trace here and report how much of each call the GPU was busy")
     parser.add_argument("--json-out", default=None)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--ab-replay", action="store_true",
+                        help="time calls with replayed launches off and on (NEREUS_REPLAY), alternating call by "
+                             "call in this one process; reported as replay-off and replay-on")
     args = parser.parse_args(argv)
     kind = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device("cuda", 0) if kind == "cuda" else torch.device("cpu")
@@ -169,14 +175,35 @@ def main(argv=None) -> int:
     for _ in range(2):  # compile, lower, first-call allocations and kernels
         rt.transition("DP")
         rt.transition("TP")
+    # every kernel variant compiled before anything is timed: prepare() compiles those of
+    # the stream chunks and replays (runtime/replay.py), and the background compiles the
+    # warm-up calls started are waited for (a call that met an uncompiled variant took the
+    # per-piece path)
+    for target in ("DP", "TP"):
+        rt.prepare(target)
+        rt.transition(target)
+    from nereus.runtime import packing, replay
+
+    if packing.kernels() is not None:
+        packing.kernels().default_packer().wait_compiled()
     summary: dict = {}
     passes = [("plain", None)]
+    if args.ab_replay:  # the same calls with replays off and on, alternating in this process
+        passes = [("replay-off", None), ("replay-on", None)]
     profiler = cProfile.Profile() if args.profile else None
     if profiler is not None:
         passes.append(("profiled", profiler))
+    timed: dict = {}
+    default = replay.ENABLED
+    for _ in range(args.repeats if args.ab_replay else 1):
+        for label, prof in passes:
+            replay.ENABLED = {"replay-off": False, "replay-on": True}.get(label, default)
+            for case, rows in timed_calls(rt, device, 1 if args.ab_replay else args.repeats, prof).items():
+                timed.setdefault(label, {}).setdefault(case, []).extend(rows)
+    replay.ENABLED = default
     for label, prof in passes:
         summary[label] = {}
-        for case, rows in timed_calls(rt, device, args.repeats, prof).items():
+        for case, rows in timed[label].items():
             f = dict(zip(SPLITS, (statistics.median(c) for c in zip(*rows))))
             summary[label][case] = f
             print(f"{label} {case}: call {f['call_s'] * 1e3:.2f} ms; first op posted at "

@@ -60,3 +60,16 @@ def test_prepared_jit_takes_the_torch_path_until_the_variants_are_compiled():
     assert packer.launch_classes([("pack", views, offsets)]) <= packer.compiled
     second = packer.pack_into(views, offsets, total)
     assert packer.fallback_calls == 1 and torch.equal(_pieces(second, views, offsets), expected)
+
+
+def test_wait_compiled_compiles_what_was_asked_for_while_a_compile_ran():
+    packer = Packer(backend="triton")
+    packer.jit = "prepared"
+    (_, views, offsets), (_, back, back_offsets) = _calls("cpu")
+    first = packer.launch_classes([("pack", views, offsets)])
+    second = packer.launch_classes([("unpack", back, back_offsets)]) - first
+    assert not packer.ready(first, torch.device("cpu"))  # starts the background compile
+    assert second and not packer.ready(second, torch.device("cpu"))  # queued while it runs (or after)
+    packer.wait_compiled()
+    assert first | second <= packer.compiled
+    assert packer.ready(first | second, torch.device("cpu"))

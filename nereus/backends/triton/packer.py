@@ -109,6 +109,7 @@ class Packer:
         self.compiled: set = set()  # (kind, word, vec, ROWS, COLS) known compiled
         self._missing: set = set()
         self._compiling = None
+        self._missing_device = None
         self.fallback_calls = 0
 
     # -- backend choice ------------------------------------------------------------
@@ -289,15 +290,35 @@ class Packer:
         if not missing:
             return True
         self._missing |= missing
+        self._missing_device = device
         if self._compiling is None or not self._compiling.is_alive():
+            import atexit
             import threading
 
             todo = set(self._missing)
             self._missing.clear()
+            if self._compiling is None:
+                # a daemon thread still inside Triton's compiler when the interpreter
+                # exits is killed in C++ code ("terminate called ...", exit status 134)
+                atexit.register(self._join_compiling)
             self._compiling = threading.Thread(target=self._compile_quietly, args=(todo, device), daemon=True)
             self._compiling.start()
         self.fallback_calls += 1
         return False
+
+    def _join_compiling(self) -> None:
+        if self._compiling is not None:
+            self._compiling.join()
+
+    def wait_compiled(self) -> None:
+        """Block until every variant asked for so far is compiled: the background
+        compile joined, the variants queued meanwhile compiled here (benchmarks time
+        warm calls only after this)."""
+        self._join_compiling()
+        if self._missing:
+            todo = set(self._missing)
+            self._missing.clear()
+            self._compile_quietly(todo, self._missing_device)
 
     def launch_classes(self, calls: Sequence[tuple[str, Sequence[torch.Tensor], Sequence[int]]]) -> set:
         """{(kind, word, vec, ROWS, COLS)} of the launches the Triton plans of these
