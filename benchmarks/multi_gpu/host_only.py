@@ -172,7 +172,17 @@ def main(argv=None) -> int:
     plain = {n: (s, d) for n, (s, d, _) in weight_specs(module).items()}
     rt = Runtime(module, "TP", device=device)
     rt.register(TAG, build_local(plan_units_json(module, "TP", TAG), args.rank, plain, args.seed, TAG, device))
-    for _ in range(2):  # compile, lower, first-call allocations and kernels
+    sync = (lambda: torch.cuda.synchronize(device)) if kind == "cuda" else (lambda: None)
+    cold = {}
+    for case, target in (("tp-dp", "DP"), ("dp-tp", "TP")):  # each direction's first call: compile,
+        sync()  # lower, the execution plan and its replays built, first allocations and kernels
+        t0 = time.perf_counter()
+        rt.transition(target)
+        sync()
+        cold[case] = time.perf_counter() - t0
+    print(f"cold (first call of each direction): tp-dp {cold['tp-dp'] * 1e3:.1f} ms, dp-tp "
+          f"{cold['dp-tp'] * 1e3:.1f} ms", flush=True)
+    for _ in range(2):  # more warm-up
         rt.transition("DP")
         rt.transition("TP")
     # every kernel variant compiled before anything is timed: prepare() compiles those of
@@ -186,7 +196,7 @@ def main(argv=None) -> int:
 
     if packing.kernels() is not None:
         packing.kernels().default_packer().wait_compiled()
-    summary: dict = {}
+    summary: dict = {"cold": cold}
     passes = [("plain", None)]
     if args.ab_replay:  # the same calls with replays off and on, alternating in this process
         passes = [("replay-off", None), ("replay-on", None)]

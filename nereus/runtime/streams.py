@@ -211,7 +211,7 @@ class PeerStream:
             wire = segments[0].reshape(-1).view(torch.uint8) if in_place(segments, kind) else None
             self.chunks.append(Chunk(segments, offsets, total, not crossing and fused(segments), crossing, wire))
         self.in_place = [c.wire is not None for c in self.chunks]
-        self.replays, self.table = None, None
+        self.replays, self.table, self.binder = None, None, None
         self._ring_slots(device, depth)
 
     @classmethod
@@ -235,8 +235,9 @@ class PeerStream:
             stream.in_place.append(plan.single and not crossing)
         # per chunk, a Replay that packs or unpacks it with no view taken, and the table
         # of this call's addresses it reads (replay.bind_stream sets them; None: the torch
-        # or per-call kernel path of pack_chunk / unpack_chunk)
-        stream.replays, stream.table = None, None
+        # or per-call kernel path of pack_chunk / unpack_chunk); `binder`, when set, sets
+        # them at the first pack or unpack (a receive stream: after the first posts)
+        stream.replays, stream.table, stream.binder = None, None, None
         stream._ring_slots(device, depth)
         return stream
 
@@ -262,8 +263,14 @@ class PeerStream:
         sizes = [0 if wired else c.nbytes for c, wired in zip(self.chunks, self.in_place)]
         self.slots = [torch.empty(n, dtype=torch.uint8, device=device) for n in _ring(sizes, self.depth)]
 
+    def _bind(self) -> None:
+        binder, self.binder = self.binder, None
+        binder(self)
+
     def pack(self, k: int) -> None:
         """Pack chunk k into what it travels in (nothing for a chunk sent in place)."""
+        if self.binder is not None:
+            self._bind()
         replay = self.replays[k] if self.replays is not None else None
         if replay is not None:
             replay.run(self.table)
@@ -272,6 +279,8 @@ class PeerStream:
 
     def unpack(self, k: int) -> Optional[offload.HostUnpack]:
         """Unpack received chunk k (see `unpack_chunk`)."""
+        if self.binder is not None:
+            self._bind()
         replay = self.replays[k] if self.replays is not None else None
         if replay is not None:
             replay.run(self.table)

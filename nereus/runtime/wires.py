@@ -13,6 +13,7 @@ device memory only (an offloaded unit's host shards are never device bytes).
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -171,12 +172,14 @@ def planned_streams(plans: tuple, tensor_of, device, depth: int, bind=None) -> l
     StreamPlans (the packed pieces of its messages, in message order: sender and receiver
     enumerate a round's messages to each other alike); `tensor_of(piece)` gives the local
     tensor a packed piece is read from (send) or written into (receive). `bind(stream,
-    plan)` runs on each (replay.bind_stream: the chunks' replayed launches)."""
+    plan)` runs on each at its first pack or unpack (replay.bind_stream: the chunks'
+    replayed launches; a receive stream's first unpack comes after the first posts, so
+    reading its tensors' addresses is off the path to the first byte)."""
     out = []
     for plan in plans:
         stream = streams.PeerStream.planned(plan.peer, plan.chunks, [tensor_of(p) for p in plan.pieces], device, depth)
         if bind is not None:
-            bind(stream, plan)
+            stream.binder = functools.partial(bind, stream_plan=plan)
         out.append(stream)
     return out
 
