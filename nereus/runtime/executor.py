@@ -42,7 +42,7 @@ import torch
 
 from nereus.ir.diagnostics import ProgramError, SettingError
 
-from . import streams
+from . import replay, streams
 from .control import Failure, commit
 from .execution_plan import plan_for
 from .gc_pause import paused
@@ -166,6 +166,8 @@ def execute(prog: RankProgram, before: dict, *, group, control, device: torch.de
         if parking is not None and parking.devices:
             restore_parked(parking, error, prog)
         raise
+    finally:
+        replay.compile_pending()  # kernel variants the replays lacked, compiled after the call
     result.rollback = rollback
     if parking is not None:
         result.parked_bytes = parking.bytes

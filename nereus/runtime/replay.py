@@ -15,7 +15,8 @@ replay cannot run, the callers take the torch path: off CUDA (unless NEREUS_PACK
 forces the kernels, under TRITON_INTERPRET), with Triton absent, a tensor in host memory
 (an offloaded or staged-out unit) or on another device, a destination not allocated yet
 (NEREUS_DEFER_DESTINATIONS), a kernel variant not compiled yet under the default
-"prepared" JIT (it compiles aside; `Runtime.prepare` compiles them up front), and with
+"prepared" JIT (it compiles in the background once the transition is over, see
+`compile_pending`; `Runtime.prepare` compiles them up front), and with
 NEREUS_REPLAY=0 (for measuring what replaying gives).
 """
 
@@ -121,7 +122,7 @@ def copies(plan, prog, index: int, pieces, sources: dict, new: dict, device) -> 
     from nereus.backends.triton import replay
 
     launches = _copy_replay(plan, prog, index, pieces, replay.residues(addresses), device)
-    if not packer.ready(launches.classes, torch.device(device)):
+    if not packer.ready(launches.classes, torch.device(device), start=False):
         return False
     launches.run(replay.table(addresses, device))
     packer.compiled |= launches.classes
@@ -176,10 +177,19 @@ def bind_stream(plan, index: int, direction: str, device, stream, stream_plan) -
     chunks = _stream_replays(plan, index, direction, stream_plan, stream.depth, replayed,
                              [t.element_size() for t in stream._tensors], replay.residues(addresses), device)
     classes = _classes(chunks)
-    if not packer.ready(classes, torch.device(device)):
+    if not packer.ready(classes, torch.device(device), start=False):
         return
     stream.replays, stream.table = chunks, replay.table(addresses, device)
     packer.compiled |= classes
+
+
+def compile_pending() -> None:
+    """After a transition: start compiling, in the background, the kernel variants its
+    replays lacked (they took the per-piece path meanwhile; `ready(..., start=False)`
+    kept the compiler's GIL-holding work out of the transition itself)."""
+    kernels = packing.kernels()
+    if kernels is not None:
+        kernels.default_packer().compile_pending()
 
 
 def warm(prog, plan, device, depth: int) -> frozenset:

@@ -73,3 +73,15 @@ def test_wait_compiled_compiles_what_was_asked_for_while_a_compile_ran():
     packer.wait_compiled()
     assert first | second <= packer.compiled
     assert packer.ready(first | second, torch.device("cpu"))
+
+
+def test_ready_without_start_only_queues_until_compile_pending():
+    packer = Packer(backend="triton")
+    packer.jit = "prepared"
+    (_, views, offsets), _ = _calls("cpu")
+    classes = packer.launch_classes([("pack", views, offsets)])
+    assert not packer.ready(classes, torch.device("cpu"), start=False)
+    assert packer._compiling is None and packer._missing == classes  # nothing compiles beside the caller
+    packer.compile_pending()
+    packer._compiling.join()
+    assert classes <= packer.compiled and packer.ready(classes, torch.device("cpu"), start=False)

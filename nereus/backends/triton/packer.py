@@ -279,11 +279,13 @@ class Packer:
             return True
         return self.ready({(plan.kind, x.word, x.vec, x.rows, x.cols) for x in plan.launches}, plan.device)
 
-    def ready(self, classes, device: torch.device) -> bool:
+    def ready(self, classes, device: torch.device, start: bool = True) -> bool:
         """Whether launches of these (kind, word, vec, ROWS, COLS) variants may run now:
         always under jit "eager" (a variant compiles on first use); under "prepared" once
         each is compiled, the missing ones compiling in a background thread meanwhile
-        (one at a time; the caller takes its torch path)."""
+        (one at a time; the caller takes its torch path). start=False only queues them
+        for `compile_pending`: Triton's compiler holds the GIL for much of a compile, so
+        a compile running beside a transition slows the transition's own Python."""
         if self.jit != "prepared":
             return True
         missing = set(classes) - self.compiled
@@ -291,6 +293,16 @@ class Packer:
             return True
         self._missing |= missing
         self._missing_device = device
+        if start:
+            self.compile_pending()
+        self.fallback_calls += 1
+        return False
+
+    def compile_pending(self) -> None:
+        """Start compiling the queued variants in a background thread (when none runs)."""
+        if not self._missing:
+            return
+        device = self._missing_device
         if self._compiling is None or not self._compiling.is_alive():
             import atexit
             import threading
@@ -303,8 +315,6 @@ class Packer:
                 atexit.register(self._join_compiling)
             self._compiling = threading.Thread(target=self._compile_quietly, args=(todo, device), daemon=True)
             self._compiling.start()
-        self.fallback_calls += 1
-        return False
 
     def _join_compiling(self) -> None:
         if self._compiling is not None:
