@@ -146,7 +146,8 @@ def _stream_replays(plan, index: int, direction: str, stream_plan, depth: int, r
                 continue
             entries = [(replay.Box(slots + s.view, s.shape, s.stride, s.offset, elems[s.view]), k % depth, at)
                        for s, at in zip(chunk.segments, chunk.offsets)]
-            out.append(replay.Replay(kind, replay.message_pieces(kind, entries, residues), device))
+            out.append(replay.Replay(kind, replay.message_pieces(kind, entries, residues)))
+        replay.to_device([r for r in out if r is not None], device)  # one upload for the stream
         return out
 
     key = (direction, index, stream_plan.peer, depth, _device_key(device), replayed, residues)

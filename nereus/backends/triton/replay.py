@@ -33,7 +33,7 @@ from typing import Optional, Sequence
 import torch
 
 from .segments import ALIGN, Piece, _contiguous_strides, normalize_pair
-from .tables import build_launches, upload
+from .tables import Launch, build_launches, upload
 
 
 @dataclass(frozen=True)
@@ -77,13 +77,17 @@ def message_pieces(kind: str, entries: Sequence[tuple[Box, int, int]], residues:
 class Replay:
     """The launches of one pack, unpack or copy, built once (see the module docstring)."""
 
-    def __init__(self, kind: str, pieces: list, device: torch.device, tile: Optional[tuple[int, int]] = None,
-                 max_vec: int = 2):
+    def __init__(self, kind: str, pieces: list, device: Optional[torch.device] = None,
+                 tile: Optional[tuple[int, int]] = None, max_vec: int = 2):
+        """The launches of `pieces`, their tables on `device` (None: left in host memory
+        for `to_device`, which uploads the tables of many replays at once)."""
         if kind not in ("pack", "unpack", "copy"):
             raise ValueError(f"a replay packs, unpacks or copies, not {kind!r}")
         rel = "src" if kind == "unpack" else "dst"
         self.kind = kind
-        self.launches = [x.to(device) for x in build_launches(pieces, 0, rel, tile, max_vec)]
+        self.launches = build_launches(pieces, 0, rel, tile, max_vec)
+        if device is not None:
+            to_device([self], device)
         self.moved_bytes = sum(x.moved_bytes for x in self.launches)
         # the kernel variants it launches, named as Packer.compiled names them (a copy
         # runs the pack variant: destination relative to `bases`, source to `views`)
@@ -101,6 +105,30 @@ class Replay:
         rel = kernels.REL_SRC if self.kind == "unpack" else kernels.REL_DST
         for launch in self.launches:
             kernels.run_launch(launch, rel, table, table)
+
+
+def to_device(replays: Sequence[Replay], device: torch.device) -> None:
+    """Move the launch tables of `replays` to `device` in one upload: views of one block.
+    Why: each upload goes through a pinned host block, and while the GPU still runs the
+    transition the caching host allocator can reuse none of its blocks, so every table
+    pinned its own (measured on one H200: a cold 32-layer TP -> DP call 0.8 s instead of
+    0.15 s with 212 uploads)."""
+    launches = [x for r in replays for x in r.launches]
+    parts, at, spans = [], 0, []
+    for x in launches:
+        spans.append([])
+        for table in (x.segments, x.tiles):  # int64 rows of 72 bytes, int32 pairs: 8-byte multiples
+            raw = table.contiguous().reshape(-1).view(torch.uint8)
+            spans[-1].append((at, at + raw.numel(), table.dtype, tuple(table.shape)))
+            parts.append(raw)
+            at += raw.numel()
+    if not parts:
+        return
+    block = upload(torch.cat(parts), device)
+    moved = iter([Launch(x.word, x.vec, x.rows, x.cols, *(block[a:b].view(dtype).view(shape) for a, b, dtype, shape in
+                                                           span), x.moved_bytes) for x, span in zip(launches, spans)])
+    for r in replays:
+        r.launches = [next(moved) for _ in r.launches]
 
 
 def residues(addresses: Sequence[int]) -> tuple[int, ...]:
