@@ -151,6 +151,7 @@ def main(argv=None) -> int:
                              "the Chrome trace here and report how much of each call the GPU was busy")
     parser.add_argument("--json-out", default=None)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--profile-cold", default=None, help="run the first TP -> DP call under cProfile; write here")
     parser.add_argument("--ab-replay", action="store_true",
                         help="time calls with replayed launches off and on (NEREUS_REPLAY), alternating call by "
                              "call in this one process; reported as replay-off and replay-on")
@@ -177,10 +178,20 @@ def main(argv=None) -> int:
     for call in ("cold", "second"):  # each direction's first call (compile, lower, the execution
         for case, target in (("tp-dp", "DP"), ("dp-tp", "TP")):  # plan and its replays built, first
             sync()  # allocations and kernels), then its second (kernel variants compiling aside)
+            first = cProfile.Profile() if args.profile_cold and call == "cold" and case == "tp-dp" else None
+            if first is not None:
+                first.enable()
             t0 = time.perf_counter()
             rt.transition(target)
             sync()
             cold[f"{call} {case}"] = time.perf_counter() - t0
+            if first is not None:
+                first.disable()
+                text = io.StringIO()
+                for key in ("cumulative", "tottime"):
+                    pstats.Stats(first, stream=text).sort_stats(key).print_stats(args.top)
+                with open(args.profile_cold, "w") as f:
+                    f.write(text.getvalue())
     print("first calls: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in cold.items()), flush=True)
     for _ in range(2):  # more warm-up
         rt.transition("DP")
