@@ -88,7 +88,7 @@ from nereus.ir.diagnostics import NereusError, SemanticError
 from nereus.ir.model import ModelStage, Module
 from nereus.passes.layout import unit_id
 
-from . import offload, packing
+from . import offload, packing, replay
 from .boxes import as_box, shard_shape
 from .control import Stale, agree, collectives, gather_flagged
 from .executor import TORCH_DTYPES, execute
@@ -189,6 +189,7 @@ class Runtime:
             from .prepare import data_groups
 
             self._data = data_groups(self.device, timeout_s, p2p_groups)
+        replay.packer_for(self.device)  # CUDA: triton imported now, not in the first transition (~0.3 s)
         known_plan(module, plan)
         self._plan = plan
         self._state: dict = {}  # model-stage → {name: local tensor}

@@ -38,6 +38,7 @@ from nereus.ir.diagnostics import SemanticError
 from nereus.ir.model import ModelStage, Module, Placement, Plan
 
 from .boxes import as_box, box_numel
+from . import replay
 from .executor import TORCH_DTYPES, execute
 from .gc_pause import paused
 from .program import rank_program, unit_of_stage
@@ -154,6 +155,7 @@ class WeightSync:
 
         # NCCL: several communicators (see prepare.data_groups); None: the default group
         self.data_group = data_groups(self.device, timeout_s) if dist.is_initialized() else None
+        replay.packer_for(self.device)  # CUDA: triton imported now, not in the first sync (~0.3 s)
         self._programs: dict = {}
         self._parts: dict = {}  # plan -> (this rank's part of the program, compile seconds)
         self._rank_programs: dict = {}  # plan -> this rank's lowered program (every step reuses it)

@@ -90,3 +90,20 @@ def test_tile_choice_fits_the_pieces():
     (launch,) = build_launches(strided, anchor=0)
     assert launch.cols == 256 and launch.tiles.shape[0] == 4096 // launch.rows
     assert torch.equal(launch.tiles[:, 0], torch.zeros(launch.tiles.shape[0], dtype=torch.int32))
+
+
+def test_the_python_and_torch_tile_searches_choose_alike():
+    from collections import Counter
+
+    from hypothesis import given, settings, strategies as st
+
+    from nereus.backends.triton.tables import _choose_tile_python, _choose_tile_torch
+
+    shape = st.tuples(st.integers(1, 5000), st.integers(1, 1 << 20))
+
+    @settings(max_examples=200, deadline=None)
+    @given(st.dictionaries(shape, st.integers(1, 1000), min_size=1, max_size=12))
+    def same(counts):
+        assert _choose_tile_python(Counter(counts)) == _choose_tile_torch(Counter(counts))
+
+    same()
