@@ -61,6 +61,8 @@ class ExecutionPlan:
     _replays: dict = field(default_factory=dict, compare=False, repr=False)  # resident bytes → ParkReplay
     # the kernel replays of the rounds' copies and stream chunks (runtime/replay.py), by round and residues
     launches: dict = field(default_factory=dict, compare=False, repr=False)
+    # [executions so far]: replay.py builds replays from a program's second execution on
+    executions: list = field(default_factory=lambda: [0], compare=False, repr=False)
 
     def park_replay(self, prog: RankProgram, resident_bytes: int) -> ParkReplay:
         """parking.park_replay(prog, resident_bytes), computed once per resident bytes."""

@@ -144,6 +144,7 @@ def execute(prog: RankProgram, before: dict, *, group, control, device: torch.de
         raise ProgramError(f"unknown rollback mode {rollback!r}", hint="use rollback='host' or 'device'")
     chunk_bytes = chunk_bytes or streams.CHUNK_BYTES
     plan = plan_for(prog, chunk_bytes)  # built on the program's first execution, then reused
+    plan.executions[0] += 1
     parking = None
     if rollback == "host":
         parking = Parking(before, park_device_types, kept=plan.kept)

@@ -14,7 +14,8 @@ bytes queued on the current stream, byte for byte what the torch path writes. Wh
 replay cannot run, the callers take the torch path: off CUDA (unless NEREUS_PACK_BACKEND
 forces the kernels, under TRITON_INTERPRET), with Triton absent, a tensor in host memory
 (an offloaded or staged-out unit) or on another device, a destination not allocated yet
-(NEREUS_DEFER_DESTINATIONS), a kernel variant not compiled yet under the default
+(NEREUS_DEFER_DESTINATIONS), a program's first execution (its replays are built from
+the second on, or by `Runtime.prepare`), a kernel variant not compiled yet under the default
 "prepared" JIT (it compiles in the background once the transition is over, see
 `compile_pending`; `Runtime.prepare` compiles them up front), and with
 NEREUS_REPLAY=0 (for measuring what replaying gives).
@@ -65,10 +66,20 @@ def _addresses(tensors: list, device) -> Optional[list]:
     return out
 
 
-def _cached(plan, key: tuple, build):
+# a program's replays are built in its executions from this one on (or by `warm`, which
+# Runtime.prepare runs): the first execution takes the per-piece path and pays nothing for
+# replays, whose kernels could not run in it anyway (not compiled yet) (1 H200, a cold
+# 32-layer TP -> DP: building them cost 0.1-0.3 s of a 0.15-0.25 s call)
+BUILD_FROM_EXECUTION = 2
+
+
+def _cached(plan, key: tuple, build, building: bool = True):
+    """The plan's value of `key`, built now if missing and `building`; else None."""
     cache = plan.launches
     value = cache.get(key)
     if value is None:
+        if not building:
+            return None
         if len(cache) >= MAX_PER_PLAN:
             cache.clear()
         value = cache[key] = build()
@@ -92,7 +103,13 @@ def _device_key(device) -> tuple:
     return (device.type, device.index)
 
 
-def _copy_replay(plan, prog, index: int, pieces, residues: tuple, device):
+def _building(plan) -> bool:
+    return plan.executions[0] >= BUILD_FROM_EXECUTION
+
+
+def _copy_replay(plan, prog, index: int, pieces, residues: tuple, device, building: bool = True):
+    """The Replay of round `index`'s copies for these residues (None: not built, and not
+    `building`)."""
     from nereus.backends.triton import replay
 
     def boxes():
@@ -101,9 +118,11 @@ def _copy_replay(plan, prog, index: int, pieces, residues: tuple, device):
                                                                            2 * i + 1))
                 for i, (p, (src, dst)) in enumerate(zip(pieces, regions))]
 
+    key = ("copy", index, _device_key(device), residues)
+    if not building and key not in plan.launches:
+        return None
     pairs = _cached(plan, ("copy boxes", index), boxes)
-    return _cached(plan, ("copy", index, _device_key(device), residues),
-                   lambda: replay.Replay("copy", replay.copy_pieces(pairs, residues), device))
+    return _cached(plan, key, lambda: replay.Replay("copy", replay.copy_pieces(pairs, residues), device))
 
 
 def copies(plan, prog, index: int, pieces, sources: dict, new: dict, device) -> bool:
@@ -121,8 +140,8 @@ def copies(plan, prog, index: int, pieces, sources: dict, new: dict, device) -> 
         return False
     from nereus.backends.triton import replay
 
-    launches = _copy_replay(plan, prog, index, pieces, replay.residues(addresses), device)
-    if not packer.ready(launches.classes, torch.device(device), start=False):
+    launches = _copy_replay(plan, prog, index, pieces, replay.residues(addresses), device, _building(plan))
+    if launches is None or not packer.ready(launches.classes, torch.device(device), start=False):
         return False
     launches.run(replay.table(addresses, device))
     packer.compiled |= launches.classes
@@ -130,9 +149,10 @@ def copies(plan, prog, index: int, pieces, sources: dict, new: dict, device) -> 
 
 
 def _stream_replays(plan, index: int, direction: str, stream_plan, depth: int, replayed: tuple, elems: list,
-                    residues: tuple, device) -> list:
+                    residues: tuple, device, building: bool = True) -> Optional[list]:
     """Per chunk of a stream, its Replay (None where `replayed` says no), cached in the
-    plan. Slots: the stream's ring slots (min(depth, chunks)), then its tensors."""
+    plan (None: not built, and not `building`). Slots: the stream's ring slots
+    (min(depth, chunks)), then its tensors."""
     from nereus.backends.triton import replay
 
     kind = "pack" if direction == "send" else "unpack"
@@ -151,7 +171,7 @@ def _stream_replays(plan, index: int, direction: str, stream_plan, depth: int, r
         return out
 
     key = (direction, index, stream_plan.peer, depth, _device_key(device), replayed, residues)
-    return _cached(plan, key, build)
+    return _cached(plan, key, build, building)
 
 
 def _classes(replays) -> frozenset:
@@ -176,7 +196,10 @@ def bind_stream(plan, index: int, direction: str, device, stream, stream_plan) -
     from nereus.backends.triton import replay
 
     chunks = _stream_replays(plan, index, direction, stream_plan, stream.depth, replayed,
-                             [t.element_size() for t in stream._tensors], replay.residues(addresses), device)
+                             [t.element_size() for t in stream._tensors], replay.residues(addresses), device,
+                             _building(plan))
+    if chunks is None:
+        return
     classes = _classes(chunks)
     if not packer.ready(classes, torch.device(device), start=False):
         return

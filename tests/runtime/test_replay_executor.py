@@ -1,8 +1,10 @@
 """The executor with replayed launches (runtime/replay.py) on 2 gloo processes: the Triton
 kernels forced on CPU under the interpreter, so the same-GPU copies and the packed
-streams' chunks run as replays. Every rank's new shards equal the reference slices byte
-for byte, on a first call (the replays built) and a second (replayed from the plan's
-cache onto new shards), and the plan holds the copy, send and receive replays."""
+streams' chunks run as replays. TP 2 -> DP 2 after `replay.warm` (what Runtime.prepare
+runs): both calls run the warmed replays (none built in a call), byte for byte, the
+second onto new shards. The way back (all same-GPU copies), not warmed: its first
+execution builds no replay (the per-piece path), its second builds and runs the copies'
+replay; byte for byte both times."""
 
 from __future__ import annotations
 
@@ -47,7 +49,23 @@ def _run(rank, world, tensors, before_units, after_units):
                     if not torch.equal(got.view(torch.uint8), want.view(torch.uint8)):
                         wrong.append((call, shard["tensor"]))
     kinds = sorted({key[0] for key in plan.launches if key[0] != "copy boxes"})
-    return {"wrong": wrong, "kinds": kinds, "warmed": len(warmed), "built": sorted(map(str, set(plan.launches) - keys))}
+    # the way back, not warmed: its first execution builds no replay, its second does
+    back = rank_program(naive_program(after_units, before_units, tensors, gpus=world), rank)
+    back_plan = plan_for(back, streams.CHUNK_BYTES)
+    state = result.state
+    built_back = []
+    for call in range(2):
+        again = execute(back, state, group=None, control=control, device=torch.device("cpu"))
+        built_back.append(sorted({key[0] for key in back_plan.launches if key[0] != "copy boxes"}))
+        for unit in before_units:
+            for shard in unit["shards"]:
+                if shard["gpu"] == rank:
+                    got = again.state[unit["id"]][shard["tensor"]]
+                    want = shard_of(full[shard["tensor"]], shard["boxes"])
+                    if not torch.equal(got.view(torch.uint8), want.view(torch.uint8)):
+                        wrong.append(("back", call, shard["tensor"]))
+    return {"wrong": wrong, "kinds": kinds, "warmed": len(warmed), "built": sorted(map(str, set(plan.launches) - keys)),
+            "built_back": built_back}
 
 
 def test_tp_to_dp_with_replayed_copies_and_chunks_is_byte_exact(monkeypatch):
@@ -61,3 +79,4 @@ def test_tp_to_dp_with_replayed_copies_and_chunks_is_byte_exact(monkeypatch):
         assert out["wrong"] == [], rank
         assert out["kinds"] == ["copy", "recv", "send"], rank
         assert out["warmed"] > 0 and out["built"] == [], (rank, out)  # replay.warm built what the calls ran
+        assert out["built_back"] == [[], ["copy"]], (rank, out)  # dp -> tp: every rank holds its new shards already
