@@ -21,12 +21,26 @@ MODEL = Model("actor", "llama", layers=1, hidden=32, heads=4, kv_heads=2, ffn=64
 STAGE = "actor.inference"
 
 
+def _wrong(state: dict, units: list, full: dict, rank: int) -> list:
+    """The tensors of this rank's shards of `units` in `state` that differ in some byte."""
+    from nereus.runtime.state import shard_of
+
+    out = []
+    for unit in units:
+        for shard in unit["shards"]:
+            if shard["gpu"] == rank:
+                got, want = state[unit["id"]][shard["tensor"]], shard_of(full[shard["tensor"]], shard["boxes"])
+                if not torch.equal(got.view(torch.uint8), want.view(torch.uint8)):
+                    out.append(shard["tensor"])
+    return out
+
+
 def _run(rank, world, tensors, before_units, after_units):
     from nereus.runtime import replay
     from nereus.runtime.execution_plan import plan_for
     from nereus.runtime.executor import execute, streams
     from nereus.runtime.program import rank_program
-    from nereus.runtime.state import shard_of, shard_unit
+    from nereus.runtime.state import shard_unit
 
     import torch.distributed as dist
 
@@ -41,13 +55,7 @@ def _run(rank, world, tensors, before_units, after_units):
     wrong = []
     for call in range(2):
         result = execute(prog, before, group=None, control=control, device=torch.device("cpu"))
-        for unit in after_units:
-            for shard in unit["shards"]:
-                if shard["gpu"] == rank:
-                    got = result.state[unit["id"]][shard["tensor"]]
-                    want = shard_of(full[shard["tensor"]], shard["boxes"])
-                    if not torch.equal(got.view(torch.uint8), want.view(torch.uint8)):
-                        wrong.append((call, shard["tensor"]))
+        wrong += [(call, name) for name in _wrong(result.state, after_units, full, rank)]
     kinds = sorted({key[0] for key in plan.launches if key[0] != "copy boxes"})
     # the way back, not warmed: its first execution builds no replay, its second does
     back = rank_program(naive_program(after_units, before_units, tensors, gpus=world), rank)
@@ -57,13 +65,7 @@ def _run(rank, world, tensors, before_units, after_units):
     for call in range(2):
         again = execute(back, state, group=None, control=control, device=torch.device("cpu"))
         built_back.append(sorted({key[0] for key in back_plan.launches if key[0] != "copy boxes"}))
-        for unit in before_units:
-            for shard in unit["shards"]:
-                if shard["gpu"] == rank:
-                    got = again.state[unit["id"]][shard["tensor"]]
-                    want = shard_of(full[shard["tensor"]], shard["boxes"])
-                    if not torch.equal(got.view(torch.uint8), want.view(torch.uint8)):
-                        wrong.append(("back", call, shard["tensor"]))
+        wrong += [("back", call, name) for name in _wrong(again.state, before_units, full, rank)]
     return {"wrong": wrong, "kinds": kinds, "warmed": len(warmed), "built": sorted(map(str, set(plan.launches) - keys)),
             "built_back": built_back}
 
