@@ -81,6 +81,11 @@ def _cached(plan, key: tuple, build, building: bool = True):
         if not building:
             return None
         if len(cache) >= MAX_PER_PLAN:
+            # a table may still be read by a kernel queued on another stream than the one
+            # it was allocated on (prepare builds on the current stream, copies run on a
+            # side stream): let every queued kernel finish before the tables go
+            if torch.cuda.is_initialized():
+                torch.cuda.synchronize()
             cache.clear()
         value = cache[key] = build()
     return value

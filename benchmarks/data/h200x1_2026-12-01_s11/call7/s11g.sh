@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# session 11, 1 x H200, call 7: replays built from the second execution; nereus train on one GPU;
+# replays on / off; the A/B once more at 32 layers
+O=/tmp/o7; rm -rf $O; mkdir -p $O
+nvidia-smi -L > $O/machine.txt; cat .devrun/tree.txt >> $O/machine.txt
+timeout 120 python3 -m pytest -q -p no:cacheprovider -rs tests/runtime/test_replay_cuda.py tests/runtime/test_executor_cuda.py tests/runtime/test_prepare.py tests/runtime/test_transition_overhead.py > $O/unit.log 2>&1; echo "unit rc=$?" >> $O/steps.txt
+tail -1 $O/unit.log
+cd benchmarks/multi_gpu
+h() {  # h NAME LAYERS REPEATS [args...]
+  local name=$1 layers=$2 reps=$3; shift 3
+  timeout 170 python3 host_only.py --layers $layers --repeats $reps --json-out $O/$name.json "$@" > $O/$name.log 2>&1; echo "$name rc=$?" >> $O/steps.txt
+  grep -h "^replay\|^plain\|^trace\|^first" $O/$name.log | sed "s/^/$name /"
+}
+NEREUS_REPLAY=1 h coldon32a 32 3
+NEREUS_REPLAY=0 h coldoff32a 32 3
+NEREUS_REPLAY=1 h coldon32b 32 3 --profile-cold $O/profcold32.txt
+NEREUS_REPLAY=0 h coldoff32b 32 3
+h ab32g 32 9 --ab-replay
+cd ../..
+T0=$(date +%s)
+timeout 200 python3 -c "from nereus.cli import nereus; nereus()" train examples/rl/ppo-1gpu-offload.nir --nproc 1 --backend nccl --steps 6 --events "2:S2,4:S1" --control --out $O/train_offload --json > $O/train_offload.log 2>&1; echo "train offload rc=$? $(( $(date +%s) - T0 )) s" >> $O/steps.txt
+rm -rf $O/train_offload
+cp .devrun/s11g.sh $O/
+tar czf $OUT/s11g.tgz -C $O .
+cat $O/steps.txt; tail -c 300 $O/train_offload.log
