@@ -2,6 +2,7 @@
 
     python3 benchmarks/multi_gpu/host_only.py --layers 8            # 1 GPU: rank 0 of a 2-GPU job
     python3 benchmarks/multi_gpu/host_only.py --device cpu --layers 8 --shape tiny
+    python3 benchmarks/multi_gpu/host_only.py --moe gen-ep2-tp2 --layers 6     # Qwen3-30B-A3B, EP -> TP
 
 Why: the 2-GPU TP -> DP figures sit at 1.45-1.60x of the link bound, and part of the gap is
 host work around the transfers (benchmarks/RESULTS.md). That work (the plan's views, the
@@ -42,6 +43,8 @@ import torch.distributed as dist
 from dtensor_compare import TAG, module_source, weight_specs
 from mg_common import SHAPES, build_local, machine
 
+# (label, target) of the timed change and of the way back; --moe: plans A and B
+DIRECTIONS = (("tp-dp", "DP"), ("dp-tp", "TP"))
 SPLITS = ("call_s", "local_s", "posted_at_s", "posted_done_s", "device_s", "ready_s", "wall_s")
 
 
@@ -75,10 +78,10 @@ def join_fake(rank: int, world: int) -> None:
 
 
 def timed_calls(rt, device, repeats: int, profiler=None) -> dict:
-    out: dict = {"tp-dp": [], "dp-tp": []}
+    out: dict = {case: [] for case, _ in DIRECTIONS}
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     for _ in range(repeats):
-        for case, target in (("tp-dp", "DP"), ("dp-tp", "TP")):
+        for case, target in DIRECTIONS:
             sync()
             if profiler is not None:
                 profiler.enable()
@@ -108,15 +111,15 @@ def gpu_busy(rt, device, repeats: int, path: str) -> dict:
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(repeats):
             torch.cuda.synchronize(device)
-            with record_function("nereus-tp-dp"):
-                rt.transition("DP")
+            with record_function("nereus-forward"):
+                rt.transition(DIRECTIONS[0][1])
                 torch.cuda.synchronize(device)
-            rt.transition("TP")
+            rt.transition(DIRECTIONS[1][1])
             torch.cuda.synchronize(device)
     prof.export_chrome_trace(path)
     with open(path) as f:
         events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
-    ranges = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") == "nereus-tp-dp"
+    ranges = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") == "nereus-forward"
                     and e.get("cat") == "user_annotation")
     gpu = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
     rows = []
@@ -152,6 +155,9 @@ def main(argv=None) -> int:
     parser.add_argument("--json-out", default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile-cold", default=None, help="run the first TP -> DP call under cProfile; write here")
+    parser.add_argument("--moe", default=None, metavar="CASE",
+                        help="a case of moe_reshard.py instead (gen-ep2-tp2, train-ep2-tp2, train-ep2-dp2; "
+                             "Qwen3-30B-A3B shapes, --layers of its 48): plans A -> B and back")
     parser.add_argument("--ab-replay", action="store_true",
                         help="time calls with replayed launches off and on (NEREUS_REPLAY), alternating call by "
                              "call in this one process; reported as replay-off and replay-on")
@@ -168,17 +174,29 @@ def main(argv=None) -> int:
     from nereus.backends.json_program import plan_units_json
     from nereus.runtime import Runtime
 
+    global DIRECTIONS
     mem = torch.cuda.get_device_properties(device).total_memory if kind == "cuda" else 141 * 10**9
-    module = ir.parse_source(module_source(args.world, mem, SHAPES[args.shape], args.layers), "host_only.nir")
-    plain = {n: (s, d) for n, (s, d, _) in weight_specs(module).items()}
-    rt = Runtime(module, "TP", device=device)
-    rt.register(TAG, build_local(plan_units_json(module, "TP", TAG), args.rank, plain, args.seed, TAG, device))
+    if args.moe:
+        import moe_reshard as mr
+
+        shape = mr.SHAPES["30b-a3b" if args.shape == "8b" else "tiny"]
+        module = ir.parse_source(mr.module_source(args.moe, args.world, mem, shape, args.layers), "host_only.nir")
+        ms = str(next(iter(module.workload.model_stages())))
+        DIRECTIONS = (("a-b", "B"), ("b-a", "A"))
+        rt = Runtime(module, "A", device=device)
+        rt.register(ms, build_local(plan_units_json(module, "A", ms), args.rank, mr.stage_specs(module, ms),
+                                    args.seed, ms, device, step=mr.STEP if ms.endswith(".training") else None))
+    else:
+        module = ir.parse_source(module_source(args.world, mem, SHAPES[args.shape], args.layers), "host_only.nir")
+        plain = {n: (s, d) for n, (s, d, _) in weight_specs(module).items()}
+        rt = Runtime(module, "TP", device=device)
+        rt.register(TAG, build_local(plan_units_json(module, "TP", TAG), args.rank, plain, args.seed, TAG, device))
     sync = (lambda: torch.cuda.synchronize(device)) if kind == "cuda" else (lambda: None)
     cold: dict = {}
     for call in ("cold", "second"):  # each direction's first call (compile, lower, the execution
-        for case, target in (("tp-dp", "DP"), ("dp-tp", "TP")):  # plan and its replays built, first
+        for case, target in DIRECTIONS:  # plan and its replays built, first
             sync()  # allocations and kernels), then its second (kernel variants compiling aside)
-            first = cProfile.Profile() if args.profile_cold and call == "cold" and case == "tp-dp" else None
+            first = cProfile.Profile() if args.profile_cold and call == "cold" and case == DIRECTIONS[0][0] else None
             if first is not None:
                 first.enable()
             t0 = time.perf_counter()
@@ -194,13 +212,13 @@ def main(argv=None) -> int:
                     f.write(text.getvalue())
     print("first calls: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in cold.items()), flush=True)
     for _ in range(2):  # more warm-up
-        rt.transition("DP")
-        rt.transition("TP")
+        for _, target in DIRECTIONS:
+            rt.transition(target)
     # every kernel variant compiled before anything is timed: prepare() compiles those of
     # the stream chunks and replays (runtime/replay.py), and the background compiles the
     # warm-up calls started are waited for (a call that met an uncompiled variant took the
     # per-piece path)
-    for target in ("DP", "TP"):
+    for _, target in DIRECTIONS:
         rt.prepare(target)
         rt.transition(target)
     from nereus.runtime import packing, replay
@@ -234,7 +252,7 @@ def main(argv=None) -> int:
     if args.trace and kind == "cuda":
         summary["trace"] = gpu_busy(rt, device, args.repeats, args.trace)
         t = summary["trace"]
-        print(t) if "error" in t else print(f"trace tp-dp: call {t['call_s'] * 1e3:.2f} ms, GPU busy {t['busy_s'] * 1e3:.2f} ms "
+        print(t) if "error" in t else print(f"trace {DIRECTIONS[0][0]}: call {t['call_s'] * 1e3:.2f} ms, GPU busy {t['busy_s'] * 1e3:.2f} ms "
               f"(kernels {t['kernel_s'] * 1e3:.2f}, copies {t['memcpy_s'] * 1e3:.2f}; summed over streams), "
               f"{t['launches']:.0f} launches per call", flush=True)
     if profiler is not None:
@@ -244,7 +262,7 @@ def main(argv=None) -> int:
         with open(args.profile, "w") as f:
             f.write(text.getvalue())
     result = {"name": "multi_gpu_host_only", "device": kind, "world": args.world, "rank": args.rank,
-              "shape": args.shape, "layers": args.layers, "repeats": args.repeats, **summary,
+              "shape": args.shape, "moe": args.moe, "layers": args.layers, "repeats": args.repeats, **summary,
               "env": {k: v for k, v in os.environ.items() if k.startswith("NEREUS_")}, "machine": machine()}
     if args.json_out:
         with open(args.json_out, "w") as f:
