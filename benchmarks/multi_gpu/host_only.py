@@ -142,7 +142,9 @@ def gpu_busy(rt, device, repeats: int, path: str) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--shape", choices=sorted(SHAPES), default="8b")
+    parser.add_argument("--shape", choices=sorted(set(SHAPES) | {"host"}), default="8b",
+                        help="with --moe: 8b = Qwen3-30B-A3B's shapes, tiny, or host (its piece counts on tiny "
+                             "dimensions)")
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--rank", type=int, default=0)
     parser.add_argument("--device", choices=("cuda", "cpu"), default=None)
@@ -179,7 +181,7 @@ def main(argv=None) -> int:
     if args.moe:
         import moe_reshard as mr
 
-        shape = mr.SHAPES["30b-a3b" if args.shape == "8b" else "tiny"]
+        shape = mr.SHAPES[{"8b": "30b-a3b"}.get(args.shape, args.shape)]
         module = ir.parse_source(mr.module_source(args.moe, args.world, mem, shape, args.layers), "host_only.nir")
         ms = str(next(iter(module.workload.model_stages())))
         DIRECTIONS = (("a-b", "B"), ("b-a", "A"))
