@@ -164,6 +164,8 @@ def main(argv=None) -> int:
                         help="time calls with replayed launches off and on (NEREUS_REPLAY), alternating call by "
                              "call in this one process; reported as replay-off and replay-on")
     args = parser.parse_args(argv)
+    if args.shape == "host" and not args.moe:
+        parser.error("--shape host is a MoE shape: give --moe CASE too")
     kind = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device("cuda", 0) if kind == "cuda" else torch.device("cpu")
     if kind == "cuda":

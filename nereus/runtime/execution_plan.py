@@ -18,6 +18,7 @@ builds each plan once, and callers need not pass anything.
 from __future__ import annotations
 
 import weakref
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
@@ -60,7 +61,8 @@ class ExecutionPlan:
     rounds: tuple  # RoundPlan per round of the program
     _replays: dict = field(default_factory=dict, compare=False, repr=False)  # resident bytes → ParkReplay
     # the kernel replays of the rounds' copies and stream chunks (runtime/replay.py), by round and residues
-    launches: dict = field(default_factory=dict, compare=False, repr=False)
+    launches: OrderedDict = field(default_factory=OrderedDict, compare=False, repr=False)
+    launches_used: dict = field(default_factory=dict, compare=False, repr=False)  # key -> last execution
     # [executions so far]: replay.py builds replays from a program's second execution on
     executions: list = field(default_factory=lambda: [0], compare=False, repr=False)
 

@@ -95,7 +95,7 @@ def warm_kernels(prog: RankProgram, device: torch.device, dtypes: dict, offloade
     run = kernels.warm(calls, device)
     # the replays of the rounds' copies and stream chunks (replay.py): built into the
     # plan now, their variants compiled
-    classes = replay.warm(prog, plan_for(prog, streams.CHUNK_BYTES), device, streams.DEPTH)
+    classes = replay.warm(prog, plan_for(prog, streams.CHUNK_BYTES), device, streams.DEPTH, offloaded)
     kernels.default_packer().compile(classes, torch.device(device))
     return run + len(classes)
 

@@ -33,8 +33,10 @@ from . import packing
 from .wires import TORCH_DTYPES
 
 ENABLED = env_flag("NEREUS_REPLAY", True)
-# replays kept per execution plan (per residue pattern); past it the plan's cache restarts
-MAX_PER_PLAN = 256
+# entries (replays, and each round's copy boxes) a plan keeps; past it the least recently
+# used go. One execution needs one per stream (round x peer x direction) and two per round
+# with copies: rank 0 of examples/moe-235b-256.nir's Train -> Generate needs 512
+MAX_PER_PLAN = 4096
 
 
 def packer_for(device) -> Optional[object]:
@@ -74,20 +76,25 @@ BUILD_FROM_EXECUTION = 2
 
 
 def _cached(plan, key: tuple, build, building: bool = True):
-    """The plan's value of `key`, built now if missing and `building`; else None."""
-    cache = plan.launches
+    """The plan's value of `key`, built now if missing and `building`; else None. The
+    plan keeps MAX_PER_PLAN entries, least recently used out first."""
+    cache, used, now = plan.launches, plan.launches_used, plan.executions[0]
     value = cache.get(key)
     if value is None:
         if not building:
             return None
-        if len(cache) >= MAX_PER_PLAN:
-            # a table may still be read by a kernel queued on another stream than the one
-            # it was allocated on (prepare builds on the current stream, copies run on a
-            # side stream): let every queued kernel finish before the tables go
-            if torch.cuda.is_initialized():
+        while len(cache) >= MAX_PER_PLAN:
+            old = next(iter(cache))
+            if used.pop(old, None) == now and torch.cuda.is_initialized():
+                # used in this execution: a kernel queued on another stream than the
+                # table's own (prepare builds on the current stream, copies run on a side
+                # stream) may still read it. Earlier executions ended synchronized.
                 torch.cuda.synchronize()
-            cache.clear()
+            del cache[old]
         value = cache[key] = build()
+    else:
+        cache.move_to_end(key)
+    used[key] = now
     return value
 
 
@@ -221,21 +228,28 @@ def compile_pending() -> None:
         kernels.default_packer().compile_pending()
 
 
-def warm(prog, plan, device, depth: int) -> frozenset:
+def warm(prog, plan, device, depth: int, offloaded=frozenset()) -> frozenset:
     """Build the replays of every round's copies and streams for tensors at 16-byte
     aligned addresses (as the caching allocator gives them), so a first execution finds
     them in the plan; returns the kernel variants they launch, for the caller to compile
-    (empty where replays do not run). A stream with pieces in host memory is left out:
-    its chunks cross memories and are not replayed."""
+    (empty where replays do not run). Copies and streams with a piece in host memory (a
+    unit of `offloaded`, ("before" | "after", unit) pairs as offload.offloaded_units gives
+    them) are left out: they are never replayed."""
     if packer_for(device) is None:
         return frozenset()
+
+    def on_host(p) -> bool:
+        return ("before", p.src_unit) in offloaded or ("after", p.dst_unit) in offloaded
+
     classes = set()
     for index, (work, planned) in enumerate(zip(prog.rounds, plan.rounds)):
-        if work.copies:
+        if work.copies and not any(on_host(p) for p in work.copies):
             zeros = (0,) * (2 * len(work.copies))
             classes |= _copy_replay(plan, prog, index, work.copies, zeros, device).classes
         for direction, stream_plans in (("send", planned.send_streams), ("recv", planned.recv_streams)):
             for sp in stream_plans:
+                if any(on_host(p) for p in sp.pieces):
+                    continue
                 side = [prog.before[p.src_unit][p.tensor] if direction == "send" else prog.after[p.dst_unit][p.tensor]
                         for p in sp.pieces]
                 replayed = tuple(not c.single for c in sp.chunks)

@@ -117,11 +117,15 @@ def to_device(replays: Sequence[Replay], device: torch.device) -> None:
     parts, at, spans = [], 0, []
     for x in launches:
         spans.append([])
-        for table in (x.segments, x.tiles):  # int64 rows of 72 bytes, int32 pairs: 8-byte multiples
+        for table in (x.segments, x.tiles):
             raw = table.contiguous().reshape(-1).view(torch.uint8)
             spans[-1].append((at, at + raw.numel(), table.dtype, tuple(table.shape)))
-            parts.append(raw)
-            at += raw.numel()
+            # every table starts 16-byte aligned, as when uploaded alone: Triton compiles a
+            # kernel apart for a pointer argument that is not, which Packer.compile does not
+            # warm (a segment row is 72 bytes: the next table would start 8 bytes off)
+            pad = -raw.numel() % 16
+            parts += [raw, torch.zeros(pad, dtype=torch.uint8)] if pad else [raw]
+            at += raw.numel() + pad
     if not parts:
         return
     block = upload(torch.cat(parts), device)
