@@ -77,6 +77,15 @@ def join_fake(rank: int, world: int) -> None:
     dist.broadcast_object_list = broadcast_object_list
 
 
+def write_profile(profiler, path: str, top: int) -> None:
+    """cProfile's top functions by cumulative and by own time, to `path`."""
+    text = io.StringIO()
+    for key in ("cumulative", "tottime"):
+        pstats.Stats(profiler, stream=text).sort_stats(key).print_stats(top)
+    with open(path, "w") as f:
+        f.write(text.getvalue())
+
+
 def timed_calls(rt, device, repeats: int, profiler=None) -> dict:
     out: dict = {case: [] for case, _ in DIRECTIONS}
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
@@ -209,11 +218,7 @@ def main(argv=None) -> int:
             cold[f"{call} {case}"] = time.perf_counter() - t0
             if first is not None:
                 first.disable()
-                text = io.StringIO()
-                for key in ("cumulative", "tottime"):
-                    pstats.Stats(first, stream=text).sort_stats(key).print_stats(args.top)
-                with open(args.profile_cold, "w") as f:
-                    f.write(text.getvalue())
+                write_profile(first, args.profile_cold, args.top)
     print("first calls: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in cold.items()), flush=True)
     for _ in range(2):  # more warm-up
         for _, target in DIRECTIONS:
@@ -260,11 +265,7 @@ def main(argv=None) -> int:
               f"(kernels {t['kernel_s'] * 1e3:.2f}, copies {t['memcpy_s'] * 1e3:.2f}; summed over streams), "
               f"{t['launches']:.0f} launches per call", flush=True)
     if profiler is not None:
-        text = io.StringIO()
-        for key in ("cumulative", "tottime"):
-            pstats.Stats(profiler, stream=text).sort_stats(key).print_stats(args.top)
-        with open(args.profile, "w") as f:
-            f.write(text.getvalue())
+        write_profile(profiler, args.profile, args.top)
     result = {"name": "multi_gpu_host_only", "device": kind, "world": args.world, "rank": args.rank,
               "shape": args.shape, "moe": args.moe, "layers": args.layers, "repeats": args.repeats, **summary,
               "env": {k: v for k, v in os.environ.items() if k.startswith("NEREUS_")}, "machine": machine()}

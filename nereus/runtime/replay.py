@@ -56,10 +56,8 @@ def packer_for(device) -> Optional[object]:
 def _addresses(tensors: list, device) -> Optional[list]:
     """Each tensor's address, or None when one is not a tensor yet (deferred) or lies
     elsewhere than `device` (host memory, another GPU)."""
-    device = torch.device(device)
-    index = device.index if device.type == "cuda" else -1
-    if device.type == "cuda" and index is None:
-        index = torch.cuda.current_device()
+    kind, index = _device_key(device)
+    index = index if kind == "cuda" else -1  # get_device() of a CPU tensor
     out = []
     for t in tensors:
         if not isinstance(t, torch.Tensor) or t.get_device() != index:
@@ -130,11 +128,11 @@ def _copy_replay(plan, prog, index: int, pieces, residues: tuple, device, buildi
                                                                            2 * i + 1))
                 for i, (p, (src, dst)) in enumerate(zip(pieces, regions))]
 
-    key = ("copy", index, _device_key(device), residues)
-    if not building and key not in plan.launches:
-        return None
-    pairs = _cached(plan, ("copy boxes", index), boxes)
-    return _cached(plan, key, lambda: replay.Replay("copy", replay.copy_pieces(pairs, residues), device))
+    def build():
+        pairs = _cached(plan, ("copy boxes", index), boxes)
+        return replay.Replay("copy", replay.copy_pieces(pairs, residues), device)
+
+    return _cached(plan, ("copy", index, _device_key(device), residues), build, building)
 
 
 def copies(plan, prog, index: int, pieces, sources: dict, new: dict, device) -> bool:
@@ -153,10 +151,18 @@ def copies(plan, prog, index: int, pieces, sources: dict, new: dict, device) -> 
     from nereus.backends.triton import replay
 
     launches = _copy_replay(plan, prog, index, pieces, replay.residues(addresses), device, _building(plan))
-    if launches is None or not packer.ready(launches.classes, torch.device(device), start=False):
+    if launches is None or not _runnable(packer, launches.classes, device):
         return False
     launches.run(replay.table(addresses, device))
-    packer.compiled |= launches.classes
+    return True
+
+
+def _runnable(packer, classes, device) -> bool:
+    """Whether launches of these kernel variants may run in this call (else they are
+    queued to compile after it); marked compiled, as their first launch compiles them."""
+    if not packer.ready(classes, torch.device(device), start=False):
+        return False
+    packer.compiled |= classes
     return True
 
 
@@ -212,11 +218,8 @@ def bind_stream(plan, index: int, direction: str, device, stream, stream_plan) -
                              _building(plan))
     if chunks is None:
         return
-    classes = _classes(chunks)
-    if not packer.ready(classes, torch.device(device), start=False):
-        return
-    stream.replays, stream.table = chunks, replay.table(addresses, device)
-    packer.compiled |= classes
+    if _runnable(packer, _classes(chunks), device):
+        stream.replays, stream.table = chunks, replay.table(addresses, device)
 
 
 def compile_pending() -> None:

@@ -198,6 +198,14 @@ class Chunk:
 class PeerStream:
     """One direction of one round's stream with one peer: its chunks and ring slots."""
 
+    # per chunk, a Replay that packs or unpacks it with no view taken, and the table of
+    # this call's addresses it reads (replay.bind_stream sets them; None: the torch or
+    # per-call kernel path of pack_chunk / unpack_chunk); `binder`, when set, sets them at
+    # the first pack or unpack (a receive stream: after the first posts)
+    replays: Optional[list] = None
+    table: Optional[torch.Tensor] = None
+    binder: Optional[Callable] = None
+
     def __init__(self, peer: int, views: list, device, chunk_bytes: int = CHUNK_BYTES, depth: int = DEPTH,
                  alone_bytes: Optional[int] = None):
         self.peer = peer
@@ -211,7 +219,6 @@ class PeerStream:
             wire = segments[0].reshape(-1).view(torch.uint8) if in_place(segments, kind) else None
             self.chunks.append(Chunk(segments, offsets, total, not crossing and fused(segments), crossing, wire))
         self.in_place = [c.wire is not None for c in self.chunks]
-        self.replays, self.table, self.binder = None, None, None
         self._ring_slots(device, depth)
 
     @classmethod
@@ -233,11 +240,6 @@ class PeerStream:
             crossing = any(away[s.view] for s in plan.segments)
             stream.chunks.append(Chunk(None, plan.offsets, plan.nbytes, not crossing and plan.fused, crossing))
             stream.in_place.append(plan.single and not crossing)
-        # per chunk, a Replay that packs or unpacks it with no view taken, and the table
-        # of this call's addresses it reads (replay.bind_stream sets them; None: the torch
-        # or per-call kernel path of pack_chunk / unpack_chunk); `binder`, when set, sets
-        # them at the first pack or unpack (a receive stream: after the first posts)
-        stream.replays, stream.table, stream.binder = None, None, None
         stream._ring_slots(device, depth)
         return stream
 
@@ -263,15 +265,16 @@ class PeerStream:
         sizes = [0 if wired else c.nbytes for c, wired in zip(self.chunks, self.in_place)]
         self.slots = [torch.empty(n, dtype=torch.uint8, device=device) for n in _ring(sizes, self.depth)]
 
-    def _bind(self) -> None:
-        binder, self.binder = self.binder, None
-        binder(self)
+    def _replay(self, k: int):
+        """Chunk k's Replay (the stream bound first, once), or None."""
+        if self.binder is not None:
+            binder, self.binder = self.binder, None
+            binder(self)
+        return self.replays[k] if self.replays is not None else None
 
     def pack(self, k: int) -> None:
         """Pack chunk k into what it travels in (nothing for a chunk sent in place)."""
-        if self.binder is not None:
-            self._bind()
-        replay = self.replays[k] if self.replays is not None else None
+        replay = self._replay(k)
         if replay is not None:
             replay.run(self.table)
         else:
@@ -279,9 +282,7 @@ class PeerStream:
 
     def unpack(self, k: int) -> Optional[offload.HostUnpack]:
         """Unpack received chunk k (see `unpack_chunk`)."""
-        if self.binder is not None:
-            self._bind()
-        replay = self.replays[k] if self.replays is not None else None
+        replay = self._replay(k)
         if replay is not None:
             replay.run(self.table)
             return None

@@ -228,7 +228,7 @@ class Packer:
         if self.backend_for(device) != "triton":
             return 0
         classes = self.launch_classes(calls)
-        self._compile(classes - self.compiled, device)
+        self.compile(classes, device)
         return len(classes)
 
     def compile(self, classes, device: torch.device) -> None:
@@ -307,8 +307,7 @@ class Packer:
             import atexit
             import threading
 
-            todo = set(self._missing)
-            self._missing.clear()
+            todo = self._take_missing()
             if self._compiling is None:
                 # a daemon thread still inside Triton's compiler when the interpreter
                 # exits is killed in C++ code ("terminate called ...", exit status 134)
@@ -326,9 +325,11 @@ class Packer:
         warm calls only after this)."""
         self._join_compiling()
         if self._missing:
-            todo = set(self._missing)
-            self._missing.clear()
-            self._compile_quietly(todo, self._missing_device)
+            self._compile_quietly(self._take_missing(), self._missing_device)
+
+    def _take_missing(self) -> set:
+        todo, self._missing = self._missing, set()
+        return todo
 
     def launch_classes(self, calls: Sequence[tuple[str, Sequence[torch.Tensor], Sequence[int]]]) -> set:
         """{(kind, word, vec, ROWS, COLS)} of the launches the Triton plans of these

@@ -88,15 +88,10 @@ class Replay:
         self.launches = build_launches(pieces, 0, rel, tile, max_vec)
         if device is not None:
             to_device([self], device)
-        self.moved_bytes = sum(x.moved_bytes for x in self.launches)
         # the kernel variants it launches, named as Packer.compiled names them (a copy
         # runs the pack variant: destination relative to `bases`, source to `views`)
         variant = "unpack" if kind == "unpack" else "pack"
         self.classes = frozenset((variant, x.word, x.vec, x.rows, x.cols) for x in self.launches)
-
-    @property
-    def table_bytes(self) -> int:
-        return sum(x.segments.numel() * 8 + x.tiles.numel() * 4 for x in self.launches)
 
     def run(self, table: torch.Tensor) -> None:
         """Launch on the current stream; `table` from `table()` of this call's slots."""
