@@ -165,7 +165,9 @@ def main(argv=None) -> int:
                              "the Chrome trace here and report how much of each call the GPU was busy")
     parser.add_argument("--json-out", default=None)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--profile-cold", default=None, help="run the first TP -> DP call under cProfile; write here")
+    parser.add_argument("--profile-cold", default=None,
+                        help="run the first TP -> DP call under cProfile and write it here; the second to "
+                             "PATH.second")
     parser.add_argument("--moe", default=None, metavar="CASE",
                         help="a case of moe_reshard.py instead (gen-ep2-tp2, train-ep2-tp2, train-ep2-dp2; "
                              "Qwen3-30B-A3B shapes, --layers of its 48): plans A -> B and back")
@@ -209,7 +211,7 @@ def main(argv=None) -> int:
     for call in ("cold", "second"):  # each direction's first call (compile, lower, the execution
         for case, target in DIRECTIONS:  # plan and its replays built, first
             sync()  # allocations and kernels), then its second (kernel variants compiling aside)
-            first = cProfile.Profile() if args.profile_cold and call == "cold" and case == DIRECTIONS[0][0] else None
+            first = cProfile.Profile() if args.profile_cold and case == DIRECTIONS[0][0] else None
             if first is not None:
                 first.enable()
             t0 = time.perf_counter()
@@ -218,7 +220,7 @@ def main(argv=None) -> int:
             cold[f"{call} {case}"] = time.perf_counter() - t0
             if first is not None:
                 first.disable()
-                write_profile(first, args.profile_cold, args.top)
+                write_profile(first, args.profile_cold + ("" if call == "cold" else ".second"), args.top)
     print("first calls: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in cold.items()), flush=True)
     for _ in range(2):  # more warm-up
         for _, target in DIRECTIONS:

@@ -107,3 +107,21 @@ def test_the_python_and_torch_tile_searches_choose_alike():
         assert _choose_tile_python(Counter(counts)) == _choose_tile_torch(Counter(counts))
 
     same()
+
+
+def test_launch_classes_name_the_launches_without_building_them():
+    from hypothesis import given, settings, strategies as st
+
+    from nereus.backends.triton.tables import launch_classes
+
+    piece = st.builds(lambda word, vec, rows, inner, pad: Piece(word, vec, 0, 0, rows, inner, inner + pad, inner),
+                      st.sampled_from((1, 2, 4, 8)), st.integers(1, 2), st.integers(1, 300), st.integers(1, 5000),
+                      st.integers(0, 7))
+
+    @settings(max_examples=100, deadline=None)
+    @given(st.lists(piece, min_size=1, max_size=20), st.sampled_from((None, (4, 16))), st.integers(1, 2))
+    def same(pieces, tile, max_vec):
+        launches = build_launches(pieces, anchor=0, force_tile=tile, max_vec=max_vec)
+        assert launch_classes(pieces, tile, max_vec) == [(x.word, x.vec, x.rows, x.cols) for x in launches]
+
+    same()

@@ -40,7 +40,7 @@ import torch
 from . import fallback
 from .mapped import mapped
 from .segments import ALIGN, as_view, copy_pieces, layout, view_pieces
-from .tables import build_launches, upload
+from .tables import build_launches, launch_classes, upload
 
 log = logging.getLogger("nereus.pack")
 BACKENDS = ("auto", "triton", "torch")
@@ -76,6 +76,10 @@ class _Plan:
     residues: tuple[int, ...] = ()  # buffer address % ALIGN the tables were built for
     bases: Optional[tuple[tuple[int, ...], torch.Tensor]] = None
     view_bases: Optional[tuple[tuple[int, ...], torch.Tensor]] = None  # pack, unpack: per view slot
+    # (kind, word, vec, ROWS, COLS) of the launches a Triton plan would make that are not
+    # compiled yet under jit "prepared": the plan is not built (no launches) nor cached,
+    # and its call takes the torch path
+    pending: frozenset = frozenset()
 
     @property
     def table_bytes(self) -> int:
@@ -198,7 +202,8 @@ class Packer:
         byte offsets into a uint8 buffer of `nbytes` (`out` when given)."""
         residues = (_residue(out),) if out is not None else (0,)
         plan, described = self._plan("pack", key, (len(views),), residues,
-                                     lambda: _describe([views], [offsets], [nbytes], [out] if out is not None else ()))
+                                     lambda: _describe([views], [offsets], [nbytes], [out] if out is not None else ()),
+                                     lazy=True)
         buffer = out if out is not None else torch.empty(nbytes, dtype=torch.uint8, device=plan.device)
         if not self._ready(plan):
             fallback.pack_entries([_bytes(buffer, nbytes)], [(0, v, o) for v, o in zip(views, offsets)])
@@ -211,7 +216,7 @@ class Packer:
         """The executor's contract: write the bytes at each offset into its view."""
         size = _bytes(buffer, 0).numel()
         plan, described = self._plan("unpack", key, (len(views),), (_residue(buffer),),
-                                     lambda: _describe([views], [offsets], [size], [buffer]))
+                                     lambda: _describe([views], [offsets], [size], [buffer]), lazy=True)
         if not self._ready(plan):
             fallback.unpack_entries([_bytes(buffer, size)], [(0, v, o) for v, o in zip(views, offsets)])
             return
@@ -277,6 +282,9 @@ class Packer:
         the missing ones are compiled in a background thread (one at a time)."""
         if self.jit != "prepared" or plan.backend != "triton":
             return True
+        if plan.pending:  # not built: the torch path even if a compile finished meanwhile
+            self.ready(plan.pending, plan.device)
+            return False
         return self.ready({(plan.kind, x.word, x.vec, x.rows, x.cols) for x in plan.launches}, plan.device)
 
     def ready(self, classes, device: torch.device, start: bool = True) -> bool:
@@ -337,18 +345,17 @@ class Packer:
         classes = set()
         for kind, views, offsets in calls:
             pieces = [p for slot, (v, o) in enumerate(zip(views, offsets)) for p in view_pieces(v, o, 0, kind, slot)]
-            if pieces:
-                for x in build_launches(pieces, 0, "dst" if kind == "pack" else "src", self.tile, self.max_vec):
-                    classes.add((kind, x.word, x.vec, x.rows, x.cols))
+            classes |= {(kind,) + c for c in launch_classes(pieces, self.tile, self.max_vec)}
         return classes
 
     # -- plans ---------------------------------------------------------------------
     def _plan(self, kind: str, key: Optional[Hashable], counts: tuple[int, ...], residues: tuple[int, ...],
-              describe) -> tuple[_Plan, Optional[list]]:
+              describe, lazy: bool = False) -> tuple[_Plan, Optional[list]]:
         """(plan, the call's views per message, or None for a hit under a key: the plan's
         first views stand): the cached plan of `key` when its segment counts and buffer
         residues match, else a new one from `describe()` (views, offsets, totals, device),
-        cached."""
+        cached. `lazy` (callers that check `_ready`): under jit "prepared", a new plan
+        whose kernel variants are not all compiled is only described (`pending`)."""
         described, auto = None, key is None
         if auto:  # identify the call by its shapes, strides and residues (copies: addresses)
             described = describe()
@@ -358,8 +365,10 @@ class Packer:
             self._plans.move_to_end((kind, key))
             return plan, described[0] if described else None
         views, offsets, totals, device = described or describe()
-        plan = self._build(kind, views, offsets, residues, device)
+        plan = self._build(kind, views, offsets, residues, device, lazy and self.jit == "prepared")
         plan.counts, plan.totals = counts, totals
+        if plan.pending:
+            return plan, views
         if plan.backend == "triton" or not auto:  # torch plans hold views: only when asked
             self._plans[(kind, key)] = plan
             self._cached_bytes += plan.table_bytes
@@ -368,7 +377,7 @@ class Packer:
         return plan, views
 
     def _build(self, kind: str, views: list[list[torch.Tensor]], offsets: list[Sequence[int]],
-               residues: tuple[int, ...], device: torch.device) -> _Plan:
+               residues: tuple[int, ...], device: torch.device, lazy: bool = False) -> _Plan:
         self.plans_built += 1
         backend = self.backend_for(device) if any(views) else "torch"  # nothing to move
         plan = _Plan(backend, kind, device, residues=residues)
@@ -386,6 +395,11 @@ class Packer:
             return plan
         # the tensor side relative to each view's base (slot = its index in `entries`)
         pieces = [p for slot, (m, v, o) in enumerate(entries) for p in view_pieces(v, o + residues[m], m, kind, slot)]
+        if lazy:
+            classes = frozenset((kind,) + c for c in launch_classes(pieces, self.tile, self.max_vec))
+            if not classes <= self.compiled:
+                plan.pending = classes
+                return plan
         plan.launches = self._launches(pieces, "dst" if kind == "pack" else "src", device)
         return plan
 

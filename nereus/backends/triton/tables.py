@@ -150,11 +150,25 @@ def build_launches(pieces: Sequence[Piece], anchor: int, rel: Optional[str] = No
     `max_vec=1` turns off the 16-byte alignment hints (for measuring what they give)."""
     if anchor % 16:
         raise ValueError("the anchor must be 16-byte aligned")
+    return [_launch(word, vec, group, anchor // word, rel, force_tile)
+            for (word, vec), group in _classes(pieces, max_vec)]
+
+
+def launch_classes(pieces: Sequence[Piece], force_tile: Optional[tuple[int, int]] = None,
+                   max_vec: int = 2) -> list[tuple[int, int, int, int]]:
+    """(word, vec, ROWS, COLS) of each launch `build_launches` would make of these pieces,
+    without building its tables (a Python pass over the pieces: what a caller needs to
+    know whether the kernel variants are compiled)."""
+    return [(word, vec) + choose_tile(Counter((p.rows, p.inner) for p in group), force_tile)
+            for (word, vec), group in _classes(pieces, max_vec)]
+
+
+def _classes(pieces: Sequence[Piece], max_vec: int) -> list[tuple[tuple[int, int], list[Piece]]]:
+    """The pieces grouped by access class (word size, vector width), widest first."""
     classes: dict[tuple[int, int], list[Piece]] = {}
     for p in pieces:
         classes.setdefault((p.word, min(p.vec, max_vec)), []).append(p)
-    return [_launch(word, vec, group, anchor // word, rel, force_tile)
-            for (word, vec), group in sorted(classes.items(), reverse=True)]
+    return sorted(classes.items(), reverse=True)
 
 
 def _launch(word: int, vec: int, pieces: list[Piece], anchor: int, rel: Optional[str],
