@@ -12,24 +12,6 @@ time.
 
 from __future__ import annotations
 
-import time
+from nereus.backends.proof import verify_before_running
 
-from nereus.ir.diagnostics import ProgramError
-from nereus.ir.model import Module
-
-
-def verify_before_running(program: dict, module: Module) -> float:
-    """Prove `program` correct against `module`'s plans; the seconds it took.
-    Raises ProgramError saying the runtime refuses it, with the verifier's located message."""
-    from nereus.passes.verify import verify_program
-
-    started = time.perf_counter()
-    try:
-        verify_program(program, against=module)
-    except ProgramError as error:
-        transition = program.get("transition", {}) if isinstance(program, dict) else {}
-        raise ProgramError(f"the runtime refuses the program {transition.get('from')} -> {transition.get('to')}:"
-                           f" it fails verification: {error.message}",
-                           hint=error.hint or "recompile it; nereusc verify PROGRAM.json --against FILE.nir"
-                                              " shows the same error") from None
-    return time.perf_counter() - started
+__all__ = ["verify_before_running"]

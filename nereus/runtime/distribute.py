@@ -21,6 +21,11 @@ naming both digests; one all_reduce then tells every other rank which rank refus
 every rank raises and none waits on a peer that stopped. Without `verify`, no rank ever
 builds the whole program.
 
+With a `prover` (nereus.runtime.prover: a process beside rank 0) rank 0 asks for the proof
+before lowering its own part and collects the digests after, so the two overlap; `then`
+(e.g. the runtime's lowering of the part into its work list) runs on every rank between
+its own lowering and the agreement, its errors refused like a lowering error.
+
 Invariant: a rank executes a part only when every rank lowered its part without error and,
 with `verify`, every part's digest equals the one cut from the proven whole program.
 """
@@ -35,13 +40,10 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from nereus.backends import json_program
-from nereus.backends.rank_json import canonical_json, rank_digest, rank_digests, rank_program_json
-from nereus.ir.diagnostics import NereusError, ProgramError
+from nereus.backends import proof
+from nereus.backends.rank_json import canonical_json
+from nereus.ir.diagnostics import ProgramError
 from nereus.ir.model import Module
-from nereus.ir.program import FORMAT, VERSION
-
-from .admission import verify_before_running
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,7 @@ class RankPart:
     part_bytes: int  # size of the part's canonical JSON: what this rank holds of the program
     received_bytes: int  # bytes of program data this rank received (its digest, or 0)
     text: str = ""  # the part's canonical JSON (what the digest hashes; json.loads gives `program`)
+    then: object = None  # what `then(text)` returned
 
 
 def _lower_own_part(module: Module, source: str, target: str, rank: int, **options):
@@ -64,44 +67,39 @@ def _lower_own_part(module: Module, source: str, target: str, rank: int, **optio
 
 
 def _part(compiled, rank: int) -> dict:
-    """`rank_program_json`, or for a rank beyond the cluster's GPUs (a process group larger
-    than the plans' cluster) the empty part: every round, no op, no unit."""
-    if rank < compiled.dag.module.cluster.num_gpus:
-        return rank_program_json(compiled, rank)
-    dag = compiled.dag
-    return {"format": FORMAT, "version": VERSION, "transition": {"from": dag.source, "to": dag.target},
-            "rank": rank, "peers": [], "gpus": [], "nodes": [], "tensors": [], "units": {"before": [], "after": []},
-            "resident_bytes": {}, "untouched": list(dag.untouched),
-            "rounds": [{"ops": []} for _ in range(compiled.program.num_rounds)]}
+    return proof.rank_part(compiled, rank)
 
 
-def _portable(error: Exception, source: str, target: str) -> NereusError:
-    if isinstance(error, NereusError):
-        return type(error)(error.message, loc=error.loc, hint=error.hint)
-    return ProgramError(f"compiling {source} -> {target} failed: {type(error).__name__}: {error}")
+_portable = proof.portable
 
 
 def _prove(compiled, module: Module, world_size: int) -> tuple[float, list]:
-    """Rank 0: prove the whole program once; the digest of every rank's part."""
-    whole = json_program.program_json(compiled)
-    proof_s = verify_before_running(whole, module)
-    digests = rank_digests(whole)
-    del whole
-    return proof_s, [digests[r] if r in digests else rank_digest(_part(compiled, r)) for r in range(world_size)]
+    """Rank 0, inline: prove the whole program once; the digest of every rank's part."""
+    return proof.prove(compiled, module, world_size)
 
 
 def obtain_rank_part(module: Module, source: str, target: str, rank: int, world_size: int, control,
-                     verify: bool = True, options: Optional[dict] = None) -> RankPart:
+                     verify: bool = True, options: Optional[dict] = None, prover=None, then=None,
+                     timeout_s: float = 120.0) -> RankPart:
     """Collective: this rank's part of the program `source -> target` (module docstring).
     Raises the same error on every rank when compiling or proving fails, and a ProgramError
-    on every rank (the refusing rank's own message on that rank) when a part is refused."""
+    on every rank (the refusing rank's own message on that rank) when a part is refused.
+    prover: rank 0's Prover, or None (inline); timeout_s: how long rank 0 waits on it
+    before proving inline. then: a function of the part's canonical JSON text, run on
+    every rank before the agreement; its value is RankPart.then."""
     started = time.perf_counter()
-    part, error, compiled = None, None, None
+    part, error, compiled, value = None, None, None, None
+    ticket = prover.request(source, target, world_size, options) if verify and rank == 0 and prover else None
     try:
         compiled, part = _lower_own_part(module, source, target, rank, **(options or {}))
     except Exception as caught:  # noqa: BLE001 - the other ranks wait on the agreement below
         error = _portable(caught, source, target)
     text = canonical_json(part) if part is not None else ""
+    if error is None and then is not None:
+        try:
+            value = then(text)
+        except Exception as caught:  # noqa: BLE001 - refused like a part that does not lower
+            error = _portable(caught, source, target)
     proof_s, received = None, 0
     if verify:
         # rank 0 proves, then every rank receives only its own verdict: ("ok", digest, seconds)
@@ -110,7 +108,13 @@ def obtain_rank_part(module: Module, source: str, target: str, rank: int, world_
             try:
                 if error is not None:
                     raise error
-                proof_s, digests = _prove(compiled, module, world_size)
+                got = prover.result(ticket, timeout_s) if ticket is not None else None
+                if got is None:
+                    proof_s, digests = _prove(compiled, module, world_size)
+                elif got[0] == "error":
+                    raise got[1]
+                else:
+                    digests, proof_s = got[1], got[2]
                 verdicts = [("ok", d, proof_s) for d in digests]
             except Exception as caught:  # noqa: BLE001
                 verdicts = [("error", _portable(caught, source, target))] * world_size
@@ -138,4 +142,4 @@ def obtain_rank_part(module: Module, source: str, target: str, rank: int, world_
     if int(flag) > 0:
         raise ProgramError(f"rank {int(flag) - 1} refused its part of the program {source} -> {target}; "
                            "no rank runs it", hint=f"rank {int(flag) - 1}'s error says why")
-    return RankPart(part, time.perf_counter() - started, proof_s, len(text), received, text)
+    return RankPart(part, time.perf_counter() - started, proof_s, len(text), received, text, value)

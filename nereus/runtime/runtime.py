@@ -95,6 +95,7 @@ from .executor import TORCH_DTYPES, execute
 from .gc_pause import paused
 from .parking import ROLLBACK_MODES, default_rollback
 from .program import DIRECT_MIN_BYTES, program_model_stages, rank_program, restrict_program, unit_of_stage
+from .prover import Prover, prover_mode
 from .state import assemble, shard_unit, step_name, unit_on_gpu
 
 
@@ -142,7 +143,7 @@ class Runtime:
                  device: Optional[torch.device] = None, verify: bool = False, progress: bool = False,
                  timeout_s: float = 120.0, direct_min_bytes: int = DIRECT_MIN_BYTES,
                  rollback: Optional[str] = None, park_device_types=("cuda",), p2p_groups: Optional[int] = None,
-                 verify_programs: bool = True):
+                 verify_programs: bool = True, prover: Optional[str] = None):
         """rollback: "auto", "host" or "device" (see the module docstring); None picks
         "auto" for CUDA tensors and "device" otherwise. park_device_types: the device types whose
         old shards take the host path; tests pass ("cpu",) to run it on CPU. p2p_groups:
@@ -150,7 +151,9 @@ class Runtime:
         ops of one communicator one after the other; several overlap that); default
         NEREUS_P2P_GROUPS, else 4 on NCCL and 1 otherwise. verify_programs: prove every
         compiled program correct before running it (nereus.runtime.admission); False for
-        programs verified ahead of time."""
+        programs verified ahead of time. prover: where rank 0 proves them, "process" (a
+        process beside it, overlapping its own lowering), "inline" or "auto" (default
+        NEREUS_PROVER, else auto: a process on CUDA; nereus.runtime.prover)."""
         if rollback is not None and rollback not in ROLLBACK_MODES:
             raise NereusError(f"unknown rollback mode {rollback!r}",
                               hint="rollback='auto' (default on CUDA), 'host' (old shards wait in host memory) or 'device'")
@@ -190,6 +193,10 @@ class Runtime:
 
             self._data = data_groups(self.device, timeout_s, p2p_groups)
         replay.packer_for(self.device)  # CUDA: triton imported now, not in the first transition (~0.3 s)
+        self.timeout_s = timeout_s
+        self._prover = None
+        if prover_mode(prover, self.device.type) == "process" and verify_programs and self.rank == 0:
+            self._prover = Prover(module)  # starts now: ready by the first transition
         known_plan(module, plan)
         self._plan = plan
         self._state: dict = {}  # model-stage → {name: local tensor}
@@ -432,12 +439,13 @@ class Runtime:
         with verify_programs rank 0 proves the whole once and each rank checks its part's
         digest), cached as its canonical JSON text (each call returns a fresh dict); and the
         seconds it took."""
-        text, compile_s, _ = self._compiled(target)
+        text, compile_s, _, _ = self._compiled(target)
         return json.loads(text), compile_s
 
-    def _compiled(self, target: str) -> tuple:
+    def _compiled(self, target: str, then=None) -> tuple:
         """Collective when not cached: (this rank's part as canonical JSON text, compile
-        seconds, its untouched model-stages)."""
+        seconds, its untouched model-stages, what `then(text)` gave: run on every rank while
+        rank 0's prover proves, see distribute.obtain_rank_part; None when cached)."""
         from .distribute import obtain_rank_part
 
         key = (self._plan, target)
@@ -447,11 +455,12 @@ class Runtime:
             # collectives could pair with the wrong ones)
             agree(None, self._control, self._plan, target, kind="compile")
             got = obtain_rank_part(self.module, self._plan, target, self.rank, self.world_size, self._control,
-                                   self.verify_programs)
+                                   self.verify_programs, prover=self._prover, then=then, timeout_s=self.timeout_s)
             self._verify_program_s[key] = got.proof_s
             self._program_bytes[key] = got.part_bytes
             self._programs[key] = (got.text, got.compile_s, frozenset(got.program.get("untouched", ())))
-        return self._programs[key]
+            return self._programs[key] + (got.then,)
+        return self._programs[key] + (None,)
 
     def prepare(self, target: str) -> dict:
         """Collective: do now everything `transition(target)` would do before moving a
@@ -593,19 +602,26 @@ class Runtime:
         self._check_ranks(target)
         cached = (self._plan, target) in self._programs
         with collectives(self._plan, target, "compile"):
-            text, compile_s, untouched = self._compiled(target)
+            # the part lowered into this rank's work list while rank 0's prover proves it
+            # (unrestricted: every model-stage is live unless some rank registered fewer)
+            text, compile_s, untouched, early = self._compiled(target, self._lower_part)
             live, steps = self._live_stages(target, untouched)
         if cached:
             compile_s = 0.0
         key = (self._plan, target, tuple(sorted(live)))
         if key not in self._lowered:  # a job moving back and forth restricts and lowers each program once
-            program = json.loads(text)
+            program, lowered = early if early is not None else (json.loads(text), None)
             if program_model_stages(program) - live:
-                program = restrict_program(program, live)
-            self._lowered[key] = rank_program(program, self.rank, self.direct_min_bytes)
+                program, lowered = restrict_program(program, live), None
+            self._lowered[key] = lowered if lowered is not None else rank_program(program, self.rank, self.direct_min_bytes)
             self._lowered_figures[key] = _Lowered(self._resident(program), self._capacity(program),
                                                   offload.offloaded_units(program))
         return compile_s, self._lowered[key], key, steps
+
+    def _lower_part(self, text: str) -> tuple:
+        """(the part as a dict, this rank's work list from it): what _lower needs of a new part."""
+        program = json.loads(text)
+        return program, rank_program(program, self.rank, self.direct_min_bytes)
 
     def _resident(self, program: dict) -> int:
         return int(program.get("resident_bytes", {}).get(str(self.rank), 0))

@@ -1,0 +1,113 @@
+"""The proof of a transition: its whole program emitted, verified against the module's
+plans, and cut into the SHA-256 digest of every rank's part (docs/program.md, "Rank
+programs"). Imports no torch: it runs in the runtime's process or in a prover process
+beside it (`serve`, started by nereus.runtime.prover).
+
+    verify_before_running(program, module) -> seconds         # or ProgramError
+    prove(compiled, module, world_size) -> (seconds, digests)  # one digest per rank
+    rank_part(compiled, rank) -> dict                          # rank's part (JSON program v1)
+    python -m nereus.backends.proof READ_FD WRITE_FD           # the prover process
+
+Input: a compiled transition and the module holding its plans. Output: the seconds the
+proof took and, per rank of the process group, the digest its part must have.
+Invariant: a digest comes out only for a program the verifier proved; a program that
+fails raises ProgramError saying the runtime refuses it, with the verifier's message.
+"""
+
+from __future__ import annotations
+
+import time
+
+from nereus.ir.diagnostics import NereusError, ProgramError
+from nereus.ir.model import Module
+from nereus.ir.program import FORMAT, VERSION
+
+
+def verify_before_running(program: dict, module: Module) -> float:
+    """Prove `program` correct against `module`'s plans; the seconds it took.
+    Raises ProgramError saying the runtime refuses it, with the verifier's located message."""
+    from nereus.passes.verify import verify_program
+
+    started = time.perf_counter()
+    try:
+        verify_program(program, against=module)
+    except ProgramError as error:
+        transition = program.get("transition", {}) if isinstance(program, dict) else {}
+        raise ProgramError(f"the runtime refuses the program {transition.get('from')} -> {transition.get('to')}:"
+                           f" it fails verification: {error.message}",
+                           hint=error.hint or "recompile it; nereusc verify PROGRAM.json --against FILE.nir"
+                                              " shows the same error") from None
+    return time.perf_counter() - started
+
+
+def rank_part(compiled, rank: int) -> dict:
+    """`rank_program_json`, or for a rank beyond the cluster's GPUs (a process group larger
+    than the plans' cluster) the empty part: every round, no op, no unit."""
+    from .rank_json import rank_program_json
+
+    if rank < compiled.dag.module.cluster.num_gpus:
+        return rank_program_json(compiled, rank)
+    dag = compiled.dag
+    return {"format": FORMAT, "version": VERSION, "transition": {"from": dag.source, "to": dag.target},
+            "rank": rank, "peers": [], "gpus": [], "nodes": [], "tensors": [], "units": {"before": [], "after": []},
+            "resident_bytes": {}, "untouched": list(dag.untouched),
+            "rounds": [{"ops": []} for _ in range(compiled.program.num_rounds)]}
+
+
+def prove(compiled, module: Module, world_size: int) -> tuple[float, list]:
+    """Prove the whole program once; (its seconds, the digest of every rank's part)."""
+    from . import json_program
+    from .rank_json import rank_digest, rank_digests
+
+    whole = json_program.program_json(compiled)
+    proof_s = verify_before_running(whole, module)
+    digests = rank_digests(whole)
+    del whole
+    return proof_s, [digests[r] if r in digests else rank_digest(rank_part(compiled, r)) for r in range(world_size)]
+
+
+def portable(error: Exception, source: str, target: str) -> NereusError:
+    """The error as one that pickles and reads the same on every rank (a NereusError of
+    the same type, or a ProgramError naming the transition and the exception)."""
+    if isinstance(error, NereusError):
+        return type(error)(error.message, loc=error.loc, hint=error.hint)
+    return ProgramError(f"compiling {source} -> {target} failed: {type(error).__name__}: {error}")
+
+
+def serve(read_fd: int, write_fd: int) -> None:
+    """The prover process: receives ("module", Module) once, then ("prove", ticket, source,
+    target, world_size, options) requests, one at a time, and answers each with ("ok",
+    ticket, digests, seconds) or ("error", ticket, NereusError). Ends when its input
+    closes (the runtime's process ended or closed it)."""
+    import gc
+    from multiprocessing.connection import Connection
+
+    from nereus.passes import compile_transition
+
+    gc.disable()  # a proof allocates ~10^5 acyclic containers; nothing here outlives a request
+    inbox, outbox = Connection(read_fd, writable=False), Connection(write_fd, readable=False)
+    module = None
+    while True:
+        try:
+            message = inbox.recv()
+        except (EOFError, OSError):
+            return
+        if message[0] == "module":
+            module = message[1]
+            continue
+        _, ticket, source, target, world_size, options = message
+        try:
+            seconds, digests = prove(compile_transition(module, source, target, **options), module, world_size)
+            answer = ("ok", ticket, digests, seconds)
+        except Exception as error:  # noqa: BLE001 - every failure goes back as the rank's verdict
+            answer = ("error", ticket, portable(error, source, target))
+        try:
+            outbox.send(answer)
+        except (BrokenPipeError, OSError):
+            return
+
+
+if __name__ == "__main__":
+    import sys
+
+    serve(int(sys.argv[1]), int(sys.argv[2]))

@@ -1,0 +1,134 @@
+"""A prover process beside rank 0: the proof of a transition's whole program runs there
+while this process lowers its own part.
+
+Why: with verify_programs (the default) rank 0 proves every new transition's whole
+program before any rank runs it: emit it, replay it symbolically, cut every rank's
+digest. On a cold 6-layer Qwen3-30B-A3B change on one H200 that was 0.5-0.9 s of a 2-2.7
+s first call, serial with rank 0's own lowering (0.5-0.7 s), all under one GIL. The
+prover is a plain Python process (the passes import no torch: it starts in a few tenths
+of a second) that holds the module, compiles the transition itself (the passes are
+deterministic) and proves it; rank 0 asks before lowering its part and collects the
+digests after (nereus.runtime.distribute), so the first call costs the longer of the two.
+
+    Prover(module)                        # starts the process (rank 0, at Runtime construction)
+    ticket = prover.request(source, target, world_size, options)
+    prover.result(ticket, timeout_s)      # ("ok", digests, seconds) | ("error", NereusError) | None
+    prover.close()
+
+Invariant: the digests come from the same proof as the inline one (nereus.backends.proof);
+`result` returns None (the caller proves inline) when the process is gone, failed to
+start or did not answer within timeout_s, and then the process is ended: a proof is never
+waited on forever and never skipped.
+
+Setting: Runtime(prover=...) or NEREUS_PROVER: "process", "inline", or "auto" (the
+default: a process for CUDA devices, where the host's time is the transition's; inline on
+CPU, where tests and gloo runs would start a process per runtime for little gain).
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import logging
+import os
+import subprocess
+import sys
+from multiprocessing.connection import Connection
+from typing import Optional
+
+from nereus.ir.diagnostics import NereusError
+
+log = logging.getLogger("nereus.prover")
+MODES = ("auto", "process", "inline")
+
+
+def prover_mode(requested: Optional[str], device_type: str) -> str:
+    """"process" or "inline" for a runtime on `device_type` (argument, else NEREUS_PROVER,
+    else auto)."""
+    mode = requested or os.environ.get("NEREUS_PROVER") or "auto"
+    if mode not in MODES:
+        raise NereusError(f"unknown prover mode {mode!r}",
+                          hint="prover='auto' (a process on CUDA), 'process' or 'inline' (NEREUS_PROVER)")
+    if mode == "auto":
+        return "process" if device_type == "cuda" else "inline"
+    return mode
+
+
+class Prover:
+    """The parent's end of one prover process (module docstring)."""
+
+    def __init__(self, module):
+        self._tickets = itertools.count()
+        self._answers: dict = {}
+        self._process: Optional[subprocess.Popen] = None
+        self._inbox = self._outbox = None
+        try:
+            to_child, from_parent = os.pipe()
+            to_parent, from_child = os.pipe()
+            env = dict(os.environ)
+            # the child finds nereus where this process did (an editable install, PYTHONPATH, a checkout)
+            env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", "nereus.backends.proof", str(to_child), str(from_child)],
+                pass_fds=(to_child, from_child), env=env, stdin=subprocess.DEVNULL, close_fds=True)
+            os.close(to_child)
+            os.close(from_child)
+            self._outbox = Connection(from_parent, readable=False)
+            self._inbox = Connection(to_parent, writable=False)
+            self._outbox.send(("module", module))
+        except (OSError, ValueError) as error:  # no process: every proof runs inline
+            log.warning("prover process did not start (%s); proving inline", error)
+            self.close()
+        atexit.register(self.close)
+
+    @property
+    def alive(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def request(self, source: str, target: str, world_size: int, options: Optional[dict] = None) -> Optional[int]:
+        """Ask for the proof of source -> target; its ticket, or None (the caller proves inline)."""
+        if not self.alive:
+            return None
+        ticket = next(self._tickets)
+        try:
+            self._outbox.send(("prove", ticket, source, target, world_size, dict(options or {})))
+        except (OSError, ValueError):
+            self.close()
+            return None
+        return ticket
+
+    def result(self, ticket: Optional[int], timeout_s: float) -> Optional[tuple]:
+        """("ok", digests, seconds) or ("error", NereusError) for `ticket`; None when the
+        process cannot give it (gone, or silent for timeout_s): the caller proves inline."""
+        if ticket is None:
+            return None
+        while ticket not in self._answers:
+            try:
+                if not self._inbox.poll(timeout_s):
+                    log.warning("prover process silent for %.0f s; proving inline", timeout_s)
+                    self.close()
+                    return None
+                answer = self._inbox.recv()
+            except (EOFError, OSError, ValueError):  # the process ended (killed, crashed)
+                self.close()
+                return None
+            self._answers[answer[1]] = answer
+        answer = self._answers.pop(ticket)
+        return (answer[0],) + tuple(answer[2:])
+
+    def close(self) -> None:
+        """End the process (it exits when its input closes; killed if it does not)."""
+        for end in (self._outbox, self._inbox):
+            if end is not None:
+                try:
+                    end.close()
+                except OSError:
+                    pass
+        self._outbox = self._inbox = None
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            try:
+                process.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()

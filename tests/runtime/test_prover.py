@@ -1,0 +1,127 @@
+"""The prover process beside rank 0 (nereus.runtime.prover): it gives the digests the
+inline proof gives, its errors reach every rank, a part it did not prove is refused, and
+a prover that is gone or silent is never waited on: rank 0 proves inline instead."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+import nereus.ir as ir
+from nereus.backends import proof
+from nereus.ir.diagnostics import NereusError
+from nereus.passes import compile_transition
+from nereus.runtime import Runtime
+from nereus.runtime.prover import Prover, prover_mode
+
+from runtime_helpers import spawn
+from test_rank_parts import SOURCE, STAGES, WORLD, _fulls
+
+# plan B on other GPUs: the program A -> B of this module is not the one of SOURCE
+OTHER = SOURCE.replace("plan B { actor.generation dp 1 tp 2 on 1, 2", "plan B { actor.generation dp 1 tp 2 on 0, 2")
+
+
+def test_the_process_gives_the_digests_of_the_inline_proof():
+    module = ir.parse_source(SOURCE, "p.nir")
+    prover = Prover(module)
+    try:
+        tickets = [prover.request("A", "B", WORLD), prover.request("B", "A", WORLD + 1)]
+        # answers are collected by ticket, in any order
+        back, there = prover.result(tickets[1], 60.0), prover.result(tickets[0], 60.0)
+    finally:
+        prover.close()
+    for got, (source, target, world) in ((there, ("A", "B", WORLD)), (back, ("B", "A", WORLD + 1))):
+        _, digests = proof.prove(compile_transition(module, source, target), module, world)
+        assert got[0] == "ok" and got[1] == digests and len(digests) == world and got[2] > 0
+
+
+def test_a_compile_error_comes_back_as_the_error():
+    prover = Prover(ir.parse_source(SOURCE, "p.nir"))
+    try:
+        got = prover.result(prover.request("A", "Z", WORLD), 60.0)
+    finally:
+        prover.close()
+    assert got[0] == "error" and isinstance(got[1], NereusError) and "Z" in got[1].message
+
+
+def test_a_prover_gone_or_silent_is_not_waited_on():
+    module = ir.parse_source(SOURCE, "p.nir")
+    gone = Prover(module)
+    gone._process.kill()
+    gone._process.wait()
+    ticket = gone.request("A", "B", WORLD)  # None: it is known gone; or the answer never comes
+    assert gone.result(ticket, 60.0) is None and not gone.alive
+    assert gone.request("A", "B", WORLD) is None
+    silent = Prover(module)
+    os.kill(silent._process.pid, signal.SIGSTOP)
+    started = time.perf_counter()
+    assert silent.result(silent.request("A", "B", WORLD), 0.5) is None
+    assert time.perf_counter() - started < 5.0 and not silent.alive  # and the process is ended
+
+
+def test_the_mode_comes_from_the_argument_the_environment_or_the_device(monkeypatch):
+    monkeypatch.delenv("NEREUS_PROVER", raising=False)
+    assert prover_mode(None, "cuda") == "process" and prover_mode(None, "cpu") == "inline"
+    assert prover_mode("process", "cpu") == "process" and prover_mode("inline", "cuda") == "inline"
+    monkeypatch.setenv("NEREUS_PROVER", "inline")
+    assert prover_mode(None, "cuda") == "inline"
+    monkeypatch.setenv("NEREUS_PROVER", "threads")
+    with pytest.raises(NereusError, match="unknown prover mode 'threads'"):
+        prover_mode(None, "cpu")
+
+
+def _run(rank, world, child_source, kill):
+    module = ir.parse_source(SOURCE, "parts.nir")
+    rt = Runtime(module, "A", rank=rank, world_size=world, prover="process")
+    assert (rt._prover is not None) == (rank == 0)
+    if rank == 0 and child_source is not None:  # the prover holds another module
+        rt._prover.close()
+        rt._prover = Prover(ir.parse_source(child_source, "child.nir"))
+    fulls = _fulls(rt)
+    for ms in STAGES:
+        rt.register(ms, rt.shard_state_dict(ms, fulls[ms]))
+    held = {ms: {n: t.clone() for n, t in rt.state(ms).items()} for ms in STAGES}
+    try:
+        report = rt.transition("B")
+    except NereusError as error:
+        unchanged = rt.plan == "A" and all(torch.equal(held[ms][n], t) for ms in STAGES
+                                           for n, t in rt.state(ms).items())
+        return {"error": error.message, "unchanged": unchanged}
+    exact_b = all(torch.equal(rt.gather_state_dict(ms)[n], fulls[ms][n]) for ms in STAGES for n in fulls[ms])
+    proved_aside = rank > 0 or rt._prover.alive
+    if rank == 0 and kill:  # the way back is proven inline
+        rt._prover._process.kill()
+    back = rt.transition("A")
+    exact_a = all(torch.equal(rt.gather_state_dict(ms)[n], fulls[ms][n]) for ms in STAGES for n in fulls[ms])
+    return {"exact": exact_b and exact_a, "proofs_s": (report.verify_program_s, back.verify_program_s),
+            "aside": proved_aside, "gone": rank > 0 or not rt._prover.alive}
+
+
+def _results(*args) -> list:
+    results = spawn(_run, WORLD, *args)
+    for rank, res in enumerate(results):
+        assert res is not None and res[0] == "ok", f"rank {rank}: {res}"
+    return [res[1] for res in results]
+
+
+def test_transitions_proven_by_the_process_or_inline_once_it_is_gone_are_byte_exact():
+    for out in _results(None, True):
+        assert out["exact"] and out["aside"] and out["gone"] and min(out["proofs_s"]) > 0
+
+
+def test_a_part_the_process_did_not_prove_is_refused_on_every_rank():
+    # the prover's A -> B is another program: every rank's digest differs from its verdict
+    for rank, out in enumerate(_results(OTHER, False)):
+        assert out["unchanged"], out
+        assert f"rank {rank} refuses its part of the program A -> B" in out["error"] or \
+            "refused its part of the program A -> B" in out["error"], out
+
+
+def test_the_processs_error_is_every_ranks_error():
+    broken = SOURCE.replace("plan B {", "plan C {")  # the prover knows no plan B
+    outs = _results(broken, False)
+    assert all(out["unchanged"] and out["error"] == "no plan named 'B'" for out in outs), outs
