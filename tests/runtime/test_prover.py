@@ -19,7 +19,7 @@ from nereus.runtime import Runtime
 from nereus.runtime.prover import Prover, prover_mode
 
 from runtime_helpers import spawn
-from test_rank_parts import SOURCE, STAGES, WORLD, _fulls
+from test_rank_parts import SOURCE, STAGES, WORLD, _to_b
 
 # plan B on other GPUs: the program A -> B of this module is not the one of SOURCE
 OTHER = SOURCE.replace("plan B { actor.generation dp 1 tp 2 on 1, 2", "plan B { actor.generation dp 1 tp 2 on 0, 2")
@@ -81,16 +81,9 @@ def _run(rank, world, child_source, kill):
     if rank == 0 and child_source is not None:  # the prover holds another module
         rt._prover.close()
         rt._prover = Prover(ir.parse_source(child_source, "child.nir"))
-    fulls = _fulls(rt)
-    for ms in STAGES:
-        rt.register(ms, rt.shard_state_dict(ms, fulls[ms]))
-    held = {ms: {n: t.clone() for n, t in rt.state(ms).items()} for ms in STAGES}
-    try:
-        report = rt.transition("B")
-    except NereusError as error:
-        unchanged = rt.plan == "A" and all(torch.equal(held[ms][n], t) for ms in STAGES
-                                           for n, t in rt.state(ms).items())
-        return {"error": error.message, "unchanged": unchanged}
+    fulls, report = _to_b(rt, NereusError)
+    if isinstance(report, dict):
+        return report
     exact_b = all(torch.equal(rt.gather_state_dict(ms)[n], fulls[ms][n]) for ms in STAGES for n in fulls[ms])
     proved_aside = rank > 0 or rt._prover.alive
     if rank == 0 and kill:  # the way back is proven inline

@@ -60,6 +60,21 @@ def _fulls(rt) -> dict:
                  for name, (shape, dtype) in rt.tensor_specs(ms).items()} for ms in STAGES}
 
 
+def _to_b(rt, refused=ProgramError) -> tuple:
+    """Register seeded state and try A -> B: (full state dicts, the report), or (fulls,
+    {"error": message, "unchanged": whether the old state stands}) when it is refused."""
+    fulls = _fulls(rt)
+    for ms in STAGES:
+        rt.register(ms, rt.shard_state_dict(ms, fulls[ms]))
+    held = {ms: {n: t.clone() for n, t in rt.state(ms).items()} for ms in STAGES}
+    try:
+        return fulls, rt.transition("B")
+    except refused as error:
+        unchanged = rt.plan == "A" and all(torch.equal(held[ms][n], t) for ms in STAGES
+                                           for n, t in rt.state(ms).items())
+        return fulls, {"error": error.message, "unchanged": unchanged}
+
+
 def _parts(rank, world, corrupt_rank):
     import nereus.runtime.distribute as distribute
 
@@ -78,16 +93,9 @@ def _parts(rank, world, corrupt_rank):
         distribute._lower_own_part = corrupted
     module = ir.parse_source(SOURCE, "parts.nir")
     rt = Runtime(module, "A", rank=rank, world_size=world)
-    fulls = _fulls(rt)
-    for ms in STAGES:
-        rt.register(ms, rt.shard_state_dict(ms, fulls[ms]))
-    held = {ms: {n: t.clone() for n, t in rt.state(ms).items()} for ms in STAGES}
-    try:
-        report = rt.transition("B")
-    except ProgramError as error:
-        unchanged = rt.plan == "A" and all(torch.equal(held[ms][n], t) for ms in STAGES
-                                           for n, t in rt.state(ms).items())
-        return {"error": error.message, "unchanged": unchanged}
+    fulls, report = _to_b(rt)
+    if isinstance(report, dict):
+        return report
     part = json.loads(rt._programs[("A", "B")][0])  # the runtime keeps the part's canonical text
     exact_b = all(torch.equal(rt.gather_state_dict(ms)[n], fulls[ms][n]) for ms in STAGES for n in fulls[ms])
     back = rt.transition("A")
