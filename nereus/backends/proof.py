@@ -74,37 +74,69 @@ def portable(error: Exception, source: str, target: str) -> NereusError:
     return ProgramError(f"compiling {source} -> {target} failed: {type(error).__name__}: {error}")
 
 
-def serve(read_fd: int, write_fd: int) -> None:
-    """The prover process: receives ("module", Module) once, then ("prove", ticket, source,
-    target, world_size, options) requests, one at a time, and answers each with ("ok",
-    ticket, digests, seconds) or ("error", ticket, NereusError). Ends when its input
-    closes (the runtime's process ended or closed it)."""
-    import gc
-    from multiprocessing.connection import Connection
+AHEAD_KEEP = 64  # proofs the prover keeps (a digest list each), least recently made out first
 
-    from nereus.passes import compile_transition
+
+def serve(read_fd: int, write_fd: int) -> None:
+    """The prover process. Receives ("module", Module) once, then:
+    ("prove", ticket, source, target, world_size, options): answered with ("ok", ticket,
+    digests, seconds, made ahead) or ("error", ticket, NereusError, made ahead), one
+    request at a time;
+    ("plan", name, world_size): the runtime is in plan `name` now; while no request waits,
+    the prover proves name -> every other plan of the module ahead (default options), one
+    at a time, so that a transition's proof is often done before it is asked for (a
+    request arriving meanwhile waits for the proof in progress at most).
+    Ends when its input closes (the runtime's process ended or closed it)."""
+    import gc
+    from collections import OrderedDict
+    from multiprocessing.connection import Connection
 
     gc.disable()  # a proof allocates ~10^5 acyclic containers; nothing here outlives a request
     inbox, outbox = Connection(read_fd, writable=False), Connection(write_fd, readable=False)
-    module = None
+    module, ahead = None, []
+    done: OrderedDict = OrderedDict()  # (source, target, world_size, options) -> answer without its ticket
     while True:
         try:
+            if ahead and not inbox.poll(0):
+                _answer(module, ahead.pop(0), done)
+                continue
             message = inbox.recv()
         except (EOFError, OSError):
             return
         if message[0] == "module":
             module = message[1]
-            continue
-        _, ticket, source, target, world_size, options = message
-        try:
-            seconds, digests = prove(compile_transition(module, source, target, **options), module, world_size)
-            answer = ("ok", ticket, digests, seconds)
-        except Exception as error:  # noqa: BLE001 - every failure goes back as the rank's verdict
-            answer = ("error", ticket, portable(error, source, target))
-        try:
-            outbox.send(answer)
-        except (BrokenPipeError, OSError):
-            return
+        elif message[0] == "plan":
+            _, name, world_size = message
+            ahead = [(name, p.name, world_size, ()) for p in module.plans if p.name != name]
+        else:
+            _, ticket, source, target, world_size, options = message
+            key = (source, target, world_size, tuple(sorted(options.items())))
+            answer = _answer(module, key, done, ahead=False)
+            try:
+                outbox.send((answer[0], ticket) + answer[1:])
+            except (BrokenPipeError, OSError):
+                return
+
+
+def _answer(module: Module, key: tuple, done, ahead: bool = True) -> tuple:
+    """The proof of `key` (source, target, world_size, options as sorted items): ("ok",
+    digests, seconds, made ahead) or ("error", NereusError, made ahead); kept in `done`,
+    made once (`ahead`: made before a request asked for it)."""
+    from nereus.passes import compile_transition
+
+    if key in done:
+        done.move_to_end(key)
+        return done[key]
+    source, target, world_size, options = key
+    try:
+        seconds, digests = prove(compile_transition(module, source, target, **dict(options)), module, world_size)
+        answer = ("ok", digests, seconds, ahead)
+    except Exception as error:  # noqa: BLE001 - every failure goes back as the rank's verdict
+        answer = ("error", portable(error, source, target), ahead)
+    done[key] = answer
+    while len(done) > AHEAD_KEEP:
+        done.popitem(last=False)
+    return answer
 
 
 if __name__ == "__main__":

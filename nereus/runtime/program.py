@@ -158,10 +158,23 @@ def _pieces(seg: dict, src_gpu: int, dst_gpu: int, before: dict, after: dict, te
         unit = seg["src_unit"] if src is None else seg["dst_unit"]
         gpu = src_gpu if src is None else dst_gpu
         raise ProgramError(f"{where}: {side} unit {unit} holds no shard of {name} on GPU {gpu}")
+    cut = _geometry(box, src, dst, ELEMENT_BYTES[tensors[name]["dtype"]], direct_min)
+    if cut is None:
+        raise ProgramError(f"{where}: segment {name} {list(box)} is not covered by both the source and destination shards")
+    src_unit, dst_unit = seg["src_unit"], seg["dst_unit"]
+    return [Piece(name, src_unit, dst_unit, *g) for g in cut]
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _geometry(box: Box, src: tuple, dst: tuple, itemsize: int, direct_min: int) -> Optional[tuple]:
+    """Each piece of segment `box` between shards of boxes `src` and `dst` as the fields of
+    a Piece after its tensor and units (slices, numel, bytes, box, direct, whole), or None
+    when the shards do not both cover the segment. Once per distinct geometry: an
+    expert-parallel program moves thousands of segments that differ only in the tensor
+    (128 experts of one shape per layer, and the same boxes every layer)."""
     cut = cut_segment(box, src, dst)
     if sum(box_numel(p) for _, _, p in cut) != box_numel(box):
-        raise ProgramError(f"{where}: segment {name} {list(box)} is not covered by both the source and destination shards")
-    itemsize = ELEMENT_BYTES[tensors[name]["dtype"]]
+        return None
     out = []
     src_shape, dst_shape = _shape(src), _shape(dst)
     for i, j, p in cut:
@@ -169,9 +182,9 @@ def _pieces(seg: dict, src_gpu: int, dst_gpu: int, before: dict, after: dict, te
         numel = box_numel(p)
         nbytes = numel * itemsize
         direct = nbytes >= direct_min and _rows_only(src_slices, src_shape) and _rows_only(dst_slices, dst_shape)
-        out.append(Piece(name, seg["src_unit"], seg["dst_unit"], src_slices, dst_slices, numel, nbytes, p,
-                         direct, _whole(src_slices, src_shape), _whole(dst_slices, dst_shape)))
-    return out
+        out.append((src_slices, dst_slices, numel, nbytes, p, direct, _whole(src_slices, src_shape),
+                    _whole(dst_slices, dst_shape)))
+    return tuple(out)
 
 
 # a shard's local shape, once per distinct box list (thousands of pieces share a few)

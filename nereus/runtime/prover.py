@@ -11,9 +11,14 @@ deterministic) and proves it; rank 0 asks before lowering its part and collects 
 digests after (nereus.runtime.distribute), so the first call costs the longer of the two.
 
     Prover(module)                        # starts the process (rank 0, at Runtime construction)
+    prover.at_plan(plan, world_size)      # the runtime is in `plan`: prove its transitions ahead
     ticket = prover.request(source, target, world_size, options)
-    prover.result(ticket, timeout_s)      # ("ok", digests, seconds) | ("error", NereusError) | None
+    prover.result(ticket, timeout_s)      # ("ok", digests, seconds, ahead) | ("error", NereusError, ahead) | None
     prover.close()
+
+While idle, the process proves the transitions from the runtime's current plan to every
+other plan ahead (in the module's order; NEREUS_PROVE_AHEAD=0: not): a transition asked
+for after that finds its proof made. A request waits at most for the proof in progress.
 
 Invariant: the digests come from the same proof as the inline one (nereus.backends.proof);
 `result` returns None (the caller proves inline) when the process is gone, failed to
@@ -36,10 +41,12 @@ import sys
 from multiprocessing.connection import Connection
 from typing import Optional
 
-from nereus.ir.diagnostics import NereusError
+from nereus.ir.diagnostics import NereusError, env_flag
 
 log = logging.getLogger("nereus.prover")
 MODES = ("auto", "process", "inline")
+# prove the transitions from the current plan while idle (docs: README's settings table)
+AHEAD = env_flag("NEREUS_PROVE_AHEAD", True)
 
 
 def prover_mode(requested: Optional[str], device_type: str) -> str:
@@ -85,6 +92,15 @@ class Prover:
     def alive(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
+    def at_plan(self, plan: str, world_size: int) -> None:
+        """The runtime is in `plan` now: while idle, the process proves the transitions from
+        it to every other plan ahead (NEREUS_PROVE_AHEAD=0: not)."""
+        if AHEAD and self.alive:
+            try:
+                self._outbox.send(("plan", plan, world_size))
+            except (OSError, ValueError):
+                self.close()
+
     def request(self, source: str, target: str, world_size: int, options: Optional[dict] = None) -> Optional[int]:
         """Ask for the proof of source -> target; its ticket, or None (the caller proves inline)."""
         if not self.alive:
@@ -98,8 +114,9 @@ class Prover:
         return ticket
 
     def result(self, ticket: Optional[int], timeout_s: float) -> Optional[tuple]:
-        """("ok", digests, seconds) or ("error", NereusError) for `ticket`; None when the
-        process cannot give it (gone, or silent for timeout_s): the caller proves inline."""
+        """("ok", digests, seconds, ahead) or ("error", NereusError, ahead) for `ticket`
+        (ahead: proven before it was asked for); None when the process cannot give it
+        (gone, or silent for timeout_s): the caller proves inline."""
         if ticket is None:
             return None
         while ticket not in self._answers:

@@ -88,9 +88,10 @@ from nereus.ir.diagnostics import NereusError, SemanticError
 from nereus.ir.model import ModelStage, Module
 from nereus.passes.layout import unit_id
 
-from . import offload, packing, replay
+from . import offload, packing, replay, streams
 from .boxes import as_box, shard_shape
 from .control import Stale, agree, collectives, gather_flagged
+from .execution_plan import plan_for
 from .executor import TORCH_DTYPES, execute
 from .gc_pause import paused
 from .parking import ROLLBACK_MODES, default_rollback
@@ -197,6 +198,7 @@ class Runtime:
         self._prover = None
         if prover_mode(prover, self.device.type) == "process" and verify_programs and self.rank == 0:
             self._prover = Prover(module)  # starts now: ready by the first transition
+            self._prover.at_plan(plan, self.world_size)
         known_plan(module, plan)
         self._plan = plan
         self._state: dict = {}  # model-stage → {name: local tensor}
@@ -538,6 +540,8 @@ class Runtime:
         if set(self._state) != keys:  # a rank that held nothing of a model-stage now does
             self._registrations += 1
         self._plan = target
+        if self._prover is not None:
+            self._prover.at_plan(target, self.world_size)
         # every rank's [seconds, bytes sent] came with the commit (the executor's last step)
         ranks = result.rank_figures
         return TransitionReport(
@@ -619,9 +623,13 @@ class Runtime:
         return compile_s, self._lowered[key], key, steps
 
     def _lower_part(self, text: str) -> tuple:
-        """(the part as a dict, this rank's work list from it): what _lower needs of a new part."""
+        """(the part as a dict, this rank's work list from it): what _lower needs of a new
+        part; its execution plan is built too (kept by execution_plan.plan_for), so all of
+        it runs while rank 0's prover proves."""
         program = json.loads(text)
-        return program, rank_program(program, self.rank, self.direct_min_bytes)
+        lowered = rank_program(program, self.rank, self.direct_min_bytes)
+        plan_for(lowered, streams.CHUNK_BYTES)
+        return program, lowered
 
     def _resident(self, program: dict) -> int:
         return int(program.get("resident_bytes", {}).get(str(self.rank), 0))

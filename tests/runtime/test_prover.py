@@ -36,7 +36,22 @@ def test_the_process_gives_the_digests_of_the_inline_proof():
         prover.close()
     for got, (source, target, world) in ((there, ("A", "B", WORLD)), (back, ("B", "A", WORLD + 1))):
         _, digests = proof.prove(compile_transition(module, source, target), module, world)
-        assert got[0] == "ok" and got[1] == digests and len(digests) == world and got[2] > 0
+        assert got[0] == "ok" and got[1] == digests and len(digests) == world and got[2] > 0 and not got[3]
+
+
+def test_the_transitions_from_the_current_plan_are_proven_ahead():
+    module = ir.parse_source(SOURCE, "p.nir")
+    prover = Prover(module)
+    try:
+        prover.at_plan("B", WORLD)
+        time.sleep(3.0)  # a proof of this module takes ~0.05 s
+        got = prover.result(prover.request("B", "A", WORLD), 60.0)
+        other = prover.result(prover.request("B", "A", WORLD + 1), 60.0)  # another world: not ahead
+    finally:
+        prover.close()
+    _, digests = proof.prove(compile_transition(module, "B", "A"), module, WORLD)
+    assert got[0] == "ok" and got[1] == digests and got[3] is True
+    assert other[0] == "ok" and len(other[1]) == WORLD + 1 and other[3] is False
 
 
 def test_a_compile_error_comes_back_as_the_error():
