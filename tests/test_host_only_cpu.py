@@ -39,3 +39,23 @@ def test_host_only_reports_every_pass_and_direction(args, passes, directions):
 def test_the_moe_host_shape_needs_a_moe_case():
     done = _run("--shape", "host")
     assert done.returncode == 2 and "--shape host is a MoE shape: give --moe CASE too" in done.stderr
+
+
+def test_cold_phases_times_the_first_calls_phase_by_phase(tmp_path):
+    script = os.path.join(os.path.dirname(SCRIPT), "cold_phases.py")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(HERE, ".."), os.environ.get("PYTHONPATH", "")]))
+    out = tmp_path / "phases.json"
+    done = subprocess.run([sys.executable, script, str(out), "--", "--device", "cpu", "--repeats", "1", "--shape",
+                           "tiny", "--layers", "1"], capture_output=True, text=True, env=env, timeout=300,
+                          cwd=os.path.dirname(SCRIPT))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["name"] == "multi_gpu_host_only"
+    calls = json.loads(out.read_text())
+    assert [c["target"] for c in calls] == ["DP", "TP"] * 3
+    lowering = "nereus.runtime.distribute:obtain_rank_part"
+    # the cold calls compile and prove; the second and warm ones only execute
+    assert all(calls[i]["phases"][lowering][0] == 1 for i in (0, 1))
+    assert all(lowering not in c["phases"] and c["phases"]["nereus.runtime.executor:execute"][0] == 1
+               for c in calls[2:])
+    # (phases are rounded to 0.1 ms)
+    assert all(c["s"] + 1e-4 >= c["phases"]["nereus.runtime.runtime:Runtime._transition"][1] > 0 for c in calls)

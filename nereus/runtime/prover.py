@@ -77,7 +77,9 @@ class Prover:
             env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
             self._process = subprocess.Popen(
                 [sys.executable, "-m", "nereus.backends.proof", str(to_child), str(from_child)],
-                pass_fds=(to_child, from_child), env=env, stdin=subprocess.DEVNULL, close_fds=True)
+                # stdout: a --json caller's last line stays its own (errors still reach stderr)
+                pass_fds=(to_child, from_child), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                close_fds=True)
             os.close(to_child)
             os.close(from_child)
             self._outbox = Connection(from_parent, readable=False)
