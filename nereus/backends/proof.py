@@ -121,10 +121,11 @@ def serve(read_fd: int, write_fd: int) -> None:
 def _answer(module: Module, key: tuple, done, ahead: bool = True) -> tuple:
     """The proof of `key` (source, target, world_size, options as sorted items): ("ok",
     digests, seconds, made ahead) or ("error", NereusError, made ahead); kept in `done`,
-    made once (`ahead`: made before a request asked for it)."""
+    made once (`ahead`: made before a request asked for it). A request for a key whose
+    kept answer is an error proves it again (the error may have been passing: memory)."""
     from nereus.passes import compile_transition
 
-    if key in done:
+    if key in done and (ahead or done[key][0] == "ok"):  # a request proves an error again
         done.move_to_end(key)
         return done[key]
     source, target, world_size, options = key

@@ -84,8 +84,8 @@ def obtain_rank_part(module: Module, source: str, target: str, rank: int, world_
     """Collective: this rank's part of the program `source -> target` (module docstring).
     Raises the same error on every rank when compiling or proving fails, and a ProgramError
     on every rank (the refusing rank's own message on that rank) when a part is refused.
-    prover: rank 0's Prover, or None (inline); timeout_s: how long rank 0 waits on it
-    before proving inline. then: a function of the part's canonical JSON text, run on
+    prover: rank 0's Prover, or None (inline); timeout_s: the control group's timeout (rank
+    0 waits on the prover for half of it before proving inline). then: a function of the part's canonical JSON text, run on
     every rank before the agreement; its value is RankPart.then."""
     started = time.perf_counter()
     part, error, compiled, value = None, None, None, None
@@ -107,8 +107,12 @@ def obtain_rank_part(module: Module, source: str, target: str, rank: int, world_
         if rank == 0:
             try:
                 if error is not None:
+                    if ticket is not None:
+                        prover.forget(ticket)
                     raise error
-                got = prover.result(ticket, timeout_s) if ticket is not None else None
+                # at most half the control group's timeout: the other ranks wait for the
+                # verdict in the scatter for timeout_s, and an inline proof must fit in the rest
+                got = prover.result(ticket, timeout_s / 2) if ticket is not None else None
                 if got is None:
                     proof_s, digests = _prove(compiled, module, world_size)
                 elif got[0] == "error":

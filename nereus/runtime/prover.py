@@ -32,12 +32,13 @@ CPU, where tests and gloo runs would start a process per runtime for little gain
 
 from __future__ import annotations
 
-import atexit
 import itertools
 import logging
 import os
 import subprocess
 import sys
+import time
+import weakref
 from multiprocessing.connection import Connection
 from typing import Optional
 
@@ -61,45 +62,114 @@ def prover_mode(requested: Optional[str], device_type: str) -> str:
     return mode
 
 
+def _path_entries() -> list:
+    """sys.path as strings (a PathLike entry is allowed there; a join of it is not)."""
+    out = []
+    for entry in sys.path:
+        try:
+            text = os.fsdecode(entry)
+        except TypeError:
+            continue
+        if text:
+            out.append(text)
+    return out
+
+
+class _Ends:
+    """The process and the parent's two pipe ends: what must be closed, once, by whoever
+    holds them last (the Prover's finalizer; never a forked child of this process)."""
+
+    def __init__(self):
+        self.process: Optional[subprocess.Popen] = None
+        self.outbox = self.inbox = None
+        self.raw: list = []  # pipe fds not wrapped in a Connection yet
+        self.owner = os.getpid()
+
+    def close(self) -> None:
+        for end in (self.outbox, self.inbox):
+            if end is not None:
+                try:
+                    end.close()
+                except OSError:
+                    pass
+        for fd in self.raw:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.outbox = self.inbox = None
+        self.raw = []
+        process, self.process = self.process, None
+        if process is not None and os.getpid() == self.owner and process.poll() is None:
+            try:
+                process.wait(timeout=1.0)  # it exits when its input closes
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+    def forget_in_child(self) -> None:
+        """In a forked child (a DataLoader worker): drop the parent's pipe ends without a
+        word to the prover, so that it still sees its input close when the parent ends."""
+        for end in (self.outbox, self.inbox):
+            if end is not None:
+                try:
+                    os.close(end.fileno())
+                except OSError:
+                    pass
+        self.outbox = self.inbox = self.process = None
+        self.raw = []
+
+
 class Prover:
-    """The parent's end of one prover process (module docstring)."""
+    """The parent's end of one prover process (module docstring). The process ends when
+    `close` is called, when the Prover is garbage collected, or at exit."""
 
     def __init__(self, module):
         self._tickets = itertools.count()
         self._answers: dict = {}
-        self._process: Optional[subprocess.Popen] = None
-        self._inbox = self._outbox = None
+        self._pending: set = set()  # tickets asked for and not yet collected or forgotten
+        self._ends = ends = _Ends()
+        # ends when this Prover is collected, or at exit (a Runtime dropped, or never closed)
+        self._finalizer = weakref.finalize(self, ends.close)
+        if hasattr(os, "register_at_fork"):
+            ref = weakref.ref(ends)
+            os.register_at_fork(after_in_child=lambda: ref() is not None and ref().forget_in_child())
         try:
             to_child, from_parent = os.pipe()
+            ends.raw += [to_child, from_parent]
             to_parent, from_child = os.pipe()
-            env = dict(os.environ)
-            # the child finds nereus where this process did (an editable install, PYTHONPATH, a checkout)
-            env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-            self._process = subprocess.Popen(
+            ends.raw += [to_parent, from_child]
+            # the child finds nereus where this process did (an editable install, PYTHONPATH,
+            # a checkout), and not in its working directory first (PYTHONSAFEPATH)
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join(_path_entries()), PYTHONSAFEPATH="1")
+            ends.process = subprocess.Popen(
                 [sys.executable, "-m", "nereus.backends.proof", str(to_child), str(from_child)],
-                # stdout: a --json caller's last line stays its own (errors still reach stderr)
+                # stdout: a --json caller's last line stays its own (errors still reach
+                # stderr); a session of its own: a Ctrl-C of the job's terminal is the
+                # job's to handle, and the prover ends when its input closes
                 pass_fds=(to_child, from_child), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                close_fds=True)
-            os.close(to_child)
-            os.close(from_child)
-            self._outbox = Connection(from_parent, readable=False)
-            self._inbox = Connection(to_parent, writable=False)
-            self._outbox.send(("module", module))
-        except (OSError, ValueError) as error:  # no process: every proof runs inline
-            log.warning("prover process did not start (%s); proving inline", error)
+                close_fds=True, start_new_session=True)
+            for fd in (to_child, from_child):
+                os.close(fd)
+                ends.raw.remove(fd)
+            ends.outbox, ends.inbox = Connection(from_parent, readable=False), Connection(to_parent, writable=False)
+            ends.raw = []
+            ends.outbox.send(("module", module))
+        except Exception as error:  # noqa: BLE001 - no process: every proof runs inline, on rank 0 as before
+            log.warning("prover process did not start (%s: %s); proving inline", type(error).__name__, error)
             self.close()
-        atexit.register(self.close)
 
     @property
     def alive(self) -> bool:
-        return self._process is not None and self._process.poll() is None
+        process = self._ends.process
+        return process is not None and process.poll() is None
 
     def at_plan(self, plan: str, world_size: int) -> None:
         """The runtime is in `plan` now: while idle, the process proves the transitions from
         it to every other plan ahead (NEREUS_PROVE_AHEAD=0: not)."""
         if AHEAD and self.alive:
             try:
-                self._outbox.send(("plan", plan, world_size))
+                self._ends.outbox.send(("plan", plan, world_size))
             except (OSError, ValueError):
                 self.close()
 
@@ -109,45 +179,45 @@ class Prover:
             return None
         ticket = next(self._tickets)
         try:
-            self._outbox.send(("prove", ticket, source, target, world_size, dict(options or {})))
+            self._ends.outbox.send(("prove", ticket, source, target, world_size, dict(options or {})))
         except (OSError, ValueError):
             self.close()
             return None
+        self._pending.add(ticket)
         return ticket
+
+    def forget(self, ticket: Optional[int]) -> None:
+        """The caller will not collect `ticket` (its own lowering failed): its answer is dropped."""
+        self._pending.discard(ticket)
+        self._answers.pop(ticket, None)
 
     def result(self, ticket: Optional[int], timeout_s: float) -> Optional[tuple]:
         """("ok", digests, seconds, ahead) or ("error", NereusError, ahead) for `ticket`
         (ahead: proven before it was asked for); None when the process cannot give it
-        (gone, or silent for timeout_s): the caller proves inline."""
-        if ticket is None:
+        (gone, or silent for timeout_s in all): the caller proves inline."""
+        if ticket is None or ticket not in self._pending:
             return None
+        deadline = time.monotonic() + timeout_s
         while ticket not in self._answers:
             try:
-                if not self._inbox.poll(timeout_s):
-                    log.warning("prover process silent for %.0f s; proving inline", timeout_s)
+                if not self._ends.inbox.poll(max(0.0, deadline - time.monotonic())):
+                    log.warning("prover process silent for %.1f s; proving inline", timeout_s)
                     self.close()
                     return None
-                answer = self._inbox.recv()
-            except (EOFError, OSError, ValueError):  # the process ended (killed, crashed)
+                answer = self._ends.inbox.recv()
+            except Exception as error:  # noqa: BLE001 - ended (EOF), killed, or an answer that does not load
+                if not isinstance(error, EOFError):
+                    log.warning("prover process failed (%s: %s); proving inline", type(error).__name__, error)
                 self.close()
                 return None
-            self._answers[answer[1]] = answer
+            if answer[1] in self._pending:  # else forgotten: dropped
+                self._answers[answer[1]] = answer
+        self._pending.discard(ticket)
         answer = self._answers.pop(ticket)
         return (answer[0],) + tuple(answer[2:])
 
     def close(self) -> None:
         """End the process (it exits when its input closes; killed if it does not)."""
-        for end in (self._outbox, self._inbox):
-            if end is not None:
-                try:
-                    end.close()
-                except OSError:
-                    pass
-        self._outbox = self._inbox = None
-        process, self._process = self._process, None
-        if process is not None and process.poll() is None:
-            try:
-                process.wait(timeout=1.0)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        self._pending.clear()
+        self._answers.clear()
+        self._finalizer()

@@ -196,9 +196,7 @@ class Runtime:
         replay.packer_for(self.device)  # CUDA: triton imported now, not in the first transition (~0.3 s)
         self.timeout_s = timeout_s
         self._prover = None
-        if prover_mode(prover, self.device.type) == "process" and verify_programs and self.rank == 0:
-            self._prover = Prover(module)  # starts now: ready by the first transition
-            self._prover.at_plan(plan, self.world_size)
+        use_prover = prover_mode(prover, self.device.type) == "process" and verify_programs and self.rank == 0
         known_plan(module, plan)
         self._plan = plan
         self._state: dict = {}  # model-stage → {name: local tensor}
@@ -218,6 +216,16 @@ class Runtime:
         # on _live_stages' collective
         self._trained = tuple(str(ms) for ms in module.workload.model_stages() if ms.stage == "training")
         self._check_ranks(plan)
+        if use_prover:  # last: a constructor that raises leaves no process behind
+            self._prover = Prover(module)  # starts now: ready by the first transition
+            self._prover.at_plan(plan, self.world_size)
+
+    def close(self) -> None:
+        """End rank 0's prover process, if any (also done when the Runtime is garbage
+        collected, and at exit); later transitions prove inline. The live state stays."""
+        if self._prover is not None:
+            self._prover.close()
+            self._prover = None
 
     @classmethod
     def from_file(cls, path: Optional[str] = None, plan: Optional[str] = None, *, module: Optional[Module] = None,

@@ -66,13 +66,13 @@ def test_a_compile_error_comes_back_as_the_error():
 def test_a_prover_gone_or_silent_is_not_waited_on():
     module = ir.parse_source(SOURCE, "p.nir")
     gone = Prover(module)
-    gone._process.kill()
-    gone._process.wait()
+    gone._ends.process.kill()
+    gone._ends.process.wait()
     ticket = gone.request("A", "B", WORLD)  # None: it is known gone; or the answer never comes
     assert gone.result(ticket, 60.0) is None and not gone.alive
     assert gone.request("A", "B", WORLD) is None
     silent = Prover(module)
-    os.kill(silent._process.pid, signal.SIGSTOP)
+    os.kill(silent._ends.process.pid, signal.SIGSTOP)
     started = time.perf_counter()
     assert silent.result(silent.request("A", "B", WORLD), 0.5) is None
     assert time.perf_counter() - started < 5.0 and not silent.alive  # and the process is ended
@@ -102,7 +102,7 @@ def _run(rank, world, child_source, kill):
     exact_b = all(torch.equal(rt.gather_state_dict(ms)[n], fulls[ms][n]) for ms in STAGES for n in fulls[ms])
     proved_aside = rank > 0 or rt._prover.alive
     if rank == 0 and kill:  # the way back is proven inline
-        rt._prover._process.kill()
+        rt._prover._ends.process.kill()
     back = rt.transition("A")
     exact_a = all(torch.equal(rt.gather_state_dict(ms)[n], fulls[ms][n]) for ms in STAGES for n in fulls[ms])
     return {"exact": exact_b and exact_a, "proofs_s": (report.verify_program_s, back.verify_program_s),
@@ -133,3 +133,86 @@ def test_the_processs_error_is_every_ranks_error():
     broken = SOURCE.replace("plan B {", "plan C {")  # the prover knows no plan B
     outs = _results(broken, False)
     assert all(out["unchanged"] and out["error"] == "no plan named 'B'" for out in outs), outs
+
+
+def _children() -> set:
+    """Pids of this process's live prover children."""
+    import subprocess as sp
+
+    out = sp.run(["ps", "-o", "pid=,args=", "--ppid", str(os.getpid())], capture_output=True, text=True).stdout
+    return {int(line.split()[0]) for line in out.splitlines() if "nereus.backends.proof" in line and "<defunct>" not in line}
+
+
+def test_a_dropped_prover_or_runtime_leaves_no_process(monkeypatch):
+    import gc
+
+    before = _children()
+    for _ in range(3):
+        prover = Prover(ir.parse_source(SOURCE, "p.nir"))
+        assert prover.alive
+        del prover
+        gc.collect()
+    assert _children() == before
+    # a Runtime whose constructor raises starts none (its checks run before the process)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    from runtime_helpers import free_port
+
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        with pytest.raises(NereusError):
+            Runtime(ir.parse_source(SOURCE, "p.nir"), "A", prover="process")  # 3 GPUs, a group of 1
+        assert _children() == before
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_prover_finds_nereus_where_this_process_did(tmp_path, monkeypatch):
+    import pathlib
+    import sys
+
+    shadow = tmp_path / "nereus"
+    shadow.mkdir()
+    (shadow / "__init__.py").write_text("raise ImportError('a nereus of the working directory')\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", sys.path + [pathlib.Path(tmp_path / "elsewhere")])  # a PathLike entry
+    prover = Prover(ir.parse_source(SOURCE, "p.nir"))
+    try:
+        got = prover.result(prover.request("A", "B", WORLD), 60.0)
+    finally:
+        prover.close()
+    assert got is not None and got[0] == "ok"
+
+
+def test_a_forgotten_ticket_is_dropped_and_an_error_is_proven_again():
+    prover = Prover(ir.parse_source(SOURCE, "p.nir"))
+    try:
+        first = prover.request("A", "B", WORLD)
+        prover.forget(first)
+        second = prover.request("A", "Z", WORLD)
+        assert prover.result(second, 60.0)[0] == "error" and prover._answers == {}
+        assert prover.result(first, 60.0) is None  # forgotten: nothing to collect
+        again = prover.result(prover.request("A", "Z", WORLD), 60.0)
+        assert again[0] == "error" and again[2] is False  # proven again, not the kept error
+    finally:
+        prover.close()
+
+
+def _compile_with_a_stopped_prover(rank, world):
+    rt = Runtime(ir.parse_source(SOURCE, "p.nir"), "A", rank=rank, world_size=world, prover="process",
+                 timeout_s=6.0)
+    if rank == 0:
+        os.kill(rt._prover._ends.process.pid, signal.SIGSTOP)
+    started = time.perf_counter()
+    part, _ = rt.compile("B")
+    return part["rank"], time.perf_counter() - started, rank > 0 or not rt._prover.alive
+
+
+def test_a_stopped_prover_is_given_up_in_time_for_every_rank():
+    # rank 0 waits half of timeout_s, then proves inline; the others wait timeout_s
+    results = spawn(_compile_with_a_stopped_prover, WORLD)
+    for rank, res in enumerate(results):
+        assert res is not None and res[0] == "ok", f"rank {rank}: {res}"
+        assert res[1][0] == rank and res[1][1] < 6.0 and res[1][2]
