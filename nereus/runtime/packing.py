@@ -251,14 +251,16 @@ def pack(views: Sequence[torch.Tensor], offsets: Sequence[int], nbytes: int,
     """Input: strided views (the pieces), their byte offsets and the total size.
     Output: a contiguous uint8 buffer with each piece at its offset, row-major."""
     if _KERNELS is not None and views and views[0].is_cuda:
-        return _KERNELS.pack_into(views, offsets, nbytes, out)
+        # a kernel variant not compiled yet (a program's first execution): this module's
+        # grouped torch path (one `_foreach_copy_` per dtype), not one `copy_` per piece
+        return _KERNELS.pack_into(views, offsets, nbytes, out, fallback_pack=torch_pack)
     return torch_pack(views, offsets, nbytes, out)
 
 
 def unpack(buffer: torch.Tensor, views: Sequence[torch.Tensor], offsets: Sequence[int]) -> None:
     """Inverse of `pack`: writes each piece of `buffer` into its destination view."""
     if _KERNELS is not None and views and views[0].is_cuda:
-        _KERNELS.unpack_from(buffer, views, offsets)
+        _KERNELS.unpack_from(buffer, views, offsets, fallback_unpack=torch_unpack)
         return
     torch_unpack(buffer, views, offsets)
 

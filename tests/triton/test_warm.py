@@ -109,3 +109,31 @@ def test_a_call_that_takes_the_torch_path_builds_no_tables(monkeypatch):
     assert packer.compiled >= packer.launch_classes([("pack", views, offsets), ("unpack", target, back_offsets)])
     assert torch.equal(_pieces(packer.pack_into(views, offsets, total), views, offsets), expected)
     assert len(built) == 1 and packer.fallback_calls == 2
+
+
+def test_a_call_that_cannot_launch_yet_runs_the_callers_torch_path():
+    # the runtime passes its grouped torch path (packing.torch_pack / torch_unpack: one
+    # _foreach_copy_ per dtype) for a first execution's chunks, not one copy_ per piece
+    packer = Packer(backend="triton")
+    packer.jit = "prepared"
+    (_, views, offsets), _ = _calls("cpu")
+    total = offsets[-1] + views[-1].numel() * views[-1].element_size()
+    calls = []
+
+    def pack(*args):
+        calls.append("pack")
+        return packing.torch_pack(*args)
+
+    def unpack(*args):
+        calls.append("unpack")
+        packing.torch_unpack(*args)
+
+    buffer = packer.pack_into(views, offsets, total, fallback_pack=pack)
+    expected = _pieces(packing.torch_pack(views, offsets, total), views, offsets)
+    assert torch.equal(_pieces(buffer, views, offsets), expected)
+    target = [torch.zeros_like(v) for v in views]
+    packer.unpack_from(buffer, target, offsets, fallback_unpack=unpack)
+    assert calls == ["pack", "unpack"] and all(torch.equal(a, b) for a, b in zip(target, views))
+    packer.wait_compiled()  # compiled now: the kernels run, the fallbacks are not called
+    packer.pack_into(views, offsets, total, fallback_pack=pack)
+    assert calls == ["pack", "unpack"]

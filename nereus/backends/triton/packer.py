@@ -197,28 +197,38 @@ class Packer:
         self._execute(plan, [])
 
     def pack_into(self, views: Sequence[torch.Tensor], offsets: Sequence[int], nbytes: int,
-                  out: Optional[torch.Tensor] = None, *, key: Optional[Hashable] = None) -> torch.Tensor:
+                  out: Optional[torch.Tensor] = None, *, key: Optional[Hashable] = None,
+                  fallback_pack=None) -> torch.Tensor:
         """The executor's contract (`nereus.runtime.packing`): pack views at the given
-        byte offsets into a uint8 buffer of `nbytes` (`out` when given)."""
+        byte offsets into a uint8 buffer of `nbytes` (`out` when given). Where the kernels
+        may not run yet (prepared JIT), `fallback_pack(views, offsets, nbytes, out)` does
+        it (the caller's own torch path; default: one `copy_` per view)."""
         residues = (_residue(out),) if out is not None else (0,)
         plan, described = self._plan("pack", key, (len(views),), residues,
                                      lambda: _describe([views], [offsets], [nbytes], [out] if out is not None else ()),
                                      lazy=True)
         buffer = out if out is not None else torch.empty(nbytes, dtype=torch.uint8, device=plan.device)
         if not self._ready(plan):
-            fallback.pack_entries([_bytes(buffer, nbytes)], [(0, v, o) for v, o in zip(views, offsets)])
+            if fallback_pack is not None:
+                fallback_pack(views, offsets, nbytes, _bytes(buffer, nbytes))
+            else:
+                fallback.pack_entries([_bytes(buffer, nbytes)], [(0, v, o) for v, o in zip(views, offsets)])
             return buffer
         self._execute(plan, [_bytes(buffer, nbytes)], described or [views])
         return buffer
 
     def unpack_from(self, buffer: torch.Tensor, views: Sequence[torch.Tensor], offsets: Sequence[int], *,
-                    key: Optional[Hashable] = None) -> None:
-        """The executor's contract: write the bytes at each offset into its view."""
+                    key: Optional[Hashable] = None, fallback_unpack=None) -> None:
+        """The executor's contract: write the bytes at each offset into its view (where the
+        kernels may not run yet, by `fallback_unpack(buffer, views, offsets)` if given)."""
         size = _bytes(buffer, 0).numel()
         plan, described = self._plan("unpack", key, (len(views),), (_residue(buffer),),
                                      lambda: _describe([views], [offsets], [size], [buffer]), lazy=True)
         if not self._ready(plan):
-            fallback.unpack_entries([_bytes(buffer, size)], [(0, v, o) for v, o in zip(views, offsets)])
+            if fallback_unpack is not None:
+                fallback_unpack(_bytes(buffer, size), views, offsets)
+            else:
+                fallback.unpack_entries([_bytes(buffer, size)], [(0, v, o) for v, o in zip(views, offsets)])
             return
         self._execute(plan, [_bytes(buffer, size)], described or [views])
 
