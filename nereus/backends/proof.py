@@ -6,7 +6,7 @@ beside it (`serve`, started by nereus.runtime.prover).
     verify_before_running(program, module) -> seconds         # or ProgramError
     prove(compiled, module, world_size) -> (seconds, digests)  # one digest per rank
     rank_part(compiled, rank) -> dict                          # rank's part (JSON program v1)
-    python -m nereus.backends.proof READ_FD WRITE_FD           # the prover process
+    serve(read_fd, write_fd)                                   # the prover process's loop
 
 Input: a compiled transition and the module holding its plans. Output: the seconds the
 proof took and, per rank of the process group, the digest its part must have.
@@ -135,6 +135,7 @@ def _answer(module: Module, key: tuple, done, ahead: bool = True) -> tuple:
     except Exception as error:  # noqa: BLE001 - every failure goes back as the rank's verdict
         answer = ("error", portable(error, source, target), ahead)
     done[key] = answer
+    done.move_to_end(key)  # a proof made again is the newest
     while len(done) > AHEAD_KEEP:
         done.popitem(last=False)
     return answer

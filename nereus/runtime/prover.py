@@ -75,6 +75,18 @@ def _path_entries() -> list:
     return out
 
 
+_INHERITED: list = []  # in a forked child: the parent's prover processes (never waited on)
+
+# the child's entry: with `-m` or `-c` Python puts the working directory first on sys.path,
+# and PYTHONSAFEPATH (which stops that) is ignored before 3.11: a `nereus` folder there
+# would shadow the one this process imported
+_ENTRY = ("import sys\n"
+          "if sys.path and sys.path[0] in ('', '.'):\n"
+          "    del sys.path[0]\n"
+          "from nereus.backends.proof import serve\n"
+          "serve(int(sys.argv[1]), int(sys.argv[2]))\n")
+
+
 class _Ends:
     """The process and the parent's two pipe ends: what must be closed, once, by whoever
     holds them last (the Prover's finalizer; never a forked child of this process)."""
@@ -113,11 +125,20 @@ class _Ends:
         for end in (self.outbox, self.inbox):
             if end is not None:
                 try:
-                    os.close(end.fileno())
+                    end.close()  # the fd, once; nothing is sent
                 except OSError:
                     pass
+        if self.process is not None:  # not this process's child: kept, so no warning at exit
+            _INHERITED.append(self.process)
         self.outbox = self.inbox = self.process = None
         self.raw = []
+
+    def kill(self) -> None:
+        """End the process now (it did not answer in time: no wait for it)."""
+        if self.process is not None and os.getpid() == self.owner and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self.close()
 
 
 class Prover:
@@ -143,7 +164,7 @@ class Prover:
             # a checkout), and not in its working directory first (PYTHONSAFEPATH)
             env = dict(os.environ, PYTHONPATH=os.pathsep.join(_path_entries()), PYTHONSAFEPATH="1")
             ends.process = subprocess.Popen(
-                [sys.executable, "-m", "nereus.backends.proof", str(to_child), str(from_child)],
+                [sys.executable, "-c", _ENTRY, str(to_child), str(from_child)],
                 # stdout: a --json caller's last line stays its own (errors still reach
                 # stderr); a session of its own: a Ctrl-C of the job's terminal is the
                 # job's to handle, and the prover ends when its input closes
@@ -202,6 +223,7 @@ class Prover:
             try:
                 if not self._ends.inbox.poll(max(0.0, deadline - time.monotonic())):
                     log.warning("prover process silent for %.1f s; proving inline", timeout_s)
+                    self._ends.kill()  # at once: the inline proof needs the rest of the budget
                     self.close()
                     return None
                 answer = self._ends.inbox.recv()

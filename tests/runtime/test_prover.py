@@ -214,3 +214,31 @@ def test_a_stopped_prover_is_given_up_in_time_for_every_rank():
     for rank, res in enumerate(results):
         assert res is not None and res[0] == "ok", f"rank {rank}: {res}"
         assert res[1][0] == rank and res[1][1] < 6.0 and res[1][2]
+
+
+FORK = """
+import os, sys, warnings
+warnings.simplefilter("default")
+import nereus.ir as ir
+from nereus.runtime.prover import Prover
+from test_rank_parts import SOURCE
+prover = Prover(ir.parse_source(SOURCE, "p.nir"))
+pid = os.fork()
+if pid == 0:  # a forked worker that ends normally: it must neither stop nor wait on the prover
+    sys.exit(0)
+os.waitpid(pid, 0)
+got = prover.result(prover.request("A", "B", 3), 60.0)
+print("ok" if got and got[0] == "ok" and prover.alive else f"bad {got}")
+"""
+
+
+def test_a_forked_child_leaves_the_prover_alone():
+    import subprocess as sp
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([here, os.path.join(here, "..", ".."),
+                                                       os.environ.get("PYTHONPATH", "")]))
+    done = sp.run([sys.executable, "-c", FORK], capture_output=True, text=True, env=env, timeout=120)
+    assert done.stdout.strip() == "ok", done.stderr[-2000:]
+    assert "Error" not in done.stderr and "Warning" not in done.stderr, done.stderr[-2000:]
