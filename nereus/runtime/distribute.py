@@ -63,19 +63,7 @@ def _lower_own_part(module: Module, source: str, target: str, rank: int, **optio
     from nereus.passes import compile_transition
 
     compiled = compile_transition(module, source, target, **options)
-    return compiled, _part(compiled, rank)
-
-
-def _part(compiled, rank: int) -> dict:
-    return proof.rank_part(compiled, rank)
-
-
-_portable = proof.portable
-
-
-def _prove(compiled, module: Module, world_size: int) -> tuple[float, list]:
-    """Rank 0, inline: prove the whole program once; the digest of every rank's part."""
-    return proof.prove(compiled, module, world_size)
+    return compiled, proof.rank_part(compiled, rank)
 
 
 def obtain_rank_part(module: Module, source: str, target: str, rank: int, world_size: int, control,
@@ -85,21 +73,22 @@ def obtain_rank_part(module: Module, source: str, target: str, rank: int, world_
     Raises the same error on every rank when compiling or proving fails, and a ProgramError
     on every rank (the refusing rank's own message on that rank) when a part is refused.
     prover: rank 0's Prover, or None (inline); timeout_s: the control group's timeout (rank
-    0 waits on the prover for half of it before proving inline). then: a function of the part's canonical JSON text, run on
-    every rank before the agreement; its value is RankPart.then."""
+    0 waits on the prover for half of it before proving inline). then: a function of the
+    part's canonical JSON text, run on every rank before the agreement; its value is
+    RankPart.then."""
     started = time.perf_counter()
     part, error, compiled, value = None, None, None, None
     ticket = prover.request(source, target, world_size, options) if verify and rank == 0 and prover else None
     try:
         compiled, part = _lower_own_part(module, source, target, rank, **(options or {}))
     except Exception as caught:  # noqa: BLE001 - the other ranks wait on the agreement below
-        error = _portable(caught, source, target)
+        error = proof.portable(caught, source, target)
     text = canonical_json(part) if part is not None else ""
     if error is None and then is not None:
         try:
             value = then(text)
         except Exception as caught:  # noqa: BLE001 - refused like a part that does not lower
-            error = _portable(caught, source, target)
+            error = proof.portable(caught, source, target)
     proof_s, received = None, 0
     if verify:
         # rank 0 proves, then every rank receives only its own verdict: ("ok", digest, seconds)
@@ -114,14 +103,14 @@ def obtain_rank_part(module: Module, source: str, target: str, rank: int, world_
                 # verdict in the scatter for timeout_s, and an inline proof must fit in the rest
                 got = prover.result(ticket, timeout_s / 2) if ticket is not None else None
                 if got is None:
-                    proof_s, digests = _prove(compiled, module, world_size)
+                    proof_s, digests = proof.prove(compiled, module, world_size)
                 elif got[0] == "error":
                     raise got[1]
                 else:
                     digests, proof_s = got[1], got[2]
                 verdicts = [("ok", d, proof_s) for d in digests]
             except Exception as caught:  # noqa: BLE001
-                verdicts = [("error", _portable(caught, source, target))] * world_size
+                verdicts = [("error", proof.portable(caught, source, target))] * world_size
         mine: list = [None]
         dist.scatter_object_list(mine, verdicts if rank == 0 else None, src=0, group=control)
         verdict = mine[0]

@@ -134,11 +134,10 @@ class _Ends:
         self.raw = []
 
     def kill(self) -> None:
-        """End the process now (it did not answer in time: no wait for it)."""
+        """Kill the process now (it did not answer in time: `close` then waits for nothing)."""
         if self.process is not None and os.getpid() == self.owner and self.process.poll() is None:
             self.process.kill()
             self.process.wait()
-        self.close()
 
 
 class Prover:
@@ -236,7 +235,7 @@ class Prover:
                 self._answers[answer[1]] = answer
         self._pending.discard(ticket)
         answer = self._answers.pop(ticket)
-        return (answer[0],) + tuple(answer[2:])
+        return answer[:1] + answer[2:]  # without its ticket
 
     def close(self) -> None:
         """End the process (it exits when its input closes; killed if it does not)."""

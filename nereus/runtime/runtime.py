@@ -625,7 +625,9 @@ class Runtime:
             program, lowered = early if early is not None else (json.loads(text), None)
             if program_model_stages(program) - live:
                 program, lowered = restrict_program(program, live), None
-            self._lowered[key] = lowered if lowered is not None else rank_program(program, self.rank, self.direct_min_bytes)
+            if lowered is None:
+                lowered = rank_program(program, self.rank, self.direct_min_bytes)
+            self._lowered[key] = lowered
             self._lowered_figures[key] = _Lowered(self._resident(program), self._capacity(program),
                                                   offload.offloaded_units(program))
         return compile_s, self._lowered[key], key, steps

@@ -156,7 +156,7 @@ def test_every_process_lowers_the_same_part_whatever_its_hash_seed(tmp_path):
 def test_a_rank_beyond_the_clusters_gpus_gets_an_empty_part_with_every_round():
     """A process group larger than the plans' cluster: the extra rank's part has no op and
     no unit, and the runtime reader gives it one empty round per round of the program."""
-    from nereus.runtime.distribute import _part
+    from nereus.backends.proof import rank_part as _part
     from nereus.runtime.program import rank_program
 
     compiled = compile_transition(ir.parse_source(SOURCE, "parts.nir"), "A", "B")

@@ -209,10 +209,7 @@ class Packer:
                                      lazy=True)
         buffer = out if out is not None else torch.empty(nbytes, dtype=torch.uint8, device=plan.device)
         if not self._ready(plan):
-            if fallback_pack is not None:
-                fallback_pack(views, offsets, nbytes, _bytes(buffer, nbytes))
-            else:
-                fallback.pack_entries([_bytes(buffer, nbytes)], [(0, v, o) for v, o in zip(views, offsets)])
+            (fallback_pack or _pack_each)(views, offsets, nbytes, _bytes(buffer, nbytes))
             return buffer
         self._execute(plan, [_bytes(buffer, nbytes)], described or [views])
         return buffer
@@ -225,10 +222,7 @@ class Packer:
         plan, described = self._plan("unpack", key, (len(views),), (_residue(buffer),),
                                      lambda: _describe([views], [offsets], [size], [buffer]), lazy=True)
         if not self._ready(plan):
-            if fallback_unpack is not None:
-                fallback_unpack(_bytes(buffer, size), views, offsets)
-            else:
-                fallback.unpack_entries([_bytes(buffer, size)], [(0, v, o) for v, o in zip(views, offsets)])
+            (fallback_unpack or _unpack_each)(_bytes(buffer, size), views, offsets)
             return
         self._execute(plan, [_bytes(buffer, size)], described or [views])
 
@@ -445,6 +439,16 @@ class Packer:
         for launch in plan.launches:
             kernels.run_launch(launch, rel, bases, view_bases)
         self.compiled |= {(plan.kind, x.word, x.vec, x.rows, x.cols) for x in plan.launches}
+
+
+def _pack_each(views: Sequence[torch.Tensor], offsets: Sequence[int], nbytes: int, out: torch.Tensor) -> None:
+    """The default torch path of `pack_into`: one `copy_` per view."""
+    fallback.pack_entries([out], [(0, v, o) for v, o in zip(views, offsets)])
+
+
+def _unpack_each(buffer: torch.Tensor, views: Sequence[torch.Tensor], offsets: Sequence[int]) -> None:
+    """The default torch path of `unpack_from`: one `copy_` per view."""
+    fallback.unpack_entries([buffer], [(0, v, o) for v, o in zip(views, offsets)])
 
 
 def _describe(messages: Sequence[Sequence[Any]], offsets: Optional[Sequence[Sequence[int]]] = None,
