@@ -59,3 +59,14 @@ def test_cold_phases_times_the_first_calls_phase_by_phase(tmp_path):
                for c in calls[2:])
     # (phases are rounded to 0.1 ms)
     assert all(c["s"] + 1e-4 >= c["phases"]["nereus.runtime.runtime:Runtime._transition"][1] > 0 for c in calls)
+
+
+@pytest.mark.parametrize("ahead", ["on", "off"])
+def test_the_first_calls_say_whether_their_part_was_lowered_ahead(ahead, monkeypatch):
+    monkeypatch.setenv("NEREUS_LOWER_AHEAD", ahead)
+    done = _run("--shape", "tiny", "--layers", "1", "--moe", "gen-ep2-tp2", "--wait-ahead")
+    assert done.returncode == 0, done.stderr[-2000:]
+    details = json.loads(done.stdout.strip().splitlines()[-1])["cold_details"]
+    # A -> B was lowered while the harness waited; B -> A was asked for right after the commit
+    assert details["cold a-b"]["lowered_ahead"] is (ahead == "on")
+    assert not any(details[k]["lowered_ahead"] for k in ("cold b-a", "second a-b", "second b-a"))

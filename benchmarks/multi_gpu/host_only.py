@@ -171,6 +171,10 @@ def main(argv=None) -> int:
     parser.add_argument("--moe", default=None, metavar="CASE",
                         help="a case of moe_reshard.py instead (gen-ep2-tp2, train-ep2-tp2, train-ep2-dp2; "
                              "Qwen3-30B-A3B shapes, --layers of its 48): plans A -> B and back")
+    parser.add_argument("--wait-ahead", action="store_true",
+                        help="before the first calls, wait until the lowering-ahead thread (on by default on "
+                             "CUDA, NEREUS_LOWER_AHEAD) has done its work, as in a job that trained a while "
+                             "before its first switch; default: call right after registering the state")
     parser.add_argument("--ab-replay", action="store_true",
                         help="time calls with replayed launches off and on (NEREUS_REPLAY), alternating call by "
                              "call in this one process; reported as replay-off and replay-on")
@@ -208,20 +212,33 @@ def main(argv=None) -> int:
         rt.register(TAG, build_local(plan_units_json(module, "TP", TAG), args.rank, plain, args.seed, TAG, device))
     sync = (lambda: torch.cuda.synchronize(device)) if kind == "cuda" else (lambda: None)
     cold: dict = {}
+    details: dict = {}  # per first call: its part lowered ahead, torch-path fallbacks of the packer
+    started = time.perf_counter()
+    if args.wait_ahead:
+        rt.wait_ahead()
+    details["ahead_wait_s"] = time.perf_counter() - started
+    from nereus.runtime import packing as runtime_packing
+
+    def fallbacks() -> int:
+        kernels = runtime_packing.kernels()
+        return kernels.default_packer().fallback_calls if kernels is not None else 0
+
     for call in ("cold", "second"):  # each direction's first call (compile, lower, the execution
         for case, target in DIRECTIONS:  # plan and its replays built, first
             sync()  # allocations and kernels), then its second (kernel variants compiling aside)
             first = cProfile.Profile() if args.profile_cold and case == DIRECTIONS[0][0] else None
             if first is not None:
                 first.enable()
-            t0 = time.perf_counter()
-            rt.transition(target)
+            t0, missed = time.perf_counter(), fallbacks()
+            report = rt.transition(target)
             sync()
             cold[f"{call} {case}"] = time.perf_counter() - t0
+            details[f"{call} {case}"] = {"lowered_ahead": report.lowered_ahead, "fallbacks": fallbacks() - missed}
             if first is not None:
                 first.disable()
                 write_profile(first, args.profile_cold + ("" if call == "cold" else ".second"), args.top)
     print("first calls: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in cold.items()), flush=True)
+    print(f"first calls' details: {details}", flush=True)
     for _ in range(2):  # more warm-up
         for _, target in DIRECTIONS:
             rt.transition(target)
@@ -236,7 +253,7 @@ def main(argv=None) -> int:
 
     if packing.kernels() is not None:
         packing.kernels().default_packer().wait_compiled()
-    summary: dict = {"cold": cold}
+    summary: dict = {"cold": cold, "cold_details": details}
     passes = [("plain", None)]
     if args.ab_replay:  # the same calls with replays off and on, alternating in this process
         passes = [("replay-off", None), ("replay-on", None)]

@@ -68,22 +68,28 @@ def _lower_own_part(module: Module, source: str, target: str, rank: int, **optio
 
 def obtain_rank_part(module: Module, source: str, target: str, rank: int, world_size: int, control,
                      verify: bool = True, options: Optional[dict] = None, prover=None, then=None,
-                     timeout_s: float = 120.0) -> RankPart:
+                     timeout_s: float = 120.0, ahead=None) -> RankPart:
     """Collective: this rank's part of the program `source -> target` (module docstring).
     Raises the same error on every rank when compiling or proving fails, and a ProgramError
     on every rank (the refusing rank's own message on that rank) when a part is refused.
     prover: rank 0's Prover, or None (inline); timeout_s: the control group's timeout (rank
     0 waits on the prover for half of it before proving inline). then: a function of the
     part's canonical JSON text, run on every rank before the agreement; its value is
-    RankPart.then."""
+    RankPart.then. ahead: this rank's part lowered before the call (nereus.runtime.ahead's
+    Lowered: its text stands for the lowering, its value for `then`'s); checked like a part
+    lowered now."""
     started = time.perf_counter()
     part, error, compiled, value = None, None, None, None
     ticket = prover.request(source, target, world_size, options) if verify and rank == 0 and prover else None
-    try:
-        compiled, part = _lower_own_part(module, source, target, rank, **(options or {}))
-    except Exception as caught:  # noqa: BLE001 - the other ranks wait on the agreement below
-        error = proof.portable(caught, source, target)
-    text = canonical_json(part) if part is not None else ""
+    if ahead is not None and not options:
+        compiled, part, text, value = ahead.compiled, ahead.value[0], ahead.text, ahead.value
+        then = None
+    else:
+        try:
+            compiled, part = _lower_own_part(module, source, target, rank, **(options or {}))
+        except Exception as caught:  # noqa: BLE001 - the other ranks wait on the agreement below
+            error = proof.portable(caught, source, target)
+        text = canonical_json(part) if part is not None else ""
     if error is None and then is not None:
         try:
             value = then(text)
@@ -103,6 +109,10 @@ def obtain_rank_part(module: Module, source: str, target: str, rank: int, world_
                 # verdict in the scatter for timeout_s, and an inline proof must fit in the rest
                 got = prover.result(ticket, timeout_s / 2) if ticket is not None else None
                 if got is None:
+                    if compiled is None:  # lowered ahead, and the prover did not answer
+                        from nereus.passes import compile_transition
+
+                        compiled = compile_transition(module, source, target, **(options or {}))
                     proof_s, digests = proof.prove(compiled, module, world_size)
                 elif got[0] == "error":
                     raise got[1]

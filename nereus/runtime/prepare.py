@@ -79,25 +79,38 @@ def _meta(info, dtypes: dict) -> torch.Tensor:
 
 
 def warm_kernels(prog: RankProgram, device: torch.device, dtypes: dict, offloaded=frozenset()) -> int:
-    """Compile the pack/unpack kernel variants this rank's streams use (the chunks of
-    strided pieces, cut as streams.py cuts them, on meta views of the real shard shapes;
-    nothing is allocated at their size), and every chunk of a stream with pieces in host
-    memory (offloaded units, `offloaded` as offload.offloaded_units gives it: the kernels
-    address those in place, whatever their layout). Returns the variants run."""
+    """Compile the pack/unpack kernel variants this rank's streams use and those of its
+    replays (`kernel_classes`, which builds the replays into the execution plan). Returns
+    the variants of each, summed."""
+    streamed, replayed = kernel_classes(prog, device, dtypes, offloaded)
+    kernels = packing.kernels()
+    if streamed or replayed:
+        kernels.default_packer().compile(streamed | replayed, torch.device(device))
+    return len(streamed) + len(replayed)
+
+
+def kernel_classes(prog: RankProgram, device: torch.device, dtypes: dict, offloaded=frozenset()) -> tuple:
+    """(stream variants, replay variants): the pack/unpack kernel variants this rank's
+    streams use (the chunks of strided pieces, cut as streams.py cuts them, on meta views
+    of the real shard shapes; nothing is allocated at their size), with every chunk of a
+    stream with pieces in host memory (offloaded units, `offloaded` as
+    offload.offloaded_units gives it: the kernels address those in place, whatever their
+    layout), and those of the replays of the rounds' copies and stream chunks
+    (replay.py), which are built into the plan now. Nothing is compiled; empty sets off
+    CUDA or Triton."""
     kernels = packing.kernels()
     if kernels is None or not hasattr(kernels, "warm") or torch.device(device).type != "cuda":
-        return 0
+        return frozenset(), frozenset()
     calls = []
     for kind, views, on_host in stream_views(prog, dtypes, offloaded):
         for segments in streams.chunk_views(views, streams.CHUNK_BYTES):
             if on_host or streams.fused(segments):  # the other chunks are plain copies
                 calls.append((kind, segments, packing.layout([v.numel() * v.element_size() for v in segments])[0]))
-    run = kernels.warm(calls, device)
-    # the replays of the rounds' copies and stream chunks (replay.py): built into the
-    # plan now, their variants compiled
-    classes = replay.warm(prog, plan_for(prog, streams.CHUNK_BYTES), device, streams.DEPTH, offloaded)
-    kernels.default_packer().compile(classes, torch.device(device))
-    return run + len(classes)
+    packer = kernels.default_packer()
+    streamed = frozenset(packer.launch_classes(calls)) if packer.backend_for(torch.device(device)) == "triton" \
+        else frozenset()
+    replayed = replay.warm(prog, plan_for(prog, streams.CHUNK_BYTES), device, streams.DEPTH, offloaded)
+    return streamed, replayed
 
 
 def stream_views(prog: RankProgram, dtypes: dict, offloaded=frozenset()) -> list:

@@ -73,9 +73,12 @@ computed once per (source, target, registered model-stages) and cached.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import math
 import time
+import weakref
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from typing import Optional
@@ -88,14 +91,14 @@ from nereus.ir.diagnostics import NereusError, SemanticError
 from nereus.ir.model import ModelStage, Module
 from nereus.passes.layout import unit_id
 
-from . import offload, packing, replay, streams
+from . import offload, packing, replay
 from .boxes import as_box, shard_shape
 from .control import Stale, agree, collectives, gather_flagged
-from .execution_plan import plan_for
 from .executor import TORCH_DTYPES, execute
 from .gc_pause import paused
 from .parking import ROLLBACK_MODES, default_rollback
 from .program import DIRECT_MIN_BYTES, program_model_stages, rank_program, restrict_program, unit_of_stage
+from .ahead import Ahead, ahead_mode, lower_part, steps as ahead_steps
 from .prover import Prover, prover_mode
 from .state import assemble, shard_unit, step_name, unit_on_gpu
 
@@ -132,9 +135,18 @@ class TransitionReport:
     # bytes this rank moved between host memory (offloaded units) and the device: over PCIe on CUDA
     offload_bytes: int = 0
     program_bytes: int = 0  # size of this rank's part of the program (canonical JSON), the whole it holds
+    # this call's part was lowered before the call by the lowering-ahead thread (nereus.runtime.ahead)
+    lowered_ahead: bool = False
 
     def to_json(self) -> dict:
         return asdict(self)
+
+
+def _take(keys: set, key) -> bool:
+    """Whether `key` was in `keys`; it is not any more."""
+    present = key in keys
+    keys.discard(key)
+    return present
 
 
 class Runtime:
@@ -144,7 +156,7 @@ class Runtime:
                  device: Optional[torch.device] = None, verify: bool = False, progress: bool = False,
                  timeout_s: float = 120.0, direct_min_bytes: int = DIRECT_MIN_BYTES,
                  rollback: Optional[str] = None, park_device_types=("cuda",), p2p_groups: Optional[int] = None,
-                 verify_programs: bool = True, prover: Optional[str] = None):
+                 verify_programs: bool = True, prover: Optional[str] = None, ahead=None):
         """rollback: "auto", "host" or "device" (see the module docstring); None picks
         "auto" for CUDA tensors and "device" otherwise. park_device_types: the device types whose
         old shards take the host path; tests pass ("cpu",) to run it on CPU. p2p_groups:
@@ -154,7 +166,10 @@ class Runtime:
         compiled program correct before running it (nereus.runtime.admission); False for
         programs verified ahead of time. prover: where rank 0 proves them, "process" (a
         process beside it, overlapping its own lowering), "inline" or "auto" (default
-        NEREUS_PROVER, else auto: a process on CUDA; nereus.runtime.prover)."""
+        NEREUS_PROVER, else auto: a process on CUDA; nereus.runtime.prover). ahead: lower
+        this rank's part of each transition from the current plan, build its replays and
+        compile its kernels in a background thread, before it is asked for: "on", "off"
+        or "auto" (default NEREUS_LOWER_AHEAD, else auto: on for CUDA; nereus.runtime.ahead)."""
         if rollback is not None and rollback not in ROLLBACK_MODES:
             raise NereusError(f"unknown rollback mode {rollback!r}",
                               hint="rollback='auto' (default on CUDA), 'host' (old shards wait in host memory) or 'device'")
@@ -182,6 +197,7 @@ class Runtime:
         self.verify = verify
         self.verify_programs = verify_programs
         self._verify_program_s: dict = {}  # (from, to) -> seconds rank 0 took to prove it
+        self._lowered_ahead: set = set()  # (from, to) whose part the ahead thread lowered, until reported
         self.direct_min_bytes = direct_min_bytes
         self.progress = progress
         self._control = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
@@ -196,7 +212,9 @@ class Runtime:
         replay.packer_for(self.device)  # CUDA: triton imported now, not in the first transition (~0.3 s)
         self.timeout_s = timeout_s
         self._prover = None
+        self._ahead = None
         use_prover = prover_mode(prover, self.device.type) == "process" and verify_programs and self.rank == 0
+        use_ahead = ahead_mode(ahead, self.device.type)
         known_plan(module, plan)
         self._plan = plan
         self._state: dict = {}  # model-stage → {name: local tensor}
@@ -219,6 +237,11 @@ class Runtime:
         if use_prover:  # last: a constructor that raises leaves no process behind
             self._prover = Prover(module)  # starts now: ready by the first transition
             self._prover.at_plan(plan, self.world_size)
+        if use_ahead:  # no reference to the runtime: a thread must not keep it alive
+            self._ahead = Ahead(functools.partial(ahead_steps, module, self.rank, self.device, direct_min_bytes,
+                                                  self.rank == 0 and verify_programs and self._prover is None))
+            weakref.finalize(self, self._ahead.close)
+            self._ahead_at_plan()
 
     def close(self) -> None:
         """End rank 0's prover process, if any (also done when the Runtime is garbage
@@ -226,6 +249,26 @@ class Runtime:
         if self._prover is not None:
             self._prover.close()
             self._prover = None
+        if self._ahead is not None:
+            self._ahead.close()
+            self._ahead = None
+
+    def wait_ahead(self, timeout_s: Optional[float] = None) -> bool:
+        """Wait until the lowering-ahead thread has lowered (and, on CUDA, built the
+        replays and compiled the kernels of) every transition from the current plan, or
+        `timeout_s` passed; whether it finished (True when there is no such thread)."""
+        return self._ahead is None or self._ahead.idle(timeout_s)
+
+    def _ahead_at_plan(self) -> None:
+        """Tell the lowering-ahead thread the current plan: the transitions from it not
+        compiled yet are its work."""
+        if self._ahead is not None:
+            self._ahead.at_plan(self._plan, [p.name for p in self.module.plans
+                                             if (self._plan, p.name) not in self._programs])
+
+    def _ahead_paused(self):
+        """No lowering-ahead step runs beside the block (one GIL, shared caches)."""
+        return self._ahead.paused() if self._ahead is not None else contextlib.nullcontext()
 
     @classmethod
     def from_file(cls, path: Optional[str] = None, plan: Optional[str] = None, *, module: Optional[Module] = None,
@@ -464,8 +507,12 @@ class Runtime:
             # makes every rank raise TransitionAborted here, before the compile's own
             # collectives could pair with the wrong ones)
             agree(None, self._control, self._plan, target, kind="compile")
+            early = self._ahead.take(self._plan, target) if self._ahead is not None else None
+            if early is not None:
+                self._lowered_ahead.add(key)
             got = obtain_rank_part(self.module, self._plan, target, self.rank, self.world_size, self._control,
-                                   self.verify_programs, prover=self._prover, then=then, timeout_s=self.timeout_s)
+                                   self.verify_programs, prover=self._prover, then=then, timeout_s=self.timeout_s,
+                                   ahead=early)
             self._verify_program_s[key] = got.proof_s
             self._program_bytes[key] = got.part_bytes
             self._programs[key] = (got.text, got.compile_s, frozenset(got.program.get("untouched", ())))
@@ -480,6 +527,10 @@ class Runtime:
         read nor written; the caching allocator keeps blocks of the sizes the transition
         will allocate (as far as the device has room). Returns this rank's figures:
         seconds, compile_s, kernels, peers, pinned_bytes, reserved_bytes."""
+        with self._ahead_paused():
+            return self._prepare(target)
+
+    def _prepare(self, target: str) -> dict:
         from .parking import park_plan, real_room
         from .prepare import reserve_memory, warm_kernels, warm_links, warm_parking
 
@@ -514,7 +565,7 @@ class Runtime:
         commit (every round done, its device synchronized), `max_seconds` when the slowest
         rank was; the commit right after makes the new state usable. Python's cyclic
         garbage collector is paused for the call (gc_pause; NEREUS_PAUSE_GC=0: not)."""
-        with paused():
+        with paused(), self._ahead_paused():
             return self._transition(target, verify, fault, round_hook)
 
     def _transition(self, target: str, verify: Optional[bool], fault, round_hook) -> TransitionReport:
@@ -550,6 +601,7 @@ class Runtime:
         self._plan = target
         if self._prover is not None:
             self._prover.at_plan(target, self.world_size)
+        self._ahead_at_plan()
         # every rank's [seconds, bytes sent] came with the commit (the executor's last step)
         ranks = result.rank_figures
         return TransitionReport(
@@ -563,7 +615,7 @@ class Runtime:
             pack_backend=packing.backend_for(self.device),
             program_bytes=self._program_bytes.get((prog.source, target), 0),
             verify_program_s=self._verify_program_s.pop((prog.source, target), 0.0 if self.verify_programs else None),
-            offload_bytes=result.offload_bytes)
+            offload_bytes=result.offload_bytes, lowered_ahead=_take(self._lowered_ahead, (prog.source, target)))
 
     def _execute(self, prog, key: tuple, verify: bool, fault, round_hook, started: float, agreement=None):
         figures = self._lowered_figures[key]
@@ -633,13 +685,8 @@ class Runtime:
         return compile_s, self._lowered[key], key, steps
 
     def _lower_part(self, text: str) -> tuple:
-        """(the part as a dict, this rank's work list from it): what _lower needs of a new
-        part; its execution plan is built too (kept by execution_plan.plan_for), so all of
-        it runs while rank 0's prover proves."""
-        program = json.loads(text)
-        lowered = rank_program(program, self.rank, self.direct_min_bytes)
-        plan_for(lowered, streams.CHUNK_BYTES)
-        return program, lowered
+        """ahead.lower_part for this rank: run while rank 0's prover proves."""
+        return lower_part(text, self.rank, self.direct_min_bytes)
 
     def _resident(self, program: dict) -> int:
         return int(program.get("resident_bytes", {}).get(str(self.rank), 0))

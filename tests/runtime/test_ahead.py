@@ -1,0 +1,210 @@
+"""Lowering ahead (nereus.runtime.ahead): a thread of each rank lowers the transitions from
+the current plan before they are asked for; a transition then takes the lowered part
+instead of lowering it, still checked against the proven program's digest; no step runs
+beside the main thread's own transition, and a failed or dropped step costs nothing but
+the main thread doing the work itself."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+
+import pytest
+import torch
+
+import nereus.ir as ir
+from nereus.ir.diagnostics import NereusError, ProgramError
+from nereus.runtime import Runtime
+from nereus.runtime import distribute
+from nereus.runtime.ahead import Ahead, ahead_mode
+
+from runtime_helpers import spawn
+from test_rank_parts import SOURCE, STAGES, WORLD, _fulls
+
+
+class Steps:
+    """Fake work: each transition's steps record themselves; `gate` holds step starts."""
+
+    def __init__(self, count: int = 3, fail=()):
+        self.log: list = []
+        self.closed: list = []
+        self.count, self.fail = count, set(fail)
+        self.gate = threading.Event()
+        self.gate.set()
+        self.running = threading.Event()
+
+    def __call__(self, source, target):
+        try:
+            for i in range(self.count):
+                self.running.set()
+                self.gate.wait(30)
+                if (source, target) in self.fail:
+                    raise ValueError(f"cannot lower {source} -> {target}")
+                self.log.append((source, target, i, threading.current_thread().name))
+                self.running.clear()
+                yield f"{source}->{target}" if i == 0 else None
+        finally:
+            self.closed.append((source, target))
+
+
+def test_every_transition_from_the_plan_is_lowered_ahead_in_order():
+    steps = Steps()
+    ahead = Ahead(steps)
+    try:
+        ahead.at_plan("A", ["A", "B", "C"])  # the plan itself is no transition
+        assert ahead.idle(30)
+        assert [s[:3] for s in steps.log] == [("A", t, i) for t in "BC" for i in range(3)]
+        assert all(s[3] == "nereus-ahead" for s in steps.log)
+        assert ahead.take("A", "C") == "A->C" and ahead.take("A", "B") == "A->B"
+        assert ahead.take("A", "B") is None  # taken once
+    finally:
+        ahead.close()
+    assert not ahead.alive
+
+
+def test_no_step_runs_while_paused_and_take_waits_for_the_step_in_progress():
+    steps = Steps()
+    steps.gate.clear()
+    ahead = Ahead(steps)
+    try:
+        ahead.at_plan("A", ["B", "C"])
+        assert steps.running.wait(30)  # A -> B's first step started, held at the gate
+        threading.Timer(0.3, steps.gate.set).start()
+        started = time.perf_counter()
+        with ahead.paused():  # waits for the step in progress
+            assert time.perf_counter() - started >= 0.25 and steps.log == [("A", "B", 0, "nereus-ahead")]
+            time.sleep(0.3)
+            assert len(steps.log) == 1  # nothing ran meanwhile
+            assert ahead.take("A", "B") == "A->B"
+        assert ahead.idle(30)
+        # A -> B was taken: its later steps were dropped (its generator closed); A -> C ran
+        assert [s[:3] for s in steps.log[1:]] == [("A", "C", i) for i in range(3)]
+        assert ("A", "B") in steps.closed
+    finally:
+        ahead.close()
+
+
+def test_a_failed_step_gives_nothing_and_the_next_transition_runs():
+    steps = Steps(fail={("A", "B")})
+    ahead = Ahead(steps)
+    try:
+        ahead.at_plan("A", ["B", "C"])
+        assert ahead.idle(30)
+        assert ahead.take("A", "B") is None and "cannot lower A -> B" in ahead.failed[("A", "B")]
+        assert ahead.take("A", "C") == "A->C"
+    finally:
+        ahead.close()
+
+
+def test_a_new_plan_drops_the_old_plans_work():
+    steps = Steps(count=2)
+    steps.gate.clear()
+    ahead = Ahead(steps)
+    try:
+        ahead.at_plan("A", ["B", "C"])
+        assert steps.running.wait(30)
+        threading.Timer(0.2, steps.gate.set).start()
+        with ahead.paused():  # A -> B lowered (its first step), its second not run
+            ahead.at_plan("B", ["A", "C"])
+        assert ahead.idle(30)
+        assert ahead.take("A", "B") is None and ("A", "B") in steps.closed
+        assert not any(s[:2] == ("A", "C") for s in steps.log)
+        assert ahead.take("B", "A") == "B->A" and ahead.take("B", "C") == "B->C"
+    finally:
+        ahead.close()
+
+
+def test_the_mode_comes_from_the_argument_the_environment_or_the_device(monkeypatch):
+    monkeypatch.delenv("NEREUS_LOWER_AHEAD", raising=False)
+    assert ahead_mode(None, "cuda") and not ahead_mode(None, "cpu")
+    assert ahead_mode("on", "cpu") and not ahead_mode("off", "cuda") and ahead_mode(True, "cpu")
+    monkeypatch.setenv("NEREUS_LOWER_AHEAD", "0")
+    assert not ahead_mode(None, "cuda")
+    monkeypatch.setenv("NEREUS_LOWER_AHEAD", "later")
+    with pytest.raises(NereusError, match="unknown lower-ahead mode 'later'"):
+        ahead_mode(None, "cpu")
+
+
+def _in_main_thread(calls: list):
+    """distribute._lower_own_part, counting the calls made by the main thread."""
+    real = distribute._lower_own_part
+
+    def counted(*args, **kwargs):
+        if threading.current_thread() is threading.main_thread():
+            calls.append(args[1:3])
+        return real(*args, **kwargs)
+
+    return counted
+
+
+def _run(rank, world, ahead, corrupt):
+    calls: list = []
+    distribute._lower_own_part = _in_main_thread(calls)
+    rt = Runtime(ir.parse_source(SOURCE, "parts.nir"), "A", rank=rank, world_size=world, ahead=ahead)
+    if ahead:
+        assert rt._ahead.idle(60)
+        if corrupt and rank == 1:  # what the thread lowered is no longer the part it proved
+            done = rt._ahead._done[("A", "B")]
+            rt._ahead._done[("A", "B")] = type(done)(done.text.replace('"rank":1', '"rank":1 '), done.value,
+                                                     done.compiled, done.seconds)
+    fulls = _fulls(rt)
+    for ms in STAGES:
+        rt.register(ms, rt.shard_state_dict(ms, fulls[ms]))
+    held = {ms: {n: t.clone() for n, t in rt.state(ms).items()} for ms in STAGES}
+    try:
+        there = rt.transition("B")
+    except ProgramError as error:
+        unchanged = rt.plan == "A" and all(torch.equal(held[ms][n], t) for ms in STAGES
+                                           for n, t in rt.state(ms).items())
+        return {"error": error.message, "unchanged": unchanged}
+    if ahead:
+        assert rt._ahead.idle(60)  # B -> A lowered ahead after the commit
+    back = rt.transition("A")
+    # the round trip gives this rank's shards back byte for byte
+    exact = all(torch.equal(t, held[ms][n]) for ms in STAGES for n, t in rt.state(ms).items())
+    again = rt.transition("B")  # cached: not lowered again, not reported as lowered ahead
+    out = {"exact": exact, "lowered_here": calls, "thread": rt._ahead is not None,
+           "reported": (there.lowered_ahead, back.lowered_ahead, again.lowered_ahead)}
+    ref = rt._ahead
+    rt.close()
+    out["closed"] = ref is None or not ref.alive
+    return out
+
+
+def _results(*args) -> list:
+    results = spawn(_run, WORLD, *args)
+    for rank, res in enumerate(results):
+        assert res is not None and res[0] == "ok", f"rank {rank}: {res}"
+    return [res[1] for res in results]
+
+
+def test_transitions_lowered_ahead_are_byte_exact_and_not_lowered_again():
+    for out in _results(True, False):
+        assert out["exact"] and out["thread"] and out["closed"], out
+        assert out["lowered_here"] == [] and out["reported"] == (True, True, False), out  # from the thread
+    for out in _results(False, False):  # the control: lowered in the call
+        assert out["exact"] and not out["thread"] and out["lowered_here"] == [("A", "B"), ("B", "A")], out
+        assert out["reported"] == (False, False, False), out
+
+
+def test_a_part_lowered_ahead_is_still_checked_against_the_proof():
+    outs = _results(True, True)
+    assert all(out["unchanged"] for out in outs), outs
+    assert "rank 1 refuses its part of the program A -> B" in outs[1]["error"], outs
+    assert all("rank 1 refused its part of the program A -> B" in out["error"] for i, out in enumerate(outs)
+               if i != 1), outs
+
+
+def _dropped(rank, world):
+    rt = Runtime(ir.parse_source(SOURCE, "p.nir"), "A", rank=rank, world_size=world, ahead="on")
+    thread = rt._ahead._thread
+    del rt
+    gc.collect()
+    thread.join(30)
+    return thread.is_alive()
+
+
+def test_a_dropped_runtime_ends_its_thread():
+    results = spawn(_dropped, WORLD)
+    assert all(res == ("ok", False) for res in results), results

@@ -1,0 +1,36 @@
+"""Lowering ahead on a CUDA device (CUDA only): a first transition whose part the thread
+lowered, whose replays it built and whose kernel variants it compiled runs every pack,
+unpack and copy on the kernels, with no torch-path fallback; without the thread the same
+first call falls back (benchmarks/multi_gpu/host_only.py: rank 0 of a 2-rank
+expert-parallel change of a tiny Qwen3-MoE on one GPU, its peer's ops moving nothing)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(HERE, "..", "..", "benchmarks", "multi_gpu", "host_only.py")
+
+
+def _first_calls(ahead: str) -> dict:
+    env = dict(os.environ, NEREUS_LOWER_AHEAD=ahead,
+               PYTHONPATH=os.pathsep.join([os.path.join(HERE, "..", ".."), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, SCRIPT, "--shape", "tiny", "--layers", "2", "--moe", "train-ep2-tp2",
+                           "--repeats", "1", "--wait-ahead"], capture_output=True, text=True, env=env, timeout=600,
+                          cwd=os.path.dirname(SCRIPT))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])["cold_details"]
+
+
+def test_a_first_call_lowered_ahead_runs_on_the_kernels():
+    ahead, control = _first_calls("on"), _first_calls("off")
+    assert ahead["cold a-b"] == {"lowered_ahead": True, "fallbacks": 0}, ahead
+    assert control["cold a-b"]["lowered_ahead"] is False and control["cold a-b"]["fallbacks"] > 0, control
