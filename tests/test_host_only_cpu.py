@@ -67,6 +67,6 @@ def test_the_first_calls_say_whether_their_part_was_lowered_ahead(ahead, monkeyp
     done = _run("--shape", "tiny", "--layers", "1", "--moe", "gen-ep2-tp2", "--wait-ahead")
     assert done.returncode == 0, done.stderr[-2000:]
     details = json.loads(done.stdout.strip().splitlines()[-1])["cold_details"]
-    # A -> B was lowered while the harness waited; B -> A was asked for right after the commit
-    assert details["cold a-b"]["lowered_ahead"] is (ahead == "on")
-    assert not any(details[k]["lowered_ahead"] for k in ("cold b-a", "second a-b", "second b-a"))
+    # each first call was lowered while the harness waited; the second calls run cached programs
+    assert details["cold a-b"]["lowered_ahead"] is details["cold b-a"]["lowered_ahead"] is (ahead == "on")
+    assert not any(details[k]["lowered_ahead"] for k in ("second a-b", "second b-a"))

@@ -1,0 +1,116 @@
+"""What lowering ahead costs the work beside it: a stand-in training loop's step times on one
+GPU while the runtime's lowering-ahead thread works, against the same steps once it is done.
+
+    python3 benchmarks/multi_gpu/ahead_interference.py --moe train-ep2-tp2 --layers 6     # 1 GPU
+
+Why: the thread (nereus.runtime.ahead) runs Python beside the training code, in the same
+process, under one GIL: while it lowers a transition, builds its replays or compiles a
+kernel variant, the training step's own Python (its launches) waits for the GIL whenever
+both want it. How much that costs depends on the step: a step whose host mostly waits for
+the GPU (large kernels, few launches) loses little; a launch-bound step loses more.
+
+Two kinds of step, alternating, each synchronized at its end: "device" (a chain of 8 bf16
+matmuls of 8192 x 8192: ~10 ms of GPU work, 8 launches) and "host" (2000 small tensor ops:
+launch-bound). The process joins a fake group as rank 0 of 2 (host_only.py), builds
+plan A of the case's module and a Runtime (no state is needed to lower), and runs steps
+from right after the Runtime's construction until the thread has nothing left to do, each
+marked busy when the thread was at work at both of its ends; then `--steps` more of each
+kind with the thread idle. Reported: per kind, the median and max step time busy and idle,
+and the thread's busy time. Last stdout line: one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from host_only import join_fake
+from mg_common import machine
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--moe", default="train-ep2-tp2", metavar="CASE")
+    parser.add_argument("--layers", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=30, help="steps of each kind with the thread idle")
+    parser.add_argument("--json-out", default=None)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        parser.error("needs a CUDA device")
+    device = torch.device("cuda", 0)
+    torch.cuda.set_device(device)
+    join_fake(0, 2)
+
+    import moe_reshard as mr
+
+    import nereus.ir as ir
+    from nereus.runtime import Runtime
+
+    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    small = torch.randn(64, device=device)
+
+    def device_step():
+        x = a
+        for _ in range(8):
+            x = x @ a
+            x = x / 8192.0
+        return x
+
+    def host_step():
+        x = small
+        for _ in range(2000):
+            x = x * 1.0001
+        return x
+
+    kinds = {"device": device_step, "host": host_step}
+
+    def timed(kind: str) -> float:
+        torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        kinds[kind]()
+        torch.cuda.synchronize(device)
+        return time.perf_counter() - t0
+
+    for kind in kinds:  # warm-up: cuBLAS handles, kernels
+        for _ in range(3):
+            timed(kind)
+    mem = torch.cuda.get_device_properties(device).total_memory
+    module = ir.parse_source(mr.module_source(args.moe, 2, mem, mr.SHAPES["30b-a3b"], args.layers), "ahead.nir")
+    started = time.perf_counter()
+    rt = Runtime(module, "A", device=device)
+    busy: dict = {k: [] for k in kinds}
+    while not rt.wait_ahead(0):
+        for kind in kinds:
+            was = not rt.wait_ahead(0)
+            seconds = timed(kind)
+            if was and not rt.wait_ahead(0):
+                busy[kind].append(seconds)
+    busy_s = time.perf_counter() - started
+    idle = {k: [timed(k) for _ in range(args.steps)] for k in kinds}
+    summary = {}
+    for kind in kinds:
+        row = {"idle_median_ms": statistics.median(idle[kind]) * 1e3, "idle_max_ms": max(idle[kind]) * 1e3,
+               "busy_steps": len(busy[kind])}
+        if busy[kind]:
+            row.update(busy_median_ms=statistics.median(busy[kind]) * 1e3, busy_max_ms=max(busy[kind]) * 1e3)
+        summary[kind] = row
+        print(f"{kind} step: idle median {row['idle_median_ms']:.2f} ms (max {row['idle_max_ms']:.2f}); "
+              + (f"thread busy: median {row['busy_median_ms']:.2f} ms (max {row['busy_max_ms']:.2f}) over "
+                 f"{row['busy_steps']} steps" if busy[kind] else "no step while the thread was busy"), flush=True)
+    print(f"the thread was busy {busy_s:.2f} s after the Runtime's construction", flush=True)
+    rt.close()
+    result = {"name": "ahead_interference", "moe": args.moe, "layers": args.layers, "busy_s": busy_s,
+              "kinds": summary, "machine": machine()}
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(result, f, indent=1)
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
