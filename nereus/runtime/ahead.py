@@ -43,6 +43,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -54,7 +55,7 @@ from nereus.ir.diagnostics import NereusError
 
 from . import offload, packing, streams
 from .execution_plan import plan_for
-from .program import rank_program
+from .program import program_model_stages, rank_program
 
 log = logging.getLogger("nereus.ahead")
 MODES = ("auto", "on", "off")
@@ -82,24 +83,30 @@ class Ahead:
         self._queue: deque = deque()  # (source, target) not started
         self._current = None  # (key, generator) started and not finished
         self._done: dict = {}  # key -> what its first step gave
+        self._started: set = set()  # every key ever started: each is worked on once per runtime
         self._paused = 0
         self._stepping = False
         self._closed = False
         self.failed: dict = {}  # key -> repr of the error a step raised (for tests and logs)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        _LIVE.add(self)
         self._thread.start()
 
     # -- the main thread ------------------------------------------------------------------
 
-    def at_plan(self, source: str, targets) -> None:
-        """The runtime is now in `source`: work on (source, t) for each of `targets`, in
-        order; what was queued or done for another source is dropped."""
+    def at_plan(self, pairs) -> None:
+        """The work list is now `pairs` ((source, target), in order), less the ones ever
+        started; what was lowered for a pair not in `pairs` is dropped (each pair is
+        lowered at most once per runtime, so a job moving between two plans of many does
+        not lower the others again after every commit)."""
+        pairs = list(dict.fromkeys(pairs))
         with self._cv:
             while self._stepping:
                 self._cv.wait()
-            self._queue = deque((source, t) for t in targets if t != source and (source, t) not in self._done)
-            self._done = {k: v for k, v in self._done.items() if k[0] == source}
-            if self._current is not None and self._current[0][0] != source:
+            wanted = set(pairs)
+            self._queue = deque(k for k in pairs if k not in self._started)
+            self._done = {k: v for k, v in self._done.items() if k in wanted}
+            if self._current is not None and self._current[0] not in wanted:
                 self._drop_current()
             self._cv.notify_all()
 
@@ -108,8 +115,13 @@ class Ahead:
         """No step runs while the block runs; entering waits for the step in progress."""
         with self._cv:
             self._paused += 1
-            while self._stepping:
-                self._cv.wait()
+            try:
+                while self._stepping:
+                    self._cv.wait()
+            except BaseException:  # interrupted while waiting: the thread must not stay paused
+                self._paused -= 1
+                self._cv.notify_all()
+                raise
         try:
             yield self
         finally:
@@ -119,21 +131,25 @@ class Ahead:
 
     def take(self, source: str, target: str):
         """What the first step of (source, target) gave, or None (not lowered yet, or it
-        failed); the transition leaves the work list either way. Call inside `paused()`."""
+        failed); the pair leaves the work list either way. Call inside `paused()`."""
         key = (source, target)
         with self._cv:
             while self._stepping:  # outside paused(): the step in progress ends first
                 self._cv.wait()
+            self._started.add(key)
             if self._current is not None and self._current[0] == key:
                 self._drop_current()
             try:
                 self._queue.remove(key)
             except ValueError:
                 pass
-            return self._done.pop(key, None)
+            value = self._done.pop(key, None)
+            self._cv.notify_all()
+            return value
 
     def idle(self, timeout_s: Optional[float] = None) -> bool:
-        """Wait until nothing is left to do (or paused, or closed); whether it came to that."""
+        """Wait until nothing is left to do (or the thread is closed); whether it came to
+        that within `timeout_s`."""
         with self._cv:
             return self._cv.wait_for(lambda: self._closed or (not self._stepping and self._current is None
                                                                 and not self._queue), timeout_s)
@@ -154,7 +170,14 @@ class Ahead:
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive()
+        return self._thread.is_alive() and not self._closed
+
+    def _after_fork_in_child(self) -> None:
+        """A forked child has no thread: nothing is stepping or queued there, and the lock
+        (perhaps held by the parent's thread at the fork) is a new one."""
+        self._cv = threading.Condition()
+        self._closed, self._stepping, self._paused = True, False, 0
+        self._current, self._queue, self._done = None, deque(), {}
 
     # -- the thread -----------------------------------------------------------------------
 
@@ -163,7 +186,8 @@ class Ahead:
         _, generator = self._current
         self._current = None
         try:
-            generator.close()
+            if generator is not None:
+                generator.close()
         except Exception:  # noqa: BLE001 - a generator's cleanup failing loses nothing
             pass
 
@@ -175,6 +199,7 @@ class Ahead:
                     return
                 if self._current is None:
                     key = self._queue.popleft()
+                    self._started.add(key)
                     self._current = (key, None)
                 key, generator = self._current
                 self._stepping = True
@@ -199,31 +224,69 @@ class Ahead:
                 self._cv.notify_all()
 
 
+_LIVE: "weakref.WeakSet[Ahead]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for ahead in list(_LIVE):
+        ahead._after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+@dataclass(frozen=True)
+class PartFacts:
+    """What a runtime derives from its part's JSON dict, so that the dict itself need not
+    be kept (a MoE part is ~10^5 container objects, each scanned by every full garbage
+    collection of the process)."""
+
+    untouched: frozenset  # model-stages the program leaves alone
+    model_stages: frozenset  # model-stages of its units
+    resident_bytes: int  # this rank's resident bytes in the program
+    capacity_bytes: Optional[int]  # this GPU's capacity in the program (None if absent)
+    offloaded: frozenset  # offload.offloaded_units of the part
+
+
+def part_facts(program: dict, rank: int) -> PartFacts:
+    capacity = None
+    for gpu in program.get("gpus", ()):
+        if gpu.get("id") == rank:
+            capacity = int(gpu.get("capacity_bytes", gpu.get("mem_bytes")))
+            break
+    return PartFacts(frozenset(program.get("untouched", ())), frozenset(program_model_stages(program)),
+                     int(program.get("resident_bytes", {}).get(str(rank), 0)), capacity,
+                     offload.offloaded_units(program))
+
+
 @dataclass(frozen=True)
 class Lowered:
     """A transition's part as this rank lowered it ahead (the first step's value)."""
 
     text: str  # the part's canonical JSON (what its digest hashes)
-    value: tuple  # lower_part(text): (the part as a dict, this rank's RankProgram)
+    value: tuple  # lower_part(text, ...): (PartFacts, this rank's RankProgram)
     compiled: object  # the compiled transition (rank 0 without a prover proves it inline), else None
     seconds: float  # the thread's time to lower it
 
 
 def lower_part(text: str, rank: int, direct_min_bytes: int) -> tuple:
-    """(the part as a dict, this rank's work list from it), its execution plan built too
-    (kept by execution_plan.plan_for): what a runtime needs of a new part."""
+    """(PartFacts of the part, this rank's work list from it), its execution plan built
+    too (kept by execution_plan.plan_for): what a runtime needs of a new part."""
     program = json.loads(text)
     lowered = rank_program(program, rank, direct_min_bytes)
     plan_for(lowered, streams.CHUNK_BYTES)
-    return program, lowered
+    return part_facts(program, rank), lowered
 
 
 def steps(module, rank: int, device, direct_min_bytes: int, keep_compiled: bool, source: str,
           target: str) -> Iterator:
     """The work of one transition, a step per yield: lower this rank's part (yields a
     Lowered); on CUDA, build its replays (the execution plan's, as Runtime.prepare does)
-    and compile each of its kernel variants, one per step. What the runtime's own
-    transition would otherwise do in its first and second calls."""
+    and compile each of its kernel variants, one per step, on a stream of the thread's
+    own (a step never waits for the training's queued work). What the runtime's own
+    transition would otherwise do in its first and second calls. `device`: an indexed
+    device (this thread's current device is GPU 0 whatever the main thread's is)."""
     from nereus.backends.rank_json import canonical_json
 
     from .distribute import _lower_own_part
@@ -240,15 +303,17 @@ def steps(module, rank: int, device, direct_min_bytes: int, keep_compiled: bool,
     from .executor import TORCH_DTYPES
     from .prepare import kernel_classes
 
-    program, lowered = value
+    facts, lowered = value
     with torch.cuda.device(device):
-        streamed, replayed = kernel_classes(lowered, device, TORCH_DTYPES, offload.offloaded_units(program))
-        torch.cuda.current_stream(device).synchronize()  # the replays' tables are on the device
-    del program, lowered, value
+        stream = torch.cuda.Stream(device)
+        with torch.cuda.stream(stream):
+            streamed, replayed = kernel_classes(lowered, device, TORCH_DTYPES, facts.offloaded)
+        stream.synchronize()  # the replays' tables are on the device
+    del facts, lowered, value
     yield None
     packer = packing.kernels().default_packer()
     for variant in sorted(streamed | replayed):
         if variant not in packer.compiled:
-            with torch.cuda.device(device):
+            with torch.cuda.device(device), torch.cuda.stream(stream):
                 packer.compile({variant}, device)
             yield None

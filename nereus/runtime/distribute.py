@@ -48,7 +48,8 @@ from nereus.ir.model import Module
 
 @dataclass(frozen=True)
 class RankPart:
-    program: dict  # this rank's part (JSON program v1 with `rank` and `peers`)
+    program: Optional[dict]  # this rank's part (JSON program v1 with `rank` and `peers`); None when
+    # it came lowered ahead (its `text` stands for it, its lowering is `then`)
     compile_s: float  # this rank: compile + lowering of its part (+ the digest agreement)
     proof_s: Optional[float]  # rank 0's global proof, seconds (None without verify)
     part_bytes: int  # size of the part's canonical JSON: what this rank holds of the program
@@ -76,13 +77,14 @@ def obtain_rank_part(module: Module, source: str, target: str, rank: int, world_
     0 waits on the prover for half of it before proving inline). then: a function of the
     part's canonical JSON text, run on every rank before the agreement; its value is
     RankPart.then. ahead: this rank's part lowered before the call (nereus.runtime.ahead's
-    Lowered: its text stands for the lowering, its value for `then`'s); checked like a part
-    lowered now."""
+    Lowered: its text stands for the lowering, its value for what `then` would give, so
+    `then` is not run; RankPart.program is then None); checked like a part lowered now.
+    Used only without `options` (the thread lowers with the passes' defaults)."""
     started = time.perf_counter()
     part, error, compiled, value = None, None, None, None
     ticket = prover.request(source, target, world_size, options) if verify and rank == 0 and prover else None
     if ahead is not None and not options:
-        compiled, part, text, value = ahead.compiled, ahead.value[0], ahead.text, ahead.value
+        compiled, part, text, value = ahead.compiled, None, ahead.text, ahead.value
         then = None
     else:
         try:

@@ -97,8 +97,8 @@ from .control import Stale, agree, collectives, gather_flagged
 from .executor import TORCH_DTYPES, execute
 from .gc_pause import paused
 from .parking import ROLLBACK_MODES, default_rollback
-from .program import DIRECT_MIN_BYTES, program_model_stages, rank_program, restrict_program, unit_of_stage
-from .ahead import Ahead, ahead_mode, lower_part, steps as ahead_steps
+from .program import DIRECT_MIN_BYTES, rank_program, restrict_program, unit_of_stage
+from .ahead import Ahead, ahead_mode, lower_part, part_facts, steps as ahead_steps
 from .prover import Prover, prover_mode
 from .state import assemble, shard_unit, step_name, unit_on_gpu
 
@@ -137,6 +137,8 @@ class TransitionReport:
     program_bytes: int = 0  # size of this rank's part of the program (canonical JSON), the whole it holds
     # this call's part was lowered before the call by the lowering-ahead thread (nereus.runtime.ahead)
     lowered_ahead: bool = False
+    # seconds this call waited for the lowering-ahead thread's step in progress (in `seconds`, `wall_s`)
+    ahead_wait_s: float = 0.0
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -238,7 +240,10 @@ class Runtime:
             self._prover = Prover(module)  # starts now: ready by the first transition
             self._prover.at_plan(plan, self.world_size)
         if use_ahead:  # no reference to the runtime: a thread must not keep it alive
-            self._ahead = Ahead(functools.partial(ahead_steps, module, self.rank, self.device, direct_min_bytes,
+            # an indexed device: the thread's own current device is GPU 0
+            device = torch.device("cuda", torch.cuda.current_device()) \
+                if self.device.type == "cuda" and self.device.index is None else self.device
+            self._ahead = Ahead(functools.partial(ahead_steps, module, self.rank, device, direct_min_bytes,
                                                   self.rank == 0 and verify_programs and self._prover is None))
             weakref.finalize(self, self._ahead.close)
             self._ahead_at_plan()
@@ -260,11 +265,17 @@ class Runtime:
         return self._ahead is None or self._ahead.idle(timeout_s)
 
     def _ahead_at_plan(self) -> None:
-        """Tell the lowering-ahead thread the current plan: the transitions from it not
-        compiled yet are its work."""
-        if self._ahead is not None:
-            self._ahead.at_plan(self._plan, [p.name for p in self.module.plans
-                                             if (self._plan, p.name) not in self._programs])
+        """Tell the lowering-ahead thread the current plan: its work is the transitions
+        from it, then the ways back to it (a job that switches back soon after finds that
+        one lowered too), each not compiled yet and on plans this world can run."""
+        if self._ahead is None:
+            return
+        others = [p.name for p in self.module.plans if p.name != self._plan and self._runs_on_world(p.name)]
+        pairs = [(self._plan, p) for p in others] + [(p, self._plan) for p in others]
+        self._ahead.at_plan([k for k in pairs if k not in self._programs])
+
+    def _runs_on_world(self, plan: str) -> bool:
+        return all(max(p.gpus) < self.world_size for p in self.module.plan(plan).placements)
 
     def _ahead_paused(self):
         """No lowering-ahead step runs beside the block (one GIL, shared caches)."""
@@ -492,7 +503,8 @@ class Runtime:
         with verify_programs rank 0 proves the whole once and each rank checks its part's
         digest), cached as its canonical JSON text (each call returns a fresh dict); and the
         seconds it took."""
-        text, compile_s, _, _ = self._compiled(target)
+        with self._ahead_paused():
+            text, compile_s, _, _ = self._compiled(target)
         return json.loads(text), compile_s
 
     def _compiled(self, target: str, then=None) -> tuple:
@@ -508,14 +520,16 @@ class Runtime:
             # collectives could pair with the wrong ones)
             agree(None, self._control, self._plan, target, kind="compile")
             early = self._ahead.take(self._plan, target) if self._ahead is not None else None
-            if early is not None:
-                self._lowered_ahead.add(key)
             got = obtain_rank_part(self.module, self._plan, target, self.rank, self.world_size, self._control,
                                    self.verify_programs, prover=self._prover, then=then, timeout_s=self.timeout_s,
                                    ahead=early)
+            if early is not None:
+                self._lowered_ahead.add(key)
             self._verify_program_s[key] = got.proof_s
             self._program_bytes[key] = got.part_bytes
-            self._programs[key] = (got.text, got.compile_s, frozenset(got.program.get("untouched", ())))
+            # the then-value's facts (a part taken from the thread comes without its dict)
+            untouched = got.then[0].untouched if got.then is not None else frozenset(got.program.get("untouched", ()))
+            self._programs[key] = (got.text, got.compile_s, untouched)
             return self._programs[key] + (got.then,)
         return self._programs[key] + (None,)
 
@@ -527,14 +541,14 @@ class Runtime:
         read nor written; the caching allocator keeps blocks of the sizes the transition
         will allocate (as far as the device has room). Returns this rank's figures:
         seconds, compile_s, kernels, peers, pinned_bytes, reserved_bytes."""
+        started = time.perf_counter()  # the wait for the lowering-ahead thread's step counts
         with self._ahead_paused():
-            return self._prepare(target)
+            return self._prepare(target, started)
 
-    def _prepare(self, target: str) -> dict:
+    def _prepare(self, target: str, started: float) -> dict:
         from .parking import park_plan, real_room
         from .prepare import reserve_memory, warm_kernels, warm_links, warm_parking
 
-        started = time.perf_counter()
         compile_s, prog, key, _ = self._lower(target)
         # every rank is preparing this transition before the data links are used (a rank in
         # transition() or preparing another target: TransitionAborted on every rank, within
@@ -565,11 +579,12 @@ class Runtime:
         commit (every round done, its device synchronized), `max_seconds` when the slowest
         rank was; the commit right after makes the new state usable. Python's cyclic
         garbage collector is paused for the call (gc_pause; NEREUS_PAUSE_GC=0: not)."""
+        called = time.perf_counter()  # the wait for the lowering-ahead thread's step counts
         with paused(), self._ahead_paused():
-            return self._transition(target, verify, fault, round_hook)
+            return self._transition(target, verify, fault, round_hook, called, time.perf_counter() - called)
 
-    def _transition(self, target: str, verify: Optional[bool], fault, round_hook) -> TransitionReport:
-        called = time.perf_counter()
+    def _transition(self, target: str, verify: Optional[bool], fault, round_hook, called: float,
+                    ahead_wait_s: float) -> TransitionReport:
         verify = self.verify if verify is None else verify
         result = None
         speculation = self._speculation(target)
@@ -615,7 +630,8 @@ class Runtime:
             pack_backend=packing.backend_for(self.device),
             program_bytes=self._program_bytes.get((prog.source, target), 0),
             verify_program_s=self._verify_program_s.pop((prog.source, target), 0.0 if self.verify_programs else None),
-            offload_bytes=result.offload_bytes, lowered_ahead=_take(self._lowered_ahead, (prog.source, target)))
+            offload_bytes=result.offload_bytes, lowered_ahead=_take(self._lowered_ahead, (prog.source, target)),
+            ahead_wait_s=ahead_wait_s)
 
     def _execute(self, prog, key: tuple, verify: bool, fault, round_hook, started: float, agreement=None):
         figures = self._lowered_figures[key]
@@ -674,29 +690,23 @@ class Runtime:
             compile_s = 0.0
         key = (self._plan, target, tuple(sorted(live)))
         if key not in self._lowered:  # a job moving back and forth restricts and lowers each program once
-            program, lowered = early if early is not None else (json.loads(text), None)
-            if program_model_stages(program) - live:
-                program, lowered = restrict_program(program, live), None
+            facts, lowered = early if early is not None else (None, None)
+            program = None
+            if facts is None:
+                program = json.loads(text)
+                facts = part_facts(program, self.rank)
+            if facts.model_stages - live:  # some rank registered fewer: the part restricted to the rest
+                program = restrict_program(program if program is not None else json.loads(text), live)
+                facts, lowered = part_facts(program, self.rank), None
             if lowered is None:
                 lowered = rank_program(program, self.rank, self.direct_min_bytes)
             self._lowered[key] = lowered
-            self._lowered_figures[key] = _Lowered(self._resident(program), self._capacity(program),
-                                                  offload.offloaded_units(program))
+            self._lowered_figures[key] = _Lowered(facts.resident_bytes, facts.capacity_bytes, facts.offloaded)
         return compile_s, self._lowered[key], key, steps
 
     def _lower_part(self, text: str) -> tuple:
         """ahead.lower_part for this rank: run while rank 0's prover proves."""
         return lower_part(text, self.rank, self.direct_min_bytes)
-
-    def _resident(self, program: dict) -> int:
-        return int(program.get("resident_bytes", {}).get(str(self.rank), 0))
-
-    def _capacity(self, program: dict) -> Optional[int]:
-        """This GPU's capacity in the program (bytes the verifier allows), None if absent."""
-        for gpu in program.get("gpus", ()):
-            if gpu.get("id") == self.rank:
-                return int(gpu.get("capacity_bytes", gpu.get("mem_bytes")))
-        return None
 
     # -- helpers -----------------------------------------------------------------------
 

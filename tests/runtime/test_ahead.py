@@ -17,7 +17,7 @@ import nereus.ir as ir
 from nereus.ir.diagnostics import NereusError, ProgramError
 from nereus.runtime import Runtime
 from nereus.runtime import distribute
-from nereus.runtime.ahead import Ahead, ahead_mode
+from nereus.runtime.ahead import Ahead, PartFacts, ahead_mode
 
 from runtime_helpers import spawn
 from test_rank_parts import SOURCE, STAGES, WORLD, _fulls
@@ -52,7 +52,7 @@ def test_every_transition_from_the_plan_is_lowered_ahead_in_order():
     steps = Steps()
     ahead = Ahead(steps)
     try:
-        ahead.at_plan("A", ["A", "B", "C"])  # the plan itself is no transition
+        ahead.at_plan([("A", "B"), ("A", "C"), ("A", "B")])  # once each
         assert ahead.idle(30)
         assert [s[:3] for s in steps.log] == [("A", t, i) for t in "BC" for i in range(3)]
         assert all(s[3] == "nereus-ahead" for s in steps.log)
@@ -68,7 +68,7 @@ def test_no_step_runs_while_paused_and_take_waits_for_the_step_in_progress():
     steps.gate.clear()
     ahead = Ahead(steps)
     try:
-        ahead.at_plan("A", ["B", "C"])
+        ahead.at_plan([("A", "B"), ("A", "C")])
         assert steps.running.wait(30)  # A -> B's first step started, held at the gate
         threading.Timer(0.3, steps.gate.set).start()
         started = time.perf_counter()
@@ -89,7 +89,7 @@ def test_a_failed_step_gives_nothing_and_the_next_transition_runs():
     steps = Steps(fail={("A", "B")})
     ahead = Ahead(steps)
     try:
-        ahead.at_plan("A", ["B", "C"])
+        ahead.at_plan([("A", "B"), ("A", "C")])
         assert ahead.idle(30)
         assert ahead.take("A", "B") is None and "cannot lower A -> B" in ahead.failed[("A", "B")]
         assert ahead.take("A", "C") == "A->C"
@@ -97,22 +97,91 @@ def test_a_failed_step_gives_nothing_and_the_next_transition_runs():
         ahead.close()
 
 
-def test_a_new_plan_drops_the_old_plans_work():
+def test_a_new_plan_drops_the_old_plans_work_and_no_pair_is_lowered_twice():
     steps = Steps(count=2)
     steps.gate.clear()
     ahead = Ahead(steps)
     try:
-        ahead.at_plan("A", ["B", "C"])
+        ahead.at_plan([("A", "B"), ("A", "C"), ("B", "A")])
         assert steps.running.wait(30)
         threading.Timer(0.2, steps.gate.set).start()
         with ahead.paused():  # A -> B lowered (its first step), its second not run
-            ahead.at_plan("B", ["A", "C"])
+            ahead.at_plan([("B", "A"), ("B", "C")])
         assert ahead.idle(30)
         assert ahead.take("A", "B") is None and ("A", "B") in steps.closed
         assert not any(s[:2] == ("A", "C") for s in steps.log)
-        assert ahead.take("B", "A") == "B->A" and ahead.take("B", "C") == "B->C"
+        assert ahead.take("B", "A") == "B->A"
+        # back and forth: what was lowered once (or dropped after it started) is not again
+        ahead.at_plan([("A", "B"), ("A", "C"), ("B", "A")])
+        assert ahead.idle(30)
+        ahead.at_plan([("B", "A"), ("B", "C")])
+        assert ahead.idle(30)
+        firsts = [s[:2] for s in steps.log if s[2] == 0]
+        assert sorted(firsts) == sorted(set(firsts)) == [("A", "B"), ("A", "C"), ("B", "A"), ("B", "C")], firsts
+        assert ahead.take("B", "C") is None  # its result went when the job left B; not lowered again
     finally:
         ahead.close()
+
+
+def test_an_interrupted_pause_leaves_the_thread_running():
+    steps = Steps()
+    steps.gate.clear()
+    ahead = Ahead(steps)
+    try:
+        ahead.at_plan([("A", "B")])
+        assert steps.running.wait(30)
+        real_wait = ahead._cv.wait
+
+        def interrupted(*args, **kwargs):
+            raise KeyboardInterrupt
+
+        ahead._cv.wait = interrupted
+        with pytest.raises(KeyboardInterrupt):
+            with ahead.paused():
+                pass
+        ahead._cv.wait = real_wait
+        steps.gate.set()
+        assert ahead.idle(30) and len(steps.log) == 3  # not left paused
+    finally:
+        ahead.close()
+
+
+FORK = """
+import os, sys, threading
+from nereus.runtime.ahead import Ahead
+gate = threading.Event()
+running = threading.Event()
+def steps(source, target):
+    running.set()
+    gate.wait(30)
+    yield source + target
+ahead = Ahead(steps)
+ahead.at_plan([("A", "B")])
+running.wait(30)
+pid = os.fork()  # while a step runs
+if pid == 0:
+    import signal
+    signal.alarm(20)
+    with ahead.paused():
+        got = ahead.take("A", "B")
+    os._exit(0 if got is None and ahead.idle(1) else 3)
+gate.set()
+_, status = os.waitpid(pid, 0)
+ahead.idle(30)
+print("ok" if status == 0 and ahead.take("A", "B") == "AB" else f"bad {status}")
+ahead.close()
+"""
+
+
+def test_a_forked_child_does_not_wait_for_the_parents_thread():
+    import os
+    import subprocess as sp
+    import sys
+
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    done = sp.run([sys.executable, "-c", FORK], capture_output=True, text=True, env=env, timeout=120)
+    assert done.stdout.strip() == "ok", (done.stdout, done.stderr[-2000:])
 
 
 def test_the_mode_comes_from_the_argument_the_environment_or_the_device(monkeypatch):
@@ -142,8 +211,11 @@ def _run(rank, world, ahead, corrupt):
     calls: list = []
     distribute._lower_own_part = _in_main_thread(calls)
     rt = Runtime(ir.parse_source(SOURCE, "parts.nir"), "A", rank=rank, world_size=world, ahead=ahead)
+    kept = None
     if ahead:
         assert rt._ahead.idle(60)
+        # A -> B and the way back are lowered; what is kept holds no parsed JSON dict
+        kept = sorted(rt._ahead._done), all(isinstance(v.value[0], PartFacts) for v in rt._ahead._done.values())
         if corrupt and rank == 1:  # what the thread lowered is no longer the part it proved
             done = rt._ahead._done[("A", "B")]
             rt._ahead._done[("A", "B")] = type(done)(done.text.replace('"rank":1', '"rank":1 '), done.value,
@@ -157,14 +229,16 @@ def _run(rank, world, ahead, corrupt):
     except ProgramError as error:
         unchanged = rt.plan == "A" and all(torch.equal(held[ms][n], t) for ms in STAGES
                                            for n, t in rt.state(ms).items())
-        return {"error": error.message, "unchanged": unchanged}
+        retry = rt.transition("B")  # lowered in the call this time
+        return {"error": error.message, "unchanged": unchanged, "retry_ahead": retry.lowered_ahead,
+                "lowered_here": calls}
     if ahead:
         assert rt._ahead.idle(60)  # B -> A lowered ahead after the commit
     back = rt.transition("A")
     # the round trip gives this rank's shards back byte for byte
     exact = all(torch.equal(t, held[ms][n]) for ms in STAGES for n, t in rt.state(ms).items())
     again = rt.transition("B")  # cached: not lowered again, not reported as lowered ahead
-    out = {"exact": exact, "lowered_here": calls, "thread": rt._ahead is not None,
+    out = {"exact": exact, "lowered_here": calls, "thread": rt._ahead is not None, "kept": kept,
            "reported": (there.lowered_ahead, back.lowered_ahead, again.lowered_ahead)}
     ref = rt._ahead
     rt.close()
@@ -183,6 +257,7 @@ def test_transitions_lowered_ahead_are_byte_exact_and_not_lowered_again():
     for out in _results(True, False):
         assert out["exact"] and out["thread"] and out["closed"], out
         assert out["lowered_here"] == [] and out["reported"] == (True, True, False), out  # from the thread
+        assert out["kept"] == ([("A", "B"), ("B", "A")], True), out
     for out in _results(False, False):  # the control: lowered in the call
         assert out["exact"] and not out["thread"] and out["lowered_here"] == [("A", "B"), ("B", "A")], out
         assert out["reported"] == (False, False, False), out
@@ -190,10 +265,38 @@ def test_transitions_lowered_ahead_are_byte_exact_and_not_lowered_again():
 
 def test_a_part_lowered_ahead_is_still_checked_against_the_proof():
     outs = _results(True, True)
-    assert all(out["unchanged"] for out in outs), outs
+    assert all(out["unchanged"] and out["retry_ahead"] is False and out["lowered_here"] == [("A", "B")]
+               for out in outs), outs
     assert "rank 1 refuses its part of the program A -> B" in outs[1]["error"], outs
     assert all("rank 1 refused its part of the program A -> B" in out["error"] for i, out in enumerate(outs)
                if i != 1), outs
+
+
+def _waits(rank, world):
+    rt = Runtime(ir.parse_source(SOURCE, "p.nir"), "A", rank=rank, world_size=world, ahead="on")
+    assert rt._ahead.idle(60)
+    running = threading.Event()
+
+    def slow(source, target):
+        running.set()
+        time.sleep(1.0)
+        yield None
+
+    rt._ahead._steps = slow
+    rt._ahead.at_plan([("A", "B"), ("X", "Y")])  # A -> B is done; a slow step of another pair runs
+    assert running.wait(30)
+    fulls = _fulls(rt)
+    for ms in STAGES:
+        rt.register(ms, rt.shard_state_dict(ms, fulls[ms]))
+    report = rt.transition("B")
+    return report.ahead_wait_s, report.wall_s, report.seconds, report.lowered_ahead
+
+
+def test_the_wait_for_the_threads_step_is_in_the_report():
+    for rank, res in enumerate(spawn(_waits, WORLD)):
+        assert res is not None and res[0] == "ok", f"rank {rank}: {res}"
+        waited, wall, seconds, taken = res[1]
+        assert 0.3 < waited <= wall and waited <= seconds and taken, res
 
 
 def _dropped(rank, world):

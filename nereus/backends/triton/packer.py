@@ -31,6 +31,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Optional, Sequence
@@ -113,6 +114,9 @@ class Packer:
         self.compiled: set = set()  # (kind, word, vec, ROWS, COLS) known compiled
         self._missing: set = set()
         self._compiling = None
+        # one compile at a time: the background compile and the runtime's lowering-ahead
+        # thread would otherwise compile the same variant twice, side by side
+        self._compile_lock = threading.Lock()
         self._missing_device = None
         self.fallback_calls = 0
 
@@ -248,6 +252,10 @@ class Packer:
 
     def _compile(self, classes: set, device: torch.device) -> None:
         """Run each (kind, word, vec, ROWS, COLS) variant once on a scratch buffer."""
+        with self._compile_lock:
+            self._compile_locked(set(classes) - self.compiled, device)
+
+    def _compile_locked(self, classes: set, device: torch.device) -> None:
         if not classes:
             return
         from .segments import Piece
@@ -317,7 +325,6 @@ class Packer:
         device = self._missing_device
         if self._compiling is None or not self._compiling.is_alive():
             import atexit
-            import threading
 
             todo = self._take_missing()
             if self._compiling is None:
