@@ -235,7 +235,7 @@ def main(argv=None) -> int:
             sync()
             cold[f"{call} {case}"] = time.perf_counter() - t0
             details[f"{call} {case}"] = {"lowered_ahead": report.lowered_ahead, "fallbacks": fallbacks() - missed,
-                                         "waited_s": waited}
+                                         "waited_s": waited, "ahead_wait_s": report.ahead_wait_s}
             if first is not None:
                 first.disable()
                 write_profile(first, args.profile_cold + ("" if call == "cold" else ".second"), args.top)
