@@ -83,8 +83,8 @@ def serve(read_fd: int, write_fd: int) -> None:
     digests, seconds, made ahead) or ("error", ticket, NereusError, made ahead), one
     request at a time;
     ("plan", name, world_size): the runtime is in plan `name` now; while no request waits,
-    the prover proves name -> every other plan of the module ahead (default options), one
-    at a time, so that a transition's proof is often done before it is asked for (a
+    the prover proves name -> every other plan of the module ahead, then every other plan
+    -> name (default options), one at a time, so that a transition's proof is often done before it is asked for (a
     request arriving meanwhile waits for the proof in progress at most).
     Ends when its input closes (the runtime's process ended or closed it)."""
     import gc
@@ -107,7 +107,10 @@ def serve(read_fd: int, write_fd: int) -> None:
             module = message[1]
         elif message[0] == "plan":
             _, name, world_size = message
-            ahead = [(name, p.name, world_size, ()) for p in module.plans if p.name != name]
+            others = [p.name for p in module.plans if p.name != name]
+            # from the plan, then the ways back to it (a job that switches back soon after
+            # finds that proof made too; answers already kept are not made again)
+            ahead = [(name, o, world_size, ()) for o in others] + [(o, name, world_size, ()) for o in others]
         else:
             _, ticket, source, target, world_size, options = message
             key = (source, target, world_size, tuple(sorted(options.items())))

@@ -17,7 +17,7 @@ digests after (nereus.runtime.distribute), so the first call costs the longer of
     prover.close()
 
 While idle, the process proves the transitions from the runtime's current plan to every
-other plan ahead (in the module's order; NEREUS_PROVE_AHEAD=0: not): a transition asked
+other plan ahead, then the ways back to it (in the module's order; NEREUS_PROVE_AHEAD=0: not): a transition asked
 for after that finds its proof made. A request waits at most for the proof in progress.
 
 Invariant: the digests come from the same proof as the inline one (nereus.backends.proof);
@@ -186,7 +186,7 @@ class Prover:
 
     def at_plan(self, plan: str, world_size: int) -> None:
         """The runtime is in `plan` now: while idle, the process proves the transitions from
-        it to every other plan ahead (NEREUS_PROVE_AHEAD=0: not)."""
+        it to every other plan ahead, then the ways back to it (NEREUS_PROVE_AHEAD=0: not)."""
         if AHEAD and self.alive:
             try:
                 self._ends.outbox.send(("plan", plan, world_size))

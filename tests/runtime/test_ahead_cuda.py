@@ -32,5 +32,5 @@ def _first_calls(ahead: str) -> dict:
 
 def test_a_first_call_lowered_ahead_runs_on_the_kernels():
     ahead, control = _first_calls("on"), _first_calls("off")
-    assert ahead["cold a-b"] == {"lowered_ahead": True, "fallbacks": 0}, ahead
+    assert ahead["cold a-b"]["lowered_ahead"] is True and ahead["cold a-b"]["fallbacks"] == 0, ahead
     assert control["cold a-b"]["lowered_ahead"] is False and control["cold a-b"]["fallbacks"] > 0, control

@@ -46,11 +46,13 @@ def test_the_transitions_from_the_current_plan_are_proven_ahead():
         prover.at_plan("B", WORLD)
         time.sleep(3.0)  # a proof of this module takes ~0.05 s
         got = prover.result(prover.request("B", "A", WORLD), 60.0)
+        back = prover.result(prover.request("A", "B", WORLD), 60.0)  # the way back to B: ahead too
         other = prover.result(prover.request("B", "A", WORLD + 1), 60.0)  # another world: not ahead
     finally:
         prover.close()
     _, digests = proof.prove(compile_transition(module, "B", "A"), module, WORLD)
     assert got[0] == "ok" and got[1] == digests and got[3] is True
+    assert back[0] == "ok" and back[3] is True
     assert other[0] == "ok" and len(other[1]) == WORLD + 1 and other[3] is False
 
 
