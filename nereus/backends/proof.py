@@ -107,10 +107,12 @@ def serve(read_fd: int, write_fd: int) -> None:
             module = message[1]
         elif message[0] == "plan":
             _, name, world_size = message
-            others = [p.name for p in module.plans if p.name != name]
-            # from the plan, then the ways back to it (a job that switches back soon after
-            # finds that proof made too; answers already kept are not made again)
-            ahead = [(name, o, world_size, ()) for o in others] + [(o, name, world_size, ()) for o in others]
+            others = [p.name for p in module.plans if p.name != name and _runs_on(module, p.name, world_size)]
+            # from the plan, then the ways back to it as far as the kept answers hold both (a
+            # job that switches back soon after finds that proof made too; answers already
+            # kept are not made again)
+            back = [(o, name, world_size, ()) for o in others][:max(0, AHEAD_KEEP - len(others))]
+            ahead = [(name, o, world_size, ()) for o in others] + back
         else:
             _, ticket, source, target, world_size, options = message
             key = (source, target, world_size, tuple(sorted(options.items())))
@@ -119,6 +121,11 @@ def serve(read_fd: int, write_fd: int) -> None:
                 outbox.send((answer[0], ticket) + answer[1:])
             except (BrokenPipeError, OSError):
                 return
+
+
+def _runs_on(module: Module, plan: str, world_size: int) -> bool:
+    """Whether every GPU of `plan` is a rank of a world of `world_size`."""
+    return all(max(p.gpus) < world_size for p in module.plan(plan).placements)
 
 
 def _answer(module: Module, key: tuple, done, ahead: bool = True) -> tuple:

@@ -13,7 +13,7 @@ deterministic and a part depends on the module and the transition alone. So it c
 before the call, while the training step keeps the GPU busy and the host mostly waits.
 
     ahead = Ahead(steps)                 # steps(source, target) -> a generator (below)
-    ahead.at_plan(plan, targets)         # the runtime is in `plan`: work on these transitions
+    ahead.at_plan(pairs)                 # work on these (source, target) pairs, in order
     with ahead.paused():                 # the main thread's own transition or prepare
         done = ahead.take(source, target)  # its lowering, or None (the caller lowers itself)
     ahead.close()
@@ -44,7 +44,7 @@ import os
 import threading
 import time
 import weakref
-from collections import deque
+from collections import OrderedDict, deque
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator, Optional
@@ -82,8 +82,8 @@ class Ahead:
         self._cv = threading.Condition()
         self._queue: deque = deque()  # (source, target) not started
         self._current = None  # (key, generator) started and not finished
-        self._done: dict = {}  # key -> what its first step gave
-        self._started: set = set()  # every key ever started: each is worked on once per runtime
+        self._done: OrderedDict = OrderedDict()  # key -> what its first step gave (oldest first)
+        self._started: set = set()  # keys started and not dropped: each is worked on once
         self._paused = 0
         self._stepping = False
         self._closed = False
@@ -95,18 +95,24 @@ class Ahead:
     # -- the main thread ------------------------------------------------------------------
 
     def at_plan(self, pairs) -> None:
-        """The work list is now `pairs` ((source, target), in order), less the ones ever
-        started; what was lowered for a pair not in `pairs` is dropped (each pair is
-        lowered at most once per runtime, so a job moving between two plans of many does
-        not lower the others again after every commit)."""
+        """The work list is now `pairs` ((source, target), in order), less the ones started
+        already: each pair is lowered once, and what was lowered for a pair no longer in
+        the list is kept for when it is again (a job moving between two plans of many does
+        not lower the others again after every commit), up to KEEP_UNWANTED of them, the
+        oldest dropped first (a dropped pair may be lowered again later)."""
         pairs = list(dict.fromkeys(pairs))
         with self._cv:
             while self._stepping:
                 self._cv.wait()
             wanted = set(pairs)
-            self._queue = deque(k for k in pairs if k not in self._started)
-            self._done = {k: v for k, v in self._done.items() if k in wanted}
+            self._queue = deque(k for k in pairs if k not in self._started and k not in self._done)
+            unwanted = [k for k in self._done if k not in wanted]
+            for key in unwanted[:max(0, len(unwanted) - KEEP_UNWANTED)]:
+                del self._done[key]
+                self._started.discard(key)
             if self._current is not None and self._current[0] not in wanted:
+                if self._current[0] not in self._done:  # not lowered yet: it may be again
+                    self._started.discard(self._current[0])
                 self._drop_current()
             self._cv.notify_all()
 
@@ -177,7 +183,7 @@ class Ahead:
         (perhaps held by the parent's thread at the fork) is a new one."""
         self._cv = threading.Condition()
         self._closed, self._stepping, self._paused = True, False, 0
-        self._current, self._queue, self._done = None, deque(), {}
+        self._current, self._queue, self._done = None, deque(), OrderedDict()
 
     # -- the thread -----------------------------------------------------------------------
 
@@ -210,8 +216,13 @@ class Ahead:
                 value = next(generator)
             except StopIteration:
                 finished = True
-            except Exception as error:  # noqa: BLE001 - the main thread does it itself, and raises
+            except BaseException as error:  # noqa: BLE001 - the main thread does it itself, and raises
                 finished, failed = True, error
+            if not isinstance(failed, (Exception, type(None))):  # SystemExit and the like: the thread ends
+                with self._cv:
+                    self._closed, self._stepping, self._current = True, False, None
+                    self._cv.notify_all()
+                return
             with self._cv:
                 self._stepping = False
                 first = self._current[1] is None
@@ -225,6 +236,9 @@ class Ahead:
 
 
 _LIVE: "weakref.WeakSet[Ahead]" = weakref.WeakSet()
+# lowered pairs kept while not in the work list (each a RankProgram of up to ~10^5 objects,
+# which every full garbage collection scans, and its replays' device tables)
+KEEP_UNWANTED = 8
 
 
 def _after_fork_in_child() -> None:

@@ -199,7 +199,11 @@ class Runtime:
         self.verify = verify
         self.verify_programs = verify_programs
         self._verify_program_s: dict = {}  # (from, to) -> seconds rank 0 took to prove it
-        self._lowered_ahead: set = set()  # (from, to) whose part the ahead thread lowered, until reported
+        self._lowered_ahead: set = set()  # (from, to) whose work list came from the ahead thread, until reported
+        # (from, to) -> (what `then` gave or the ahead thread lowered, whether from the thread):
+        # kept from the compile until the lowering uses it (compile() first, a call that
+        # failed after compiling, and a retry)
+        self._unused_lowering: dict = {}
         self.direct_min_bytes = direct_min_bytes
         self.progress = progress
         self._control = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
@@ -259,8 +263,9 @@ class Runtime:
             self._ahead = None
 
     def wait_ahead(self, timeout_s: Optional[float] = None) -> bool:
-        """Wait until the lowering-ahead thread has lowered (and, on CUDA, built the
-        replays and compiled the kernels of) every transition from the current plan, or
+        """Wait until the lowering-ahead thread has nothing left to do (it lowers, and on
+        CUDA builds the replays and compiles the kernels of, the transitions from the
+        current plan and the ways back to it that it has not lowered before), or
         `timeout_s` passed; whether it finished (True when there is no such thread)."""
         return self._ahead is None or self._ahead.idle(timeout_s)
 
@@ -504,13 +509,17 @@ class Runtime:
         digest), cached as its canonical JSON text (each call returns a fresh dict); and the
         seconds it took."""
         with self._ahead_paused():
-            text, compile_s, _, _ = self._compiled(target)
+            text, compile_s, _, lowering = self._compiled(target)
+            if lowering is not None:  # the transition's lowering will use it
+                self._unused_lowering[(self._plan, target)] = lowering
         return json.loads(text), compile_s
 
     def _compiled(self, target: str, then=None) -> tuple:
         """Collective when not cached: (this rank's part as canonical JSON text, compile
-        seconds, its untouched model-stages, what `then(text)` gave: run on every rank while
-        rank 0's prover proves, see distribute.obtain_rank_part; None when cached)."""
+        seconds, its untouched model-stages, (what `then(text)` gave, run on every rank while
+        rank 0's prover proves, see distribute.obtain_rank_part, or what the lowering-ahead
+        thread lowered; whether it came from the thread), or None when no such value waits
+        for the lowering: each is handed out once)."""
         from .distribute import obtain_rank_part
 
         key = (self._plan, target)
@@ -523,15 +532,14 @@ class Runtime:
             got = obtain_rank_part(self.module, self._plan, target, self.rank, self.world_size, self._control,
                                    self.verify_programs, prover=self._prover, then=then, timeout_s=self.timeout_s,
                                    ahead=early)
-            if early is not None:
-                self._lowered_ahead.add(key)
+            if got.then is not None:
+                self._unused_lowering[key] = (got.then, early is not None)
             self._verify_program_s[key] = got.proof_s
             self._program_bytes[key] = got.part_bytes
             # the then-value's facts (a part taken from the thread comes without its dict)
             untouched = got.then[0].untouched if got.then is not None else frozenset(got.program.get("untouched", ()))
             self._programs[key] = (got.text, got.compile_s, untouched)
-            return self._programs[key] + (got.then,)
-        return self._programs[key] + (None,)
+        return self._programs[key] + (self._unused_lowering.pop(key, None),)
 
     def prepare(self, target: str) -> dict:
         """Collective: do now everything `transition(target)` would do before moving a
@@ -685,23 +693,30 @@ class Runtime:
             # the part lowered into this rank's work list while rank 0's prover proves it
             # (unrestricted: every model-stage is live unless some rank registered fewer)
             text, compile_s, untouched, early = self._compiled(target, self._lower_part)
-            live, steps = self._live_stages(target, untouched)
+            try:
+                live, steps = self._live_stages(target, untouched)
+            except BaseException:
+                if early is not None:  # for the retry
+                    self._unused_lowering[(self._plan, target)] = early
+                raise
         if cached:
             compile_s = 0.0
         key = (self._plan, target, tuple(sorted(live)))
         if key not in self._lowered:  # a job moving back and forth restricts and lowers each program once
-            facts, lowered = early if early is not None else (None, None)
+            (facts, lowered), from_thread = early if early is not None else ((None, None), False)
             program = None
             if facts is None:
                 program = json.loads(text)
                 facts = part_facts(program, self.rank)
             if facts.model_stages - live:  # some rank registered fewer: the part restricted to the rest
                 program = restrict_program(program if program is not None else json.loads(text), live)
-                facts, lowered = part_facts(program, self.rank), None
+                facts, lowered, from_thread = part_facts(program, self.rank), None, False
             if lowered is None:
                 lowered = rank_program(program, self.rank, self.direct_min_bytes)
             self._lowered[key] = lowered
             self._lowered_figures[key] = _Lowered(facts.resident_bytes, facts.capacity_bytes, facts.offloaded)
+            if from_thread:
+                self._lowered_ahead.add((self._plan, target))
         return compile_s, self._lowered[key], key, steps
 
     def _lower_part(self, text: str) -> tuple:

@@ -17,6 +17,7 @@ import nereus.ir as ir
 from nereus.ir.diagnostics import NereusError, ProgramError
 from nereus.runtime import Runtime
 from nereus.runtime import distribute
+from nereus.runtime import ahead as ahead_module
 from nereus.runtime.ahead import Ahead, PartFacts, ahead_mode
 
 from runtime_helpers import spawn
@@ -97,7 +98,7 @@ def test_a_failed_step_gives_nothing_and_the_next_transition_runs():
         ahead.close()
 
 
-def test_a_new_plan_drops_the_old_plans_work_and_no_pair_is_lowered_twice():
+def test_a_new_plan_keeps_what_was_lowered_and_no_pair_is_lowered_twice(monkeypatch):
     steps = Steps(count=2)
     steps.gate.clear()
     ahead = Ahead(steps)
@@ -108,17 +109,25 @@ def test_a_new_plan_drops_the_old_plans_work_and_no_pair_is_lowered_twice():
         with ahead.paused():  # A -> B lowered (its first step), its second not run
             ahead.at_plan([("B", "A"), ("B", "C")])
         assert ahead.idle(30)
-        assert ahead.take("A", "B") is None and ("A", "B") in steps.closed
-        assert not any(s[:2] == ("A", "C") for s in steps.log)
+        assert ("A", "B") in steps.closed  # its later steps dropped, its lowering kept
+        assert not any(s[:2] == ("A", "C") for s in steps.log)  # never started
         assert ahead.take("B", "A") == "B->A"
-        # back and forth: what was lowered once (or dropped after it started) is not again
+        # back in A: A -> B is not lowered again (kept), A -> C is now, B -> A was taken
         ahead.at_plan([("A", "B"), ("A", "C"), ("B", "A")])
         assert ahead.idle(30)
         ahead.at_plan([("B", "A"), ("B", "C")])
         assert ahead.idle(30)
         firsts = [s[:2] for s in steps.log if s[2] == 0]
         assert sorted(firsts) == sorted(set(firsts)) == [("A", "B"), ("A", "C"), ("B", "A"), ("B", "C")], firsts
-        assert ahead.take("B", "C") is None  # its result went when the job left B; not lowered again
+        assert ahead.take("A", "B") == "A->B" and ahead.take("B", "C") == "B->C"
+        # past KEEP_UNWANTED kept pairs the oldest go, and are lowered again when wanted
+        monkeypatch.setattr(ahead_module, "KEEP_UNWANTED", 0)
+        ahead.at_plan([("C", "A")])  # A -> C (kept, unwanted now) is dropped
+        assert ahead.idle(30)
+        ahead.at_plan([("A", "C")])
+        assert ahead.idle(30)
+        assert [s[:2] for s in steps.log if s[2] == 0].count(("A", "C")) == 2
+        assert ahead.take("A", "C") == "A->C"
     finally:
         ahead.close()
 
@@ -297,6 +306,33 @@ def test_the_wait_for_the_threads_step_is_in_the_report():
         assert res is not None and res[0] == "ok", f"rank {rank}: {res}"
         waited, wall, seconds, taken = res[1]
         assert 0.3 < waited <= wall and waited <= seconds and taken, res
+
+
+def _compile_first(rank, world):
+    import nereus.runtime.runtime as runtime_module
+
+    here: list = []
+    real = runtime_module.rank_program
+
+    def counted(*args, **kwargs):
+        if threading.current_thread() is threading.main_thread():
+            here.append(1)
+        return real(*args, **kwargs)
+
+    runtime_module.rank_program = counted
+    rt = Runtime(ir.parse_source(SOURCE, "p.nir"), "A", rank=rank, world_size=world, ahead="on")
+    assert rt._ahead.idle(60)
+    part, _ = rt.compile("B")  # the compile takes the thread's part; the transition its work list
+    fulls = _fulls(rt)
+    for ms in STAGES:
+        rt.register(ms, rt.shard_state_dict(ms, fulls[ms]))
+    report = rt.transition("B")
+    return part["rank"], report.lowered_ahead, len(here)
+
+
+def test_a_compile_before_the_transition_leaves_the_threads_work_list_to_it():
+    for rank, res in enumerate(spawn(_compile_first, WORLD)):
+        assert res == ("ok", (rank, True, 0)), f"rank {rank}: {res}"
 
 
 def _dropped(rank, world):

@@ -137,3 +137,92 @@ def test_a_call_that_cannot_launch_yet_runs_the_callers_torch_path():
     packer.wait_compiled()  # compiled now: the kernels run, the fallbacks are not called
     packer.pack_into(views, offsets, total, fallback_pack=pack)
     assert calls == ["pack", "unpack"]
+
+
+def test_a_compile_waits_for_one_variant_of_another_threads_batch_not_the_batch(monkeypatch):
+    import threading
+    import time
+
+    from nereus.backends.triton import packer as packer_module
+
+    packer = Packer(backend="triton")
+    classes = sorted(packer.launch_classes(_calls("meta")))
+    assert len(classes) >= 4
+    real = packer_module.build_launches
+
+    def slow(*args, **kwargs):  # each variant's compile takes 0.3 s
+        time.sleep(0.3)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(packer_module, "build_launches", slow)
+    batch = threading.Thread(target=packer._compile, args=(set(classes[1:]), torch.device("cpu")))
+    batch.start()
+    deadline = time.perf_counter() + 30
+    while not packer._compile_turns.held() and time.perf_counter() < deadline:
+        time.sleep(0.005)  # until the batch holds the lock for its first variant
+    started = time.perf_counter()
+    packer._compile({classes[0]}, torch.device("cpu"))
+    waited = time.perf_counter() - started
+    batch.join()
+    assert classes[0] in packer.compiled and set(classes) <= packer.compiled
+    assert waited < 0.3 * (len(classes) - 1) - 0.3, (waited, len(classes))  # not the whole batch
+
+
+def test_threads_making_the_first_anchor_at_once_get_the_same_one(monkeypatch):
+    import threading
+
+    from nereus.backends.triton import kernels
+
+    monkeypatch.setattr(kernels, "_ANCHORS", {})
+    real_empty = torch.empty
+    barrier = threading.Barrier(4)
+
+    def empty(*args, **kwargs):  # every thread has missed the anchor before any makes it
+        barrier.wait(5)
+        return real_empty(*args, **kwargs)
+
+    monkeypatch.setattr(kernels.torch, "empty", empty)
+    got = [None] * 4
+
+    def make(i):
+        got[i] = kernels.anchor(torch.device("cpu"))
+
+    threads = [threading.Thread(target=make, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({a.data_ptr() for a in got}) == 1 and got[0] is kernels._ANCHORS[torch.device("cpu")]
+
+
+def test_compile_turns_are_first_come_first_served_and_a_turn_given_up_blocks_no_one():
+    import threading
+    import time
+
+    from nereus.backends.triton.packer import _Turns
+
+    turns, order = _Turns(), []
+
+    def waiter(name):
+        with turns:
+            order.append(name)
+
+    def queued(n):
+        deadline = time.perf_counter() + 10
+        while turns._next < n and time.perf_counter() < deadline:
+            time.sleep(0.005)
+
+    turns.__enter__()  # this thread holds the lock
+    first = threading.Thread(target=waiter, args=("a",))
+    first.start()
+    queued(2)
+    with turns._cv:  # a waiter interrupted while waiting gives its turn up
+        turns._given_up.add(turns._next)
+        turns._next += 1
+    second = threading.Thread(target=waiter, args=("b",))
+    second.start()
+    queued(4)
+    turns.__exit__(None, None, None)
+    first.join(10)
+    second.join(10)
+    assert order == ["a", "b"] and not turns.held()

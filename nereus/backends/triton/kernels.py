@@ -48,11 +48,15 @@ def anchor(device: torch.device) -> torch.Tensor:
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    if device not in _ANCHORS:
+    found = _ANCHORS.get(device)
+    if found is None:
         block = torch.empty(32, dtype=torch.uint8, device=device)
         skip = -block.data_ptr() % 16
-        _ANCHORS[device] = block[skip: skip + 16]
-    return _ANCHORS[device]
+        # setdefault: two threads making the first anchor at once (the background compile,
+        # the lowering-ahead thread, a transition) get the same one, or one of them would
+        # address its pieces from an anchor that the other replaced
+        found = _ANCHORS.setdefault(device, block[skip: skip + 16])
+    return found
 
 
 @triton.jit

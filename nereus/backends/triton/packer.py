@@ -87,6 +87,49 @@ class _Plan:
         return sum(x.segments.numel() * 8 + x.tiles.numel() * 4 for x in self.launches)
 
 
+
+class _Turns:
+    """A lock handed out first come, first served (a ticket lock): a thread that releases
+    it and asks again queues behind the threads already waiting. A waiter interrupted
+    while waiting gives its turn up."""
+
+    def __init__(self):
+        self._cv = threading.Condition()
+        self._next = 0  # the next ticket to hand out
+        self._serving = 0  # the ticket whose turn it is
+        self._given_up: set = set()
+
+    def __enter__(self):
+        with self._cv:
+            ticket = self._next
+            self._next += 1
+            try:
+                while self._serving != ticket:
+                    self._cv.wait()
+            except BaseException:
+                self._given_up.add(ticket)
+                self._skip()
+                raise
+
+    def __exit__(self, *exc):
+        with self._cv:
+            self._serving += 1
+            self._skip()
+        return False
+
+    def held(self) -> bool:
+        """Whether some thread holds the lock now (tests)."""
+        with self._cv:
+            return self._serving < self._next and self._serving not in self._given_up
+
+    def _skip(self) -> None:
+        """(Holding the condition.) Pass over the turns given up; wake the waiters."""
+        while self._serving in self._given_up:
+            self._given_up.discard(self._serving)
+            self._serving += 1
+        self._cv.notify_all()
+
+
 class Packer:
     """Packs segments into byte buffers and back, with one backend chosen up front.
 
@@ -114,9 +157,11 @@ class Packer:
         self.compiled: set = set()  # (kind, word, vec, ROWS, COLS) known compiled
         self._missing: set = set()
         self._compiling = None
-        # one compile at a time: the background compile and the runtime's lowering-ahead
-        # thread would otherwise compile the same variant twice, side by side
-        self._compile_lock = threading.Lock()
+        # one variant compiles at a time, in the order asked for: the background compile and
+        # the runtime's lowering-ahead thread would otherwise compile the same variant side
+        # by side, and with a plain lock a thread compiling a batch could take it again
+        # before a waiting thread wakes (a transition would then wait for the whole batch)
+        self._compile_turns = _Turns()
         self._missing_device = None
         self.fallback_calls = 0
 
@@ -251,12 +296,10 @@ class Packer:
             self._compile(set(classes) - self.compiled, torch.device(device))
 
     def _compile(self, classes: set, device: torch.device) -> None:
-        """Run each (kind, word, vec, ROWS, COLS) variant once on a scratch buffer."""
-        with self._compile_lock:
-            self._compile_locked(set(classes) - self.compiled, device)
-
-    def _compile_locked(self, classes: set, device: torch.device) -> None:
-        if not classes:
+        """Run each (kind, word, vec, ROWS, COLS) variant once on a scratch buffer, one
+        variant at a time under the compile lock (a thread waiting for it waits for one
+        variant, not for another thread's whole batch)."""
+        if not set(classes) - self.compiled:
             return
         from .segments import Piece
 
@@ -266,16 +309,20 @@ class Packer:
         data, buffer = scratch.data_ptr(), scratch[512:].data_ptr()
         bases = torch.tensor([buffer - base], dtype=torch.int64).to(device)
         views = torch.tensor([data - base], dtype=torch.int64).to(device)
-        for kind, word, vec, rows, cols in sorted(classes):
-            inner = 64 // word  # 64 bytes: every word size and alignment hint holds
-            piece = Piece(word, vec, 0, 0, 1, inner, inner, inner, 0, 0)  # both sides relative
-            rel = "dst" if kind == "pack" else "src"
-            for launch in build_launches([piece], 0, rel, (rows, cols), vec):
-                kernels.run_launch(launch.to(device), kernels.REL_DST if kind == "pack" else kernels.REL_SRC, bases,
-                                   views)
-        if device.type == "cuda":
-            torch.cuda.current_stream(device).synchronize()
-        self.compiled |= classes
+        for variant in sorted(classes):
+            with self._compile_turns:
+                if variant in self.compiled:  # compiled by another thread meanwhile
+                    continue
+                kind, word, vec, rows, cols = variant
+                inner = 64 // word  # 64 bytes: every word size and alignment hint holds
+                piece = Piece(word, vec, 0, 0, 1, inner, inner, inner, 0, 0)  # both sides relative
+                rel = "dst" if kind == "pack" else "src"
+                for launch in build_launches([piece], 0, rel, (rows, cols), vec):
+                    kernels.run_launch(launch.to(device), kernels.REL_DST if kind == "pack" else kernels.REL_SRC,
+                                       bases, views)
+                if device.type == "cuda":
+                    torch.cuda.current_stream(device).synchronize()
+                self.compiled.add(variant)
 
     def _compile_quietly(self, classes: set, device: torch.device) -> None:
         """The background compile: on the data's device (a new thread starts on device
