@@ -9,7 +9,6 @@ import signal
 import time
 
 import pytest
-import torch
 
 import nereus.ir as ir
 from nereus.backends import proof
@@ -19,7 +18,7 @@ from nereus.runtime import Runtime
 from nereus.runtime.prover import Prover, prover_mode
 
 from runtime_helpers import spawn
-from test_rank_parts import SOURCE, STAGES, WORLD, _to_b
+from test_rank_parts import SOURCE, WORLD, _exact, _to_b
 
 # plan B on other GPUs: the program A -> B of this module is not the one of SOURCE
 OTHER = SOURCE.replace("plan B { actor.generation dp 1 tp 2 on 1, 2", "plan B { actor.generation dp 1 tp 2 on 0, 2")
@@ -101,12 +100,12 @@ def _run(rank, world, child_source, kill):
     fulls, report = _to_b(rt, NereusError)
     if isinstance(report, dict):
         return report
-    exact_b = all(torch.equal(rt.gather_state_dict(ms)[n], fulls[ms][n]) for ms in STAGES for n in fulls[ms])
+    exact_b = _exact(rt, fulls)
     proved_aside = rank > 0 or rt._prover.alive
     if rank == 0 and kill:  # the way back is proven inline
         rt._prover._ends.process.kill()
     back = rt.transition("A")
-    exact_a = all(torch.equal(rt.gather_state_dict(ms)[n], fulls[ms][n]) for ms in STAGES for n in fulls[ms])
+    exact_a = _exact(rt, fulls)
     return {"exact": exact_b and exact_a, "proofs_s": (report.verify_program_s, back.verify_program_s),
             "aside": proved_aside, "gone": rank > 0 or not rt._prover.alive}
 
