@@ -1,6 +1,7 @@
 """Lowering ahead: while the job trains, a thread of each rank lowers that rank's parts of
-the transitions from the current plan, builds their execution plans and replays and
-compiles their pack kernels, so a first `transition()` finds them done.
+the transitions from the current plan and of the ways back to it (the runtime gives it
+the pairs), builds their execution plans and replays and compiles their pack kernels, so
+a first `transition()` finds them done.
 
 Why: a first transition's own host work is what `Runtime.prepare` takes out of the call,
 but a user who did not prepare paid it inside the call. On one H200, a cold 6-layer
