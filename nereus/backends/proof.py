@@ -84,8 +84,9 @@ def serve(read_fd: int, write_fd: int) -> None:
     request at a time;
     ("plan", name, world_size): the runtime is in plan `name` now; while no request waits,
     the prover proves name -> every other plan of the module ahead, then every other plan
-    -> name (default options), one at a time, so that a transition's proof is often done before it is asked for (a
-    request arriving meanwhile waits for the proof in progress at most).
+    -> name (default options), one at a time, so that a transition's proof is often done
+    before it is asked for (a request arriving meanwhile waits for the proof in progress at
+    most).
     Ends when its input closes (the runtime's process ended or closed it)."""
     import gc
     from collections import OrderedDict
@@ -107,7 +108,7 @@ def serve(read_fd: int, write_fd: int) -> None:
             module = message[1]
         elif message[0] == "plan":
             _, name, world_size = message
-            others = [p.name for p in module.plans if p.name != name and _runs_on(module, p.name, world_size)]
+            others = [p.name for p in module.plans if p.name != name and runs_on(module, p.name, world_size)]
             # from the plan, then the ways back to it as far as the kept answers hold both (a
             # job that switches back soon after finds that proof made too; answers already
             # kept are not made again)
@@ -123,7 +124,7 @@ def serve(read_fd: int, write_fd: int) -> None:
                 return
 
 
-def _runs_on(module: Module, plan: str, world_size: int) -> bool:
+def runs_on(module: Module, plan: str, world_size: int) -> bool:
     """Whether every GPU of `plan` is a rank of a world of `world_size`."""
     return all(max(p.gpus) < world_size for p in module.plan(plan).placements)
 

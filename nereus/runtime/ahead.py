@@ -103,10 +103,9 @@ class Ahead:
         oldest dropped first (a dropped pair may be lowered again later)."""
         pairs = list(dict.fromkeys(pairs))
         with self._cv:
-            while self._stepping:
-                self._cv.wait()
+            self._cv.wait_for(lambda: not self._stepping)
             wanted = set(pairs)
-            self._queue = deque(k for k in pairs if k not in self._started and k not in self._done)
+            self._queue = deque(k for k in pairs if k not in self._started)  # (what is done was started)
             unwanted = [k for k in self._done if k not in wanted]
             for key in unwanted[:max(0, len(unwanted) - KEEP_UNWANTED)]:
                 del self._done[key]
@@ -141,8 +140,7 @@ class Ahead:
         failed); the pair leaves the work list either way. Call inside `paused()`."""
         key = (source, target)
         with self._cv:
-            while self._stepping:  # outside paused(): the step in progress ends first
-                self._cv.wait()
+            self._cv.wait_for(lambda: not self._stepping)  # outside paused(): the step in progress ends first
             self._started.add(key)
             if self._current is not None and self._current[0] == key:
                 self._drop_current()

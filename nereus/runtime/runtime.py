@@ -89,16 +89,17 @@ import torch.distributed as dist
 from nereus.models import OPTIMIZER_DTYPE, OPTIMIZER_STATES, optimizer_name, tensor_table
 from nereus.ir.diagnostics import NereusError, SemanticError
 from nereus.ir.model import ModelStage, Module
+from nereus.backends.proof import runs_on
 from nereus.passes.layout import unit_id
 
 from . import offload, packing, replay
+from .ahead import Ahead, ahead_mode, lower_part, part_facts, steps as ahead_steps
 from .boxes import as_box, shard_shape
 from .control import Stale, agree, collectives, gather_flagged
 from .executor import TORCH_DTYPES, execute
 from .gc_pause import paused
 from .parking import ROLLBACK_MODES, default_rollback
 from .program import DIRECT_MIN_BYTES, rank_program, restrict_program, unit_of_stage
-from .ahead import Ahead, ahead_mode, lower_part, part_facts, steps as ahead_steps
 from .prover import Prover, prover_mode
 from .state import assemble, shard_unit, step_name, unit_on_gpu
 
@@ -142,13 +143,6 @@ class TransitionReport:
 
     def to_json(self) -> dict:
         return asdict(self)
-
-
-def _take(keys: set, key) -> bool:
-    """Whether `key` was in `keys`; it is not any more."""
-    present = key in keys
-    keys.discard(key)
-    return present
 
 
 class Runtime:
@@ -199,7 +193,7 @@ class Runtime:
         self.verify = verify
         self.verify_programs = verify_programs
         self._verify_program_s: dict = {}  # (from, to) -> seconds rank 0 took to prove it
-        self._lowered_ahead: set = set()  # (from, to) whose work list came from the ahead thread, until reported
+        self._lowered_ahead: dict = {}  # (from, to) -> True: its work list came from the ahead thread, until reported
         # (from, to) -> (what `then` gave or the ahead thread lowered, whether from the thread):
         # kept from the compile until the lowering uses it (compile() first, a call that
         # failed after compiling, and a retry)
@@ -275,12 +269,10 @@ class Runtime:
         one lowered too), each not compiled yet and on plans this world can run."""
         if self._ahead is None:
             return
-        others = [p.name for p in self.module.plans if p.name != self._plan and self._runs_on_world(p.name)]
+        others = [p.name for p in self.module.plans if p.name != self._plan and runs_on(self.module, p.name,
+                                                                                         self.world_size)]
         pairs = [(self._plan, p) for p in others] + [(p, self._plan) for p in others]
         self._ahead.at_plan([k for k in pairs if k not in self._programs])
-
-    def _runs_on_world(self, plan: str) -> bool:
-        return all(max(p.gpus) < self.world_size for p in self.module.plan(plan).placements)
 
     def _ahead_paused(self):
         """No lowering-ahead step runs beside the block (one GIL, shared caches)."""
@@ -638,7 +630,7 @@ class Runtime:
             pack_backend=packing.backend_for(self.device),
             program_bytes=self._program_bytes.get((prog.source, target), 0),
             verify_program_s=self._verify_program_s.pop((prog.source, target), 0.0 if self.verify_programs else None),
-            offload_bytes=result.offload_bytes, lowered_ahead=_take(self._lowered_ahead, (prog.source, target)),
+            offload_bytes=result.offload_bytes, lowered_ahead=self._lowered_ahead.pop((prog.source, target), False),
             ahead_wait_s=ahead_wait_s)
 
     def _execute(self, prog, key: tuple, verify: bool, fault, round_hook, started: float, agreement=None):
@@ -716,7 +708,7 @@ class Runtime:
             self._lowered[key] = lowered
             self._lowered_figures[key] = _Lowered(facts.resident_bytes, facts.capacity_bytes, facts.offloaded)
             if from_thread:
-                self._lowered_ahead.add((self._plan, target))
+                self._lowered_ahead[(self._plan, target)] = True
         return compile_s, self._lowered[key], key, steps
 
     def _lower_part(self, text: str) -> tuple:

@@ -20,7 +20,7 @@ from nereus.runtime import distribute
 from nereus.runtime import ahead as ahead_module
 from nereus.runtime.ahead import Ahead, PartFacts, ahead_mode
 
-from runtime_helpers import spawn
+from runtime_helpers import spawn_ok
 from test_rank_parts import SOURCE, STAGES, WORLD, _fulls
 
 
@@ -255,25 +255,18 @@ def _run(rank, world, ahead, corrupt):
     return out
 
 
-def _results(*args) -> list:
-    results = spawn(_run, WORLD, *args)
-    for rank, res in enumerate(results):
-        assert res is not None and res[0] == "ok", f"rank {rank}: {res}"
-    return [res[1] for res in results]
-
-
 def test_transitions_lowered_ahead_are_byte_exact_and_not_lowered_again():
-    for out in _results(True, False):
+    for out in spawn_ok(_run, WORLD, True, False):
         assert out["exact"] and out["thread"] and out["closed"], out
         assert out["lowered_here"] == [] and out["reported"] == (True, True, False), out  # from the thread
         assert out["kept"] == ([("A", "B"), ("B", "A")], True), out
-    for out in _results(False, False):  # the control: lowered in the call
+    for out in spawn_ok(_run, WORLD, False, False):  # the control: lowered in the call
         assert out["exact"] and not out["thread"] and out["lowered_here"] == [("A", "B"), ("B", "A")], out
         assert out["reported"] == (False, False, False), out
 
 
 def test_a_part_lowered_ahead_is_still_checked_against_the_proof():
-    outs = _results(True, True)
+    outs = spawn_ok(_run, WORLD, True, True)
     assert all(out["unchanged"] and out["retry_ahead"] is False and out["lowered_here"] == [("A", "B")]
                for out in outs), outs
     assert "rank 1 refuses its part of the program A -> B" in outs[1]["error"], outs
@@ -302,10 +295,8 @@ def _waits(rank, world):
 
 
 def test_the_wait_for_the_threads_step_is_in_the_report():
-    for rank, res in enumerate(spawn(_waits, WORLD)):
-        assert res is not None and res[0] == "ok", f"rank {rank}: {res}"
-        waited, wall, seconds, taken = res[1]
-        assert 0.3 < waited <= wall and waited <= seconds and taken, res
+    for waited, wall, seconds, taken in spawn_ok(_waits, WORLD):
+        assert 0.3 < waited <= wall and waited <= seconds and taken, (waited, wall, seconds, taken)
 
 
 def _compile_first(rank, world):
@@ -331,8 +322,7 @@ def _compile_first(rank, world):
 
 
 def test_a_compile_before_the_transition_leaves_the_threads_work_list_to_it():
-    for rank, res in enumerate(spawn(_compile_first, WORLD)):
-        assert res == ("ok", (rank, True, 0)), f"rank {rank}: {res}"
+    assert spawn_ok(_compile_first, WORLD) == [(rank, True, 0) for rank in range(WORLD)]
 
 
 def _dropped(rank, world):
@@ -345,5 +335,4 @@ def _dropped(rank, world):
 
 
 def test_a_dropped_runtime_ends_its_thread():
-    results = spawn(_dropped, WORLD)
-    assert all(res == ("ok", False) for res in results), results
+    assert spawn_ok(_dropped, WORLD) == [False] * WORLD

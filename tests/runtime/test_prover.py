@@ -17,7 +17,7 @@ from nereus.passes import compile_transition
 from nereus.runtime import Runtime
 from nereus.runtime.prover import Prover, prover_mode
 
-from runtime_helpers import spawn
+from runtime_helpers import spawn, spawn_ok
 from test_rank_parts import SOURCE, WORLD, _exact, _to_b
 
 # plan B on other GPUs: the program A -> B of this module is not the one of SOURCE
@@ -110,21 +110,14 @@ def _run(rank, world, child_source, kill):
             "aside": proved_aside, "gone": rank > 0 or not rt._prover.alive}
 
 
-def _results(*args) -> list:
-    results = spawn(_run, WORLD, *args)
-    for rank, res in enumerate(results):
-        assert res is not None and res[0] == "ok", f"rank {rank}: {res}"
-    return [res[1] for res in results]
-
-
 def test_transitions_proven_by_the_process_or_inline_once_it_is_gone_are_byte_exact():
-    for out in _results(None, True):
+    for out in spawn_ok(_run, WORLD, None, True):
         assert out["exact"] and out["aside"] and out["gone"] and min(out["proofs_s"]) > 0
 
 
 def test_a_part_the_process_did_not_prove_is_refused_on_every_rank():
     # the prover's A -> B is another program: every rank's digest differs from its verdict
-    for rank, out in enumerate(_results(OTHER, False)):
+    for rank, out in enumerate(spawn_ok(_run, WORLD, OTHER, False)):
         assert out["unchanged"], out
         assert f"rank {rank} refuses its part of the program A -> B" in out["error"] or \
             "refused its part of the program A -> B" in out["error"], out
@@ -132,7 +125,7 @@ def test_a_part_the_process_did_not_prove_is_refused_on_every_rank():
 
 def test_the_processs_error_is_every_ranks_error():
     broken = SOURCE.replace("plan B {", "plan C {")  # the prover knows no plan B
-    outs = _results(broken, False)
+    outs = spawn_ok(_run, WORLD, broken, False)
     assert all(out["unchanged"] and out["error"] == "no plan named 'B'" for out in outs), outs
 
 
@@ -211,10 +204,8 @@ def _compile_with_a_stopped_prover(rank, world):
 
 def test_a_stopped_prover_is_given_up_in_time_for_every_rank():
     # rank 0 waits half of timeout_s, then proves inline; the others wait timeout_s
-    results = spawn(_compile_with_a_stopped_prover, WORLD)
-    for rank, res in enumerate(results):
-        assert res is not None and res[0] == "ok", f"rank {rank}: {res}"
-        assert res[1][0] == rank and res[1][1] < 6.0 and res[1][2]
+    for rank, (part_rank, seconds, given_up) in enumerate(spawn_ok(_compile_with_a_stopped_prover, WORLD)):
+        assert part_rank == rank and seconds < 6.0 and given_up
 
 
 FORK = """
