@@ -235,7 +235,6 @@ class Ahead:
 
 
 _LIVE: "weakref.WeakSet[Ahead]" = weakref.WeakSet()
-CHILD_POLL_S = 0.05  # one step's wait for a compile child
 # lowered pairs kept while not in the work list (each a RankProgram of up to ~10^5 objects,
 # which every full garbage collection scans, and its replays' device tables)
 KEEP_UNWANTED = 8
@@ -298,10 +297,8 @@ def steps(module, rank: int, device, direct_min_bytes: int, keep_compiled: bool,
     """The work of one transition, a step per yield: lower this rank's part (yields a
     Lowered); on CUDA, build its replays (the execution plan's, as Runtime.prepare does)
     and compile each of its kernel variants, one per step, on a stream of the thread's
-    own (a step never waits for the training's queued work); the compiles run in a child
-    process where they can (`compile_child`), and each step then waits for it at most
-    CHILD_POLL_S. What the runtime's own transition would otherwise do in its first and
-    second calls. `device`: an indexed
+    own (a step never waits for the training's queued work). What the runtime's own
+    transition would otherwise do in its first and second calls. `device`: an indexed
     device (this thread's current device is GPU 0 whatever the main thread's is)."""
     from nereus.backends.rank_json import canonical_json
 
@@ -328,12 +325,8 @@ def steps(module, rank: int, device, direct_min_bytes: int, keep_compiled: bool,
     del facts, lowered, value
     yield None
     packer = packing.kernels().default_packer()
-    missing = sorted((streamed | replayed) - packer.compiled)
-    batch = packer.compile_elsewhere(missing, device)  # Triton's compiler in a child, off this GIL
-    while batch is not None and not batch.wait(CHILD_POLL_S):
-        yield None  # a pause waits at most CHILD_POLL_S for this step, not for the child
-    for variant in missing:
-        if variant not in packer.compiled:  # loaded from the child's compile, else compiled here
+    for variant in sorted(streamed | replayed):
+        if variant not in packer.compiled:
             with torch.cuda.device(device), torch.cuda.stream(stream):
                 packer.compile({variant}, device)
             yield None

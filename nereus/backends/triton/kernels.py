@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .tables import NCOLS, Launch, num_warps
+from .tables import NCOLS, Launch
 
 REL_NONE, REL_DST, REL_SRC = 0, 1, 2  # which side holds buffer offsets (pack: dst, unpack: src)
 WORD_DTYPES = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
@@ -110,27 +110,7 @@ def run_launch(launch: Launch, rel: int, bases: Optional[torch.Tensor], views: O
     bases = launch.segments if bases is None else bases  # unused by the kernel when rel == REL_NONE
     views = launch.segments if views is None else views
     word_anchor = anchor(launch.segments.device).view(WORD_DTYPES[launch.word])
-    return move_tiles_kernel[(n_tiles,)](launch.tiles, launch.segments, bases, views, word_anchor,
-                                         **_constants(rel, launch.word, launch.vec, launch.rows, launch.cols))
-
-
-def _constants(rel: int, word: int, vec: int, rows: int, cols: int) -> dict:
-    """The kernel's constexprs and launch options: with the argument dtypes, what names a
-    compiled variant (so `run_launch` and `compile_only` must pass the same)."""
-    return dict(NC=NCOLS, REL=rel, WORD=word, VEC=vec, ROWS=rows, COLS=cols, num_warps=num_warps(rows, cols))
-
-
-def variant_rel(kind: str) -> int:
-    """The REL_* a pack or unpack variant runs with."""
-    return REL_DST if kind == "pack" else REL_SRC
-
-
-def compile_only(variant: tuple) -> None:
-    """Compile the (kind, word, vec, ROWS, COLS) variant into Triton's caches without
-    launching it: arguments are given as dtypes (Triton's `warmup`). Every pointer a real
-    launch passes is 16-byte aligned (caching-allocator tables, the anchor), as a dtype's
-    stand-in is, so the compiled kernel is the one `run_launch` asks for (a child process
-    compiles for the parent this way: `compile_child`)."""
-    kind, word, vec, rows, cols = variant
-    move_tiles_kernel.warmup(torch.int32, torch.int64, torch.int64, torch.int64, WORD_DTYPES[word], grid=(1,),
-                             **_constants(variant_rel(kind), word, vec, rows, cols))
+    return move_tiles_kernel[(n_tiles,)](
+        launch.tiles, launch.segments, bases, views, word_anchor, NC=NCOLS, REL=rel, WORD=launch.word,
+        VEC=launch.vec, ROWS=launch.rows, COLS=launch.cols, num_warps=launch.num_warps,
+    )

@@ -38,7 +38,7 @@ from typing import Any, Hashable, Optional, Sequence
 
 import torch
 
-from . import compile_child, fallback
+from . import fallback
 from .mapped import mapped
 from .segments import ALIGN, as_view, copy_pieces, layout, view_pieces
 from .tables import build_launches, launch_classes, upload
@@ -164,7 +164,6 @@ class Packer:
         self._compile_turns = _Turns()
         self._missing_device = None
         self.fallback_calls = 0
-        compile_child.mode()  # a wrong NEREUS_PACK_COMPILE fails here, not in a background thread
 
     # -- backend choice ------------------------------------------------------------
     def backend_for(self, device: torch.device) -> str:
@@ -296,30 +295,12 @@ class Packer:
         if self.backend_for(torch.device(device)) == "triton":
             self._compile(set(classes) - self.compiled, torch.device(device))
 
-    def compile_elsewhere(self, classes, device: torch.device):
-        """Start compiling the variants of `classes` not compiled yet in a child process
-        (`compile_child`; Triton's compiler then holds the child's GIL, not this
-        process's): the children's Batch to wait for before `compile`, or None (off, not
-        CUDA, not Triton, nothing missing)."""
-        device = torch.device(device)
-        missing = set(classes) - self.compiled
-        if not missing or self.backend_for(device) != "triton":
-            return None
-        return compile_child.start(missing, device)
-
-    def _compile(self, classes: set, device: torch.device, elsewhere: bool = False) -> None:
+    def _compile(self, classes: set, device: torch.device) -> None:
         """Run each (kind, word, vec, ROWS, COLS) variant once on a scratch buffer, one
         variant at a time under the compile lock (a thread waiting for it waits for one
-        variant, not for another thread's whole batch). Variants a compile child is
-        compiling are waited for first (then loaded from Triton's cache, not compiled
-        again); `elsewhere` (background compiles) starts a child for the others too."""
-        missing = set(classes) - self.compiled
-        if not missing:
+        variant, not for another thread's whole batch)."""
+        if not set(classes) - self.compiled:
             return
-        if device.type == "cuda":
-            batch = compile_child.start(missing, device, new=elsewhere)
-            if batch is not None:
-                batch.wait()
         from .segments import Piece
 
         kernels = _kernels()
@@ -337,7 +318,8 @@ class Packer:
                 piece = Piece(word, vec, 0, 0, 1, inner, inner, inner, 0, 0)  # both sides relative
                 rel = "dst" if kind == "pack" else "src"
                 for launch in build_launches([piece], 0, rel, (rows, cols), vec):
-                    kernels.run_launch(launch.to(device), kernels.variant_rel(kind), bases, views)
+                    kernels.run_launch(launch.to(device), kernels.REL_DST if kind == "pack" else kernels.REL_SRC,
+                                       bases, views)
                 if device.type == "cuda":
                     torch.cuda.current_stream(device).synchronize()
                 self.compiled.add(variant)
@@ -348,9 +330,9 @@ class Packer:
         try:
             if device.type == "cuda":
                 with torch.cuda.device(device):
-                    self._compile(classes, device, elsewhere=True)
+                    self._compile(classes, device)
             else:
-                self._compile(classes, device, elsewhere=True)
+                self._compile(classes, device)
         except Exception as error:  # noqa: BLE001 - the torch path still works
             log.warning("background compile of pack kernels failed: %s", error)
 

@@ -60,16 +60,11 @@ class Launch:
 
     @property
     def num_warps(self) -> int:
-        return num_warps(self.rows, self.cols)
+        return 4 if self.rows * self.cols <= 2048 else 8
 
     def to(self, device: torch.device) -> "Launch":
         return Launch(self.word, self.vec, self.rows, self.cols, upload(self.segments, device),
                       upload(self.tiles, device), self.moved_bytes)
-
-
-def num_warps(rows: int, cols: int) -> int:
-    """Warps of a launch of ROWS x COLS tiles (part of a compiled variant's identity)."""
-    return 4 if rows * cols <= 2048 else 8
 
 
 def upload(table: torch.Tensor, device) -> torch.Tensor:
