@@ -19,13 +19,14 @@ before the call, while the training step keeps the GPU busy and the host mostly 
         done = ahead.take(source, target)  # its lowering, or None (the caller lowers itself)
     ahead.close()
 
-`steps(source, target)` is a generator run one step at a time in the thread: its first
-yield gives the lowering (whatever the caller takes back), each later yield ends one more
-step (building replays, compiling one kernel variant). `paused()` waits for the step in
+`steps(source, target)` is a generator run one step at a time in the thread: it may
+first yield WAITING (a short wait for the lowering process, nereus.runtime.lowerer), then
+its first other yield gives the lowering (whatever the caller takes back), and each later
+yield ends one more step (building replays, compiling one kernel variant). `paused()` waits for the step in
 progress, if any, and holds later steps until the block ends: the main thread's
 transition never runs beside a step (the two would share one GIL, and a step's caches
-beside the call's). `take` hands over a finished lowering and drops the transition from
-the work list.
+beside the call's). `take` hands over a finished lowering (one the lowering process is still at is waited
+for, in the caller) and drops the transition from the work list.
 
 Invariant: nothing here is trusted. The lowered part still has its digest compared with
 the proven program's on every rank (nereus.runtime.distribute); a step that fails only
@@ -54,12 +55,13 @@ import torch
 
 from nereus.ir.diagnostics import NereusError
 
-from . import offload, packing, streams
+from . import execution_plan, offload, packing, streams
 from .execution_plan import plan_for
 from .program import program_model_stages, rank_program
 
 log = logging.getLogger("nereus.ahead")
 MODES = ("auto", "on", "off")
+WAITING = "waiting"  # what a step yields while its lowering is not in yet (see the module docstring)
 
 
 def ahead_mode(requested, device_type: str) -> bool:
@@ -82,7 +84,7 @@ class Ahead:
         self._steps = steps
         self._cv = threading.Condition()
         self._queue: deque = deque()  # (source, target) not started
-        self._current = None  # (key, generator) started and not finished
+        self._current = None  # (key, generator, whether its lowering is in) started and not finished
         self._done: OrderedDict = OrderedDict()  # key -> what its first step gave (oldest first)
         self._started: set = set()  # keys started and not dropped: each is worked on once
         self._paused = 0
@@ -143,6 +145,17 @@ class Ahead:
             self._cv.wait_for(lambda: not self._stepping)  # outside paused(): the step in progress ends first
             self._started.add(key)
             if self._current is not None and self._current[0] == key:
+                _, generator, lowered = self._current
+                if generator is not None and not lowered:  # the lowering process is at it: wait for it here
+                    self._stepping = True
+                    self._cv.release()
+                    try:
+                        value = _first_value(generator)
+                    finally:
+                        self._cv.acquire()
+                        self._stepping = False
+                    if value is not None:
+                        self._done[key] = value
                 self._drop_current()
             try:
                 self._queue.remove(key)
@@ -188,7 +201,7 @@ class Ahead:
 
     def _drop_current(self) -> None:
         """(Holding the lock, no step running.) Close the started generator."""
-        _, generator = self._current
+        _, generator, _ = self._current
         self._current = None
         try:
             if generator is not None:
@@ -205,8 +218,8 @@ class Ahead:
                 if self._current is None:
                     key = self._queue.popleft()
                     self._started.add(key)
-                    self._current = (key, None)
-                key, generator = self._current
+                    self._current = (key, None, False)
+                key, generator, lowered = self._current
                 self._stepping = True
             value, finished, failed = None, False, None
             try:
@@ -224,20 +237,34 @@ class Ahead:
                 return
             with self._cv:
                 self._stepping = False
-                first = self._current[1] is None
-                self._current = None if finished else (key, generator)
+                now_lowered = lowered or (not finished and failed is None and value is not WAITING)
+                self._current = None if finished else (key, generator, now_lowered)
                 if failed is not None:
                     self.failed[key] = repr(failed)
                     log.debug("lowering ahead %s -> %s failed: %r", key[0], key[1], failed)
-                elif first and not finished:
+                elif now_lowered and not lowered:
                     self._done[key] = value
                 self._cv.notify_all()
 
 
 _LIVE: "weakref.WeakSet[Ahead]" = weakref.WeakSet()
+LOWERER_POLL_S = 0.05  # one step's wait for the lowering process: a pause waits at most this
 # lowered pairs kept while not in the work list (each a RankProgram of up to ~10^5 objects,
 # which every full garbage collection scans, and its replays' device tables)
 KEEP_UNWANTED = 8
+
+
+def _first_value(generator):
+    """Run `generator` to its first value other than WAITING (its lowering); None where it
+    ends or raises first (the caller then lowers itself, and raises there)."""
+    try:
+        while True:
+            value = next(generator)
+            if value is not WAITING:
+                return value
+    except Exception as error:  # noqa: BLE001 - StopIteration too: the caller lowers (and raises) itself
+        log.debug("lowering ahead failed: %r", error)
+        return None
 
 
 def _after_fork_in_child() -> None:
@@ -280,7 +307,8 @@ class Lowered:
     text: str  # the part's canonical JSON (what its digest hashes)
     value: tuple  # lower_part(text, ...): (PartFacts, this rank's RankProgram)
     compiled: object  # the compiled transition (rank 0 without a prover proves it inline), else None
-    seconds: float  # the thread's time to lower it
+    seconds: float  # the thread's time to lower it (with the lowering process: to have it)
+    where: str = "thread"  # or "process": lowered by the lowering process (nereus.runtime.lowerer)
 
 
 def lower_part(text: str, rank: int, direct_min_bytes: int) -> tuple:
@@ -292,10 +320,11 @@ def lower_part(text: str, rank: int, direct_min_bytes: int) -> tuple:
     return part_facts(program, rank), lowered
 
 
-def steps(module, rank: int, device, direct_min_bytes: int, keep_compiled: bool, source: str,
+def steps(module, rank: int, device, direct_min_bytes: int, keep_compiled: bool, lowerer, source: str,
           target: str) -> Iterator:
     """The work of one transition, a step per yield: lower this rank's part (yields a
-    Lowered); on CUDA, build its replays (the execution plan's, as Runtime.prepare does)
+    Lowered; where `lowerer` (a lowerer.Lowerer) runs, it lowers and each step until its
+    answer is in waits for it at most LOWERER_POLL_S and yields WAITING); on CUDA, build its replays (the execution plan's, as Runtime.prepare does)
     and compile each of its kernel variants, one per step, on a stream of the thread's
     own (a step never waits for the training's queued work). What the runtime's own
     transition would otherwise do in its first and second calls. `device`: an indexed
@@ -305,11 +334,29 @@ def steps(module, rank: int, device, direct_min_bytes: int, keep_compiled: bool,
     from .distribute import _lower_own_part
 
     started = time.perf_counter()
-    compiled, part = _lower_own_part(module, source, target, rank)
-    text = canonical_json(part)
-    value = lower_part(text, rank, direct_min_bytes)
-    yield Lowered(text, value, compiled if keep_compiled else None, time.perf_counter() - started)
-    del compiled, part
+    done = None
+    ticket = lowerer.request(source, target) if lowerer is not None and not keep_compiled else None
+    while ticket is not None:
+        answer = lowerer.answer(ticket, LOWERER_POLL_S)
+        if answer is None:
+            yield WAITING
+            continue
+        if answer[0] == "ok":
+            got = answer[1]
+            execution_plan.adopt(got.program, got.plan, got.switches)
+            done = Lowered(got.text, (got.facts, got.program), None, time.perf_counter() - started, "process")
+        else:  # lowered here instead: the same error, if any, is raised here
+            log.debug("lowering process: %s -> %s %s", source, target, answer[1])
+        break
+    if done is None:
+        compiled, part = _lower_own_part(module, source, target, rank)
+        text = canonical_json(part)
+        done = Lowered(text, lower_part(text, rank, direct_min_bytes), compiled if keep_compiled else None,
+                       time.perf_counter() - started)
+        del compiled, part
+    value = done.value
+    yield done
+    del done
     device = torch.device(device)
     if device.type != "cuda" or packing.kernels() is None:
         return

@@ -35,14 +35,12 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import subprocess
-import sys
 import time
-import weakref
-from multiprocessing.connection import Connection
 from typing import Optional
 
 from nereus.ir.diagnostics import NereusError, env_flag
+
+from . import child
 
 log = logging.getLogger("nereus.prover")
 MODES = ("auto", "process", "inline")
@@ -62,84 +60,6 @@ def prover_mode(requested: Optional[str], device_type: str) -> str:
     return mode
 
 
-def _path_entries() -> list:
-    """sys.path as strings (a PathLike entry is allowed there; a join of it is not)."""
-    out = []
-    for entry in sys.path:
-        try:
-            text = os.fsdecode(entry)
-        except TypeError:
-            continue
-        if text:
-            out.append(text)
-    return out
-
-
-_INHERITED: list = []  # in a forked child: the parent's prover processes (never waited on)
-
-# the child's entry: with `-m` or `-c` Python puts the working directory first on sys.path,
-# and PYTHONSAFEPATH (which stops that) is ignored before 3.11: a `nereus` folder there
-# would shadow the one this process imported
-_ENTRY = ("import sys\n"
-          "if sys.path and sys.path[0] in ('', '.'):\n"
-          "    del sys.path[0]\n"
-          "from nereus.backends.proof import serve\n"
-          "serve(int(sys.argv[1]), int(sys.argv[2]))\n")
-
-
-class _Ends:
-    """The process and the parent's two pipe ends: what must be closed, once, by whoever
-    holds them last (the Prover's finalizer; never a forked child of this process)."""
-
-    def __init__(self):
-        self.process: Optional[subprocess.Popen] = None
-        self.outbox = self.inbox = None
-        self.raw: list = []  # pipe fds not wrapped in a Connection yet
-        self.owner = os.getpid()
-
-    def close(self) -> None:
-        for end in (self.outbox, self.inbox):
-            if end is not None:
-                try:
-                    end.close()
-                except OSError:
-                    pass
-        for fd in self.raw:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        self.outbox = self.inbox = None
-        self.raw = []
-        process, self.process = self.process, None
-        if process is not None and os.getpid() == self.owner and process.poll() is None:
-            try:
-                process.wait(timeout=1.0)  # it exits when its input closes
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-
-    def forget_in_child(self) -> None:
-        """In a forked child (a DataLoader worker): drop the parent's pipe ends without a
-        word to the prover, so that it still sees its input close when the parent ends."""
-        for end in (self.outbox, self.inbox):
-            if end is not None:
-                try:
-                    end.close()  # the fd, once; nothing is sent
-                except OSError:
-                    pass
-        if self.process is not None:  # not this process's child: kept, so no warning at exit
-            _INHERITED.append(self.process)
-        self.outbox = self.inbox = self.process = None
-        self.raw = []
-
-    def kill(self) -> None:
-        """Kill the process now (it did not answer in time: `close` then waits for nothing)."""
-        if self.process is not None and os.getpid() == self.owner and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-
-
 class Prover:
     """The parent's end of one prover process (module docstring). The process ends when
     `close` is called, when the Prover is garbage collected, or at exit."""
@@ -148,33 +68,11 @@ class Prover:
         self._tickets = itertools.count()
         self._answers: dict = {}
         self._pending: set = set()  # tickets asked for and not yet collected or forgotten
-        self._ends = ends = _Ends()
-        # ends when this Prover is collected, or at exit (a Runtime dropped, or never closed)
-        self._finalizer = weakref.finalize(self, ends.close)
-        if hasattr(os, "register_at_fork"):
-            ref = weakref.ref(ends)
-            os.register_at_fork(after_in_child=lambda: ref() is not None and ref().forget_in_child())
+        # ends when this Prover is closed or collected, or at exit (a Runtime dropped, or never closed)
+        self._ends, self._finalizer = child.owned_by(self)
         try:
-            to_child, from_parent = os.pipe()
-            ends.raw += [to_child, from_parent]
-            to_parent, from_child = os.pipe()
-            ends.raw += [to_parent, from_child]
-            # the child finds nereus where this process did (an editable install, PYTHONPATH,
-            # a checkout), and not in its working directory first (PYTHONSAFEPATH)
-            env = dict(os.environ, PYTHONPATH=os.pathsep.join(_path_entries()), PYTHONSAFEPATH="1")
-            ends.process = subprocess.Popen(
-                [sys.executable, "-c", _ENTRY, str(to_child), str(from_child)],
-                # stdout: a --json caller's last line stays its own (errors still reach
-                # stderr); a session of its own: a Ctrl-C of the job's terminal is the
-                # job's to handle, and the prover ends when its input closes
-                pass_fds=(to_child, from_child), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                close_fds=True, start_new_session=True)
-            for fd in (to_child, from_child):
-                os.close(fd)
-                ends.raw.remove(fd)
-            ends.outbox, ends.inbox = Connection(from_parent, readable=False), Connection(to_parent, writable=False)
-            ends.raw = []
-            ends.outbox.send(("module", module))
+            child.start("nereus.backends.proof:serve", self._ends)
+            self._ends.outbox.send(("module", module))
         except Exception as error:  # noqa: BLE001 - no process: every proof runs inline, on rank 0 as before
             log.warning("prover process did not start (%s: %s); proving inline", type(error).__name__, error)
             self.close()

@@ -92,7 +92,7 @@ from nereus.ir.model import ModelStage, Module
 from nereus.backends.proof import runs_on
 from nereus.passes.layout import unit_id
 
-from . import offload, packing, replay
+from . import lowerer, offload, packing, replay
 from .ahead import Ahead, ahead_mode, lower_part, part_facts, steps as ahead_steps
 from .boxes import as_box, shard_shape
 from .control import Stale, agree, collectives, gather_flagged
@@ -212,6 +212,7 @@ class Runtime:
         replay.packer_for(self.device)  # CUDA: triton imported now, not in the first transition (~0.3 s)
         self.timeout_s = timeout_s
         self._prover = None
+        self._lowerer = None  # the lowering-ahead thread's lowering process (nereus.runtime.lowerer)
         self._ahead = None
         use_prover = prover_mode(prover, self.device.type) == "process" and verify_programs and self.rank == 0
         use_ahead = ahead_mode(ahead, self.device.type)
@@ -241,8 +242,11 @@ class Runtime:
             # an indexed device: the thread's own current device is GPU 0
             device = torch.device("cuda", torch.cuda.current_device()) \
                 if self.device.type == "cuda" and self.device.index is None else self.device
+            keep_compiled = self.rank == 0 and verify_programs and self._prover is None  # for the inline proof
+            if lowerer.ENABLED and not keep_compiled:  # lowering off this process's GIL
+                self._lowerer = lowerer.Lowerer(module, self.rank, direct_min_bytes)
             self._ahead = Ahead(functools.partial(ahead_steps, module, self.rank, device, direct_min_bytes,
-                                                  self.rank == 0 and verify_programs and self._prover is None))
+                                                  keep_compiled, self._lowerer))
             weakref.finalize(self, self._ahead.close)
             self._ahead_at_plan()
 
@@ -255,6 +259,9 @@ class Runtime:
         if self._ahead is not None:
             self._ahead.close()
             self._ahead = None
+        if self._lowerer is not None:
+            self._lowerer.close()
+            self._lowerer = None
 
     def wait_ahead(self, timeout_s: Optional[float] = None) -> bool:
         """Wait until the lowering-ahead thread has nothing left to do (it lowers, and on

@@ -16,7 +16,7 @@ import torch
 import nereus.ir as ir
 from nereus.ir.diagnostics import NereusError, ProgramError
 from nereus.runtime import Runtime
-from nereus.runtime import distribute
+from nereus.runtime import distribute, lowerer
 from nereus.runtime import ahead as ahead_module
 from nereus.runtime.ahead import Ahead, PartFacts, ahead_mode
 
@@ -216,15 +216,17 @@ def _in_main_thread(calls: list):
     return counted
 
 
-def _run(rank, world, ahead, corrupt):
+def _run(rank, world, ahead, corrupt, process=True):
     calls: list = []
     distribute._lower_own_part = _in_main_thread(calls)
+    lowerer.ENABLED = process
     rt = Runtime(ir.parse_source(SOURCE, "parts.nir"), "A", rank=rank, world_size=world, ahead=ahead)
     kept = None
     if ahead:
         assert rt._ahead.idle(60)
         # A -> B and the way back are lowered; what is kept holds no parsed JSON dict
-        kept = sorted(rt._ahead._done), all(isinstance(v.value[0], PartFacts) for v in rt._ahead._done.values())
+        kept = sorted(rt._ahead._done), all(isinstance(v.value[0], PartFacts) for v in rt._ahead._done.values()), \
+            sorted({v.where for v in rt._ahead._done.values()})
         if corrupt and rank == 1:  # what the thread lowered is no longer the part it proved
             done = rt._ahead._done[("A", "B")]
             rt._ahead._done[("A", "B")] = type(done)(done.text.replace('"rank":1', '"rank":1 '), done.value,
@@ -256,10 +258,14 @@ def _run(rank, world, ahead, corrupt):
 
 
 def test_transitions_lowered_ahead_are_byte_exact_and_not_lowered_again():
-    for out in spawn_ok(_run, WORLD, True, False):
-        assert out["exact"] and out["thread"] and out["closed"], out
-        assert out["lowered_here"] == [] and out["reported"] == (True, True, False), out  # from the thread
-        assert out["kept"] == ([("A", "B"), ("B", "A")], True), out
+    # by the lowering process; on rank 0, which proves inline here and so keeps the
+    # compiled transition, by the thread itself; and with no lowering process, all by the thread
+    for process in (True, False):
+        for rank, out in enumerate(spawn_ok(_run, WORLD, True, False, process)):
+            assert out["exact"] and out["thread"] and out["closed"], out
+            assert out["lowered_here"] == [] and out["reported"] == (True, True, False), out  # ahead
+            where = ["process"] if process and rank else ["thread"]
+            assert out["kept"] == ([("A", "B"), ("B", "A")], True, where), out
     for out in spawn_ok(_run, WORLD, False, False):  # the control: lowered in the call
         assert out["exact"] and not out["thread"] and out["lowered_here"] == [("A", "B"), ("B", "A")], out
         assert out["reported"] == (False, False, False), out

@@ -1,0 +1,187 @@
+"""A lowering process beside each rank: the lowering-ahead thread's lowering runs there,
+off the training process's GIL.
+
+Why: the lowering-ahead thread (nereus.runtime.ahead) shares its process's one GIL with
+the training loop. Its lowering step (compile, the part's canonical JSON, parsing it back,
+the work list and the execution plan: ~10^6 Python objects made) is pure Python, and a
+thread that wants the GIL back while another runs Python waits up to the switch interval
+(5 ms) each time; a training step that launches many small kernels wants it back after
+every launch. On one H200 such a step (2,000 small ops, 14-21 ms alone) took up to
+0.70-1.14 s once beside a lowering step of the 6-layer Qwen3-30B-A3B change, and a
+GPU-bound step (8 bf16 matmuls of 8192^2) up to 0.15-0.60 s (benchmarks/RESULTS.md,
+session 14, call 1). Here a process of this rank's own does that lowering and sends the
+result back pickled; the thread only loads it (one call, with the cyclic collector paused:
+~0.1 s on the CPU box for the 6-layer part, instead of ~1 s of Python).
+
+    lowerer = Lowerer(module, rank, direct_min_bytes)    # starts the process
+    ticket = lowerer.request(source, target)              # None: the process is gone
+    lowerer.answer(ticket, timeout_s)                     # None (not yet) | ("ok", Lowering) | ("failed", why)
+    lowerer.close()
+
+Invariant: nothing here is trusted more than the thread's own lowering was. The part's
+text is what the runtime compares with the proven digest on every rank, and the work list
+and plan are its lowering by the same code in a process started from the same
+environment (the plan is kept only where this process's stream switches are those it was
+built with, execution_plan.adopt). A process that does not start, ends, fails to lower or
+is silent for TIMEOUT_S (then killed) only means the thread lowers itself, as before.
+
+Setting: NEREUS_AHEAD_PROCESS (default 1; 0: the thread lowers in this process).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import pickle
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+from nereus.ir.diagnostics import env_flag
+
+from . import child
+from .gc_pause import paused
+
+log = logging.getLogger("nereus.ahead")
+ENABLED = env_flag("NEREUS_AHEAD_PROCESS", True)
+TIMEOUT_S = 300.0  # a lowering the process has not sent back after this: killed, lowered here
+
+
+@dataclass(frozen=True)
+class Lowering:
+    """What the process sends back for one transition."""
+
+    text: str  # the part's canonical JSON
+    facts: object  # ahead.PartFacts of the part
+    program: object  # this rank's RankProgram
+    plan: object  # its ExecutionPlan
+    switches: tuple  # execution_plan.switches the plan was built with
+    seconds: float  # the process's time to lower it
+
+
+class Lowerer:
+    """The parent's end of one lowering process (module docstring); one request at a time.
+    The process ends when `close` is called, when the Lowerer is collected, or at exit."""
+
+    def __init__(self, module, rank: int, direct_min_bytes: int):
+        self._tickets = itertools.count()
+        self._asked: dict = {}  # ticket -> when it was asked
+        self._answers: dict = {}
+        self._ends, self._finalizer = child.owned_by(self)
+        try:
+            child.start("nereus.runtime.lowerer:serve", self._ends)
+            self._ends.outbox.send(("module", module, rank, direct_min_bytes))
+        except Exception as error:  # noqa: BLE001 - no process: the thread lowers itself, as before
+            log.warning("lowering process did not start (%s: %s); lowering in the thread", type(error).__name__, error)
+            self.close()
+
+    @property
+    def alive(self) -> bool:
+        process = self._ends.process
+        return process is not None and process.poll() is None
+
+    def request(self, source: str, target: str) -> Optional[int]:
+        """Ask for this rank's lowering of source -> target; its ticket, or None (gone)."""
+        if not self.alive:
+            return None
+        ticket = next(self._tickets)
+        try:
+            self._ends.outbox.send(("lower", ticket, source, target))
+        except (OSError, ValueError):
+            self.close()
+            return None
+        self._asked[ticket] = time.monotonic()
+        return ticket
+
+    def answer(self, ticket: Optional[int], timeout_s: float) -> Optional[tuple]:
+        """("ok", Lowering) or ("failed", why) for `ticket` once it is in; None while the
+        process is still at it after waiting `timeout_s` (without the GIL). "failed": the
+        lowering raised there (the thread lowers itself, which raises the same), or the
+        process is gone or was silent past TIMEOUT_S (killed)."""
+        if ticket not in self._asked:
+            return ("failed", "not asked")
+        end = time.monotonic() + timeout_s
+        while ticket not in self._answers:
+            left = min(end, self._asked[ticket] + TIMEOUT_S) - time.monotonic()
+            try:
+                if not self._ends.inbox.poll(max(0.0, left)):
+                    if time.monotonic() < self._asked[ticket] + TIMEOUT_S:
+                        return None
+                    log.warning("lowering process silent for %.0f s; lowering in the thread", TIMEOUT_S)
+                    self._ends.kill()
+                    self.close()
+                    return ("failed", f"silent for {TIMEOUT_S:.0f} s")
+                data = self._ends.inbox.recv_bytes()
+                with paused():  # ~10^5 objects at once: no collection in the middle of them
+                    answer = pickle.loads(data)
+            except Exception as error:  # noqa: BLE001 - ended (EOF), killed, or an answer that does not load
+                if not isinstance(error, EOFError):
+                    log.warning("lowering process failed (%s: %s); lowering in the thread", type(error).__name__, error)
+                self.close()
+                return ("failed", f"{type(error).__name__}: {error}")
+            if answer[1] in self._asked:
+                self._answers[answer[1]] = answer
+        del self._asked[ticket]
+        answer = self._answers.pop(ticket)
+        return ("ok", answer[2]) if answer[0] == "ok" else ("failed", answer[2])
+
+    def forget(self, ticket: Optional[int]) -> None:
+        """Its answer will not be collected: dropped when it comes."""
+        self._asked.pop(ticket, None)
+        self._answers.pop(ticket, None)
+
+    def close(self) -> None:
+        """End the process (it exits when its input closes; killed if it does not)."""
+        self._asked.clear()
+        self._answers.clear()
+        self._finalizer()
+
+
+def lower(module, rank: int, direct_min_bytes: int, source: str, target: str) -> Lowering:
+    """This rank's lowering of source -> target, as the thread would do it (run in the
+    process; `ahead.steps` does the same where there is none)."""
+    from nereus.backends.rank_json import canonical_json
+
+    from . import execution_plan, streams
+    from .ahead import lower_part
+    from .distribute import _lower_own_part
+
+    started = time.perf_counter()
+    _, part = _lower_own_part(module, source, target, rank)
+    text = canonical_json(part)
+    facts, program = lower_part(text, rank, direct_min_bytes)
+    plan = execution_plan.plan_for(program, streams.CHUNK_BYTES)
+    return Lowering(text, facts, program, plan, execution_plan.switches(streams.CHUNK_BYTES),
+                    time.perf_counter() - started)
+
+
+def serve(read_fd: int, write_fd: int) -> None:
+    """The lowering process. Receives ("module", Module, rank, direct_min_bytes) once, then
+    ("lower", ticket, source, target), each answered (bytes of a pickle) with ("ok",
+    ticket, Lowering) or ("error", ticket, why). Ends when its input closes."""
+    import gc
+    from multiprocessing.connection import Connection
+
+    gc.disable()  # a lowering makes ~10^6 objects; what outlives it is collected after the answer
+    inbox, outbox = Connection(read_fd, writable=False), Connection(write_fd, readable=False)
+    module = rank = direct_min_bytes = None
+    while True:
+        try:
+            message = inbox.recv()
+        except (EOFError, OSError):
+            return
+        if message[0] == "module":
+            _, module, rank, direct_min_bytes = message
+            continue
+        _, ticket, source, target = message
+        try:
+            data = pickle.dumps(("ok", ticket, lower(module, rank, direct_min_bytes, source, target)),
+                                protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as error:  # noqa: BLE001 - the thread lowers itself and raises there
+            data = pickle.dumps(("error", ticket, f"{type(error).__name__}: {error}"))
+        try:
+            outbox.send_bytes(data)
+        except (BrokenPipeError, OSError):
+            return
+        del data
+        gc.collect()

@@ -1,0 +1,142 @@
+"""The lowering process (nereus.runtime.lowerer): it lowers a rank's part of a transition
+off the training process's GIL and sends back exactly what the thread would have made; a
+process that fails, ends or goes silent only means the thread lowers itself; the thread
+waits for it in short steps (WAITING), and a transition that takes a pair the process is
+still lowering waits for it in the caller instead of lowering again."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+import nereus.ir as ir
+from nereus.runtime import ahead as ahead_module
+from nereus.runtime import child, distribute, execution_plan, lowerer, streams
+from nereus.runtime.ahead import WAITING, Ahead
+from nereus.runtime.lowerer import Lowerer, lower
+
+from test_rank_parts import SOURCE
+
+MODULE = ir.parse_source(SOURCE, "parts.nir")
+
+
+@pytest.fixture
+def process():
+    made = Lowerer(MODULE, 1, 1 << 20)
+    yield made
+    made.close()
+
+
+def _answer(made, ticket, timeout_s=60.0):
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        got = made.answer(ticket, 1.0)
+        if got is not None:
+            return got
+    raise AssertionError("no answer")
+
+
+def test_the_process_lowers_what_the_thread_would(process):
+    for source, target in (("A", "B"), ("B", "A")):
+        kind, got = _answer(process, process.request(source, target))
+        here = lower(MODULE, 1, 1 << 20, source, target)
+        assert kind == "ok" and got.text == here.text and got.facts == here.facts
+        assert got.program == here.program and got.plan == here.plan and got.switches == here.switches
+    assert process.alive
+
+
+def test_a_lowering_that_fails_there_is_failed_with_its_error(process):
+    kind, why = _answer(process, process.request("A", "Z"))
+    with pytest.raises(Exception) as raised:
+        lower(MODULE, 1, 1 << 20, "A", "Z")
+    assert kind == "failed" and why == f"{type(raised.value).__name__}: {raised.value}"
+    assert process.alive  # the next one is lowered there again
+    assert _answer(process, process.request("A", "B"))[0] == "ok"
+
+
+def test_a_process_that_ended_or_went_silent_is_failed(process, monkeypatch, caplog):
+    process._ends.process.kill()
+    process._ends.process.wait()
+    assert process.request("A", "B") is None or _answer(process, 0)[0] == "failed"
+    assert not process.alive and process.request("A", "B") is None
+
+    monkeypatch.setattr(lowerer, "TIMEOUT_S", 1.0)
+    silent = Lowerer(MODULE, 1, 1 << 20)
+    try:
+        os.kill(silent._ends.process.pid, signal.SIGSTOP)
+        ticket = silent.request("A", "B")
+        started = time.monotonic()
+        assert silent.answer(ticket, 0.1) is None  # not in yet
+        with caplog.at_level(logging.WARNING, logger="nereus.ahead"):
+            assert _answer(silent, ticket) == ("failed", "silent for 1 s")
+        assert time.monotonic() - started < 10 and not silent.alive
+        assert "lowering process silent for 1 s; lowering in the thread" in caplog.text
+    finally:
+        silent.close()
+
+
+def test_a_process_that_does_not_start_leaves_the_thread_to_lower(monkeypatch, caplog):
+    def refuse(serve, ends):
+        raise OSError("no more processes")
+
+    monkeypatch.setattr(child, "start", refuse)
+    with caplog.at_level(logging.WARNING, logger="nereus.ahead"):
+        made = Lowerer(MODULE, 1, 1 << 20)
+    assert not made.alive and made.request("A", "B") is None
+    assert "lowering process did not start (OSError: no more processes); lowering in the thread" in caplog.text
+
+
+def test_a_plan_built_under_other_stream_switches_is_not_adopted(monkeypatch):
+    here = lower(MODULE, 1, 1 << 20, "A", "B")
+    program = here.program
+    other = (here.switches[0], here.switches[1] + 1) + here.switches[2:]
+    assert not execution_plan.adopt(program, here.plan, other)
+    assert execution_plan.adopt(program, here.plan, here.switches)
+    assert execution_plan.plan_for(program, streams.CHUNK_BYTES) is here.plan
+
+
+def test_the_thread_waits_for_the_process_in_short_steps_and_a_take_waits_in_the_caller(process):
+    """steps() yields WAITING while the process lowers; a take() of that pair meanwhile
+    runs it to its lowering in the caller (no lowering in this process either way)."""
+    calls = []  # lowerings in this process (the thread's own go through distribute)
+    own = distribute._lower_own_part
+    distribute._lower_own_part = lambda *a, **k: calls.append(a[1:3]) or own(*a, **k)
+    gate = threading.Event()
+    real_answer = process.answer
+
+    def held(ticket, timeout_s):  # the process's answer comes in only once the gate opens
+        if not gate.is_set():
+            time.sleep(timeout_s)
+            return None
+        return real_answer(ticket, timeout_s)
+
+    process.answer = held
+    made = Ahead(lambda s, t: ahead_module.steps(MODULE, 1, "cpu", 1 << 20, False, process, s, t))
+    try:
+        made.at_plan([("A", "B")])
+        time.sleep(0.5)  # several WAITING steps
+        assert ("A", "B") not in made._done and made._current[2] is False
+        threading.Timer(0.5, gate.set).start()
+        with made.paused():
+            started = time.monotonic()
+            taken = made.take("A", "B")
+        assert taken is not None and taken.where == "process" and time.monotonic() - started >= 0.3
+        assert calls == []  # nothing lowered in this process
+    finally:
+        made.close()
+        distribute._lower_own_part = own
+    assert taken.text == lower(MODULE, 1, 1 << 20, "A", "B").text
+
+
+def test_without_the_process_the_steps_lower_in_the_thread(process):
+    process._ends.process.kill()
+    process._ends.process.wait()
+    steps = ahead_module.steps(MODULE, 1, "cpu", 1 << 20, False, process, "A", "B")
+    first = next(steps)
+    assert first is not WAITING and first.where == "thread"
+    assert first.text == lower(MODULE, 1, 1 << 20, "A", "B").text
