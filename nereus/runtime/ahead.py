@@ -55,9 +55,9 @@ import torch
 
 from nereus.ir.diagnostics import NereusError
 
-from . import execution_plan, offload, packing, streams
+from . import packing, streams
 from .execution_plan import plan_for
-from .program import program_model_stages, rank_program
+from .program import PartFacts, part_facts, rank_program  # noqa: F401 - PartFacts: what a lowering keeps
 
 log = logging.getLogger("nereus.ahead")
 MODES = ("auto", "on", "off")
@@ -277,30 +277,6 @@ if hasattr(os, "register_at_fork"):
 
 
 @dataclass(frozen=True)
-class PartFacts:
-    """What a runtime derives from its part's JSON dict, so that the dict itself need not
-    be kept (a MoE part is ~10^5 container objects, each scanned by every full garbage
-    collection of the process)."""
-
-    untouched: frozenset  # model-stages the program leaves alone
-    model_stages: frozenset  # model-stages of its units
-    resident_bytes: int  # this rank's resident bytes in the program
-    capacity_bytes: Optional[int]  # this GPU's capacity in the program (None if absent)
-    offloaded: frozenset  # offload.offloaded_units of the part
-
-
-def part_facts(program: dict, rank: int) -> PartFacts:
-    capacity = None
-    for gpu in program.get("gpus", ()):
-        if gpu.get("id") == rank:
-            capacity = int(gpu.get("capacity_bytes", gpu.get("mem_bytes")))
-            break
-    return PartFacts(frozenset(program.get("untouched", ())), frozenset(program_model_stages(program)),
-                     int(program.get("resident_bytes", {}).get(str(rank), 0)), capacity,
-                     offload.offloaded_units(program))
-
-
-@dataclass(frozen=True)
 class Lowered:
     """A transition's part as this rank lowered it ahead (the first step's value)."""
 
@@ -343,7 +319,6 @@ def steps(module, rank: int, device, direct_min_bytes: int, keep_compiled: bool,
             continue
         if answer[0] == "ok":
             got = answer[1]
-            execution_plan.adopt(got.program, got.plan, got.switches)
             done = Lowered(got.text, (got.facts, got.program), None, time.perf_counter() - started, "process")
         else:  # lowered here instead: the same error, if any, is raised here
             log.debug("lowering process: %s -> %s %s", source, target, answer[1])
@@ -354,9 +329,12 @@ def steps(module, rank: int, device, direct_min_bytes: int, keep_compiled: bool,
         done = Lowered(text, lower_part(text, rank, direct_min_bytes), compiled if keep_compiled else None,
                        time.perf_counter() - started)
         del compiled, part
-    value = done.value
+    value, where = done.value, done.where
     yield done
     del done
+    if where == "process":  # its execution plan (torch's meta tensors: not built there)
+        plan_for(value[1], streams.CHUNK_BYTES)
+        yield None
     device = torch.device(device)
     if device.type != "cuda" or packing.kernels() is None:
         return

@@ -140,35 +140,15 @@ def _flags(messages, both_ways: frozenset, chunk_bytes: int) -> tuple:
 _PLANS: dict = {}  # id(program) → {(chunk_bytes, switches): ExecutionPlan}, dropped with the program
 
 
-def switches(chunk_bytes: int) -> tuple:
-    """What a plan depends on beside its program: the chunk size and the streams' switches
-    as they are now (ALONE_BYTES, IN_PLACE, BOTH_DIRECT_MIN)."""
-    return (chunk_bytes, streams.ALONE_BYTES, streams.IN_PLACE, streams.BOTH_DIRECT_MIN)
-
-
-def _plans_of(prog: RankProgram) -> dict:
+def plan_for(prog: RankProgram, chunk_bytes: int) -> ExecutionPlan:
+    """The ExecutionPlan of `prog` for streams of `chunk_bytes` (and the streams' switches
+    as they are now: ALONE_BYTES, IN_PLACE, BOTH_DIRECT_MIN), built on first use."""
     key = id(prog)
     plans = _PLANS.get(key)
     if plans is None:
         plans = _PLANS[key] = {}
         weakref.finalize(prog, _PLANS.pop, key, None)  # an id is reused only after its object died
-    return plans
-
-
-def plan_for(prog: RankProgram, chunk_bytes: int) -> ExecutionPlan:
-    """The ExecutionPlan of `prog` for streams of `chunk_bytes` (and the streams' switches
-    as they are now), built on first use."""
-    plans, key = _plans_of(prog), switches(chunk_bytes)
-    if key not in plans:
-        plans[key] = build_plan(prog, chunk_bytes)
-    return plans[key]
-
-
-def adopt(prog: RankProgram, plan: ExecutionPlan, built_with: tuple) -> bool:
-    """Keep `plan`, built for `prog` elsewhere (the lowering process) under the switches
-    `built_with`, as `plan_for`'s; whether it was (not where this process's switches
-    differ now: plan_for then builds its own)."""
-    if built_with != switches(built_with[0]):
-        return False
-    _plans_of(prog).setdefault(built_with, plan)
-    return True
+    switches = (chunk_bytes, streams.ALONE_BYTES, streams.IN_PLACE, streams.BOTH_DIRECT_MIN)
+    if switches not in plans:
+        plans[switches] = build_plan(prog, chunk_bytes)
+    return plans[switches]

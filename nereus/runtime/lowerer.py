@@ -18,12 +18,14 @@ result back pickled; the thread only loads it (one call, with the cyclic collect
     lowerer.answer(ticket, timeout_s)                     # None (not yet) | ("ok", Lowering) | ("failed", why)
     lowerer.close()
 
+The process imports no torch (the passes, the rank program: it starts in a few tenths of
+a second); the thread builds the execution plan (meta tensors) after loading.
+
 Invariant: nothing here is trusted more than the thread's own lowering was. The part's
 text is what the runtime compares with the proven digest on every rank, and the work list
-and plan are its lowering by the same code in a process started from the same
-environment (the plan is kept only where this process's stream switches are those it was
-built with, execution_plan.adopt). A process that does not start, ends, fails to lower or
-is silent for TIMEOUT_S (then killed) only means the thread lowers itself, as before.
+is its lowering by the same code (`rank_program`) in a process started from the same
+environment. A process that does not start, ends, fails to lower or is silent for
+TIMEOUT_S (then killed) only means the thread lowers itself, as before.
 
 Setting: NEREUS_AHEAD_PROCESS (default 1; 0: the thread lowers in this process).
 """
@@ -52,10 +54,8 @@ class Lowering:
     """What the process sends back for one transition."""
 
     text: str  # the part's canonical JSON
-    facts: object  # ahead.PartFacts of the part
+    facts: object  # program.PartFacts of the part
     program: object  # this rank's RankProgram
-    plan: object  # its ExecutionPlan
-    switches: tuple  # execution_plan.switches the plan was built with
     seconds: float  # the process's time to lower it
 
 
@@ -138,20 +138,21 @@ class Lowerer:
 
 
 def lower(module, rank: int, direct_min_bytes: int, source: str, target: str) -> Lowering:
-    """This rank's lowering of source -> target, as the thread would do it (run in the
-    process; `ahead.steps` does the same where there is none)."""
-    from nereus.backends.rank_json import canonical_json
+    """This rank's lowering of source -> target as the thread makes it (`ahead.steps`),
+    less the execution plan (torch's meta tensors; the thread builds it next). Imports no
+    torch: the process starts in a few tenths of a second."""
+    import json
 
-    from . import execution_plan, streams
-    from .ahead import lower_part
-    from .distribute import _lower_own_part
+    from nereus.backends.proof import rank_part
+    from nereus.backends.rank_json import canonical_json
+    from nereus.passes import compile_transition
+
+    from .program import part_facts, rank_program
 
     started = time.perf_counter()
-    _, part = _lower_own_part(module, source, target, rank)
-    text = canonical_json(part)
-    facts, program = lower_part(text, rank, direct_min_bytes)
-    plan = execution_plan.plan_for(program, streams.CHUNK_BYTES)
-    return Lowering(text, facts, program, plan, execution_plan.switches(streams.CHUNK_BYTES),
+    text = canonical_json(rank_part(compile_transition(module, source, target), rank))
+    program = json.loads(text)
+    return Lowering(text, part_facts(program, rank), rank_program(program, rank, direct_min_bytes),
                     time.perf_counter() - started)
 
 

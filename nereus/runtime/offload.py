@@ -39,6 +39,8 @@ import torch
 
 from nereus.backends.triton.mapped import hold
 
+from .program import offloaded_units  # noqa: F401 - torch-free, where the lowering process finds it
+
 HOST = "host"
 DEVICE = "device"
 
@@ -61,13 +63,6 @@ def to_host(tensor: torch.Tensor) -> torch.Tensor:
     out = host_empty(tensor.shape, tensor.dtype)
     out.copy_(tensor)
     return out
-
-
-def offloaded_units(program: dict) -> frozenset:
-    """{("before" | "after", unit id)} of the units a JSON program flags `offload`."""
-    units = program.get("units", {})
-    return frozenset((phase, unit["id"]) for phase in ("before", "after")
-                     for unit in units.get(phase, ()) if unit.get("offload", False))
 
 
 def pack_from_host(views: Sequence[torch.Tensor], offsets: Sequence[int], out: torch.Tensor) -> torch.Tensor:

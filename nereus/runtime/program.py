@@ -422,3 +422,34 @@ def unit_of_stage(units: dict, unit_stage: dict, phase: str, model_stage: str) -
         if unit_stage.get((phase, unit_id)) == model_stage:
             return unit_id
     return None
+
+
+def offloaded_units(program: dict) -> frozenset:
+    """{("before" | "after", unit id)} of the units a JSON program flags `offload`."""
+    units = program.get("units", {})
+    return frozenset((phase, unit["id"]) for phase in ("before", "after")
+                     for unit in units.get(phase, ()) if unit.get("offload", False))
+
+
+@dataclass(frozen=True)
+class PartFacts:
+    """What a runtime derives from its part's JSON dict, so that the dict itself need not
+    be kept (a MoE part is ~10^5 container objects, each scanned by every full garbage
+    collection of the process)."""
+
+    untouched: frozenset  # model-stages the program leaves alone
+    model_stages: frozenset  # model-stages of its units
+    resident_bytes: int  # this rank's resident bytes in the program
+    capacity_bytes: Optional[int]  # this GPU's capacity in the program (None if absent)
+    offloaded: frozenset  # offload.offloaded_units of the part
+
+
+def part_facts(program: dict, rank: int) -> PartFacts:
+    capacity = None
+    for gpu in program.get("gpus", ()):
+        if gpu.get("id") == rank:
+            capacity = int(gpu.get("capacity_bytes", gpu.get("mem_bytes")))
+            break
+    return PartFacts(frozenset(program.get("untouched", ())), frozenset(program_model_stages(program)),
+                     int(program.get("resident_bytes", {}).get(str(rank), 0)), capacity,
+                     offloaded_units(program))
