@@ -138,7 +138,8 @@ class TransitionReport:
     program_bytes: int = 0  # size of this rank's part of the program (canonical JSON), the whole it holds
     # this call's part was lowered before the call by the lowering-ahead thread (nereus.runtime.ahead)
     lowered_ahead: bool = False
-    # seconds this call waited for the lowering-ahead thread's step in progress (in `seconds`, `wall_s`)
+    # seconds this call waited for the lowering-ahead thread: its step in progress, and a lowering
+    # its lowering process was still at (in `seconds`, `wall_s`)
     ahead_wait_s: float = 0.0
 
     def to_json(self) -> dict:
@@ -194,6 +195,7 @@ class Runtime:
         self.verify_programs = verify_programs
         self._verify_program_s: dict = {}  # (from, to) -> seconds rank 0 took to prove it
         self._lowered_ahead: dict = {}  # (from, to) -> True: its work list came from the ahead thread, until reported
+        self._take_wait_s: dict = {}  # (from, to) -> seconds its compile waited in the thread's take(), until reported
         # (from, to) -> (what `then` gave or the ahead thread lowered, whether from the thread):
         # kept from the compile until the lowering uses it (compile() first, a call that
         # failed after compiling, and a retry)
@@ -527,7 +529,10 @@ class Runtime:
             # makes every rank raise TransitionAborted here, before the compile's own
             # collectives could pair with the wrong ones)
             agree(None, self._control, self._plan, target, kind="compile")
+            taking = time.perf_counter()
             early = self._ahead.take(self._plan, target) if self._ahead is not None else None
+            # a lowering the lowering process was still at is waited for in take(): a wait for the thread's work
+            self._take_wait_s[key] = time.perf_counter() - taking
             got = obtain_rank_part(self.module, self._plan, target, self.rank, self.world_size, self._control,
                                    self.verify_programs, prover=self._prover, then=then, timeout_s=self.timeout_s,
                                    ahead=early)
@@ -638,7 +643,7 @@ class Runtime:
             program_bytes=self._program_bytes.get((prog.source, target), 0),
             verify_program_s=self._verify_program_s.pop((prog.source, target), 0.0 if self.verify_programs else None),
             offload_bytes=result.offload_bytes, lowered_ahead=self._lowered_ahead.pop((prog.source, target), False),
-            ahead_wait_s=ahead_wait_s)
+            ahead_wait_s=ahead_wait_s + self._take_wait_s.pop((prog.source, target), 0.0))
 
     def _execute(self, prog, key: tuple, verify: bool, fault, round_hook, started: float, agreement=None):
         figures = self._lowered_figures[key]

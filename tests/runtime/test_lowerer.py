@@ -148,3 +148,39 @@ def test_without_the_process_the_steps_lower_in_the_thread(process):
     first = next(steps)
     assert first is not WAITING and first.where == "thread"
     assert first.text == lower(MODULE, 1, 1 << 20, "A", "B").text
+
+
+def _held_first_call(rank, world):
+    """A first transition right after construction, while the lowering process is (held)
+    still at it: it waits for it, reported in ahead_wait_s, instead of lowering again."""
+    from nereus.runtime import Runtime
+    from test_rank_parts import STAGES, _fulls
+
+    rt = Runtime(MODULE, "A", rank=rank, world_size=world, ahead="on")
+    if rt._lowerer is not None:
+        real, opens = rt._lowerer.answer, time.monotonic() + 1.5
+
+        def held(ticket, timeout_s):
+            if time.monotonic() < opens:
+                time.sleep(min(timeout_s, max(0.0, opens - time.monotonic())))
+                return None
+            return real(ticket, timeout_s)
+
+        rt._lowerer.answer = held
+    fulls = _fulls(rt)
+    for ms in STAGES:
+        rt.register(ms, rt.shard_state_dict(ms, fulls[ms]))
+    report = rt.transition("B")
+    out = (rt._lowerer is not None, report.lowered_ahead, report.ahead_wait_s, report.wall_s)
+    rt.close()
+    return out
+
+
+def test_a_first_call_waits_for_the_process_and_reports_the_wait():
+    from runtime_helpers import spawn_ok
+    from test_rank_parts import WORLD
+
+    for rank, (has, ahead, waited, wall) in enumerate(spawn_ok(_held_first_call, WORLD)):
+        assert has == (rank != 0) and ahead, (rank, has, ahead)  # rank 0 proves inline: no process
+        if has:
+            assert 0.3 < waited <= wall, (rank, waited, wall)
