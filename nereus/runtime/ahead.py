@@ -312,17 +312,21 @@ def steps(module, rank: int, device, direct_min_bytes: int, keep_compiled: bool,
     started = time.perf_counter()
     done = None
     ticket = lowerer.request(source, target) if lowerer is not None and not keep_compiled else None
-    while ticket is not None:
-        answer = lowerer.answer(ticket, LOWERER_POLL_S)
-        if answer is None:
-            yield WAITING
-            continue
-        if answer[0] == "ok":
-            got = answer[1]
-            done = Lowered(got.text, (got.facts, got.program), None, time.perf_counter() - started, "process")
-        else:  # lowered here instead: the same error, if any, is raised here
-            log.debug("lowering process: %s -> %s %s", source, target, answer[1])
-        break
+    try:
+        while ticket is not None:
+            answer = lowerer.answer(ticket, LOWERER_POLL_S)
+            if answer is None:
+                yield WAITING
+                continue
+            ticket = None
+            if answer[0] == "ok":
+                got = answer[1]
+                done = Lowered(got.text, (got.facts, got.program), None, time.perf_counter() - started, "process")
+            else:  # lowered here instead: the same error, if any, is raised here
+                log.debug("lowering process: %s -> %s %s", source, target, answer[1])
+    finally:
+        if ticket is not None:  # dropped while waiting (at_plan, close): its answer is not kept when it comes
+            lowerer.forget(ticket)
     if done is None:
         compiled, part = _lower_own_part(module, source, target, rank)
         text = canonical_json(part)

@@ -184,3 +184,14 @@ def test_a_first_call_waits_for_the_process_and_reports_the_wait():
         assert has == (rank != 0) and ahead, (rank, has, ahead)  # rank 0 proves inline: no process
         if has:
             assert 0.3 < waited <= wall, (rank, waited, wall)
+
+
+def test_a_pair_dropped_while_the_process_lowers_it_leaves_nothing_kept(process):
+    os.kill(process._ends.process.pid, signal.SIGSTOP)  # no answer before the drop
+    steps = ahead_module.steps(MODULE, 1, "cpu", 1 << 20, False, process, "A", "B")
+    assert next(steps) is WAITING  # asked, not answered yet
+    steps.close()  # dropped (at_plan, close)
+    assert process._asked == {}
+    os.kill(process._ends.process.pid, signal.SIGCONT)
+    kind, got = _answer(process, process.request("B", "A"))  # the dropped answer comes first
+    assert kind == "ok" and '"from":"B"' in got.text and process._answers == {} and process._asked == {}
