@@ -8,10 +8,13 @@ thread that wants the GIL back while another runs Python waits up to the switch 
 (5 ms) each time; a training step that launches many small kernels wants it back after
 every launch. On one H200 such a step (2,000 small ops, 14-21 ms alone) took up to
 0.70-1.14 s once beside a lowering step of the 6-layer Qwen3-30B-A3B change, and a
-GPU-bound step (8 bf16 matmuls of 8192^2) up to 0.15-0.60 s (benchmarks/RESULTS.md,
+GPU-bound step (8 bf16 matmuls of 8192^2) up to 0.07-0.60 s (benchmarks/RESULTS.md,
 session 14, call 1). Here a process of this rank's own does that lowering and sends the
 result back pickled; the thread only loads it (one call, with the cyclic collector paused:
-~0.1 s on the CPU box for the 6-layer part, instead of ~1 s of Python).
+~0.1 s on the CPU box for the 6-layer part, instead of ~1 s of Python). Measured with it
+(session 14, call 3): the GPU-bound step's worst 31-39 ms, the launch-bound one's
+0.48-0.66 s (the thread's plan and replay steps still run Python here); the cost, a first
+call right after the Runtime's construction waits ~0.3-0.5 s longer for its lowering.
 
     lowerer = Lowerer(module, rank, direct_min_bytes)    # starts the process
     ticket = lowerer.request(source, target)              # None: the process is gone
