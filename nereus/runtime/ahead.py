@@ -64,6 +64,11 @@ MODES = ("auto", "on", "off")
 WAITING = "waiting"  # what a step yields while its lowering is not in yet (see the module docstring)
 
 
+class LoweringFailed(RuntimeError):
+    """The lowering process could not lower a transition (the transition, lowering it
+    itself, raises the error with its location)."""
+
+
 def ahead_mode(requested, device_type: str) -> bool:
     """Whether a runtime on `device_type` lowers ahead (argument: True/False or a mode,
     else NEREUS_LOWER_AHEAD, else auto)."""
@@ -104,8 +109,7 @@ class Ahead:
         not lower the others again after every commit), up to KEEP_UNWANTED of them, the
         oldest dropped first (a dropped pair may be lowered again later)."""
         pairs = list(dict.fromkeys(pairs))
-        with self._cv:
-            self._cv.wait_for(lambda: not self._stepping)
+        with self._held():
             wanted = set(pairs)
             self._queue = deque(k for k in pairs if k not in self._started)  # (what is done was started)
             unwanted = [k for k in self._done if k not in wanted]
@@ -116,7 +120,6 @@ class Ahead:
                 if self._current[0] not in self._done:  # not lowered yet: it may be again
                     self._started.discard(self._current[0])
                 self._drop_current()
-            self._cv.notify_all()
 
     @contextmanager
     def paused(self):
@@ -137,33 +140,47 @@ class Ahead:
                 self._paused -= 1
                 self._cv.notify_all()
 
-    def take(self, source: str, target: str):
+    def take(self, source: str, target: str, wait_s: float = 60.0):
         """What the first step of (source, target) gave, or None (not lowered yet, or it
-        failed); the pair leaves the work list either way. Call inside `paused()`."""
+        failed); the pair leaves the work list either way. A lowering the lowering process
+        is still at is waited for here, at most `wait_s` (the runtime gives a part of its
+        collective timeout: the other ranks wait for this one meanwhile). Call inside
+        `paused()`."""
         key = (source, target)
-        with self._cv:
-            self._cv.wait_for(lambda: not self._stepping)  # outside paused(): the step in progress ends first
+        with self._held():
             self._started.add(key)
             if self._current is not None and self._current[0] == key:
                 _, generator, lowered = self._current
                 if generator is not None and not lowered:  # the lowering process is at it: wait for it here
-                    self._stepping = True
+                    self._stepping = True  # (the thread is held; idle() and close() see work in progress)
                     self._cv.release()
                     try:
-                        value = _first_value(generator)
+                        value = _first_value(generator, wait_s)
                     finally:
                         self._cv.acquire()
                         self._stepping = False
                     if value is not None:
                         self._done[key] = value
-                self._drop_current()
+                self._drop_current()  # (its generator forgets a lowering not waited for to the end)
             try:
                 self._queue.remove(key)
             except ValueError:
                 pass
-            value = self._done.pop(key, None)
-            self._cv.notify_all()
-            return value
+            return self._done.pop(key, None)
+
+    @contextmanager
+    def _held(self):
+        """The lock, with no step in progress and none starting until the block ends (the
+        thread takes the lock back between its steps at once: a caller merely waiting for
+        the lock could wait as long as steps keep coming)."""
+        with self._cv:
+            self._paused += 1
+            try:
+                self._cv.wait_for(lambda: not self._stepping)
+                yield
+            finally:
+                self._paused -= 1
+                self._cv.notify_all()
 
     def idle(self, timeout_s: Optional[float] = None) -> bool:
         """Wait until nothing is left to do (or the thread is closed); whether it came to
@@ -248,20 +265,25 @@ class Ahead:
 
 
 _LIVE: "weakref.WeakSet[Ahead]" = weakref.WeakSet()
-LOWERER_POLL_S = 0.05  # one step's wait for the lowering process: a pause waits at most this
+LOWERER_POLL_S = 0.05  # one step's wait for the lowering process (the step that gets the answer also loads it)
 # lowered pairs kept while not in the work list (each a RankProgram of up to ~10^5 objects,
 # which every full garbage collection scans, and its replays' device tables)
 KEEP_UNWANTED = 8
 
 
-def _first_value(generator):
+def _first_value(generator, wait_s: float):
     """Run `generator` to its first value other than WAITING (its lowering); None where it
-    ends or raises first (the caller then lowers itself, and raises there)."""
+    ends or raises first, or is still WAITING after `wait_s` (the caller then lowers
+    itself, and raises there)."""
+    end = time.monotonic() + wait_s
     try:
         while True:
             value = next(generator)
             if value is not WAITING:
                 return value
+            if time.monotonic() >= end:
+                log.debug("lowering ahead: still waiting for the lowering process after %.1f s", wait_s)
+                return None
     except Exception as error:  # noqa: BLE001 - StopIteration too: the caller lowers (and raises) itself
         log.debug("lowering ahead failed: %r", error)
         return None
@@ -322,7 +344,9 @@ def steps(module, rank: int, device, direct_min_bytes: int, keep_compiled: bool,
             if answer[0] == "ok":
                 got = answer[1]
                 done = Lowered(got.text, (got.facts, got.program), None, time.perf_counter() - started, "process")
-            else:  # lowered here instead: the same error, if any, is raised here
+            elif answer[0] == "error":  # the transition lowers it itself and raises this there
+                raise LoweringFailed(f"the lowering process could not lower {source} -> {target}: {answer[1]}")
+            else:  # gone: lowered here instead
                 log.debug("lowering process: %s -> %s %s", source, target, answer[1])
     finally:
         if ticket is not None:  # dropped while waiting (at_plan, close): its answer is not kept when it comes

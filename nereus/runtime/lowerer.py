@@ -18,7 +18,8 @@ call right after the Runtime's construction waits ~0.3-0.5 s longer for its lowe
 
     lowerer = Lowerer(module, rank, direct_min_bytes)    # starts the process
     ticket = lowerer.request(source, target)              # None: the process is gone
-    lowerer.answer(ticket, timeout_s)                     # None (not yet) | ("ok", Lowering) | ("failed", why)
+    lowerer.answer(ticket, timeout_s)   # None (not yet) | ("ok", Lowering) | ("error" | "gone", why)
+    lowerer.forget(ticket)              # not wanted any more (read past when it comes)
     lowerer.close()
 
 The process imports no torch (the passes, the rank program: it starts in a few tenths of
@@ -27,8 +28,11 @@ a second); the thread builds the execution plan (meta tensors) after loading.
 Invariant: nothing here is trusted more than the thread's own lowering was. The part's
 text is what the runtime compares with the proven digest on every rank, and the work list
 is its lowering by the same code (`rank_program`) in a process started from the same
-environment. A process that does not start, ends, fails to lower or is silent for
-TIMEOUT_S (then killed) only means the thread lowers itself, as before.
+environment (module-level switches changed in this process after its start do not reach
+it: tests that flip them lower ahead with NEREUS_AHEAD_PROCESS=0). A process that does not
+start, ends, or is silent for TIMEOUT_S (then killed) only means the thread lowers itself,
+as before; a lowering that fails there is left to the transition, which lowers it and
+raises its error.
 
 Setting: NEREUS_AHEAD_PROCESS (default 1; 0: the thread lowers in this process).
 """
@@ -49,7 +53,7 @@ from .gc_pause import paused
 
 log = logging.getLogger("nereus.ahead")
 ENABLED = env_flag("NEREUS_AHEAD_PROCESS", True)
-TIMEOUT_S = 300.0  # a lowering the process has not sent back after this: killed, lowered here
+TIMEOUT_S = 300.0  # a process that answers nothing for this long while asked: killed, lowered here
 
 
 @dataclass(frozen=True)
@@ -63,19 +67,23 @@ class Lowering:
 
 
 class Lowerer:
-    """The parent's end of one lowering process (module docstring); one request at a time.
-    The process ends when `close` is called, when the Lowerer is collected, or at exit."""
+    """The parent's end of one lowering process (module docstring). The process lowers
+    one transition at a time, in the order asked; a pair asked for again while it is at it
+    is not lowered twice. The process ends when `close` is called, when the Lowerer is
+    collected, or at exit."""
 
     def __init__(self, module, rank: int, direct_min_bytes: int):
         self._tickets = itertools.count()
-        self._asked: dict = {}  # ticket -> when it was asked
-        self._answers: dict = {}
+        self._wanted: set = set()  # tickets asked for and not forgotten
+        self._pairs: dict = {}  # (source, target) -> its ticket, until its answer is in
+        self._answers: dict = {}  # ticket -> ("ok", Lowering) | ("error", why), not collected yet
+        self._heard = time.monotonic()  # when the process last answered (or was asked, if idle)
         self._ends, self._finalizer = child.owned_by(self)
         try:
             child.start("nereus.runtime.lowerer:serve", self._ends)
             self._ends.outbox.send(("module", module, rank, direct_min_bytes))
         except Exception as error:  # noqa: BLE001 - no process: the thread lowers itself, as before
-            log.warning("lowering process did not start (%s: %s); lowering in the thread", type(error).__name__, error)
+            log.warning("lowering process did not start (%s: %s); lowering here", type(error).__name__, error)
             self.close()
 
     @property
@@ -84,58 +92,70 @@ class Lowerer:
         return process is not None and process.poll() is None
 
     def request(self, source: str, target: str) -> Optional[int]:
-        """Ask for this rank's lowering of source -> target; its ticket, or None (gone)."""
+        """Ask for this rank's lowering of source -> target; its ticket (the one already
+        asked for, if the process is still at that pair), or None (gone)."""
         if not self.alive:
             return None
-        ticket = next(self._tickets)
-        try:
-            self._ends.outbox.send(("lower", ticket, source, target))
-        except (OSError, ValueError):
-            self.close()
-            return None
-        self._asked[ticket] = time.monotonic()
+        ticket = self._pairs.get((source, target))
+        if ticket is None:
+            ticket = next(self._tickets)
+            try:
+                self._ends.outbox.send(("lower", ticket, source, target))
+            except (OSError, ValueError):
+                self.close()
+                return None
+            if not self._pairs:  # the process was idle: its silence counts from now
+                self._heard = time.monotonic()
+            self._pairs[(source, target)] = ticket
+        self._wanted.add(ticket)
         return ticket
 
     def answer(self, ticket: Optional[int], timeout_s: float) -> Optional[tuple]:
-        """("ok", Lowering) or ("failed", why) for `ticket` once it is in; None while the
-        process is still at it after waiting `timeout_s` (without the GIL). "failed": the
-        lowering raised there (the thread lowers itself, which raises the same), or the
-        process is gone or was silent past TIMEOUT_S (killed)."""
-        if ticket not in self._asked:
-            return ("failed", "not asked")
+        """("ok", Lowering), ("error", why) (the lowering raised there: lowered here it
+        raises the same) or ("gone", why) (the process ended, or answered nothing for
+        TIMEOUT_S and was killed) for `ticket` once it is in; None while the process is
+        still at it after waiting `timeout_s` (without the GIL). Answers to forgotten
+        tickets are read past without being loaded."""
+        if ticket not in self._wanted:
+            return ("gone", "not asked")
         end = time.monotonic() + timeout_s
         while ticket not in self._answers:
-            left = min(end, self._asked[ticket] + TIMEOUT_S) - time.monotonic()
             try:
-                if not self._ends.inbox.poll(max(0.0, left)):
-                    if time.monotonic() < self._asked[ticket] + TIMEOUT_S:
+                if not self._ends.inbox.poll(max(0.0, min(end, self._heard + TIMEOUT_S) - time.monotonic())):
+                    if time.monotonic() < self._heard + TIMEOUT_S:
                         return None
-                    log.warning("lowering process silent for %.0f s; lowering in the thread", TIMEOUT_S)
+                    log.warning("lowering process silent for %.0f s; lowering here", TIMEOUT_S)
                     self._ends.kill()
                     self.close()
-                    return ("failed", f"silent for {TIMEOUT_S:.0f} s")
+                    return ("gone", f"silent for {TIMEOUT_S:.0f} s")
+                status, got = pickle.loads(self._ends.inbox.recv_bytes())  # the header, then its payload
                 data = self._ends.inbox.recv_bytes()
-                with paused():  # ~10^5 objects at once: no collection in the middle of them
-                    answer = pickle.loads(data)
-            except Exception as error:  # noqa: BLE001 - ended (EOF), killed, or an answer that does not load
+                self._heard = time.monotonic()
+                self._pairs = {k: t for k, t in self._pairs.items() if t != got}
+                if got in self._wanted:
+                    with paused():  # ~10^5 objects at once: no collection in the middle of them
+                        self._answers[got] = (status, pickle.loads(data))
+            except BaseException as error:  # ended (EOF), killed, an answer that does not load, or interrupted
+                if not isinstance(error, Exception):  # mid-message: the stream cannot be trusted after it
+                    self.close()
+                    raise
                 if not isinstance(error, EOFError):
-                    log.warning("lowering process failed (%s: %s); lowering in the thread", type(error).__name__, error)
+                    log.warning("lowering process failed (%s: %s); lowering here", type(error).__name__, error)
                 self.close()
-                return ("failed", f"{type(error).__name__}: {error}")
-            if answer[1] in self._asked:
-                self._answers[answer[1]] = answer
-        del self._asked[ticket]
-        answer = self._answers.pop(ticket)
-        return ("ok", answer[2]) if answer[0] == "ok" else ("failed", answer[2])
+                return ("gone", f"{type(error).__name__}: {error}")
+        self._wanted.discard(ticket)
+        return self._answers.pop(ticket)
 
     def forget(self, ticket: Optional[int]) -> None:
-        """Its answer will not be collected: dropped when it comes."""
-        self._asked.pop(ticket, None)
+        """Its answer will not be collected: read past when it comes (a request for the
+        same pair meanwhile takes the ticket back)."""
+        self._wanted.discard(ticket)
         self._answers.pop(ticket, None)
 
     def close(self) -> None:
         """End the process (it exits when its input closes; killed if it does not)."""
-        self._asked.clear()
+        self._wanted.clear()
+        self._pairs.clear()
         self._answers.clear()
         self._finalizer()
 
@@ -161,8 +181,9 @@ def lower(module, rank: int, direct_min_bytes: int, source: str, target: str) ->
 
 def serve(read_fd: int, write_fd: int) -> None:
     """The lowering process. Receives ("module", Module, rank, direct_min_bytes) once, then
-    ("lower", ticket, source, target), each answered (bytes of a pickle) with ("ok",
-    ticket, Lowering) or ("error", ticket, why). Ends when its input closes."""
+    ("lower", ticket, source, target), each answered by two messages (bytes of pickles):
+    (status, ticket), then a Lowering (status "ok") or why it failed ("error"). Ends when
+    its input closes."""
     import gc
     from multiprocessing.connection import Connection
 
@@ -179,11 +200,12 @@ def serve(read_fd: int, write_fd: int) -> None:
             continue
         _, ticket, source, target = message
         try:
-            data = pickle.dumps(("ok", ticket, lower(module, rank, direct_min_bytes, source, target)),
-                                protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception as error:  # noqa: BLE001 - the thread lowers itself and raises there
-            data = pickle.dumps(("error", ticket, f"{type(error).__name__}: {error}"))
-        try:
+            status, data = "ok", pickle.dumps(lower(module, rank, direct_min_bytes, source, target),
+                                              protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as error:  # noqa: BLE001 - the runtime lowers it itself and raises there
+            status, data = "error", pickle.dumps(f"{type(error).__name__}: {error}")
+        try:  # a small header first: the parent reads past a payload nobody wants without loading it
+            outbox.send_bytes(pickle.dumps((status, ticket)))
             outbox.send_bytes(data)
         except (BrokenPipeError, OSError):
             return

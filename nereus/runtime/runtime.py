@@ -253,8 +253,9 @@ class Runtime:
             self._ahead_at_plan()
 
     def close(self) -> None:
-        """End rank 0's prover process, if any (also done when the Runtime is garbage
-        collected, and at exit); later transitions prove inline. The live state stays."""
+        """End rank 0's prover process, the lowering-ahead thread and its lowering process,
+        if any (also done when the Runtime is garbage collected, and at exit); later
+        transitions prove and lower inline. The live state stays."""
         if self._prover is not None:
             self._prover.close()
             self._prover = None
@@ -530,7 +531,9 @@ class Runtime:
             # collectives could pair with the wrong ones)
             agree(None, self._control, self._plan, target, kind="compile")
             taking = time.perf_counter()
-            early = self._ahead.take(self._plan, target) if self._ahead is not None else None
+            # a lowering the lowering process is still at: waited for up to a quarter of the
+            # collective timeout (the other ranks wait for this one meanwhile), else lowered here
+            early = self._ahead.take(self._plan, target, self.timeout_s / 4) if self._ahead is not None else None
             # a lowering the lowering process was still at is waited for in take(): a wait for the thread's work
             self._take_wait_s[key] = time.perf_counter() - taking
             got = obtain_rank_part(self.module, self._plan, target, self.rank, self.world_size, self._control,
@@ -592,7 +595,9 @@ class Runtime:
         rank was; the commit right after makes the new state usable. Python's cyclic
         garbage collector is paused for the call (gc_pause; NEREUS_PAUSE_GC=0: not)."""
         called = time.perf_counter()  # the wait for the lowering-ahead thread's step counts
-        with paused(), self._ahead_paused():
+        # the thread's step first (it may be loading a lowering with the collector paused:
+        # pausing it after would leave the collector to that step's end, mid-transition)
+        with self._ahead_paused(), paused():
             return self._transition(target, verify, fault, round_hook, called, time.perf_counter() - called)
 
     def _transition(self, target: str, verify: Optional[bool], fault, round_hook, called: float,

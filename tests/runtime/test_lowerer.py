@@ -67,11 +67,11 @@ def test_the_process_imports_no_torch(tmp_path):
     assert done.stdout.strip() == "[]"
 
 
-def test_a_lowering_that_fails_there_is_failed_with_its_error(process):
+def test_a_lowering_that_fails_there_is_an_error_with_its_message(process):
     kind, why = _answer(process, process.request("A", "Z"))
     with pytest.raises(Exception) as raised:
         lower(MODULE, 1, 1 << 20, "A", "Z")
-    assert kind == "failed" and why == f"{type(raised.value).__name__}: {raised.value}"
+    assert kind == "error" and why == f"{type(raised.value).__name__}: {raised.value}"
     assert process.alive  # the next one is lowered there again
     assert _answer(process, process.request("A", "B"))[0] == "ok"
 
@@ -79,7 +79,7 @@ def test_a_lowering_that_fails_there_is_failed_with_its_error(process):
 def test_a_process_that_ended_or_went_silent_is_failed(process, monkeypatch, caplog):
     process._ends.process.kill()
     process._ends.process.wait()
-    assert process.request("A", "B") is None or _answer(process, 0)[0] == "failed"
+    assert process.request("A", "B") is None or _answer(process, 0)[0] == "gone"
     assert not process.alive and process.request("A", "B") is None
 
     monkeypatch.setattr(lowerer, "TIMEOUT_S", 1.0)
@@ -90,9 +90,9 @@ def test_a_process_that_ended_or_went_silent_is_failed(process, monkeypatch, cap
         started = time.monotonic()
         assert silent.answer(ticket, 0.1) is None  # not in yet
         with caplog.at_level(logging.WARNING, logger="nereus.ahead"):
-            assert _answer(silent, ticket) == ("failed", "silent for 1 s")
+            assert _answer(silent, ticket) == ("gone", "silent for 1 s")
         assert time.monotonic() - started < 10 and not silent.alive
-        assert "lowering process silent for 1 s; lowering in the thread" in caplog.text
+        assert "lowering process silent for 1 s; lowering here" in caplog.text
     finally:
         silent.close()
 
@@ -105,7 +105,7 @@ def test_a_process_that_does_not_start_leaves_the_thread_to_lower(monkeypatch, c
     with caplog.at_level(logging.WARNING, logger="nereus.ahead"):
         made = Lowerer(MODULE, 1, 1 << 20)
     assert not made.alive and made.request("A", "B") is None
-    assert "lowering process did not start (OSError: no more processes); lowering in the thread" in caplog.text
+    assert "lowering process did not start (OSError: no more processes); lowering here" in caplog.text
 
 
 def test_the_thread_waits_for_the_process_in_short_steps_and_a_take_waits_in_the_caller(process):
@@ -191,7 +191,53 @@ def test_a_pair_dropped_while_the_process_lowers_it_leaves_nothing_kept(process)
     steps = ahead_module.steps(MODULE, 1, "cpu", 1 << 20, False, process, "A", "B")
     assert next(steps) is WAITING  # asked, not answered yet
     steps.close()  # dropped (at_plan, close)
-    assert process._asked == {}
+    assert process._wanted == set()
     os.kill(process._ends.process.pid, signal.SIGCONT)
     kind, got = _answer(process, process.request("B", "A"))  # the dropped answer comes first
-    assert kind == "ok" and '"from":"B"' in got.text and process._answers == {} and process._asked == {}
+    assert kind == "ok" and '"from":"B"' in got.text and process._answers == {} and process._wanted == set()
+
+
+def test_a_pair_asked_again_while_the_process_is_at_it_is_lowered_once(process):
+    os.kill(process._ends.process.pid, signal.SIGSTOP)
+    first = process.request("A", "B")
+    process.forget(first)  # dropped, then wanted again before its answer came
+    again = process.request("A", "B")
+    os.kill(process._ends.process.pid, signal.SIGCONT)
+    assert again == first
+    assert _answer(process, again)[0] == "ok" and process._pairs == {}
+
+
+def test_an_error_there_leaves_the_lowering_to_the_transition(process):
+    """The thread's step fails (not lowered again in the thread), and a take() returns
+    None at once: the transition lowers it once, and raises its error."""
+    calls = []
+    own = distribute._lower_own_part
+    distribute._lower_own_part = lambda *a, **k: calls.append(a[1:3]) or own(*a, **k)
+    try:
+        steps = ahead_module.steps(MODULE, 1, "cpu", 1 << 20, False, process, "A", "Z")
+        with pytest.raises(ahead_module.LoweringFailed, match="could not lower A -> Z: "):
+            while next(steps) is WAITING:
+                pass
+        assert calls == []
+    finally:
+        distribute._lower_own_part = own
+
+
+def test_a_take_waits_for_the_process_at_most_wait_s_and_at_plan_is_not_starved(process):
+    os.kill(process._ends.process.pid, signal.SIGSTOP)  # the process never answers here
+    made = Ahead(lambda s, t: ahead_module.steps(MODULE, 1, "cpu", 1 << 20, False, process, s, t))
+    try:
+        made.at_plan([("A", "B"), ("B", "A")])
+        time.sleep(0.3)  # WAITING steps one after another
+        started = time.monotonic()
+        made.at_plan([("A", "B"), ("B", "A")])  # the lock, between two steps
+        assert time.monotonic() - started < 1.0
+        started = time.monotonic()
+        with made.paused():
+            assert made.take("A", "B", wait_s=0.5) is None
+        assert 0.4 < time.monotonic() - started < 3.0
+        assert made._current is None or made._current[0] != ("A", "B")
+        assert ("A", "B") not in {k for k, t in process._pairs.items() if t in process._wanted}  # forgotten
+    finally:
+        made.close()
+        os.kill(process._ends.process.pid, signal.SIGCONT)
