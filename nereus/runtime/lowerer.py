@@ -29,10 +29,10 @@ Invariant: nothing here is trusted more than the thread's own lowering was. The 
 text is what the runtime compares with the proven digest on every rank, and the work list
 is its lowering by the same code (`rank_program`) in a process started from the same
 environment (module-level switches changed in this process after its start do not reach
-it: tests that flip them lower ahead with NEREUS_AHEAD_PROCESS=0). A process that does not
-start, ends, or is silent for TIMEOUT_S (then killed) only means the thread lowers itself,
-as before; a lowering that fails there is left to the transition, which lowers it and
-raises its error.
+it: where they are flipped, lower ahead in the thread, NEREUS_AHEAD_PROCESS=0). A process
+that does not start, ends, or is silent for TIMEOUT_S (then killed) only means the thread
+lowers itself, as before; a lowering that fails there is left to the transition, which
+lowers it and raises its error.
 
 Setting: NEREUS_AHEAD_PROCESS (default 1; 0: the thread lowers in this process).
 """
