@@ -22,11 +22,12 @@ before the call, while the training step keeps the GPU busy and the host mostly 
 `steps(source, target)` is a generator run one step at a time in the thread: it may
 first yield WAITING (a short wait for the lowering process, nereus.runtime.lowerer), then
 its first other yield gives the lowering (whatever the caller takes back), and each later
-yield ends one more step (building replays, compiling one kernel variant). `paused()` waits for the step in
-progress, if any, and holds later steps until the block ends: the main thread's
-transition never runs beside a step (the two would share one GIL, and a step's caches
-beside the call's). `take` hands over a finished lowering (one the lowering process is still at is waited
-for, in the caller) and drops the transition from the work list.
+yield ends one more step (the execution plan, building replays, compiling one kernel
+variant). `paused()` waits for the step in progress, if any, and holds later steps until
+the block ends: the main thread's transition never runs beside a step (the two would
+share one GIL, and a step's caches beside the call's). `take` hands over a finished
+lowering (one the lowering process is still at is waited for, in the caller) and drops
+the transition from the work list.
 
 Invariant: nothing here is trusted. The lowered part still has its digest compared with
 the proven program's on every rank (nereus.runtime.distribute); a step that fails only
