@@ -323,9 +323,10 @@ def steps(module, rank: int, device, direct_min_bytes: int, keep_compiled: bool,
           target: str) -> Iterator:
     """The work of one transition, a step per yield: lower this rank's part (yields a
     Lowered; where `lowerer` (a lowerer.Lowerer) runs, it lowers and each step until its
-    answer is in waits for it at most LOWERER_POLL_S and yields WAITING); on CUDA, build its replays (the execution plan's, as Runtime.prepare does)
-    and compile each of its kernel variants, one per step, on a stream of the thread's
-    own (a step never waits for the training's queued work). What the runtime's own
+    answer is in waits for it at most LOWERER_POLL_S and yields WAITING; the execution plan
+    is then a step of its own); on CUDA, build its replays (the execution plan's, as
+    Runtime.prepare does) and compile each of its kernel variants, one per step, on a
+    stream of the thread's own (a step never waits for the training's queued work). What the runtime's own
     transition would otherwise do in its first and second calls. `device`: an indexed
     device (this thread's current device is GPU 0 whatever the main thread's is)."""
     from nereus.backends.rank_json import canonical_json

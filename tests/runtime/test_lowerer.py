@@ -61,7 +61,8 @@ def test_the_process_imports_no_torch(tmp_path):
             f"lower(ir.parse_file({str(tmp_path / 'p.nir')!r}), 1, 1 << 20, 'A', 'B')\n"
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n")
     here = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(here, "..", ".."), os.environ.get("PYTHONPATH", "")]))
+    root = os.path.join(here, "..", "..")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]"
