@@ -41,7 +41,6 @@ tests and gloo runs would start a thread per runtime for little gain).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -58,7 +57,7 @@ from nereus.ir.diagnostics import NereusError
 
 from . import packing, streams
 from .execution_plan import plan_for
-from .program import PartFacts, part_facts, rank_program  # noqa: F401 - PartFacts: what a lowering keeps
+from .program import lower_text
 
 log = logging.getLogger("nereus.ahead")
 MODES = ("auto", "on", "off")
@@ -313,10 +312,9 @@ class Lowered:
 def lower_part(text: str, rank: int, direct_min_bytes: int) -> tuple:
     """(PartFacts of the part, this rank's work list from it), its execution plan built
     too (kept by execution_plan.plan_for): what a runtime needs of a new part."""
-    program = json.loads(text)
-    lowered = rank_program(program, rank, direct_min_bytes)
+    facts, lowered = lower_text(text, rank, direct_min_bytes)
     plan_for(lowered, streams.CHUNK_BYTES)
-    return part_facts(program, rank), lowered
+    return facts, lowered
 
 
 def steps(module, rank: int, device, direct_min_bytes: int, keep_compiled: bool, lowerer, source: str,

@@ -63,7 +63,6 @@ class Lowering:
     text: str  # the part's canonical JSON
     facts: object  # program.PartFacts of the part
     program: object  # this rank's RankProgram
-    seconds: float  # the process's time to lower it
 
 
 class Lowerer:
@@ -164,19 +163,14 @@ def lower(module, rank: int, direct_min_bytes: int, source: str, target: str) ->
     """This rank's lowering of source -> target as the thread makes it (`ahead.steps`),
     less the execution plan (torch's meta tensors; the thread builds it next). Imports no
     torch: the process starts in a few tenths of a second."""
-    import json
-
     from nereus.backends.proof import rank_part
     from nereus.backends.rank_json import canonical_json
     from nereus.passes import compile_transition
 
-    from .program import part_facts, rank_program
+    from .program import lower_text
 
-    started = time.perf_counter()
     text = canonical_json(rank_part(compile_transition(module, source, target), rank))
-    program = json.loads(text)
-    return Lowering(text, part_facts(program, rank), rank_program(program, rank, direct_min_bytes),
-                    time.perf_counter() - started)
+    return Lowering(text, *lower_text(text, rank, direct_min_bytes))
 
 
 def serve(read_fd: int, write_fd: int) -> None:

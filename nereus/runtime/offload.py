@@ -39,7 +39,7 @@ import torch
 
 from nereus.backends.triton.mapped import hold
 
-from .program import offloaded_units  # noqa: F401 - torch-free, where the lowering process finds it
+from .program import offloaded_units  # in __all__; it lives in program.py, which the torch-free lowering process imports
 
 HOST = "host"
 DEVICE = "device"

@@ -453,3 +453,12 @@ def part_facts(program: dict, rank: int) -> PartFacts:
     return PartFacts(frozenset(program.get("untouched", ())), frozenset(program_model_stages(program)),
                      int(program.get("resident_bytes", {}).get(str(rank), 0)), capacity,
                      offloaded_units(program))
+
+
+def lower_text(text: str, rank: int, direct_min_bytes: int) -> tuple:
+    """(PartFacts, this rank's RankProgram) of a part's canonical JSON text: what the
+    lowering-ahead thread and the lowering process make of a new part (torch-free)."""
+    import json
+
+    program = json.loads(text)
+    return part_facts(program, rank), rank_program(program, rank, direct_min_bytes)

@@ -93,13 +93,13 @@ from nereus.backends.proof import runs_on
 from nereus.passes.layout import unit_id
 
 from . import lowerer, offload, packing, replay
-from .ahead import Ahead, ahead_mode, lower_part, part_facts, steps as ahead_steps
+from .ahead import Ahead, ahead_mode, lower_part, steps as ahead_steps
 from .boxes import as_box, shard_shape
 from .control import Stale, agree, collectives, gather_flagged
 from .executor import TORCH_DTYPES, execute
 from .gc_pause import paused
 from .parking import ROLLBACK_MODES, default_rollback
-from .program import DIRECT_MIN_BYTES, rank_program, restrict_program, unit_of_stage
+from .program import DIRECT_MIN_BYTES, part_facts, rank_program, restrict_program, unit_of_stage
 from .prover import Prover, prover_mode
 from .state import assemble, shard_unit, step_name, unit_on_gpu
 
@@ -530,11 +530,11 @@ class Runtime:
             # makes every rank raise TransitionAborted here, before the compile's own
             # collectives could pair with the wrong ones)
             agree(None, self._control, self._plan, target, kind="compile")
+            # a lowering the lowering process is still at is waited for (reported in ahead_wait_s)
+            # up to a quarter of the collective timeout (the other ranks wait for this one
+            # meanwhile), else lowered here
             taking = time.perf_counter()
-            # a lowering the lowering process is still at: waited for up to a quarter of the
-            # collective timeout (the other ranks wait for this one meanwhile), else lowered here
             early = self._ahead.take(self._plan, target, self.timeout_s / 4) if self._ahead is not None else None
-            # a lowering the lowering process was still at is waited for in take(): a wait for the thread's work
             self._take_wait_s[key] = time.perf_counter() - taking
             got = obtain_rank_part(self.module, self._plan, target, self.rank, self.world_size, self._control,
                                    self.verify_programs, prover=self._prover, then=then, timeout_s=self.timeout_s,

@@ -18,7 +18,8 @@ from nereus.ir.diagnostics import NereusError, ProgramError
 from nereus.runtime import Runtime
 from nereus.runtime import distribute, lowerer
 from nereus.runtime import ahead as ahead_module
-from nereus.runtime.ahead import Ahead, PartFacts, ahead_mode
+from nereus.runtime.ahead import Ahead, ahead_mode
+from nereus.runtime.program import PartFacts
 
 from runtime_helpers import spawn_ok
 from test_rank_parts import SOURCE, STAGES, WORLD, _fulls
