@@ -13,7 +13,7 @@ session 12). None of that needs the other ranks or the live tensors: the passes 
 deterministic and a part depends on the module and the transition alone. So it can run
 before the call, while the training step keeps the GPU busy and the host mostly waits.
 
-    ahead = Ahead(steps)                 # steps(source, target) -> a generator (below)
+    ahead = Ahead(steps, lowerer=None)   # steps(source, target) -> a generator (below)
     ahead.at_plan(pairs)                 # work on these (source, target) pairs, in order
     with ahead.paused():                 # the main thread's own transition or prepare
         done = ahead.take(source, target)  # its lowering, or None (the caller lowers itself)
@@ -27,7 +27,10 @@ variant). `paused()` waits for the step in progress, if any, and holds later ste
 the block ends: the main thread's transition never runs beside a step (the two would
 share one GIL, and a step's caches beside the call's). `take` hands over a finished
 lowering (one the lowering process is still at is waited for, in the caller) and drops
-the transition from the work list.
+the transition from the work list. With a lowering process, the work list is its too
+(Lowerer.expect): it lowers the pairs in that order, one ahead of the thread, also while
+a transition pauses the thread, and `take` waits for a pair it has even if the thread
+has not started that pair.
 
 Invariant: nothing here is trusted. The lowered part still has its digest compared with
 the proven program's on every rank (nereus.runtime.distribute); a step that fails only
@@ -85,8 +88,9 @@ def ahead_mode(requested, device_type: str) -> bool:
 class Ahead:
     """The lowering-ahead thread of one runtime (module docstring)."""
 
-    def __init__(self, steps: Callable[[str, str], Iterator], name: str = "nereus-ahead"):
+    def __init__(self, steps: Callable[[str, str], Iterator], name: str = "nereus-ahead", lowerer=None):
         self._steps = steps
+        self._lowerer = lowerer  # the lowering process `steps` asks (lowerer.Lowerer), told the work list ahead
         self._cv = threading.Condition()
         self._queue: deque = deque()  # (source, target) not started
         self._current = None  # (key, generator, whether its lowering is in) started and not finished
@@ -120,6 +124,21 @@ class Ahead:
                 if self._current[0] not in self._done:  # not lowered yet: it may be again
                     self._started.discard(self._current[0])
                 self._drop_current()
+            self._expect()
+
+    def _expect(self) -> None:
+        """(Holding the thread.) Tell the lowering process the pairs still to lower, in
+        order: it lowers the next while the thread builds replays or a transition pauses
+        it (a job switching back right after a commit finds the way back lowered)."""
+        if self._lowerer is None:
+            return
+        pairs = list(self._queue)
+        if self._current is not None and not self._current[2]:
+            pairs.insert(0, self._current[0])
+        try:
+            self._lowerer.expect(pairs)
+        except Exception as error:  # noqa: BLE001 - the steps then lower what the process does not
+            log.debug("lowering process: expect failed: %r", error)
 
     @contextmanager
     def paused(self):
@@ -152,21 +171,40 @@ class Ahead:
             if self._current is not None and self._current[0] == key:
                 _, generator, lowered = self._current
                 if generator is not None and not lowered:  # the lowering process is at it: wait for it here
-                    self._stepping = True  # (the thread is held; idle() and close() see work in progress)
-                    self._cv.release()
-                    try:
-                        value = _first_value(generator, wait_s)
-                    finally:
-                        self._cv.acquire()
-                        self._stepping = False
-                    if value is not None:
-                        self._done[key] = value
+                    self._wait_in_caller(key, generator, wait_s)
                 self._drop_current()  # (its generator forgets a lowering not waited for to the end)
+            elif key in self._queue and key not in self._done and self._asked(key):
+                # not started by the thread, but the lowering process has it (expect): its steps run here
+                generator = self._steps(*key)
+                try:
+                    self._wait_in_caller(key, generator, wait_s)
+                finally:
+                    generator.close()
             try:
                 self._queue.remove(key)
             except ValueError:
                 pass
+            self._expect()
             return self._done.pop(key, None)
+
+    def _asked(self, key) -> bool:
+        try:
+            return self._lowerer is not None and self._lowerer.asked(*key)
+        except Exception:  # noqa: BLE001 - the caller lowers itself
+            return False
+
+    def _wait_in_caller(self, key, generator, wait_s: float) -> None:
+        """(Holding the thread.) Run `generator` to its lowering here, at most `wait_s`
+        (with the lock released; the thread is held: idle() and close() see a step)."""
+        self._stepping = True
+        self._cv.release()
+        try:
+            value = _first_value(generator, wait_s)
+        finally:
+            self._cv.acquire()
+            self._stepping = False
+        if value is not None:
+            self._done[key] = value
 
     @contextmanager
     def _held(self):

@@ -17,6 +17,7 @@ result back pickled; the thread only loads it (one call, with the cyclic collect
 call right after the Runtime's construction waits ~0.3-0.5 s longer for its lowering.
 
     lowerer = Lowerer(module, rank, direct_min_bytes)    # starts the process
+    lowerer.expect(pairs)               # the thread's work list: asked for ahead, in order
     ticket = lowerer.request(source, target)              # None: the process is gone
     lowerer.answer(ticket, timeout_s)   # None (not yet) | ("ok", Lowering) | ("error" | "gone", why)
     lowerer.forget(ticket)              # not wanted any more (read past when it comes)
@@ -67,14 +68,16 @@ class Lowering:
 
 class Lowerer:
     """The parent's end of one lowering process (module docstring). The process lowers
-    one transition at a time, in the order asked; a pair asked for again while it is at it
-    is not lowered twice. The process ends when `close` is called, when the Lowerer is
+    one transition at a time, in the order asked; a pair asked for again before its answer
+    is collected is not lowered twice. The process ends when `close` is called, when the Lowerer is
     collected, or at exit."""
 
     def __init__(self, module, rank: int, direct_min_bytes: int):
         self._tickets = itertools.count()
         self._wanted: set = set()  # tickets asked for and not forgotten
-        self._pairs: dict = {}  # (source, target) -> its ticket, until its answer is in
+        # (source, target) -> its ticket, until its answer is collected (or, forgotten, read past)
+        self._pairs: dict = {}
+        self._expected: dict = {}  # (source, target) -> ticket: asked for by expect()
         self._answers: dict = {}  # ticket -> ("ok", Lowering) | ("error", why), not collected yet
         self._heard = time.monotonic()  # when the process last answered (or was asked, if idle)
         self._ends, self._finalizer = child.owned_by(self)
@@ -92,7 +95,8 @@ class Lowerer:
 
     def request(self, source: str, target: str) -> Optional[int]:
         """Ask for this rank's lowering of source -> target; its ticket (the one already
-        asked for, if the process is still at that pair), or None (gone)."""
+        asked for, if the process is still at that pair or its answer is in and not
+        collected yet), or None (gone)."""
         if not self.alive:
             return None
         ticket = self._pairs.get((source, target))
@@ -103,11 +107,33 @@ class Lowerer:
             except (OSError, ValueError):
                 self.close()
                 return None
-            if not self._pairs:  # the process was idle: its silence counts from now
+            if all(t in self._answers for t in self._pairs.values()):  # it was idle: silence counts from now
                 self._heard = time.monotonic()
             self._pairs[(source, target)] = ticket
         self._wanted.add(ticket)
         return ticket
+
+    def expect(self, pairs) -> None:
+        """The pairs the thread will want, in order: each not asked for yet is asked for
+        now (the process lowers them one after another while the thread does other work,
+        or is paused by a transition), and those expected before and no longer listed
+        are forgotten. The process is at most one answer ahead of the reads: it waits
+        for a finished answer to be read before it lowers the next pair."""
+        pairs = list(dict.fromkeys(pairs))
+        for pair, ticket in self._expected.items():
+            if pair not in pairs and self._pairs.get(pair) == ticket:
+                self.forget(ticket)
+        self._expected = {}
+        for pair in pairs:
+            ticket = self.request(*pair)
+            if ticket is None:  # gone
+                break
+            self._expected[pair] = ticket
+
+    def asked(self, source: str, target: str) -> bool:
+        """Whether the process was asked for this pair and its answer is still to collect."""
+        ticket = self._pairs.get((source, target))
+        return ticket is not None and ticket in self._wanted
 
     def answer(self, ticket: Optional[int], timeout_s: float) -> Optional[tuple]:
         """("ok", Lowering), ("error", why) (the lowering raised there: lowered here it
@@ -130,8 +156,9 @@ class Lowerer:
                 status, got = pickle.loads(self._ends.inbox.recv_bytes())  # the header, then its payload
                 data = self._ends.inbox.recv_bytes()
                 self._heard = time.monotonic()
-                self._pairs = {k: t for k, t in self._pairs.items() if t != got}
-                if got in self._wanted:
+                if got not in self._wanted:  # forgotten: read past (a request now asks again)
+                    self._pairs = {k: t for k, t in self._pairs.items() if t != got}
+                else:
                     with paused():  # ~10^5 objects at once: no collection in the middle of them
                         self._answers[got] = (status, pickle.loads(data))
             except BaseException as error:  # ended (EOF), killed, an answer that does not load, or interrupted
@@ -143,18 +170,21 @@ class Lowerer:
                 self.close()
                 return ("gone", f"{type(error).__name__}: {error}")
         self._wanted.discard(ticket)
+        self._pairs = {k: t for k, t in self._pairs.items() if t != ticket}
         return self._answers.pop(ticket)
 
     def forget(self, ticket: Optional[int]) -> None:
-        """Its answer will not be collected: read past when it comes (a request for the
-        same pair meanwhile takes the ticket back)."""
+        """Its answer will not be collected: dropped if in, else read past when it comes
+        (a request for the same pair before then takes the ticket back)."""
         self._wanted.discard(ticket)
-        self._answers.pop(ticket, None)
+        if self._answers.pop(ticket, None) is not None:
+            self._pairs = {k: t for k, t in self._pairs.items() if t != ticket}
 
     def close(self) -> None:
         """End the process (it exits when its input closes; killed if it does not)."""
         self._wanted.clear()
         self._pairs.clear()
+        self._expected.clear()
         self._answers.clear()
         self._finalizer()
 

@@ -248,7 +248,7 @@ class Runtime:
             if lowerer.ENABLED and not keep_compiled:  # lowering off this process's GIL
                 self._lowerer = lowerer.Lowerer(module, self.rank, direct_min_bytes)
             self._ahead = Ahead(functools.partial(ahead_steps, module, self.rank, device, direct_min_bytes,
-                                                  keep_compiled, self._lowerer))
+                                                  keep_compiled, self._lowerer), lowerer=self._lowerer)
             weakref.finalize(self, self._ahead.close)
             self._ahead_at_plan()
 

@@ -242,3 +242,72 @@ def test_a_take_waits_for_the_process_at_most_wait_s_and_at_plan_is_not_starved(
     finally:
         made.close()
         os.kill(process._ends.process.pid, signal.SIGCONT)
+
+
+def test_an_answer_read_before_it_was_asked_for_is_not_lowered_again(process):
+    """expect() asks for the work list ahead: an answer read while the thread waited for
+    another is kept for the request of its pair, which takes its ticket back (the process,
+    stopped now, lowers nothing more)."""
+    process.expect([("A", "B"), ("B", "A")])
+    first = dict(process._expected)
+    assert process.asked("A", "B") and process.asked("B", "A")
+    assert _answer(process, first[("B", "A")])[0] == "ok"  # A -> B's answer comes first: read and kept
+    os.kill(process._ends.process.pid, signal.SIGSTOP)
+    try:
+        assert process.request("A", "B") == first[("A", "B")]
+        kind, got = process.answer(first[("A", "B")], 0.0)
+        assert kind == "ok" and '"from":"A"' in got.text
+        assert process._pairs == {} and process._answers == {} and not process.asked("A", "B")
+    finally:
+        os.kill(process._ends.process.pid, signal.SIGCONT)
+
+
+def test_a_pair_no_longer_expected_is_forgotten(process):
+    os.kill(process._ends.process.pid, signal.SIGSTOP)
+    process.expect([("A", "B"), ("B", "A")])
+    process.expect([("B", "A")])  # A -> B was compiled meanwhile
+    assert not process.asked("A", "B") and process.asked("B", "A")
+    os.kill(process._ends.process.pid, signal.SIGCONT)
+    ticket = process._expected[("B", "A")]
+    assert _answer(process, ticket)[0] == "ok"  # A -> B's answer read past, not kept
+    assert process._answers == {} and process._pairs == {} and process._wanted == set()
+
+
+def test_the_work_list_is_asked_for_at_once_and_a_take_of_a_pair_not_started_waits_for_it(process):
+    """The thread is at A -> B (held: its answer never reaches it) when a transition takes
+    B -> A: the process was asked for it with the work list, so the caller waits for its
+    answer instead of lowering it again in this process."""
+    calls = []
+    own = distribute._lower_own_part
+    distribute._lower_own_part = lambda *a, **k: calls.append(a[1:3]) or own(*a, **k)
+    real_answer = process.answer
+
+    def held(ticket, timeout_s):  # A -> B's answer never reaches the thread
+        if ticket == process._expected.get(("A", "B")):
+            time.sleep(timeout_s)
+            return None
+        return real_answer(ticket, timeout_s)
+
+    process.answer = held
+    made = Ahead(lambda s, t: ahead_module.steps(MODULE, 1, "cpu", 1 << 20, False, process, s, t),
+                 lowerer=process)
+    try:
+        made.at_plan([("A", "B"), ("B", "A")])
+        assert process.asked("A", "B") and process.asked("B", "A")
+        time.sleep(0.3)
+        assert made._current[0] == ("A", "B") and ("B", "A") in made._queue
+        with made.paused():
+            taken = made.take("B", "A", wait_s=60.0)
+        assert taken is not None and taken.where == "process" and '"from":"B"' in taken.text
+        assert calls == [] and ("B", "A") not in made._queue
+    finally:
+        made.close()
+        distribute._lower_own_part = own
+
+
+def test_silence_counts_from_a_request_to_an_idle_process_with_answers_not_collected(process):
+    process.expect([("A", "B"), ("B", "A")])
+    assert _answer(process, process._expected[("B", "A")])[0] == "ok"  # A -> B's is in, not collected
+    process._heard -= 10 * lowerer.TIMEOUT_S  # its last answer long ago; idle since
+    kind, _ = _answer(process, process.request("B", "A"))  # (collected: asked again)
+    assert kind == "ok" and process.alive
