@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 import weakref
@@ -56,7 +57,7 @@ from typing import Callable, Iterator, Optional
 
 import torch
 
-from nereus.ir.diagnostics import NereusError
+from nereus.ir.diagnostics import NereusError, env_number
 
 from . import packing, streams
 from .execution_plan import plan_for
@@ -278,9 +279,10 @@ class Ahead:
                 self._stepping = True
             value, finished, failed = None, False, None
             try:
-                if generator is None:
-                    generator = self._steps(*key)
-                value = next(generator)
+                with _short_switch():
+                    if generator is None:
+                        generator = self._steps(*key)
+                    value = next(generator)
             except StopIteration:
                 finished = True
             except BaseException as error:  # noqa: BLE001 - the main thread does it itself, and raises
@@ -309,6 +311,35 @@ LOWERER_POLL_S = 0.05  # one step's wait for the lowering process (the step that
 KEEP_UNWANTED = 8
 
 
+# The GIL's switch interval while a step runs (NEREUS_AHEAD_SWITCH_MS; 0: left as it is).
+# Why: a step is Python (the execution plan, the replays' tables) and the training loop
+# beside it gives up the GIL at every call that releases it (a kernel launch, a copy); it
+# then waits for the step to give it back, up to the interval each time (5 ms by default).
+SWITCH_S = env_number("NEREUS_AHEAD_SWITCH_MS", 0.5, 0.0, float) / 1e3
+_switch = {"lock": threading.Lock(), "steps": 0, "saved": None}
+
+
+@contextmanager
+def _short_switch():
+    """sys.setswitchinterval(SWITCH_S) while any runtime's step runs (never raised above
+    what it was), the interval found before restored after the last one ends."""
+    if SWITCH_S <= 0:
+        yield
+        return
+    with _switch["lock"]:
+        if _switch["steps"] == 0:
+            _switch["saved"] = sys.getswitchinterval()
+            sys.setswitchinterval(min(SWITCH_S, _switch["saved"]))
+        _switch["steps"] += 1
+    try:
+        yield
+    finally:
+        with _switch["lock"]:
+            _switch["steps"] -= 1
+            if _switch["steps"] == 0:
+                sys.setswitchinterval(_switch["saved"])
+
+
 def _first_value(generator, wait_s: float):
     """Run `generator` to its first value other than WAITING (its lowering); None where it
     ends or raises first, or is still WAITING after `wait_s` (the caller then lowers
@@ -330,6 +361,9 @@ def _first_value(generator, wait_s: float):
 def _after_fork_in_child() -> None:
     for ahead in list(_LIVE):
         ahead._after_fork_in_child()
+    if _switch["steps"]:  # forked in the middle of a step: the child has no step running
+        sys.setswitchinterval(_switch["saved"])
+    _switch.update(lock=threading.Lock(), steps=0, saved=None)
 
 
 if hasattr(os, "register_at_fork"):

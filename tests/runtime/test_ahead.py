@@ -168,19 +168,61 @@ def steps(source, target):
 ahead = Ahead(steps)
 ahead.at_plan([("A", "B")])
 running.wait(30)
+short = sys.getswitchinterval()  # the step's
 pid = os.fork()  # while a step runs
 if pid == 0:
     import signal
     signal.alarm(20)
     with ahead.paused():
         got = ahead.take("A", "B")
-    os._exit(0 if got is None and ahead.idle(1) else 3)
+    # no step runs in the child: the interpreter's own switch interval is back
+    os._exit(0 if got is None and ahead.idle(1) and sys.getswitchinterval() == 0.005 else 3)
 gate.set()
 _, status = os.waitpid(pid, 0)
 ahead.idle(30)
-print("ok" if status == 0 and ahead.take("A", "B") == "AB" else f"bad {status}")
+print("ok" if status == 0 and ahead.take("A", "B") == "AB" and short < 0.005 else f"bad {status} {short}")
 ahead.close()
 """
+
+
+def test_steps_run_with_a_short_switch_interval_and_the_old_one_comes_back(monkeypatch):
+    """While a step runs (of any runtime's thread) the GIL's switch interval is
+    SWITCH_S: the training loop beside it gets the GIL back sooner after each launch."""
+    import sys
+
+    seen = []
+    gate = threading.Event()
+
+    def steps(source, target):
+        seen.append(sys.getswitchinterval())
+        gate.wait(30)
+        yield source + target
+        seen.append(sys.getswitchinterval())
+
+    before = sys.getswitchinterval()
+    first, second = Ahead(steps), Ahead(steps)
+    try:
+        first.at_plan([("A", "B")])
+        second.at_plan([("B", "A")])
+        for _ in range(300):
+            if len(seen) == 2:
+                break
+            time.sleep(0.01)
+        gate.set()
+        assert first.idle(30) and second.idle(30)
+    finally:
+        first.close()
+        second.close()
+    assert seen == [pytest.approx(ahead_module.SWITCH_S)] * 4 and sys.getswitchinterval() == before
+    monkeypatch.setattr(ahead_module, "SWITCH_S", 0.0)  # NEREUS_AHEAD_SWITCH_MS=0: left alone
+    seen.clear()
+    third = Ahead(steps)
+    try:
+        third.at_plan([("A", "B")])
+        assert third.idle(30)
+    finally:
+        third.close()
+    assert seen == [before] * 2
 
 
 def test_a_forked_child_does_not_wait_for_the_parents_thread():
