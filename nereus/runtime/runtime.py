@@ -193,6 +193,29 @@ class Runtime:
         self.park_device_types = tuple(park_device_types)
         self.verify = verify
         self.verify_programs = verify_programs
+        use_prover = prover_mode(prover, self.device.type) == "process" and verify_programs and self.rank == 0
+        use_ahead = ahead_mode(ahead, self.device.type)
+        # rank 0 without a prover process proves inline, from the compile the thread keeps
+        keep_compiled = use_ahead and self.rank == 0 and verify_programs and not use_prover
+        self._plan = plan
+        self._programs: dict = {}
+        self._lowerer = None  # the lowering-ahead thread's lowering process (nereus.runtime.lowerer)
+        if use_ahead and lowerer.ENABLED and not keep_compiled:
+            # first, and told the work list at once: its start and first lowering overlap
+            # the rest of the construction (the groups, Triton's import) instead of the
+            # first transition's wait for it
+            self._lowerer = lowerer.Lowerer(module, self.rank, direct_min_bytes)
+            self._lowerer.expect(self._ahead_pairs())
+        try:
+            self._init_rest(module, plan, timeout_s, direct_min_bytes, progress, p2p_groups, use_prover,
+                            use_ahead, keep_compiled)
+        except BaseException:
+            if self._lowerer is not None:  # a constructor that raises leaves no process behind
+                self._lowerer.close()
+            raise
+
+    def _init_rest(self, module, plan, timeout_s, direct_min_bytes, progress, p2p_groups, use_prover, use_ahead,
+                   keep_compiled) -> None:
         self._verify_program_s: dict = {}  # (from, to) -> seconds rank 0 took to prove it
         self._lowered_ahead: dict = {}  # (from, to) -> True: its work list came from the ahead thread, until reported
         self._take_wait_s: dict = {}  # (from, to) -> seconds its compile waited in the thread's take(), until reported
@@ -214,18 +237,12 @@ class Runtime:
         replay.packer_for(self.device)  # CUDA: triton imported now, not in the first transition (~0.3 s)
         self.timeout_s = timeout_s
         self._prover = None
-        self._lowerer = None  # the lowering-ahead thread's lowering process (nereus.runtime.lowerer)
         self._ahead = None
-        use_prover = prover_mode(prover, self.device.type) == "process" and verify_programs and self.rank == 0
-        use_ahead = ahead_mode(ahead, self.device.type)
-        known_plan(module, plan)
-        self._plan = plan
         self._state: dict = {}  # model-stage → {name: local tensor}
-        # (from, to) -> (this rank's part of the program as canonical JSON text, seconds, its
-        # untouched model-stages): text, not dicts and lists, because every full garbage
-        # collection of the process scans every container object it holds (a MoE part is
-        # ~10^5 of them: a third of a collection's time, benchmarks/RESULTS.md "GC pauses")
-        self._programs: dict = {}
+        # self._programs: (from, to) -> (this rank's part of the program as canonical JSON
+        # text, seconds, its untouched model-stages): text, not dicts and lists, because every
+        # full garbage collection of the process scans every container object it holds (a
+        # MoE part is ~10^5 of them: a third of a collection's time, benchmarks/RESULTS.md "GC pauses")
         self._program_bytes: dict = {}  # (from, to) -> bytes of that part's canonical JSON
         self._lowered: dict = {}  # (from, to, live model-stages) -> this rank's lowered program (RankProgram)
         self._lowered_figures: dict = {}  # same key -> _Lowered: what a call derives from the program alone
@@ -244,9 +261,6 @@ class Runtime:
             # an indexed device: the thread's own current device is GPU 0
             device = torch.device("cuda", torch.cuda.current_device()) \
                 if self.device.type == "cuda" and self.device.index is None else self.device
-            keep_compiled = self.rank == 0 and verify_programs and self._prover is None  # for the inline proof
-            if lowerer.ENABLED and not keep_compiled:  # lowering off this process's GIL
-                self._lowerer = lowerer.Lowerer(module, self.rank, direct_min_bytes)
             self._ahead = Ahead(functools.partial(ahead_steps, module, self.rank, device, direct_min_bytes,
                                                   keep_compiled, self._lowerer), lowerer=self._lowerer)
             weakref.finalize(self, self._ahead.close)
@@ -277,12 +291,16 @@ class Runtime:
         """Tell the lowering-ahead thread the current plan: its work is the transitions
         from it, then the ways back to it (a job that switches back soon after finds that
         one lowered too), each not compiled yet and on plans this world can run."""
-        if self._ahead is None:
-            return
+        if self._ahead is not None:
+            self._ahead.at_plan(self._ahead_pairs())
+
+    def _ahead_pairs(self) -> list:
+        """The transitions from the current plan, then the ways back to it, on plans this
+        world can run, less those compiled already."""
         others = [p.name for p in self.module.plans if p.name != self._plan and runs_on(self.module, p.name,
                                                                                          self.world_size)]
         pairs = [(self._plan, p) for p in others] + [(p, self._plan) for p in others]
-        self._ahead.at_plan([k for k in pairs if k not in self._programs])
+        return [k for k in pairs if k not in self._programs]
 
     def _ahead_paused(self):
         """No lowering-ahead step runs beside the block (one GIL, shared caches)."""

@@ -311,3 +311,72 @@ def test_silence_counts_from_a_request_to_an_idle_process_with_answers_not_colle
     process._heard -= 10 * lowerer.TIMEOUT_S  # its last answer long ago; idle since
     kind, _ = _answer(process, process.request("B", "A"))  # (collected: asked again)
     assert kind == "ok" and process.alive
+
+
+def _started_before_the_groups(rank, world):
+    """Whether this rank's lowering process was running, and asked for A -> B, when the
+    constructor came to Triton's import (after the groups): it starts first."""
+    from nereus.runtime import Runtime
+    from nereus.runtime import runtime as runtime_module
+
+    made, seen = [], []
+
+    class Recorded(Lowerer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    real = runtime_module.replay.packer_for
+    lowerer.Lowerer = Recorded
+    runtime_module.replay.packer_for = lambda device: seen.append([(m.alive, m.asked("A", "B")) for m in made]) \
+        or real(device)
+    try:
+        rt = Runtime(MODULE, "A", rank=rank, world_size=world, ahead="on", verify_programs=False)
+    finally:
+        lowerer.Lowerer = Lowerer
+        runtime_module.replay.packer_for = real
+    rt.close()
+    return seen
+
+
+def test_the_process_starts_first_and_is_asked_for_the_work_list_at_once():
+    from runtime_helpers import spawn_ok
+    from test_rank_parts import WORLD
+
+    assert spawn_ok(_started_before_the_groups, WORLD) == [[[(True, True)]]] * WORLD
+
+
+def _lowering_processes() -> set:
+    out = subprocess.run(["ps", "-ww", "-o", "pid=,args=", "--ppid", str(os.getpid())], capture_output=True,
+                         text=True).stdout  # (-ww: the whole command line, whatever COLUMNS says)
+    return {int(line.split()[0]) for line in out.splitlines()
+            if "nereus.runtime.lowerer" in line and "<defunct>" not in line}
+
+
+def _constructor_raises(rank, world):
+    """The constructor starts the lowering process first, then finds the plans need 3 GPUs."""
+    from nereus.runtime import Runtime
+
+    made = []
+
+    class Recorded(Lowerer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self.alive)
+
+    before = _lowering_processes()
+    lowerer.Lowerer = Recorded
+    try:
+        Runtime(MODULE, "A", rank=rank, world_size=world, ahead="on", verify_programs=False)
+    except ir.NereusError as error:  # the plans use 3 GPUs, the group has 1
+        return error.message, made, _lowering_processes() == before
+    finally:
+        lowerer.Lowerer = Lowerer
+    return None, made, _lowering_processes() == before
+
+
+def test_a_constructor_that_raises_leaves_no_lowering_process():
+    from runtime_helpers import spawn_ok
+
+    (error, made, none_left), = spawn_ok(_constructor_raises, 1)
+    assert error is not None and "only 1 ranks run" in error and made == [True] and none_left, (error, made)
