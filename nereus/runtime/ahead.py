@@ -22,8 +22,8 @@ before the call, while the training step keeps the GPU busy and the host mostly 
 `steps(source, target)` is a generator run one step at a time in the thread: it may
 first yield WAITING (a short wait for the lowering process, nereus.runtime.lowerer), then
 its first other yield gives the lowering (whatever the caller takes back), and each later
-yield ends one more step (the execution plan, building replays, compiling one kernel
-variant). `paused()` waits for the step in progress, if any, and holds later steps until
+yield ends one more step (the execution plan, the stream kernel variants it needs, one
+compiled per step, building the replays, then their variants). `paused()` waits for the step in progress, if any, and holds later steps until
 the block ends: the main thread's transition never runs beside a step (the two would
 share one GIL, and a step's caches beside the call's). `take` hands over a finished
 lowering (one the lowering process is still at is waited for, in the caller) and drops
@@ -59,7 +59,7 @@ import torch
 
 from nereus.ir.diagnostics import NereusError, env_number
 
-from . import packing, streams
+from . import packing, replay, streams
 from .execution_plan import plan_for
 from .program import lower_text
 
@@ -394,10 +394,11 @@ def steps(module, rank: int, device, direct_min_bytes: int, keep_compiled: bool,
     """The work of one transition, a step per yield: lower this rank's part (yields a
     Lowered; where `lowerer` (a lowerer.Lowerer) runs, it lowers and each step until its
     answer is in waits for it at most LOWERER_POLL_S and yields WAITING; the execution plan
-    is then a step of its own); on CUDA, build its replays (the execution plan's, as
-    Runtime.prepare does) and compile each of its kernel variants, one per step, on a
-    stream of the thread's own (a step never waits for the training's queued work). What the runtime's own
-    transition would otherwise do in its first and second calls. `device`: an indexed
+    is then a step of its own); on CUDA, compile its streams' kernel variants, build its
+    replays (the execution plan's, as Runtime.prepare does), then compile theirs, one
+    variant per step, on a stream of the thread's own (a step never waits for the
+    training's queued work). What the runtime's own transition would otherwise do in its
+    first and second calls. `device`: an indexed
     device (this thread's current device is GPU 0 whatever the main thread's is)."""
     from nereus.backends.rank_json import canonical_json
 
@@ -436,21 +437,36 @@ def steps(module, rank: int, device, direct_min_bytes: int, keep_compiled: bool,
         plan_for(value[1], streams.CHUNK_BYTES)
         yield None
     device = torch.device(device)
-    if device.type != "cuda" or packing.kernels() is None:
+    kernels = packing.kernels()
+    if device.type != "cuda" or kernels is None or not hasattr(kernels, "warm"):
         return
     from .executor import TORCH_DTYPES
-    from .prepare import kernel_classes
+    from .prepare import stream_classes
 
     facts, lowered = value
+    del value
+    packer = kernels.default_packer()
     with torch.cuda.device(device):
         stream = torch.cuda.Stream(device)
-        with torch.cuda.stream(stream):
-            streamed, replayed = kernel_classes(lowered, device, TORCH_DTYPES, facts.offloaded)
-        stream.synchronize()  # the replays' tables are on the device
-    del facts, lowered, value
+        streamed = stream_classes(lowered, device, TORCH_DTYPES, facts.offloaded)
     yield None
-    packer = packing.kernels().default_packer()
-    for variant in sorted(streamed | replayed):
+    # the stream variants before the replays: a first call that comes while the replays
+    # are built streams on compiled kernels (a chunk whose variant is missing takes the
+    # torch path: ~100 of them cost a first call of the 6-layer MoE change ~0.4 s on one
+    # H200, session 15)
+    for variant in sorted(streamed):
+        if variant not in packer.compiled:
+            with torch.cuda.device(device), torch.cuda.stream(stream):
+                packer.compile({variant}, device)
+            yield None
+    with torch.cuda.device(device):
+        with torch.cuda.stream(stream):
+            replayed = replay.warm(lowered, plan_for(lowered, streams.CHUNK_BYTES), device, streams.DEPTH,
+                                   facts.offloaded)
+        stream.synchronize()  # the replays' tables are on the device
+    del facts, lowered
+    yield None
+    for variant in sorted(replayed):
         if variant not in packer.compiled:
             with torch.cuda.device(device), torch.cuda.stream(stream):
                 packer.compile({variant}, device)

@@ -101,16 +101,24 @@ def kernel_classes(prog: RankProgram, device: torch.device, dtypes: dict, offloa
     kernels = packing.kernels()
     if kernels is None or not hasattr(kernels, "warm") or torch.device(device).type != "cuda":
         return frozenset(), frozenset()
+    streamed = stream_classes(prog, device, dtypes, offloaded)
+    replayed = replay.warm(prog, plan_for(prog, streams.CHUNK_BYTES), device, streams.DEPTH, offloaded)
+    return streamed, replayed
+
+
+def stream_classes(prog: RankProgram, device: torch.device, dtypes: dict, offloaded=frozenset()) -> frozenset:
+    """The first half of kernel_classes: the stream variants alone (no replay is built)."""
+    kernels = packing.kernels()
+    if kernels is None or not hasattr(kernels, "warm") or torch.device(device).type != "cuda":
+        return frozenset()
     calls = []
     for kind, views, on_host in stream_views(prog, dtypes, offloaded):
         for segments in streams.chunk_views(views, streams.CHUNK_BYTES):
             if on_host or streams.fused(segments):  # the other chunks are plain copies
                 calls.append((kind, segments, packing.layout([v.numel() * v.element_size() for v in segments])[0]))
     packer = kernels.default_packer()
-    streamed = frozenset(packer.launch_classes(calls)) if packer.backend_for(torch.device(device)) == "triton" \
+    return frozenset(packer.launch_classes(calls)) if packer.backend_for(torch.device(device)) == "triton" \
         else frozenset()
-    replayed = replay.warm(prog, plan_for(prog, streams.CHUNK_BYTES), device, streams.DEPTH, offloaded)
-    return streamed, replayed
 
 
 def stream_views(prog: RankProgram, dtypes: dict, offloaded=frozenset()) -> list:

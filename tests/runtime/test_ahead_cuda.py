@@ -34,3 +34,30 @@ def test_a_first_call_lowered_ahead_runs_on_the_kernels():
     ahead, control = _first_calls("on"), _first_calls("off")
     assert ahead["cold a-b"]["lowered_ahead"] is True and ahead["cold a-b"]["fallbacks"] == 0, ahead
     assert control["cold a-b"]["lowered_ahead"] is False and control["cold a-b"]["fallbacks"] > 0, control
+
+
+def test_the_stream_variants_are_compiled_before_the_replays_are_built(monkeypatch):
+    """A first call that comes while the thread builds the replays finds its streams'
+    kernels compiled (a missing variant is a chunk on the torch path)."""
+    import nereus.ir as ir
+    from nereus.runtime import ahead, packing, prepare, replay
+    from nereus.runtime.executor import TORCH_DTYPES
+
+    sys.path.insert(0, os.path.dirname(SCRIPT))
+    try:
+        import moe_reshard as mr
+    finally:
+        sys.path.remove(os.path.dirname(SCRIPT))
+    device = torch.device("cuda", torch.cuda.current_device())
+    module = ir.parse_source(mr.module_source("train-ep2-tp2", 2, 141 * 10**9, mr.SHAPES["tiny"], 2), "t.nir")
+    packer = packing.kernels().default_packer()
+    monkeypatch.setattr(packer, "compiled", set())  # nothing compiled in this process yet
+    seen = []
+    real = replay.warm
+    monkeypatch.setattr(replay, "warm", lambda *a, **k: seen.append(set(packer.compiled)) or real(*a, **k))
+    first = None
+    for value in ahead.steps(module, 0, device, 1 << 20, False, None, "A", "B"):
+        first = value if first is None else first
+    facts, lowered = first.value
+    streamed = prepare.stream_classes(lowered, device, TORCH_DTYPES, facts.offloaded)
+    assert streamed and len(seen) == 1 and streamed <= seen[0], (streamed, seen)
