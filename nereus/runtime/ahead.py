@@ -322,7 +322,8 @@ _switch = {"lock": threading.Lock(), "steps": 0, "saved": None}
 @contextmanager
 def _short_switch():
     """sys.setswitchinterval(SWITCH_S) while any runtime's step runs (never raised above
-    what it was), the interval found before restored after the last one ends."""
+    what it was), the interval found before restored after the last one ends (unless the
+    job set another meanwhile)."""
     if SWITCH_S <= 0:
         yield
         return
@@ -336,8 +337,8 @@ def _short_switch():
     finally:
         with _switch["lock"]:
             _switch["steps"] -= 1
-            if _switch["steps"] == 0:
-                sys.setswitchinterval(_switch["saved"])
+            if _switch["steps"] == 0 and sys.getswitchinterval() == min(SWITCH_S, _switch["saved"]):
+                sys.setswitchinterval(_switch["saved"])  # (one the job set meanwhile is its own)
 
 
 def _first_value(generator, wait_s: float):

@@ -75,8 +75,10 @@ class Lowerer:
     def __init__(self, module, rank: int, direct_min_bytes: int):
         self._tickets = itertools.count()
         self._wanted: set = set()  # tickets asked for and not forgotten
-        # (source, target) -> its ticket, until its answer is collected (or, forgotten, read past)
-        self._pairs: dict = {}
+        self._pairs: dict = {}  # (source, target) -> its wanted ticket, until its answer is collected
+        # (source, target) -> a ticket forgotten before its answer came: the process drops it
+        # unless it is at it already; asked for again, the pair takes it back
+        self._forgotten: dict = {}
         self._expected: dict = {}  # (source, target) -> ticket: asked for by expect()
         self._answers: dict = {}  # ticket -> ("ok", Lowering) | ("error", why), not collected yet
         self._heard = time.monotonic()  # when the process last answered (or was asked, if idle)
@@ -95,21 +97,25 @@ class Lowerer:
 
     def request(self, source: str, target: str) -> Optional[int]:
         """Ask for this rank's lowering of source -> target; its ticket (the one already
-        asked for, if the process is still at that pair or its answer is in and not
-        collected yet), or None (gone)."""
+        asked for, if its answer is in or the process may still be at it), or None
+        (gone, and no answer of it in)."""
+        pair = (source, target)
+        ticket = self._pairs.get(pair)
+        if ticket is not None and (ticket in self._answers or self.alive):
+            return ticket
         if not self.alive:
             return None
-        ticket = self._pairs.get((source, target))
+        ticket = self._forgotten.pop(pair, None)
         if ticket is None:
             ticket = next(self._tickets)
-            try:
-                self._ends.outbox.send(("lower", ticket, source, target))
-            except (OSError, ValueError):
-                self.close()
-                return None
-            if all(t in self._answers for t in self._pairs.values()):  # it was idle: silence counts from now
-                self._heard = time.monotonic()
-            self._pairs[(source, target)] = ticket
+        try:
+            self._ends.outbox.send(("lower", ticket, source, target))
+        except (OSError, ValueError):
+            self.close()
+            return None
+        if all(t in self._answers for t in self._pairs.values()):  # it was idle: silence counts from now
+            self._heard = time.monotonic()
+        self._pairs[pair] = ticket
         self._wanted.add(ticket)
         return ticket
 
@@ -117,8 +123,9 @@ class Lowerer:
         """The pairs the thread will want, in order: each not asked for yet is asked for
         now (the process lowers them one after another while the thread does other work,
         or is paused by a transition), and those expected before and no longer listed
-        are forgotten. The process is at most one answer ahead of the reads: it waits
-        for a finished answer to be read before it lowers the next pair."""
+        are forgotten (the process drops those it has not started). The process is at
+        most one answer ahead of the reads: it waits for a finished answer to be read
+        before it lowers the next pair."""
         pairs = list(dict.fromkeys(pairs))
         for pair, ticket in self._expected.items():
             if pair not in pairs and self._pairs.get(pair) == ticket:
@@ -126,14 +133,14 @@ class Lowerer:
         self._expected = {}
         for pair in pairs:
             ticket = self.request(*pair)
-            if ticket is None:  # gone
-                break
-            self._expected[pair] = ticket
+            if ticket is not None:
+                self._expected[pair] = ticket
 
     def asked(self, source: str, target: str) -> bool:
-        """Whether the process was asked for this pair and its answer is still to collect."""
+        """Whether this pair's answer is in and not collected, or the process (alive) was
+        asked for it."""
         ticket = self._pairs.get((source, target))
-        return ticket is not None and ticket in self._wanted
+        return ticket is not None and (ticket in self._answers or self.alive)
 
     def answer(self, ticket: Optional[int], timeout_s: float) -> Optional[tuple]:
         """("ok", Lowering), ("error", why) (the lowering raised there: lowered here it
@@ -157,7 +164,7 @@ class Lowerer:
                 data = self._ends.inbox.recv_bytes()
                 self._heard = time.monotonic()
                 if got not in self._wanted:  # forgotten: read past (a request now asks again)
-                    self._pairs = {k: t for k, t in self._pairs.items() if t != got}
+                    self._forgotten = {k: t for k, t in self._forgotten.items() if t != got}
                 else:
                     with paused():  # ~10^5 objects at once: no collection in the middle of them
                         self._answers[got] = (status, pickle.loads(data))
@@ -174,16 +181,27 @@ class Lowerer:
         return self._answers.pop(ticket)
 
     def forget(self, ticket: Optional[int]) -> None:
-        """Its answer will not be collected: dropped if in, else read past when it comes
-        (a request for the same pair before then takes the ticket back)."""
+        """Its answer will not be collected: dropped if in; else the process is told to
+        drop the request (if it has not started it), and an answer that comes anyway is
+        read past (a request for the same pair before then takes the ticket back)."""
+        if ticket not in self._wanted:
+            return
         self._wanted.discard(ticket)
-        if self._answers.pop(ticket, None) is not None:
-            self._pairs = {k: t for k, t in self._pairs.items() if t != ticket}
+        pair = next((k for k, t in self._pairs.items() if t == ticket), None)
+        if pair is not None:
+            del self._pairs[pair]
+        if self._answers.pop(ticket, None) is None and pair is not None and self.alive:
+            self._forgotten[pair] = ticket
+            try:
+                self._ends.outbox.send(("forget", ticket))
+            except (OSError, ValueError):
+                self.close()
 
     def close(self) -> None:
         """End the process (it exits when its input closes; killed if it does not)."""
         self._wanted.clear()
         self._pairs.clear()
+        self._forgotten.clear()
         self._expected.clear()
         self._answers.clear()
         self._finalizer()
@@ -205,24 +223,35 @@ def lower(module, rank: int, direct_min_bytes: int, source: str, target: str) ->
 
 def serve(read_fd: int, write_fd: int) -> None:
     """The lowering process. Receives ("module", Module, rank, direct_min_bytes) once, then
-    ("lower", ticket, source, target), each answered by two messages (bytes of pickles):
-    (status, ticket), then a Lowering (status "ok") or why it failed ("error"). Ends when
-    its input closes."""
+    ("lower", ticket, source, target) and ("forget", ticket) (a request not started yet is
+    dropped); each request is answered, in the order asked, by two messages (bytes of
+    pickles): (status, ticket), then a Lowering (status "ok") or why it failed ("error").
+    Every message that came is read before the next lowering starts. Ends when its input
+    closes."""
     import gc
+    from collections import OrderedDict
     from multiprocessing.connection import Connection
 
     gc.disable()  # a lowering makes ~10^6 objects; what outlives it is collected after the answer
     inbox, outbox = Connection(read_fd, writable=False), Connection(write_fd, readable=False)
     module = rank = direct_min_bytes = None
+    pending: OrderedDict = OrderedDict()  # ticket -> (source, target), not started
+    answered: set = set()  # tickets started (a "lower" of one again, re-sent by the parent, is ignored)
     while True:
-        try:
-            message = inbox.recv()
-        except (EOFError, OSError):
-            return
-        if message[0] == "module":
-            _, module, rank, direct_min_bytes = message
-            continue
-        _, ticket, source, target = message
+        while not pending or inbox.poll(0):  # wait for work; read all that came before starting any
+            try:
+                message = inbox.recv()
+            except (EOFError, OSError):
+                return
+            if message[0] == "module":
+                _, module, rank, direct_min_bytes = message
+            elif message[0] == "lower":
+                if message[1] not in answered:
+                    pending.setdefault(message[1], message[2:])
+            elif message[0] == "forget":
+                pending.pop(message[1], None)
+        ticket, (source, target) = pending.popitem(last=False)
+        answered.add(ticket)
         try:
             status, data = "ok", pickle.dumps(lower(module, rank, direct_min_bytes, source, target),
                                               protocol=pickle.HIGHEST_PROTOCOL)

@@ -199,19 +199,20 @@ class Runtime:
         keep_compiled = use_ahead and self.rank == 0 and verify_programs and not use_prover
         self._plan = plan
         self._programs: dict = {}
+        self._prover = None
+        self._ahead = None
         self._lowerer = None  # the lowering-ahead thread's lowering process (nereus.runtime.lowerer)
-        if use_ahead and lowerer.ENABLED and not keep_compiled:
-            # first, and told the work list at once: its start and first lowering overlap
-            # the rest of the construction (the groups, Triton's import) instead of the
-            # first transition's wait for it
-            self._lowerer = lowerer.Lowerer(module, self.rank, direct_min_bytes)
-            self._lowerer.expect(self._ahead_pairs())
         try:
+            if use_ahead and lowerer.ENABLED and not keep_compiled:
+                # first, and told the work list at once: its start and first lowering overlap
+                # the rest of the construction (the groups, Triton's import) instead of the
+                # first transition's wait for it
+                self._lowerer = lowerer.Lowerer(module, self.rank, direct_min_bytes)
+                self._lowerer.expect(self._ahead_pairs())
             self._init_rest(module, plan, timeout_s, direct_min_bytes, progress, p2p_groups, use_prover,
                             use_ahead, keep_compiled)
         except BaseException:
-            if self._lowerer is not None:  # a constructor that raises leaves no process behind
-                self._lowerer.close()
+            self.close()  # a constructor that raises leaves no process or thread behind
             raise
 
     def _init_rest(self, module, plan, timeout_s, direct_min_bytes, progress, p2p_groups, use_prover, use_ahead,
@@ -236,8 +237,6 @@ class Runtime:
             self._data = data_groups(self.device, timeout_s, p2p_groups)
         replay.packer_for(self.device)  # CUDA: triton imported now, not in the first transition (~0.3 s)
         self.timeout_s = timeout_s
-        self._prover = None
-        self._ahead = None
         self._state: dict = {}  # model-stage → {name: local tensor}
         # self._programs: (from, to) -> (this rank's part of the program as canonical JSON
         # text, seconds, its untouched model-stages): text, not dicts and lists, because every
@@ -254,7 +253,7 @@ class Runtime:
         # on _live_stages' collective
         self._trained = tuple(str(ms) for ms in module.workload.model_stages() if ms.stage == "training")
         self._check_ranks(plan)
-        if use_prover:  # last: a constructor that raises leaves no process behind
+        if use_prover:  # last: the checks above raise before it starts
             self._prover = Prover(module)  # starts now: ready by the first transition
             self._prover.at_plan(plan, self.world_size)
         if use_ahead:  # no reference to the runtime: a thread must not keep it alive

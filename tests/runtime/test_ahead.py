@@ -225,6 +225,30 @@ def test_steps_run_with_a_short_switch_interval_and_the_old_one_comes_back(monke
     assert seen == [before] * 2
 
 
+def test_a_switch_interval_the_job_sets_during_a_step_is_kept():
+    import sys
+
+    gate, running = threading.Event(), threading.Event()
+
+    def steps(source, target):
+        running.set()
+        gate.wait(30)
+        yield source + target
+
+    before = sys.getswitchinterval()
+    made = Ahead(steps)
+    try:
+        made.at_plan([("A", "B")])
+        assert running.wait(30)
+        sys.setswitchinterval(0.02)  # the job's own, while the step runs
+        gate.set()
+        assert made.idle(30)
+        assert sys.getswitchinterval() == pytest.approx(0.02)
+    finally:
+        made.close()
+        sys.setswitchinterval(before)
+
+
 def test_a_forked_child_does_not_wait_for_the_parents_thread():
     import os
     import subprocess as sp

@@ -294,7 +294,9 @@ def test_the_work_list_is_asked_for_at_once_and_a_take_of_a_pair_not_started_wai
     try:
         made.at_plan([("A", "B"), ("B", "A")])
         assert process.asked("A", "B") and process.asked("B", "A")
-        time.sleep(0.3)
+        end = time.monotonic() + 30
+        while (made._current is None or made._current[0] != ("A", "B")) and time.monotonic() < end:
+            time.sleep(0.01)
         assert made._current[0] == ("A", "B") and ("B", "A") in made._queue
         with made.paused():
             taken = made.take("B", "A", wait_s=60.0)
@@ -362,7 +364,7 @@ def _constructor_raises(rank, world):
     class Recorded(Lowerer):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
-            made.append(self.alive)
+            made.append(self.alive and self._ends.process.pid in _lowering_processes())  # (ps sees it)
 
     before = _lowering_processes()
     lowerer.Lowerer = Recorded
@@ -380,3 +382,34 @@ def test_a_constructor_that_raises_leaves_no_lowering_process():
 
     (error, made, none_left), = spawn_ok(_constructor_raises, 1)
     assert error is not None and "only 1 ranks run" in error and made == [True] and none_left, (error, made)
+
+
+def test_a_request_forgotten_before_the_process_started_it_is_not_lowered(process):
+    """The process reads every message that came before it starts a lowering: one the
+    runtime no longer wants (a commit changed the work list) is dropped, not lowered
+    ahead of the pair a transition waits for."""
+    os.kill(process._ends.process.pid, signal.SIGSTOP)
+    process.expect([("A", "B"), ("B", "A")])
+    process.expect([("B", "A")])
+    dropped = process._forgotten[("A", "B")]
+    os.kill(process._ends.process.pid, signal.SIGCONT)
+    assert _answer(process, process._expected[("B", "A")])[0] == "ok"
+    # A -> B never answered (its arrival would have been read past before B -> A's)
+    assert process._forgotten == {("A", "B"): dropped} and process._answers == {}
+    assert process.request("A", "B") == dropped  # asked again: lowered now
+    kind, got = _answer(process, dropped)
+    assert kind == "ok" and '"from":"A"' in got.text and process._forgotten == {} and process._pairs == {}
+
+
+def test_an_answer_in_outlives_its_process(process):
+    process.expect([("A", "B"), ("B", "A")])
+    assert _answer(process, process._expected[("B", "A")])[0] == "ok"  # A -> B's read ahead
+    process._ends.process.kill()
+    process._ends.process.wait()
+    assert process.asked("A", "B") and not process.asked("B", "A")
+    ticket = process.request("A", "B")
+    assert ticket is not None and process.answer(ticket, 0.0)[0] == "ok"
+    assert process.request("B", "A") is None  # gone: the thread lowers it
+    process.expect([("A", "Z")])
+    process.expect([])
+    assert process._answers == {} and process._pairs == {} and process._wanted == set()
