@@ -113,10 +113,20 @@ def owned_by(owner) -> tuple:
     child of this process forgets them (Ends.forget_in_child)."""
     ends = Ends()
     finalizer = weakref.finalize(owner, ends.close)
-    if hasattr(os, "register_at_fork"):
-        ref = weakref.ref(ends)
-        os.register_at_fork(after_in_child=lambda: ref() is not None and ref().forget_in_child())
+    _LIVE.add(ends)  # (one fork hook for all: a hook per helper would stay registered for good)
     return ends, finalizer
+
+
+_LIVE: "weakref.WeakSet[Ends]" = weakref.WeakSet()  # every Ends not collected yet
+
+
+def _after_fork_in_child() -> None:
+    for ends in list(_LIVE):
+        ends.forget_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def start(serve: str, ends: Ends) -> None:

@@ -235,3 +235,19 @@ def test_a_forked_child_leaves_the_prover_alone():
     done = sp.run([sys.executable, "-c", FORK], capture_output=True, text=True, env=env, timeout=120)
     assert done.stdout.strip() == "ok", done.stderr[-2000:]
     assert "Error" not in done.stderr and "Warning" not in done.stderr, done.stderr[-2000:]
+
+
+def test_helpers_share_one_fork_hook(monkeypatch):
+    """A fork hook cannot be removed: one per helper process would outlive its helper
+    (a job building a Runtime per step would pile them up)."""
+    from nereus.runtime import child
+    from nereus.runtime.lowerer import Lowerer
+
+    registered = []
+    monkeypatch.setattr(os, "register_at_fork", lambda **hook: registered.append(hook))
+    made = [Prover(ir.parse_source(SOURCE, "p.nir")), Lowerer(ir.parse_source(SOURCE, "p.nir"), 1, 1 << 20)]
+    try:
+        assert registered == [] and all(m._ends in child._LIVE for m in made)
+    finally:
+        for m in made:
+            m.close()
