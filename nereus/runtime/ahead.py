@@ -316,7 +316,7 @@ KEEP_UNWANTED = 8
 # beside it gives up the GIL at every call that releases it (a kernel launch, a copy); it
 # then waits for the step to give it back, up to the interval each time (5 ms by default).
 SWITCH_S = env_number("NEREUS_AHEAD_SWITCH_MS", 0.5, 0.0, float) / 1e3
-_switch = {"lock": threading.Lock(), "steps": 0, "saved": None}
+_switch = {"lock": threading.Lock(), "steps": 0, "saved": None, "set": None}
 
 
 @contextmanager
@@ -331,13 +331,14 @@ def _short_switch():
         if _switch["steps"] == 0:
             _switch["saved"] = sys.getswitchinterval()
             sys.setswitchinterval(min(SWITCH_S, _switch["saved"]))
+            _switch["set"] = sys.getswitchinterval()  # (whole microseconds: not always what was asked)
         _switch["steps"] += 1
     try:
         yield
     finally:
         with _switch["lock"]:
             _switch["steps"] -= 1
-            if _switch["steps"] == 0 and sys.getswitchinterval() == min(SWITCH_S, _switch["saved"]):
+            if _switch["steps"] == 0 and sys.getswitchinterval() == _switch["set"]:
                 sys.setswitchinterval(_switch["saved"])  # (one the job set meanwhile is its own)
 
 
@@ -364,7 +365,7 @@ def _after_fork_in_child() -> None:
         ahead._after_fork_in_child()
     if _switch["steps"]:  # forked in the middle of a step: the child has no step running
         sys.setswitchinterval(_switch["saved"])
-    _switch.update(lock=threading.Lock(), steps=0, saved=None)
+    _switch.update(lock=threading.Lock(), steps=0, saved=None, set=None)
 
 
 if hasattr(os, "register_at_fork"):

@@ -111,7 +111,7 @@ class Lowerer:
         try:
             self._ends.outbox.send(("lower", ticket, source, target))
         except (OSError, ValueError):
-            self.close()
+            self._gone()
             return None
         if all(t in self._answers for t in self._pairs.values()):  # it was idle: silence counts from now
             self._heard = time.monotonic()
@@ -158,7 +158,7 @@ class Lowerer:
                         return None
                     log.warning("lowering process silent for %.0f s; lowering here", TIMEOUT_S)
                     self._ends.kill()
-                    self.close()
+                    self._gone()
                     return ("gone", f"silent for {TIMEOUT_S:.0f} s")
                 status, got = pickle.loads(self._ends.inbox.recv_bytes())  # the header, then its payload
                 data = self._ends.inbox.recv_bytes()
@@ -170,11 +170,11 @@ class Lowerer:
                         self._answers[got] = (status, pickle.loads(data))
             except BaseException as error:  # ended (EOF), killed, an answer that does not load, or interrupted
                 if not isinstance(error, Exception):  # mid-message: the stream cannot be trusted after it
-                    self.close()
+                    self._gone()
                     raise
                 if not isinstance(error, EOFError):
                     log.warning("lowering process failed (%s: %s); lowering here", type(error).__name__, error)
-                self.close()
+                self._gone()
                 return ("gone", f"{type(error).__name__}: {error}")
         self._wanted.discard(ticket)
         self._pairs = {k: t for k, t in self._pairs.items() if t != ticket}
@@ -195,7 +195,15 @@ class Lowerer:
             try:
                 self._ends.outbox.send(("forget", ticket))
             except (OSError, ValueError):
-                self.close()
+                self._gone()
+
+    def _gone(self) -> None:
+        """The process failed: end it; the answers already in are kept for their pairs
+        (request() hands them out, the process gone or not)."""
+        kept = {t: a for t, a in self._answers.items() if t in self._wanted}
+        pairs = {k: t for k, t in self._pairs.items() if t in kept}
+        self.close()
+        self._answers, self._pairs, self._wanted = kept, pairs, set(kept)
 
     def close(self) -> None:
         """End the process (it exits when its input closes; killed if it does not)."""

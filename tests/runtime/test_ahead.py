@@ -225,6 +225,17 @@ def test_steps_run_with_a_short_switch_interval_and_the_old_one_comes_back(monke
     assert seen == [before] * 2
 
 
+@pytest.mark.parametrize("ms", [0.5, 0.2, 1.1])  # 0.2 and 1.1 do not read back as set (whole microseconds)
+def test_the_interval_comes_back_after_a_step_whatever_the_setting(monkeypatch, ms):
+    import sys
+
+    monkeypatch.setattr(ahead_module, "SWITCH_S", ms / 1e3)
+    before = sys.getswitchinterval()
+    with ahead_module._short_switch():
+        assert sys.getswitchinterval() == pytest.approx(ms / 1e3, abs=1e-6)
+    assert sys.getswitchinterval() == before
+
+
 def test_a_switch_interval_the_job_sets_during_a_step_is_kept():
     import sys
 

@@ -413,3 +413,15 @@ def test_an_answer_in_outlives_its_process(process):
     process.expect([("A", "Z")])
     process.expect([])
     assert process._answers == {} and process._pairs == {} and process._wanted == set()
+
+
+def test_answers_in_outlive_a_process_that_dies_while_another_is_awaited(process):
+    process.expect([("A", "B"), ("B", "A")])
+    assert _answer(process, process._expected[("B", "A")])[0] == "ok"  # A -> B's read ahead
+    os.kill(process._ends.process.pid, signal.SIGSTOP)
+    waited = process.request("A", "Z")
+    os.kill(process._ends.process.pid, signal.SIGKILL)
+    assert _answer(process, waited)[0] == "gone" and not process.alive
+    ticket = process.request("A", "B")  # still served, from what came in before
+    assert ticket is not None and process.answer(ticket, 0.0)[0] == "ok"
+    assert process._answers == {} and process._pairs == {} and process._wanted == set()
