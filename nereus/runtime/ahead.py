@@ -23,9 +23,10 @@ before the call, while the training step keeps the GPU busy and the host mostly 
 first yield WAITING (a short wait for the lowering process, nereus.runtime.lowerer), then
 its first other yield gives the lowering (whatever the caller takes back), and each later
 yield ends one more step (the execution plan, the stream kernel variants it needs, one
-compiled per step, building the replays, then their variants). `paused()` waits for the step in progress, if any, and holds later steps until
-the block ends: the main thread's transition never runs beside a step (the two would
-share one GIL, and a step's caches beside the call's). `take` hands over a finished
+compiled per step, building the replays, then their variants). `paused()` waits for the
+step in progress, if any, and holds later steps until the block ends: the main thread's
+transition never runs beside a step (the two would share one GIL, and a step's caches
+beside the call's). `take` hands over a finished
 lowering (one the lowering process is still at is waited for, in the caller) and drops
 the transition from the work list. With a lowering process, the work list is its too
 (Lowerer.expect): it lowers the pairs in that order, one ahead of the thread, also while
@@ -400,8 +401,8 @@ def steps(module, rank: int, device, direct_min_bytes: int, keep_compiled: bool,
     replays (the execution plan's, as Runtime.prepare does), then compile theirs, one
     variant per step, on a stream of the thread's own (a step never waits for the
     training's queued work). What the runtime's own transition would otherwise do in its
-    first and second calls. `device`: an indexed
-    device (this thread's current device is GPU 0 whatever the main thread's is)."""
+    first and second calls. `device`: an indexed device (this thread's current device is
+    GPU 0 whatever the main thread's is)."""
     from nereus.backends.rank_json import canonical_json
 
     from .distribute import _lower_own_part
