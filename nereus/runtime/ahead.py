@@ -23,7 +23,13 @@ before the call, while the training step keeps the GPU busy and the host mostly 
 first yield WAITING (a short wait for the lowering process, nereus.runtime.lowerer), then
 its first other yield gives the lowering (whatever the caller takes back), and each later
 yield ends one more step (the execution plan, the stream kernel variants it needs, one
-compiled per step, building the replays, then their variants). `paused()` waits for the
+compiled per step, building the replays, then their variants). A step that yields LATER
+says the rest of its pair can wait: the thread parks it and does the other pairs' steps
+up to their LATER first, then what was parked, in list order (a first call needs its
+lowering, plan and stream variants; the replays only save host time, so the way back of
+a switch made right after construction is ready before the first pair's replays are
+built: session 15 saw such ways back take the torch path for ~100 chunks, ~0.3-0.4 s).
+`paused()` waits for the
 step in progress, if any, and holds later steps until the block ends: the main thread's
 transition never runs beside a step (the two would share one GIL, and a step's caches
 beside the call's). `take` hands over a finished
@@ -67,6 +73,7 @@ from .program import lower_text
 log = logging.getLogger("nereus.ahead")
 MODES = ("auto", "on", "off")
 WAITING = "waiting"  # what a step yields while its lowering is not in yet (see the module docstring)
+LATER = "later"  # what a step yields when the rest of its pair can wait for the other pairs'
 
 
 class LoweringFailed(RuntimeError):
@@ -96,6 +103,7 @@ class Ahead:
         self._cv = threading.Condition()
         self._queue: deque = deque()  # (source, target) not started
         self._current = None  # (key, generator, whether its lowering is in) started and not finished
+        self._later: deque = deque()  # (key, generator) lowered, parked at LATER (resumed when the queue is empty)
         self._done: OrderedDict = OrderedDict()  # key -> what its first step gave (oldest first)
         self._started: set = set()  # keys started and not dropped: each is worked on once
         self._paused = 0
@@ -126,6 +134,10 @@ class Ahead:
                 if self._current[0] not in self._done:  # not lowered yet: it may be again
                     self._started.discard(self._current[0])
                 self._drop_current()
+            order = {k: i for i, k in enumerate(pairs)}
+            for key, generator in [p for p in self._later if p[0] not in wanted]:
+                _close(generator)  # (its lowering stays kept above, as any lowered pair's)
+            self._later = deque(sorted((p for p in self._later if p[0] in wanted), key=lambda p: order[p[0]]))
             self._expect()
 
     def _expect(self) -> None:
@@ -145,21 +157,23 @@ class Ahead:
     @contextmanager
     def paused(self):
         """No step runs while the block runs; entering waits for the step in progress."""
+        with _pausing([self]):
+            yield self
+
+    def _hold(self) -> None:
+        """No step starts from now on (until `_release`)."""
         with self._cv:
             self._paused += 1
-            try:
-                while self._stepping:
-                    self._cv.wait()
-            except BaseException:  # interrupted while waiting: the thread must not stay paused
-                self._paused -= 1
-                self._cv.notify_all()
-                raise
-        try:
-            yield self
-        finally:
-            with self._cv:
-                self._paused -= 1
-                self._cv.notify_all()
+
+    def _wait_step(self) -> None:
+        with self._cv:
+            while self._stepping:
+                self._cv.wait()
+
+    def _release(self) -> None:
+        with self._cv:
+            self._paused -= 1
+            self._cv.notify_all()
 
     def take(self, source: str, target: str, wait_s: float = 60.0):
         """What the first step of (source, target) gave, or None (not lowered yet, or it
@@ -175,6 +189,10 @@ class Ahead:
                 if generator is not None and not lowered:  # the lowering process is at it: wait for it here
                     self._wait_in_caller(key, generator, wait_s)
                 self._drop_current()  # (its generator forgets a lowering not waited for to the end)
+            elif any(k == key for k, _ in self._later):  # lowered and parked: its later steps are dropped
+                for parked in [p for p in self._later if p[0] == key]:
+                    self._later.remove(parked)
+                    _close(parked[1])
             elif key in self._queue and key not in self._done and self._asked(key):
                 # not started by the thread, but the lowering process has it (expect): its steps run here
                 generator = self._steps(*key)
@@ -227,7 +245,8 @@ class Ahead:
         that within `timeout_s`."""
         with self._cv:
             return self._cv.wait_for(lambda: self._closed or (not self._stepping and self._current is None
-                                                                and not self._queue), timeout_s)
+                                                                and not self._queue and not self._later),
+                                     timeout_s)
 
     def close(self, timeout_s: float = 60.0) -> None:
         """Stop after the step in progress; the thread is joined (a daemon thread still
@@ -242,6 +261,8 @@ class Ahead:
         with self._cv:
             if self._current is not None and not self._stepping:
                 self._drop_current()
+            while self._later:
+                _close(self._later.popleft()[1])
 
     @property
     def alive(self) -> bool:
@@ -252,7 +273,7 @@ class Ahead:
         (perhaps held by the parent's thread at the fork) is a new one."""
         self._cv = threading.Condition()
         self._closed, self._stepping, self._paused = True, False, 0
-        self._current, self._queue, self._done = None, deque(), OrderedDict()
+        self._current, self._queue, self._done, self._later = None, deque(), OrderedDict(), deque()
 
     # -- the thread -----------------------------------------------------------------------
 
@@ -260,22 +281,22 @@ class Ahead:
         """(Holding the lock, no step running.) Close the started generator."""
         _, generator, _ = self._current
         self._current = None
-        try:
-            if generator is not None:
-                generator.close()
-        except Exception:  # noqa: BLE001 - a generator's cleanup failing loses nothing
-            pass
+        _close(generator)
 
     def _run(self) -> None:
         while True:
             with self._cv:
-                self._cv.wait_for(lambda: self._closed or (not self._paused and (self._current or self._queue)))
+                self._cv.wait_for(lambda: self._closed or (not self._paused and (self._current or self._queue
+                                                                                 or self._later)))
                 if self._closed:
                     return
-                if self._current is None:
+                if self._current is None and self._queue:
                     key = self._queue.popleft()
                     self._started.add(key)
                     self._current = (key, None, False)
+                elif self._current is None:  # every pair is at its LATER: resume the first parked
+                    key, generator = self._later.popleft()
+                    self._current = (key, generator, True)
                 key, generator, lowered = self._current
                 self._stepping = True
             value, finished, failed = None, False, None
@@ -295,8 +316,12 @@ class Ahead:
                 return
             with self._cv:
                 self._stepping = False
-                now_lowered = lowered or (not finished and failed is None and value is not WAITING)
+                now_lowered = lowered or (not finished and failed is None and value is not WAITING
+                                          and value is not LATER)
                 self._current = None if finished else (key, generator, now_lowered)
+                if value is LATER and lowered and self._current is not None and self._queue:
+                    self._later.append((key, generator))  # the other pairs' first parts first
+                    self._current = None
                 if failed is not None:
                     self.failed[key] = repr(failed)
                     log.debug("lowering ahead %s -> %s failed: %r", key[0], key[1], failed)
@@ -343,6 +368,40 @@ def _short_switch():
                 sys.setswitchinterval(_switch["saved"])  # (one the job set meanwhile is its own)
 
 
+def paused_all():
+    """No step of any lowering-ahead thread of this process runs while the block runs
+    (entering waits for the steps in progress): a transition of one runtime, or a weight
+    sync, beside another runtime's thread would share the GIL with its steps."""
+    return _pausing(list(_LIVE))
+
+
+@contextmanager
+def _pausing(aheads: list):
+    """Every thread of `aheads` held before any step in progress is waited for (held one
+    by one, a thread would go on stepping while another's step is waited for); an
+    interrupted wait leaves none of them paused."""
+    held = []
+    try:
+        for ahead in aheads:
+            ahead._hold()
+            held.append(ahead)
+        for ahead in held:
+            ahead._wait_step()
+        yield
+    finally:
+        for ahead in held:
+            ahead._release()
+
+
+def _close(generator) -> None:
+    """Close a started step generator (its cleanup failing loses nothing)."""
+    try:
+        if generator is not None:
+            generator.close()
+    except Exception:  # noqa: BLE001
+        pass
+
+
 def _first_value(generator, wait_s: float):
     """Run `generator` to its first value other than WAITING (its lowering); None where it
     ends or raises first, or is still WAITING after `wait_s` (the caller then lowers
@@ -351,7 +410,7 @@ def _first_value(generator, wait_s: float):
     try:
         while True:
             value = next(generator)
-            if value is not WAITING:
+            if value is not WAITING and value is not LATER:
                 return value
             if time.monotonic() >= end:
                 log.debug("lowering ahead: still waiting for the lowering process after %.1f s", wait_s)
@@ -397,8 +456,8 @@ def steps(module, rank: int, device, direct_min_bytes: int, keep_compiled: bool,
     """The work of one transition, a step per yield: lower this rank's part (yields a
     Lowered; where `lowerer` (a lowerer.Lowerer) runs, it lowers and each step until its
     answer is in waits for it at most LOWERER_POLL_S and yields WAITING; the execution plan
-    is then a step of its own); on CUDA, compile its streams' kernel variants, build its
-    replays (the execution plan's, as Runtime.prepare does), then compile theirs, one
+    is then a step of its own); on CUDA, compile its streams' kernel variants, yield LATER,
+    build its replays (the execution plan's, as Runtime.prepare does), then compile theirs, one
     variant per step, on a stream of the thread's own (a step never waits for the
     training's queued work). What the runtime's own transition would otherwise do in its
     first and second calls. `device`: an indexed device (this thread's current device is
@@ -462,6 +521,7 @@ def steps(module, rank: int, device, direct_min_bytes: int, keep_compiled: bool,
             with torch.cuda.device(device), torch.cuda.stream(stream):
                 packer.compile({variant}, device)
             yield None
+    yield LATER  # what a first call needs is done: the other pairs' first, then the replays
     with torch.cuda.device(device):
         with torch.cuda.stream(stream):
             replayed = replay.warm(lowered, plan_for(lowered, streams.CHUNK_BYTES), device, streams.DEPTH,

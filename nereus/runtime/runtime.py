@@ -73,7 +73,6 @@ computed once per (source, target, registered model-stages) and cached.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import math
@@ -93,7 +92,7 @@ from nereus.backends.proof import runs_on
 from nereus.passes.layout import unit_id
 
 from . import lowerer, offload, packing, replay
-from .ahead import Ahead, ahead_mode, lower_part, steps as ahead_steps
+from .ahead import Ahead, ahead_mode, lower_part, paused_all, steps as ahead_steps
 from .boxes import as_box, shard_shape
 from .control import Stale, agree, collectives, gather_flagged
 from .executor import TORCH_DTYPES, execute
@@ -302,8 +301,9 @@ class Runtime:
         return [k for k in pairs if k not in self._programs]
 
     def _ahead_paused(self):
-        """No lowering-ahead step runs beside the block (one GIL, shared caches)."""
-        return self._ahead.paused() if self._ahead is not None else contextlib.nullcontext()
+        """No lowering-ahead step runs beside the block (one GIL, shared caches): this
+        runtime's thread's, nor another runtime's of this process."""
+        return paused_all()
 
     @classmethod
     def from_file(cls, path: Optional[str] = None, plan: Optional[str] = None, *, module: Optional[Module] = None,

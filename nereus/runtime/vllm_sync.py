@@ -40,6 +40,7 @@ from nereus.ir.model import ModelStage, Module, Placement, Plan
 from .boxes import as_box, box_numel
 from . import replay
 from .executor import TORCH_DTYPES, execute
+from .ahead import paused_all
 from .gc_pause import paused
 from .program import rank_program, unit_of_stage
 from .runtime import known_plan
@@ -198,8 +199,9 @@ class WeightSync:
         """Collective. Input: this rank's shards of `source` ({} when it holds none);
         optimizer state in it is ignored. Output: this rank's shards of `target` in `plan`.
         Invariant: `source_state`'s tensors are never written. Python's cyclic garbage
-        collector is paused for the call (gc_pause)."""
-        with paused():
+        collector is paused for the call (gc_pause), and so are the process's
+        lowering-ahead threads (nereus.runtime.ahead: their steps would share the GIL)."""
+        with paused(), paused_all():
             return self._run(plan, source_state)
 
     def _run(self, plan: str, source_state: dict) -> SyncResult:

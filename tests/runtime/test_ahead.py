@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import threading
 import time
+from typing import Optional
 
 import pytest
 import torch
@@ -28,24 +29,28 @@ from test_rank_parts import SOURCE, STAGES, WORLD, _fulls
 class Steps:
     """Fake work: each transition's steps record themselves; `gate` holds step starts."""
 
-    def __init__(self, count: int = 3, fail=()):
+    def __init__(self, count: int = 3, fail=(), later: Optional[int] = None, hold_at: Optional[int] = None):
         self.log: list = []
         self.closed: list = []
-        self.count, self.fail = count, set(fail)
+        self.count, self.fail, self.later = count, set(fail), later  # later: the step that yields LATER
         self.gate = threading.Event()
         self.gate.set()
         self.running = threading.Event()
+        self.hold_at, self.hold, self.at_hold = hold_at, threading.Event(), threading.Event()  # one step's own gate
 
     def __call__(self, source, target):
         try:
             for i in range(self.count):
                 self.running.set()
                 self.gate.wait(30)
+                if i == self.hold_at:
+                    self.at_hold.set()
+                    self.hold.wait(30)
                 if (source, target) in self.fail:
                     raise ValueError(f"cannot lower {source} -> {target}")
                 self.log.append((source, target, i, threading.current_thread().name))
                 self.running.clear()
-                yield f"{source}->{target}" if i == 0 else None
+                yield f"{source}->{target}" if i == 0 else ahead_module.LATER if i == self.later else None
         finally:
             self.closed.append((source, target))
 
@@ -63,6 +68,69 @@ def test_every_transition_from_the_plan_is_lowered_ahead_in_order():
     finally:
         ahead.close()
     assert not ahead.alive
+
+
+def test_a_pair_at_its_later_step_waits_for_the_other_pairs_first_steps():
+    """Every pair's steps up to its LATER (lowering, plan, stream variants) before any
+    pair's later ones (replays): the way back of a switch made right after construction
+    is ready for its first call before the first pair's replays are built. The last pair
+    is not parked (nothing waits behind it)."""
+    steps = Steps(count=4, later=2)
+    ahead = Ahead(steps)
+    try:
+        ahead.at_plan([("A", "B"), ("B", "A"), ("A", "C")])
+        assert ahead.idle(30)
+        firsts = [(*k, i) for k in (("A", "B"), ("B", "A"), ("A", "C")) for i in range(3)]
+        assert [s[:3] for s in steps.log] == firsts + [("A", "C", 3), ("A", "B", 3), ("B", "A", 3)], steps.log
+        assert [ahead.take(*k) for k in (("A", "B"), ("B", "A"), ("A", "C"))] == ["A->B", "B->A", "A->C"]
+    finally:
+        ahead.close()
+
+
+def _parked(pairs: list) -> tuple:
+    """An Ahead at work on `pairs` of 4 steps each (the lowering, one, LATER, one): every
+    pair but the last parked, the last's last step in progress and held for 0.2 s."""
+    steps = Steps(count=4, later=2, hold_at=3)
+    ahead = Ahead(steps)
+    ahead.at_plan(pairs)
+    assert steps.at_hold.wait(30)
+    threading.Timer(0.2, steps.hold.set).start()
+    return steps, ahead
+
+
+def test_a_parked_pair_taken_or_no_longer_wanted_is_dropped_and_the_rest_resume_in_list_order():
+    pairs = [("A", "B"), ("A", "C"), ("A", "D"), ("A", "E")]
+    steps, ahead = _parked(pairs)
+    try:
+        with ahead.paused():
+            assert [x[:3] for x in steps.log] == [(*k, i) for k in pairs for i in range(3)] + [("A", "E", 3)]
+            assert ahead.take("A", "C") == "A->C" and ("A", "C") in steps.closed  # parked: later steps dropped
+            ahead.at_plan([("A", "E"), ("A", "D"), ("A", "B")])
+            ahead.at_plan([("A", "E"), ("A", "B")])  # A -> D no longer wanted
+            assert ("A", "C") in steps.closed and ("A", "D") in steps.closed and ("A", "B") not in steps.closed
+            assert ahead.take("A", "E") == "A->E" and not ahead.idle(0)  # nothing current, A -> B parked
+        assert ahead.idle(30)
+        assert [x[:3] for x in steps.log[13:]] == [("A", "B", 3)], steps.log  # C and D never resume
+        assert ahead.take("A", "D") == "A->D" and ahead.take("A", "B") == "A->B"  # lowerings kept
+    finally:
+        ahead.close()
+
+
+def test_the_parked_pairs_are_resumed_in_the_new_lists_order():
+    steps, ahead = _parked([("A", "B"), ("A", "C"), ("A", "D")])
+    try:
+        with ahead.paused():
+            ahead.at_plan([("A", "D"), ("A", "C"), ("A", "B")])
+        assert ahead.idle(30)
+        assert [x[:3] for x in steps.log[9:]] == [("A", "D", 3), ("A", "C", 3), ("A", "B", 3)], steps.log
+    finally:
+        ahead.close()
+
+
+def test_a_parked_pair_is_closed_with_the_thread():
+    steps, ahead = _parked([("A", "B"), ("A", "C")])  # A -> C's last step runs; A -> B is parked
+    ahead.close()
+    assert ("A", "B") in steps.closed and ("A", "B", 3) not in [x[:3] for x in steps.log]
 
 
 def test_no_step_runs_while_paused_and_take_waits_for_the_step_in_progress():
@@ -420,3 +488,37 @@ def _dropped(rank, world):
 
 def test_a_dropped_runtime_ends_its_thread():
     assert spawn_ok(_dropped, WORLD) == [False] * WORLD
+
+
+@pytest.mark.parametrize("order", [(0, 1), (1, 0)])
+def test_paused_all_holds_every_runtimes_thread_and_a_weight_sync_pauses_them(order):
+    """A transition of one runtime, or a weight sync, must not run beside another
+    runtime's step (one GIL): every thread is held before any step in progress is waited
+    for (in either order: a thread held only after another's step was waited for would
+    go on stepping meanwhile)."""
+    from nereus.runtime import vllm_sync
+
+    first, second = Steps(), Steps()
+    for s in (first, second):
+        s.gate.clear()
+    aheads = [Ahead(first), Ahead(second)]
+    try:
+        aheads[0].at_plan([("A", "B")])
+        aheads[1].at_plan([("A", "C")])
+        assert first.running.wait(30) and second.running.wait(30)
+        threading.Timer(0.2, first.gate.set).start()
+        threading.Timer(0.4, second.gate.set).start()
+        started = time.perf_counter()
+        with ahead_module._pausing([aheads[i] for i in order]):  # paused_all: every live thread, any order
+            assert time.perf_counter() - started >= 0.35  # both steps in progress finished first
+            logged = (len(first.log), len(second.log))
+            time.sleep(0.3)
+            assert (len(first.log), len(second.log)) == logged == (1, 1)  # and no later one started
+        seen = []
+        sync = object.__new__(vllm_sync.WeightSync)  # the call's wiring alone (no process group)
+        sync._run = lambda plan, state: seen.append([a._paused for a in aheads]) or "synced"
+        assert sync.run("P", {}) == "synced" and seen == [[1, 1]]
+        assert all(a.idle(30) for a in aheads) and len(first.log) == len(second.log) == 3
+    finally:
+        for a in aheads:
+            a.close()

@@ -55,9 +55,12 @@ def test_the_stream_variants_are_compiled_before_the_replays_are_built(monkeypat
     seen = []
     real = replay.warm
     monkeypatch.setattr(replay, "warm", lambda *a, **k: seen.append(set(packer.compiled)) or real(*a, **k))
-    first = None
+    first, later = None, []
     for value in ahead.steps(module, 0, device, 1 << 20, False, None, "A", "B"):
         first = value if first is None else first
+        if value is ahead.LATER:  # where the thread may park the pair: after the stream variants, before replays
+            later.append((len(seen), set(packer.compiled)))
     facts, lowered = first.value
     streamed = prepare.stream_classes(lowered, device, TORCH_DTYPES, facts.offloaded)
     assert streamed and len(seen) == 1 and streamed <= seen[0], (streamed, seen)
+    assert len(later) == 1 and later[0][0] == 0 and streamed <= later[0][1], later
