@@ -24,17 +24,20 @@ first yield WAITING (a short wait for the lowering process, nereus.runtime.lower
 its first other yield gives the lowering (whatever the caller takes back), and each later
 yield ends one more step (the execution plan, the stream kernel variants it needs, one
 compiled per step, building the replays, then their variants). A step that yields LATER
-says the rest of its pair can wait: the thread parks it and does the other pairs' steps
-up to their LATER first, then what was parked, in list order (a first call needs its
-lowering, plan and stream variants; the replays only save host time, so the way back of
-a switch made right after construction is ready before the first pair's replays are
-built: session 15 saw such ways back take the torch path for ~100 chunks, ~0.3-0.4 s).
-`paused()` waits for the
-step in progress, if any, and holds later steps until the block ends: the main thread's
-transition never runs beside a step (the two would share one GIL, and a step's caches
-beside the call's). `take` hands over a finished
-lowering (one the lowering process is still at is waited for, in the caller) and drops
-the transition from the work list. With a lowering process, the work list is its too
+says the rest of its pair can wait: the thread parks it, does the queued pairs' steps up
+to their LATER first (also those of pairs a new plan queues later), then the parked
+pairs' later steps in the work list's order (a first call needs its lowering, plan and
+stream variants; the replays only save host time, so the way back of a switch made right
+after construction is ready before the first pair's replays are built: session 15 saw
+such ways back take the torch path for ~100 chunks, ~0.3-0.4 s). A lowered pair no longer
+in the list stays parked, with its lowering, until it is again.
+
+`paused()` waits for the step in progress, if any, and holds later steps until the block
+ends: the main thread's transition never runs beside a step (the two would share one GIL,
+and a step's caches beside the call's); `paused_all()` does it for every thread of the
+process (a transition, a weight sync). `take` hands over a finished lowering (one the
+lowering process is still at is waited for, in the caller) and drops the transition from
+the work list. With a lowering process, the work list is its too
 (Lowerer.expect): it lowers the pairs in that order, one ahead of the thread, also while
 a transition pauses the thread, and `take` waits for a pair it has even if the thread
 has not started that pair.
@@ -103,7 +106,11 @@ class Ahead:
         self._cv = threading.Condition()
         self._queue: deque = deque()  # (source, target) not started
         self._current = None  # (key, generator, whether its lowering is in) started and not finished
-        self._later: deque = deque()  # (key, generator) lowered, parked at LATER (resumed when the queue is empty)
+        # key -> generator of a lowered pair parked (at its LATER, or while not wanted): resumed
+        # when nothing is queued, the first in the work list's order first
+        self._later: OrderedDict = OrderedDict()
+        self._order: dict = {}  # key -> its place in the work list (the pairs wanted now)
+        self._past_later: set = set()  # keys whose steps yielded LATER (their first-call work is done)
         self._done: OrderedDict = OrderedDict()  # key -> what its first step gave (oldest first)
         self._started: set = set()  # keys started and not dropped: each is worked on once
         self._paused = 0
@@ -111,7 +118,8 @@ class Ahead:
         self._closed = False
         self.failed: dict = {}  # key -> repr of the error a step raised (for tests and logs)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        _LIVE.add(self)
+        with _LIVE_LOCK:
+            _LIVE.add(self)
         self._thread.start()
 
     # -- the main thread ------------------------------------------------------------------
@@ -121,23 +129,29 @@ class Ahead:
         already: each pair is lowered once, and what was lowered for a pair no longer in
         the list is kept for when it is again (a job moving between two plans of many does
         not lower the others again after every commit), up to KEEP_UNWANTED of them, the
-        oldest dropped first (a dropped pair may be lowered again later)."""
+        oldest dropped first (a dropped pair may be lowered again later); so are its steps
+        not run yet (parked: they resume when it is wanted again). A pair whose first-call
+        work is done (past its LATER) waits for the new pairs' first-call work."""
         pairs = list(dict.fromkeys(pairs))
         with self._held():
             wanted = set(pairs)
+            self._order = {k: i for i, k in enumerate(pairs)}
             self._queue = deque(k for k in pairs if k not in self._started)  # (what is done was started)
             unwanted = [k for k in self._done if k not in wanted]
             for key in unwanted[:max(0, len(unwanted) - KEEP_UNWANTED)]:
                 del self._done[key]
                 self._started.discard(key)
-            if self._current is not None and self._current[0] not in wanted:
-                if self._current[0] not in self._done:  # not lowered yet: it may be again
-                    self._started.discard(self._current[0])
-                self._drop_current()
-            order = {k: i for i, k in enumerate(pairs)}
-            for key, generator in [p for p in self._later if p[0] not in wanted]:
-                _close(generator)  # (its lowering stays kept above, as any lowered pair's)
-            self._later = deque(sorted((p for p in self._later if p[0] in wanted), key=lambda p: order[p[0]]))
+                self._unpark(key)
+            if self._current is not None:
+                key, _, lowered = self._current
+                if key not in wanted and not lowered:  # not lowered yet: it may be again
+                    self._started.discard(key)
+                    self._drop_current()
+                elif key not in wanted and key not in self._done:  # lowered, and dropped above
+                    self._drop_current()
+                elif key not in wanted or (key in self._past_later and self._queue):
+                    self._later[key] = self._current[1]  # parked: kept for when it is wanted (again)
+                    self._current = None
             self._expect()
 
     def _expect(self) -> None:
@@ -189,10 +203,8 @@ class Ahead:
                 if generator is not None and not lowered:  # the lowering process is at it: wait for it here
                     self._wait_in_caller(key, generator, wait_s)
                 self._drop_current()  # (its generator forgets a lowering not waited for to the end)
-            elif any(k == key for k, _ in self._later):  # lowered and parked: its later steps are dropped
-                for parked in [p for p in self._later if p[0] == key]:
-                    self._later.remove(parked)
-                    _close(parked[1])
+            elif key in self._later:  # lowered and parked: its later steps are dropped
+                self._unpark(key)
             elif key in self._queue and key not in self._done and self._asked(key):
                 # not started by the thread, but the lowering process has it (expect): its steps run here
                 generator = self._steps(*key)
@@ -245,8 +257,8 @@ class Ahead:
         that within `timeout_s`."""
         with self._cv:
             return self._cv.wait_for(lambda: self._closed or (not self._stepping and self._current is None
-                                                                and not self._queue and not self._later),
-                                     timeout_s)
+                                                                and not self._queue
+                                                                and self._next_parked() is None), timeout_s)
 
     def close(self, timeout_s: float = 60.0) -> None:
         """Stop after the step in progress; the thread is joined (a daemon thread still
@@ -262,7 +274,9 @@ class Ahead:
             if self._current is not None and not self._stepping:
                 self._drop_current()
             while self._later:
-                _close(self._later.popleft()[1])
+                _close(self._later.popitem(last=False)[1])
+        with _LIVE_LOCK:  # paused_all no longer waits for it
+            _LIVE.discard(self)
 
     @property
     def alive(self) -> bool:
@@ -273,30 +287,41 @@ class Ahead:
         (perhaps held by the parent's thread at the fork) is a new one."""
         self._cv = threading.Condition()
         self._closed, self._stepping, self._paused = True, False, 0
-        self._current, self._queue, self._done, self._later = None, deque(), OrderedDict(), deque()
+        self._current, self._queue, self._done, self._later = None, deque(), OrderedDict(), OrderedDict()
+        self._past_later = set()
 
     # -- the thread -----------------------------------------------------------------------
 
     def _drop_current(self) -> None:
         """(Holding the lock, no step running.) Close the started generator."""
-        _, generator, _ = self._current
+        key, generator, _ = self._current
         self._current = None
+        self._past_later.discard(key)
         _close(generator)
+
+    def _unpark(self, key) -> None:
+        """(Holding the lock.) Close the parked generator of `key`, if any."""
+        self._past_later.discard(key)
+        _close(self._later.pop(key, None))
+
+    def _next_parked(self):
+        """(Holding the lock.) The wanted parked pair first in the work list, or None."""
+        return min((k for k in self._later if k in self._order), key=self._order.__getitem__, default=None)
 
     def _run(self) -> None:
         while True:
             with self._cv:
-                self._cv.wait_for(lambda: self._closed or (not self._paused and (self._current or self._queue
-                                                                                 or self._later)))
+                self._cv.wait_for(lambda: self._closed or (not self._paused and (
+                    self._current or self._queue or self._next_parked() is not None)))
                 if self._closed:
                     return
                 if self._current is None and self._queue:
                     key = self._queue.popleft()
                     self._started.add(key)
                     self._current = (key, None, False)
-                elif self._current is None:  # every pair is at its LATER: resume the first parked
-                    key, generator = self._later.popleft()
-                    self._current = (key, generator, True)
+                elif self._current is None:  # nothing queued: resume the first parked pair of the list
+                    key = self._next_parked()
+                    self._current = (key, self._later.pop(key), True)
                 key, generator, lowered = self._current
                 self._stepping = True
             value, finished, failed = None, False, None
@@ -319,8 +344,11 @@ class Ahead:
                 now_lowered = lowered or (not finished and failed is None and value is not WAITING
                                           and value is not LATER)
                 self._current = None if finished else (key, generator, now_lowered)
-                if value is LATER and lowered and self._current is not None and self._queue:
-                    self._later.append((key, generator))  # the other pairs' first parts first
+                if finished:
+                    self._past_later.discard(key)
+                elif value is LATER and lowered:  # parked: the queued pairs' first-call work first, then
+                    self._past_later.add(key)      # the parked pairs' later steps in list order (this one too)
+                    self._later[key] = generator
                     self._current = None
                 if failed is not None:
                     self.failed[key] = repr(failed)
@@ -330,7 +358,8 @@ class Ahead:
                 self._cv.notify_all()
 
 
-_LIVE: "weakref.WeakSet[Ahead]" = weakref.WeakSet()
+_LIVE: "weakref.WeakSet[Ahead]" = weakref.WeakSet()  # the open ones (close() takes one out)
+_LIVE_LOCK = threading.Lock()  # (a WeakSet copied while another thread adds to it raises)
 LOWERER_POLL_S = 0.05  # one step's wait for the lowering process (the step that gets the answer also loads it)
 # lowered pairs kept while not in the work list (each a RankProgram of up to ~10^5 objects,
 # which every full garbage collection scans, and its replays' device tables)
@@ -372,7 +401,10 @@ def paused_all():
     """No step of any lowering-ahead thread of this process runs while the block runs
     (entering waits for the steps in progress): a transition of one runtime, or a weight
     sync, beside another runtime's thread would share the GIL with its steps."""
-    return _pausing(list(_LIVE))
+    with _LIVE_LOCK:
+        live = list(_LIVE)
+    # (called from a step, its own thread would wait for itself)
+    return _pausing([a for a in live if a._thread is not threading.current_thread()])
 
 
 @contextmanager
@@ -421,6 +453,8 @@ def _first_value(generator, wait_s: float):
 
 
 def _after_fork_in_child() -> None:
+    global _LIVE_LOCK
+    _LIVE_LOCK = threading.Lock()  # (perhaps held by a parent's thread at the fork)
     for ahead in list(_LIVE):
         ahead._after_fork_in_child()
     if _switch["steps"]:  # forked in the middle of a step: the child has no step running

@@ -201,7 +201,7 @@ class WeightSync:
         Invariant: `source_state`'s tensors are never written. Python's cyclic garbage
         collector is paused for the call (gc_pause), and so are the process's
         lowering-ahead threads (nereus.runtime.ahead: their steps would share the GIL)."""
-        with paused(), paused_all():
+        with paused_all(), paused():  # (this order: a step may end a collector pause of its own meanwhile)
             return self._run(plan, source_state)
 
     def _run(self, plan: str, source_state: dict) -> SyncResult:

@@ -72,25 +72,26 @@ def test_every_transition_from_the_plan_is_lowered_ahead_in_order():
 
 def test_a_pair_at_its_later_step_waits_for_the_other_pairs_first_steps():
     """Every pair's steps up to its LATER (lowering, plan, stream variants) before any
-    pair's later ones (replays): the way back of a switch made right after construction
-    is ready for its first call before the first pair's replays are built. The last pair
-    is not parked (nothing waits behind it)."""
+    pair's later ones (replays), those then in the work list's order: the way back of a
+    switch made right after construction is ready for its first call before the first
+    pair's replays are built, and the first pair's replays come before the others'."""
     steps = Steps(count=4, later=2)
     ahead = Ahead(steps)
     try:
         ahead.at_plan([("A", "B"), ("B", "A"), ("A", "C")])
         assert ahead.idle(30)
         firsts = [(*k, i) for k in (("A", "B"), ("B", "A"), ("A", "C")) for i in range(3)]
-        assert [s[:3] for s in steps.log] == firsts + [("A", "C", 3), ("A", "B", 3), ("B", "A", 3)], steps.log
+        assert [s[:3] for s in steps.log] == firsts + [("A", "B", 3), ("B", "A", 3), ("A", "C", 3)], steps.log
         assert [ahead.take(*k) for k in (("A", "B"), ("B", "A"), ("A", "C"))] == ["A->B", "B->A", "A->C"]
     finally:
         ahead.close()
 
 
-def _parked(pairs: list) -> tuple:
-    """An Ahead at work on `pairs` of 4 steps each (the lowering, one, LATER, one): every
-    pair but the last parked, the last's last step in progress and held for 0.2 s."""
-    steps = Steps(count=4, later=2, hold_at=3)
+def _parked(pairs: list, count: int = 4) -> tuple:
+    """An Ahead at work on `pairs` of `count` steps each (the lowering, one, LATER, the
+    rest): every pair parked at its LATER, then the first resumed, its step 3 in progress
+    and held for 0.2 s."""
+    steps = Steps(count=count, later=2, hold_at=3)
     ahead = Ahead(steps)
     ahead.at_plan(pairs)
     assert steps.at_hold.wait(30)
@@ -98,39 +99,47 @@ def _parked(pairs: list) -> tuple:
     return steps, ahead
 
 
-def test_a_parked_pair_taken_or_no_longer_wanted_is_dropped_and_the_rest_resume_in_list_order():
+def _tail(steps: Steps, start: int) -> list:
+    return [x[:3] for x in steps.log[start:]]
+
+
+def test_a_parked_pair_taken_is_dropped_and_one_no_longer_wanted_waits_until_it_is_again():
     pairs = [("A", "B"), ("A", "C"), ("A", "D"), ("A", "E")]
     steps, ahead = _parked(pairs)
     try:
         with ahead.paused():
-            assert [x[:3] for x in steps.log] == [(*k, i) for k in pairs for i in range(3)] + [("A", "E", 3)]
+            assert _tail(steps, 0) == [(*k, i) for k in pairs for i in range(3)] + [("A", "B", 3)]
             assert ahead.take("A", "C") == "A->C" and ("A", "C") in steps.closed  # parked: later steps dropped
-            ahead.at_plan([("A", "E"), ("A", "D"), ("A", "B")])
-            ahead.at_plan([("A", "E"), ("A", "B")])  # A -> D no longer wanted
-            assert ("A", "C") in steps.closed and ("A", "D") in steps.closed and ("A", "B") not in steps.closed
-            assert ahead.take("A", "E") == "A->E" and not ahead.idle(0)  # nothing current, A -> B parked
+            ahead.at_plan([("A", "E"), ("A", "B")])  # A -> D no longer wanted: kept, parked
+            assert ahead.take("A", "B") == "A->B"  # (the pair in progress)
+            assert ("A", "D") not in steps.closed and not ahead.idle(0)  # A -> E parked and wanted
+        assert ahead.idle(30)  # A -> D, parked and not wanted, is not waited for
+        assert _tail(steps, 13) == [("A", "E", 3)], steps.log
+        ahead.at_plan([("A", "D"), ("A", "E")])  # wanted again: its later steps resume, not lowered again
         assert ahead.idle(30)
-        assert [x[:3] for x in steps.log[13:]] == [("A", "B", 3)], steps.log  # C and D never resume
-        assert ahead.take("A", "D") == "A->D" and ahead.take("A", "B") == "A->B"  # lowerings kept
+        assert _tail(steps, 14) == [("A", "D", 3)], steps.log
+        assert ahead.take("A", "D") == "A->D"
     finally:
         ahead.close()
 
 
-def test_the_parked_pairs_are_resumed_in_the_new_lists_order():
-    steps, ahead = _parked([("A", "B"), ("A", "C"), ("A", "D")])
+def test_new_pairs_first_call_work_comes_before_the_replays_and_parked_pairs_follow_the_new_order():
+    steps, ahead = _parked([("A", "B"), ("A", "C"), ("A", "D")], count=5)
     try:
-        with ahead.paused():
-            ahead.at_plan([("A", "D"), ("A", "C"), ("A", "B")])
+        with ahead.paused():  # A -> B is past its LATER: its step 4 waits for the new pair's first-call work
+            ahead.at_plan([("A", "D"), ("A", "C"), ("A", "B"), ("A", "E")])
         assert ahead.idle(30)
-        assert [x[:3] for x in steps.log[9:]] == [("A", "D", 3), ("A", "C", 3), ("A", "B", 3)], steps.log
+        assert _tail(steps, 10) == [("A", "E", 0), ("A", "E", 1), ("A", "E", 2), ("A", "D", 3), ("A", "D", 4),
+                                    ("A", "C", 3), ("A", "C", 4), ("A", "B", 4), ("A", "E", 3), ("A", "E", 4)], \
+            steps.log
     finally:
         ahead.close()
 
 
 def test_a_parked_pair_is_closed_with_the_thread():
-    steps, ahead = _parked([("A", "B"), ("A", "C")])  # A -> C's last step runs; A -> B is parked
+    steps, ahead = _parked([("A", "B"), ("A", "C")])  # A -> B's last step runs; A -> C is parked
     ahead.close()
-    assert ("A", "B") in steps.closed and ("A", "B", 3) not in [x[:3] for x in steps.log]
+    assert ("A", "C") in steps.closed and ("A", "C", 3) not in _tail(steps, 0)
 
 
 def test_no_step_runs_while_paused_and_take_waits_for_the_step_in_progress():
@@ -178,12 +187,14 @@ def test_a_new_plan_keeps_what_was_lowered_and_no_pair_is_lowered_twice(monkeypa
         with ahead.paused():  # A -> B lowered (its first step), its second not run
             ahead.at_plan([("B", "A"), ("B", "C")])
         assert ahead.idle(30)
-        assert ("A", "B") in steps.closed  # its later steps dropped, its lowering kept
+        assert ("A", "B") not in steps.closed and ("A", "B", 1) not in [x[:3] for x in steps.log]  # parked
         assert not any(s[:2] == ("A", "C") for s in steps.log)  # never started
         assert ahead.take("B", "A") == "B->A"
-        # back in A: A -> B is not lowered again (kept), A -> C is now, B -> A was taken
+        # back in A: A -> B is not lowered again (kept; its later step runs now), A -> C is
+        # lowered now, B -> A was taken
         ahead.at_plan([("A", "B"), ("A", "C"), ("B", "A")])
         assert ahead.idle(30)
+        assert ("A", "B", 1) in [x[:3] for x in steps.log]
         ahead.at_plan([("B", "A"), ("B", "C")])
         assert ahead.idle(30)
         firsts = [s[:2] for s in steps.log if s[2] == 0]
@@ -522,3 +533,62 @@ def test_paused_all_holds_every_runtimes_thread_and_a_weight_sync_pauses_them(or
     finally:
         for a in aheads:
             a.close()
+
+
+def test_a_weight_sync_keeps_the_collector_paused_after_a_steps_own_pause_ends():
+    """A step may load a lowering with the collector paused (Lowerer.answer): the sync
+    waits for that step first, then pauses the collector itself (the other order found
+    it paused, did nothing, and the step's end turned it back on mid-sync)."""
+    import gc
+
+    from nereus.runtime import gc_pause, vllm_sync
+
+    inside, release = threading.Event(), threading.Event()
+
+    def steps(source, target):
+        with gc_pause.paused():
+            inside.set()
+            release.wait(30)
+        yield source + target
+
+    ahead = Ahead(steps)
+    try:
+        assert gc.isenabled()
+        ahead.at_plan([("A", "B")])
+        assert inside.wait(30)
+        threading.Timer(0.2, release.set).start()
+        seen = []
+        sync = object.__new__(vllm_sync.WeightSync)
+        sync._run = lambda plan, state: seen.append(gc.isenabled())
+        sync.run("P", {})
+        assert seen == [False] and gc.isenabled()
+    finally:
+        release.set()
+        ahead.close()
+
+
+def test_paused_all_waits_for_no_closed_thread_nor_for_the_calling_step_itself():
+    steps = Steps()
+    steps.gate.clear()
+    stuck = Ahead(steps)
+    stuck.at_plan([("A", "B")])
+    assert steps.running.wait(30)
+    stuck.close(timeout_s=0.1)  # its step is still in progress (the join timed out)
+    started = time.perf_counter()
+    with ahead_module.paused_all():
+        assert time.perf_counter() - started < 0.5
+    steps.gate.set()
+
+    def pausing(source, target):  # a step that pauses every thread (its own included)
+        with ahead_module.paused_all():
+            pass
+        yield source + target
+
+    own = Ahead(pausing)
+    try:
+        own.at_plan([("A", "B")])
+        assert own.idle(10)
+        with own.paused():
+            assert own.take("A", "B") == "AB"
+    finally:
+        own.close()
