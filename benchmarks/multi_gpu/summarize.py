@@ -74,8 +74,10 @@ def lines(results: dict, steps: dict) -> list:
         elif name == "multi_gpu_weight_sync":
             text.append(f"{key}: {r['gpus']} x {r['device']}, {r['shape']['layers']} layers; verified {r['verified']}")
             for c in r["cases"]:
-                text.append(f"  {c['case']:28s} nereus {_s(c['nereus_s'] * 1e3, 1)} ms (wall "
-                            f"{_s(c['nereus_wall_s'] * 1e3, 1)}), gather-push {_s(c['gather_push_s'] * 1e3, 1)} ms "
+                cold = c.get("nereus_cold_s")  # (JSON before 2026-12-02: nereus_s was the executor's time)
+                text.append(f"  {c['case']:28s} nereus {_s(c['nereus_s'] * 1e3, 1)} ms "
+                            f"(cold {_s(cold * 1e3, 1) if cold is not None else 'n/a'}), "
+                            f"gather-push {_s(c['gather_push_s'] * 1e3, 1)} ms "
                             f"({_x(c.get('gather_push_over_nereus'))}), bound {_s((c['bound_s'] or 0) * 1e3, 1)} ms, "
                             f"parallel bound {_s((c['bound_parallel_s'] or 0) * 1e3, 1)} ms, "
                             f"{c['bytes_moved'] / 1e9:.2f} GB moved")
@@ -95,8 +97,12 @@ def lines(results: dict, steps: dict) -> list:
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    folder = argv[0]
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Summarize a run_all.sh output folder: a table per script, "
+                                                 "summary.json, and one JSON line last.")
+    parser.add_argument("folder", help="the folder run_all.sh wrote (its *.json and steps.txt)")
+    folder = parser.parse_args(sys.argv[1:] if argv is None else argv).folder
     steps = {}
     status_path = os.path.join(folder, "steps.txt")
     if os.path.exists(status_path):

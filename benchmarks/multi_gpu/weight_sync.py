@@ -8,17 +8,22 @@ its own layout. Training and generation are colocated on all n GPUs: training ru
 dp 1, tp n/2, pp 2; generation runs tp g, dp n/g for g in {2, n/2} (n = 2: g in {1, 2}).
 Weights only (the optimizer state stays with training).
 
+Every method is timed the same way: a call barrier to barrier with the devices
+synchronized (the slowest rank), first the cold call (a method's first in the process),
+then the median of `--repeats` warm calls.
+
 - nereus: `nereus.runtime.vllm_sync.WeightSync` (the sync compiled as a transition of
-  the weights and run by the same executor); nereus_s = median over `--repeats` runs of
-  the slowest rank's executor time, nereus_wall_s the median call barrier to barrier
-  (adds the per-call lowering of the program); compile_s once.
+  the weights and run by the same executor); nereus_s = the warm median, nereus_cold_s =
+  the first call (its compile and lowering included; nereus_compile_s says how much was
+  compile), nereus_exec_s = the median of the slowest rank's executor time alone.
+  (Before 2026-12-02, nereus_s was the executor's time and nereus_wall_s the call's.)
 - gather_push: OpenRLHF-style, each tensor gathered whole on rank 0 then broadcast to
-  every generation rank, which slices its shard (median of the same repeats).
+  every generation rank, which slices its shard.
 - bucketed: as verl / NeMo-RL write it, the tensors in name order are packed into flat
   buckets of `--bucket-mib` (default 1024): each bucket's training shards are gathered
   into one flat buffer on rank 0 (one batch of p2p ops per bucket), the bucket is
   broadcast to every rank in one collective, and each rank copies its generation shards
-  out of it (median of the same repeats, same timing).
+  out of it.
 - bound_s = bytes that change owner / measured P2P bandwidth; bound_parallel_s = the
   busiest GPU's incoming bytes / per-GPU ring rate (see mg_common.bounds).
 Both results are checked byte for byte against the reference slices on every rank.
@@ -160,13 +165,12 @@ def run_case(env: Env, g: int, args, shape: dict, bw: dict) -> dict:
     case = f"train-tp{max(1, env.world // 2)}pp2-gen-tp{g}dp{env.world // g}"
     local = build_local(train, env.rank, specs, args.seed, TAG, env.device, names=lambda n: n in specs)
     sync = WeightSync(module, device=env.device, control=env.ctrl)
-    _, compile_s = sync.part("P")
-    compile_s = env.slowest(compile_s)
 
     def check(weights) -> bool:
         return env.all_true(not check_local(weights, gen, env.rank, specs, args.seed, TAG, env.device))
 
-    first = sync.run("P", local)
+    first, cold = env.timed(lambda: sync.run("P", local))  # compiles and lowers the sync first
+    compile_s = env.slowest(first.compile_s)
     ok = check(first.weights)
     del first
     walls, execs, result = [], [], None
@@ -184,7 +188,7 @@ def run_case(env: Env, g: int, args, shape: dict, bw: dict) -> dict:
     rounds = result.rounds
     del result
     free_memory(env)
-    gather_push(env, train, gen, local, specs)  # warm-up: communicators and allocator
+    _, gp_cold = env.timed(lambda: gather_push(env, train, gen, local, specs))  # cold: communicators, allocator
     gp_times, gp = [], None
     for _ in range(args.repeats):
         gp, seconds = env.timed(lambda: gather_push(env, train, gen, local, specs))
@@ -193,7 +197,7 @@ def run_case(env: Env, g: int, args, shape: dict, bw: dict) -> dict:
     del gp
     free_memory(env)
     bucket_bytes = args.bucket_mib << 20
-    bucketed_gather_broadcast(env, train, gen, local, specs, bucket_bytes)  # warm-up, as for the others
+    _, bk_cold = env.timed(lambda: bucketed_gather_broadcast(env, train, gen, local, specs, bucket_bytes))
     bk_times, bk = [], None
     for _ in range(args.repeats):
         bk, seconds = env.timed(lambda: bucketed_gather_broadcast(env, train, gen, local, specs, bucket_bytes))
@@ -202,11 +206,13 @@ def run_case(env: Env, g: int, args, shape: dict, bw: dict) -> dict:
     del bk
     free_memory(env)
     out = {"case": case, "gen_tp": g, "layers": args.layers, "weight_bytes": specs_bytes(specs),
-           "nereus_s": statistics.median(execs), "nereus_wall_s": statistics.median(walls),
-           "nereus_times_s": execs, "nereus_compile_s": compile_s, "rounds": rounds, "bytes_moved": sent,
+           "nereus_s": statistics.median(walls), "nereus_times_s": walls, "nereus_cold_s": cold,
+           "nereus_exec_s": statistics.median(execs), "nereus_exec_times_s": execs, "nereus_compile_s": compile_s,
+           "rounds": rounds, "bytes_moved": sent,
            **bounds(incoming_bytes(train, gen, specs), bw),
-           "gather_push_s": statistics.median(gp_times), "gather_push_times_s": gp_times,
-           "bucketed_s": statistics.median(bk_times), "bucketed_times_s": bk_times, "bucket_bytes": bucket_bytes,
+           "gather_push_s": statistics.median(gp_times), "gather_push_times_s": gp_times, "gather_push_cold_s": gp_cold,
+           "bucketed_s": statistics.median(bk_times), "bucketed_times_s": bk_times, "bucketed_cold_s": bk_cold,
+           "bucket_bytes": bucket_bytes,
            "verified_nereus": ok, "verified_gather_push": ok_gp, "verified_bucketed": ok_bk}
     out["gather_push_over_nereus"] = out["gather_push_s"] / out["nereus_s"] if out["nereus_s"] else None
     out["bucketed_over_nereus"] = out["bucketed_s"] / out["nereus_s"] if out["nereus_s"] else None
@@ -216,9 +222,10 @@ def run_case(env: Env, g: int, args, shape: dict, bw: dict) -> dict:
     if out["bound_parallel_s"]:
         out["nereus_over_bound_parallel"] = out["nereus_s"] / out["bound_parallel_s"]
     out["verified"] = ok and ok_gp and ok_bk
-    env.log(f"{case}: nereus {out['nereus_s'] * 1e3:.1f} ms (wall {out['nereus_wall_s'] * 1e3:.1f}), "
-            f"gather-push {out['gather_push_s'] * 1e3:.1f} ms, bucketed {out['bucketed_s'] * 1e3:.1f} ms, bound {_ms(out['bound_s'])} / parallel "
-            f"{_ms(out['bound_parallel_s'])}, {sent / 1e9:.2f} GB moved, verified {out['verified']}")
+    env.log(f"{case}: warm (cold) nereus {_ms(out['nereus_s'])} ({_ms(cold)}; exec {_ms(out['nereus_exec_s'])}), "
+            f"gather-push {_ms(out['gather_push_s'])} ({_ms(gp_cold)}), bucketed {_ms(out['bucketed_s'])} "
+            f"({_ms(bk_cold)}), bound {_ms(out['bound_s'])} / parallel {_ms(out['bound_parallel_s'])}, "
+            f"{sent / 1e9:.2f} GB moved, verified {out['verified']}")
     return out
 
 

@@ -1,0 +1,35 @@
+"""benchmarks/multi_gpu/run_all.sh on CPU (`--cpu 2`: gloo, tiny shapes): the scripts the
+2-GPU figures of benchmarks/RESULTS.md come from run on this tree and check their own
+results, so a lent GPU machine's call is not spent on a script that rotted. Also: every
+method of a benchmark is reported cold and warm, timed the same way."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+
+
+def test_run_all_on_two_cpu_ranks_passes_and_reports_cold_and_warm(tmp_path):
+    env = dict(os.environ, OUT=str(tmp_path), PYTHON=sys.executable, BUDGET_S="400",
+               PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run(["bash", os.path.join(ROOT, "benchmarks", "multi_gpu", "run_all.sh"), "--cpu", "2"],
+                          capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    last = json.loads(done.stdout.strip().splitlines()[-1])
+    assert last["complete"] and last["passed"], done.stdout[-3000:]
+    assert sorted(last["steps"]) == ["correctness_2", "dtensor_2", "failure_2", "reshard_2", "weight_sync_2"]
+    folder = tmp_path / "multi_gpu"
+    sync = json.loads((folder / "weight_sync_2.json").read_text())
+    for case in sync["cases"]:
+        for method in ("nereus", "gather_push", "bucketed"):
+            assert case[f"{method}_cold_s"] > 0 and case[f"{method}_s"] > 0, (method, case)
+        # nereus_s is the call barrier to barrier, as the baselines are timed: each call's time
+        # holds its executor's (the slowest rank's of each), so the medians keep that order
+        assert all(w > e for w, e in zip(case["nereus_times_s"], case["nereus_exec_times_s"])), case
+        assert case["nereus_s"] > case["nereus_exec_s"], case
+    reshard = json.loads((folder / "reshard_2.json").read_text())
+    assert all(c["nereus_cold_s"] > 0 and c["nereus_s"] > 0 for c in reshard["cases"])
