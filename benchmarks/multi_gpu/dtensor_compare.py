@@ -22,9 +22,11 @@ Nereus splits fused q/k/v and gate/up part-wise (each GPU holds its heads of q, 
 which is what a TP forward needs; the bytes each GPU must receive are the same.
 
 Timing, identical for both: every call barrier to barrier with the devices synchronized,
-the slowest rank (`Env.timed`); one untimed warm-up; the median of `--repeats` calls.
-Nereus also reports its first call after `prepare()` in a process that has not moved a
-byte yet ("prepared") and the first call of a Runtime without `prepare` ("cold").
+the slowest rank (`Env.timed`); one warm-up; the median of `--repeats` calls. Cold:
+DTensor's warm-up of each direction, timed (`dtensor_cold_s`; its first all-gather also
+creates the mesh's communicator, which a Runtime does in its constructor); Nereus's first
+call after `prepare()` in a process that has not moved a byte yet ("prepared", TP -> DP)
+and the first call of a Runtime without `prepare` ("cold", DP -> TP).
 bound_s = the bytes each GPU receives (the busiest) / P2P bandwidth measured in this run.
 Both results are checked byte for byte on every rank. Last stdout line: one JSON object.
 """
@@ -109,13 +111,15 @@ def held_bytes(tensors: list) -> int:
 
 
 def timed_median(env: Env, fn, repeats: int) -> tuple:
-    fn()  # warm-up
+    """(the last call's result, the median of `repeats` warm calls, their times, the first
+    call's time: cold), every call timed as Nereus's are (env.timed)."""
+    _, cold = env.timed(fn)  # the warm-up: its time is the cold figure
     times, out = [], None
     for _ in range(repeats):
         out = None
         out, seconds = env.timed(fn)
         times.append(seconds)
-    return out, statistics.median(times), times
+    return out, statistics.median(times), times, cold
 
 
 def run(env: Env, args, shape: dict, bw: dict) -> dict:
@@ -189,21 +193,22 @@ def run(env: Env, args, shape: dict, bw: dict) -> dict:
 
     env.mesh = init_device_mesh(env.device.type, (env.world,))
     sharded = dtensor_locals(env, specs, args.seed, replicated=False)
-    replicated, gather_s, gather_times = timed_median(
+    replicated, gather_s, gather_times, gather_cold = timed_median(
         env, lambda: {n: dt.redistribute(env.mesh, [Replicate()]) for n, dt in sharded.items()}, args.repeats)
     ok_gather = dtensor_check(env, replicated, specs, args.seed)
     del sharded
     targets = {n: [Shard(d)] if d is not None else [Replicate()] for n, (_, _, d) in specs.items()}
-    resharded, slice_s, slice_times = timed_median(
+    resharded, slice_s, slice_times, slice_cold = timed_median(
         env, lambda: {n: dt.redistribute(env.mesh, targets[n]) for n, dt in replicated.items()}, args.repeats)
     ok_slice = dtensor_check(env, resharded, specs, args.seed)
     dtensor_held = held_bytes([dt.to_local() for dt in resharded.values()])
     del replicated, resharded
     free_memory(env)
     cases["tp-dp"].update(dtensor="Shard(d) -> Replicate()", dtensor_s=gather_s, dtensor_times_s=gather_times,
-                          verified_dtensor=ok_gather)
+                          dtensor_cold_s=gather_cold, verified_dtensor=ok_gather)
     cases["dp-tp"].update(dtensor="Replicate() -> Shard(d)", dtensor_s=slice_s, dtensor_times_s=slice_times,
-                          verified_dtensor=ok_slice, dtensor_held_bytes=env.total(dtensor_held))
+                          dtensor_cold_s=slice_cold, verified_dtensor=ok_slice,
+                          dtensor_held_bytes=env.total(dtensor_held))
     for name, c in cases.items():
         c["dtensor_over_nereus"] = c["dtensor_s"] / c["nereus_s"] if c["nereus_s"] else None
         if c["bound_s"]:
@@ -213,7 +218,7 @@ def run(env: Env, args, shape: dict, bw: dict) -> dict:
             env.log(f"{name}: memory the results keep alive, all GPUs: nereus {c['nereus_held_bytes'] / 1e9:.2f} GB, "
                     f"dtensor {c['dtensor_held_bytes'] / 1e9:.2f} GB")
         env.log(f"{name}: nereus {c['nereus_s'] * 1e3:.1f} ms (exec {c['nereus_exec_s'] * 1e3:.1f}), dtensor "
-                f"{c['dtensor_s'] * 1e3:.1f} ms, bound {(c['bound_s'] or 0) * 1e3:.1f} ms, "
+                f"{c['dtensor_s'] * 1e3:.1f} ms (cold {c['dtensor_cold_s'] * 1e3:.1f}), bound {(c['bound_s'] or 0) * 1e3:.1f} ms, "
                 f"{c['bytes_moved'] / 1e9:.2f} GB moved")
     env.log(f"nereus prepared first call {prepared_s * 1e3:.1f} ms (prepare {out['nereus_prepare_s']:.2f} s), "
             f"cold DP -> TP {cold_s * 1e3:.1f} ms")

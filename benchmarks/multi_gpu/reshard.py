@@ -29,7 +29,7 @@ the devices synchronized (`Env.timed`), the slowest rank:
   figure (TransitionReport.max_seconds: until the slowest rank was ready to commit, its
   device synchronized; the commit's one small collective follows).
 - gather_scatter_s: every tensor gathered whole on rank 0 and scattered in layout B
-  (one warm-up, then the median of as many runs as Nereus).
+  (one warm-up, timed as gather_scatter_cold_s, then the median of as many runs as Nereus).
 - dcp: torch.distributed.checkpoint save in layout A + load in layout B on local disk
   (`--ckpt-dir`), for the tensors of the first `--dcp-layers` layers only (the whole
   state would not fit on the disk); dcp_s is that subset (one run), dcp_s_extrapolated
@@ -289,12 +289,12 @@ def guarded(env: Env, out: dict, what: str, fn) -> None:
 
 
 def _gather_scatter(env, out, stages, units, specs, state_a, verified) -> None:
-    """Timed like Nereus: one untimed warm-up run, then `--repeats` runs barrier to
-    barrier (devices synchronized), median."""
+    """Timed like Nereus: a warm-up run (timed: gather_scatter_cold_s), then `--repeats`
+    runs barrier to barrier (devices synchronized), median."""
     import statistics
 
     run = lambda: {ms: gather_scatter(env, *units[ms], state_a[ms], specs[ms]) for ms in stages}  # noqa: E731
-    new = run()
+    new, out["gather_scatter_cold_s"] = env.timed(run)
     del new
     times = []
     for _ in range(len(out["nereus_times_s"])):
