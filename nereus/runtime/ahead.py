@@ -19,18 +19,18 @@ before the call, while the training step keeps the GPU busy and the host mostly 
         done = ahead.take(source, target)  # its lowering, or None (the caller lowers itself)
     ahead.close()
 
-`steps(source, target)` is a generator run one step at a time in the thread: it may
-first yield WAITING (a short wait for the lowering process, nereus.runtime.lowerer), then
-its first other yield gives the lowering (whatever the caller takes back), and each later
-yield ends one more step (the execution plan, the stream kernel variants it needs, one
-compiled per step, building the replays, then their variants). A step that yields LATER
-says the rest of its pair can wait: the thread parks it, does the queued pairs' steps up
-to their LATER first (also those of pairs a new plan queues later), then the parked
-pairs' later steps in the work list's order (a first call needs its lowering, plan and
-stream variants; the replays only save host time, so the way back of a switch made right
-after construction is ready before the first pair's replays are built: session 15 saw
-such ways back take the torch path for ~100 chunks, ~0.3-0.4 s). A lowered pair no longer
-in the list stays parked, with its lowering, until it is again.
+`steps(source, target)` (nereus.runtime.ahead_steps) is a generator run one step at a time
+in the thread: it may first yield WAITING (a short wait for the lowering process,
+nereus.runtime.lowerer), then its first other yield gives the lowering (whatever the
+caller takes back), and each later yield ends one more step (the execution plan, the
+stream kernel variants it needs, one compiled per step, building the replays, then their
+variants). A step that yields LATER says the rest of its pair can wait: the thread parks
+it, does the queued pairs' steps up to their LATER first (also those of pairs a new plan
+queues later), then the parked pairs' later steps in the work list's order (a first call
+needs its lowering, plan and stream variants; the replays only save host time, so the way
+back of a switch made right after construction is ready before the first pair's replays
+are built: session 15 saw such ways back take the torch path for ~100 chunks, ~0.3-0.4 s).
+A lowered pair no longer in the list stays parked, with its lowering, until it is again.
 
 `paused()` waits for the step in progress, if any, and holds later steps until the block
 ends: the main thread's transition never runs beside a step (the two would share one GIL,
@@ -62,26 +62,15 @@ import time
 import weakref
 from collections import OrderedDict, deque
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Callable, Iterator, Optional
-
-import torch
 
 from nereus.ir.diagnostics import NereusError, env_number
 
-from . import packing, replay, streams
-from .execution_plan import plan_for
-from .program import lower_text
+# the steps of one transition (and their protocol's sentinels), importable from here too
+from .ahead_steps import LATER, WAITING, Lowered, LoweringFailed, lower_part, steps
 
 log = logging.getLogger("nereus.ahead")
 MODES = ("auto", "on", "off")
-WAITING = "waiting"  # what a step yields while its lowering is not in yet (see the module docstring)
-LATER = "later"  # what a step yields when the rest of its pair can wait for the other pairs'
-
-
-class LoweringFailed(RuntimeError):
-    """The lowering process could not lower a transition (the transition, lowering it
-    itself, raises the error with its location)."""
 
 
 def ahead_mode(requested, device_type: str) -> bool:
@@ -360,7 +349,6 @@ class Ahead:
 
 _LIVE: "weakref.WeakSet[Ahead]" = weakref.WeakSet()  # the open ones (close() takes one out)
 _LIVE_LOCK = threading.Lock()  # (a WeakSet copied while another thread adds to it raises)
-LOWERER_POLL_S = 0.05  # one step's wait for the lowering process (the step that gets the answer also loads it)
 # lowered pairs kept while not in the work list (each a RankProgram of up to ~10^5 objects,
 # which every full garbage collection scans, and its replays' device tables)
 KEEP_UNWANTED = 8
@@ -466,105 +454,5 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-@dataclass(frozen=True)
-class Lowered:
-    """A transition's part as this rank lowered it ahead (the first step's value)."""
-
-    text: str  # the part's canonical JSON (what its digest hashes)
-    value: tuple  # lower_part(text, ...): (PartFacts, this rank's RankProgram)
-    compiled: object  # the compiled transition (rank 0 without a prover proves it inline), else None
-    seconds: float  # the thread's time to lower it (with the lowering process: to have it)
-    where: str = "thread"  # or "process": lowered by the lowering process (nereus.runtime.lowerer)
-
-
-def lower_part(text: str, rank: int, direct_min_bytes: int) -> tuple:
-    """(PartFacts of the part, this rank's work list from it), its execution plan built
-    too (kept by execution_plan.plan_for): what a runtime needs of a new part."""
-    facts, lowered = lower_text(text, rank, direct_min_bytes)
-    plan_for(lowered, streams.CHUNK_BYTES)
-    return facts, lowered
-
-
-def steps(module, rank: int, device, direct_min_bytes: int, keep_compiled: bool, lowerer, source: str,
-          target: str) -> Iterator:
-    """The work of one transition, a step per yield: lower this rank's part (yields a
-    Lowered; where `lowerer` (a lowerer.Lowerer) runs, it lowers and each step until its
-    answer is in waits for it at most LOWERER_POLL_S and yields WAITING; the execution plan
-    is then a step of its own); on CUDA, compile its streams' kernel variants, yield LATER,
-    build its replays (the execution plan's, as Runtime.prepare does), then compile theirs, one
-    variant per step, on a stream of the thread's own (a step never waits for the
-    training's queued work). What the runtime's own transition would otherwise do in its
-    first and second calls. `device`: an indexed device (this thread's current device is
-    GPU 0 whatever the main thread's is)."""
-    from nereus.backends.rank_json import canonical_json
-
-    from .distribute import _lower_own_part
-
-    started = time.perf_counter()
-    done = None
-    ticket = lowerer.request(source, target) if lowerer is not None and not keep_compiled else None
-    try:
-        while ticket is not None:
-            answer = lowerer.answer(ticket, LOWERER_POLL_S)
-            if answer is None:
-                yield WAITING
-                continue
-            ticket = None
-            if answer[0] == "ok":
-                got = answer[1]
-                done = Lowered(got.text, (got.facts, got.program), None, time.perf_counter() - started, "process")
-            elif answer[0] == "error":  # the transition lowers it itself and raises this there
-                raise LoweringFailed(f"the lowering process could not lower {source} -> {target}: {answer[1]}")
-            else:  # gone: lowered here instead
-                log.debug("lowering process: %s -> %s %s", source, target, answer[1])
-    finally:
-        if ticket is not None:  # dropped while waiting (at_plan, close): its answer is not kept when it comes
-            lowerer.forget(ticket)
-    if done is None:
-        compiled, part = _lower_own_part(module, source, target, rank)
-        text = canonical_json(part)
-        done = Lowered(text, lower_part(text, rank, direct_min_bytes), compiled if keep_compiled else None,
-                       time.perf_counter() - started)
-        del compiled, part
-    value, where = done.value, done.where
-    yield done
-    del done
-    if where == "process":  # its execution plan (torch's meta tensors: not built there)
-        plan_for(value[1], streams.CHUNK_BYTES)
-        yield None
-    device = torch.device(device)
-    kernels = packing.kernels()
-    if device.type != "cuda" or kernels is None or not hasattr(kernels, "warm"):
-        return
-    from .executor import TORCH_DTYPES
-    from .prepare import stream_classes
-
-    facts, lowered = value
-    del value
-    packer = kernels.default_packer()
-    with torch.cuda.device(device):
-        stream = torch.cuda.Stream(device)
-        streamed = stream_classes(lowered, device, TORCH_DTYPES, facts.offloaded)
-    yield None
-    # the stream variants before the replays: a first call that comes while the replays
-    # are built streams on compiled kernels (a chunk whose variant is missing takes the
-    # torch path: ~100 of them cost a first call of the 6-layer MoE change ~0.4 s on one
-    # H200, session 15)
-    for variant in sorted(streamed):
-        if variant not in packer.compiled:
-            with torch.cuda.device(device), torch.cuda.stream(stream):
-                packer.compile({variant}, device)
-            yield None
-    yield LATER  # what a first call needs is done: the other pairs' first, then the replays
-    with torch.cuda.device(device):
-        with torch.cuda.stream(stream):
-            replayed = replay.warm(lowered, plan_for(lowered, streams.CHUNK_BYTES), device, streams.DEPTH,
-                                   facts.offloaded)
-        stream.synchronize()  # the replays' tables are on the device
-    del facts, lowered
-    yield None
-    for variant in sorted(replayed):
-        if variant not in packer.compiled:
-            with torch.cuda.device(device), torch.cuda.stream(stream):
-                packer.compile({variant}, device)
-            yield None
+__all__ = ["LATER", "MODES", "WAITING", "Ahead", "Lowered", "LoweringFailed", "ahead_mode", "lower_part",
+           "paused_all", "steps"]
