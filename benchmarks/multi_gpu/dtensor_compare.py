@@ -23,8 +23,8 @@ which is what a TP forward needs; the bytes each GPU must receive are the same.
 
 Timing, identical for both: every call barrier to barrier with the devices synchronized,
 the slowest rank (`Env.timed`); one warm-up; the median of `--repeats` calls. Cold:
-DTensor's warm-up of each direction, timed (`dtensor_cold_s`; its first all-gather also
-creates the mesh's communicator, which a Runtime does in its constructor); Nereus's first
+DTensor's warm-up of each direction, timed (`dtensor_cold_s`: its first redistribution of
+these tensors in the process, after Nereus's calls); Nereus's first
 call after `prepare()` in a process that has not moved a byte yet ("prepared", TP -> DP)
 and the first call of a Runtime without `prepare` ("cold", DP -> TP).
 bound_s = the bytes each GPU receives (the busiest) / P2P bandwidth measured in this run.

@@ -74,9 +74,12 @@ def lines(results: dict, steps: dict) -> list:
         elif name == "multi_gpu_weight_sync":
             text.append(f"{key}: {r['gpus']} x {r['device']}, {r['shape']['layers']} layers; verified {r['verified']}")
             for c in r["cases"]:
-                cold = c.get("nereus_cold_s")  # (JSON before 2026-12-02: nereus_s was the executor's time)
-                text.append(f"  {c['case']:28s} nereus {_s(c['nereus_s'] * 1e3, 1)} ms "
-                            f"(cold {_s(cold * 1e3, 1) if cold is not None else 'n/a'}), "
+                if "nereus_cold_s" in c:
+                    nereus = f"nereus {_s(c['nereus_s'] * 1e3, 1)} ms (cold {_s(c['nereus_cold_s'] * 1e3, 1)})"
+                else:  # JSON before 2026-12-02: nereus_s was the executor's time, nereus_wall_s the call's
+                    nereus = (f"nereus {_s(c['nereus_wall_s'] * 1e3, 1)} ms per call "
+                              f"(executor {_s(c['nereus_s'] * 1e3, 1)}; ratios against the executor)")
+                text.append(f"  {c['case']:28s} {nereus}, "
                             f"gather-push {_s(c['gather_push_s'] * 1e3, 1)} ms "
                             f"({_x(c.get('gather_push_over_nereus'))}), bound {_s((c['bound_s'] or 0) * 1e3, 1)} ms, "
                             f"parallel bound {_s((c['bound_parallel_s'] or 0) * 1e3, 1)} ms, "

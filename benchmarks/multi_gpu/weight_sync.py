@@ -9,8 +9,11 @@ dp 1, tp n/2, pp 2; generation runs tp g, dp n/g for g in {2, n/2} (n = 2: g in 
 Weights only (the optimizer state stays with training).
 
 Every method is timed the same way: a call barrier to barrier with the devices
-synchronized (the slowest rank), first the cold call (a method's first in the process),
-then the median of `--repeats` warm calls.
+synchronized (the slowest rank), first the cold call (the method's first of the case:
+Nereus's is a fresh WeightSync's, its compile and lowering included; a baseline's first
+call of the first case is also the process's first of it, after the bandwidth probe and
+Nereus's calls, but in later cases the process is warm), then the median of `--repeats`
+warm calls.
 
 - nereus: `nereus.runtime.vllm_sync.WeightSync` (the sync compiled as a transition of
   the weights and run by the same executor); nereus_s = the warm median, nereus_cold_s =

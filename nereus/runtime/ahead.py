@@ -67,7 +67,7 @@ from typing import Callable, Iterator, Optional
 from nereus.ir.diagnostics import NereusError, env_number
 
 # the steps of one transition (and their protocol's sentinels), importable from here too
-from .ahead_steps import LATER, WAITING, Lowered, LoweringFailed, lower_part, steps
+from .ahead_steps import LATER, LOWERER_POLL_S, WAITING, Lowered, LoweringFailed, lower_part, steps
 
 log = logging.getLogger("nereus.ahead")
 MODES = ("auto", "on", "off")
@@ -120,7 +120,8 @@ class Ahead:
         not lower the others again after every commit), up to KEEP_UNWANTED of them, the
         oldest dropped first (a dropped pair may be lowered again later); so are its steps
         not run yet (parked: they resume when it is wanted again). A pair whose first-call
-        work is done (past its LATER) waits for the new pairs' first-call work."""
+        work is done (past its LATER) waits for the first-call work of new pairs and of
+        parked pairs wanted again."""
         pairs = list(dict.fromkeys(pairs))
         with self._held():
             wanted = set(pairs)
@@ -138,7 +139,8 @@ class Ahead:
                     self._drop_current()
                 elif key not in wanted and key not in self._done:  # lowered, and dropped above
                     self._drop_current()
-                elif key not in wanted or (key in self._past_later and self._queue):
+                elif key not in wanted or (key in self._past_later and (self._queue or any(
+                        k in wanted and k not in self._past_later for k in self._later))):
                     self._later[key] = self._current[1]  # parked: kept for when it is wanted (again)
                     self._current = None
             self._expect()
@@ -264,8 +266,6 @@ class Ahead:
                 self._drop_current()
             while self._later:
                 _close(self._later.popitem(last=False)[1])
-        with _LIVE_LOCK:  # paused_all no longer waits for it
-            _LIVE.discard(self)
 
     @property
     def alive(self) -> bool:
@@ -294,10 +294,20 @@ class Ahead:
         _close(self._later.pop(key, None))
 
     def _next_parked(self):
-        """(Holding the lock.) The wanted parked pair first in the work list, or None."""
-        return min((k for k in self._later if k in self._order), key=self._order.__getitem__, default=None)
+        """(Holding the lock.) The wanted parked pair to resume, or None: one whose
+        first-call work is not done (parked while it was not wanted) before any other's
+        later steps, each kind in the work list's order."""
+        return min((k for k in self._later if k in self._order),
+                   key=lambda k: (k in self._past_later, self._order[k]), default=None)
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        finally:  # paused_all waits for a thread's steps as long as it runs, closed or not
+            with _LIVE_LOCK:
+                _LIVE.discard(self)
+
+    def _loop(self) -> None:
         while True:
             with self._cv:
                 self._cv.wait_for(lambda: self._closed or (not self._paused and (
@@ -330,6 +340,11 @@ class Ahead:
                 return
             with self._cv:
                 self._stepping = False
+                if self._closed:  # closed during the step (close() gave up waiting): nothing is kept
+                    self._current = None
+                    _close(generator)
+                    self._cv.notify_all()
+                    return
                 now_lowered = lowered or (not finished and failed is None and value is not WAITING
                                           and value is not LATER)
                 self._current = None if finished else (key, generator, now_lowered)
@@ -347,7 +362,7 @@ class Ahead:
                 self._cv.notify_all()
 
 
-_LIVE: "weakref.WeakSet[Ahead]" = weakref.WeakSet()  # the open ones (close() takes one out)
+_LIVE: "weakref.WeakSet[Ahead]" = weakref.WeakSet()  # those whose thread runs (it takes itself out)
 _LIVE_LOCK = threading.Lock()  # (a WeakSet copied while another thread adds to it raises)
 # lowered pairs kept while not in the work list (each a RankProgram of up to ~10^5 objects,
 # which every full garbage collection scans, and its replays' device tables)
@@ -454,5 +469,5 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-__all__ = ["LATER", "MODES", "WAITING", "Ahead", "Lowered", "LoweringFailed", "ahead_mode", "lower_part",
+__all__ = ["LATER", "LOWERER_POLL_S", "MODES", "WAITING", "Ahead", "Lowered", "LoweringFailed", "ahead_mode", "lower_part",
            "paused_all", "steps"]

@@ -567,17 +567,23 @@ def test_a_weight_sync_keeps_the_collector_paused_after_a_steps_own_pause_ends()
         ahead.close()
 
 
-def test_paused_all_waits_for_no_closed_thread_nor_for_the_calling_step_itself():
+def test_paused_all_waits_for_a_closed_threads_last_step_and_not_for_the_calling_step_itself():
+    """A closed thread whose step outlived close()'s join is still waited for (that step
+    could end a collector pause mid-sync), keeps nothing of it and then leaves _LIVE; a
+    step that pauses every thread does not wait for itself."""
     steps = Steps()
     steps.gate.clear()
     stuck = Ahead(steps)
     stuck.at_plan([("A", "B")])
     assert steps.running.wait(30)
     stuck.close(timeout_s=0.1)  # its step is still in progress (the join timed out)
+    threading.Timer(0.3, steps.gate.set).start()
     started = time.perf_counter()
     with ahead_module.paused_all():
-        assert time.perf_counter() - started < 0.5
-    steps.gate.set()
+        assert time.perf_counter() - started >= 0.25
+    stuck._thread.join(30)
+    assert not stuck._thread.is_alive() and stuck not in ahead_module._LIVE
+    assert ("A", "B") in steps.closed and stuck._current is None and not stuck._later
 
     def pausing(source, target):  # a step that pauses every thread (its own included)
         with ahead_module.paused_all():
@@ -592,3 +598,39 @@ def test_paused_all_waits_for_no_closed_thread_nor_for_the_calling_step_itself()
             assert own.take("A", "B") == "AB"
     finally:
         own.close()
+
+
+def test_a_pair_parked_before_its_later_while_not_wanted_finishes_its_first_call_work_first():
+    """Wanted again, a pair whose first-call work was cut short goes before the later
+    steps of pairs past their LATER, even of one earlier in the list or in progress."""
+    events = {k: (threading.Event(), threading.Event()) for k in (("A", "C", 1), ("A", "B", 4))}  # at, go on
+    log = []
+
+    def steps(source, target):  # the lowering, two first-call steps, LATER, two later steps
+        for i, value in enumerate((source + target, None, None, ahead_module.LATER, None, None)):
+            if (source, target, i) in events:
+                at, go_on = events[(source, target, i)]
+                at.set()
+                go_on.wait(30)
+            log.append((source + target, i))
+            yield value
+
+    def stop_at(key):
+        """Wait for the thread at `key`'s step, let that step end in 0.2 s: pause in the meantime."""
+        assert events[key][0].wait(30)
+        threading.Timer(0.2, events[key][1].set).start()
+        return ahead.paused()
+
+    ahead = Ahead(steps)
+    try:
+        ahead.at_plan([("A", "B"), ("A", "C")])
+        with stop_at(("A", "C", 1)):  # A -> B parked at its LATER, A -> C at its step 1
+            ahead.at_plan([("A", "B")])  # A -> C, lowered, parked while not wanted
+        with stop_at(("A", "B", 4)):  # A -> B's later steps resumed
+            ahead.at_plan([("A", "B"), ("A", "C")])  # A -> C's first-call work goes first
+        assert ahead.idle(30)
+        assert log[7:] == [("AC", 2), ("AC", 3), ("AB", 5), ("AC", 4), ("AC", 5)], log
+    finally:
+        for _, go_on in events.values():
+            go_on.set()
+        ahead.close()
