@@ -37,3 +37,13 @@ def test_run_all_on_two_cpu_ranks_passes_and_reports_cold_and_warm(tmp_path):
     assert all(c["dtensor_cold_s"] > 0 and c["dtensor_s"] > 0 and c["nereus_s"] > 0 for c in dtensor["cases"].values())
     reshard = json.loads((folder / "reshard_2.json").read_text())
     assert all(c[f"{m}_cold_s"] > 0 and c[f"{m}_s"] > 0 for c in reshard["cases"] for m in ("nereus", "gather_scatter"))
+
+
+def test_run_all_names_its_steps_and_refuses_an_unknown_one():
+    script = os.path.join(ROOT, "benchmarks", "multi_gpu", "run_all.sh")
+    shown = subprocess.run(["bash", script, "--help"], capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0 and "steps (--only): correctness,reshard,weight_sync,dtensor,failure" in shown.stdout
+    refused = subprocess.run(["bash", script, "--cpu", "2", "--only", "reshard,sync"], capture_output=True, text=True,
+                             timeout=60)
+    assert refused.returncode == 2
+    assert refused.stdout.strip() == "unknown step sync (steps: correctness,reshard,weight_sync,dtensor,failure)"

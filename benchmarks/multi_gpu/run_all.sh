@@ -5,6 +5,7 @@
 #   bash benchmarks/multi_gpu/run_all.sh            # GPU host: counts GPUs with nvidia-smi -L
 #   bash benchmarks/multi_gpu/run_all.sh --quick    # smaller cases (8B shapes, 8 layers)
 #   bash benchmarks/multi_gpu/run_all.sh --cpu 4    # CPU check: 4 gloo ranks, tiny models
+#   bash benchmarks/multi_gpu/run_all.sh --only reshard,weight_sync   # some steps (names below)
 #
 # Logs and JSON go to $OUT/multi_gpu (./out/multi_gpu when OUT is unset); the last lines
 # printed are a summary table and one JSON object. BUDGET_S (default 560) caps the whole
@@ -19,14 +20,22 @@ PY="${PYTHON:-python3}"
 START=$(date +%s)
 QUICK=""
 CPU_RANKS=""
+ONLY=""
+KNOWN="correctness reshard weight_sync dtensor failure"
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK="--quick" ;;
     --cpu) CPU_RANKS="$2"; shift ;;
-    *) echo "unknown option $1 (use --quick, --cpu N)"; exit 2 ;;
+    --only) ONLY=",$2,"; shift ;;
+    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; echo "steps (--only): ${KNOWN// /,}"; exit 0 ;;
+    *) echo "unknown option $1 (use --quick, --cpu N, --only STEP,...)"; exit 2 ;;
   esac
   shift
 done
+for step in ${ONLY//,/ }; do
+  case " $KNOWN " in *" $step "*) ;; *) echo "unknown step $step (steps: ${KNOWN// /,})"; exit 2 ;; esac
+done
+wanted() { [ -z "$ONLY" ] || [[ "$ONLY" == *",$1,"* ]]; }
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
 
 if [ -n "$CPU_RANKS" ]; then
@@ -110,17 +119,17 @@ PYEOF
 
 HALF=$(( N / 2 ))
 QUARTER=$(( N / 4 ))
-run_step "correctness_${N}" "$N" "${CORRECTNESS_CAP_S:-150}" correctness.py
-run_step "reshard_${N}" "$N" "${RESHARD_CAP_S:-270}" reshard.py --modes "${RESHARD_MODES:-device}" \
+wanted correctness && run_step "correctness_${N}" "$N" "${CORRECTNESS_CAP_S:-150}" correctness.py
+wanted reshard && run_step "reshard_${N}" "$N" "${RESHARD_CAP_S:-270}" reshard.py --modes "${RESHARD_MODES:-device}" \
   --profile-dir "$OUT_DIR"
-run_step "weight_sync_${N}" "$N" 100 weight_sync.py
-run_step "dtensor_${N}" "$N" 90 dtensor_compare.py --profile-dir "$OUT_DIR"
-failure_step "failure_${N}" "$N" 60
-if [ "$N" -ge 4 ] && [ $(( N % 4 )) -eq 0 ]; then
+wanted weight_sync && run_step "weight_sync_${N}" "$N" 100 weight_sync.py
+wanted dtensor && run_step "dtensor_${N}" "$N" 90 dtensor_compare.py --profile-dir "$OUT_DIR"
+wanted failure && failure_step "failure_${N}" "$N" 60
+if wanted reshard && [ "$N" -ge 4 ] && [ $(( N % 4 )) -eq 0 ]; then
   # the smaller doubling (e.g. 2 -> 4 on an 8-GPU host), on the first N/2 GPUs
   run_step "reshard_${HALF}" "$HALF" 150 reshard.py --cases "gpus${QUARTER}-gpus${HALF}"
 fi
-if [ "$N" -gt 2 ]; then
+if wanted correctness && [ "$N" -gt 2 ]; then
   run_step "correctness_2" 2 60 correctness.py --quick
 fi
 
