@@ -32,6 +32,7 @@ def test_run_all_on_two_cpu_ranks_passes_and_reports_cold_and_warm(tmp_path):
         assert all(w > e for w, e in zip(case["nereus_times_s"], case["nereus_exec_times_s"])), case
         assert case["nereus_s"] > case["nereus_exec_s"], case
         assert case["nereus_cold_s"] > case["nereus_compile_s"] > 0, case  # the first call compiled the sync
+        assert case["nereus_prepared_s"] > 0 and case["nereus_prepare_s"] > 0, case
     dtensor = json.loads((folder / "dtensor_2.json").read_text())
     assert dtensor["nereus_cold_s"] > 0 and dtensor["nereus_prepared_s"] > 0
     assert all(c["dtensor_cold_s"] > 0 and c["dtensor_s"] > 0 and c["nereus_s"] > 0 for c in dtensor["cases"].values())

@@ -18,7 +18,9 @@ warm calls.
 - nereus: `nereus.runtime.vllm_sync.WeightSync` (the sync compiled as a transition of
   the weights and run by the same executor); nereus_s = the warm median, nereus_cold_s =
   the first call (its compile and lowering included; nereus_compile_s says how much was
-  compile), nereus_exec_s = the median of the slowest rank's executor time alone.
+  compile), nereus_exec_s = the median of the slowest rank's executor time alone,
+  nereus_prepared_s = the first run of another fresh WeightSync after its `prepare`
+  (untimed: nereus_prepare_s) in this warm process.
   (Before 2026-12-02, nereus_s was the executor's time and nereus_wall_s the call's.)
 - gather_push: OpenRLHF-style, each tensor gathered whole on rank 0 then broadcast to
   every generation rank, which slices its shard.
@@ -182,6 +184,11 @@ def run_case(env: Env, g: int, args, shape: dict, bw: dict) -> dict:
         walls.append(wall)
         execs.append(env.slowest(result.seconds))
     ok = check(result.weights) and ok
+    fresh = WeightSync(module, device=env.device, control=env.ctrl)
+    prep = fresh.prepare("P")
+    done, prepared_s = env.timed(lambda: fresh.run("P", local))
+    ok = check(done.weights) and ok
+    del done, fresh
     if args.profile_dir:
         from mg_profile import profile_call
 
@@ -211,6 +218,7 @@ def run_case(env: Env, g: int, args, shape: dict, bw: dict) -> dict:
     out = {"case": case, "gen_tp": g, "layers": args.layers, "weight_bytes": specs_bytes(specs),
            "nereus_s": statistics.median(walls), "nereus_times_s": walls, "nereus_cold_s": cold,
            "nereus_exec_s": statistics.median(execs), "nereus_exec_times_s": execs, "nereus_compile_s": compile_s,
+           "nereus_prepared_s": prepared_s, "nereus_prepare_s": env.slowest(prep["seconds"]),
            "rounds": rounds, "bytes_moved": sent,
            **bounds(incoming_bytes(train, gen, specs), bw),
            "gather_push_s": statistics.median(gp_times), "gather_push_times_s": gp_times, "gather_push_cold_s": gp_cold,
@@ -225,7 +233,8 @@ def run_case(env: Env, g: int, args, shape: dict, bw: dict) -> dict:
     if out["bound_parallel_s"]:
         out["nereus_over_bound_parallel"] = out["nereus_s"] / out["bound_parallel_s"]
     out["verified"] = ok and ok_gp and ok_bk
-    env.log(f"{case}: warm (cold) nereus {_ms(out['nereus_s'])} ({_ms(cold)}; exec {_ms(out['nereus_exec_s'])}), "
+    env.log(f"{case}: warm (cold, prepared) nereus {_ms(out['nereus_s'])} ({_ms(cold)}, {_ms(prepared_s)}; "
+            f"exec {_ms(out['nereus_exec_s'])}), "
             f"gather-push {_ms(out['gather_push_s'])} ({_ms(gp_cold)}), bucketed {_ms(out['bucketed_s'])} "
             f"({_ms(bk_cold)}), bound {_ms(out['bound_s'])} / parallel {_ms(out['bound_parallel_s'])}, "
             f"{sent / 1e9:.2f} GB moved, verified {out['verified']}")
