@@ -134,13 +134,11 @@ class Ahead:
                 self._unpark(key)
             if self._current is not None:
                 key, _, lowered = self._current
-                if key not in wanted and not lowered:  # not lowered yet: it may be again
-                    self._started.discard(key)
+                if key not in wanted and (not lowered or key not in self._done):  # (lowering dropped above)
+                    if not lowered:  # it may be lowered again
+                        self._started.discard(key)
                     self._drop_current()
-                elif key not in wanted and key not in self._done:  # lowered, and dropped above
-                    self._drop_current()
-                elif key not in wanted or (key in self._past_later and (self._queue or any(
-                        k in wanted and k not in self._past_later for k in self._later))):
+                elif key not in wanted or (key in self._past_later and self._first_call_work_waits()):
                     self._later[key] = self._current[1]  # parked: kept for when it is wanted (again)
                     self._current = None
             self._expect()
@@ -292,6 +290,12 @@ class Ahead:
         """(Holding the lock.) Close the parked generator of `key`, if any."""
         self._past_later.discard(key)
         _close(self._later.pop(key, None))
+
+    def _first_call_work_waits(self) -> bool:
+        """(Holding the lock.) Whether a wanted pair's first-call work is still to do: one
+        queued, or one parked before its LATER."""
+        parked = self._next_parked()
+        return bool(self._queue) or (parked is not None and parked not in self._past_later)
 
     def _next_parked(self):
         """(Holding the lock.) The wanted parked pair to resume, or None: one whose

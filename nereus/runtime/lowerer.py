@@ -103,9 +103,8 @@ class Lowerer:
         asked for, if its answer is in or the process may still be at it), or None
         (gone, and no answer of it in)."""
         pair = (source, target)
-        ticket = self._pairs.get(pair)
-        if ticket is not None and (ticket in self._answers or self.alive):
-            return ticket
+        if self.asked(source, target):
+            return self._pairs[pair]
         if not self.alive:
             return None
         ticket = self._forgotten.pop(pair, None)

@@ -98,8 +98,7 @@ def kernel_classes(prog: RankProgram, device: torch.device, dtypes: dict, offloa
     layout), and those of the replays of the rounds' copies and stream chunks
     (replay.py), which are built into the plan now. Nothing is compiled; empty sets off
     CUDA or Triton."""
-    kernels = packing.kernels()
-    if kernels is None or not hasattr(kernels, "warm") or torch.device(device).type != "cuda":
+    if _pack_kernels(device) is None:
         return frozenset(), frozenset()
     streamed = stream_classes(prog, device, dtypes, offloaded)
     replayed = replay.warm(prog, plan_for(prog, streams.CHUNK_BYTES), device, streams.DEPTH, offloaded)
@@ -108,8 +107,8 @@ def kernel_classes(prog: RankProgram, device: torch.device, dtypes: dict, offloa
 
 def stream_classes(prog: RankProgram, device: torch.device, dtypes: dict, offloaded=frozenset()) -> frozenset:
     """The first half of kernel_classes: the stream variants alone (no replay is built)."""
-    kernels = packing.kernels()
-    if kernels is None or not hasattr(kernels, "warm") or torch.device(device).type != "cuda":
+    kernels = _pack_kernels(device)
+    if kernels is None:
         return frozenset()
     calls = []
     for kind, views, on_host in stream_views(prog, dtypes, offloaded):
@@ -119,6 +118,14 @@ def stream_classes(prog: RankProgram, device: torch.device, dtypes: dict, offloa
     packer = kernels.default_packer()
     return frozenset(packer.launch_classes(calls)) if packer.backend_for(torch.device(device)) == "triton" \
         else frozenset()
+
+
+def _pack_kernels(device):
+    """The Triton kernels package where its variants compile for `device` (CUDA), else None."""
+    kernels = packing.kernels()
+    if kernels is None or not hasattr(kernels, "warm") or torch.device(device).type != "cuda":
+        return None
+    return kernels
 
 
 def stream_views(prog: RankProgram, dtypes: dict, offloaded=frozenset()) -> list:
@@ -245,6 +252,11 @@ def warm_parking(prog: RankProgram, units: Optional[set], dtypes: dict) -> int:
     total = sum(b.numel() * b.element_size() for b in blocks)
     del blocks
     return total
+
+
+def aliased_destinations(prog: RankProgram) -> set:
+    """(unit, tensor) of the new shards that alias an old one (nothing to allocate)."""
+    return {(a.dst_unit, a.tensor) for w in prog.rounds for a in w.aliases}
 
 
 def reserve_memory(prog: RankProgram, aliased: set, device, dtypes: dict, room: Optional[int]) -> int:

@@ -303,11 +303,6 @@ class Runtime(LocalState):
         pairs = [(self._plan, p) for p in others] + [(p, self._plan) for p in others]
         return [k for k in pairs if k not in self._programs]
 
-    def _ahead_paused(self):
-        """No lowering-ahead step runs beside the block (one GIL, shared caches): this
-        runtime's thread's, nor another runtime's of this process."""
-        return paused_all()
-
     @classmethod
     def from_file(cls, path: Optional[str] = None, plan: Optional[str] = None, *, module: Optional[Module] = None,
                   overrides: tuple = (), **options) -> "Runtime":
@@ -337,7 +332,7 @@ class Runtime(LocalState):
         with verify_programs rank 0 proves the whole once and each rank checks its part's
         digest), cached as its canonical JSON text (each call returns a fresh dict); and the
         seconds it took."""
-        with self._ahead_paused():
+        with paused_all():
             text, compile_s, _, lowering = self._compiled(target)
             if lowering is not None:  # the transition's lowering will use it
                 self._unused_lowering[(self._plan, target)] = lowering
@@ -384,12 +379,12 @@ class Runtime(LocalState):
         will allocate (as far as the device has room). Returns this rank's figures:
         seconds, compile_s, kernels, peers, pinned_bytes, reserved_bytes."""
         started = time.perf_counter()  # the wait for the lowering-ahead thread's step counts
-        with self._ahead_paused():
+        with paused_all():
             return self._prepare(target, started)
 
     def _prepare(self, target: str, started: float) -> dict:
         from .parking import park_plan, real_room
-        from .prepare import reserve_memory, warm_kernels, warm_links, warm_parking
+        from .prepare import aliased_destinations, reserve_memory, warm_kernels, warm_links, warm_parking
 
         compile_s, prog, key, _ = self._lower(target)
         # every rank is preparing this transition before the data links are used (a rank in
@@ -405,8 +400,8 @@ class Runtime(LocalState):
                 figures = self._lowered_figures[key]
                 units = park_plan(prog, figures.resident_bytes, figures.capacity_bytes, real_room(self.device))
             pinned = warm_parking(prog, units, TORCH_DTYPES)
-        aliased = {(a.dst_unit, a.tensor) for w in prog.rounds for a in w.aliases}
-        reserved = reserve_memory(prog, aliased, self.device, TORCH_DTYPES, real_room(self.device))
+        reserved = reserve_memory(prog, aliased_destinations(prog), self.device, TORCH_DTYPES,
+                                  real_room(self.device))
         self._prepared.add(key)
         return {"seconds": time.perf_counter() - started, "compile_s": compile_s, "kernels": kernels,
                 "peers": peers, "pinned_bytes": pinned, "reserved_bytes": reserved}
@@ -424,7 +419,7 @@ class Runtime(LocalState):
         called = time.perf_counter()  # the wait for the lowering-ahead thread's step counts
         # the thread's step first (it may be loading a lowering with the collector paused:
         # pausing it after would leave the collector to that step's end, mid-transition)
-        with self._ahead_paused(), paused():
+        with paused_all(), paused():
             return self._transition(target, verify, fault, round_hook, called, time.perf_counter() - called)
 
     def _transition(self, target: str, verify: Optional[bool], fault, round_hook, called: float,

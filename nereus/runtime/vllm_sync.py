@@ -206,7 +206,7 @@ class WeightSync:
         kernels, peers, reserved_bytes."""
         from .control import agree
         from .parking import real_room
-        from .prepare import reserve_memory, warm_kernels, warm_links
+        from .prepare import aliased_destinations, reserve_memory, warm_kernels, warm_links
 
         started = time.perf_counter()
         with paused_all():
@@ -217,9 +217,8 @@ class WeightSync:
                 agree(None, self.control, SYNC_FROM, SYNC_TO, kind="prepare")
                 figures["kernels"] = warm_kernels(prog, self.device, TORCH_DTYPES)
                 figures["peers"] = warm_links(prog, self.data_group, self.device)
-                aliased = {(a.dst_unit, a.tensor) for w in prog.rounds for a in w.aliases}
-                figures["reserved_bytes"] = reserve_memory(prog, aliased, self.device, TORCH_DTYPES,
-                                                           real_room(self.device))
+                figures["reserved_bytes"] = reserve_memory(prog, aliased_destinations(prog), self.device,
+                                                           TORCH_DTYPES, real_room(self.device))
         return {"seconds": time.perf_counter() - started, **figures}
 
     def _rank_program(self, plan: str, program: dict):
