@@ -45,6 +45,7 @@ from mg_common import SHAPES, build_local, machine
 
 # (label, target) of the timed change and of the way back; --moe: plans A and B
 DIRECTIONS = (("tp-dp", "DP"), ("dp-tp", "TP"))
+ROUND_SPLITS = ("seconds", "local_s", "exchange_s", "unpack_s", "posted_at_s", "device_s")
 SPLITS = ("call_s", "local_s", "posted_at_s", "posted_done_s", "device_s", "ready_s", "wall_s")
 
 
@@ -235,7 +236,12 @@ def main(argv=None) -> int:
             sync()
             cold[f"{call} {case}"] = time.perf_counter() - t0
             details[f"{call} {case}"] = {"lowered_ahead": report.lowered_ahead, "fallbacks": fallbacks() - missed,
-                                         "waited_s": waited, "ahead_wait_s": report.ahead_wait_s}
+                                         "waited_s": waited, "ahead_wait_s": report.ahead_wait_s,
+                                         # where the call's time went: compile, the rounds'
+                                         # host and device parts, the rest (commit, registry)
+                                         "seconds": report.seconds, "wall_s": report.wall_s,
+                                         "compile_s": report.compile_s,
+                                         "rounds": [{k: r.get(k) for k in ROUND_SPLITS} for r in report.rounds]}
             if first is not None:
                 first.disable()
                 write_profile(first, args.profile_cold + ("" if call == "cold" else ".second"), args.top)
