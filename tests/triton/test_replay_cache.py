@@ -101,3 +101,59 @@ def test_warm_builds_nothing_for_pieces_in_host_memory(forced):
     blind_plan = plan_for(blind, streams.CHUNK_BYTES)
     replay.warm(blind, blind_plan, torch.device("cpu"), streams.DEPTH)
     assert _host_keys(blind_plan, blind, host)
+
+
+def _warm_case(chunk_bytes: int = 4096):
+    """Rank 0's program of SOURCE's A -> B (on the GPUs alone) and its plan, streams cut
+    in small chunks so a stream has several."""
+    program = program_json(compile_transition(ir.parse_source(SOURCE.replace("  offload", ""), "w.nir"), "A", "B"))
+    prog = rank_program(program, 0)
+    return prog, plan_for(prog, chunk_bytes)
+
+
+def test_warm_steps_builds_what_warm_builds_a_step_at_a_time(forced):
+    prog, plan = _warm_case()
+    streamed = [sp for r in plan.rounds for sp in (*r.send_streams, *r.recv_streams)]
+    assert sum(len(sp.chunks) for sp in streamed) > 4  # the case has something to cut
+    whole = replay.warm(prog, plan_for(*_fresh_copy(prog)), torch.device("cpu"), 2)
+
+    def replays() -> list:
+        return [k for k in plan.launches if k[0] in ("copy", "send", "recv")]
+
+    settled = []  # the plan's replays each time a built one is about to enter it
+    steps = replay.warm_steps(prog, plan, torch.device("cpu"), 2, step_s=0.0,
+                              settle=lambda: settled.append(len(replays())))
+    yields = 0
+    while True:
+        try:
+            next(steps)
+            yields += 1
+        except StopIteration as done:
+            classes = done.value
+            break
+    assert classes == whole and classes
+    built = replays()
+    assert yields >= len(built) + 2  # a yield per chunk, not one per replay
+    assert settled == list(range(len(built)))  # settled before each entered the plan
+
+
+def _fresh_copy(prog):
+    """The same program as a new object (its execution plan apart from `prog`'s)."""
+    from dataclasses import replace
+    return replace(prog), 4096
+
+
+def test_warm_steps_closed_half_way_leaves_no_half_built_replay(forced):
+    prog, plan = _warm_case()
+    steps = replay.warm_steps(prog, plan, torch.device("cpu"), 2, step_s=0.0)
+    for _ in range(3):
+        next(steps)
+    steps.close()
+    for key, value in plan.launches.items():
+        if key[0] in ("send", "recv"):
+            sp = next(s for r in plan.rounds for s in (r.send_streams if key[0] == "send" else r.recv_streams)
+                      if s.peer == key[2])
+            assert len(value) == len(sp.chunks)
+    # a later build completes what was left and agrees with warm's
+    again = replay.warm(prog, plan, torch.device("cpu"), 2)
+    assert again == replay.warm(prog, plan_for(*_fresh_copy(prog)), torch.device("cpu"), 2)
