@@ -122,21 +122,12 @@ def steps(module, rank: int, device, direct_min_bytes: int, keep_compiled: bool,
                 packer.compile({variant}, device)
             yield None
     yield LATER  # what a first call needs is done: the other pairs' first, then the replays
-    # the replays a few milliseconds at a time: a transition that comes meanwhile waits
-    # for one such step, not for the whole build (one step of 0.5-3.7 s before, session 17).
-    # The device and stream are entered per step: a generator closed from another thread
-    # must not restore that thread's stream on exit
-    building = replay.warm_steps(lowered, plan_for(lowered, streams.CHUNK_BYTES), device, streams.DEPTH,
-                                 facts.offloaded, settle=stream.synchronize)
-    while True:
-        with torch.cuda.device(device), torch.cuda.stream(stream):
-            try:
-                next(building)
-            except StopIteration as done:
-                replayed = done.value
-                break
-        yield None
-    del facts, lowered, building
+    with torch.cuda.device(device):
+        with torch.cuda.stream(stream):
+            replayed = replay.warm(lowered, plan_for(lowered, streams.CHUNK_BYTES), device, streams.DEPTH,
+                                   facts.offloaded)
+        stream.synchronize()  # the replays' tables are on the device
+    del facts, lowered
     yield None
     for variant in sorted(replayed):
         if variant not in packer.compiled:

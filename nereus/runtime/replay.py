@@ -23,7 +23,6 @@ NEREUS_REPLAY=0 (for measuring what replaying gives).
 
 from __future__ import annotations
 
-import time
 from typing import Optional
 
 import torch
@@ -38,8 +37,6 @@ ENABLED = env_flag("NEREUS_REPLAY", True)
 # used go. One execution needs one per stream (round x peer x direction) and two per round
 # with copies: rank 0 of examples/moe-235b-256.nir's Train -> Generate needs 512
 MAX_PER_PLAN = 4096
-# the seconds of building after which warm_steps yields (its caller's step)
-STEP_S = 0.01
 
 
 def packer_for(device) -> Optional[object]:
@@ -123,17 +120,6 @@ def _building(plan) -> bool:
 def _copy_replay(plan, prog, index: int, pieces, residues: tuple, device, building: bool = True):
     """The Replay of round `index`'s copies for these residues (None: not built, and not
     `building`)."""
-    return _cached(plan, _copy_key(index, device, residues),
-                   lambda: _drain(_copy_build(plan, prog, index, pieces, residues, device)), building)
-
-
-def _copy_key(index: int, device, residues: tuple) -> tuple:
-    return ("copy", index, _device_key(device), residues)
-
-
-def _copy_build(plan, prog, index: int, pieces, residues: tuple, device):
-    """A generator building a round's copy Replay (what `_copy_replay` caches): yields
-    None between its parts (the boxes, their pieces, the tables), returns the Replay."""
     from nereus.backends.triton import replay
 
     def boxes():
@@ -142,11 +128,11 @@ def _copy_build(plan, prog, index: int, pieces, residues: tuple, device):
                                                                            2 * i + 1))
                 for i, (p, (src, dst)) in enumerate(zip(pieces, regions))]
 
-    pairs = _cached(plan, ("copy boxes", index), boxes)
-    yield None
-    moved = replay.copy_pieces(pairs, residues)
-    yield None
-    return replay.Replay("copy", moved, device)
+    def build():
+        pairs = _cached(plan, ("copy boxes", index), boxes)
+        return replay.Replay("copy", replay.copy_pieces(pairs, residues), device)
+
+    return _cached(plan, ("copy", index, _device_key(device), residues), build, building)
 
 
 def copies(plan, prog, index: int, pieces, sources: dict, new: dict, device) -> bool:
@@ -185,42 +171,25 @@ def _stream_replays(plan, index: int, direction: str, stream_plan, depth: int, r
     """Per chunk of a stream, its Replay (None where `replayed` says no), cached in the
     plan (None: not built, and not `building`). Slots: the stream's ring slots
     (min(depth, chunks)), then its tensors."""
-    key = _stream_key(index, direction, stream_plan, depth, device, replayed, residues)
-    return _cached(plan, key, lambda: _drain(_stream_build(direction, stream_plan, depth, replayed, elems, residues,
-                                                           device)), building)
-
-
-def _stream_key(index: int, direction: str, stream_plan, depth: int, device, replayed: tuple, residues: tuple) -> tuple:
-    return (direction, index, stream_plan.peer, depth, _device_key(device), replayed, residues)
-
-
-def _stream_build(direction: str, stream_plan, depth: int, replayed: tuple, elems: list, residues: tuple, device):
-    """A generator building a stream's chunk Replays (what `_stream_replays` caches): yields
-    None after each chunk built, then uploads every table at once and returns the list."""
     from nereus.backends.triton import replay
 
     kind = "pack" if direction == "send" else "unpack"
     slots = min(depth, len(stream_plan.chunks))
-    out = []
-    for k, (chunk, wanted) in enumerate(zip(stream_plan.chunks, replayed)):
-        if not wanted:
-            out.append(None)
-            continue
-        entries = [(replay.Box(slots + s.view, s.shape, s.stride, s.offset, elems[s.view]), k % depth, at)
-                   for s, at in zip(chunk.segments, chunk.offsets)]
-        out.append(replay.Replay(kind, replay.message_pieces(kind, entries, residues)))
-        yield None
-    replay.to_device([r for r in out if r is not None], device)  # one upload for the stream
-    return out
 
+    def build():
+        out = []
+        for k, (chunk, wanted) in enumerate(zip(stream_plan.chunks, replayed)):
+            if not wanted:
+                out.append(None)
+                continue
+            entries = [(replay.Box(slots + s.view, s.shape, s.stride, s.offset, elems[s.view]), k % depth, at)
+                       for s, at in zip(chunk.segments, chunk.offsets)]
+            out.append(replay.Replay(kind, replay.message_pieces(kind, entries, residues)))
+        replay.to_device([r for r in out if r is not None], device)  # one upload for the stream
+        return out
 
-def _drain(generator):
-    """Run a generator to its end; its return value."""
-    while True:
-        try:
-            next(generator)
-        except StopIteration as done:
-            return done.value
+    key = (direction, index, stream_plan.peer, depth, _device_key(device), replayed, residues)
+    return _cached(plan, key, build, building)
 
 
 def _classes(replays) -> frozenset:
@@ -269,54 +238,17 @@ def warm(prog, plan, device, depth: int, offloaded=frozenset()) -> frozenset:
     (empty where replays do not run). Copies and streams with a piece in host memory (a
     unit of `offloaded`, ("before" | "after", unit) pairs as offload.offloaded_units gives
     them) are left out: they are never replayed."""
-    return _drain(warm_steps(prog, plan, device, depth, offloaded, step_s=float("inf")))
-
-
-def warm_steps(prog, plan, device, depth: int, offloaded=frozenset(), step_s: float = STEP_S, settle=None):
-    """`warm` a step at a time: a generator that yields None whenever about `step_s`
-    seconds of building have passed since its last yield (after a stream's chunk or a
-    part of a round's copies), and returns what `warm` returns. Why: the lowering-ahead thread builds
-    the replays between a switch and the next, and a transition that comes meanwhile waits
-    for its step in progress; the whole build of the 6-layer Qwen3-30B-A3B change was one
-    step of 0.5-3.7 s on one H200 (benchmarks/RESULTS.md, session 17). A replay enters the
-    plan only once complete, after `settle()` (the thread: its stream synchronized, so the
-    tables it uploaded are there before another stream can launch with them): a generator
-    closed half-way leaves nothing half-built."""
     if packer_for(device) is None:
         return frozenset()
 
     def on_host(p) -> bool:
         return ("before", p.src_unit) in offloaded or ("after", p.dst_unit) in offloaded
 
-    def keep(key, built) -> None:
-        if settle is not None:
-            settle()
-        _cached(plan, key, lambda: built)
-
-    since = [time.perf_counter()]
-
-    def paced(build):
-        """Drive a build generator, yielding once `step_s` has passed since the last yield;
-        its return value."""
-        while True:
-            try:
-                next(build)
-            except StopIteration as done:
-                return done.value
-            if time.perf_counter() - since[0] >= step_s:
-                yield None
-                since[0] = time.perf_counter()
-
     classes = set()
     for index, (work, planned) in enumerate(zip(prog.rounds, plan.rounds)):
         if work.copies and not any(on_host(p) for p in work.copies):
             zeros = (0,) * (2 * len(work.copies))
-            key = _copy_key(index, device, zeros)
-            built = _cached(plan, key, lambda: None, building=False)
-            if built is None:
-                built = yield from paced(_copy_build(plan, prog, index, work.copies, zeros, device))
-                keep(key, built)
-            classes |= built.classes
+            classes |= _copy_replay(plan, prog, index, work.copies, zeros, device).classes
         for direction, stream_plans in (("send", planned.send_streams), ("recv", planned.recv_streams)):
             for sp in stream_plans:
                 if any(on_host(p) for p in sp.pieces):
@@ -328,10 +260,5 @@ def warm_steps(prog, plan, device, depth: int, offloaded=frozenset(), step_s: fl
                     continue
                 zeros = (0,) * (min(depth, len(sp.chunks)) + len(sp.pieces))
                 elems = [TORCH_DTYPES[info.dtype].itemsize for info in side]
-                key = _stream_key(index, direction, sp, depth, device, replayed, zeros)
-                built = _cached(plan, key, lambda: None, building=False)
-                if built is None:  # built here a chunk at a time, then kept whole
-                    built = yield from paced(_stream_build(direction, sp, depth, replayed, elems, zeros, device))
-                    keep(key, built)
-                classes |= _classes(built)
+                classes |= _classes(_stream_replays(plan, index, direction, sp, depth, replayed, elems, zeros, device))
     return frozenset(classes)
