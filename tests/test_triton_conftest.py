@@ -13,7 +13,8 @@ ROOT = os.path.dirname(HERE)
 RUN = """
 import os, sys, torch, pytest
 torch.cuda.is_available = lambda: {cuda}
-rc = pytest.main(["-q", "-p", "no:cacheprovider", "-rs", "tests/triton/test_tables.py", "-k", "tile"])
+rc = pytest.main(["-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-rs", "tests/triton/test_tables.py", "-k",
+                  "tile"])
 print("INTERPRET", os.environ.get("TRITON_INTERPRET"))
 sys.exit(rc)
 """
