@@ -47,4 +47,33 @@ def test_run_all_names_its_steps_and_refuses_an_unknown_one():
     refused = subprocess.run(["bash", script, "--cpu", "2", "--only", "reshard,sync"], capture_output=True, text=True,
                              timeout=60)
     assert refused.returncode == 2
-    assert refused.stdout.strip() == "unknown step sync (steps: correctness,reshard,weight_sync,dtensor,failure)"
+    assert refused.stdout.strip() == ("unknown step sync (steps: correctness,reshard,weight_sync,dtensor,failure; "
+                                      "not run by default: offload,moe,variants)")
+    assert "not run by default: offload,moe,variants" in shown.stdout
+
+
+def test_the_steps_a_default_run_leaves_out_run_when_named(tmp_path):
+    """offload_check.py, moe_reshard.py and variants.py (the second call of a 2-GPU session)
+    through run_all.sh, checked and summarized like the default steps."""
+    env = dict(os.environ, OUT=str(tmp_path), PYTHON=sys.executable, BUDGET_S="300",
+               PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run(["bash", os.path.join(ROOT, "benchmarks", "multi_gpu", "run_all.sh"), "--cpu", "2", "--only",
+                           "offload,moe,variants"], capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    last = json.loads(done.stdout.strip().splitlines()[-1])
+    assert last["complete"] and last["passed"], done.stdout[-3000:]
+    assert sorted(last["steps"]) == ["moe_2", "offload_2", "variants_2"]
+    assert "offload_2: PASSED" in done.stdout and "moe_2: 2 x cpu" in done.stdout
+    assert "variants_2: 2 x gloo" in done.stdout and "verified True" in done.stdout
+
+
+def test_a_variant_that_was_not_verified_fails_the_summary(tmp_path):
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks", "multi_gpu"))
+    try:
+        import summarize
+    finally:
+        sys.path.pop(0)
+    good = {"name": "multi_gpu_variants", "verified": {"default": {"tp-dp": True}, "packed": {"tp-dp": True}}}
+    bad = {"name": "multi_gpu_variants", "verified": {"default": {"tp-dp": True}, "packed": {"tp-dp": False}}}
+    assert summarize._passed(good) and not summarize._passed(bad)
+    assert summarize._passed({"passed": True, "verified": False}) and not summarize._passed({})

@@ -6,6 +6,7 @@
 #   bash benchmarks/multi_gpu/run_all.sh --quick    # smaller cases (8B shapes, 8 layers)
 #   bash benchmarks/multi_gpu/run_all.sh --cpu 4    # CPU check: 4 gloo ranks, tiny models
 #   bash benchmarks/multi_gpu/run_all.sh --only reshard,weight_sync   # some steps (names below)
+#   bash benchmarks/multi_gpu/run_all.sh --only offload,moe,variants  # the steps not run by default
 #
 # Logs and JSON go to $OUT/multi_gpu (./out/multi_gpu when OUT is unset); the last lines
 # printed are a summary table and one JSON object. BUDGET_S (default 560) caps the whole
@@ -22,20 +23,26 @@ QUICK=""
 CPU_RANKS=""
 ONLY=""
 KNOWN="correctness reshard weight_sync dtensor failure"
+EXTRA_STEPS="offload moe variants"  # run only when named in --only (a default run fills its budget without them)
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK="--quick" ;;
     --cpu) CPU_RANKS="$2"; shift ;;
     --only) ONLY=",$2,"; shift ;;
-    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; echo "steps (--only): ${KNOWN// /,}"; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
+               echo "steps (--only): ${KNOWN// /,}; not run by default: ${EXTRA_STEPS// /,}"; exit 0 ;;
     *) echo "unknown option $1 (use --quick, --cpu N, --only STEP,...)"; exit 2 ;;
   esac
   shift
 done
 for step in ${ONLY//,/ }; do
-  case " $KNOWN " in *" $step "*) ;; *) echo "unknown step $step (steps: ${KNOWN// /,})"; exit 2 ;; esac
+  case " $KNOWN $EXTRA_STEPS " in
+    *" $step "*) ;;
+    *) echo "unknown step $step (steps: ${KNOWN// /,}; not run by default: ${EXTRA_STEPS// /,})"; exit 2 ;;
+  esac
 done
 wanted() { [ -z "$ONLY" ] || [[ "$ONLY" == *",$1,"* ]]; }
+named() { [[ "$ONLY" == *",$1,"* ]]; }
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
 
 if [ -n "$CPU_RANKS" ]; then
@@ -132,6 +139,15 @@ fi
 if wanted correctness && [ "$N" -gt 2 ]; then
   run_step "correctness_2" 2 60 correctness.py --quick
 fi
+# the steps a default run leaves out (--only offload,moe,variants): offload A -> B -> C with
+# host memory, the Qwen3-30B-A3B expert-parallel changes (MOE_LAYERS of its 48 on GPUs), the
+# executor variants of the TP -> DP and weight-sync figures
+named offload && run_step "offload_${N}" "$N" "${OFFLOAD_CAP_S:-120}" offload_check.py
+if named moe; then
+  if [ -n "$CPU_RANKS" ]; then run_step "moe_${N}" "$N" "${MOE_CAP_S:-200}" moe_reshard.py
+  else run_step "moe_${N}" "$N" "${MOE_CAP_S:-200}" moe_reshard.py --layers "${MOE_LAYERS:-12}"; fi
+fi
+named variants && run_step "variants_${N}" "$N" "${VARIANTS_CAP_S:-200}" variants.py
 
 echo "=== summary ($(( $(date +%s) - START ))s) ==="
 "$PY" benchmarks/multi_gpu/summarize.py "$OUT_DIR"

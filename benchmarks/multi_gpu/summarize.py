@@ -94,9 +94,47 @@ def lines(results: dict, steps: dict) -> list:
                             f"{_s((c['bound_s'] or 0) * 1e3, 1)} ms, {c['bytes_moved'] / 1e9:.2f} GB moved")
         elif name == "failure":
             text.append(f"{key}: {r}")
+        elif name == "offload_check":
+            bw = r.get("bandwidth_gbps", {})
+            text.append(f"{key}: {'PASSED' if r['passed'] else 'FAILED'} on {r['gpus']} x {r['device']}, PCIe h2d "
+                        f"{_s(bw.get('h2d'), 1)} GB/s, d2h {_s(bw.get('d2h'), 1)} GB/s; problems {r.get('problems')}")
+            last = max((t["repeat"] for t in r["transitions"]), default=0)
+            for t in r["transitions"]:
+                if t["repeat"] == last:
+                    text.append(f"  {t['from']} -> {t['to']} (warm) {_s(t['seconds'] * 1e3, 1)} ms, PCIe bound "
+                                f"{_s(t['pcie_bound_s'] * 1e3, 1)} ms ({_x(t.get('seconds_over_bound'))}), "
+                                f"{t['offload_bytes_max_rank'] / 1e9:.2f} GB on the busiest rank")
+        elif name == "multi_gpu_moe_reshard":
+            bw = r["bandwidth"]
+            text.append(f"{key}: {r['gpus']} x {r['device']}, {r['shape']['layers']} layers, p2p "
+                        f"{_s(bw['p2p_GBps'], 1)} GB/s; verified {r['verified']}")
+            for c in r["cases"]:
+                text.append(f"  {c['case']:14s} warm {_s(c['nereus_s'] * 1e3, 1)} ms (back "
+                            f"{_s(c['nereus_reverse_s'] * 1e3, 1)}), cold {_s(c['nereus_cold_s'] * 1e3, 1)} ms, link "
+                            f"bound {_s((c['bound_link_s'] or 0) * 1e3, 1)} ms ({_x(c.get('nereus_over_bound_link'))}), "
+                            f"{c['bytes_moved'] / 1e9:.2f} GB moved")
+        elif name == "multi_gpu_variants":
+            text.append(f"{key}: {r['gpus']} x {r.get('backend')}, {r['repeats']} repeats; bounds "
+                        + ", ".join(f"{case} {_s(v * 1e3, 2)} ms" for case, v in r["bounds_s"].items())
+                        + f"; verified {_passed(r)}")
+            for variant, cases in r["medians_s"].items():
+                text.append(f"  {variant:18s} " + ", ".join(
+                    f"{case} {_s(v * 1e3, 1)} ms ({_x(r['over_bound'][variant].get(case))})" for case, v in cases.items()))
         else:
             text.append(f"{key}: {r}")
     return text
+
+
+def _passed(r: dict) -> bool:
+    """A result's own verdict: its `passed`, else its `verified` (every entry true where it
+    is a table of them, as in variants.py's per variant and case)."""
+    if "passed" in r:
+        return bool(r["passed"])
+
+    def every(v) -> bool:
+        return all(every(x) for x in v.values()) if isinstance(v, dict) else bool(v)
+
+    return every(r.get("verified", False))
 
 
 def main(argv=None) -> int:
@@ -119,7 +157,7 @@ def main(argv=None) -> int:
     with open(os.path.join(folder, "summary.json"), "w") as f:
         json.dump({"steps": steps, "results": results}, f)
     complete = bool(steps) and all(status.startswith("rc=0") for status in steps.values())
-    checked = bool(results) and all(r.get("passed", r.get("verified", False)) for r in results.values())
+    checked = bool(results) and all(_passed(r) for r in results.values())
     print(json.dumps({"name": "multi_gpu_run_all", "steps": steps, "complete": complete, "passed": complete and checked}))
     return 0
 
