@@ -463,7 +463,7 @@ def test_the_wait_for_the_threads_step_is_in_the_report():
 
 
 def _compile_first(rank, world):
-    import nereus.runtime.runtime as runtime_module
+    import nereus.runtime.live_parts as runtime_module  # where Runtime._lower lowers a part itself
 
     here: list = []
     real = runtime_module.rank_program
