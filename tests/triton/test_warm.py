@@ -143,18 +143,18 @@ def test_a_compile_waits_for_one_variant_of_another_threads_batch_not_the_batch(
     import threading
     import time
 
-    from nereus.backends.triton import packer as packer_module
+    from nereus.backends.triton import variants as variants_module  # where Packer._compile builds its launch
 
     packer = Packer(backend="triton")
     classes = sorted(packer.launch_classes(_calls("meta")))
     assert len(classes) >= 4
-    real = packer_module.build_launches
+    real = variants_module.build_launches
 
     def slow(*args, **kwargs):  # each variant's compile takes 0.3 s
         time.sleep(0.3)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(packer_module, "build_launches", slow)
+    monkeypatch.setattr(variants_module, "build_launches", slow)
     batch = threading.Thread(target=packer._compile, args=(set(classes[1:]), torch.device("cpu")))
     batch.start()
     deadline = time.perf_counter() + 30
