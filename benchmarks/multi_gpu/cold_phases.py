@@ -20,7 +20,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-# "module:function" or "module:Class.method", named where each is defined
+# "module:function" or "module:Class.method", named where each is defined or, for a
+# method a mixin gives the class (Runtime._lower: nereus.runtime.live_parts), where the
+# class that runs it is (the wrapper is set on that class; the keys stay those of earlier runs)
 PHASES = (
     "nereus.runtime.runtime:Runtime._transition", "nereus.runtime.runtime:Runtime._lower",
     "nereus.runtime.runtime:Runtime._lower_part", "nereus.runtime.distribute:obtain_rank_part",

@@ -463,17 +463,17 @@ def test_the_wait_for_the_threads_step_is_in_the_report():
 
 
 def _compile_first(rank, world):
-    import nereus.runtime.live_parts as runtime_module  # where Runtime._lower lowers a part itself
+    import nereus.runtime.live_parts as live_parts  # where Runtime._lower lowers a part itself
 
     here: list = []
-    real = runtime_module.rank_program
+    real = live_parts.rank_program
 
     def counted(*args, **kwargs):
         if threading.current_thread() is threading.main_thread():
             here.append(1)
         return real(*args, **kwargs)
 
-    runtime_module.rank_program = counted
+    live_parts.rank_program = counted
     rt = Runtime(ir.parse_source(SOURCE, "p.nir"), "A", rank=rank, world_size=world, ahead="on")
     assert rt._ahead.idle(60)
     part, _ = rt.compile("B")  # the compile takes the thread's part; the transition its work list
