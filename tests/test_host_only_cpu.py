@@ -16,8 +16,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "..", "benchmarks", "multi_gpu", "host_only.py")
 
 
-def _run(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(HERE, ".."), os.environ.get("PYTHONPATH", "")]))
+def _run(*args: str, extra_env=None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(HERE, ".."), os.environ.get("PYTHONPATH", "")]),
+               **(extra_env or {}))
     return subprocess.run([sys.executable, SCRIPT, "--device", "cpu", "--repeats", "2", *args], capture_output=True,
                           text=True, env=env, timeout=300, cwd=os.path.dirname(SCRIPT))
 
@@ -70,3 +71,16 @@ def test_the_first_calls_say_whether_their_part_was_lowered_ahead(ahead, monkeyp
     # each first call was lowered while the harness waited; the second calls run cached programs
     assert details["cold a-b"]["lowered_ahead"] is details["cold b-a"]["lowered_ahead"] is (ahead == "on")
     assert not any(details[k]["lowered_ahead"] for k in ("second a-b", "second b-a"))
+
+
+def test_each_first_call_says_which_replays_it_ran():
+    """A program's first execution builds no replay, its second builds and runs them (the
+    kernels forced under the interpreter): what `cold_details` reports of each call."""
+    done = _run("--shape", "tiny", "--layers", "1", "--moe", "train-ep2-tp2",
+                extra_env={"NEREUS_PACK_BACKEND": "triton", "TRITON_INTERPRET": "1", "NEREUS_PACK_JIT": "eager"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    details = json.loads(done.stdout.strip().splitlines()[-1])["cold_details"]
+    for direction in ("a-b", "b-a"):
+        first, second = details[f"cold {direction}"], details[f"second {direction}"]
+        assert (first["replays_in_plan"], first["replays_used"]) == (0, 0), details
+        assert second["replays_used"] == second["replays_in_plan"] > 0, details

@@ -78,6 +78,22 @@ def join_fake(rank: int, world: int) -> None:
     dist.broadcast_object_list = broadcast_object_list
 
 
+def replays_used(rt, report) -> dict:
+    """Of the call's program: its replays (a round's copies, a stream's chunks) in the
+    execution plan, and those this call ran (marked with its execution's number). A first
+    execution builds none, so what it ran the lowering-ahead thread had built."""
+    from nereus.runtime import streams
+    from nereus.runtime.execution_plan import plan_for
+
+    progs = [p for key, p in rt._lowered.items() if key[:2] == (report.source, report.target)]
+    if not progs:
+        return {"replays_in_plan": None, "replays_used": None}
+    plan = plan_for(progs[-1], streams.CHUNK_BYTES)
+    kept = [k for k in plan.launches if k[0] in ("copy", "send", "recv")]
+    used = [k for k in kept if plan.launches_used.get(k) == plan.executions[0]]
+    return {"replays_in_plan": len(kept), "replays_used": len(used)}
+
+
 def write_profile(profiler, path: str, top: int) -> None:
     """cProfile's top functions by cumulative and by own time, to `path`."""
     text = io.StringIO()
@@ -241,7 +257,8 @@ def main(argv=None) -> int:
                                          # host and device parts, the rest (commit, registry)
                                          "seconds": report.seconds, "wall_s": report.wall_s,
                                          "compile_s": report.compile_s,
-                                         "rounds": [{k: r.get(k) for k in ROUND_SPLITS} for r in report.rounds]}
+                                         "rounds": [{k: r.get(k) for k in ROUND_SPLITS} for r in report.rounds],
+                                         **replays_used(rt, report)}
             if first is not None:
                 first.disable()
                 write_profile(first, args.profile_cold + ("" if call == "cold" else ".second"), args.top)
