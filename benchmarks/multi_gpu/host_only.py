@@ -22,7 +22,10 @@ replayed launches of runtime/replay.py off and on, alternating in the one proces
 host's speed varies between processes by as much as the effect). `--profile FILE` runs as many more
 calls under cProfile and writes the top functions. These are host figures: NCCL's own
 host cost per posted batch (about 0.1-0.2 ms on the H200 host) is not in them. Last
-stdout line: one JSON object.
+stdout line: one JSON object; its `cold_details` has, per first and second call of each
+direction: whether the lowering-ahead thread lowered it, torch-path fallbacks, the waits
+for the thread, compile, seconds and wall, each round's host/device split, and the replays
+in the call's execution plan and those it ran (`replays_in_plan`, `replays_used`).
 """
 
 from __future__ import annotations
