@@ -110,18 +110,6 @@ def held_bytes(tensors: list) -> int:
     return sum(storages.values())
 
 
-def timed_median(env: Env, fn, repeats: int) -> tuple:
-    """(the last call's result, the median of `repeats` warm calls, their times, the first
-    call's time: cold), every call timed as Nereus's are (env.timed)."""
-    _, cold = env.timed(fn)  # the warm-up: its time is the cold figure
-    times, out = [], None
-    for _ in range(repeats):
-        out = None
-        out, seconds = env.timed(fn)
-        times.append(seconds)
-    return out, statistics.median(times), times, cold
-
-
 def run(env: Env, args, shape: dict, bw: dict) -> dict:
     import nereus.ir as ir
     from nereus.backends.json_program import plan_units_json
@@ -193,13 +181,13 @@ def run(env: Env, args, shape: dict, bw: dict) -> dict:
 
     env.mesh = init_device_mesh(env.device.type, (env.world,))
     sharded = dtensor_locals(env, specs, args.seed, replicated=False)
-    replicated, gather_s, gather_times, gather_cold = timed_median(
-        env, lambda: {n: dt.redistribute(env.mesh, [Replicate()]) for n, dt in sharded.items()}, args.repeats)
+    replicated, gather_s, gather_times, gather_cold = env.timed_median(
+        lambda: {n: dt.redistribute(env.mesh, [Replicate()]) for n, dt in sharded.items()}, args.repeats)
     ok_gather = dtensor_check(env, replicated, specs, args.seed)
     del sharded
     targets = {n: [Shard(d)] if d is not None else [Replicate()] for n, (_, _, d) in specs.items()}
-    resharded, slice_s, slice_times, slice_cold = timed_median(
-        env, lambda: {n: dt.redistribute(env.mesh, targets[n]) for n, dt in replicated.items()}, args.repeats)
+    resharded, slice_s, slice_times, slice_cold = env.timed_median(
+        lambda: {n: dt.redistribute(env.mesh, targets[n]) for n, dt in replicated.items()}, args.repeats)
     ok_slice = dtensor_check(env, resharded, specs, args.seed)
     dtensor_held = held_bytes([dt.to_local() for dt in resharded.values()])
     del replicated, resharded

@@ -113,6 +113,19 @@ class Env:
         self.sync()
         return out, self.slowest(time.perf_counter() - t0)
 
+    def timed_median(self, fn: Callable, repeats: int) -> tuple:
+        """(the last call's result, the median of `repeats` warm calls, their times, the
+        first call's time: cold), every call timed by `timed`; each result is dropped
+        before the next call (two would not fit beside each other in the large cases)."""
+        first, cold = self.timed(fn)
+        del first
+        times, out = [], None
+        for _ in range(repeats):
+            out = None
+            out, seconds = self.timed(fn)
+            times.append(seconds)
+        return out, statistics.median(times), times, cold
+
     def log(self, text: str) -> None:
         if self.rank == 0:
             print(f"[{time.time() - self.started:7.1f}s] {text}", flush=True)

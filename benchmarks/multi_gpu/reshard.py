@@ -291,18 +291,8 @@ def guarded(env: Env, out: dict, what: str, fn) -> None:
 def _gather_scatter(env, out, stages, units, specs, state_a, verified) -> None:
     """Timed like Nereus: a warm-up run (timed: gather_scatter_cold_s), then `--repeats`
     runs barrier to barrier (devices synchronized), median."""
-    import statistics
-
     run = lambda: {ms: gather_scatter(env, *units[ms], state_a[ms], specs[ms]) for ms in stages}  # noqa: E731
-    new, out["gather_scatter_cold_s"] = env.timed(run)
-    del new
-    times = []
-    for _ in range(len(out["nereus_times_s"])):
-        new, seconds = env.timed(run)
-        times.append(seconds)
-        if len(times) < len(out["nereus_times_s"]):
-            del new
-    gs_s = statistics.median(times)
+    new, gs_s, times, out["gather_scatter_cold_s"] = env.timed_median(run, len(out["nereus_times_s"]))
     out["gather_scatter_s"] = gs_s
     out["gather_scatter_times_s"] = times
     out["verified_gather_scatter"] = verified(1, new)

@@ -198,20 +198,14 @@ def run_case(env: Env, g: int, args, shape: dict, bw: dict) -> dict:
     rounds = result.rounds
     del result
     free_memory(env)
-    _, gp_cold = env.timed(lambda: gather_push(env, train, gen, local, specs))  # cold: communicators, allocator
-    gp_times, gp = [], None
-    for _ in range(args.repeats):
-        gp, seconds = env.timed(lambda: gather_push(env, train, gen, local, specs))
-        gp_times.append(seconds)
+    # the cold call: communicators, allocator
+    gp, gp_s, gp_times, gp_cold = env.timed_median(lambda: gather_push(env, train, gen, local, specs), args.repeats)
     ok_gp = check(gp)
     del gp
     free_memory(env)
     bucket_bytes = args.bucket_mib << 20
-    _, bk_cold = env.timed(lambda: bucketed_gather_broadcast(env, train, gen, local, specs, bucket_bytes))
-    bk_times, bk = [], None
-    for _ in range(args.repeats):
-        bk, seconds = env.timed(lambda: bucketed_gather_broadcast(env, train, gen, local, specs, bucket_bytes))
-        bk_times.append(seconds)
+    bk, bk_s, bk_times, bk_cold = env.timed_median(
+        lambda: bucketed_gather_broadcast(env, train, gen, local, specs, bucket_bytes), args.repeats)
     ok_bk = check(bk)
     del bk
     free_memory(env)
@@ -221,8 +215,8 @@ def run_case(env: Env, g: int, args, shape: dict, bw: dict) -> dict:
            "nereus_prepared_s": prepared_s, "nereus_prepare_s": env.slowest(prep["seconds"]),
            "rounds": rounds, "bytes_moved": sent,
            **bounds(incoming_bytes(train, gen, specs), bw),
-           "gather_push_s": statistics.median(gp_times), "gather_push_times_s": gp_times, "gather_push_cold_s": gp_cold,
-           "bucketed_s": statistics.median(bk_times), "bucketed_times_s": bk_times, "bucketed_cold_s": bk_cold,
+           "gather_push_s": gp_s, "gather_push_times_s": gp_times, "gather_push_cold_s": gp_cold,
+           "bucketed_s": bk_s, "bucketed_times_s": bk_times, "bucketed_cold_s": bk_cold,
            "bucket_bytes": bucket_bytes,
            "verified_nereus": ok, "verified_gather_push": ok_gp, "verified_bucketed": ok_bk}
     out["gather_push_over_nereus"] = out["gather_push_s"] / out["nereus_s"] if out["nereus_s"] else None

@@ -385,15 +385,13 @@ class Runtime(LocalState, LiveParts):
 
     def _prepare(self, target: str, started: float) -> dict:
         from .parking import park_plan, real_room
-        from .prepare import aliased_destinations, reserve_memory, warm_kernels, warm_links, warm_parking
+        from .prepare import warm_data_path, warm_parking
 
         compile_s, prog, key, _ = self._lower(target)
         # every rank is preparing this transition before the data links are used (a rank in
         # transition() or preparing another target: TransitionAborted on every rank, within
         # timeout_s, instead of a wait on the data group's own timeout)
         agree(None, self._control, self._plan, target, kind="prepare")
-        kernels = warm_kernels(prog, self.device, TORCH_DTYPES, self._lowered_figures[key].offloaded)
-        peers = warm_links(prog, self._data, self.device)
         pinned = 0
         if self.rollback != "device" and self.device.type in self.park_device_types:
             units = None
@@ -401,11 +399,9 @@ class Runtime(LocalState, LiveParts):
                 figures = self._lowered_figures[key]
                 units = park_plan(prog, figures.resident_bytes, figures.capacity_bytes, real_room(self.device))
             pinned = warm_parking(prog, units, TORCH_DTYPES)
-        reserved = reserve_memory(prog, aliased_destinations(prog), self.device, TORCH_DTYPES,
-                                  real_room(self.device))
+        warmed = warm_data_path(prog, self._data, self.device, TORCH_DTYPES, self._lowered_figures[key].offloaded)
         self._prepared.add(key)
-        return {"seconds": time.perf_counter() - started, "compile_s": compile_s, "kernels": kernels,
-                "peers": peers, "pinned_bytes": pinned, "reserved_bytes": reserved}
+        return {"seconds": time.perf_counter() - started, "compile_s": compile_s, "pinned_bytes": pinned, **warmed}
 
     def transition(self, target: str, *, verify: Optional[bool] = None, fault=None,
                    round_hook=None) -> TransitionReport:

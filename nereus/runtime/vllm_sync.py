@@ -205,8 +205,7 @@ class WeightSync:
         tags differ) instead of waiting. Returns this rank's figures: seconds, compile_s,
         kernels, peers, reserved_bytes."""
         from .control import agree
-        from .parking import real_room
-        from .prepare import aliased_destinations, reserve_memory, warm_kernels, warm_links
+        from .prepare import warm_data_path
 
         started = time.perf_counter()
         with paused_all():
@@ -215,10 +214,7 @@ class WeightSync:
             if not program.get("untouched"):
                 prog = self._rank_program(plan, program)
                 agree(None, self.control, SYNC_FROM, SYNC_TO, kind="prepare")
-                figures["kernels"] = warm_kernels(prog, self.device, TORCH_DTYPES)
-                figures["peers"] = warm_links(prog, self.data_group, self.device)
-                figures["reserved_bytes"] = reserve_memory(prog, aliased_destinations(prog), self.device,
-                                                           TORCH_DTYPES, real_room(self.device))
+                figures.update(warm_data_path(prog, self.data_group, self.device, TORCH_DTYPES))
         return {"seconds": time.perf_counter() - started, **figures}
 
     def _rank_program(self, plan: str, program: dict):
