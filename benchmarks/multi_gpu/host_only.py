@@ -24,7 +24,8 @@ calls under cProfile and writes the top functions. These are host figures: NCCL'
 host cost per posted batch (about 0.1-0.2 ms on the H200 host) is not in them. Last
 stdout line: one JSON object; its `cold_details` has, per first and second call of each
 direction: whether the lowering-ahead thread lowered it, torch-path fallbacks, the waits
-for the thread, compile, seconds and wall, each round's host/device split, and the replays
+for the thread, compile, seconds and wall, each round's host/device split and the block
+reserved ahead of its allocations (`reserved_bytes`), and the replays
 in the call's execution plan and those it ran (`replays_in_plan`, `replays_used`).
 """
 
@@ -48,7 +49,7 @@ from mg_common import SHAPES, build_local, machine
 
 # (label, target) of the timed change and of the way back; --moe: plans A and B
 DIRECTIONS = (("tp-dp", "DP"), ("dp-tp", "TP"))
-ROUND_SPLITS = ("seconds", "local_s", "exchange_s", "unpack_s", "posted_at_s", "device_s")
+ROUND_SPLITS = ("seconds", "local_s", "exchange_s", "unpack_s", "posted_at_s", "device_s", "reserved_bytes")
 SPLITS = ("call_s", "local_s", "posted_at_s", "posted_done_s", "device_s", "ready_s", "wall_s")
 
 

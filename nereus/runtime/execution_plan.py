@@ -4,7 +4,8 @@ Input: a RankProgram and the packed streams' chunk size. Output: an ExecutionPla
 after-shards a keep hands over in place and the before-shards it keeps, per round the
 peers this rank exchanges with in both directions and, per message, which pieces travel
 in the peer's packed stream (streams.streamed), every piece's region of its local tensor
-(wires.Region) and the chunks of every peer stream (streams.plan_chunks), and the parking
+(wires.Region) and the chunks of every peer stream (streams.plan_chunks), the bytes of
+the shards it allocates first (for allocator.reserve_ahead), and the parking
 replay of rollback="auto" per resident bytes (parking.park_replay). Why: slicing each
 piece and cutting each stream again cost every execution ~1-2 us of host time per piece
 and segment (thousands of them in a large transition) before the first byte moved; from
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import streams
+from .allocator import block_bytes
 from .parking import ParkReplay, park_replay
 from .program import RankProgram
 from .wires import TORCH_DTYPES, region
@@ -52,6 +54,10 @@ class RoundPlan:
     # travel in place and by same-GPU copies: allocated when first written, after the
     # round's agreement, overlapping the transfers (see rounds.run_round)
     deferred: frozenset = frozenset()
+    # ((after-unit, bytes), ...): the large-pool bytes (allocator.block_bytes) of the
+    # after-shards first allocated in this round, per unit (an offloaded unit's are host
+    # memory: the executor leaves them out); allocator.reserve_ahead makes room for them
+    alloc_bytes: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -103,6 +109,7 @@ def build_plan(prog: RankProgram, chunk_bytes: int) -> ExecutionPlan:
         return tuple(plan for plan in plans if plan.chunks)
 
     rounds = []
+    allocated = {(a.dst_unit, a.tensor) for a in aliases}  # keeps hand these over: never allocated
     for work in prog.rounds:
         both_ways = frozenset({m.peer for m in work.sends} & {m.peer for m in work.recvs})
 
@@ -113,7 +120,7 @@ def build_plan(prog: RankProgram, chunk_bytes: int) -> ExecutionPlan:
         rounds.append(RoundPlan(both_ways, send_flags, recv_flags, send_regions, recv_regions,
                                 tuple((src(p), dst(p)) for p in work.copies),
                                 stream_plans(work.sends, send_flags, send_regions, "src"), recv_streams,
-                                _deferred(work, recv_flags, recv_streams)))
+                                _deferred(work, recv_flags, recv_streams), _alloc_bytes(prog, work, allocated)))
     return ExecutionPlan(frozenset((a.dst_unit, a.tensor) for a in aliases),
                          frozenset((a.src_unit, a.tensor) for a in aliases), tuple(rounds))
 
@@ -131,6 +138,20 @@ def _deferred(work, recv_flags: tuple, recv_streams: tuple) -> frozenset:
             if chunk.single:  # may be received into the shard itself: it must exist at the post
                 needed.update((plan.pieces[s.view].dst_unit, plan.pieces[s.view].tensor) for s in chunk.segments)
     return frozenset(written - needed)
+
+
+def _alloc_bytes(prog: RankProgram, work, allocated: set) -> tuple:
+    """Per after-unit, the large-pool bytes of its shards the round allocates first (alloc
+    ops, copy and receive destinations, deferred or not); adds them to `allocated`."""
+    keys = [(unit, name) for unit in work.allocs for name in prog.after.get(unit, {})]
+    keys += [(p.dst_unit, p.tensor) for p in work.copies]
+    keys += [(p.dst_unit, p.tensor) for m in work.recvs for p in m.pieces]
+    per_unit: dict = {}
+    for key in keys:
+        if key not in allocated:
+            allocated.add(key)
+            per_unit[key[0]] = per_unit.get(key[0], 0) + block_bytes(prog.after[key[0]][key[1]].nbytes)
+    return tuple((unit, n) for unit, n in per_unit.items() if n)
 
 
 def _flags(messages, both_ways: frozenset, chunk_bytes: int) -> tuple:

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from nereus.ir.diagnostics import ProgramError, env_flag
 
 from . import offload, packing, replay, streams
+from .allocator import reserve_ahead
 from .control import Failure, agree
 from .posting import p2p_ops as _p2p_ops, post as _post
 from .program import RankProgram
@@ -49,6 +50,7 @@ class RoundTiming:
     messages: int = 0
     posted_at_s: float = 0.0  # host seconds from the transition's start to this round's first post
     device_s: Optional[float] = None  # CUDA: device time from the first post to the round's last work
+    reserved_bytes: int = 0  # CUDA: the block allocator.reserve_ahead left for the round's allocations
 
 
 @dataclass
@@ -141,6 +143,9 @@ def run_round(run: _Run, work, events: Optional[list] = None) -> RoundTiming:
         for unit, name in deferred:
             if name not in new.get(unit, {}):
                 live.reserve((unit, name), prog.after[unit][name].nbytes)
+        # one cudaMalloc for what the cache lacks, not one per shard (allocator.py)
+        timing.reserved_bytes = reserve_ahead(device, sum(n for unit, n in planned.alloc_bytes
+                                                          if unit not in run.host_after))
         for unit in work.allocs:
             step = f"alloc {unit}"
             allocate(prog, unit, new, live, device, run.aliased, run.host_after, deferred)

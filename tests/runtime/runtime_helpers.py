@@ -206,6 +206,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def single_process_control():
+    """A gloo group for a one-process test (world size 1; the default group is created
+    on first use): the control group the executor agrees over, with no peer."""
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    return dist.new_group(backend="gloo")
+
+
 def _worker(rank, world, port, fn, args, folder):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)

@@ -10,7 +10,6 @@ import random
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from nereus.ir.model import Model
 from nereus.runtime import executor, replay as runtime_replay
@@ -18,7 +17,7 @@ from nereus.runtime.execution_plan import plan_for
 from nereus.runtime.program import rank_program
 from nereus.runtime.state import shard_of, shard_unit
 
-from runtime_helpers import free_port, naive_program, oracle_units, reference_state, tensor_list
+from runtime_helpers import naive_program, oracle_units, reference_state, single_process_control, tensor_list
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -86,9 +85,7 @@ STAGE = "actor.inference"
 
 @pytest.fixture
 def control():
-    if not dist.is_initialized():
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-    yield dist.new_group(backend="gloo")
+    return single_process_control()
 
 
 def test_executor_copies_replay_byte_exact_at_any_residue(control, monkeypatch):

@@ -1,0 +1,104 @@
+"""Room in the caching allocator ahead of a round (runtime/allocator.py): the large-pool
+bytes the execution plan gives each round are those of the after-shards the round
+allocates first, each shard once and none a keep hands over; how much to reserve never
+exceeds what the cache lacks nor what the device has free past the margin; off CUDA
+nothing is reserved. The reservation on a device: test_allocator_cuda.py."""
+
+from __future__ import annotations
+
+import torch
+
+import nereus.ir as ir
+from nereus.backends.json_program import program_json
+from nereus.passes import compile_transition
+from nereus.runtime import allocator, execution_plan
+from nereus.ir.model import Model
+from nereus.runtime.program import rank_program
+
+from runtime_helpers import naive_program, oracle_units, tensor_list
+
+# large enough that most shards come from the allocator's large pool (> 1 MiB)
+LLAMA = "llama { layers 2 hidden 512 heads 8 kv_heads 2 ffn 1024 vocab 1024 }"
+CASES = [("dp 1 tp 2 on 0..1", "dp 2 on 0..1"),  # both ways
+         ("dp 1 tp 2 on 0..1", "dp 2 tp 2 on 0..3"),  # extend: GPUs 0 and 1 keep theirs in place
+         ("dp 1 pp 2 on 0..1", "dp 1 tp 2 on 2..3"),
+         ("dp 1 on 0", "dp 1 pp 2 on 0..1")]  # GPU 0 keeps, copies and sends
+MiB = 1 << 20
+
+
+def _programs():
+    for before, after in CASES:
+        module = ir.parse_source(f"""
+cluster c {{ nodes 1 gpus_per_node 4 gpu {{ mem 80GB flops 1TFLOPS hbm 100GB/s }} intra 10GB/s inter 1GB/s host_mem 64GB }}
+model actor = {LLAMA}
+workload w {{ batch 4 prompt 4 response 4 microbatch 1 training: actor }}
+plan A {{ actor.training {before} }}
+plan B {{ actor.training {after} }}
+""", "allocator.nir")
+        compiled = program_json(compile_transition(module, "A", "B"))
+        for gpu in range(4):
+            yield rank_program(compiled, gpu, direct_min_bytes=1024)
+    # no alloc ops: each destination is allocated where a copy or a receive first writes it
+    # (GPU 0 copies its first stage, GPU 1 receives the second)
+    model = Model("actor", "llama", layers=2, hidden=512, heads=8, kv_heads=2, ffn=1024, vocab=1024)
+    units = lambda dp, tp, pp, gpus: oracle_units(model, "actor.training", dp, tp, pp, gpus)  # noqa: E731
+    naive = naive_program(units(1, 1, 1, [0]), units(1, 1, 2, [0, 1]), tensor_list(model, training=True),
+                          rounds=2, gpus=2)
+    naive["rounds"] = [{**r, "ops": [op for op in r["ops"] if op["op"] != "alloc"]} for r in naive["rounds"]]
+    for gpu in range(2):
+        yield rank_program(naive, gpu, direct_min_bytes=1024)
+
+
+def _first_rounds(prog) -> dict:
+    """(unit, tensor) → the index of the round that allocates it first, as the executor
+    does: an alloc op of its unit, or the first copy or receive that writes it."""
+    aliased = {(a.dst_unit, a.tensor) for w in prog.rounds for a in w.aliases}
+    first = {}
+    for work in prog.rounds:
+        keys = [(unit, name) for unit in work.allocs for name in prog.after[unit]]
+        keys += [(p.dst_unit, p.tensor) for p in work.copies]
+        keys += [(p.dst_unit, p.tensor) for m in work.recvs for p in m.pieces]
+        for key in keys:
+            if key not in aliased:
+                first.setdefault(key, work.index)
+    return first
+
+
+def test_each_round_counts_the_large_shards_it_allocates_first():
+    seen_keeps = seen_large = seen_small = False
+    for prog in _programs():
+        plan = execution_plan.build_plan(prog, 128 * MiB)
+        want = [{} for _ in prog.rounds]
+        first = _first_rounds(prog)
+        for (unit, name), index in first.items():
+            nbytes = prog.after[unit][name].nbytes
+            seen_large |= nbytes > MiB
+            seen_small |= nbytes <= MiB
+            if nbytes > MiB:
+                want[index][unit] = want[index].get(unit, 0) + -(-nbytes // 512) * 512
+        assert [dict(r.alloc_bytes) for r in plan.rounds] == want
+        seen_keeps |= bool(plan.aliased)
+        # every shard not handed over in place is allocated in some round
+        assert set(first) == {(u, n) for u, shards in prog.after.items() for n in shards} - plan.aliased
+    assert seen_keeps and seen_large and seen_small  # the cases exercise all three
+
+
+def test_block_bytes_follow_the_allocators_pools():
+    assert allocator.block_bytes(MiB) == 0  # the small pool
+    assert allocator.block_bytes(MiB + 1) == MiB + 512
+    assert allocator.block_bytes(3 * MiB) == 3 * MiB
+
+
+def test_the_reservation_is_what_the_cache_lacks_within_the_free_memory():
+    GiB = 1 << 30
+    margin, least = allocator.MARGIN_BYTES, allocator.MIN_BYTES
+    assert allocator.reservation(4 * GiB, 0, 80 * GiB) == 4 * GiB
+    assert allocator.reservation(4 * GiB, 3 * GiB, 80 * GiB) == GiB  # the cache serves the rest
+    assert allocator.reservation(4 * GiB, 4 * GiB, 80 * GiB) == 0
+    assert allocator.reservation(4 * GiB, 0, 3 * GiB) == 3 * GiB - margin  # never the margin
+    assert allocator.reservation(4 * GiB, 0, margin + least - 1) == 0  # too little to be worth it
+    assert allocator.reservation(least - 1, 0, 80 * GiB) == 0
+
+
+def test_nothing_is_reserved_off_cuda():
+    assert allocator.reserve_ahead(torch.device("cpu"), 1 << 40) == 0
