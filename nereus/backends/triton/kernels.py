@@ -29,6 +29,9 @@ Set TRITON_INTERPRET=1 before this module is imported to run it on the CPU.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import threading
 from typing import Optional
 
 import torch
@@ -38,6 +41,11 @@ import triton.language as tl
 from .tables import NCOLS, Launch
 
 REL_NONE, REL_DST, REL_SRC = 0, 1, 2  # which side holds buffer offsets (pack: dst, unpack: src)
+# Triton's interpreter keeps the launch in progress (its grid, its builder) in module
+# state: two threads launching at once (the prepared JIT's background compile beside a
+# transition) break each other's launch. On a GPU launches are thread-safe; under the
+# interpreter they take turns.
+_LAUNCH_TURNS = threading.Lock() if os.environ.get("TRITON_INTERPRET") == "1" else contextlib.nullcontext()
 WORD_DTYPES = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
 _ANCHORS: dict[torch.device, torch.Tensor] = {}
 
@@ -110,7 +118,8 @@ def run_launch(launch: Launch, rel: int, bases: Optional[torch.Tensor], views: O
     bases = launch.segments if bases is None else bases  # unused by the kernel when rel == REL_NONE
     views = launch.segments if views is None else views
     word_anchor = anchor(launch.segments.device).view(WORD_DTYPES[launch.word])
-    return move_tiles_kernel[(n_tiles,)](
-        launch.tiles, launch.segments, bases, views, word_anchor, NC=NCOLS, REL=rel, WORD=launch.word,
-        VEC=launch.vec, ROWS=launch.rows, COLS=launch.cols, num_warps=launch.num_warps,
-    )
+    with _LAUNCH_TURNS:
+        return move_tiles_kernel[(n_tiles,)](
+            launch.tiles, launch.segments, bases, views, word_anchor, NC=NCOLS, REL=rel, WORD=launch.word,
+            VEC=launch.vec, ROWS=launch.rows, COLS=launch.cols, num_warps=launch.num_warps,
+        )
