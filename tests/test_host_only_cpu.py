@@ -84,3 +84,29 @@ def test_each_first_call_says_which_replays_it_ran():
         first, second = details[f"cold {direction}"], details[f"second {direction}"]
         assert (first["replays_in_plan"], first["replays_used"]) == (0, 0), details
         assert second["replays_used"] == second["replays_in_plan"] > 0, details
+
+
+def test_each_fallback_says_which_kernel_variants_it_lacked():
+    """Under the "prepared" JIT a call that meets a kernel variant not compiled yet takes
+    the torch path: `cold_details` names the variants and the caller of each fallback."""
+    done = _run("--shape", "tiny", "--layers", "1", "--moe", "train-ep2-tp2",
+                extra_env={"NEREUS_PACK_BACKEND": "triton", "TRITON_INTERPRET": "1", "NEREUS_PACK_JIT": "prepared"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    details = json.loads(done.stdout.strip().splitlines()[-1])["cold_details"]
+    assert sum(d["fallbacks"] for d in details.values()) > 0, details
+    for d in details.values():
+        assert len(d["missing"]) == d["fallbacks"], details
+        for variants, caller, _ in d["missing"]:
+            assert variants and all(v[0] in ("pack", "unpack", "copy") for v in variants), d["missing"]
+            assert "@" in caller
+
+
+def test_profile_cold_profiles_the_direction_asked_for(tmp_path):
+    path = str(tmp_path / "cold.prof")
+    done = _run("--shape", "tiny", "--layers", "1", "--moe", "train-ep2-tp2", "--profile-cold", path,
+                "--profile-case", "b-a")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "cold.prof").exists() and (tmp_path / "cold.prof.second").exists()
+    wrong = _run("--shape", "tiny", "--layers", "1", "--moe", "train-ep2-tp2", "--profile-cold", path,
+                 "--profile-case", "tp-dp")
+    assert wrong.returncode != 0 and "--profile-case tp-dp: the directions here are a-b, b-a" in wrong.stderr

@@ -26,7 +26,10 @@ stdout line: one JSON object; its `cold_details` has, per first and second call 
 direction: whether the lowering-ahead thread lowered it, torch-path fallbacks, the waits
 for the thread, compile, seconds and wall, each round's host/device split and the block
 reserved ahead of its allocations (`reserved_bytes`), and the replays
-in the call's execution plan and those it ran (`replays_in_plan`, `replays_used`).
+in the call's execution plan and those it ran (`replays_in_plan`, `replays_used`), for
+each torch-path fallback the kernel variants not compiled yet and who asked (`missing`),
+whether the lowering-ahead thread still had work when the call began (`ahead_busy`), and
+the caching allocator's reserved and allocated bytes after the call.
 """
 
 from __future__ import annotations
@@ -96,6 +99,38 @@ def replays_used(rt, report) -> dict:
     kept = [k for k in plan.launches if k[0] in ("copy", "send", "recv")]
     used = [k for k in kept if plan.launches_used.get(k) == plan.executions[0]]
     return {"replays_in_plan": len(kept), "replays_used": len(used)}
+
+
+def watch_missing() -> list:
+    """A list that receives, for each `ready` call of the packer that finds kernel
+    variants not compiled (the call then takes the torch path), [the missing variants,
+    the calling function, start]; empty off Triton."""
+    from nereus.runtime import packing as runtime_packing
+
+    out: list = []
+    kernels = runtime_packing.kernels()
+    if kernels is None:
+        return out
+    packer = kernels.default_packer()
+    ready = packer.ready
+
+    def watched(classes, device, start=True):
+        missing = sorted(set(classes) - packer.compiled)
+        ok = ready(classes, device, start)
+        if not ok:
+            caller = sys._getframe(1).f_code
+            out.append([[list(m) for m in missing], f"{caller.co_name}@{os.path.basename(caller.co_filename)}", start])
+        return ok
+
+    packer.ready = watched
+    return out
+
+
+def footprint(device) -> dict:
+    """The caching allocator's reserved and allocated bytes now (CUDA)."""
+    if device.type != "cuda":
+        return {}
+    return {"reserved_bytes": torch.cuda.memory_reserved(device), "allocated_bytes": torch.cuda.memory_allocated(device)}
 
 
 def write_profile(profiler, path: str, top: int) -> None:
@@ -189,6 +224,9 @@ def main(argv=None) -> int:
     parser.add_argument("--profile-cold", default=None,
                         help="run the first TP -> DP call under cProfile and write it here; the second to "
                              "PATH.second")
+    parser.add_argument("--profile-case", default=None, metavar="DIRECTION",
+                        help="with --profile-cold: the direction whose two first calls are profiled "
+                             "(tp-dp, dp-tp; with --moe a-b, b-a); default: the first")
     parser.add_argument("--moe", default=None, metavar="CASE",
                         help="a case of moe_reshard.py instead (gen-ep2-tp2, train-ep2-tp2, train-ep2-dp2; "
                              "Qwen3-30B-A3B shapes, --layers of its 48): plans A -> B and back")
@@ -232,6 +270,9 @@ def main(argv=None) -> int:
         plain = {n: (s, d) for n, (s, d, _) in weight_specs(module).items()}
         rt = Runtime(module, "TP", device=device)
         rt.register(TAG, build_local(plan_units_json(module, "TP", TAG), args.rank, plain, args.seed, TAG, device))
+    if args.profile_case is not None and args.profile_case not in dict(DIRECTIONS):
+        raise SystemExit(f"host_only.py: --profile-case {args.profile_case}: the directions here are "
+                         f"{', '.join(case for case, _ in DIRECTIONS)}")
     sync = (lambda: torch.cuda.synchronize(device)) if kind == "cuda" else (lambda: None)
     cold: dict = {}
     details: dict = {}  # per first call: its part lowered ahead, torch-path fallbacks of the packer
@@ -241,6 +282,8 @@ def main(argv=None) -> int:
         kernels = runtime_packing.kernels()
         return kernels.default_packer().fallback_calls if kernels is not None else 0
 
+    missed_log = watch_missing()
+
     for call in ("cold", "second"):  # each direction's first call (compile, lower, the execution
         for case, target in DIRECTIONS:  # plan and its replays built, first
             sync()  # allocations and kernels), then its second (kernel variants compiling aside)
@@ -248,9 +291,11 @@ def main(argv=None) -> int:
             if args.wait_ahead and call == "cold":
                 rt.wait_ahead()
             waited = time.perf_counter() - waited
-            first = cProfile.Profile() if args.profile_cold and case == DIRECTIONS[0][0] else None
+            first = cProfile.Profile() if args.profile_cold and case == (args.profile_case or DIRECTIONS[0][0]) else None
             if first is not None:
                 first.enable()
+            busy = rt._ahead is not None and not rt._ahead.idle(0)
+            missed_log.clear()
             t0, missed = time.perf_counter(), fallbacks()
             report = rt.transition(target)
             sync()
@@ -262,7 +307,10 @@ def main(argv=None) -> int:
                                          "seconds": report.seconds, "wall_s": report.wall_s,
                                          "compile_s": report.compile_s,
                                          "rounds": [{k: r.get(k) for k in ROUND_SPLITS} for r in report.rounds],
-                                         **replays_used(rt, report)}
+                                         **replays_used(rt, report),
+                                         # why each fallback: the variants not compiled, the caller
+                                         "missing": list(missed_log), "ahead_busy": busy,
+                                         **footprint(device)}
             if first is not None:
                 first.disable()
                 write_profile(first, args.profile_cold + ("" if call == "cold" else ".second"), args.top)
