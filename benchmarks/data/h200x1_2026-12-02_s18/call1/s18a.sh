@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# session 18, 1 x H200, call 1: session 17's splits and last look (runtime/live_parts,
+# backends/triton/variants, prepare.warm_data_path) on a GPU for the first time, with the
+# new reservation ahead of each round's allocations (runtime/allocator.py): CUDA tests;
+# host_only first calls right after construction with the reservation on and off,
+# alternating; nereus train 1-GPU offload against its control
+O=/tmp/o1; rm -rf $O; mkdir -p $O
+nvidia-smi -L > $O/machine.txt; cat .devrun/tree.txt >> $O/machine.txt; date -u >> $O/machine.txt
+cp .devrun/s18a.sh $O/
+t0=$(date +%s)
+step() { echo "$1 rc=$2 $(( $(date +%s) - t0 ))s" >> $O/steps.txt; tar czf $OUT/s18a.tgz -C $O .; }
+timeout 200 python3 -m pytest -q -p no:cacheprovider -rs tests/runtime/test_allocator_cuda.py tests/runtime/test_allocator.py tests/runtime/test_room_cuda.py tests/runtime/test_ahead_cuda.py tests/runtime/test_lowerer.py tests/runtime/test_ahead.py tests/runtime/test_prepare.py tests/runtime/test_executor_cuda.py tests/runtime/test_replay_cuda.py tests/runtime/test_offload_cuda.py tests/runtime/test_mapped_host_cuda.py > $O/unit.log 2>&1; step unit $?
+tail -3 $O/unit.log
+h() {  # h NAME LAYERS REPEATS [env...] -- args
+  local name=$1 layers=$2 reps=$3; shift 3
+  local envs=(); while [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
+  (cd benchmarks/multi_gpu && env "${envs[@]}" timeout 60 python3 host_only.py --layers $layers --repeats $reps --json-out $O/$name.json "$@" > $O/$name.log 2>&1); step $name $?
+  grep -h "^plain a-b\|^first calls:" $O/$name.log | sed "s/^/$name /" | cut -c1-250
+}
+for k in 1 2 3 4 5; do
+  h t6_on_$k 6 5 NEREUS_RESERVE_ROUNDS=1 -- --moe train-ep2-tp2
+  h t6_off_$k 6 5 NEREUS_RESERVE_ROUNDS=0 -- --moe train-ep2-tp2
+done
+for k in 1 2; do
+  h g24_on_$k 24 5 NEREUS_RESERVE_ROUNDS=1 -- --moe gen-ep2-tp2
+  h g24_off_$k 24 5 NEREUS_RESERVE_ROUNDS=0 -- --moe gen-ep2-tp2
+done
+h t6_fresh_on 6 5 NEREUS_RESERVE_ROUNDS=1 TRITON_CACHE_DIR=/tmp/tc_a -- --moe train-ep2-tp2
+h t6_fresh_off 6 5 NEREUS_RESERVE_ROUNDS=0 TRITON_CACHE_DIR=/tmp/tc_b -- --moe train-ep2-tp2
+timeout 90 python3 -c "from nereus.cli import nereus; nereus()" train examples/rl/ppo-1gpu-offload.nir --nproc 1 --backend nccl --steps 6 --events "2:S2,4:S1" --control --out $O/train_offload --json > $O/train_offload.log 2>&1; step train_offload $?
+rm -rf $O/train_offload
+tail -1 $O/train_offload.log | python3 -c "import json,sys; d=json.loads(sys.stdin.read()); c=d.get('control', d); print({k: v for k, v in (c.items() if isinstance(c, dict) else []) if k.startswith(('same', 'max_abs'))})" 2>&1 | tail -2
+tar czf $OUT/s18a.tgz -C $O .
+cat $O/steps.txt
