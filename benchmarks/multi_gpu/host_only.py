@@ -29,7 +29,9 @@ reserved ahead of its allocations (`reserved_bytes`), and the replays
 in the call's execution plan and those it ran (`replays_in_plan`, `replays_used`), for
 each torch-path fallback the kernel variants not compiled yet and who asked (`missing`),
 whether the lowering-ahead thread still had work when the call began (`ahead_busy`), and
-the caching allocator's reserved and allocated bytes after the call.
+the caching allocator's reserved and allocated bytes after the call, and how long each
+kernel variant compile during it took (`compiles_s`); the summary's `compile_log` has
+every compile of the run.
 """
 
 from __future__ import annotations
@@ -105,13 +107,10 @@ def watch_missing() -> list:
     """A list that receives, for each `ready` call of the packer that finds kernel
     variants not compiled (the call then takes the torch path), [the missing variants,
     the calling function, start]; empty off Triton."""
-    from nereus.runtime import packing as runtime_packing
-
     out: list = []
-    kernels = runtime_packing.kernels()
-    if kernels is None:
+    packer = packer_or_none()
+    if packer is None:
         return out
-    packer = kernels.default_packer()
     ready = packer.ready
 
     def watched(classes, device, start=True):
@@ -124,6 +123,19 @@ def watch_missing() -> list:
 
     packer.ready = watched
     return out
+
+
+def packer_or_none():
+    from nereus.runtime import packing as runtime_packing
+
+    kernels = runtime_packing.kernels()
+    return kernels.default_packer() if kernels is not None else None
+
+
+def compile_log() -> list:
+    """The default packer's ((variant), seconds) per kernel variant compile so far."""
+    packer = packer_or_none()
+    return list(packer.compile_log) if packer is not None else []
 
 
 def footprint(device) -> dict:
@@ -276,13 +288,14 @@ def main(argv=None) -> int:
     sync = (lambda: torch.cuda.synchronize(device)) if kind == "cuda" else (lambda: None)
     cold: dict = {}
     details: dict = {}  # per first call: its part lowered ahead, torch-path fallbacks of the packer
-    from nereus.runtime import packing as runtime_packing
-
     def fallbacks() -> int:
-        kernels = runtime_packing.kernels()
-        return kernels.default_packer().fallback_calls if kernels is not None else 0
+        packer = packer_or_none()
+        return packer.fallback_calls if packer is not None else 0
 
     missed_log = watch_missing()
+
+    def compiles() -> int:  # kernel variant compiles so far (the thread's, the background's, a call's own)
+        return len(compile_log())
 
     for call in ("cold", "second"):  # each direction's first call (compile, lower, the execution
         for case, target in DIRECTIONS:  # plan and its replays built, first
@@ -296,7 +309,8 @@ def main(argv=None) -> int:
                 first.enable()
             busy = rt._ahead is not None and not rt._ahead.idle(0)
             missed_log.clear()
-            t0, missed = time.perf_counter(), fallbacks()
+            inline = getattr(packer_or_none(), "inline_compiles", 0)
+            t0, missed, compiled = time.perf_counter(), fallbacks(), compiles()
             report = rt.transition(target)
             sync()
             cold[f"{call} {case}"] = time.perf_counter() - t0
@@ -310,6 +324,9 @@ def main(argv=None) -> int:
                                          **replays_used(rt, report),
                                          # why each fallback: the variants not compiled, the caller
                                          "missing": list(missed_log), "ahead_busy": busy,
+                                         # variants compiled during the call (in it or beside it), seconds each
+                                         "compiles_s": [t for _, t in compile_log()[compiled:]],
+                                         "inline_compiles": getattr(packer_or_none(), "inline_compiles", 0) - inline,
                                          **footprint(device)}
             if first is not None:
                 first.disable()
@@ -330,7 +347,11 @@ def main(argv=None) -> int:
 
     if packing.kernels() is not None:
         packing.kernels().default_packer().wait_compiled()
-    summary: dict = {"cold": cold, "cold_details": details}
+    summary: dict = {"cold": cold, "cold_details": details,
+                     # every kernel variant compile of the run and how long it took (Triton's
+                     # disk cache warm or not); variants a call compiled itself
+                     "compile_log": [[list(v), t] for v, t in compile_log()],
+                     "inline_compiles": getattr(packer_or_none(), "inline_compiles", None)}
     passes = [("plain", None)]
     if args.ab_replay:  # the same calls with replays off and on, alternating in this process
         passes = [("replay-off", None), ("replay-on", None)]

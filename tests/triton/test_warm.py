@@ -3,6 +3,7 @@ real shapes (nothing allocated at full size) and run once on a scratch buffer.""
 
 import torch
 
+from nereus.backends.triton import variants
 from nereus.backends.triton.packer import Packer
 from nereus.runtime import packing
 
@@ -62,7 +63,10 @@ def test_prepared_jit_takes_the_torch_path_until_the_variants_are_compiled():
     assert packer.fallback_calls == 1 and torch.equal(_pieces(second, views, offsets), expected)
 
 
-def test_wait_compiled_compiles_what_was_asked_for_while_a_compile_ran():
+def test_wait_compiled_compiles_what_was_asked_for_while_a_compile_ran(monkeypatch):
+    # the second `ready` must queue, not compile in the caller after the first compile's
+    # quick time (variants._inline)
+    monkeypatch.setattr(variants, "INLINE_COMPILE_S", 0.0)
     packer = Packer(backend="triton")
     packer.jit = "prepared"
     (_, views, offsets), (_, back, back_offsets) = _calls("cpu")
