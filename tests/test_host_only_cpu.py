@@ -96,7 +96,7 @@ def test_each_fallback_says_which_kernel_variants_it_lacked():
     assert sum(d["fallbacks"] for d in details.values()) > 0, details
     for d in details.values():
         assert len(d["missing"]) == d["fallbacks"], details
-        assert all(t > 0 for t in d["compiles_s"]) and d["inline_compiles"] <= len(d["compiles_s"]), d
+        assert all(t > 0 for t in d["compiles_s"]), d
         for variants, caller, _ in d["missing"]:
             assert variants and all(v[0] in ("pack", "unpack", "copy") for v in variants), d["missing"]
             assert "@" in caller

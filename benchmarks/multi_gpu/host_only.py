@@ -309,7 +309,6 @@ def main(argv=None) -> int:
                 first.enable()
             busy = rt._ahead is not None and not rt._ahead.idle(0)
             missed_log.clear()
-            inline = getattr(packer_or_none(), "inline_compiles", 0)
             t0, missed, compiled = time.perf_counter(), fallbacks(), compiles()
             report = rt.transition(target)
             sync()
@@ -324,9 +323,8 @@ def main(argv=None) -> int:
                                          **replays_used(rt, report),
                                          # why each fallback: the variants not compiled, the caller
                                          "missing": list(missed_log), "ahead_busy": busy,
-                                         # variants compiled during the call (in it or beside it), seconds each
+                                         # variants compiled during the call (beside it), seconds each
                                          "compiles_s": [t for _, t in compile_log()[compiled:]],
-                                         "inline_compiles": getattr(packer_or_none(), "inline_compiles", 0) - inline,
                                          **footprint(device)}
             if first is not None:
                 first.disable()
@@ -349,9 +347,8 @@ def main(argv=None) -> int:
         packing.kernels().default_packer().wait_compiled()
     summary: dict = {"cold": cold, "cold_details": details,
                      # every kernel variant compile of the run and how long it took (Triton's
-                     # disk cache warm or not); variants a call compiled itself
-                     "compile_log": [[list(v), t] for v, t in compile_log()],
-                     "inline_compiles": getattr(packer_or_none(), "inline_compiles", None)}
+                     # disk cache warm or not)
+                     "compile_log": [[list(v), t] for v, t in compile_log()]}
     passes = [("plain", None)]
     if args.ab_replay:  # the same calls with replays off and on, alternating in this process
         passes = [("replay-off", None), ("replay-on", None)]

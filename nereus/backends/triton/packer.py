@@ -113,9 +113,8 @@ class Packer(VariantCompiler):
         self._compile_turns = _Turns()
         self._missing_device = None
         self.fallback_calls = 0
-        self.compile_log: list = []  # ((kind, word, vec, ROWS, COLS), seconds) per compile, in order
-        self.inline_compiles = 0  # variants a call compiled itself (VariantCompiler._inline)
-        self._inline_streams: dict = {}
+        # ((kind, word, vec, ROWS, COLS), seconds) per compile, in order (one per variant)
+        self.compile_log: list = []
 
     # -- backend choice ------------------------------------------------------------
     def backend_for(self, device: torch.device) -> str:
@@ -286,7 +285,7 @@ class Packer(VariantCompiler):
         pieces = [p for slot, (m, v, o) in enumerate(entries) for p in view_pieces(v, o + residues[m], m, kind, slot)]
         if lazy:
             classes = frozenset((kind,) + c for c in launch_classes(pieces, self.tile, self.max_vec))
-            if not classes <= self.compiled and not self._inline(set(classes - self.compiled), device):
+            if not classes <= self.compiled:
                 plan.pending = classes
                 return plan
         plan.launches = self._launches(pieces, "dst" if kind == "pack" else "src", device)

@@ -1,42 +1,28 @@
 """Kernel variants of the Packer (`Packer` inherits `VariantCompiler`): the (kind, word,
 vec, ROWS, COLS) Triton specializations a pack, unpack or copy launches, compiled ahead
 (`warm`, `compile`: each run once on a scratch buffer) or, under the "prepared" JIT, in a
-background thread while the caller takes the torch path (`ready`, `compile_pending`) -
-unless this process's compiles have been quick (Triton's disk cache had them): then the
-caller compiles the few it lacks on the spot (`_inline`).
+background thread while the caller takes the torch path (`ready`, `compile_pending`).
 Input: the variants, or the pack_into/unpack_from calls that would launch them, and the
 data's device. Output: `compiled`, the variants known compiled, and `compile_log`, how
-long each compile took. Invariant: one variant compiles at a time, in the order asked
-for (`_Turns`), and a variant is marked compiled only after it ran.
+long each compile took. Invariant: one variant
+compiles at a time, in the order asked for (`_Turns`), and a variant is marked compiled
+only after it ran.
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
-import statistics
 import threading
 import time
 from typing import Sequence
 
 import torch
 
-from nereus.ir.diagnostics import env_number
-
 from .segments import view_pieces
 from .tables import build_launches, launch_classes
 
 log = logging.getLogger("nereus.pack")
-
-# A call under the "prepared" JIT that lacks kernel variants compiles them itself when the
-# median of this process's last INLINE_HISTORY compiles, times their number, is within
-# this many seconds (NEREUS_INLINE_COMPILE_S; 0: never): on a Triton disk-cache hit a
-# compile is a load, while the torch or per-call path that a replay's stream otherwise
-# takes cost one H200 0.1-0.4 s in a 6-layer MoE change (benchmarks/RESULTS.md, session
-# 18). On a fresh cache the compiles are slow, the median says so, and the missing
-# variants compile in the background as before.
-INLINE_COMPILE_S = env_number("NEREUS_INLINE_COMPILE_S", 0.1, 0.0, float)
-INLINE_HISTORY = 8
 
 
 def _kernels():
@@ -92,8 +78,7 @@ class _Turns:
 class VariantCompiler:
     """Mixin of `Packer` (module docstring). Uses the Packer's `backend_for`, `jit`,
     `compiled`, `tile`, `max_vec`, `fallback_calls` and the compile state its constructor
-    sets (`_missing`, `_missing_device`, `_compiling`, `_compile_turns`, `compile_log`,
-    `inline_compiles`, `_inline_streams`)."""
+    sets (`_missing`, `_missing_device`, `_compiling`, `_compile_turns`, `compile_log`)."""
 
     def warm(self, calls: Sequence[tuple[str, Sequence[torch.Tensor], Sequence[int]]], device: torch.device) -> int:
         """Compile (and run once, on a small scratch buffer) every kernel variant that the
@@ -168,7 +153,7 @@ class VariantCompiler:
         if self.jit != "prepared":
             return True
         missing = set(classes) - self.compiled
-        if not missing or self._inline(missing, device):
+        if not missing:
             return True
         self._missing |= missing
         self._missing_device = device
@@ -176,30 +161,6 @@ class VariantCompiler:
             self.compile_pending()
         self.fallback_calls += 1
         return False
-
-    def _inline(self, missing: set, device: torch.device) -> bool:
-        """Compile `missing` now, in the caller, if this process's recent compiles say it
-        is quick (INLINE_COMPILE_S); whether they are all compiled. On CUDA the variants
-        run on a stream of their own, so waiting for them does not wait for the caller's
-        queued work. A failure leaves them to the background compile."""
-        recent = [seconds for _, seconds in self.compile_log[-INLINE_HISTORY:]]
-        if not recent or statistics.median(recent) * len(missing) > INLINE_COMPILE_S:
-            return False
-        device = torch.device(device)
-        try:
-            if device.type == "cuda":
-                stream = self._inline_streams.get(device)
-                if stream is None:
-                    stream = self._inline_streams[device] = torch.cuda.Stream(device)
-                with torch.cuda.device(device), torch.cuda.stream(stream):
-                    self._compile(missing, device)
-            else:
-                self._compile(missing, device)
-        except Exception as error:  # noqa: BLE001 - the torch path still works
-            log.warning("compiling pack kernels in the caller failed: %s", error)
-            return False
-        self.inline_compiles += len(missing)
-        return not missing - self.compiled
 
     def compile_pending(self) -> None:
         """Start compiling the queued variants in a background thread (when none runs)."""
