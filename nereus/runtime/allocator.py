@@ -10,16 +10,24 @@ serve costs a cudaMalloc. On an H200 the first 6-layer expert-parallel training 
 in its second execution (cProfile, benchmarks/RESULTS.md "session 17").
 Invariant: takes only device memory that is free (cudaMemGetInfo) beyond MARGIN_BYTES,
 which stays for what allocates outside the caching allocator (NCCL's buffers, a vLLM
-engine); never triggers the allocator's out-of-memory path (which would release its
-cache); never reserves for what the cache can already serve. At worst it reserves less
-and the round asks the driver as before. NEREUS_RESERVE_ROUNDS=0 turns it off.
+engine); never reserves for what the cache can already serve; does nothing under another
+allocator (the cudaMallocAsync backend, caching turned off with
+PYTORCH_NO_CUDA_MEMORY_CACHING, where a freed block is not kept); never fails the round: an
+allocator that cannot answer, or memory another process took between the query and the
+block, means no block. At worst it reserves less and the round asks the driver as before.
+NEREUS_RESERVE_ROUNDS=0 turns it off.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+
 import torch
 
 from nereus.ir.diagnostics import env_flag
+
+log = logging.getLogger("nereus.runtime")
 
 RESERVE_ROUNDS = env_flag("NEREUS_RESERVE_ROUNDS", True)
 # the caching allocator's pools: blocks of at most 1 MiB come from 2 MiB segments of their
@@ -51,18 +59,39 @@ def reservation(needed: int, cached: int, free: int, margin: int = MARGIN_BYTES,
 def reserve_ahead(device, needed: int) -> int:
     """Leave a block for `needed` large-pool bytes in `device`'s caching allocator, on the
     current stream (the one the round allocates on). Returns the bytes reserved (0 off
-    CUDA, when turned off, or when the cache or the device cannot use one)."""
-    if not RESERVE_ROUNDS or needed < MIN_BYTES or device.type != "cuda":
+    CUDA, when turned off, under another allocator, or when the cache or the device
+    cannot use one)."""
+    if not RESERVE_ROUNDS or needed < MIN_BYTES or device.type != "cuda" or not _caching():
         return 0
-    # the nested form: the flat one builds every statistic's key (see parking.real_room)
-    stats = torch.cuda.memory_stats_as_nested_dict(device)
-    cached = (stats["reserved_bytes"]["large_pool"]["current"] - stats["allocated_bytes"]["large_pool"]["current"]
-              if stats else 0)
-    if needed - cached < MIN_BYTES:
+    try:
+        # the nested form: the flat one builds every statistic's key (see parking.real_room)
+        stats = torch.cuda.memory_stats_as_nested_dict(device)
+        cached = (stats["reserved_bytes"]["large_pool"]["current"]
+                  - stats["allocated_bytes"]["large_pool"]["current"]) if stats else 0
+        if needed - cached < MIN_BYTES:
+            return 0
+        free, _ = torch.cuda.mem_get_info(device)
+        size = reservation(needed, cached, free)
+        if size:
+            _allocate(size, device)
+        return size
+    except (RuntimeError, KeyError) as error:  # torch.cuda.OutOfMemoryError is a RuntimeError
+        log.debug("no block reserved ahead of the round: %r", error)
         return 0
-    free, _ = torch.cuda.mem_get_info(device)
-    size = reservation(needed, cached, free)
-    if size:
-        block = torch.empty(size, dtype=torch.uint8, device=device)
-        del block
-    return size
+
+
+def _caching() -> bool:
+    """Whether torch's own caching allocator serves CUDA allocations (a freed block stays
+    in its cache)."""
+    if os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING"):
+        return False
+    try:
+        return torch.cuda.get_allocator_backend() == "native"
+    except RuntimeError:
+        return False
+
+
+def _allocate(size: int, device) -> None:
+    """Allocate `size` bytes on `device` and free them: the block stays in the cache."""
+    block = torch.empty(size, dtype=torch.uint8, device=device)
+    del block

@@ -6,6 +6,7 @@ nothing is reserved. The reservation on a device: test_allocator_cuda.py."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import nereus.ir as ir
@@ -102,3 +103,60 @@ def test_the_reservation_is_what_the_cache_lacks_within_the_free_memory():
 
 def test_nothing_is_reserved_off_cuda():
     assert allocator.reserve_ahead(torch.device("cpu"), 1 << 40) == 0
+
+
+class _FakeCuda:
+    """torch.cuda's allocator queries as a CUDA machine would answer them (on the CPU box)."""
+
+    def __init__(self, monkeypatch, cached=0, free=80 << 30, backend="native", stats_error=None):
+        self.blocks = []
+        stats = {"reserved_bytes": {"large_pool": {"current": cached}}, "allocated_bytes": {"large_pool": {"current": 0}}}
+
+        def nested(device=None):
+            if stats_error is not None:
+                raise stats_error
+            return stats
+
+        monkeypatch.setattr(torch.cuda, "memory_stats_as_nested_dict", nested)
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, 141 << 30))
+        monkeypatch.setattr(torch.cuda, "get_allocator_backend", lambda: backend)
+        monkeypatch.setattr(allocator, "_allocate", lambda size, device: self.blocks.append(size))
+        monkeypatch.delenv("PYTORCH_NO_CUDA_MEMORY_CACHING", raising=False)
+
+
+CUDA = torch.device("cuda", 0)
+GiB = 1 << 30
+
+
+def test_the_block_is_what_the_cache_lacks(monkeypatch):
+    fake = _FakeCuda(monkeypatch, cached=GiB)
+    assert allocator.reserve_ahead(CUDA, 5 * GiB) == 4 * GiB and fake.blocks == [4 * GiB]
+
+
+@pytest.mark.parametrize("setting", ["1", "yes"])
+def test_no_block_when_caching_is_off(monkeypatch, setting):
+    fake = _FakeCuda(monkeypatch, stats_error=AssertionError("not asked"))
+    monkeypatch.setenv("PYTORCH_NO_CUDA_MEMORY_CACHING", setting)  # every allocation is a cudaMalloc anyway
+    assert allocator.reserve_ahead(CUDA, 5 * GiB) == 0 and fake.blocks == []
+
+
+def test_no_block_under_another_allocator_backend(monkeypatch):
+    fake = _FakeCuda(monkeypatch, backend="cudaMallocAsync", stats_error=AssertionError("not asked"))
+    assert allocator.reserve_ahead(CUDA, 5 * GiB) == 0 and fake.blocks == []
+
+
+@pytest.mark.parametrize("error", [RuntimeError("memory stats not supported by this allocator"),
+                                   KeyError("large_pool")])
+def test_an_allocator_that_cannot_answer_costs_the_round_nothing(monkeypatch, error):
+    fake = _FakeCuda(monkeypatch, stats_error=error)
+    assert allocator.reserve_ahead(CUDA, 5 * GiB) == 0 and fake.blocks == []
+
+
+def test_memory_taken_meanwhile_costs_the_round_nothing(monkeypatch):
+    _FakeCuda(monkeypatch)
+
+    def taken(size, device):  # another process allocated between the query and the block
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(allocator, "_allocate", taken)
+    assert allocator.reserve_ahead(CUDA, 5 * GiB) == 0
