@@ -108,6 +108,7 @@ def test_profile_cold_profiles_the_direction_asked_for(tmp_path):
                 "--profile-case", "b-a")
     assert done.returncode == 0, done.stderr[-2000:]
     assert (tmp_path / "cold.prof").exists() and (tmp_path / "cold.prof.second").exists()
+    assert json.loads(done.stdout.strip().splitlines()[-1])["profiled"] == "b-a"
     wrong = _run("--shape", "tiny", "--layers", "1", "--moe", "train-ep2-tp2", "--profile-cold", path,
                  "--profile-case", "tp-dp")
     assert wrong.returncode != 0 and "--profile-case tp-dp: the directions here are a-b, b-a" in wrong.stderr

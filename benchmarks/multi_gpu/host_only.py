@@ -287,6 +287,7 @@ def main(argv=None) -> int:
                          f"{', '.join(case for case, _ in DIRECTIONS)}")
     sync = (lambda: torch.cuda.synchronize(device)) if kind == "cuda" else (lambda: None)
     cold: dict = {}
+    profiled = None
     details: dict = {}  # per first call: its part lowered ahead, torch-path fallbacks of the packer
     def fallbacks() -> int:
         packer = packer_or_none()
@@ -306,6 +307,7 @@ def main(argv=None) -> int:
             waited = time.perf_counter() - waited
             first = cProfile.Profile() if args.profile_cold and case == (args.profile_case or DIRECTIONS[0][0]) else None
             if first is not None:
+                profiled = case
                 first.enable()
             busy = rt._ahead is not None and not rt._ahead.idle(0)
             missed_log.clear()
@@ -346,6 +348,8 @@ def main(argv=None) -> int:
     if packing.kernels() is not None:
         packing.kernels().default_packer().wait_compiled()
     summary: dict = {"cold": cold, "cold_details": details,
+                     # the direction whose first calls --profile-cold profiled (None: none)
+                     "profiled": profiled,
                      # every kernel variant compile of the run and how long it took (Triton's
                      # disk cache warm or not)
                      "compile_log": [[list(v), t] for v, t in compile_log()]}

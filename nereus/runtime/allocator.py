@@ -10,12 +10,14 @@ serve costs a cudaMalloc. On an H200 the first 6-layer expert-parallel training 
 in its second execution (cProfile, benchmarks/RESULTS.md "session 17").
 Invariant: takes only device memory that is free (cudaMemGetInfo) beyond MARGIN_BYTES,
 which stays for what allocates outside the caching allocator (NCCL's buffers, a vLLM
-engine); never reserves for what the cache can already serve; does nothing under another
-allocator (the cudaMallocAsync backend, caching turned off with
-PYTORCH_NO_CUDA_MEMORY_CACHING, where a freed block is not kept); never fails the round: an
-allocator that cannot answer, or memory another process took between the query and the
-block, means no block. At worst it reserves less and the round asks the driver as before.
-NEREUS_RESERVE_ROUNDS=0 turns it off.
+engine); never reserves for what the cache can already serve; does nothing where the
+block could not serve the shards (the cudaMallocAsync backend; caching turned off with
+PYTORCH_NO_CUDA_MEMORY_CACHING, where a freed block is not kept; `max_split_size_mb` in
+PYTORCH_CUDA_ALLOC_CONF or PYTORCH_ALLOC_CONF, under which a block that large is never
+split for a smaller request); never fails the round: an allocator that cannot answer, or
+memory another process took between the query and the block, means no block (though in
+that race torch empties its cache before it gives up, and the round then asks the driver
+for every shard). NEREUS_RESERVE_ROUNDS=0 turns it off.
 """
 
 from __future__ import annotations
@@ -81,9 +83,12 @@ def reserve_ahead(device, needed: int) -> int:
 
 
 def _caching() -> bool:
-    """Whether torch's own caching allocator serves CUDA allocations (a freed block stays
-    in its cache)."""
-    if os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING"):
+    """Whether torch's own caching allocator serves CUDA allocations, a freed block stays
+    in its cache, and a large cached block is split for smaller requests."""
+    if "PYTORCH_NO_CUDA_MEMORY_CACHING" in os.environ:  # torch: set at all, even empty
+        return False
+    if any("max_split_size_mb" in os.environ.get(name, "") for name in ("PYTORCH_CUDA_ALLOC_CONF",
+                                                                         "PYTORCH_ALLOC_CONF")):
         return False
     try:
         return torch.cuda.get_allocator_backend() == "native"

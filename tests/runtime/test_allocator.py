@@ -121,7 +121,8 @@ class _FakeCuda:
         monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, 141 << 30))
         monkeypatch.setattr(torch.cuda, "get_allocator_backend", lambda: backend)
         monkeypatch.setattr(allocator, "_allocate", lambda size, device: self.blocks.append(size))
-        monkeypatch.delenv("PYTORCH_NO_CUDA_MEMORY_CACHING", raising=False)
+        for name in ("PYTORCH_NO_CUDA_MEMORY_CACHING", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+            monkeypatch.delenv(name, raising=False)
 
 
 CUDA = torch.device("cuda", 0)
@@ -133,11 +134,22 @@ def test_the_block_is_what_the_cache_lacks(monkeypatch):
     assert allocator.reserve_ahead(CUDA, 5 * GiB) == 4 * GiB and fake.blocks == [4 * GiB]
 
 
-@pytest.mark.parametrize("setting", ["1", "yes"])
-def test_no_block_when_caching_is_off(monkeypatch, setting):
+@pytest.mark.parametrize("name, value", [("PYTORCH_NO_CUDA_MEMORY_CACHING", "1"),
+                                         ("PYTORCH_NO_CUDA_MEMORY_CACHING", ""),  # torch: set at all
+                                         ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:False,max_split_size_mb:512"),
+                                         ("PYTORCH_ALLOC_CONF", "max_split_size_mb:128")])
+def test_no_block_where_it_could_not_serve_the_shards(monkeypatch, name, value):
+    # caching off: every allocation is a cudaMalloc anyway; a max split size: a block that
+    # large is never split for a smaller request
     fake = _FakeCuda(monkeypatch, stats_error=AssertionError("not asked"))
-    monkeypatch.setenv("PYTORCH_NO_CUDA_MEMORY_CACHING", setting)  # every allocation is a cudaMalloc anyway
+    monkeypatch.setenv(name, value)
     assert allocator.reserve_ahead(CUDA, 5 * GiB) == 0 and fake.blocks == []
+
+
+def test_other_allocator_settings_keep_the_block(monkeypatch):
+    fake = _FakeCuda(monkeypatch)
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    assert allocator.reserve_ahead(CUDA, 5 * GiB) == 5 * GiB and fake.blocks == [5 * GiB]
 
 
 def test_no_block_under_another_allocator_backend(monkeypatch):
