@@ -155,15 +155,20 @@ def park_plan(prog: RankProgram, resident_bytes: int, capacity_bytes: Optional[i
 
 def real_room(device) -> Optional[int]:
     """Bytes the caching allocator can still hand out on a CUDA device (free device memory
-    plus its own unused reserve), times REAL_ROOM_FRACTION; None off CUDA."""
+    plus its own unused reserve), times REAL_ROOM_FRACTION; None off CUDA. An allocator
+    that cannot report its reserve (another backend, a pluggable allocator) counts none:
+    less room, never a failed transition."""
     device = torch.device(device)
     if device.type != "cuda":
         return None
     free, _ = torch.cuda.mem_get_info(device)
     # the nested form: memory_reserved/memory_allocated each flatten every statistic into
     # a new dict (~0.3 ms apiece on an H200 host), which every transition paid
-    stats = torch.cuda.memory_stats_as_nested_dict(device)
-    spare = (stats["reserved_bytes"]["all"]["current"] - stats["allocated_bytes"]["all"]["current"]) if stats else 0
+    try:
+        stats = torch.cuda.memory_stats_as_nested_dict(device)
+        spare = (stats["reserved_bytes"]["all"]["current"] - stats["allocated_bytes"]["all"]["current"]) if stats else 0
+    except (RuntimeError, KeyError):
+        spare = 0
     return int(REAL_ROOM_FRACTION * (free + spare))
 
 

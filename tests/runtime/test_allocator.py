@@ -172,3 +172,13 @@ def test_memory_taken_meanwhile_costs_the_round_nothing(monkeypatch):
 
     monkeypatch.setattr(allocator, "_allocate", taken)
     assert allocator.reserve_ahead(CUDA, 5 * GiB) == 0
+
+
+@pytest.mark.parametrize("error", [RuntimeError("memory stats not supported by this allocator"), KeyError("all")])
+def test_the_room_rollback_and_prepare_count_on_needs_no_allocator_statistics(monkeypatch, error):
+    """parking.real_room (rollback="auto", prepare): an allocator that cannot answer its
+    statistics leaves the device's free memory alone as the room, not a failed transition."""
+    from nereus.runtime import parking
+
+    _FakeCuda(monkeypatch, free=10 * GiB, stats_error=error)
+    assert parking.real_room(CUDA) == int(parking.REAL_ROOM_FRACTION * 10 * GiB)
