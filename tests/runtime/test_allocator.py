@@ -1,8 +1,11 @@
 """Room in the caching allocator ahead of a round (runtime/allocator.py): the large-pool
 bytes the execution plan gives each round are those of the after-shards the round
 allocates first, each shard once and none a keep hands over; how much to reserve never
-exceeds what the cache lacks nor what the device has free past the margin; off CUDA
-nothing is reserved. The reservation on a device: test_allocator_cuda.py."""
+exceeds what the cache lacks nor what the device has free past the margin; off CUDA,
+under another allocator, with caching off or a max split size nothing is reserved, and an
+allocator that cannot answer (or an OOM race) costs the round nothing; nor does it fail
+parking.real_room. torch.cuda's answers are faked here; the reservation on a device:
+test_allocator_cuda.py."""
 
 from __future__ import annotations
 
