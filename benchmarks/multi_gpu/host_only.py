@@ -31,7 +31,8 @@ each torch-path fallback the kernel variants not compiled yet and who asked (`mi
 whether the lowering-ahead thread still had work when the call began (`ahead_busy`), and
 the caching allocator's reserved and allocated bytes after the call, and how long each
 kernel variant compile during it took (`compiles_s`); the summary's `compile_log` has
-every compile of the run.
+every compile of the run, and its `profiled` the direction `--profile-cold` profiled
+(`--profile-case`).
 """
 
 from __future__ import annotations

@@ -125,7 +125,7 @@ class TransitionReport:
     bytes_kept: int
     total_bytes_sent: int  # all ranks
     peak_bytes: int
-    rounds: list = field(default_factory=list)  # per-round timings of this rank
+    rounds: list = field(default_factory=list)  # per round of this rank: rounds.RoundTiming as a dict
     verified: Optional[bool] = None
     pack_backend: str = "torch"  # the pack/unpack path this call ran: "torch" or "triton" (CUDA only)
     rollback: str = "device"  # where the old shards waited for the commit ("auto" | "host" | "device")
