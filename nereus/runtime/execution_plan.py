@@ -108,8 +108,9 @@ def build_plan(prog: RankProgram, chunk_bytes: int) -> ExecutionPlan:
                  for peer, (pieces, views) in per_peer.items())
         return tuple(plan for plan in plans if plan.chunks)
 
+    aliased = frozenset((a.dst_unit, a.tensor) for a in aliases)
     rounds = []
-    allocated = {(a.dst_unit, a.tensor) for a in aliases}  # keeps hand these over: never allocated
+    allocated = set(aliased)  # keeps hand these over: never allocated
     for work in prog.rounds:
         both_ways = frozenset({m.peer for m in work.sends} & {m.peer for m in work.recvs})
 
@@ -121,8 +122,7 @@ def build_plan(prog: RankProgram, chunk_bytes: int) -> ExecutionPlan:
                                 tuple((src(p), dst(p)) for p in work.copies),
                                 stream_plans(work.sends, send_flags, send_regions, "src"), recv_streams,
                                 _deferred(work, recv_flags, recv_streams), _alloc_bytes(prog, work, allocated)))
-    return ExecutionPlan(frozenset((a.dst_unit, a.tensor) for a in aliases),
-                         frozenset((a.src_unit, a.tensor) for a in aliases), tuple(rounds))
+    return ExecutionPlan(aliased, frozenset((a.src_unit, a.tensor) for a in aliases), tuple(rounds))
 
 
 def _deferred(work, recv_flags: tuple, recv_streams: tuple) -> frozenset:

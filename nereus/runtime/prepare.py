@@ -254,20 +254,15 @@ def warm_parking(prog: RankProgram, units: Optional[set], dtypes: dict) -> int:
     return total
 
 
-def aliased_destinations(prog: RankProgram) -> set:
-    """(unit, tensor) of the new shards that alias an old one (nothing to allocate)."""
-    return {(a.dst_unit, a.tensor) for w in prog.rounds for a in w.aliases}
-
-
 def warm_data_path(prog: RankProgram, data_group, device, dtypes: dict, offloaded=frozenset()) -> dict:
     """What `Runtime.prepare` and `WeightSync.prepare` both do once the ranks agreed:
     compile the pack kernels (`warm_kernels`), open the links (`warm_links`) and leave
     device blocks of the transition's sizes in the allocator, within the room the device
-    has (`reserve_memory`). Returns {"kernels", "peers", "reserved_bytes"}."""
-    from .parking import real_room
-
+    has (`reserve_memory`; the new shards a keep hands over in place are the execution
+    plan's `aliased`). Returns {"kernels", "peers", "reserved_bytes"}."""
+    aliased = plan_for(prog, streams.CHUNK_BYTES).aliased
     return {"kernels": warm_kernels(prog, device, dtypes, offloaded), "peers": warm_links(prog, data_group, device),
-            "reserved_bytes": reserve_memory(prog, aliased_destinations(prog), device, dtypes, real_room(device))}
+            "reserved_bytes": reserve_memory(prog, aliased, device, dtypes, real_room(device))}
 
 
 def reserve_memory(prog: RankProgram, aliased: set, device, dtypes: dict, room: Optional[int]) -> int:
