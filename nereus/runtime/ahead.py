@@ -23,8 +23,8 @@ before the call, while the training step keeps the GPU busy and the host mostly 
 in the thread: it may first yield WAITING (a short wait for the lowering process,
 nereus.runtime.lowerer), then its first other yield gives the lowering (whatever the
 caller takes back), and each later yield ends one more step (the execution plan, the
-stream kernel variants it needs, one compiled per step, building the replays, then their
-variants). A step that yields LATER says the rest of its pair can wait: the thread parks
+stream kernel variants it needs, one compiled per step, then per replay its build and its
+variants not compiled yet, one per step). A step that yields LATER says the rest of its pair can wait: the thread parks
 it, does the queued pairs' steps up to their LATER first (also those of pairs a new plan
 queues later), then the parked pairs' later steps in the work list's order (a first call
 needs its lowering, plan and stream variants; the replays only save host time, so the way

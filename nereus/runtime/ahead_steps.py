@@ -57,9 +57,9 @@ def steps(module, rank: int, device, direct_min_bytes: int, keep_compiled: bool,
     Lowered; where `lowerer` (a lowerer.Lowerer) runs, it lowers and each step until its
     answer is in waits for it at most LOWERER_POLL_S and yields WAITING; the execution plan
     is then a step of its own); on CUDA, compile its streams' kernel variants, yield LATER,
-    build its replays (the execution plan's, as Runtime.prepare does), then compile theirs, one
-    variant per step, on a stream of the thread's own (a step never waits for the
-    training's queued work). What the runtime's own transition would otherwise do in its
+    then build its replays (the execution plan's, as Runtime.prepare does) one per step,
+    each followed by its variants not compiled yet, one per step, on a stream of the
+    thread's own (a step never waits for the training's queued work). What the runtime's own transition would otherwise do in its
     first and second calls. `device`: an indexed device (this thread's current device is
     GPU 0 whatever the main thread's is)."""
     from nereus.backends.rank_json import canonical_json
@@ -116,20 +116,26 @@ def steps(module, rank: int, device, direct_min_bytes: int, keep_compiled: bool,
     # are built streams on compiled kernels (a chunk whose variant is missing takes the
     # torch path: ~100 of them cost a first call of the 6-layer MoE change ~0.4 s on one
     # H200, session 15)
-    for variant in sorted(streamed):
-        if variant not in packer.compiled:
-            with torch.cuda.device(device), torch.cuda.stream(stream):
-                packer.compile({variant}, device)
-            yield None
+    yield from _compile_each(packer, streamed, device, stream)
     yield LATER  # what a first call needs is done: the other pairs' first, then the replays
-    with torch.cuda.device(device):
-        with torch.cuda.stream(stream):
-            replayed = replay.warm(lowered, plan_for(lowered, streams.CHUNK_BYTES), device, streams.DEPTH,
-                                   facts.offloaded)
-        stream.synchronize()  # the replays' tables are on the device
+    # one replay a step, its variants compiled right after it: a call that comes meanwhile
+    # waits for one replay's build, and finds the replays built so far runnable
+    built = replay.warm_steps(lowered, plan_for(lowered, streams.CHUNK_BYTES), device, streams.DEPTH,
+                              facts.offloaded)
     del facts, lowered
-    yield None
-    for variant in sorted(replayed):
+    while True:
+        with torch.cuda.device(device), torch.cuda.stream(stream):
+            variants = next(built, None)
+        if variants is None:
+            return
+        stream.synchronize()  # its tables are on the device before a call may use them
+        yield None
+        yield from _compile_each(packer, variants, device, stream)
+
+
+def _compile_each(packer, variants, device, stream) -> Iterator:
+    """Compile the `variants` not compiled yet on `stream`, one per step."""
+    for variant in sorted(variants):
         if variant not in packer.compiled:
             with torch.cuda.device(device), torch.cuda.stream(stream):
                 packer.compile({variant}, device)

@@ -23,7 +23,7 @@ NEREUS_REPLAY=0 (for measuring what replaying gives).
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 
@@ -238,17 +238,26 @@ def warm(prog, plan, device, depth: int, offloaded=frozenset()) -> frozenset:
     (empty where replays do not run). Copies and streams with a piece in host memory (a
     unit of `offloaded`, ("before" | "after", unit) pairs as offload.offloaded_units gives
     them) are left out: they are never replayed."""
+    return frozenset().union(*warm_steps(prog, plan, device, depth, offloaded))
+
+
+def warm_steps(prog, plan, device, depth: int, offloaded=frozenset()) -> Iterator[frozenset]:
+    """`warm` one replay at a time: each item is one more replay built (a round's copies,
+    or one stream's chunks, their tables uploaded on the current stream), given as the
+    kernel variants it launches. Why: the lowering-ahead thread builds and compiles one
+    replay per step, so a transition that waits for its step in progress waits for one
+    replay, not a whole transition's (on one H200, the way back of a 6-layer Qwen3-30B-A3B
+    change called right after the first waited 0.18-0.55 s for such a step, session 18)."""
     if packer_for(device) is None:
-        return frozenset()
+        return
 
     def on_host(p) -> bool:
         return ("before", p.src_unit) in offloaded or ("after", p.dst_unit) in offloaded
 
-    classes = set()
     for index, (work, planned) in enumerate(zip(prog.rounds, plan.rounds)):
         if work.copies and not any(on_host(p) for p in work.copies):
             zeros = (0,) * (2 * len(work.copies))
-            classes |= _copy_replay(plan, prog, index, work.copies, zeros, device).classes
+            yield _copy_replay(plan, prog, index, work.copies, zeros, device).classes
         for direction, stream_plans in (("send", planned.send_streams), ("recv", planned.recv_streams)):
             for sp in stream_plans:
                 if any(on_host(p) for p in sp.pieces):
@@ -260,5 +269,4 @@ def warm(prog, plan, device, depth: int, offloaded=frozenset()) -> frozenset:
                     continue
                 zeros = (0,) * (min(depth, len(sp.chunks)) + len(sp.pieces))
                 elems = [TORCH_DTYPES[info.dtype].itemsize for info in side]
-                classes |= _classes(_stream_replays(plan, index, direction, sp, depth, replayed, elems, zeros, device))
-    return frozenset(classes)
+                yield _classes(_stream_replays(plan, index, direction, sp, depth, replayed, elems, zeros, device))

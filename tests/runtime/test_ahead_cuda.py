@@ -6,6 +6,7 @@ expert-parallel change of a tiny Qwen3-MoE on one GPU, its peer's ops moving not
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -20,14 +21,19 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "..", "..", "benchmarks", "multi_gpu", "host_only.py")
 
 
-def _first_calls(ahead: str) -> dict:
+@functools.lru_cache(maxsize=None)
+def _run(ahead: str) -> dict:
     env = dict(os.environ, NEREUS_LOWER_AHEAD=ahead,
                PYTHONPATH=os.pathsep.join([os.path.join(HERE, "..", ".."), os.environ.get("PYTHONPATH", "")]))
     done = subprocess.run([sys.executable, SCRIPT, "--shape", "tiny", "--layers", "2", "--moe", "train-ep2-tp2",
                            "--repeats", "1", "--wait-ahead"], capture_output=True, text=True, env=env, timeout=600,
                           cwd=os.path.dirname(SCRIPT))
     assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])["cold_details"]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _first_calls(ahead: str) -> dict:
+    return _run(ahead)["cold_details"]
 
 
 def test_a_first_call_lowered_ahead_runs_on_the_kernels():
@@ -36,12 +42,13 @@ def test_a_first_call_lowered_ahead_runs_on_the_kernels():
     assert control["cold a-b"]["lowered_ahead"] is False and control["cold a-b"]["fallbacks"] > 0, control
 
 
-def test_the_stream_variants_are_compiled_before_the_replays_are_built(monkeypatch):
-    """A first call that comes while the thread builds the replays finds its streams'
-    kernels compiled (a missing variant is a chunk on the torch path)."""
+def _stepped(monkeypatch) -> tuple:
+    """Run ahead.steps of a tiny expert-parallel change A -> B to the end, in a packer with
+    nothing compiled. Returns (its first value, the compiled variants at each LATER, per
+    replay built: (the variants compiled before its build, its variants, the steps
+    yielded between it and the next build))."""
     import nereus.ir as ir
-    from nereus.runtime import ahead, packing, prepare, replay
-    from nereus.runtime.executor import TORCH_DTYPES
+    from nereus.runtime import ahead, packing, replay
 
     sys.path.insert(0, os.path.dirname(SCRIPT))
     try:
@@ -52,15 +59,45 @@ def test_the_stream_variants_are_compiled_before_the_replays_are_built(monkeypat
     module = ir.parse_source(mr.module_source("train-ep2-tp2", 2, 141 * 10**9, mr.SHAPES["tiny"], 2), "t.nir")
     packer = packing.kernels().default_packer()
     monkeypatch.setattr(packer, "compiled", set())  # nothing compiled in this process yet
-    seen = []
-    real = replay.warm
-    monkeypatch.setattr(replay, "warm", lambda *a, **k: seen.append(set(packer.compiled)) or real(*a, **k))
+    builds = []
+    real = replay.warm_steps
+
+    def watched(*args, **kwargs):
+        for variants in real(*args, **kwargs):
+            builds.append([set(packer.compiled), set(variants), 0])
+            yield variants
+
+    monkeypatch.setattr(replay, "warm_steps", watched)
     first, later = None, []
     for value in ahead.steps(module, 0, device, 1 << 20, False, None, "A", "B"):
         first = value if first is None else first
         if value is ahead.LATER:  # where the thread may park the pair: after the stream variants, before replays
-            later.append((len(seen), set(packer.compiled)))
+            later.append((len(builds), set(packer.compiled)))
+        elif builds:
+            builds[-1][2] += 1
+    return first, later, builds
+
+
+def test_the_stream_variants_are_compiled_before_the_replays_are_built(monkeypatch):
+    """A first call that comes while the thread builds the replays finds its streams'
+    kernels compiled (a missing variant is a chunk on the torch path)."""
+    from nereus.runtime import prepare
+    from nereus.runtime.executor import TORCH_DTYPES
+
+    first, later, builds = _stepped(monkeypatch)
     facts, lowered = first.value
-    streamed = prepare.stream_classes(lowered, device, TORCH_DTYPES, facts.offloaded)
-    assert streamed and len(seen) == 1 and streamed <= seen[0], (streamed, seen)
+    streamed = prepare.stream_classes(lowered, torch.device("cuda", torch.cuda.current_device()), TORCH_DTYPES,
+                                      facts.offloaded)
+    assert streamed and builds and streamed <= builds[0][0], (streamed, builds)
     assert len(later) == 1 and later[0][0] == 0 and streamed <= later[0][1], later
+
+
+def test_each_replay_is_a_step_of_its_own_followed_by_its_variants(monkeypatch):
+    """A call waiting for the step in progress waits for one replay's build, and the
+    replays built before it have their variants compiled."""
+    _, _, builds = _stepped(monkeypatch)
+    assert len(builds) >= 2, builds
+    for (_, variants, steps), (compiled_next, _, _) in zip(builds, builds[1:] + [[None, None, None]]):
+        assert steps >= 1, builds  # the build ended its step
+        if compiled_next is not None:
+            assert variants <= compiled_next, builds

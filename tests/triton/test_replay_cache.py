@@ -101,3 +101,24 @@ def test_warm_builds_nothing_for_pieces_in_host_memory(forced):
     blind_plan = plan_for(blind, streams.CHUNK_BYTES)
     replay.warm(blind, blind_plan, torch.device("cpu"), streams.DEPTH)
     assert _host_keys(blind_plan, blind, host)
+
+
+def test_warm_steps_builds_one_replay_per_item(forced):
+    """Each item of warm_steps is one more replay in the plan (a round's copies, or one
+    stream's chunks) and its variants; together they are what warm builds and returns."""
+    program = program_json(compile_transition(ir.parse_source(SOURCE, "offload.nir"), "B", "A"))
+    prog = rank_program(program, 0)
+    plan = plan_for(prog, streams.CHUNK_BYTES)
+
+    def replays() -> int:
+        return sum(key[0] in ("copy", "send", "recv") for key in plan.launches)
+
+    built, items = [], []
+    for variants in replay.warm_steps(prog, plan, torch.device("cpu"), streams.DEPTH):
+        built.append(replays())
+        items.append(variants)
+    assert len(items) >= 2 and built == list(range(1, len(items) + 1)), built
+    assert all(items), items
+    again = rank_program(program, 0)
+    assert frozenset().union(*items) == replay.warm(again, plan_for(again, streams.CHUNK_BYTES),
+                                                    torch.device("cpu"), streams.DEPTH)
