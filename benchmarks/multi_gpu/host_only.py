@@ -31,8 +31,9 @@ each torch-path fallback the kernel variants not compiled yet and who asked (`mi
 whether the lowering-ahead thread still had work when the call began (`ahead_busy`), and
 the caching allocator's reserved and allocated bytes after the call, and how long each
 kernel variant compile during it took (`compiles_s`); the summary's `compile_log` has
-every compile of the run, and its `profiled` the direction `--profile-cold` profiled
-(`--profile-case`).
+every compile of the run, its `profiled` the direction `--profile-cold` profiled
+(`--profile-case`), and its `setup` the seconds of the Runtime's construction and of
+building and registering the state (device synchronized) after it.
 """
 
 from __future__ import annotations
@@ -268,6 +269,7 @@ def main(argv=None) -> int:
 
     global DIRECTIONS
     mem = torch.cuda.get_device_properties(device).total_memory if kind == "cuda" else 141 * 10**9
+    setup: dict = {}  # seconds: the Runtime's construction, building and registering the state
     if args.moe:
         import moe_reshard as mr
 
@@ -275,14 +277,21 @@ def main(argv=None) -> int:
         module = ir.parse_source(mr.module_source(args.moe, args.world, mem, shape, args.layers), "host_only.nir")
         ms = str(next(iter(module.workload.model_stages())))
         DIRECTIONS = (("a-b", "B"), ("b-a", "A"))
+        started = time.perf_counter()
         rt = Runtime(module, "A", device=device)
+        setup["construct_s"] = time.perf_counter() - started
         rt.register(ms, build_local(plan_units_json(module, "A", ms), args.rank, mr.stage_specs(module, ms),
                                     args.seed, ms, device, step=mr.STEP if ms.endswith(".training") else None))
     else:
         module = ir.parse_source(module_source(args.world, mem, SHAPES[args.shape], args.layers), "host_only.nir")
         plain = {n: (s, d) for n, (s, d, _) in weight_specs(module).items()}
+        started = time.perf_counter()
         rt = Runtime(module, "TP", device=device)
+        setup["construct_s"] = time.perf_counter() - started
         rt.register(TAG, build_local(plan_units_json(module, "TP", TAG), args.rank, plain, args.seed, TAG, device))
+    if kind == "cuda":
+        torch.cuda.synchronize(device)
+    setup["register_s"] = time.perf_counter() - started - setup["construct_s"]
     if args.profile_case is not None and args.profile_case not in dict(DIRECTIONS):
         raise SystemExit(f"host_only.py: --profile-case {args.profile_case}: the directions here are "
                          f"{', '.join(case for case, _ in DIRECTIONS)}")
@@ -348,7 +357,7 @@ def main(argv=None) -> int:
 
     if packing.kernels() is not None:
         packing.kernels().default_packer().wait_compiled()
-    summary: dict = {"cold": cold, "cold_details": details,
+    summary: dict = {"cold": cold, "cold_details": details, "setup": setup,
                      # the direction whose first calls --profile-cold profiled (None: none)
                      "profiled": profiled,
                      # every kernel variant compile of the run and how long it took (Triton's

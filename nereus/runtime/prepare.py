@@ -7,7 +7,8 @@ and the data group's communicator (`warm_links`), and fills the pinned host allo
 cache with blocks for the shards the program would park (`warm_parking`), and the
 device caching allocator's with blocks of the sizes the transition allocates
 (`reserve_memory`). `data_groups` creates the data communicators once per process and
-connects every pair of ranks on each (`warm_groups`). After it,
+connects every pair of ranks on each (`warm_groups`), and `warm_compiler` starts Triton
+at a runtime's construction. After it,
 `transition(target)` pays no first-use cost. Input of each: this rank's RankProgram;
 output: a count for the report; invariant: no registered tensor is read or written.
 """
@@ -76,6 +77,25 @@ _GROUPS: dict = {}
 
 def _meta(info, dtypes: dict) -> torch.Tensor:
     return torch.empty(info.shape, dtype=dtypes[info.dtype], device="meta")
+
+
+def warm_compiler(device) -> bool:
+    """Start Triton's compiler in the background (the packer's compile thread): compile
+    the variants of a packed chunk of contiguous bytes (for any dtype: with the default
+    tiles, ("pack" | "unpack", 8, 2, 2, 2048)), which the chunks and replays of most
+    transitions launch. Why: a process's first variant compile also pays Triton's own
+    start, 0.45-0.68 s on one H200 with a warm disk cache against 2-10 ms for each later
+    one (benchmarks/RESULTS.md, session 18); a runtime starts it at construction, beside
+    the communicators' creation, the lowering process's work and the job's registering,
+    instead of in the lowering-ahead thread's first compile, which a first transition
+    right after registering waited for. Whether a compile started (not off CUDA or
+    Triton, nor when they are compiled)."""
+    kernels = _pack_kernels(device)
+    if kernels is None:
+        return False
+    packer = kernels.default_packer()
+    chunk = torch.empty(streams.CHUNK_BYTES, dtype=torch.uint8, device="meta")
+    return packer.compile_ahead(packer.launch_classes([("pack", [chunk], [0]), ("unpack", [chunk], [0])]), device)
 
 
 def warm_kernels(prog: RankProgram, device: torch.device, dtypes: dict, offloaded=frozenset()) -> int:

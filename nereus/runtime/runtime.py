@@ -94,7 +94,7 @@ from nereus.ir.diagnostics import NereusError
 from nereus.ir.model import ModelStage, Module
 from nereus.backends.proof import runs_on
 
-from . import lowerer, packing, replay
+from . import lowerer, packing, prepare, replay
 from .ahead import Ahead, ahead_mode, paused_all, steps as ahead_steps
 from .control import Stale, agree
 from .executor import TORCH_DTYPES, execute
@@ -234,11 +234,11 @@ class Runtime(LocalState, LiveParts):
             self._data = None  # the default group
         else:
             self._data = self._control
-        if self._data is None:  # NCCL: several communicators (see prepare.data_groups)
-            from .prepare import data_groups
-
-            self._data = data_groups(self.device, timeout_s, p2p_groups)
         replay.packer_for(self.device)  # CUDA: triton imported now, not in the first transition (~0.3 s)
+        if use_ahead:  # and its compiler started, beside the rest (prepare.warm_compiler)
+            prepare.warm_compiler(self.device)
+        if self._data is None:  # NCCL: several communicators (see prepare.data_groups)
+            self._data = prepare.data_groups(self.device, timeout_s, p2p_groups)
         self.timeout_s = timeout_s
         self._state: dict = {}  # model-stage → {name: local tensor}
         # self._programs: (from, to) -> (this rank's part of the program as canonical JSON

@@ -42,6 +42,18 @@ def test_a_first_call_lowered_ahead_runs_on_the_kernels():
     assert control["cold a-b"]["lowered_ahead"] is False and control["cold a-b"]["fallbacks"] > 0, control
 
 
+def test_the_runtime_starts_the_compiler_at_construction():
+    """The process's first compile (Triton's own start with it) is a contiguous chunk's
+    variant, which the runtime's construction started (prepare.warm_compiler)."""
+    from nereus.backends.triton.packer import Packer
+    from nereus.runtime import streams
+
+    chunk = torch.empty(streams.CHUNK_BYTES, dtype=torch.uint8, device="meta")
+    started = Packer().launch_classes([("pack", [chunk], [0]), ("unpack", [chunk], [0])])
+    log = [tuple(v) for v, _ in _run("on")["compile_log"]]
+    assert log and log[0] in started and started <= set(log), (started, log[:4])
+
+
 def _stepped(monkeypatch) -> tuple:
     """Run ahead.steps of a tiny expert-parallel change A -> B to the end, in a packer with
     nothing compiled. Returns (its first value, the compiled variants at each LATER, per

@@ -229,3 +229,16 @@ def test_compile_turns_are_first_come_first_served_and_a_turn_given_up_blocks_no
     first.join(10)
     second.join(10)
     assert order == ["a", "b"] and not turns.held()
+
+
+def test_compile_ahead_compiles_in_the_background_and_counts_no_fallback():
+    packer = Packer(backend="triton")
+    packer.jit = "prepared"
+    classes = packer.launch_classes(_calls("meta")[:1])
+    assert packer.compile_ahead(classes, torch.device("cpu"))
+    assert packer._compiling is not None  # a thread of its own: the caller did not compile them
+    packer.wait_compiled()
+    assert classes <= packer.compiled and packer.fallback_calls == 0
+    assert sorted(v for v, _ in packer.compile_log) == sorted(classes)
+    assert not packer.compile_ahead(classes, torch.device("cpu"))  # nothing left to compile
+    assert not Packer(backend="torch").compile_ahead(classes, torch.device("cpu"))

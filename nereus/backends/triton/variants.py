@@ -1,7 +1,8 @@
 """Kernel variants of the Packer (`Packer` inherits `VariantCompiler`): the (kind, word,
 vec, ROWS, COLS) Triton specializations a pack, unpack or copy launches, compiled ahead
 (`warm`, `compile`: each run once on a scratch buffer) or, under the "prepared" JIT, in a
-background thread while the caller takes the torch path (`ready`, `compile_pending`).
+background thread while the caller takes the torch path (`ready`, `compile_pending`), or
+ahead of any call (`compile_ahead`).
 Input: the variants, or the pack_into/unpack_from calls that would launch them, and the
 data's device. Output: `compiled`, the variants known compiled, and `compile_log`, how
 long each compile took. Invariant: one variant
@@ -150,17 +151,30 @@ class VariantCompiler:
         (one at a time; the caller takes its torch path). start=False only queues them
         for `compile_pending`: Triton's compiler holds the GIL for much of a compile, so
         a compile running beside a transition slows the transition's own Python."""
-        if self.jit != "prepared":
+        if self.jit != "prepared" or not self._queue(classes, device):
             return True
-        missing = set(classes) - self.compiled
-        if not missing:
-            return True
-        self._missing |= missing
-        self._missing_device = device
         if start:
             self.compile_pending()
         self.fallback_calls += 1
         return False
+
+    def compile_ahead(self, classes, device: torch.device) -> bool:
+        """Start compiling these (kind, word, vec, ROWS, COLS) variants in the background
+        thread (`compile_pending`'s), the caller not waiting and no fallback counted (unlike
+        `ready`); whether any was left to compile (none off Triton)."""
+        device = torch.device(device)
+        if self.backend_for(device) != "triton" or not self._queue(classes, device):
+            return False
+        self.compile_pending()
+        return True
+
+    def _queue(self, classes, device: torch.device) -> bool:
+        """Queue the variants not compiled yet for `compile_pending`; whether there were any."""
+        missing = set(classes) - self.compiled
+        self._missing |= missing
+        if missing:
+            self._missing_device = device
+        return bool(missing)
 
     def compile_pending(self) -> None:
         """Start compiling the queued variants in a background thread (when none runs)."""
