@@ -36,8 +36,10 @@ A lowered pair no longer in the list stays parked, with its lowering, until it i
 ends: the main thread's transition never runs beside a step (the two would share one GIL,
 and a step's caches beside the call's); `paused_all()` does it for every thread of the
 process (a transition, a weight sync). `take` hands over a finished lowering (one the
-lowering process is still at is waited for, in the caller) and drops the transition from
-the work list. With a lowering process, the work list is its too
+lowering process is still at is waited for, in the caller; so are the rest of the later
+steps of a pair whose replays the thread began building: a first call with some of its
+replays and not the others runs the others' streams on the slower per-call path) and
+drops the transition from the work list. With a lowering process, the work list is its too
 (Lowerer.expect): it lowers the pairs in that order, one ahead of the thread, also while
 a transition pauses the thread, and `take` waits for a pair it has even if the thread
 has not started that pair.
@@ -100,6 +102,7 @@ class Ahead:
         self._later: OrderedDict = OrderedDict()
         self._order: dict = {}  # key -> its place in the work list (the pairs wanted now)
         self._past_later: set = set()  # keys whose steps yielded LATER (their first-call work is done)
+        self._replaying: set = set()  # keys that ran a step after their LATER (their later work is begun)
         self._done: OrderedDict = OrderedDict()  # key -> what its first step gave (oldest first)
         self._started: set = set()  # keys started and not dropped: each is worked on once
         self._paused = 0
@@ -181,7 +184,8 @@ class Ahead:
     def take(self, source: str, target: str, wait_s: float = 60.0):
         """What the first step of (source, target) gave, or None (not lowered yet, or it
         failed); the pair leaves the work list either way. A lowering the lowering process
-        is still at is waited for here, at most `wait_s` (the runtime gives a part of its
+        is still at is waited for here, and the later steps of a pair whose replays the
+        thread began building are finished here, at most `wait_s` each (the runtime gives a part of its
         collective timeout: the other ranks wait for this one meanwhile). Call inside
         `paused()`."""
         key = (source, target)
@@ -191,8 +195,12 @@ class Ahead:
                 _, generator, lowered = self._current
                 if generator is not None and not lowered:  # the lowering process is at it: wait for it here
                     self._wait_in_caller(key, generator, wait_s)
+                elif key in self._replaying:
+                    self._finish_in_caller(generator, wait_s)
                 self._drop_current()  # (its generator forgets a lowering not waited for to the end)
-            elif key in self._later:  # lowered and parked: its later steps are dropped
+            elif key in self._later:  # lowered and parked: its later steps are dropped, or finished if begun
+                if key in self._replaying:
+                    self._finish_in_caller(self._later[key], wait_s)
                 self._unpark(key)
             elif key in self._queue and key not in self._done and self._asked(key):
                 # not started by the thread, but the lowering process has it (expect): its steps run here
@@ -226,6 +234,26 @@ class Ahead:
             self._stepping = False
         if value is not None:
             self._done[key] = value
+
+    def _finish_in_caller(self, generator, wait_s: float) -> None:
+        """(Holding the thread.) Run the rest of a pair's later steps here, at most `wait_s`:
+        a pair whose replays the thread began building would otherwise run its first call
+        with some replays and not the others, and a stream without its replay takes the
+        per-call path (one H200, the 6-layer Qwen3-30B-A3B change's way back: 0.2-0.4 s of
+        exchange against 25-50 ms replayed, session 19), longer than the rest of the build."""
+        self._stepping = True
+        self._cv.release()
+        end = time.monotonic() + wait_s
+        try:
+            for _ in generator:
+                if time.monotonic() >= end:
+                    log.debug("lowering ahead: a pair's later steps still not done after %.1f s", wait_s)
+                    break
+        except Exception as error:  # noqa: BLE001 - the call builds what is missing (or takes the per-call path)
+            log.debug("lowering ahead: finishing a pair's later steps failed: %r", error)
+        finally:
+            self._cv.acquire()
+            self._stepping = False
 
     @contextmanager
     def _held(self):
@@ -275,7 +303,7 @@ class Ahead:
         self._cv = threading.Condition()
         self._closed, self._stepping, self._paused = True, False, 0
         self._current, self._queue, self._done, self._later = None, deque(), OrderedDict(), OrderedDict()
-        self._past_later = set()
+        self._past_later, self._replaying = set(), set()
 
     # -- the thread -----------------------------------------------------------------------
 
@@ -284,11 +312,13 @@ class Ahead:
         key, generator, _ = self._current
         self._current = None
         self._past_later.discard(key)
+        self._replaying.discard(key)
         _close(generator)
 
     def _unpark(self, key) -> None:
         """(Holding the lock.) Close the parked generator of `key`, if any."""
         self._past_later.discard(key)
+        self._replaying.discard(key)
         _close(self._later.pop(key, None))
 
     def _first_call_work_waits(self) -> bool:
@@ -352,8 +382,11 @@ class Ahead:
                 now_lowered = lowered or (not finished and failed is None and value is not WAITING
                                           and value is not LATER)
                 self._current = None if finished else (key, generator, now_lowered)
+                if key in self._past_later and value is not LATER and not finished:
+                    self._replaying.add(key)
                 if finished:
                     self._past_later.discard(key)
+                    self._replaying.discard(key)
                 elif value is LATER and lowered:  # parked: the queued pairs' first-call work first, then
                     self._past_later.add(key)      # the parked pairs' later steps in list order (this one too)
                     self._later[key] = generator

@@ -136,6 +136,50 @@ def test_new_pairs_first_call_work_comes_before_the_replays_and_parked_pairs_fol
         ahead.close()
 
 
+def test_a_pair_whose_replays_are_begun_is_finished_by_the_caller_and_one_not_begun_is_dropped():
+    """The thread builds a pair's replays one step at a time; a first call that came with
+    some built and not the others would run their streams on the per-call path: take runs
+    the rest of a begun pair's later steps in the caller, and leaves a pair parked at its
+    LATER (nothing begun) to the call."""
+    steps, ahead = _parked([("A", "B"), ("A", "C")], count=6)  # A -> B's step 3 in progress
+    try:
+        with ahead.paused():
+            assert ahead.take("A", "B") == "A->B"
+            assert ahead.take("A", "C") == "A->C"
+        assert ("A", "B", 4, "MainThread") in steps.log and ("A", "B", 5, "MainThread") in steps.log, steps.log
+        assert not any(x[:2] == ("A", "C") and x[2] > 2 for x in steps.log), steps.log
+        assert {("A", "B"), ("A", "C")} <= set(steps.closed)
+    finally:
+        ahead.close()
+
+
+def test_a_begun_pair_parked_by_a_new_plan_is_finished_by_the_caller_too():
+    steps, ahead = _parked([("A", "B")], count=6)
+    try:
+        with ahead.paused():  # A -> B past its LATER, begun: parked while a new pair's first-call work waits
+            ahead.at_plan([("A", "B"), ("A", "C")])
+            assert ahead.take("A", "B") == "A->B"
+        assert [x[2] for x in steps.log if x[:2] == ("A", "B") and x[3] == "MainThread"] == [4, 5], steps.log
+    finally:
+        ahead.close()
+
+
+def test_finishing_in_the_caller_stops_after_wait_s():
+    steps, ahead = _parked([("A", "B")], count=8)
+    try:
+        steps.gate.clear()  # the caller's first step waits 0.2 s at the gate (the budget is 0.1 s)
+        with ahead.paused():
+            gate = threading.Timer(0.2, steps.gate.set)
+            gate.start()
+            started = time.perf_counter()
+            assert ahead.take("A", "B", wait_s=0.1) == "A->B"
+            assert time.perf_counter() - started < 5
+        ran = [x[2] for x in steps.log if x[:2] == ("A", "B") and x[3] == "MainThread"]
+        assert ran == [4], steps.log  # one step past the budget, then dropped
+    finally:
+        ahead.close()
+
+
 def test_a_parked_pair_is_closed_with_the_thread():
     steps, ahead = _parked([("A", "B"), ("A", "C")])  # A -> B's last step runs; A -> C is parked
     ahead.close()
