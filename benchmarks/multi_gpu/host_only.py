@@ -32,8 +32,11 @@ whether the lowering-ahead thread still had work when the call began (`ahead_bus
 the caching allocator's reserved and allocated bytes after the call, and how long each
 kernel variant compile during it took (`compiles_s`); the summary's `compile_log` has
 every compile of the run, its `profiled` the direction `--profile-cold` profiled
-(`--profile-case`), and its `setup` the seconds of the Runtime's construction and of
-building and registering the state (device synchronized) after it.
+(`--profile-case`), its `setup` the seconds of the Runtime's construction and of
+building and registering the state (device synchronized) after it, and its
+`ahead_steps` the lowering-ahead thread's steps (Ahead.step_log: pair, who ran it, what
+it was, start and seconds; times from before the construction, as each first call's
+`called_at_s`).
 """
 
 from __future__ import annotations
@@ -270,6 +273,7 @@ def main(argv=None) -> int:
     global DIRECTIONS
     mem = torch.cuda.get_device_properties(device).total_memory if kind == "cuda" else 141 * 10**9
     setup: dict = {}  # seconds: the Runtime's construction, building and registering the state
+    origin = time.monotonic()  # the lowering-ahead thread's steps and the first calls are timed from here
     if args.moe:
         import moe_reshard as mr
 
@@ -321,11 +325,13 @@ def main(argv=None) -> int:
                 first.enable()
             busy = rt._ahead is not None and not rt._ahead.idle(0)
             missed_log.clear()
+            called_at = time.monotonic() - origin
             t0, missed, compiled = time.perf_counter(), fallbacks(), compiles()
             report = rt.transition(target)
             sync()
             cold[f"{call} {case}"] = time.perf_counter() - t0
-            details[f"{call} {case}"] = {"lowered_ahead": report.lowered_ahead, "fallbacks": fallbacks() - missed,
+            details[f"{call} {case}"] = {"called_at_s": called_at,
+                                         "lowered_ahead": report.lowered_ahead, "fallbacks": fallbacks() - missed,
                                          "waited_s": waited, "ahead_wait_s": report.ahead_wait_s,
                                          # where the call's time went: compile, the rounds'
                                          # host and device parts, the rest (commit, registry)
@@ -358,6 +364,10 @@ def main(argv=None) -> int:
     if packing.kernels() is not None:
         packing.kernels().default_packer().wait_compiled()
     summary: dict = {"cold": cold, "cold_details": details, "setup": setup,
+                     # the lowering-ahead thread's steps (and those a call ran): [source,
+                     # target, who, what, start (s from before the construction), seconds]
+                     "ahead_steps": [[a, b, who, what, at - origin, sec] for a, b, who, what, at, sec in
+                                     (list(rt._ahead.step_log) if rt._ahead is not None else [])],
                      # the direction whose first calls --profile-cold profiled (None: none)
                      "profiled": profiled,
                      # every kernel variant compile of the run and how long it took (Triton's

@@ -109,6 +109,10 @@ class Ahead:
         self._stepping = False
         self._closed = False
         self.failed: dict = {}  # key -> repr of the error a step raised (for tests and logs)
+        # (source, target, who: "thread" | "caller", what: "waiting" | "later" | "end" | "step",
+        # time.monotonic() at its start, seconds) per step, the latest STEP_LOG of them (where
+        # a first call's wait went; "waiting": a poll of the lowering process)
+        self.step_log: deque = deque(maxlen=STEP_LOG)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         with _LIVE_LOCK:
             _LIVE.add(self)
@@ -196,11 +200,11 @@ class Ahead:
                 if generator is not None and not lowered:  # the lowering process is at it: wait for it here
                     self._wait_in_caller(key, generator, wait_s)
                 elif key in self._replaying:
-                    self._finish_in_caller(generator, wait_s)
+                    self._finish_in_caller(key, generator, wait_s)
                 self._drop_current()  # (its generator forgets a lowering not waited for to the end)
             elif key in self._later:  # lowered and parked: its later steps are dropped, or finished if begun
                 if key in self._replaying:
-                    self._finish_in_caller(self._later[key], wait_s)
+                    self._finish_in_caller(key, self._later[key], wait_s)
                 self._unpark(key)
             elif key in self._queue and key not in self._done and self._asked(key):
                 # not started by the thread, but the lowering process has it (expect): its steps run here
@@ -235,7 +239,7 @@ class Ahead:
         if value is not None:
             self._done[key] = value
 
-    def _finish_in_caller(self, generator, wait_s: float) -> None:
+    def _finish_in_caller(self, key, generator, wait_s: float) -> None:
         """(Holding the thread.) Run the rest of a pair's later steps here, at most `wait_s`:
         a pair whose replays the thread began building would otherwise run its first call
         with some replays and not the others, and a stream without its replay takes the
@@ -243,10 +247,13 @@ class Ahead:
         exchange against 25-50 ms replayed, session 19), longer than the rest of the build."""
         self._stepping = True
         self._cv.release()
-        end = time.monotonic() + wait_s
+        end = started = time.monotonic()
+        end += wait_s
         try:
             for _ in generator:
-                if time.monotonic() >= end:
+                self.step_log.append((*key, "caller", "step", started, time.monotonic() - started))
+                started = time.monotonic()
+                if started >= end:
                     log.debug("lowering ahead: a pair's later steps still not done after %.1f s", wait_s)
                     break
         except Exception as error:  # noqa: BLE001 - the call builds what is missing (or takes the per-call path)
@@ -358,6 +365,7 @@ class Ahead:
                 key, generator, lowered = self._current
                 self._stepping = True
             value, finished, failed = None, False, None
+            started = time.monotonic()
             try:
                 with _short_switch():
                     if generator is None:
@@ -367,6 +375,8 @@ class Ahead:
                 finished = True
             except BaseException as error:  # noqa: BLE001 - the main thread does it itself, and raises
                 finished, failed = True, error
+            what = "end" if finished else "waiting" if value is WAITING else "later" if value is LATER else "step"
+            self.step_log.append((*key, "thread", what, started, time.monotonic() - started))
             if not isinstance(failed, (Exception, type(None))):  # SystemExit and the like: the thread ends
                 with self._cv:
                     self._closed, self._stepping, self._current = True, False, None
@@ -404,6 +414,7 @@ _LIVE_LOCK = threading.Lock()  # (a WeakSet copied while another thread adds to 
 # lowered pairs kept while not in the work list (each a RankProgram of up to ~10^5 objects,
 # which every full garbage collection scans, and its replays' device tables)
 KEEP_UNWANTED = 8
+STEP_LOG = 512  # steps Ahead.step_log keeps
 
 
 # The GIL's switch interval while a step runs (NEREUS_AHEAD_SWITCH_MS; 0: left as it is).

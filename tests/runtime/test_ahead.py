@@ -149,6 +149,11 @@ def test_a_pair_whose_replays_are_begun_is_finished_by_the_caller_and_one_not_be
         assert ("A", "B", 4, "MainThread") in steps.log and ("A", "B", 5, "MainThread") in steps.log, steps.log
         assert not any(x[:2] == ("A", "C") and x[2] > 2 for x in steps.log), steps.log
         assert {("A", "B"), ("A", "C")} <= set(steps.closed)
+        # the step log says who ran each step, what it was, and how long it took
+        assert [x[:4] for x in ahead.step_log if x[2] == "caller"] == [("A", "B", "caller", "step")] * 2
+        held = [x for x in ahead.step_log if x[:3] == ("A", "B", "thread")][3]  # its step 3, held 0.2 s
+        assert held[3] == "step" and held[5] >= 0.15, list(ahead.step_log)
+        assert [x[3] for x in ahead.step_log if x[:3] == ("A", "C", "thread")] == ["step", "step", "later"]
     finally:
         ahead.close()
 
