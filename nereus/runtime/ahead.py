@@ -109,9 +109,10 @@ class Ahead:
         self._stepping = False
         self._closed = False
         self.failed: dict = {}  # key -> repr of the error a step raised (for tests and logs)
-        # (source, target, who: "thread" | "caller", what: "waiting" | "later" | "end" | "step",
-        # time.monotonic() at its start, seconds) per step, the latest STEP_LOG of them (where
-        # a first call's wait went; "waiting": a poll of the lowering process)
+        # (source, target, who: "thread" | "caller", what: "waiting" (a poll of the lowering
+        # process), "lowered", "later", "end", "failed", a step's own name ("plan", "streams", "compile",
+        # "replay": ahead_steps) or "step", time.monotonic() at its start, seconds) per step,
+        # the latest STEP_LOG of them (where a first call's wait went)
         self.step_log: deque = deque(maxlen=STEP_LOG)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         with _LIVE_LOCK:
@@ -250,8 +251,8 @@ class Ahead:
         end = started = time.monotonic()
         end += wait_s
         try:
-            for _ in generator:
-                self.step_log.append((*key, "caller", "step", started, time.monotonic() - started))
+            for value in generator:
+                self.step_log.append((*key, "caller", _what(value), started, time.monotonic() - started))
                 started = time.monotonic()
                 if started >= end:
                     log.debug("lowering ahead: a pair's later steps still not done after %.1f s", wait_s)
@@ -375,8 +376,7 @@ class Ahead:
                 finished = True
             except BaseException as error:  # noqa: BLE001 - the main thread does it itself, and raises
                 finished, failed = True, error
-            what = "end" if finished else "waiting" if value is WAITING else "later" if value is LATER else "step"
-            self.step_log.append((*key, "thread", what, started, time.monotonic() - started))
+            seconds = time.monotonic() - started
             if not isinstance(failed, (Exception, type(None))):  # SystemExit and the like: the thread ends
                 with self._cv:
                     self._closed, self._stepping, self._current = True, False, None
@@ -391,6 +391,9 @@ class Ahead:
                     return
                 now_lowered = lowered or (not finished and failed is None and value is not WAITING
                                           and value is not LATER)
+                what = "failed" if failed is not None else "end" if finished else \
+                    "lowered" if now_lowered and not lowered else _what(value)
+                self.step_log.append((*key, "thread", what, started, seconds))
                 self._current = None if finished else (key, generator, now_lowered)
                 if key in self._past_later and value is not LATER and not finished:
                     self._replaying.add(key)
@@ -474,6 +477,12 @@ def _pausing(aheads: list):
     finally:
         for ahead in held:
             ahead._release()
+
+
+def _what(value) -> str:
+    """What a step was, for the step log: WAITING, LATER and the steps' names are strings
+    ("plan", "replay", ...); any other value is a "step"."""
+    return value if isinstance(value, str) else "step"
 
 
 def _close(generator) -> None:

@@ -3,7 +3,8 @@ a step at a time: this rank's part lowered (by the lowering process, nereus.runt
 or here), its execution plan, on CUDA its streams' kernel variants, then its replays and
 their variants. Input: the module, this rank, the (source, target) pair. Output: a
 generator whose first value other than WAITING is a `Lowered` (what the runtime takes),
-each later yield one more step done; LATER marks where what a first call needs is done.
+each later yield one more step done, named ("plan", "streams", "compile", "replay": the
+thread's step log shows them); LATER marks where what a first call needs is done.
 Invariant: no step runs a collective or touches a registered tensor, and what it leaves
 (the plan, replays, compiled variants) is what the transition would build itself.
 """
@@ -97,7 +98,7 @@ def steps(module, rank: int, device, direct_min_bytes: int, keep_compiled: bool,
     del done
     if where == "process":  # its execution plan (torch's meta tensors: not built there)
         plan_for(value[1], streams.CHUNK_BYTES)
-        yield None
+        yield "plan"
     device = torch.device(device)
     kernels = packing.kernels()
     if device.type != "cuda" or kernels is None or not hasattr(kernels, "warm"):
@@ -111,7 +112,7 @@ def steps(module, rank: int, device, direct_min_bytes: int, keep_compiled: bool,
     with torch.cuda.device(device):
         stream = torch.cuda.Stream(device)
         streamed = stream_classes(lowered, device, TORCH_DTYPES, facts.offloaded)
-    yield None
+    yield "streams"
     # the stream variants before the replays: a first call that comes while the replays
     # are built streams on compiled kernels (a chunk whose variant is missing takes the
     # torch path: ~100 of them cost a first call of the 6-layer MoE change ~0.4 s on one
@@ -129,7 +130,7 @@ def steps(module, rank: int, device, direct_min_bytes: int, keep_compiled: bool,
         if variants is None:
             return
         stream.synchronize()  # its tables are on the device before a call may use them
-        yield None
+        yield "replay"
         yield from _compile_each(packer, variants, device, stream)
 
 
@@ -139,4 +140,4 @@ def _compile_each(packer, variants, device, stream) -> Iterator:
         if variant not in packer.compiled:
             with torch.cuda.device(device), torch.cuda.stream(stream):
                 packer.compile({variant}, device)
-            yield None
+            yield "compile"

@@ -153,7 +153,7 @@ def test_a_pair_whose_replays_are_begun_is_finished_by_the_caller_and_one_not_be
         assert [x[:4] for x in ahead.step_log if x[2] == "caller"] == [("A", "B", "caller", "step")] * 2
         held = [x for x in ahead.step_log if x[:3] == ("A", "B", "thread")][3]  # its step 3, held 0.2 s
         assert held[3] == "step" and held[5] >= 0.15, list(ahead.step_log)
-        assert [x[3] for x in ahead.step_log if x[:3] == ("A", "C", "thread")] == ["step", "step", "later"]
+        assert [x[3] for x in ahead.step_log if x[:3] == ("A", "C", "thread")] == ["lowered", "step", "later"]
     finally:
         ahead.close()
 
@@ -221,6 +221,8 @@ def test_a_failed_step_gives_nothing_and_the_next_transition_runs():
         assert ahead.idle(30)
         assert ahead.take("A", "B") is None and "cannot lower A -> B" in ahead.failed[("A", "B")]
         assert ahead.take("A", "C") == "A->C"
+        assert [x[3] for x in ahead.step_log if x[:2] == ("A", "B")] == ["failed"]
+        assert [x[3] for x in ahead.step_log if x[:2] == ("A", "C")] == ["lowered", "step", "step", "end"]
     finally:
         ahead.close()
 

@@ -108,6 +108,7 @@ def _stepped(monkeypatch) -> tuple:
     monkeypatch.setattr(replay, "warm_steps", watched)
     first, later = None, []
     for value in ahead.steps(module, 0, device, 1 << 20, False, None, "A", "B"):
+        assert first is None or value in ("streams", "compile", "later", "replay"), value  # the step log's names
         first = value if first is None else first
         if value is ahead.LATER:  # where the thread may park the pair: after the stream variants, before replays
             later.append((len(builds), set(packer.compiled)))
