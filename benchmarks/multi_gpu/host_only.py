@@ -35,8 +35,8 @@ every compile of the run, its `profiled` the direction `--profile-cold` profiled
 (`--profile-case`), its `setup` the seconds of the Runtime's construction and of
 building and registering the state (device synchronized) after it, and its
 `ahead_steps` the lowering-ahead thread's steps (Ahead.step_log: pair, who ran it, what
-it was, start and seconds; times from before the construction, as each first call's
-`called_at_s`).
+it was, start and seconds; times from the start of the Runtime's construction, as each
+first call's `called_at_s`).
 """
 
 from __future__ import annotations
@@ -273,7 +273,6 @@ def main(argv=None) -> int:
     global DIRECTIONS
     mem = torch.cuda.get_device_properties(device).total_memory if kind == "cuda" else 141 * 10**9
     setup: dict = {}  # seconds: the Runtime's construction, building and registering the state
-    origin = time.monotonic()  # the lowering-ahead thread's steps and the first calls are timed from here
     if args.moe:
         import moe_reshard as mr
 
@@ -281,7 +280,8 @@ def main(argv=None) -> int:
         module = ir.parse_source(mr.module_source(args.moe, args.world, mem, shape, args.layers), "host_only.nir")
         ms = str(next(iter(module.workload.model_stages())))
         DIRECTIONS = (("a-b", "B"), ("b-a", "A"))
-        started = time.perf_counter()
+        # the construction's start: the lowering-ahead thread's steps and the first calls are timed from it
+        origin, started = time.monotonic(), time.perf_counter()
         rt = Runtime(module, "A", device=device)
         setup["construct_s"] = time.perf_counter() - started
         rt.register(ms, build_local(plan_units_json(module, "A", ms), args.rank, mr.stage_specs(module, ms),
@@ -289,7 +289,8 @@ def main(argv=None) -> int:
     else:
         module = ir.parse_source(module_source(args.world, mem, SHAPES[args.shape], args.layers), "host_only.nir")
         plain = {n: (s, d) for n, (s, d, _) in weight_specs(module).items()}
-        started = time.perf_counter()
+        # the construction's start: the lowering-ahead thread's steps and the first calls are timed from it
+        origin, started = time.monotonic(), time.perf_counter()
         rt = Runtime(module, "TP", device=device)
         setup["construct_s"] = time.perf_counter() - started
         rt.register(TAG, build_local(plan_units_json(module, "TP", TAG), args.rank, plain, args.seed, TAG, device))
@@ -365,7 +366,7 @@ def main(argv=None) -> int:
         packing.kernels().default_packer().wait_compiled()
     summary: dict = {"cold": cold, "cold_details": details, "setup": setup,
                      # the lowering-ahead thread's steps (and those a call ran): [source,
-                     # target, who, what, start (s from before the construction), seconds]
+                     # target, who, what, start (s from the construction's start), seconds]
                      "ahead_steps": [[a, b, who, what, at - origin, sec] for a, b, who, what, at, sec in
                                      (list(rt._ahead.step_log) if rt._ahead is not None else [])],
                      # the direction whose first calls --profile-cold profiled (None: none)

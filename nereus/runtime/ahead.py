@@ -190,9 +190,9 @@ class Ahead:
         """What the first step of (source, target) gave, or None (not lowered yet, or it
         failed); the pair leaves the work list either way. A lowering the lowering process
         is still at is waited for here, and the later steps of a pair whose replays the
-        thread began building are finished here, at most `wait_s` each (the runtime gives a part of its
-        collective timeout: the other ranks wait for this one meanwhile). Call inside
-        `paused()`."""
+        thread began building are finished here, each until `wait_s` has passed (the step
+        then in progress still ends; the runtime gives a part of its collective timeout:
+        the other ranks wait for this one meanwhile). Call inside `paused()`."""
         key = (source, target)
         with self._held():
             self._started.add(key)
@@ -204,8 +204,10 @@ class Ahead:
                     self._finish_in_caller(key, generator, wait_s)
                 self._drop_current()  # (its generator forgets a lowering not waited for to the end)
             elif key in self._later:  # lowered and parked: its later steps are dropped, or finished if begun
+                generator = self._later.pop(key)  # (out of reach of close() while the caller runs it)
                 if key in self._replaying:
-                    self._finish_in_caller(key, self._later[key], wait_s)
+                    self._finish_in_caller(key, generator, wait_s)
+                _close(generator)
                 self._unpark(key)
             elif key in self._queue and key not in self._done and self._asked(key):
                 # not started by the thread, but the lowering process has it (expect): its steps run here
@@ -241,27 +243,38 @@ class Ahead:
             self._done[key] = value
 
     def _finish_in_caller(self, key, generator, wait_s: float) -> None:
-        """(Holding the thread.) Run the rest of a pair's later steps here, at most `wait_s`:
-        a pair whose replays the thread began building would otherwise run its first call
-        with some replays and not the others, and a stream without its replay takes the
-        per-call path (one H200, the 6-layer Qwen3-30B-A3B change's way back: 0.2-0.4 s of
-        exchange against 25-50 ms replayed, session 19), longer than the rest of the build."""
+        """(Holding the thread.) Run the rest of a pair's later steps here until `wait_s`
+        has passed (the step then in progress still ends): a pair whose replays the thread
+        began building would otherwise run its first call with some replays and not the
+        others, and a stream without its replay takes the per-call path (one H200, the
+        6-layer Qwen3-30B-A3B change's way back: 0.2-0.4 s of exchange against 23-53 ms
+        replayed, session 19), longer than the rest of the build. Each step goes into the
+        step log ("caller"), a failure into `failed` too."""
         self._stepping = True
         self._cv.release()
-        end = started = time.monotonic()
-        end += wait_s
+        end = time.monotonic() + wait_s
+        failed = None
         try:
-            for value in generator:
-                self.step_log.append((*key, "caller", _what(value), started, time.monotonic() - started))
-                started = time.monotonic()
-                if started >= end:
-                    log.debug("lowering ahead: a pair's later steps still not done after %.1f s", wait_s)
-                    break
-        except Exception as error:  # noqa: BLE001 - the call builds what is missing (or takes the per-call path)
-            log.debug("lowering ahead: finishing a pair's later steps failed: %r", error)
+            while True:
+                started, what = time.monotonic(), "end"
+                try:
+                    what = _what(next(generator))
+                except StopIteration:
+                    return
+                except Exception as error:  # noqa: BLE001 - the call builds what is missing (or takes the per-call path)
+                    what, failed = "failed", error
+                    log.debug("lowering ahead: finishing %s -> %s failed: %r", key[0], key[1], error)
+                    return
+                finally:
+                    self.step_log.append((*key, "caller", what, started, time.monotonic() - started))
+                if time.monotonic() >= end:
+                    log.debug("lowering ahead: %s -> %s still not done after %.1f s", key[0], key[1], wait_s)
+                    return
         finally:
             self._cv.acquire()
             self._stepping = False
+            if failed is not None:
+                self.failed[key] = repr(failed)
 
     @contextmanager
     def _held(self):

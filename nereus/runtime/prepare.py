@@ -88,8 +88,8 @@ def warm_compiler(device) -> bool:
     one (benchmarks/RESULTS.md, session 18); a runtime starts it at construction, beside
     the communicators' creation, the lowering process's work and the job's registering,
     instead of in the lowering-ahead thread's first compile, which a first transition
-    right after registering waited for. Whether a compile started (not off CUDA or
-    Triton, nor when they are compiled)."""
+    right after registering waited for. Whether any was left to compile (none off CUDA
+    or Triton; queued only where a background compile runs already: Packer.compile_ahead)."""
     kernels = _pack_kernels(device)
     if kernels is None:
         return False

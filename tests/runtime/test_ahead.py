@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import threading
 import time
+from contextlib import contextmanager
 from typing import Optional
 
 import pytest
@@ -29,10 +30,12 @@ from test_rank_parts import SOURCE, STAGES, WORLD, _fulls
 class Steps:
     """Fake work: each transition's steps record themselves; `gate` holds step starts."""
 
-    def __init__(self, count: int = 3, fail=(), later: Optional[int] = None, hold_at: Optional[int] = None):
+    def __init__(self, count: int = 3, fail=(), later: Optional[int] = None, hold_at: Optional[int] = None,
+                 fail_at: Optional[int] = None):
         self.log: list = []
         self.closed: list = []
         self.count, self.fail, self.later = count, set(fail), later  # later: the step that yields LATER
+        self.fail_at = fail_at  # the step that raises, for every pair
         self.gate = threading.Event()
         self.gate.set()
         self.running = threading.Event()
@@ -46,7 +49,7 @@ class Steps:
                 if i == self.hold_at:
                     self.at_hold.set()
                     self.hold.wait(30)
-                if (source, target) in self.fail:
+                if (source, target) in self.fail or i == self.fail_at:
                     raise ValueError(f"cannot lower {source} -> {target}")
                 self.log.append((source, target, i, threading.current_thread().name))
                 self.running.clear()
@@ -87,16 +90,30 @@ def test_a_pair_at_its_later_step_waits_for_the_other_pairs_first_steps():
         ahead.close()
 
 
-def _parked(pairs: list, count: int = 4) -> tuple:
+def _parked(pairs: list, count: int = 4, release_after: Optional[float] = 0.2, fail_at: Optional[int] = None) -> tuple:
     """An Ahead at work on `pairs` of `count` steps each (the lowering, one, LATER, the
     rest): every pair parked at its LATER, then the first resumed, its step 3 in progress
-    and held for 0.2 s."""
-    steps = Steps(count=count, later=2, hold_at=3)
+    and held for `release_after` seconds (None: until `_holding` releases it)."""
+    steps = Steps(count=count, later=2, hold_at=3, fail_at=fail_at)
     ahead = Ahead(steps)
     ahead.at_plan(pairs)
     assert steps.at_hold.wait(30)
-    threading.Timer(0.2, steps.hold.set).start()
+    if release_after is not None:
+        threading.Timer(release_after, steps.hold.set).start()
     return steps, ahead
+
+
+@contextmanager
+def _holding(ahead: Ahead, steps: Steps):
+    """ahead.paused() entered while step 3 is held, then the step released: no later step
+    of the thread can start first, however slow this thread is."""
+    ahead._hold()
+    try:
+        steps.hold.set()
+        ahead._wait_step()
+        yield
+    finally:
+        ahead._release()
 
 
 def _tail(steps: Steps, start: int) -> list:
@@ -141,27 +158,28 @@ def test_a_pair_whose_replays_are_begun_is_finished_by_the_caller_and_one_not_be
     some built and not the others would run their streams on the per-call path: take runs
     the rest of a begun pair's later steps in the caller, and leaves a pair parked at its
     LATER (nothing begun) to the call."""
-    steps, ahead = _parked([("A", "B"), ("A", "C")], count=6)  # A -> B's step 3 in progress
+    steps, ahead = _parked([("A", "B"), ("A", "C")], count=6, release_after=None)  # A -> B's step 3 in progress
     try:
-        with ahead.paused():
+        with _holding(ahead, steps):
             assert ahead.take("A", "B") == "A->B"
             assert ahead.take("A", "C") == "A->C"
         assert ("A", "B", 4, "MainThread") in steps.log and ("A", "B", 5, "MainThread") in steps.log, steps.log
         assert not any(x[:2] == ("A", "C") and x[2] > 2 for x in steps.log), steps.log
         assert {("A", "B"), ("A", "C")} <= set(steps.closed)
         # the step log says who ran each step, what it was, and how long it took
-        assert [x[:4] for x in ahead.step_log if x[2] == "caller"] == [("A", "B", "caller", "step")] * 2
-        held = [x for x in ahead.step_log if x[:3] == ("A", "B", "thread")][3]  # its step 3, held 0.2 s
-        assert held[3] == "step" and held[5] >= 0.15, list(ahead.step_log)
+        assert [x[:4] for x in ahead.step_log if x[2] == "caller"] == [("A", "B", "caller", "step")] * 2 + \
+            [("A", "B", "caller", "end")]
+        assert [x[3] for x in ahead.step_log if x[:3] == ("A", "B", "thread")] == ["lowered", "step", "later", "step"]
+        assert all(x[5] >= 0 for x in ahead.step_log)
         assert [x[3] for x in ahead.step_log if x[:3] == ("A", "C", "thread")] == ["lowered", "step", "later"]
     finally:
         ahead.close()
 
 
 def test_a_begun_pair_parked_by_a_new_plan_is_finished_by_the_caller_too():
-    steps, ahead = _parked([("A", "B")], count=6)
+    steps, ahead = _parked([("A", "B")], count=6, release_after=None)
     try:
-        with ahead.paused():  # A -> B past its LATER, begun: parked while a new pair's first-call work waits
+        with _holding(ahead, steps):  # A -> B past its LATER, begun: parked while a new pair's first-call work waits
             ahead.at_plan([("A", "B"), ("A", "C")])
             assert ahead.take("A", "B") == "A->B"
         assert [x[2] for x in steps.log if x[:2] == ("A", "B") and x[3] == "MainThread"] == [4, 5], steps.log
@@ -169,13 +187,23 @@ def test_a_begun_pair_parked_by_a_new_plan_is_finished_by_the_caller_too():
         ahead.close()
 
 
+def test_a_step_failing_in_the_caller_is_logged_and_the_lowering_still_taken():
+    steps, ahead = _parked([("A", "B")], count=6, release_after=None, fail_at=4)
+    try:
+        with _holding(ahead, steps):
+            assert ahead.take("A", "B") == "A->B"
+        assert "cannot lower A -> B" in ahead.failed[("A", "B")]
+        assert [x[3] for x in ahead.step_log if x[2] == "caller"] == ["failed"]
+    finally:
+        ahead.close()
+
+
 def test_finishing_in_the_caller_stops_after_wait_s():
-    steps, ahead = _parked([("A", "B")], count=8)
+    steps, ahead = _parked([("A", "B")], count=8, release_after=None)
     try:
         steps.gate.clear()  # the caller's first step waits 0.2 s at the gate (the budget is 0.1 s)
-        with ahead.paused():
-            gate = threading.Timer(0.2, steps.gate.set)
-            gate.start()
+        with _holding(ahead, steps):
+            threading.Timer(0.2, steps.gate.set).start()
             started = time.perf_counter()
             assert ahead.take("A", "B", wait_s=0.1) == "A->B"
             assert time.perf_counter() - started < 5

@@ -161,7 +161,9 @@ class VariantCompiler:
     def compile_ahead(self, classes, device: torch.device) -> bool:
         """Start compiling these (kind, word, vec, ROWS, COLS) variants in the background
         thread (`compile_pending`'s), the caller not waiting and no fallback counted (unlike
-        `ready`); whether any was left to compile (none off Triton)."""
+        `ready`); whether any was left to compile (none off Triton). Where a background
+        compile runs already, they are only queued: the next `compile_pending` (after a
+        transition) or `wait_compiled` compiles them."""
         device = torch.device(device)
         if self.backend_for(device) != "triton" or not self._queue(classes, device):
             return False
