@@ -24,12 +24,13 @@ in the thread: it may first yield WAITING (a short wait for the lowering process
 nereus.runtime.lowerer), then its first other yield gives the lowering (whatever the
 caller takes back), and each later yield ends one more step (the execution plan, the
 stream kernel variants it needs, one compiled per step, then per replay its build and its
-variants not compiled yet, one per step). A step that yields LATER says the rest of its pair can wait: the thread parks
-it, does the queued pairs' steps up to their LATER first (also those of pairs a new plan
-queues later), then the parked pairs' later steps in the work list's order (a first call
-needs its lowering, plan and stream variants; the replays only save host time, so the way
-back of a switch made right after construction is ready before the first pair's replays
-are built: session 15 saw such ways back take the torch path for ~100 chunks, ~0.3-0.4 s).
+variants not compiled yet, one per step). A step that yields LATER says the rest of its
+pair can wait: the thread parks it, does the queued pairs' steps up to their LATER first
+(also those of pairs a new plan queues later), then the parked pairs' later steps in the
+work list's order (a first call needs its lowering, plan and stream variants; the replays
+only save host time, so the way back of a switch made right after construction is ready
+before the first pair's replays are built: session 15 saw such ways back take the torch
+path for ~100 chunks, ~0.3-0.4 s).
 A lowered pair no longer in the list stays parked, with its lowering, until it is again.
 
 `paused()` waits for the step in progress, if any, and holds later steps until the block
@@ -110,9 +111,9 @@ class Ahead:
         self._closed = False
         self.failed: dict = {}  # key -> repr of the error a step raised (for tests and logs)
         # (source, target, who: "thread" | "caller", what: "waiting" (a poll of the lowering
-        # process), "lowered", "later", "end", "failed", a step's own name ("plan", "streams", "compile",
-        # "replay": ahead_steps) or "step", time.monotonic() at its start, seconds) per step,
-        # the latest STEP_LOG of them (where a first call's wait went)
+        # process), "lowered", "later", "end", "failed", a step's own name ("plan",
+        # "streams", "compile", "replay": ahead_steps) or "step", time.monotonic() at its
+        # start, seconds) per step, the latest STEP_LOG of them (where a first call's wait went)
         self.step_log: deque = deque(maxlen=STEP_LOG)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         with _LIVE_LOCK:
