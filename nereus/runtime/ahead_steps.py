@@ -61,8 +61,8 @@ def steps(module, rank: int, device, direct_min_bytes: int, keep_compiled: bool,
     then build its replays (the execution plan's, as Runtime.prepare does) one per step,
     each followed by its variants not compiled yet, one per step, on a stream of the
     thread's own (a step never waits for the training's queued work). What the runtime's
-    own transition would otherwise do in its first and second calls. `device`: an indexed device (this thread's current device is
-    GPU 0 whatever the main thread's is)."""
+    own transition would otherwise do in its first and second calls. `device`: an indexed
+    device (this thread's current device is GPU 0 whatever the main thread's is)."""
     from nereus.backends.rank_json import canonical_json
 
     from .distribute import _lower_own_part

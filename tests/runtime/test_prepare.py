@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 
 import pytest
+import torch
 
 import nereus.ir as ir
 from nereus.runtime import Runtime
@@ -96,3 +97,28 @@ def test_the_large_link_warm_up_is_skipped_everywhere_when_one_rank_lacks_room()
     for rank, res in enumerate(results):
         assert res is not None and res[0] == "ok", f"rank {rank}: {res}"
         assert res[1] == {"one_short": False, "all_fit": True, "unknown": True}, (rank, res[1])
+
+
+def test_warm_compiler_compiles_on_the_callers_gpu(monkeypatch):
+    """The packer's compile thread starts on GPU 0 whatever the caller's current device is:
+    a runtime given device "cuda" (no index) on rank 1 must have its variants compiled on
+    GPU 1 (else they are marked compiled while GPU 1 has none, and GPU 0 gets a context)."""
+    from types import SimpleNamespace
+
+    from nereus.runtime import prepare
+
+    asked = []
+
+    class FakePacker:
+        def launch_classes(self, calls):
+            return {("pack", 8, 2, 2, 2048)}
+
+        def compile_ahead(self, classes, device):
+            asked.append(device)
+            return True
+
+    monkeypatch.setattr(prepare, "_pack_kernels", lambda device: SimpleNamespace(default_packer=FakePacker))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert prepare.warm_compiler(torch.device("cuda"))
+    assert prepare.warm_compiler(torch.device("cuda", 3))
+    assert asked == [torch.device("cuda", 1), torch.device("cuda", 3)]
