@@ -242,3 +242,16 @@ def test_compile_ahead_compiles_in_the_background_and_counts_no_fallback():
     assert sorted(v for v, _ in packer.compile_log) == sorted(classes)
     assert not packer.compile_ahead(classes, torch.device("cpu"))  # nothing left to compile
     assert not Packer(backend="torch").compile_ahead(classes, torch.device("cpu"))
+
+
+def test_queued_variants_keep_the_callers_gpu(monkeypatch):
+    """The background compile thread's own current device is GPU 0: variants asked for
+    on an unindexed "cuda" device (a Runtime given device="cuda" on rank 1) are queued
+    for the caller's current GPU, not for whatever GPU the thread would pick."""
+    packer = Packer(backend="triton")
+    packer.jit = "prepared"
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert not packer.ready({("pack", 8, 2, 2, 2048)}, torch.device("cuda"), start=False)
+    assert packer._missing_device == torch.device("cuda", 1)
+    assert not packer.ready({("pack", 8, 2, 1, 2048)}, torch.device("cuda", 0), start=False)
+    assert packer._missing_device == torch.device("cuda", 0)

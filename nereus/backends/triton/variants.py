@@ -171,10 +171,15 @@ class VariantCompiler:
         return True
 
     def _queue(self, classes, device: torch.device) -> bool:
-        """Queue the variants not compiled yet for `compile_pending`; whether there were any."""
+        """Queue the variants not compiled yet for `compile_pending`, on the caller's GPU
+        where `device` has no index (the compile thread's own current device is GPU 0);
+        whether there were any."""
         missing = set(classes) - self.compiled
         self._missing |= missing
         if missing:
+            device = torch.device(device)
+            if device.type == "cuda" and device.index is None:
+                device = torch.device("cuda", torch.cuda.current_device())
             self._missing_device = device
         return bool(missing)
 
