@@ -280,20 +280,23 @@ def main(argv=None) -> int:
         module = ir.parse_source(mr.module_source(args.moe, args.world, mem, shape, args.layers), "host_only.nir")
         ms = str(next(iter(module.workload.model_stages())))
         DIRECTIONS = (("a-b", "B"), ("b-a", "A"))
-        # the construction's start: the lowering-ahead thread's steps and the first calls are timed from it
-        origin, started = time.monotonic(), time.perf_counter()
-        rt = Runtime(module, "A", device=device)
-        setup["construct_s"] = time.perf_counter() - started
-        rt.register(ms, build_local(plan_units_json(module, "A", ms), args.rank, mr.stage_specs(module, ms),
-                                    args.seed, ms, device, step=mr.STEP if ms.endswith(".training") else None))
+        first_plan, tag = "A", ms
+
+        def local() -> dict:
+            return build_local(plan_units_json(module, "A", ms), args.rank, mr.stage_specs(module, ms), args.seed,
+                               ms, device, step=mr.STEP if ms.endswith(".training") else None)
     else:
         module = ir.parse_source(module_source(args.world, mem, SHAPES[args.shape], args.layers), "host_only.nir")
         plain = {n: (s, d) for n, (s, d, _) in weight_specs(module).items()}
-        # the construction's start: the lowering-ahead thread's steps and the first calls are timed from it
-        origin, started = time.monotonic(), time.perf_counter()
-        rt = Runtime(module, "TP", device=device)
-        setup["construct_s"] = time.perf_counter() - started
-        rt.register(TAG, build_local(plan_units_json(module, "TP", TAG), args.rank, plain, args.seed, TAG, device))
+        first_plan, tag = "TP", TAG
+
+        def local() -> dict:
+            return build_local(plan_units_json(module, "TP", TAG), args.rank, plain, args.seed, TAG, device)
+    # the construction's start: the lowering-ahead thread's steps and the first calls are timed from it
+    origin, started = time.monotonic(), time.perf_counter()
+    rt = Runtime(module, first_plan, device=device)
+    setup["construct_s"] = time.perf_counter() - started
+    rt.register(tag, local())
     if kind == "cuda":
         torch.cuda.synchronize(device)
     setup["register_s"] = time.perf_counter() - started - setup["construct_s"]
@@ -360,10 +363,11 @@ def main(argv=None) -> int:
     for _, target in DIRECTIONS:
         rt.prepare(target)
         rt.transition(target)
-    from nereus.runtime import packing, replay
+    from nereus.runtime import replay
 
-    if packing.kernels() is not None:
-        packing.kernels().default_packer().wait_compiled()
+    packer = packer_or_none()
+    if packer is not None:
+        packer.wait_compiled()
     summary: dict = {"cold": cold, "cold_details": details, "setup": setup,
                      # the lowering-ahead thread's steps (and those a call ran): [source,
                      # target, who, what, start (s from the construction's start), seconds]

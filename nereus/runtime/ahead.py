@@ -233,15 +233,22 @@ class Ahead:
     def _wait_in_caller(self, key, generator, wait_s: float) -> None:
         """(Holding the thread.) Run `generator` to its lowering here, at most `wait_s`
         (with the lock released; the thread is held: idle() and close() see a step)."""
+        with self._stepping_here():
+            value = _first_value(generator, wait_s)
+        if value is not None:
+            self._done[key] = value
+
+    @contextmanager
+    def _stepping_here(self):
+        """(Holding the thread.) The block runs steps in the caller, the lock released:
+        idle() and close() see a step in progress, as the thread's own."""
         self._stepping = True
         self._cv.release()
         try:
-            value = _first_value(generator, wait_s)
+            yield
         finally:
             self._cv.acquire()
             self._stepping = False
-        if value is not None:
-            self._done[key] = value
 
     def _finish_in_caller(self, key, generator, wait_s: float) -> None:
         """(Holding the thread.) Run the rest of a pair's later steps here until `wait_s`
@@ -251,31 +258,23 @@ class Ahead:
         6-layer Qwen3-30B-A3B change's way back: 0.2-0.4 s of exchange against 23-53 ms
         replayed, session 19), longer than the rest of the build. Each step goes into the
         step log ("caller"), a failure into `failed` too."""
-        self._stepping = True
-        self._cv.release()
         end = time.monotonic() + wait_s
-        failed = None
-        try:
-            while True:
+        over, failed = False, None
+        with self._stepping_here():
+            while not over and time.monotonic() < end:
                 started, what = time.monotonic(), "end"
                 try:
                     what = _what(next(generator))
                 except StopIteration:
-                    return
+                    over = True
                 except Exception as error:  # noqa: BLE001 - the call builds what is missing (or takes the per-call path)
-                    what, failed = "failed", error
+                    what, failed, over = "failed", error, True
                     log.debug("lowering ahead: finishing %s -> %s failed: %r", key[0], key[1], error)
-                    return
-                finally:
-                    self.step_log.append((*key, "caller", what, started, time.monotonic() - started))
-                if time.monotonic() >= end:
-                    log.debug("lowering ahead: %s -> %s still not done after %.1f s", key[0], key[1], wait_s)
-                    return
-        finally:
-            self._cv.acquire()
-            self._stepping = False
-            if failed is not None:
-                self.failed[key] = repr(failed)
+                self.step_log.append((*key, "caller", what, started, time.monotonic() - started))
+        if failed is not None:
+            self.failed[key] = repr(failed)
+        elif not over:
+            log.debug("lowering ahead: %s -> %s still not done after %.1f s", key[0], key[1], wait_s)
 
     @contextmanager
     def _held(self):

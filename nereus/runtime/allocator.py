@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Optional
 
 import torch
 
@@ -65,21 +66,30 @@ def reserve_ahead(device, needed: int) -> int:
     cannot use one)."""
     if not RESERVE_ROUNDS or needed < MIN_BYTES or device.type != "cuda" or not _caching():
         return 0
+    cached = unused_bytes(device, "large_pool")
+    if cached is None or needed - cached < MIN_BYTES:
+        return 0
     try:
-        # the nested form: the flat one builds every statistic's key (see parking.real_room)
-        stats = torch.cuda.memory_stats_as_nested_dict(device)
-        cached = (stats["reserved_bytes"]["large_pool"]["current"]
-                  - stats["allocated_bytes"]["large_pool"]["current"]) if stats else 0
-        if needed - cached < MIN_BYTES:
-            return 0
         free, _ = torch.cuda.mem_get_info(device)
         size = reservation(needed, cached, free)
         if size:
             _allocate(size, device)
         return size
-    except (RuntimeError, KeyError) as error:  # torch.cuda.OutOfMemoryError is a RuntimeError
+    except RuntimeError as error:  # torch.cuda.OutOfMemoryError is one
         log.debug("no block reserved ahead of the round: %r", error)
         return 0
+
+
+def unused_bytes(device, pool: str = "all") -> Optional[int]:
+    """Bytes the caching allocator holds in `pool` ("all", "large_pool", "small_pool") and
+    has not handed out; None where it cannot say (another backend, a pluggable allocator)."""
+    try:
+        # the nested form: memory_reserved/memory_allocated each flatten every statistic into
+        # a new dict (~0.3 ms apiece on an H200 host), which every transition would pay
+        stats = torch.cuda.memory_stats_as_nested_dict(device)
+        return (stats["reserved_bytes"][pool]["current"] - stats["allocated_bytes"][pool]["current"]) if stats else 0
+    except (RuntimeError, KeyError):
+        return None
 
 
 def _caching() -> bool:

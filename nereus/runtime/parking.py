@@ -29,6 +29,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from .allocator import unused_bytes
 from .control import Failure, TransitionAborted
 from .program import RankProgram
 
@@ -162,14 +163,7 @@ def real_room(device) -> Optional[int]:
     if device.type != "cuda":
         return None
     free, _ = torch.cuda.mem_get_info(device)
-    # the nested form: memory_reserved/memory_allocated each flatten every statistic into
-    # a new dict (~0.3 ms apiece on an H200 host), which every transition paid
-    try:
-        stats = torch.cuda.memory_stats_as_nested_dict(device)
-        spare = (stats["reserved_bytes"]["all"]["current"] - stats["allocated_bytes"]["all"]["current"]) if stats else 0
-    except (RuntimeError, KeyError):
-        spare = 0
-    return int(REAL_ROOM_FRACTION * (free + spare))
+    return int(REAL_ROOM_FRACTION * (free + (unused_bytes(device) or 0)))
 
 
 class Parking:

@@ -93,10 +93,7 @@ def warm_compiler(device) -> bool:
     kernels = _pack_kernels(device)
     if kernels is None:
         return False
-    device = torch.device(device)
-    if device.index is None:  # the compile thread's own current device is GPU 0: give it the caller's
-        device = torch.device(device.type, torch.cuda.current_device())
-    packer = kernels.default_packer()
+    packer = kernels.default_packer()  # (compile_ahead queues an unindexed device as the caller's GPU)
     chunk = torch.empty(streams.CHUNK_BYTES, dtype=torch.uint8, device="meta")
     return packer.compile_ahead(packer.launch_classes([("pack", [chunk], [0]), ("unpack", [chunk], [0])]), device)
 

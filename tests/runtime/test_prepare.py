@@ -105,19 +105,14 @@ def test_warm_compiler_compiles_on_the_callers_gpu(monkeypatch):
     GPU 1 (else they are marked compiled while GPU 1 has none, and GPU 0 gets a context)."""
     from types import SimpleNamespace
 
+    from nereus.backends.triton.packer import Packer
     from nereus.runtime import prepare
 
     asked = []
-
-    class FakePacker:
-        def launch_classes(self, calls):
-            return {("pack", 8, 2, 2, 2048)}
-
-        def compile_ahead(self, classes, device):
-            asked.append(device)
-            return True
-
-    monkeypatch.setattr(prepare, "_pack_kernels", lambda device: SimpleNamespace(default_packer=FakePacker))
+    packer = Packer(backend="triton")  # its compile thread is not started: the device it would get is kept
+    monkeypatch.setattr(packer, "backend_for", lambda device: "triton")
+    monkeypatch.setattr(packer, "compile_pending", lambda: asked.append(packer._missing_device))
+    monkeypatch.setattr(prepare, "_pack_kernels", lambda device: SimpleNamespace(default_packer=lambda: packer))
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
     assert prepare.warm_compiler(torch.device("cuda"))
     assert prepare.warm_compiler(torch.device("cuda", 3))
