@@ -261,7 +261,7 @@ class Ahead:
         end = time.monotonic() + wait_s
         over, failed = False, None
         with self._stepping_here():
-            while not over and time.monotonic() < end:
+            while not over:
                 started, what = time.monotonic(), "end"
                 try:
                     what = _what(next(generator))
@@ -271,10 +271,11 @@ class Ahead:
                     what, failed, over = "failed", error, True
                     log.debug("lowering ahead: finishing %s -> %s failed: %r", key[0], key[1], error)
                 self.step_log.append((*key, "caller", what, started, time.monotonic() - started))
+                if not over and time.monotonic() >= end:
+                    log.debug("lowering ahead: %s -> %s still not done after %.1f s", key[0], key[1], wait_s)
+                    break
         if failed is not None:
             self.failed[key] = repr(failed)
-        elif not over:
-            log.debug("lowering ahead: %s -> %s still not done after %.1f s", key[0], key[1], wait_s)
 
     @contextmanager
     def _held(self):
