@@ -70,6 +70,7 @@ from typing import Callable, Iterator, Optional
 from nereus.ir.diagnostics import NereusError, env_number
 
 # the steps of one transition (and their protocol's sentinels), importable from here too
+from . import intraop
 from .ahead_steps import LATER, LOWERER_POLL_S, WAITING, Lowered, LoweringFailed, lower_part, steps
 
 log = logging.getLogger("nereus.ahead")
@@ -357,6 +358,12 @@ class Ahead:
                    key=lambda k: (k in self._past_later, self._order[k]), default=None)
 
     def _run(self) -> None:
+        try:
+            # the steps' torch operators on this thread alone: with the process's OpenMP team,
+            # beside a busy main thread, a replay build took up to 2 s (nereus.runtime.intraop)
+            intraop.one_intraop_thread()
+        except Exception as error:  # noqa: BLE001 - only slower without it
+            log.debug("lowering ahead: one intra-op thread: %r", error)
         try:
             self._loop()
         finally:  # paused_all waits for a thread's steps as long as it runs, closed or not

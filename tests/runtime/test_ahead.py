@@ -343,6 +343,30 @@ ahead.close()
 """
 
 
+def test_steps_run_on_one_intra_op_thread_and_the_job_keeps_its_own():
+    """The thread's torch operators stay on its own core (nereus.runtime.intraop); the
+    main thread's team is not touched."""
+    before = torch.get_num_threads()
+    if before < 2:
+        torch.set_num_threads(2)
+    seen = []
+
+    def steps(source, target):
+        seen.append(torch.get_num_threads())
+        yield source + target
+
+    ahead = Ahead(steps)
+    try:
+        ahead.at_plan([("A", "B")])
+        assert ahead.idle(30) and ahead.take("A", "B") == "AB"
+        made = "OpenMP" in torch.__config__.parallel_info().split("ATen parallel backend:")[-1].split("\n")[0]
+        assert seen == [1 if made else torch.get_num_threads()]
+        assert torch.get_num_threads() == max(before, 2)
+    finally:
+        ahead.close()
+        torch.set_num_threads(before)
+
+
 def test_steps_run_with_a_short_switch_interval_and_the_old_one_comes_back(monkeypatch):
     """While a step runs (of any runtime's thread) the GIL's switch interval is
     SWITCH_S: the training loop beside it gets the GIL back sooner after each launch."""
