@@ -64,13 +64,13 @@ import threading
 import time
 import weakref
 from collections import OrderedDict, deque
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Callable, Iterator, Optional
 
 from nereus.ir.diagnostics import NereusError, env_number
 
-# the steps of one transition (and their protocol's sentinels), importable from here too
 from . import intraop
+# the steps of one transition (and their protocol's sentinels), importable from here too
 from .ahead_steps import LATER, LOWERER_POLL_S, WAITING, Lowered, LoweringFailed, lower_part, steps
 
 log = logging.getLogger("nereus.ahead")
@@ -361,7 +361,8 @@ class Ahead:
         try:
             # the steps' torch operators on this thread alone: with the process's OpenMP team,
             # beside a busy main thread, a replay build took up to 2 s (nereus.runtime.intraop)
-            intraop.one_intraop_thread()
+            if not intraop.one_intraop_thread():
+                log.debug("lowering ahead: torch's operators keep the process's intra-op threads here")
         except Exception as error:  # noqa: BLE001 - only slower without it
             log.debug("lowering ahead: one intra-op thread: %r", error)
         try:
@@ -387,6 +388,8 @@ class Ahead:
                 key, generator, lowered = self._current
                 self._stepping = True
             value, finished, failed = None, False, None
+            with suppress(Exception):  # again each step: a library's first use here may reset it
+                intraop.one_intraop_thread()
             started = time.monotonic()
             try:
                 with _short_switch():

@@ -1,5 +1,7 @@
-"""One intra-op thread for the calling thread alone: torch's CPU operators that this thread
-runs from then on stay on it, while the job's own threads keep their intra-op threads.
+"""One intra-op thread for the calling thread alone: torch's OpenMP-parallel CPU operators
+that this thread runs from then on stay on it, while the job's own threads keep their
+intra-op threads (MKL's and oneDNN's own thread counts are left alone: the replay tables
+use neither).
 
 Why: the lowering-ahead thread builds its replays' launch tables with torch operators on
 CPU tensors of 10^4-10^5 rows, which torch spreads over an OpenMP team as wide as the
@@ -8,68 +10,82 @@ machine. Beside a main thread busy building the job's state (one H200 host, 16 c
 build of a run took 0.86-1.98 s of the thread's own CPU time with that team (6 runs),
 0.16-0.25 s on one intra-op thread (2 runs), 0.22 s with OMP_NUM_THREADS=1 for the whole
 process; with nothing beside it, 0.13-0.27 s with the team (4 runs) and 0.14 s on one
-thread (1 run) (benchmarks/RESULTS.md, session 20). The time is the thread's own CPU in user mode, not waiting for the GIL: most likely
-the team's threads fall asleep while the two threads hand the GIL back and forth (every
-few milliseconds while a step runs: nereus.runtime.ahead), and each operator then spins
-until its team is awake again.
+thread (1 run) (benchmarks/RESULTS.md, session 20). The time is the thread's own CPU in
+user mode, not waiting for the GIL nor for the upload. The likely cause (not traced): the
+team's threads fall asleep while the two threads hand the GIL back and forth (every 0.5 ms
+while a step runs: nereus.runtime.ahead), and each operator then spins until its team is
+awake again.
 
 How: OpenMP keeps the team size per thread (the `nthreads-var` of each thread's own data
 environment), and torch reads it back (`torch.get_num_threads()` is `omp_get_max_threads()`
 once a thread's first operator has initialised it). `torch.set_num_threads` would also set
-the process-wide value that every thread started afterwards begins with, so this calls the
-OpenMP runtime torch is linked with (found among the process's mapped libraries) directly.
-Where torch's parallel backend is not OpenMP, or no OpenMP runtime is found, nothing
-changes."""
+the process-wide value that every thread started afterwards begins with, so this calls
+`omp_set_num_threads` of the OpenMP runtime torch is linked with directly: looked up
+through torch's own library first (its dependencies: the runtime it links, even where
+another package maps a copy of its own), then among the process's mapped OpenMP
+libraries; the first whose call shows in `torch.get_num_threads()` is kept. Where torch's
+parallel backend is not OpenMP, or no runtime answers, nothing changes."""
 
 from __future__ import annotations
 
 import ctypes
+import os
 import re
 import threading
-from typing import Optional
+from typing import Callable, Iterator
 
 import torch
 
 # the OpenMP runtimes torch builds link: GNU (its wheels on Linux), LLVM, Intel
 _OPENMP_LIBRARY = re.compile(r"/lib(gomp|omp|iomp5)[-.][^/]*so[^/]*$")
-_found: dict = {}
+_found: dict = {}  # "setter": the omp_set_num_threads that worked, or None (none did)
 _lock = threading.Lock()
+
+
+def openmp_backend() -> bool:
+    """Whether torch's CPU operators run on OpenMP (the backend with a team size per thread)."""
+    backend = torch.__config__.parallel_info().split("ATen parallel backend:")[-1].split("\n")[0]
+    return "OpenMP" in backend
 
 
 def one_intraop_thread() -> bool:
     """Make torch's CPU operators run on the calling thread alone, for this thread only;
-    True where that holds afterwards (`torch.get_num_threads() == 1` in this thread)."""
-    torch.get_num_threads()  # torch's per-thread first use sets the team size: before ours
-    library = _openmp()
-    if library is None:
-        return torch.get_num_threads() == 1
-    library.omp_set_num_threads(1)
-    return torch.get_num_threads() == 1
-
-
-def _openmp() -> Optional[ctypes.CDLL]:
-    """The OpenMP runtime torch's operators use, or None (not OpenMP, not found)."""
+    True where that holds afterwards (`torch.get_num_threads() == 1` in this thread).
+    Cheap once the runtime is found: callers may repeat it (a library's own first use
+    on this thread may set the team size again)."""
+    if torch.get_num_threads() == 1:  # (torch's per-thread first use sets it: before ours)
+        return True
     with _lock:
-        if "library" not in _found:
-            _found["library"] = _find()
-        return _found["library"]
+        if "setter" in _found:
+            setter = _found["setter"]
+            if setter is not None:
+                setter(1)
+            return torch.get_num_threads() == 1
+        for setter in _setters():
+            setter(1)
+            if torch.get_num_threads() == 1:
+                _found["setter"] = setter
+                return True
+        _found["setter"] = None
+        return False
 
 
-def _find() -> Optional[ctypes.CDLL]:
-    if "OpenMP" not in torch.__config__.parallel_info().split("ATen parallel backend:")[-1].split("\n")[0]:
-        return None
+def _setters() -> Iterator[Callable[[int], None]]:
+    """Candidates for the `omp_set_num_threads` torch's operators obey, most likely first:
+    through torch's CPU library (a symbol lookup there searches what it links), then each
+    mapped OpenMP library (Linux's /proc/self/maps). None where the backend is not OpenMP."""
+    if not openmp_backend():
+        return
+    paths = [os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")]
     try:
-        with open("/proc/self/maps") as maps:  # (Linux; elsewhere no per-thread setting is made)
-            paths = sorted({line.split()[-1] for line in maps if _OPENMP_LIBRARY.search(line.rstrip())})
+        with open("/proc/self/maps") as maps:
+            paths += sorted({line.split()[-1] for line in maps if _OPENMP_LIBRARY.search(line.rstrip())})
     except OSError:
-        return None
+        pass
     for path in paths:
         try:
-            library = ctypes.CDLL(path)  # already mapped: the same handle, nothing loaded twice
-        except OSError:
+            function = ctypes.CDLL(path).omp_set_num_threads  # mapped already: the same handle
+        except (OSError, AttributeError):
             continue
-        if hasattr(library, "omp_set_num_threads"):
-            library.omp_set_num_threads.argtypes = [ctypes.c_int]
-            library.omp_set_num_threads.restype = None
-            return library
-    return None
+        function.argtypes, function.restype = [ctypes.c_int], None
+        yield function

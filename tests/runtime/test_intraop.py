@@ -1,5 +1,6 @@
 """nereus.runtime.intraop: one intra-op thread for the calling thread, no other thread's."""
 
+import sys
 import threading
 
 import pytest
@@ -7,7 +8,8 @@ import torch
 
 from nereus.runtime import intraop
 
-OPENMP = "OpenMP" in torch.__config__.parallel_info().split("ATen parallel backend:")[-1].split("\n")[0]
+needs_openmp = pytest.mark.skipif(not (intraop.openmp_backend() and sys.platform.startswith("linux")),
+                                  reason="torch's parallel backend here is not OpenMP on Linux")
 
 
 def _in_thread(fn):
@@ -24,10 +26,11 @@ def two_threads():
     if before < 2:  # (a one-core machine: a team of 2 still tells one thread from the others)
         torch.set_num_threads(2)
     yield torch.get_num_threads()
-    torch.set_num_threads(before)
+    if before < 2:
+        torch.set_num_threads(before)
 
 
-@pytest.mark.skipif(not OPENMP, reason="torch's parallel backend here is not OpenMP")
+@needs_openmp
 def test_only_the_calling_thread_gets_one(two_threads):
     def ahead():
         made = intraop.one_intraop_thread()
@@ -41,7 +44,7 @@ def test_only_the_calling_thread_gets_one(two_threads):
     assert _in_thread(torch.get_num_threads) == two_threads  # and the team of a thread started later
 
 
-@pytest.mark.skipif(not OPENMP, reason="torch's parallel backend here is not OpenMP")
+@needs_openmp
 def test_a_thread_that_ran_operators_first(two_threads):
     def ahead():
         torch.ones(1 << 16).sum()  # torch's per-thread setup already done
@@ -51,6 +54,25 @@ def test_a_thread_that_ran_operators_first(two_threads):
     assert torch.get_num_threads() == two_threads
 
 
-def test_without_openmp_nothing_changes(monkeypatch, two_threads):
-    monkeypatch.setattr(intraop, "_found", {"library": None})
+@needs_openmp
+def test_a_runtime_that_does_not_answer_is_passed_over(monkeypatch, two_threads):
+    """Another package's copy of the OpenMP runtime mapped first: its setting does not
+    reach torch's operators, the next candidate's does, and that one is kept."""
+    tried = []
+    real = intraop._setters
+
+    def setters():
+        yield lambda n: tried.append(("other copy", n))
+        yield from real()
+
+    monkeypatch.setattr(intraop, "_setters", setters)
+    monkeypatch.setattr(intraop, "_found", {})
+    assert _in_thread(lambda: (intraop.one_intraop_thread(), torch.get_num_threads())) == (True, 1)
+    assert tried == [("other copy", 1)] and intraop._found["setter"] is not None
+    assert _in_thread(lambda: (intraop.one_intraop_thread(), torch.get_num_threads())) == (True, 1)
+    assert tried == [("other copy", 1)]  # the kept one, straight away
+
+
+def test_without_a_runtime_nothing_changes(monkeypatch, two_threads):
+    monkeypatch.setattr(intraop, "_found", {"setter": None})
     assert _in_thread(lambda: (intraop.one_intraop_thread(), torch.get_num_threads())) == (False, two_threads)
