@@ -2,7 +2,7 @@
 wall and CPU seconds (time.thread_time of the thread that ran it), and inside each replay
 step the host time of its parts (the launch tables' build, pinning, the copy's call, the
 wait for the upload). Why: in host_only.py's step log (session 20, one H200) a replay step
-took 0.2-1.3 s on the GPU host, against 0.07-0.15 s for the same build on a CPU box; this
+took 0.08-1.3 s on the GPU host, against 0.07-0.15 s for the same build on a CPU box; this
 says where the difference goes.
 
     cd benchmarks/multi_gpu
@@ -111,6 +111,29 @@ def run_pairs(module, device, pairs, totals: collections.Counter, out: list) -> 
             out.append(step)
 
 
+def build_beside(args, module, ms: str, device, cuda: bool) -> dict:
+    """What the main thread does while the steps run (`--beside`), timed from the
+    Runtime's construction: build and register plan A's state, or only allocate it."""
+    if args.beside == "none":
+        return {}
+    from nereus.backends.json_program import plan_units_json
+    from nereus.runtime import Runtime
+
+    at = time.perf_counter()
+    rt = Runtime(module, "A", device=device, ahead="off")
+    units, specs = plan_units_json(module, "A", ms), mr.stage_specs(module, ms)
+    step = mr.STEP if ms.endswith(".training") else None
+    if args.beside == "build":
+        local = build_local(units, 0, specs, args.seed, ms, device, step=step)
+        rt.register(ms, local)
+    else:  # (shards of several boxes left out: not a whole state, so not registered)
+        local = {name: torch.empty([hi - lo for lo, hi in boxes[0]], dtype=specs[name][1], device=device)
+                 for name, boxes in my_shards(units, 0).items() if len(boxes) == 1}
+    if cuda:
+        torch.cuda.synchronize(device)
+    return {"tensors": len(local), "seconds": time.perf_counter() - at}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--moe", default="train-ep2-tp2", choices=mr.case_names(2))
@@ -133,7 +156,6 @@ def main(argv=None) -> int:
     join_fake(0, 2)
 
     import nereus.ir as ir
-    from nereus.backends.json_program import plan_units_json
     from nereus.runtime import packing
 
     mem = torch.cuda.get_device_properties(device).total_memory if cuda else 141 * 10**9
@@ -162,6 +184,7 @@ def main(argv=None) -> int:
         except BaseException as error:  # noqa: BLE001 - reported in the JSON, the run fails
             errors.append(repr(error))
         finally:
+            team.append(torch.get_num_threads())  # still one after the steps?
             if profiler is not None:
                 profiler.disable()
                 profiler.dump_stats(args.profile)
@@ -169,26 +192,10 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     worker = threading.Thread(target=thread, name="thread-steps")
     worker.start()
-    beside: dict = {}
-    if args.beside != "none":
-        from nereus.runtime import Runtime
-
-        rt = Runtime(module, "A", device=device, ahead="off")
-        at = time.perf_counter()
-        units, specs = plan_units_json(module, "A", ms), mr.stage_specs(module, ms)
-        step = mr.STEP if ms.endswith(".training") else None
-        if args.beside == "build":
-            local = build_local(units, 0, specs, args.seed, ms, device, step=step)
-        else:
-            local = {name: torch.empty([hi - lo for lo, hi in boxes[0]], dtype=specs[name][1], device=device)
-                     for name, boxes in my_shards(units, 0).items() if len(boxes) == 1}
-        beside["tensors"] = len(local)
-        if args.beside == "build":  # (allocated shards of several boxes are left out: not a whole state)
-            rt.register(ms, local)
-        if cuda:
-            torch.cuda.synchronize(device)
-        beside["seconds"] = time.perf_counter() - at
-    worker.join()
+    try:
+        beside = build_beside(args, module, ms, device, cuda)
+    finally:  # (a failure here is raised once the thread is done)
+        worker.join()
     total_s = time.perf_counter() - started
     replays = [s for s in steps if s["what"] == "replay"]
     result = {"name": "thread_steps", "moe": args.moe, "layers": args.layers, "beside": args.beside,
