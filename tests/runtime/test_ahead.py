@@ -368,8 +368,8 @@ def test_steps_run_on_one_intra_op_thread_and_the_job_keeps_its_own():
     try:
         ahead.at_plan([("A", "B")])
         assert ahead.idle(30) and ahead.take("A", "B") == "AB"
-        assert seen == ([1, 1] if made[0] else [2, 2])
-        assert torch.get_num_threads() == 2
+        assert seen == ([1, 1] if made[0] else [max(before, 2), 2])
+        assert torch.get_num_threads() == max(before, 2)  # (16 on a 16-core host: seen there, session 20)
     finally:
         ahead.close()
         torch.set_num_threads(before)

@@ -10,10 +10,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # what each call's tree names were (the scripts callN/s20*.sh say the same)
 TREES = {"call1": {"warm": "46ae80c + 016016c", "new": "fdc873f"},
          "call4": {"head": "fdc873f", "new": "0e22fb1"},  # the working tree before its commit: the same
-         "call5": {"head": "fdc873f", "new": "0e22fb1"}}  # run at 2d5c300: 0e22fb1 + thread_steps.py
+         "call5": {"head": "fdc873f", "new": "0e22fb1"},  # run at 2d5c300: 0e22fb1 + thread_steps.py
+         "call6": {"head": "fdc873f", "new": "0e22fb1"},  # run at 69c50fa (results only since)
+         "call7": {"new": "6b2868a"}}  # 0e22fb1 + the review fixes (5a31897, 6b2868a)
 THREAD_STEPS = {"call2": "fdc873f, thread_steps.py before --intraop (the process's team)",
                 "call3": "fdc873f, as call 2, with getrusage",
-                "call4": "0e22fb1, thread_steps.py --intraop one or inherit"}
+                "call4": "0e22fb1, thread_steps.py --intraop one or inherit",
+                "call7": "6b2868a"}
 
 
 def first_calls():
@@ -28,8 +31,10 @@ def first_calls():
             if d.get("name") != "multi_gpu_host_only":
                 continue
             parts = name.split("_")
-            tree = next(p for p in parts if p in TREES[call])
-            cache = "empty" if "empty" in parts else "warm"
+            tree = next((p for p in parts if p in TREES[call]), "new")
+            # call 6's warm-up ran third, after the two empty-cache runs (their own cache
+            # directories): the default cache was still empty, so it counts as one
+            cache = "empty" if "empty" in parts or "warmup" in parts else "warm"
             warm = d["plain"]["a-b"]["call_s"]
             target = 2 * warm + 0.3
             cells, ok = [], 0
@@ -68,7 +73,7 @@ def thread_steps():
                 continue
             cpu = d["replay_cpu_s"]
             lowered = [s["wall_s"] for s in d["steps"] if s["what"] == "lowered"]
-            team = d.get("intraop_threads") or ["process's"]
+            team = d.get("intraop_threads") or (["1 (OMP_NUM_THREADS=1)"] if "omp1" in path else ["process's"])
             env = " (OMP_NUM_THREADS=1)" if "omp1" in path else " (expandable segments)" if "expandable" in path else ""
             print(f"| {call[4:]}, {os.path.basename(path)[:-5]} | {THREAD_STEPS[call]} | {d['beside']}{env} | "
                   f"{team[0]} | {min(cpu) * 1e3:.0f} / {statistics.median(cpu) * 1e3:.0f} / {max(cpu) * 1e3:.0f} | "
