@@ -40,6 +40,7 @@ from host_only import join_fake
 from mg_common import build_local, machine, my_shards
 
 PARTS = ("build", "pin", "copy", "wait")  # the parts of a replay step timed apart
+COUNTED = PARTS + ("bytes",)  # what instrument() adds up per thread
 # the thread's own resource use per step (getrusage(RUSAGE_THREAD)): CPU in user and kernel
 # mode, minor page faults, voluntary and involuntary context switches
 RUSAGE = (("user_s", "ru_utime"), ("sys_s", "ru_stime"), ("faults", "ru_minflt"), ("switches", "ru_nvcsw"),
@@ -63,7 +64,7 @@ def instrument(totals: collections.Counter) -> None:
         finally:
             add("build", time.perf_counter() - started)
 
-    def timed_upload(table, device):
+    def timed_upload(table, device):  # tables.upload's two steps, each timed (keep them alike)
         device = torch.device(device)
         if device.type != "cuda" or table.device.type != "cpu":
             return table.to(device)
@@ -96,7 +97,7 @@ def run_pairs(module, device, pairs, totals: collections.Counter, out: list) -> 
     for source, target in pairs:
         generator = ahead_steps.steps(module, 0, device, 1 << 20, False, None, source, target)
         while True:
-            before = {p: totals[(me, p)] for p in PARTS + ("bytes",)}
+            before = {p: totals[(me, p)] for p in COUNTED}
             usage = resource.getrusage(resource.RUSAGE_THREAD)
             wall, cpu = time.perf_counter(), time.thread_time()
             try:
@@ -107,7 +108,7 @@ def run_pairs(module, device, pairs, totals: collections.Counter, out: list) -> 
                     else _what(value), "wall_s": time.perf_counter() - wall, "cpu_s": time.thread_time() - cpu}
             now = resource.getrusage(resource.RUSAGE_THREAD)
             step.update({name: getattr(now, field) - getattr(usage, field) for name, field in RUSAGE})
-            step.update({p: totals[(me, p)] - before[p] for p in PARTS + ("bytes",) if totals[(me, p)] > before[p]})
+            step.update({p: totals[(me, p)] - before[p] for p in COUNTED if totals[(me, p)] > before[p]})
             out.append(step)
 
 
@@ -203,7 +204,7 @@ def main(argv=None) -> int:
               "device": str(device), "total_s": total_s, "beside_s": beside, "errors": errors, "steps": steps,
               "replay_wall_s": sorted(s["wall_s"] for s in replays),
               "replay_cpu_s": sorted(s["cpu_s"] for s in replays),
-              "replay_parts_s": {p: sum(s.get(p, 0.0) for s in replays) for p in PARTS + ("bytes",)},
+              "replay_parts_s": {p: sum(s.get(p, 0.0) for s in replays) for p in COUNTED},
               "machine": machine()}
     for s in steps:
         parts = " ".join(f"{p} {s[p] * 1e3:.0f}" for p in PARTS if p in s)
