@@ -19,7 +19,6 @@ import math
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -33,12 +32,6 @@ from nereus.ir.diagnostics import NereusError, env_number
 PREFIX = "@nereus-rl "  # same as nereus.rl.worker.PREFIX (not imported: it needs torch)
 FAILURE_TIMEOUT_S = 60.0
 STOP_GRACE_S = 10.0  # between SIGTERM and SIGKILL of the process group
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # what a run writes into its folder (nereus.rl.worker); an earlier run's copies go first
@@ -80,9 +73,11 @@ def launch(config: dict, nproc: int, out: str, progress_label: str, quiet: bool,
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
                PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-               "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
-               "-m", "nereus.rl.worker", path]
+    # --standalone: torchrun's agent binds its store's port itself (port 0), so no other
+    # process can take it between choosing and binding (a port chosen here could be);
+    # --local-addr: the workers reach that store at 127.0.0.1, not at a looked-up host name
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--local-addr", "127.0.0.1",
+               "--nproc-per-node", str(nproc), "-m", "nereus.rl.worker", path]
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 

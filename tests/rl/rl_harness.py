@@ -9,25 +9,22 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import socket
+import sys
 import tempfile
 import traceback
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# the ranks' rendezvous (tests/runtime/rank_rendezvous.py: rank 0 binds the store's port)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "runtime"))
+import rank_rendezvous  # noqa: E402
 
 
-def _child(rank, world, port, fn, args, queue):
+def _child(rank, world, chan, fn, args, queue):
     try:
         import torch
         import torch.distributed as dist
 
         torch.set_num_threads(1)
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        dist.init_process_group("gloo", rank=rank, world_size=world)
+        rank_rendezvous.init_group("gloo", rank, world, chan)
         result = fn(*args)
         dist.barrier()
         dist.destroy_process_group()
@@ -40,8 +37,8 @@ def run_world(world: int, fn, *args, timeout: float = 240.0):
     """fn(*args) on `world` gloo ranks; returns rank 0's return value."""
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_child, args=(r, world, port, fn, args, queue)) for r in range(world)]
+    chan = rank_rendezvous.channel(ctx)
+    procs = [ctx.Process(target=_child, args=(r, world, chan, fn, args, queue)) for r in range(world)]
     for p in procs:
         p.start()
     results, errors = {}, []

@@ -12,13 +12,13 @@ last transition of each after `prepare()`.
 
 from __future__ import annotations
 
-import os
-import socket
 import sys
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+import rank_rendezvous
 
 SOURCE = """
 cluster two { nodes 1 gpus_per_node 2 gpu { mem 80GB flops 989TFLOPS hbm 4.8TB/s } intra 900GB/s inter 25GB/s host_mem 1TB }
@@ -31,10 +31,9 @@ plan D { actor.training dp 1 tp 2      on 1, 0 }
 """
 
 
-def _worker(rank: int, world: int, port: int) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _worker(rank: int, world: int, chan) -> None:
     torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
+    rank_rendezvous.init_group("nccl", rank, world, chan, device_id=torch.device("cuda", rank))
     import nereus.ir as ir
     from nereus.runtime import Runtime, TransitionAborted
     from nereus.runtime.state import shard_of
@@ -77,8 +76,6 @@ def _worker(rank: int, world: int, port: int) -> None:
 
 
 if __name__ == "__main__":
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.start_processes(_worker, args=(2, port), nprocs=2, start_method="spawn")
+    mp.start_processes(_worker, args=(2, rank_rendezvous.channel(mp.get_context("spawn"))), nprocs=2,
+                       start_method="spawn")
     print("nccl smoke: ok")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import socket
 import tempfile
 import traceback
 
@@ -23,6 +22,8 @@ import torch.multiprocessing as mp
 from nereus.models import COLUMN, OPTIMIZER_STATES, REPLICATED, ROW, VOCAB, optimizer_name, \
     pp_layer_range, tensor_table
 from nereus.ir.model import DTYPE_BYTES
+
+import rank_rendezvous
 
 ELEM = dict(DTYPE_BYTES, int64=8)
 
@@ -200,24 +201,18 @@ def spawn_ok(fn, world: int, *args) -> list:
     return [res[1] for res in results]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def single_process_control():
     """A gloo group for a one-process test (world size 1; the default group is created
     on first use): the control group the executor agrees over, with no peer."""
     if not dist.is_initialized():
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+        store = dist.TCPStore(rank_rendezvous.HOST, 0, 1, is_master=True, wait_for_workers=False)
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     return dist.new_group(backend="gloo")
 
 
-def _worker(rank, world, port, fn, args, folder):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _worker(rank, world, chan, fn, args, folder):
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    rank_rendezvous.init_group("gloo", rank, world, chan)
     try:
         result = ("ok", fn(rank, world, *args))
     except BaseException as error:  # noqa: BLE001 - reported to the parent test
@@ -232,7 +227,8 @@ def spawn(fn, world: int, *args) -> list:
     """Run fn(rank, world, *args) on `world` gloo processes; return each rank's result.
     A rank that raised returns ("error", text); the test decides what that means."""
     with tempfile.TemporaryDirectory() as folder:
-        mp.start_processes(_worker, args=(world, free_port(), fn, args, folder), nprocs=world,
+        chan = rank_rendezvous.channel(mp.get_context("spawn"))
+        mp.start_processes(_worker, args=(world, chan, fn, args, folder), nprocs=world,
                            start_method="spawn", join=True)
         out = []
         for r in range(world):

@@ -7,13 +7,17 @@ from __future__ import annotations
 
 import os
 import pickle
-import socket
+import sys
 import tempfile
 import traceback
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+# the ranks' rendezvous (tests/runtime/rank_rendezvous.py: rank 0 binds the store's port)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "runtime"))
+import rank_rendezvous  # noqa: E402
 
 from nereus.ir.model import Cluster, GpuSpec, Model, ModelStage, Module, Placement, Plan, Workload
 
@@ -35,16 +39,9 @@ def sync_test_module(training: tuple, generation: tuple, *, gpus: int = 4, layer
     return Module(cluster, (actor,), workload, tuple(plans), ())
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _entry(rank: int, world: int, port: int, fn, args, out_dir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _entry(rank: int, world: int, chan, fn, args, out_dir: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    rank_rendezvous.init_group("gloo", rank, world, chan)
     try:
         result = ("ok", fn(rank, world, *args))
     except BaseException:  # noqa: BLE001 - report any failure to the parent
@@ -57,7 +54,8 @@ def _entry(rank: int, world: int, port: int, fn, args, out_dir: str) -> None:
 def launch(fn, world: int, *args) -> list:
     """Run fn(rank, world, *args) in `world` gloo processes; their return values by rank."""
     with tempfile.TemporaryDirectory() as out_dir:
-        mp.start_processes(_entry, args=(world, _free_port(), fn, args, out_dir), nprocs=world,
+        chan = rank_rendezvous.channel(mp.get_context("spawn"))
+        mp.start_processes(_entry, args=(world, chan, fn, args, out_dir), nprocs=world,
                            join=True, start_method="spawn")
         results = []
         for rank in range(world):
