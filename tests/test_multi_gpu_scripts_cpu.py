@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 
@@ -77,3 +78,55 @@ def test_a_variant_that_was_not_verified_fails_the_summary(tmp_path):
     bad = {"name": "multi_gpu_variants", "verified": {"default": {"tp-dp": True}, "packed": {"tp-dp": False}}}
     assert summarize._passed(good) and not summarize._passed(bad)
     assert summarize._passed({"passed": True, "verified": False}) and not summarize._passed({})
+
+
+def _summarize():
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks", "multi_gpu"))
+    try:
+        import summarize
+    finally:
+        sys.path.pop(0)
+    return summarize
+
+
+def test_the_summary_exits_1_unless_every_step_ran_and_passed(tmp_path, capsys):
+    summarize = _summarize()
+    (tmp_path / "failure_2.json").write_text(json.dumps({"name": "failure", "passed": True}))
+    (tmp_path / "steps.txt").write_text("failure_2 rc=0, 3s\n")
+    assert summarize.main([str(tmp_path)]) == 0
+    (tmp_path / "steps.txt").write_text("failure_2 rc=0, 3s\ncorrectness_2 rc=1, 0s\n")  # a step that did not run
+    assert summarize.main([str(tmp_path)]) == 1
+    (tmp_path / "steps.txt").write_text("failure_2 rc=0, 3s\n")
+    (tmp_path / "failure_2.json").write_text(json.dumps({"name": "failure", "passed": False}))
+    assert summarize.main([str(tmp_path)]) == 1  # ran, and its check failed
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert last["complete"] and not last["passed"]
+
+
+def test_the_failure_step_reads_no_error_report_of_an_earlier_run(tmp_path):
+    """A `nereus train` that cannot start writes no error report; the step must not time
+    the job's end from one an earlier run left in its run folder."""
+    name = f"failure_stale_{os.getpid()}"
+    stale = f"/tmp/nereus-{name}"
+    os.makedirs(os.path.join(stale, "old"), exist_ok=True)
+    with open(os.path.join(stale, "old", "error-rank1.json"), "w") as f:
+        json.dump({"time": 1.0, "rank": 1}, f)
+    with open(os.path.join(stale, "error-rank1.json"), "w") as f:
+        json.dump({"time": 1.0, "rank": 1}, f)
+    script = os.path.join(ROOT, "benchmarks", "multi_gpu", "run_all.sh")
+    text = open(script).read()
+    body = text[text.index("failure_step() {"):text.index("\n}\n", text.index("failure_step() {")) + 3]
+    out = tmp_path / "out"
+    out.mkdir()
+    # a job that ends before it starts (an invalid setting): no error report of this run
+    shell = f'PY={shlex.quote(sys.executable)}\nOUT_DIR={out}\nSTEPS={out}/steps.txt\nCPU_RANKS=2\n{body}\n' \
+            f'failure_step {name} 2 30\n'
+    env = dict(os.environ, NEREUS_FAILURE_TIMEOUT_S="soon",
+               PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    try:
+        subprocess.run(["bash", "-c", shell], capture_output=True, text=True, timeout=60, cwd=ROOT, env=env)
+        got = json.loads((out / f"{name}.json").read_text())
+    finally:
+        import shutil
+        shutil.rmtree(stale, ignore_errors=True)
+    assert got["seconds_after_failure"] is None and not got["passed"], got

@@ -99,6 +99,8 @@ run_step() {
 failure_step() {
   local name="$1" ranks="$2" cap="$3" backend="nccl"
   [ -n "$CPU_RANKS" ] && backend="gloo"
+  # an earlier run's error reports would time this job's end from their failure
+  rm -rf "/tmp/nereus-$name"
   local t0=$(date +%s.%N)
   NEREUS_STEP_FAULT=1:2 timeout -k 10 "$cap" "$PY" -c "from nereus.cli import nereus; nereus()" train examples/rl/grpo-cpu.nir --algo grpo \
     --nproc "$ranks" --steps 6 --backend "$backend" --json --out "/tmp/nereus-$name" \

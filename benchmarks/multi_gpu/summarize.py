@@ -158,8 +158,9 @@ def main(argv=None) -> int:
         json.dump({"steps": steps, "results": results}, f)
     complete = bool(steps) and all(status.startswith("rc=0") for status in steps.values())
     checked = bool(results) and all(_passed(r) for r in results.values())
-    print(json.dumps({"name": "multi_gpu_run_all", "steps": steps, "complete": complete, "passed": complete and checked}))
-    return 0
+    passed = complete and checked
+    print(json.dumps({"name": "multi_gpu_run_all", "steps": steps, "complete": complete, "passed": passed}))
+    return 0 if passed else 1  # (a script's `&&` must not go on after a failed or missing step)
 
 
 if __name__ == "__main__":
