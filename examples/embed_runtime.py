@@ -97,8 +97,11 @@ def main() -> None:
     dist.destroy_process_group()
 
 
-def _spawned(rank: int, world: int, port: int) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _spawned(rank: int, world: int, store_file: str) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world))
+    # a file store: the ranks of one machine meet without a port (one chosen up front
+    # could be taken by another process before rank 0 binds it)
+    dist.init_process_group("gloo", init_method=f"file://{store_file}", rank=rank, world_size=world)
     main()
 
 
@@ -106,11 +109,7 @@ if __name__ == "__main__":
     if "RANK" in os.environ:  # under torchrun
         main()
     else:
-        import socket
-
         import torch.multiprocessing as mp
 
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        mp.start_processes(_spawned, args=(4, port), nprocs=4, start_method="spawn")
+        with tempfile.TemporaryDirectory() as folder:
+            mp.start_processes(_spawned, args=(4, os.path.join(folder, "store")), nprocs=4, start_method="spawn")
