@@ -130,3 +130,14 @@ def test_the_failure_step_reads_no_error_report_of_an_earlier_run(tmp_path):
         import shutil
         shutil.rmtree(stale, ignore_errors=True)
     assert got["seconds_after_failure"] is None and not got["passed"], got
+
+
+def test_the_summary_judges_only_this_runs_steps(tmp_path, capsys):
+    """run_all.sh starts steps.txt afresh but leaves an earlier run's JSON in the folder
+    (a default run, then `--only offload` into the same OUT): that one is not this run's."""
+    summarize = _summarize()
+    (tmp_path / "failure_2.json").write_text(json.dumps({"name": "failure", "passed": True}))
+    (tmp_path / "reshard_2.json").write_text(json.dumps({"name": "failure", "passed": False}))  # an earlier run's
+    (tmp_path / "steps.txt").write_text("failure_2 rc=0, 3s\n")
+    assert summarize.main([str(tmp_path)]) == 0
+    assert "reshard_2" not in capsys.readouterr().out

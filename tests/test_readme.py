@@ -113,25 +113,27 @@ def test_embedding_snippet_runs_under_torchrun(tmp_path):
     _check_ranks(result.stdout, 2)
 
 
-def _port_below_ephemeral_range() -> int:
+def _port_outside_ephemeral_range() -> int:
     """A port that is free now and that no other process's connect() or bind(0) can take
-    before the head agent binds it: below the kernel's ephemeral range. (The port of
+    before the head agent binds it: outside the kernel's ephemeral range. (The port of
     bind(0) is in that range, where the gloo connections of tests running beside this one
     take theirs: a port chosen that way can be gone seconds later.)"""
     try:
-        low = int(pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
+        low, high = map(int, pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[:2])
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    # below the range where there is room (a range can start at 1024), else above it
+    outside = range(max(1024, low // 2), low) if low > 2048 else range(high + 1, 65536)
     rng = random.Random(os.getpid())
-    for _ in range(100):
-        port = rng.randrange(max(1024, low // 2), low)
+    for _ in range(100 if outside else 0):
+        port = rng.choice(outside)
         with socket.socket() as s:
             try:
-                s.bind(("127.0.0.1", port))
+                s.bind(("", port))  # (the store's server listens on every address)
             except OSError:
                 continue
             return port
-    raise RuntimeError(f"no free port below the ephemeral range (starts at {low})")
+    raise RuntimeError(f"no free port outside the ephemeral range {low}-{high}")
 
 
 @pytest.mark.multiprocess
@@ -139,7 +141,7 @@ def test_two_torchrun_agents_play_two_nodes(tmp_path):
     (line,) = [b.strip() for b in _section("Running on a cluster", "bash") if b.startswith("torchrun --nnodes")]
     assert "--nnodes 2 --nproc-per-node 1" in line
     script = _snippet(tmp_path)
-    command = (line.replace("torchrun", TORCHRUN, 1).replace("29500", str(_port_below_ephemeral_range()))
+    command = (line.replace("torchrun", TORCHRUN, 1).replace("29500", str(_port_outside_ephemeral_range()))
                .replace("embed.py", shlex.quote(str(script))))
     env = {**_env(), "HEAD_NODE": "127.0.0.1"}
     agents = [subprocess.Popen(command, shell=True, cwd=ROOT, env=env, stdout=subprocess.PIPE,

@@ -152,6 +152,8 @@ def main(argv=None) -> int:
                 step, _, status = line.strip().partition(" ")
                 steps[step] = status
     results = load(folder)
+    if steps:  # this run's steps only: steps.txt starts afresh, an earlier run's JSON stays
+        results = {k: r for k, r in results.items() if k.removesuffix(" (partial)") in steps}
     text = lines(results, steps)
     print("\n".join(text))
     with open(os.path.join(folder, "summary.json"), "w") as f:

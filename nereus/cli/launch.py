@@ -19,6 +19,7 @@ import math
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -32,6 +33,39 @@ from nereus.ir.diagnostics import NereusError, env_number
 PREFIX = "@nereus-rl "  # same as nereus.rl.worker.PREFIX (not imported: it needs torch)
 FAILURE_TIMEOUT_S = 60.0
 STOP_GRACE_S = 10.0  # between SIGTERM and SIGKILL of the process group
+
+
+def torch_version() -> tuple:
+    """(major, minor) of the installed torch, read without importing it; (0, 0) if unknown."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        found = re.match(r"(\d+)\.(\d+)", version("torch"))
+    except PackageNotFoundError:
+        return (0, 0)
+    return (int(found[1]), int(found[2])) if found else (0, 0)
+
+
+def torchrun_command(nproc: int, torch_at: Optional[tuple] = None) -> list:
+    """torchrun for `nproc` workers on this host (the script and its arguments follow).
+
+    From torch 2.6: a c10d rendezvous at 127.0.0.1 port 0, so the agent binds its stores'
+    ports itself and no other process can take one between its choice and its bind (with
+    two test workers beside, every gloo connection takes an ephemeral port); --local-addr
+    hands the workers 127.0.0.1 rather than a looked-up host name. Before 2.6 the workers'
+    store port is chosen and bound later anyway, and their address is the host's name, so
+    there: the static rendezvous on a port chosen here (a race of torchrun's start-up)."""
+    head = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc)]
+    if (torch_at or torch_version()) >= (2, 6):
+        return head + ["--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--rdzv-id",
+                       f"nereus-{os.getpid()}-{time.monotonic_ns()}", "--local-addr", "127.0.0.1"]
+    return head + ["--master-addr", "127.0.0.1", "--master-port", str(_free_port())]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 # what a run writes into its folder (nereus.rl.worker); an earlier run's copies go first
@@ -73,11 +107,7 @@ def launch(config: dict, nproc: int, out: str, progress_label: str, quiet: bool,
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
                PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
-    # --standalone: torchrun's agent binds its store's port itself (port 0), so no other
-    # process can take it between choosing and binding (a port chosen here could be);
-    # --local-addr: the workers reach that store at 127.0.0.1, not at a looked-up host name
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--local-addr", "127.0.0.1",
-               "--nproc-per-node", str(nproc), "-m", "nereus.rl.worker", path]
+    command = torchrun_command(nproc) + ["-m", "nereus.rl.worker", path]
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 

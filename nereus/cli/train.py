@@ -3,12 +3,12 @@
     nereus train examples/rl/ppo-cpu.nir --algo ppo --nproc 4 --steps 9 --events "3:S2,6:S3"
 
 The command parses and checks the plan file itself (errors point at the source, no
-traceback), writes OUT/config.json, starts `python -m torch.distributed.run` on a free
-port (gloo on CPU) and turns the workers' `@nereus-rl` lines into a progress bar. At the
-end it prints a summary (steps, step time, transitions, bytes moved, transition share of
-run time); `--control` also runs the same seeds without transitions and reports the
-largest step-by-step differences, the final-weight difference and a reward/KL plot;
-`--json` prints one JSON object as the last line of stdout.
+traceback), writes OUT/config.json, starts `python -m torch.distributed.run` on this host
+(its agent binds its own port; gloo on CPU) and turns the workers' `@nereus-rl` lines
+into a progress bar. At the end it prints a summary (steps, step time, transitions, bytes
+moved, transition share of run time); `--control` also runs the same seeds without
+transitions and reports the largest step-by-step differences, the final-weight difference
+and a reward/KL plot; `--json` prints one JSON object as the last line of stdout.
 """
 
 from __future__ import annotations

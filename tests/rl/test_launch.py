@@ -226,3 +226,21 @@ def test_the_guard_never_signals_a_process_that_reuses_a_freed_pid(monkeypatch, 
     finally:
         other.kill()
         other.wait()
+
+
+def test_torchrun_binds_its_own_store_ports_from_torch_2_6():
+    """A port chosen here and bound by torchrun seconds later can be taken in between (CI
+    lost a run to EADDRINUSE that way): from torch 2.6 the agent binds port 0 itself and
+    hands the workers 127.0.0.1; before, the static rendezvous on a port chosen here."""
+    def value(command, flag):
+        return command[command.index(flag) + 1]
+
+    new = launch.torchrun_command(4, (2, 13))
+    assert new[1:3] == ["-m", "torch.distributed.run"] and value(new, "--nproc-per-node") == "4"
+    assert value(new, "--rdzv-backend") == "c10d" and value(new, "--rdzv-endpoint") == "127.0.0.1:0"
+    assert value(new, "--local-addr") == "127.0.0.1" and value(new, "--nnodes") == "1"
+    assert "--master-port" not in new and "--standalone" not in new  # (--standalone: "localhost", a name)
+    assert value(new, "--rdzv-id") != value(launch.torchrun_command(4, (2, 13)), "--rdzv-id")
+    old = launch.torchrun_command(2, (2, 5))
+    assert value(old, "--master-addr") == "127.0.0.1" and int(value(old, "--master-port")) > 0
+    assert "--rdzv-backend" not in old and launch.torch_version() >= (2, 4)
