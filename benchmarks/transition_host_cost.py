@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import pickle
-import socket
 import statistics
 import sys
 import tempfile
@@ -79,8 +78,7 @@ def _count_control(rt) -> dict:
     return counts
 
 
-def _worker(rank: int, world: int, port: int, args, folder: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _worker(rank: int, world: int, args, folder: str) -> None:
     import time
 
     import torch
@@ -90,7 +88,8 @@ def _worker(rank: int, world: int, port: int, args, folder: str) -> None:
     from nereus.runtime import Runtime
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    # the ranks meet through a file: a port picked in the parent could be taken before rank 0 binds it
+    dist.init_process_group("gloo", init_method="file://" + os.path.join(folder, "store"), rank=rank, world_size=world)
     module = ir.parse_source(SOURCE.format(layers=args.layers), "host_cost.nir")
     park = ("cpu",) if args.rollback != "device" else ("cuda",)  # "auto"/"host": the GPU default's host path
     rt = Runtime(module, "A", rank=rank, world_size=world, verify_programs=False, rollback=args.rollback,
@@ -104,10 +103,6 @@ def _worker(rank: int, world: int, port: int, args, folder: str) -> None:
     order = ["B", "A"]
     for k in range(args.warmup):  # compiles and lowers both directions
         rt.transition(order[k % 2])
-    pieces = {}
-    for key, prog in rt._lowered.items():
-        pieces[f"{key[0]}->{key[1]}"] = sum(len(m.pieces) for w in prog.rounds for m in w.sends + w.recvs) \
-            + sum(len(w.copies) + len(w.aliases) for w in prog.rounds)
     counts = _count_control(rt)
     profiler = None
     if args.profile and rank == 0:
@@ -129,6 +124,11 @@ def _worker(rank: int, world: int, port: int, args, folder: str) -> None:
             profiler.disable()
         control = sum(counts.values()) - counts_before
         times[f"{source}->{target}"].append((elapsed, control, cpu))
+    # both directions are lowered by now, also with --warmup 0 or 1
+    pieces = {}
+    for key, prog in rt._lowered.items():
+        pieces[f"{key[0]}->{key[1]}"] = sum(len(m.pieces) for w in prog.rounds for m in w.sends + w.recvs) \
+            + sum(len(w.copies) + len(w.aliases) for w in prog.rounds)
     if profiler is not None:
         import io
         import pstats
@@ -153,11 +153,8 @@ def main(argv=None) -> dict:
     import torch.multiprocessing as mp
 
     world = 2
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as folder:
-        mp.start_processes(_worker, args=(world, port, args, folder), nprocs=world, start_method="spawn", join=True)
+        mp.start_processes(_worker, args=(world, args, folder), nprocs=world, start_method="spawn", join=True)
         ranks = [pickle.load(open(os.path.join(folder, f"{r}.pkl"), "rb")) for r in range(world)]
     cases = []
     for case in ("A->B", "B->A"):

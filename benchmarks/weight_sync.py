@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import platform
-import socket
 import statistics
 import sys
 import tempfile
@@ -117,14 +116,13 @@ def gather_then_broadcast_bucketed(module: Module, plan: str, local: dict, *, en
     return (shard_unit(target, rank, full) if target is not None else {}), sent, received
 
 
-def _rank(rank: int, world: int, port: int, args, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _rank(rank: int, world: int, store: str, args, out: str) -> None:
     nccl = args.backend == "nccl"
     if nccl:
         torch.cuda.set_device(rank)
     else:
         torch.set_num_threads(1)
-    dist.init_process_group(args.backend, rank=rank, world_size=world)
+    dist.init_process_group(args.backend, init_method=store, rank=rank, world_size=world)
     device = torch.device("cuda", rank) if nccl else torch.device("cpu")
     from nereus.backends.json_program import placement_units
     from nereus.models import tensor_table
@@ -207,13 +205,19 @@ def main() -> None:
                                                          vocab=8192, dtype="fp32")),
                         help="llama shape as JSON (layers, hidden, heads, kv_heads, ffn, vocab, dtype)")
     args = parser.parse_args()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    for case in args.cases.split(","):
+        if case not in CASES:
+            parser.error(f"unknown case {case!r} (known: {', '.join(CASES)})")
+        sizes = [dp * tp * pp for dp, tp, pp in CASES[case][:2]]
+        if any(args.world % size for size in sizes):  # each layout is scaled to the world by its dp
+            parser.error(f"case {case}: --world {args.world} is not a multiple of its layouts' "
+                         f"{' and '.join(map(str, sizes))} GPUs")
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")
+        # the ranks meet through a file: a port picked here could be taken before rank 0 binds it
+        store = "file://" + os.path.join(tmp, "store")
         started = time.perf_counter()
-        mp.start_processes(_rank, args=(args.world, port, args, out), nprocs=args.world, join=True,
+        mp.start_processes(_rank, args=(args.world, store, args, out), nprocs=args.world, join=True,
                            start_method="spawn")
         with open(out) as f:
             cases = json.load(f)

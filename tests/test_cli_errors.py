@@ -29,7 +29,7 @@ plan A { m.training dp 2 on 0..1 }
 
 
 def nereusc(*args, cwd=None):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}
     env.pop("NEREUS_TRACEBACK", None)
     return subprocess.run([sys.executable, "-m", "nereus.cli", *map(str, args)], cwd=cwd, env=env,
                           capture_output=True, text=True)
@@ -189,7 +189,7 @@ def test_a_pipeline_error_is_said_once_and_summary_checks_only_the_plans_it_summ
 def test_python_dash_m_usage_lines_say_how_to_run_it_again():
     """`python -m nereus.cli runtime train --help` printed `python -m nereus.cli train`,
     which runs the compiler."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}
     out = subprocess.run([sys.executable, "-m", "nereus.cli", "runtime", "train", "--help"], env=env,
                          capture_output=True, text=True).stdout
     assert out.startswith("Usage: python -m nereus.cli runtime train [OPTIONS] PLAN_FILE")

@@ -18,7 +18,7 @@ PPO = ROOT / "examples" / "ppo-8b.nir"
 
 def test_unquoted_colon_form_works_through_a_real_shell(tmp_path):
     # `S1->S2` unquoted would be `S1-` plus a redirect into a file named `S2`
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}
     command = f"{sys.executable} -m nereus.cli {PPO} --transition S1:S2 --emit json -o program.json"
     result = subprocess.run(command, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr

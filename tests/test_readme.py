@@ -22,7 +22,7 @@ SAMPLE = "$ nereusc examples/ppo-8b.nir\n"
 
 
 def _env() -> dict:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))), "OMP_NUM_THREADS": "1"}
     env.pop("NEREUS_TRACEBACK", None)
     return env
 

@@ -12,7 +12,7 @@ PLAN = os.path.join(ROOT, "examples", "rl", "grpo-cpu.nir")
 
 
 def _nereus(*args):
-    env = dict(os.environ, PYTHONPATH=ROOT)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (ROOT, os.environ.get("PYTHONPATH")))))
     return subprocess.run([sys.executable, "-c", "from nereus.cli import nereus; nereus()", "train", *args],
                           capture_output=True, text=True, env=env, timeout=300)
 

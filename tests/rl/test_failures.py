@@ -20,7 +20,7 @@ pytestmark = pytest.mark.multiprocess
 
 
 def _train(tmp_path, *extra):
-    env = dict(os.environ, PYTHONPATH=ROOT, NEREUS_STEP_FAULT="1:2", NEREUS_FAILURE_TIMEOUT_S="60")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (ROOT, os.environ.get("PYTHONPATH")))), NEREUS_STEP_FAULT="1:2", NEREUS_FAILURE_TIMEOUT_S="60")
     started = time.perf_counter()
     run = subprocess.run([sys.executable, "-c", "from nereus.cli import nereus; nereus()", "train", PLAN,
                           "--algo", "grpo", "--nproc", "2", "--steps", "6", "--out", str(tmp_path), *extra],
@@ -55,7 +55,7 @@ def test_a_rank_that_stalls_ends_the_job_after_the_collective_timeout(tmp_path):
 
     from nereus.cli.launch import descendants
 
-    env = dict(os.environ, PYTHONPATH=ROOT, NEREUS_COLLECTIVE_TIMEOUT_S="5", NEREUS_FAILURE_TIMEOUT_S="10")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (ROOT, os.environ.get("PYTHONPATH")))), NEREUS_COLLECTIVE_TIMEOUT_S="5", NEREUS_FAILURE_TIMEOUT_S="10")
     proc = subprocess.Popen([sys.executable, "-c", "from nereus.cli import nereus; nereus()", "train", PLAN,
                              "--algo", "grpo", "--nproc", "2", "--steps", "100000", "--out", str(tmp_path)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)

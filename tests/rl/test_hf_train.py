@@ -157,7 +157,7 @@ def _final_equals_checkpoint(root: str, final_state: str) -> bool:
 
 
 def test_nereus_train_with_a_transition_keeps_the_checkpoint_at_lr_0(run_dir, tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))))
     run = subprocess.run([sys.executable, "-c", "from nereus.cli import nereus; nereus()", "train",
                           str(run_dir / "plan.nir"), "--nproc", "2", "--steps", "2", "--events", "1:S2",
                           "--lr", "0", "--out", str(tmp_path), "--json"],
@@ -201,7 +201,7 @@ def _train_refused(root):
     (root / "plan.nir").write_text(PLAN)
     return subprocess.run([sys.executable, "-c", "from nereus.cli import nereus; nereus()", "train",
                            str(root / "plan.nir"), "--nproc", "2", "--steps", "2", "--out", str(root / "out")],
-                          capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120)
+                          capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))), timeout=120)
 
 
 def test_a_checkpoint_too_small_for_the_task_is_refused_before_launch(tmp_path):

@@ -143,14 +143,14 @@ def test_a_bad_runtime_setting_is_named_before_any_process_starts(tmp_path):
     import pathlib
 
     root = pathlib.Path(__file__).parents[2]
-    env = dict(os.environ, PYTHONPATH=str(root), NEREUS_P2P_DEPTH="0")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (str(root), os.environ.get("PYTHONPATH")))), NEREUS_P2P_DEPTH="0")
     for name, value, message in (("NEREUS_P2P_GROUPS", "abc", "NEREUS_P2P_GROUPS='abc': must be a whole number"),
                                  ("NEREUS_STEP_FAULT", "x", "NEREUS_STEP_FAULT='x': must be RANK:STEP"),
                                  ("NEREUS_FAULT", "1:0", "NEREUS_FAULT='1:0': must be RANK:ROUND:PHASE")):
         run = subprocess.run([sys.executable, "-c", "from nereus.cli import nereus; nereus()", "train",
                               str(root / "examples" / "rl" / "grpo-cpu.nir"), "--algo", "grpo", "--steps", "1",
                               "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=120,
-                             env=dict(os.environ, PYTHONPATH=str(root), **{name: value}))
+                             env=dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (str(root), os.environ.get("PYTHONPATH")))), **{name: value}))
         assert run.returncode == 2 and message in run.stderr, run.stderr  # read later: checked before launch
     run = subprocess.run([sys.executable, "-c", "from nereus.cli import nereus; nereus()", "train",
                           str(root / "examples" / "rl" / "grpo-cpu.nir"), "--algo", "grpo", "--nproc", "2",

@@ -252,7 +252,7 @@ def _nereusc(*args):
 
     root = Path(__file__).parents[2]
     return subprocess.run([sys.executable, "-m", "nereus.cli", *map(str, args)], capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=str(root)), timeout=120)
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (str(root), os.environ.get("PYTHONPATH"))))), timeout=120)
 
 
 @pytest.mark.parametrize("extra, located, message", [
