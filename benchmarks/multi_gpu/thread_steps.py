@@ -91,7 +91,7 @@ def instrument(totals: collections.Counter) -> None:
 def run_pairs(module, device, pairs, totals: collections.Counter, out: list) -> None:
     """Each pair's steps, one after another, each step timed (appended to `out`)."""
     from nereus.runtime import ahead_steps
-    from nereus.runtime.ahead import _what
+    from nereus.runtime.ahead_steps import step_name as _what
 
     me = threading.get_ident()
     for source, target in pairs:

@@ -59,19 +59,20 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 import time
-import weakref
 from collections import OrderedDict, deque
 from contextlib import contextmanager, suppress
 from typing import Callable, Iterator, Optional
 
-from nereus.ir.diagnostics import NereusError, env_number
+from nereus.ir.diagnostics import NereusError
 
+from . import ahead_threads as threads
 from . import intraop
 # the steps of one transition (and their protocol's sentinels), importable from here too
-from .ahead_steps import LATER, LOWERER_POLL_S, WAITING, Lowered, LoweringFailed, lower_part, steps
+from .ahead_steps import (LATER, LOWERER_POLL_S, WAITING, Lowered, LoweringFailed, close_steps, first_value,
+                          lower_part, step_name, steps)
+from .ahead_threads import paused_all
 
 log = logging.getLogger("nereus.ahead")
 MODES = ("auto", "on", "off")
@@ -117,8 +118,7 @@ class Ahead:
         # start, seconds) per step, the latest STEP_LOG of them (where a first call's wait went)
         self.step_log: deque = deque(maxlen=STEP_LOG)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        with _LIVE_LOCK:
-            _LIVE.add(self)
+        threads.register(self)
         self._thread.start()
 
     # -- the main thread ------------------------------------------------------------------
@@ -170,7 +170,7 @@ class Ahead:
     @contextmanager
     def paused(self):
         """No step runs while the block runs; entering waits for the step in progress."""
-        with _pausing([self]):
+        with threads.pausing([self]):
             yield self
 
     def _hold(self) -> None:
@@ -209,7 +209,7 @@ class Ahead:
                 generator = self._later.pop(key)  # (out of reach of close() while the caller runs it)
                 if key in self._replaying:
                     self._finish_in_caller(key, generator, wait_s)
-                _close(generator)
+                close_steps(generator)
                 self._unpark(key)
             elif key in self._queue and key not in self._done and self._asked(key):
                 # not started by the thread, but the lowering process has it (expect): its steps run here
@@ -235,7 +235,7 @@ class Ahead:
         """(Holding the thread.) Run `generator` to its lowering here, at most `wait_s`
         (with the lock released; the thread is held: idle() and close() see a step)."""
         with self._stepping_here():
-            value = _first_value(generator, wait_s)
+            value = first_value(generator, wait_s)
         if value is not None:
             self._done[key] = value
 
@@ -265,7 +265,7 @@ class Ahead:
             while not over:
                 started, what = time.monotonic(), "end"
                 try:
-                    what = _what(next(generator))
+                    what = step_name(next(generator))
                 except StopIteration:
                     over = True
                 except Exception as error:  # noqa: BLE001 - the call builds what is missing (or takes the per-call path)
@@ -314,7 +314,7 @@ class Ahead:
             if self._current is not None and not self._stepping:
                 self._drop_current()
             while self._later:
-                _close(self._later.popitem(last=False)[1])
+                close_steps(self._later.popitem(last=False)[1])
 
     @property
     def alive(self) -> bool:
@@ -336,13 +336,13 @@ class Ahead:
         self._current = None
         self._past_later.discard(key)
         self._replaying.discard(key)
-        _close(generator)
+        close_steps(generator)
 
     def _unpark(self, key) -> None:
         """(Holding the lock.) Close the parked generator of `key`, if any."""
         self._past_later.discard(key)
         self._replaying.discard(key)
-        _close(self._later.pop(key, None))
+        close_steps(self._later.pop(key, None))
 
     def _first_call_work_waits(self) -> bool:
         """(Holding the lock.) Whether a wanted pair's first-call work is still to do: one
@@ -368,8 +368,7 @@ class Ahead:
         try:
             self._loop()
         finally:  # paused_all waits for a thread's steps as long as it runs, closed or not
-            with _LIVE_LOCK:
-                _LIVE.discard(self)
+            threads.unregister(self)
 
     def _loop(self) -> None:
         while True:
@@ -392,7 +391,7 @@ class Ahead:
                 intraop.one_intraop_thread()
             started = time.monotonic()
             try:
-                with _short_switch():
+                with threads.short_switch():
                     if generator is None:
                         generator = self._steps(*key)
                     value = next(generator)
@@ -410,13 +409,13 @@ class Ahead:
                 self._stepping = False
                 if self._closed:  # closed during the step (close() gave up waiting): nothing is kept
                     self._current = None
-                    _close(generator)
+                    close_steps(generator)
                     self._cv.notify_all()
                     return
                 now_lowered = lowered or (not finished and failed is None and value is not WAITING
                                           and value is not LATER)
                 what = "failed" if failed is not None else "end" if finished else \
-                    "lowered" if now_lowered and not lowered else _what(value)
+                    "lowered" if now_lowered and not lowered else step_name(value)
                 self.step_log.append((*key, "thread", what, started, seconds))
                 self._current = None if finished else (key, generator, now_lowered)
                 if key in self._past_later and value is not LATER and not finished:
@@ -436,118 +435,10 @@ class Ahead:
                 self._cv.notify_all()
 
 
-_LIVE: "weakref.WeakSet[Ahead]" = weakref.WeakSet()  # those whose thread runs (it takes itself out)
-_LIVE_LOCK = threading.Lock()  # (a WeakSet copied while another thread adds to it raises)
 # lowered pairs kept while not in the work list (each a RankProgram of up to ~10^5 objects,
 # which every full garbage collection scans, and its replays' device tables)
 KEEP_UNWANTED = 8
 STEP_LOG = 512  # steps Ahead.step_log keeps
-
-
-# The GIL's switch interval while a step runs (NEREUS_AHEAD_SWITCH_MS; 0: left as it is).
-# Why: a step is Python (the execution plan, the replays' tables) and the training loop
-# beside it gives up the GIL at every call that releases it (a kernel launch, a copy); it
-# then waits for the step to give it back, up to the interval each time (5 ms by default).
-SWITCH_S = env_number("NEREUS_AHEAD_SWITCH_MS", 0.5, 0.0, float) / 1e3
-_switch = {"lock": threading.Lock(), "steps": 0, "saved": None, "set": None}
-
-
-@contextmanager
-def _short_switch():
-    """sys.setswitchinterval(SWITCH_S) while any runtime's step runs (never raised above
-    what it was), the interval found before restored after the last one ends (unless the
-    job set another meanwhile)."""
-    if SWITCH_S <= 0:
-        yield
-        return
-    with _switch["lock"]:
-        if _switch["steps"] == 0:
-            _switch["saved"] = sys.getswitchinterval()
-            sys.setswitchinterval(min(SWITCH_S, _switch["saved"]))
-            _switch["set"] = sys.getswitchinterval()  # (whole microseconds: not always what was asked)
-        _switch["steps"] += 1
-    try:
-        yield
-    finally:
-        with _switch["lock"]:
-            _switch["steps"] -= 1
-            if _switch["steps"] == 0 and sys.getswitchinterval() == _switch["set"]:
-                sys.setswitchinterval(_switch["saved"])  # (one the job set meanwhile is its own)
-
-
-def paused_all():
-    """No step of any lowering-ahead thread of this process runs while the block runs
-    (entering waits for the steps in progress): a transition of one runtime, or a weight
-    sync, beside another runtime's thread would share the GIL with its steps."""
-    with _LIVE_LOCK:
-        live = list(_LIVE)
-    # (called from a step, its own thread would wait for itself)
-    return _pausing([a for a in live if a._thread is not threading.current_thread()])
-
-
-@contextmanager
-def _pausing(aheads: list):
-    """Every thread of `aheads` held before any step in progress is waited for (held one
-    by one, a thread would go on stepping while another's step is waited for); an
-    interrupted wait leaves none of them paused."""
-    held = []
-    try:
-        for ahead in aheads:
-            ahead._hold()
-            held.append(ahead)
-        for ahead in held:
-            ahead._wait_step()
-        yield
-    finally:
-        for ahead in held:
-            ahead._release()
-
-
-def _what(value) -> str:
-    """What a step was, for the step log: WAITING, LATER and the steps' names are strings
-    ("plan", "replay", ...); any other value is a "step"."""
-    return value if isinstance(value, str) else "step"
-
-
-def _close(generator) -> None:
-    """Close a started step generator (its cleanup failing loses nothing)."""
-    try:
-        if generator is not None:
-            generator.close()
-    except Exception:  # noqa: BLE001
-        pass
-
-
-def _first_value(generator, wait_s: float):
-    """Run `generator` to its first value other than WAITING (its lowering); None where it
-    ends or raises first, or is still WAITING after `wait_s` (the caller then lowers
-    itself, and raises there)."""
-    end = time.monotonic() + wait_s
-    try:
-        while True:
-            value = next(generator)
-            if value is not WAITING and value is not LATER:
-                return value
-            if time.monotonic() >= end:
-                log.debug("lowering ahead: still waiting for the lowering process after %.1f s", wait_s)
-                return None
-    except Exception as error:  # noqa: BLE001 - StopIteration too: the caller lowers (and raises) itself
-        log.debug("lowering ahead failed: %r", error)
-        return None
-
-
-def _after_fork_in_child() -> None:
-    global _LIVE_LOCK
-    _LIVE_LOCK = threading.Lock()  # (perhaps held by a parent's thread at the fork)
-    for ahead in list(_LIVE):
-        ahead._after_fork_in_child()
-    if _switch["steps"]:  # forked in the middle of a step: the child has no step running
-        sys.setswitchinterval(_switch["saved"])
-    _switch.update(lock=threading.Lock(), steps=0, saved=None, set=None)
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 __all__ = ["LATER", "LOWERER_POLL_S", "MODES", "WAITING", "Ahead", "Lowered", "LoweringFailed", "ahead_mode", "lower_part",

@@ -141,3 +141,38 @@ def _compile_each(packer, variants, device, stream) -> Iterator:
             with torch.cuda.device(device), torch.cuda.stream(stream):
                 packer.compile({variant}, device)
             yield "compile"
+
+
+# -- running the generator (the thread and the caller alike) --------------------------------
+
+def step_name(value) -> str:
+    """What a step was, for the step log: WAITING, LATER and the steps' names are strings
+    ("plan", "replay", ...); any other value is a "step"."""
+    return value if isinstance(value, str) else "step"
+
+
+def close_steps(generator) -> None:
+    """Close a started step generator (its cleanup failing loses nothing)."""
+    try:
+        if generator is not None:
+            generator.close()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def first_value(generator, wait_s: float):
+    """Run `generator` to its first value other than WAITING (its lowering); None where it
+    ends or raises first, or is still WAITING after `wait_s` (the caller then lowers
+    itself, and raises there)."""
+    end = time.monotonic() + wait_s
+    try:
+        while True:
+            value = next(generator)
+            if value is not WAITING and value is not LATER:
+                return value
+            if time.monotonic() >= end:
+                log.debug("lowering ahead: still waiting for the lowering process after %.1f s", wait_s)
+                return None
+    except Exception as error:  # noqa: BLE001 - StopIteration too: the caller lowers (and raises) itself
+        log.debug("lowering ahead failed: %r", error)
+        return None

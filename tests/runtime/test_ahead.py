@@ -20,6 +20,7 @@ from nereus.ir.diagnostics import NereusError, ProgramError
 from nereus.runtime import Runtime
 from nereus.runtime import distribute, lowerer
 from nereus.runtime import ahead as ahead_module
+from nereus.runtime import ahead_threads
 from nereus.runtime.ahead import Ahead, ahead_mode
 from nereus.runtime.program import PartFacts
 
@@ -403,8 +404,8 @@ def test_steps_run_with_a_short_switch_interval_and_the_old_one_comes_back(monke
     finally:
         first.close()
         second.close()
-    assert seen == [pytest.approx(ahead_module.SWITCH_S)] * 4 and sys.getswitchinterval() == before
-    monkeypatch.setattr(ahead_module, "SWITCH_S", 0.0)  # NEREUS_AHEAD_SWITCH_MS=0: left alone
+    assert seen == [pytest.approx(ahead_threads.SWITCH_S)] * 4 and sys.getswitchinterval() == before
+    monkeypatch.setattr(ahead_threads, "SWITCH_S", 0.0)  # NEREUS_AHEAD_SWITCH_MS=0: left alone
     seen.clear()
     third = Ahead(steps)
     try:
@@ -419,9 +420,9 @@ def test_steps_run_with_a_short_switch_interval_and_the_old_one_comes_back(monke
 def test_the_interval_comes_back_after_a_step_whatever_the_setting(monkeypatch, ms):
     import sys
 
-    monkeypatch.setattr(ahead_module, "SWITCH_S", ms / 1e3)
+    monkeypatch.setattr(ahead_threads, "SWITCH_S", ms / 1e3)
     before = sys.getswitchinterval()
-    with ahead_module._short_switch():
+    with ahead_threads.short_switch():
         assert sys.getswitchinterval() == pytest.approx(ms / 1e3, abs=1e-6)
     assert sys.getswitchinterval() == before
 
@@ -631,7 +632,7 @@ def test_paused_all_holds_every_runtimes_thread_and_a_weight_sync_pauses_them(or
         threading.Timer(0.2, first.gate.set).start()
         threading.Timer(0.4, second.gate.set).start()
         started = time.perf_counter()
-        with ahead_module._pausing([aheads[i] for i in order]):  # paused_all: every live thread, any order
+        with ahead_threads.pausing([aheads[i] for i in order]):  # paused_all: every live thread, any order
             assert time.perf_counter() - started >= 0.35  # both steps in progress finished first
             logged = (len(first.log), len(second.log))
             time.sleep(0.3)
@@ -693,7 +694,7 @@ def test_paused_all_waits_for_a_closed_threads_last_step_and_not_for_the_calling
     with ahead_module.paused_all():
         assert time.perf_counter() - started >= 0.25
     stuck._thread.join(30)
-    assert not stuck._thread.is_alive() and stuck not in ahead_module._LIVE
+    assert not stuck._thread.is_alive() and stuck not in ahead_threads._LIVE
     assert ("A", "B") in steps.closed and stuck._current is None and not stuck._later
 
     def pausing(source, target):  # a step that pauses every thread (its own included)
