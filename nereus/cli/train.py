@@ -137,12 +137,6 @@ def check_before_launch(plan_file: str, module, algo: str, group: int, nproc: in
             raise error.with_source(f.read()) from None
 
 
-def _has_cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
 def check_host_memory(module, plan_name: str, available: Optional[int] = None) -> None:
     """On CPU processes (gloo) every rank's state lives in this machine's memory: refuse a
     plan whose ranks together need more than is available (a GPU-scale plan started its
@@ -234,7 +228,7 @@ def check_vllm_importable() -> None:
 @click.option("--runtime", type=click.Choice(["nereus", "restart"]), default="nereus", show_default=True,
               help="nereus: compiled transitions; restart: gather full tensors and re-shard (baseline).")
 @click.option("--backend", type=click.Choice(["auto", "gloo", "nccl"]), default="auto", show_default=True,
-              help="torch.distributed backend: auto = nccl when CUDA is available, else gloo.")
+              help="torch.distributed backend: auto = nccl where this host has a CUDA device per process, else gloo (CPU).")
 @click.option("--engine", type=click.Choice(["native", "vllm"]), default="native", show_default=True,
               help="Rollout engine. native: the bundled TP/PP llama on the shards Nereus holds; vllm: one vLLM "
                    "engine per generation replica, fed each step by the compiled weight sync (needs vLLM "
@@ -285,17 +279,16 @@ def train_command(plan_file, plan_name, algo, nproc, steps, events, controller, 
         raise NereusError("--out is empty", hint="name a folder, or leave --out out for runs/<plan file>-<algo>")
     scripted = parse_events(events, set(plans), steps, plan_name)
     drifts = parse_drift(drift, module, steps)
-    if engine == "vllm":
-        import torch
-
-        from nereus.rl.engine import check_vllm_plans
-
-        check_vllm_plans(module, cuda=backend == "nccl" or (backend == "auto" and torch.cuda.is_available()))
     needed = 1 + max(g for p in module.plans for pl in p.placements for g in pl.gpus)
     nproc = nproc or needed
     if nproc < needed:
         raise NereusError(f"the plans use GPUs 0..{needed - 1} but --nproc is {nproc}",
                           hint=f"use --nproc {needed} (one process per GPU id)")
+    backend, backend_note = resolve_backend(backend, nproc)
+    if engine == "vllm":
+        from nereus.rl.engine import check_vllm_plans
+
+        check_vllm_plans(module, cuda=backend == "nccl")
     check_before_launch(plan_file, module, algo, group, nproc, drifts)
     from nereus.cli.check import check_checkpoints
 
@@ -303,14 +296,14 @@ def train_command(plan_file, plan_name, algo, nproc, steps, events, controller, 
         checkpoint_warnings = check_checkpoints(module, handle.read(), strict=True)
     for warning in checkpoint_warnings + unfit_plans(module, drifts):
         click.echo(f"{plan_file}: warning: {warning}", err=True)
-    if backend == "gloo" or (backend == "auto" and not _has_cuda()):
+    if backend == "gloo":
         check_host_memory(module, plan_name)
-    if backend == "nccl":
-        _check_cuda(nproc)
+    if backend_note:
+        click.echo(f"train: {backend_note}", err=True)
     out = out or os.path.join("runs", f"{os.path.splitext(os.path.basename(plan_file))[0]}-{algo}")
     config = {"plan_file": os.path.abspath(plan_file), "plan": plan_name, "steps": steps, "events": scripted,
               "seed": seed, "task": task, "runtime": runtime, "overrides": list(overrides),
-              "controller": controller, "drift": drifts, "engine": engine, "greedy": greedy, "backend": None if backend == "auto" else backend,
+              "controller": controller, "drift": drifts, "engine": engine, "greedy": greedy, "backend": backend,
               "rl": {"algo": algo, "lr": lr, "critic_lr": lr, "group": group}, "out": os.path.join(out, "run")}
     from nereus.cli.launch import clear_earlier_run
 
@@ -343,14 +336,28 @@ def train_command(plan_file, plan_name, algo, nproc, steps, events, controller, 
         click.echo(json.dumps(json_safe(payload)))
 
 
-def _check_cuda(nproc: int) -> None:
-    """--backend nccl: one CUDA device per process, checked before launching nproc workers."""
-    import torch
+def resolve_backend(backend: str, nproc: int, devices: Optional[int] = None) -> tuple[str, Optional[str]]:
+    """The torch.distributed backend of `nproc` processes ("gloo" or "nccl") and a note for
+    the user, or None. auto: NCCL where this host has a CUDA device per process (one
+    process per GPU id), else gloo on CPU: a 1-GPU host started NCCL ranks that found no
+    device of their own. --backend nccl with too few devices is refused before launching.
+    `devices`: CUDA devices (default: counted here)."""
+    if backend == "gloo":
+        return "gloo", None
+    if devices is None:
+        import torch
 
-    found = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if found < nproc:
-        raise NereusError(f"--backend nccl needs a CUDA device per process: {nproc} processes, {found} devices",
+        devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    plural = "" if devices == 1 else "s"
+    if devices >= nproc:
+        return "nccl", None
+    if backend == "nccl":
+        raise NereusError(f"--backend nccl needs a CUDA device per process: {nproc} processes, {devices} device{plural}",
                           hint="use --backend gloo (or auto) on a machine without enough GPUs")
+    note = None
+    if devices:
+        note = f"{nproc} processes and {devices} CUDA device{plural}: running on CPU with gloo (NCCL needs a GPU per process)"
+    return "gloo", note
 
 
 def _print_summary(runs: dict, comparison: Optional[dict], out: str, wall: float, quiet: bool) -> None:

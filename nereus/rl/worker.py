@@ -83,7 +83,8 @@ def _fail(error: BaseException, code: int, out: str = "") -> None:
     (atomic in a pipe, so ranks' lines never interleave). No destroy_process_group: a
     peer may wait in a collective, and the teardown would wait with it; once this
     process is gone torchrun stops the others."""
-    rank = dist.get_rank() if dist.is_initialized() else -1
+    # (before the group exists, torchrun's RANK)
+    rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", -1))
     event = {"event": "error", "rank": rank, "type": type(error).__name__, "time": time.time(),
              "user_error": isinstance(error, NereusError),
              "message": error.format() if isinstance(error, NereusError) else str(error),
@@ -141,11 +142,14 @@ def main(argv: list[str]) -> int:
         config = json.load(f)
     torch.set_num_threads(max(1, int(config.get("threads", 1))))
     backend = config.get("backend") or ("nccl" if torch.cuda.is_available() else "gloo")
-    if backend == "nccl":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    # a peer that stalls without raising (a deadlock, a hung device) ends the job once a
-    # collective waits this long: the waiting rank raises and reports, as any failure
-    dist.init_process_group(backend, timeout=collective_timeout())
+    try:  # reported like any failure: torchrun's own dump names no error
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        # a peer that stalls without raising (a deadlock, a hung device) ends the job once a
+        # collective waits this long: the waiting rank raises and reports, as any failure
+        dist.init_process_group(backend, timeout=collective_timeout())
+    except BaseException as error:  # noqa: BLE001
+        _fail(error, 1, config.get("out", ""))
     try:
         result = run(config)
         _emit({"event": "done", **result})

@@ -168,3 +168,30 @@ def test_a_gpu_scale_plan_is_refused_on_cpu_processes():
         check_host_memory(big, "S1", available=16 << 30)
     small = ir.parse_file(PLAN)
     check_host_memory(small, "S1", available=16 << 30)
+
+
+@pytest.mark.parametrize("asked, nproc, devices, backend, noted", [
+    ("auto", 2, 0, "gloo", False),   # no GPU: CPU processes, as always
+    ("auto", 2, 2, "nccl", False),   # a GPU per process
+    ("auto", 1, 8, "nccl", False),
+    ("auto", 2, 1, "gloo", True),    # too few GPUs: CPU, and said so (NCCL's rank 1 had no device)
+    ("gloo", 2, 8, "gloo", False),
+    ("nccl", 2, 2, "nccl", False),
+])
+def test_auto_backend_is_nccl_only_with_a_gpu_per_process(asked, nproc, devices, backend, noted):
+    """On a 1-GPU host `nereus train plan.nir --nproc 2` picked NCCL (CUDA was available),
+    rank 1 found no cuda:1 and the launcher's dump was all the user saw."""
+    from nereus.cli.train import resolve_backend
+
+    got, note = resolve_backend(asked, nproc, devices)
+    assert got == backend and bool(note) == noted
+    if noted:
+        assert note == f"{nproc} processes and {devices} CUDA device: running on CPU with gloo (NCCL needs a GPU per process)"
+
+
+def test_nccl_without_a_gpu_per_process_is_refused():
+    from nereus.cli.train import resolve_backend
+    from nereus.ir.diagnostics import NereusError
+
+    with pytest.raises(NereusError, match=r"--backend nccl needs a CUDA device per process: 2 processes, 1 device"):
+        resolve_backend("nccl", 2, 1)
