@@ -62,7 +62,7 @@ class LocalState:
                                   hint="tensor_specs(model_stage) gives every full tensor's shape and dtype "
                                        "(convert with .to(dtype))")
         if unit.get("offload", False):  # kept in (pinned) host memory outside its stage
-            local = {name: offload.to_host(t) for name, t in shard_unit(unit, self.rank, full).items()}
+            local = {name: offload.to_host(t, self.device) for name, t in shard_unit(unit, self.rank, full).items()}
         else:
             local = shard_unit(unit, self.rank, full, device=self.device)
         step = step_name(ms.model)
@@ -99,7 +99,7 @@ class LocalState:
                                   hint="register contiguous tensors (transitions send and receive them in place)")
         local = dict(local)
         if unit is not None and unit.get("offload", False):  # the plan keeps it in host memory
-            local.update({name: offload.to_host(local[name]) for name in expected})
+            local.update({name: offload.to_host(local[name], self.device) for name in expected})
         self._state[str(ms)] = local
         self._registrations += 1
 
@@ -194,7 +194,7 @@ class LocalState:
         unit = unit_on_gpu(self.layout(model_stage), self.rank)
         local = shard_checkpoint(model, ms, unit, self.rank, directory)
         if unit is not None and unit.get("offload", False):
-            return {name: offload.to_host(tensor) for name, tensor in local.items()}
+            return {name: offload.to_host(tensor, self.device) for name, tensor in local.items()}
         return {name: tensor.to(self.device) for name, tensor in local.items()}
 
     def gather_hf_state_dict(self, model_stage: str) -> dict:

@@ -28,7 +28,8 @@ On CPU (gloo) host and device are the same memory: only the bookkeeping differs,
 what makes it testable without a GPU (`Runtime.placement`, `Runtime.device_bytes`).
 
 Input of this module: JSON program dicts and torch tensors. Invariant: a tensor returned
-by `to_host`/`host_empty` is a CPU tensor, pinned exactly when CUDA is available.
+by `to_host`/`host_empty` is a CPU tensor, pinned exactly when CUDA is available and the
+runtime's device is a GPU.
 """
 
 from __future__ import annotations
@@ -45,22 +46,26 @@ HOST = "host"
 DEVICE = "device"
 
 
-def pinnable() -> bool:
-    """Whether host tensors can be pinned here (a CUDA runtime exists)."""
-    return torch.cuda.is_available()
+def pinnable(device=None) -> bool:
+    """Whether host tensors for a runtime on `device` are pinned: where a CUDA runtime
+    exists and the device is a GPU (None: any). A CPU runtime on a GPU host (gloo) pins
+    nothing: its host is its device, pinning costs cudaHostAlloc, and it fails in a process
+    forked after CUDA started."""
+    return torch.cuda.is_available() and (device is None or torch.device(device).type == "cuda")
 
 
-def host_empty(shape, dtype) -> torch.Tensor:
-    """An uninitialised host tensor, pinned where CUDA exists."""
-    return torch.empty(tuple(shape), dtype=dtype, pin_memory=pinnable())
+def host_empty(shape, dtype, device=None) -> torch.Tensor:
+    """An uninitialised host tensor, pinned where `pinnable(device)`."""
+    return torch.empty(tuple(shape), dtype=dtype, pin_memory=pinnable(device))
 
 
-def to_host(tensor: torch.Tensor) -> torch.Tensor:
-    """`tensor` in (pinned where possible) host memory: itself when it already is, else a
-    contiguous copy (the caller's tensor is left as it was)."""
-    if tensor.device.type == "cpu" and tensor.is_contiguous() and (not pinnable() or tensor.is_pinned()):
+def to_host(tensor: torch.Tensor, device=None) -> torch.Tensor:
+    """`tensor` in host memory, pinned where `pinnable(device)` (`device`: the runtime's):
+    itself when it already is, else a contiguous copy (the caller's tensor is left as it was)."""
+    pin = pinnable(device)
+    if tensor.device.type == "cpu" and tensor.is_contiguous() and (not pin or tensor.is_pinned()):
         return tensor
-    out = host_empty(tensor.shape, tensor.dtype)
+    out = host_empty(tensor.shape, tensor.dtype, device)
     out.copy_(tensor)
     return out
 
@@ -112,7 +117,7 @@ def new_shard(unit: str, shape, dtype, live, device, host_units) -> torch.Tensor
     """An after-shard of the executor: in (pinned) host memory when `unit` is offloaded
     (not device bytes), else on `device` and added to `live`, the device-bytes account."""
     if unit in host_units:
-        return host_empty(shape, dtype)
+        return host_empty(shape, dtype, device)
     tensor = torch.empty(tuple(shape), dtype=dtype, device=device)
     live.add(tensor)
     return tensor

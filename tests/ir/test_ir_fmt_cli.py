@@ -85,6 +85,7 @@ def test_parse_file_missing_raises_oserror(tmp_path):
 
 
 def test_front_end_imports_neither_torch_nor_triton():
+    import os
     import subprocess
     import sys
 
@@ -93,6 +94,7 @@ def test_front_end_imports_neither_torch_nor_triton():
             "print(sorted(m for m in ('torch', 'triton', 'numpy') if m in sys.modules))")
     root = str(Path(__file__).parents[2])
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root,
-                         env={"PYTHONPATH": root, "PATH": "/usr/bin:/bin"})
+                         env={"PYTHONPATH": os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH")))),
+                              "PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

@@ -1,8 +1,13 @@
-"""Run a function on N forked gloo processes and return rank 0's result.
+"""Run a function on N gloo processes and return rank 0's result.
 
-Forking (not spawning) skips re-importing torch in every child, which is most of the
-start-up cost on two shared cores. The parent must not have run torch ops that start
-OpenMP threads before forking; the tests only build IR objects in the parent.
+Forked where torch sees no GPU: forking (not spawning) skips re-importing torch in every
+child, which is most of the start-up cost on two shared cores. The parent must not have
+run torch ops that start OpenMP threads before forking; the tests only build IR objects in
+the parent. Spawned where torch sees a GPU: a forked child can use neither CUDA once the
+parent (another test in the same pytest worker) started it ("CUDA error: initialization
+error") nor autograd once the parent's backward started its device threads ("Unable to
+handle autograd's threading in combination with fork-based multiprocessing"); both seen on
+the H200 image. `fn` and its arguments are then pickled: module-level functions only.
 """
 
 from __future__ import annotations
@@ -35,7 +40,9 @@ def _child(rank, world, chan, fn, args, queue):
 
 def run_world(world: int, fn, *args, timeout: float = 240.0):
     """fn(*args) on `world` gloo ranks; returns rank 0's return value."""
-    ctx = mp.get_context("fork")
+    import torch
+
+    ctx = mp.get_context("spawn" if torch.cuda.is_available() else "fork")
     queue = ctx.Queue()
     chan = rank_rendezvous.channel(ctx)
     procs = [ctx.Process(target=_child, args=(r, world, chan, fn, args, queue)) for r in range(world)]

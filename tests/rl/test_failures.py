@@ -94,16 +94,17 @@ def _cmdline(pid: int) -> bytes:
 
 def test_a_rank_that_fails_before_its_process_group_shows_its_own_error(tmp_path):
     """A rank that raised while choosing its GPU or joining the group (NCCL's rank 1 on a
-    1-GPU host: no cuda:1) reached the user as torchrun's dump, without its error. Here
-    NCCL on this CUDA-less torch fails in every rank's set_device."""
+    1-GPU host: no cuda:1, seen on the H200 image) reached the user as torchrun's dump,
+    without its error. Here every rank's init_process_group raises, on any host: the
+    config names a backend torch does not have."""
     from nereus.cli.launch import TrainingFailed, launch
 
-    config = {"plan_file": PLAN, "plan": "S1", "steps": 1, "events": [], "seed": 0, "backend": "nccl",
+    config = {"plan_file": PLAN, "plan": "S1", "steps": 1, "events": [], "seed": 0, "backend": "no-such-backend",
               "rl": {"algo": "grpo"}, "out": str(tmp_path / "run")}
     started = time.perf_counter()
     with pytest.raises(TrainingFailed) as caught:
         launch(config, 2, config["out"], "train", quiet=False, failure_timeout_s=60)
     assert time.perf_counter() - started < 60
     details = caught.value.details
-    assert details["rank"] in (0, 1) and details["type"] == "AttributeError", details
-    assert "_cuda_setDevice" in details["message"] and "set_device" in details["traceback"]
+    assert details["rank"] in (0, 1) and details["type"], details  # (ValueError or AssertionError: torch versions differ)
+    assert "no-such-backend" in details["message"] and "init_process_group" in details["traceback"]

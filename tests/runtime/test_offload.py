@@ -263,3 +263,28 @@ def test_reserve_memory_reads_the_stream_views_it_is_given():
     program = program_json(compile_transition(module, "A", "B"))
     for gpu in range(WORLD):
         assert reserve_memory(rank_program(program, gpu), set(), "cuda", TORCH_DTYPES, 0) == 0
+
+
+ONE = """
+cluster one { nodes 1 gpus_per_node 1 gpu { mem 64MB flops 1TFLOPS hbm 100GB/s } intra 10GB/s inter 1GB/s host_mem 1GB }
+model actor = llama { layers 1 hidden 32 heads 4 kv_heads 2 ffn 64 vocab 64 }
+workload w { batch 2 prompt 4 response 4 microbatch 1  inference: actor }
+plan A { actor.inference dp 1 on 0  offload }
+"""
+
+
+def test_a_cpu_runtime_pins_no_host_memory_on_a_gpu_host(monkeypatch):
+    """A gloo run on a host with CUDA (auto picks gloo when there are fewer GPUs than
+    processes) pinned its offloaded shards: pinning gains nothing where the device is the
+    host, costs cudaHostAlloc, and fails in a process forked after CUDA started ("CUDA
+    error: initialization error", seen on the H200 image). Here CUDA is faked available:
+    torch's CPU build raises on any pin."""
+    from runtime_helpers import single_process_control
+
+    single_process_control()  # the default group: gloo, one process
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    rt = Runtime(ir.parse_source(ONE, "one.nir"), "A")
+    assert rt.device.type == "cpu"
+    full = {n: torch.randn(s).to(d) for n, (s, d) in rt.tensor_specs("actor.inference").items()}
+    rt.register("actor.inference", rt.shard_state_dict("actor.inference", full))
+    assert all(not t.is_pinned() for t in rt.state("actor.inference").values())
