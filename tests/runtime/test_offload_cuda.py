@@ -64,3 +64,29 @@ def test_a_host_unpack_waits_for_its_copy_alone_and_queued_crossing_copies_land_
     packing.copy_pairs(into, device)
     torch.cuda.current_stream().synchronize()
     assert all(torch.equal(got, want) for got, want in zip(into, views))
+
+
+def test_a_cuda_runtime_pins_its_offloaded_shards_and_keeps_the_rest_on_the_gpu():
+    """The other side of test_offload's CPU rule: for a runtime on a GPU, offloaded shards
+    are pinned (the pack kernels read them in place over PCIe)."""
+    import nereus.ir as ir
+    from nereus.runtime import Runtime
+
+    from runtime_helpers import single_process_control
+
+    single_process_control()
+    source = """
+cluster one { nodes 1 gpus_per_node 1 gpu { mem 64MB flops 1TFLOPS hbm 100GB/s } intra 10GB/s inter 1GB/s host_mem 1GB }
+model actor = llama { layers 1 hidden 32 heads 4 kv_heads 2 ffn 64 vocab 64 }
+model ref = actor
+workload w { batch 2 prompt 4 response 4 microbatch 1  inference: ref  training: actor }
+plan A { ref.inference dp 1 on 0  offload  actor.training dp 1 on 0 }
+"""
+    rt = Runtime(ir.parse_source(source, "one.nir"), "A", device=torch.device("cuda", 0), ahead="off")
+    for ms in ("ref.inference", "actor.training"):
+        full = {n: (torch.tensor(3) if n.endswith("#step") else torch.randn(s).to(d))
+                for n, (s, d) in rt.tensor_specs(ms).items()}
+        rt.register(ms, rt.shard_state_dict(ms, full))
+    assert all(t.device.type == "cpu" and t.is_pinned() for t in rt.state("ref.inference").values())
+    assert all(t.is_cuda for n, t in rt.state("actor.training").items() if not n.endswith("#step"))
+    rt.close()
