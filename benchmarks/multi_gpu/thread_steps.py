@@ -91,7 +91,6 @@ def instrument(totals: collections.Counter) -> None:
 def run_pairs(module, device, pairs, totals: collections.Counter, out: list) -> None:
     """Each pair's steps, one after another, each step timed (appended to `out`)."""
     from nereus.runtime import ahead_steps
-    from nereus.runtime.ahead_steps import step_name as _what
 
     me = threading.get_ident()
     for source, target in pairs:
@@ -105,7 +104,7 @@ def run_pairs(module, device, pairs, totals: collections.Counter, out: list) -> 
             except StopIteration:
                 break
             step = {"pair": f"{source}->{target}", "what": "lowered" if isinstance(value, ahead_steps.Lowered)
-                    else _what(value), "wall_s": time.perf_counter() - wall, "cpu_s": time.thread_time() - cpu}
+                    else ahead_steps.step_name(value), "wall_s": time.perf_counter() - wall, "cpu_s": time.thread_time() - cpu}
             now = resource.getrusage(resource.RUSAGE_THREAD)
             step.update({name: getattr(now, field) - getattr(usage, field) for name, field in RUSAGE})
             step.update({p: totals[(me, p)] - before[p] for p in COUNTED if totals[(me, p)] > before[p]})

@@ -348,9 +348,9 @@ def resolve_backend(backend: str, nproc: int, devices: Optional[int] = None) -> 
         import torch
 
         devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    plural = "" if devices == 1 else "s"
     if devices >= nproc:
         return "nccl", None
+    plural = "" if devices == 1 else "s"
     if backend == "nccl":
         raise NereusError(f"--backend nccl needs a CUDA device per process: {nproc} processes, {devices} device{plural}",
                           hint="use --backend gloo (or auto) on a machine without enough GPUs")

@@ -142,15 +142,12 @@ def main(argv: list[str]) -> int:
         config = json.load(f)
     torch.set_num_threads(max(1, int(config.get("threads", 1))))
     backend = config.get("backend") or ("nccl" if torch.cuda.is_available() else "gloo")
-    try:  # reported like any failure: torchrun's own dump names no error
+    try:  # joining the group too: torchrun's own dump of a failed start names no error
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         # a peer that stalls without raising (a deadlock, a hung device) ends the job once a
         # collective waits this long: the waiting rank raises and reports, as any failure
         dist.init_process_group(backend, timeout=collective_timeout())
-    except BaseException as error:  # noqa: BLE001
-        _fail(error, 1, config.get("out", ""))
-    try:
         result = run(config)
         _emit({"event": "done", **result})
     except NereusError as error:
