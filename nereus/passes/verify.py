@@ -34,7 +34,8 @@ from nereus.ir.diagnostics import ProgramError
 from nereus.ir.program import expand_segment_units, program_from_json
 from nereus.ir.units import human_bytes
 
-from .verify_header import Header, check_box, fail, is_int, nonnegative, overlap, parse_header, shown, volume
+from .verify_fields import check_fields
+from .verify_header import BoxError, Header, check_box, fail, is_int, nonnegative, overlap, parse_header, shown, volume
 
 PHASE = {"alloc": 0, "keep": 1, "copy": 1, "send": 1, "stage_out": 2, "free": 2}
 
@@ -74,6 +75,9 @@ def verify_program(program_json: dict, against=None) -> VerifyReport:
     cursor = _Cursor()
     try:
         data = program_from_json(program_json).data
+        # every known field of its JSON type first (`true` == 1 and 2.0 == 2 in Python: no
+        # later comparison could tell), unknown fields as warnings
+        warnings = check_fields(data)
         if "rank" in data:  # docs/program.md, "Rank programs": one rank's part
             raise ProgramError(f"this is rank {data['rank']}'s part of the program; verify proves whole programs",
                                hint="emit the whole program (without --rank) to verify it; the runtime checks each "
@@ -88,9 +92,7 @@ def verify_program(program_json: dict, against=None) -> VerifyReport:
 
             check_against(data, against)
         report = _replay(data, header, cursor)
-        from .verify_fields import unknown_fields
-
-        return replace(report, warnings=tuple(unknown_fields(program_json)))
+        return replace(report, warnings=tuple(warnings))
     except ProgramError:
         raise
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as error:
@@ -220,17 +222,21 @@ def _replay(data: dict, header: Header, cursor: _Cursor) -> VerifyReport:
                 if not isinstance(op.get("segments"), list):  # empty is allowed: a 0-byte message
                     fail(f"{where}: needs a list of segments")
                 total = from_gpu = 0
-                for s in op["segments"]:
-                    nbytes, box = _transfer(where, s, src, dst, header, status, allocated, written)
-                    total += nbytes
-                    if status[(s["src_unit"], src)] != "host":
-                        from_gpu += nbytes
-                    segments += 1
-                    if kind == "keep":
-                        if (("before", s["src_unit"]) in header.offloaded) != (("after", s["dst_unit"]) in header.offloaded):
-                            fail(f"{where}: keeps {s['tensor']} between an offloaded and a GPU-resident unit",
-                                 hint="a keep hands over in place: both units must live in the same memory")
-                        keeps[(s["src_unit"], s["dst_unit"], src, s["tensor"])].append((box, where))
+                try:
+                    for n, s in enumerate(op["segments"]):
+                        nbytes, box = _transfer(where, s, src, dst, header, status, allocated, written)
+                        total += nbytes
+                        if status[(s["src_unit"], src)] != "host":
+                            from_gpu += nbytes
+                        segments += 1
+                        if kind == "keep":
+                            if (("before", s["src_unit"]) in header.offloaded) != (("after", s["dst_unit"]) in header.offloaded):
+                                fail(f"{where}: keeps {s['tensor']} between an offloaded and a GPU-resident unit",
+                                     hint="a keep hands over in place: both units must live in the same memory")
+                            keeps[(s["src_unit"], s["dst_unit"], src, s["tensor"])].append((box, where))
+                except BoxError as error:  # where the box stands in the program
+                    error.path = ("rounds", k, "ops", i, "segments", n, "box") + error.path
+                    raise
                 if kind != "keep":
                     if not is_int(op.get("bytes")):
                         fail(f"{where}: bytes must be a non-negative integer, not {shown(op.get('bytes'))}")
@@ -281,14 +287,18 @@ def _kept_bytes(rounds: list, tensors: dict, cursor: _Cursor) -> tuple[dict, dic
         for i, op in enumerate(rnd.get("ops", ()) if isinstance(rnd, dict) else ()):
             if isinstance(op, dict) and op.get("op") == "keep" and isinstance(op.get("segments"), list):
                 cursor.where = f"round {k}, op {i} (keep)"
-                for s in op["segments"]:
+                for n, s in enumerate(op["segments"]):
                     if (not isinstance(s, dict) or not isinstance(s.get("tensor"), str) or s["tensor"] not in tensors
                             or not isinstance(s.get("src_unit"), str) or not isinstance(s.get("dst_unit"), str)
                             or not is_int(op.get("gpu"))):
                         continue  # the replay names it
                     box = s.get("box")
                     shape = tensors[s["tensor"]][0]
-                    b = volume(check_box(box, shape, cursor.where, s["tensor"])) * tensors[s["tensor"]][1]
+                    try:
+                        b = volume(check_box(box, shape, cursor.where, s["tensor"])) * tensors[s["tensor"]][1]
+                    except BoxError as error:
+                        error.path = ("rounds", k, "ops", i, "segments", n, "box") + error.path
+                        raise
                     kept_into[(s.get("dst_unit"), op.get("gpu"))] += b
                     kept_out[(s.get("src_unit"), op.get("gpu"))] += b
     return kept_into, kept_out
