@@ -230,7 +230,8 @@ def _replay(data: dict, header: Header, cursor: _Cursor) -> VerifyReport:
                             from_gpu += nbytes
                         segments += 1
                         if kind == "keep":
-                            if (("before", s["src_unit"]) in header.offloaded) != (("after", s["dst_unit"]) in header.offloaded):
+                            offloaded = header.offloaded
+                            if (("before", s["src_unit"]) in offloaded) != (("after", s["dst_unit"]) in offloaded):
                                 fail(f"{where}: keeps {s['tensor']} between an offloaded and a GPU-resident unit",
                                      hint="a keep hands over in place: both units must live in the same memory")
                             keeps[(s["src_unit"], s["dst_unit"], src, s["tensor"])].append((box, where))

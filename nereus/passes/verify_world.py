@@ -37,8 +37,9 @@ def _same(a, b) -> bool:
 
 
 def _differ(field: str, what: str, stated, derived):
-    raise ProgramError(f"header field '{field}' ({what}): the program states {json_text(stated)}, the plans give "
-                       f"{json_text(derived)}", hint="the program was compiled from other plans, or edited: recompile it")
+    raise ProgramError(f"header field '{field}' ({what}): the program states {json_text(stated)}, "
+                       f"the plans give {json_text(derived)}",
+                       hint="the program was compiled from other plans, or edited: recompile it")
 
 
 def check_against(data: dict, module: Module) -> None:

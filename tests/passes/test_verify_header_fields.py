@@ -8,31 +8,16 @@ with a message that names the field. `"zero": true` and `"dp": 2.0` passed befor
 from __future__ import annotations
 
 import copy
-import pathlib
 import re
 
 import pytest
 
-from nereus.backends.json_program import program_json
-from nereus.ir import parse_file
 from nereus.ir.diagnostics import ProgramError
-from nereus.passes import compile_transition
 from nereus.passes.verify import verify_program
 from nereus.passes.verify_fields import FIELDS, PART_FIELDS, header_fields
 from nereus.passes.verify_world import COMPARED
 
-NIR = pathlib.Path(__file__).parents[1] / "data" / "every-header-field.nir"
 HEADER = header_fields()
-
-
-@pytest.fixture(scope="module")
-def module():
-    return parse_file(NIR)
-
-
-@pytest.fixture(scope="module")
-def program(module):
-    return program_json(compile_transition(module, "S", "T"))
 
 
 def _concrete(value, parts: list, path: tuple = ()):
@@ -49,6 +34,11 @@ def _concrete(value, parts: list, path: tuple = ()):
     if isinstance(value, dict) and head in value:
         return _concrete(value[head], rest, path + (head,))
     return None
+
+
+def _parts(field: str) -> list:
+    """`units.before[].gpus[]` -> ["units", "before", "[]", "gpus", "[]"]."""
+    return re.findall(r"[a-z_]+|\[\]|\{\}", field)
 
 
 def _at(value, path):
@@ -86,23 +76,23 @@ def test_the_enumeration_is_the_schema_and_every_top_level_field_is_compared():
             "gpus[].capacity_bytes", "resident_bytes{}", "tensors[].shape[]", "untouched[]"} <= set(HEADER)
 
 
-def test_the_program_holds_every_header_field(program, module):
-    verify_program(program, against=module)
-    missing = [path for path in HEADER if _concrete(program, re.findall(r"[a-z_]+|\[\]|\{\}", path)) is None]
+def test_the_program_holds_every_header_field(every_field_program, every_field_module):
+    verify_program(every_field_program, against=every_field_module)
+    missing = [path for path in HEADER if _concrete(every_field_program, _parts(path)) is None]
     assert missing == []
 
 
 @pytest.mark.parametrize("field", HEADER)
-def test_a_header_field_changed_in_value_or_type_is_refused_and_named(program, module, field):
-    parts = re.findall(r"[a-z_]+|\[\]|\{\}", field)
-    path = _concrete(program, parts)
+def test_a_header_field_changed_in_value_or_type_is_refused_and_named(every_field_program, every_field_module, field):
+    parts = _parts(field)
+    path = _concrete(every_field_program, parts)
     words = [p for p in parts if p not in ("[]", "{}")]
-    changed = copy.deepcopy(program)
+    changed = copy.deepcopy(every_field_program)
     parent, key = _at(changed, path[:-1]), path[-1]
-    for what, new in _mutants(_at(program, path)):
+    for what, new in _mutants(_at(every_field_program, path)):
         parent[key] = new
         with pytest.raises(ProgramError) as caught:
-            verify_program(changed, against=module)
+            verify_program(changed, against=every_field_module)
         message = caught.value.message
         assert _named(words[-1], message) and _named(words[0], message), (field, what, new, message)
         if what == "type":

@@ -14,24 +14,11 @@ import pathlib
 import pytest
 from click.testing import CliRunner
 
-from nereus.backends.json_program import program_json
 from nereus.cli import nereusc
-from nereus.ir import parse_file
 from nereus.ir.diagnostics import ProgramError
-from nereus.passes import compile_transition
 from nereus.passes.verify import verify_program
 
 NIR = pathlib.Path(__file__).parents[1] / "data" / "every-header-field.nir"
-
-
-@pytest.fixture(scope="module")
-def module():
-    return parse_file(NIR)
-
-
-@pytest.fixture(scope="module")
-def program(module):
-    return program_json(compile_transition(module, "S", "T"))
 
 
 def _compact(program) -> str:
@@ -53,8 +40,8 @@ def _zero_unit(program) -> int:
     return next(i for i, u in enumerate(program["units"]["after"]) if u.get("zero"))
 
 
-def test_the_program_verifies_against_its_plans(tmp_path, program):
-    path, result = _verify(tmp_path, _compact(program), "--against", str(NIR))
+def test_the_program_verifies_against_its_plans(tmp_path, every_field_program):
+    path, result = _verify(tmp_path, _compact(every_field_program), "--against", str(NIR))
     assert result.exit_code == 0, result.output
 
 
@@ -68,9 +55,9 @@ DUPLICATES = {
 
 
 @pytest.mark.parametrize("case", DUPLICATES, ids=str)
-def test_a_key_written_twice_is_an_error_at_its_second_occurrence(tmp_path, program, case):
+def test_a_key_written_twice_is_an_error_at_its_second_occurrence(tmp_path, every_field_program, case):
     old, new, key, where = DUPLICATES[case]
-    text = _compact(program).replace(old, new, 1)
+    text = _compact(every_field_program).replace(old, new, 1)
     second = text.index(new) + new.index(f'"{key}"', 1)
     line, col = _line_col(text, second)
     path, result = _verify(tmp_path, text, "--against", str(NIR))
@@ -79,8 +66,8 @@ def test_a_key_written_twice_is_an_error_at_its_second_occurrence(tmp_path, prog
     assert "Traceback" not in result.output
 
 
-def test_a_duplicate_in_an_indented_file_names_its_line_and_the_first(tmp_path, program):
-    text = json.dumps(program, indent=1)
+def test_a_duplicate_in_an_indented_file_names_its_line_and_the_first(tmp_path, every_field_program):
+    text = json.dumps(every_field_program, indent=1)
     old = '"zero": 1,'
     at = text.index(old)
     text = text[:at] + '"zero": 3,\n' + " " * (at - text.rfind("\n", 0, at) - 1) + text[at:]
@@ -92,8 +79,8 @@ def test_a_duplicate_in_an_indented_file_names_its_line_and_the_first(tmp_path, 
                                     f"(first at line {first[0]}, column {first[1]})"), result.output
 
 
-def test_a_duplicate_key_is_a_located_json_error_object(tmp_path, program):
-    text = _compact(program).replace('"untouched":[', '"untouched":[],"untouched":[', 1)
+def test_a_duplicate_key_is_a_located_json_error_object(tmp_path, every_field_program):
+    text = _compact(every_field_program).replace('"untouched":[', '"untouched":[],"untouched":[', 1)
     path, result = _verify(tmp_path, text, "--json")
     assert result.exit_code == 2
     error = json.loads(result.output)["error"]
@@ -102,10 +89,10 @@ def test_a_duplicate_key_is_a_located_json_error_object(tmp_path, program):
     assert error["message"].startswith("duplicate key 'untouched' in the top level") and error["hint"]
 
 
-def test_equal_keys_in_different_objects_and_quotes_in_strings_are_fine(tmp_path, program):
+def test_equal_keys_in_different_objects_and_quotes_in_strings_are_fine(tmp_path, every_field_program):
     """Only a key twice in one object is refused; a `":` inside a string (which the fast
     check counts as a key) is no duplicate."""
-    odd = copy.deepcopy(program)
+    odd = copy.deepcopy(every_field_program)
     odd["note\":"] = "a\": b\" :"  # an unknown field: a warning, not an error
     path, result = _verify(tmp_path, json.dumps(odd))
     assert result.exit_code == 0, result.output
@@ -113,8 +100,8 @@ def test_equal_keys_in_different_objects_and_quotes_in_strings_are_fine(tmp_path
 
 
 @pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity"])
-def test_nan_and_infinity_are_not_json_and_are_located(tmp_path, program, literal):
-    text = _compact(program)
+def test_nan_and_infinity_are_not_json_and_are_located(tmp_path, every_field_program, literal):
+    text = _compact(every_field_program)
     at = text.index('"bytes":', text.index('"rounds"')) + len('"bytes":')
     end = at + len(text[at:].split(",")[0].split("}")[0])
     text = text[:at] + literal + text[end:]
@@ -137,9 +124,9 @@ WRONG_TYPES = {
 
 
 @pytest.mark.parametrize("case", WRONG_TYPES, ids=str)
-def test_a_value_of_the_wrong_type_is_an_error_at_its_position(tmp_path, program, case):
+def test_a_value_of_the_wrong_type_is_an_error_at_its_position(tmp_path, every_field_program, case):
     old, new, key, shown = WRONG_TYPES[case]
-    text = _compact(program)
+    text = _compact(every_field_program)
     if new is None:  # the first op with bytes, written as a float
         at = text.index(old, text.index('"rounds"')) + len(old)
         number = text[at:].split(",")[0].split("}")[0]
@@ -156,8 +143,8 @@ def test_a_value_of_the_wrong_type_is_an_error_at_its_position(tmp_path, program
     assert f"'{key}' must be" in rest and f"not {shown}" in rest, result.output
 
 
-def test_a_boolean_box_bound_is_located(tmp_path, program):
-    text = _compact(program)
+def test_a_boolean_box_bound_is_located(tmp_path, every_field_program):
+    text = _compact(every_field_program)
     at = text.index('"box":[[0,', text.index('"rounds"')) + len('"box":[[')
     text = text[:at] + "false" + text[at + 1:]
     line, col = _line_col(text, at)
@@ -167,19 +154,20 @@ def test_a_boolean_box_bound_is_located(tmp_path, program):
 
 
 @pytest.mark.parametrize("key, value", [("dp", 4.0), ("zero", True)])
-def test_verify_program_against_the_plans_refuses_a_number_of_another_type(module, program, key, value):
+def test_verify_program_against_the_plans_refuses_a_number_of_another_type(every_field_module, every_field_program,
+                                                                           key, value):
     """`"dp": 2.0` and `"zero": true` equal 2 and 1 in Python: they passed `against`."""
-    changed = copy.deepcopy(program)
-    changed["units"]["after"][_zero_unit(program)][key] = value
+    changed = copy.deepcopy(every_field_program)
+    changed["units"]["after"][_zero_unit(every_field_program)][key] = value
     with pytest.raises(ProgramError, match=rf"header field 'units.after' \(unit critic.training/\d\): '{key}' must be"):
-        verify_program(changed, against=module)
+        verify_program(changed, against=every_field_module)
     with pytest.raises(ProgramError) as caught:
         verify_program(changed)
-    assert caught.value.path == ("units", "after", _zero_unit(program), key)
+    assert caught.value.path == ("units", "after", _zero_unit(every_field_program), key)
 
 
-def test_a_type_error_from_stdin_is_located_too(program):
-    text = _compact(program).replace('"zero":1,"dp":4', '"zero":1,"dp":4.0', 1)
+def test_a_type_error_from_stdin_is_located_too(every_field_program):
+    text = _compact(every_field_program).replace('"zero":1,"dp":4', '"zero":1,"dp":4.0', 1)
     result = CliRunner().invoke(nereusc, ["verify", "-"], input=text)
     assert result.exit_code == 2
     line, col = _line_col(text, text.index('"dp":4.0') + len('"dp":'))
