@@ -47,8 +47,8 @@ def _placed(error: ProgramError, program: str, text: str | None) -> ProgramError
 @click.command("verify")
 @click.argument("program", type=click.Path(allow_dash=True))
 @click.option("--against", "against", type=click.Path(dir_okay=False), default=None, metavar="FILE.nir",
-              help="Check the program's header (layouts, capacities, resident bytes, offload, host memory)"
-                   " against the plans of FILE.nir.")
+              help="Check every header field of the program (units and layouts, capacities, resident bytes,"
+                   " offload, nodes and host memory), value and JSON type, against the plans of FILE.nir.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a value of FILE.nir, as `nereusc --set` does (with --against).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
