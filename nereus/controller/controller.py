@@ -237,21 +237,23 @@ class Controller:
         Any later move restores the threshold, so it cannot feed a chase of ties."""
         return replace(self.settings, rho_min=0.0) if self._on_forced else self.settings
 
-    def best_plan(self, workload: Workload, gpus: int, longest: int = 0) -> SearchResult:
+    def best_plan(self, workload: Workload, gpus: int, longest: int = 0, exact: bool = False) -> SearchResult:
         """The search's best plan for `workload` (cached until `_needs_search`), planned for the
         longer of `headroom` above its response and `longest` (the longest recent response: a
         plan without a generation-wave cliff below the long steps that noise brings).
+        `exact`: planned for `workload` itself, searched now (a forced move's last resort:
+        the step fits some plan, but none with headroom).
 
         The drift test is on the level (plus `headroom`). Testing a quantity that follows only
         the trend (the second longest recent response) halved the searches on a ±10% trace,
         but the searches that the level's wander brings are what found, 45 steps sooner, the
         plan that leaves a KV-wave cliff (length-growth-noisy-1024, steps 300–400)."""
         trigger = replace(workload, response=_on_grid(workload.response * (1.0 + self.headroom)))
-        why = self._needs_search(trigger, gpus)
+        why = "exact" if exact else self._needs_search(trigger, gpus)
         if why:
             # on the level's 1% grid, so memory terms computed for one search serve the next
             response = _on_grid(max(workload.response * (1.0 + self.headroom), longest))
-            ahead = replace(workload, response=response)
+            ahead = workload if exact else replace(workload, response=response)
             # the running plan and the last candidate bound the search from the start (search.py)
             known = (self.plan, self._search.plan if self._search is not None else None)
             self._search = search_plan(self.module, ahead, self.cost, gpus, name="candidate",
@@ -362,6 +364,11 @@ class Controller:
             self._search = None  # forced: search at this step's own workload, which the level hid
             found = self.best_plan(workload, gpus)
             candidate = self._predict(found.plan, workload, gpus) if found.plan is not None else None
+            if candidate is None or not candidate.feasible:
+                # nothing fits `headroom` above the step, but a plan may fit the step itself
+                # (a job about to outgrow every plan): run it while it fits, as the oracle does
+                found = self.best_plan(workload, gpus, exact=True)
+                candidate = self._predict(found.plan, workload, gpus) if found.plan is not None else None
         if candidate is None or not candidate.feasible or plan_key(found.plan) == plan_key(self.plan):
             self._streak = (None, 0)
             if not fits and candidate is not None and candidate.feasible:
