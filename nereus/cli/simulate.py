@@ -9,33 +9,17 @@ import json
 import math
 import os
 import sys
-import time
 
 import click
 
 from nereus.cli.errors import reports_errors, traceback_option
+from nereus.cli.progress import StderrProgress
 
 COLORS = {"fixed": "tab:gray", "greedy": "tab:orange", "nereus": "tab:blue", "oracle": "tab:green"}
 
 
 def _fmt(x) -> str:
     return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.2f}"
-
-
-class StderrProgress:
-    """Prints `phase done/total (elapsed)` to stderr at most every `every` seconds, and at
-    each phase's end."""
-
-    def __init__(self, every: float = 2.0):
-        self.every = every
-        self.began = time.perf_counter()
-        self.last = -math.inf
-
-    def __call__(self, phase: str, done: int, total: int) -> None:
-        now = time.perf_counter()
-        if done == total or now - self.last >= self.every:
-            self.last = now
-            click.echo(f"  {phase}: {done}/{total} ({now - self.began:.0f} s)", err=True)
 
 
 def plot(result: dict, path: str, title: str) -> None:
