@@ -131,3 +131,12 @@ def test_waves_find_plans_the_check_refuses_and_say_so(tmp_path):
     pasted.write_text(SMALL.read_text().replace("batch 64 ", "batch 1024 ").replace("response 1024", "response 4096")
                       + "\n" + result.stdout)
     assert run("check", pasted, "--plan", "best1").exit_code == 2
+
+
+def test_the_example_in_docs_cli_is_what_the_command_prints(monkeypatch):
+    text = (ROOT / "docs" / "cli.md").read_text()
+    block = re.search(r"```\n\$ nereusc search (.*?)\n(.*?)```", text, re.S)
+    monkeypatch.chdir(ROOT)
+    result = run("search", *block.group(1).split())
+    assert result.exit_code == 0, result.output
+    assert result.stdout == block.group(2)

@@ -216,7 +216,7 @@ def _header(module, file, gpus, workload, summary, source_info) -> str:
     lines = [f"# nereusc search {file}: {gpus} GPUs of cluster {cluster.name}{extra}; workload {workload.name} "
              f"(batch {workload.batch}, prompt {workload.prompt}, response {workload.response})",
              f"# cost model: the roofline with the calibrated H200 layer table, no job measurements; "
-             f"{summary['candidates']} layouts searched in {summary['search_s']:.2f} s"]
+             f"{summary['candidates']} layouts searched"]
     if source_info is not None:
         state = f"predicted {source_info['predicted_step_s']:.2f} s/step" if source_info["fits"] else \
             "does not fit this workload on these GPUs (any move is forced)"
