@@ -23,6 +23,10 @@ under each, branch and bound over the other model-stages, bounding time by the s
 remaining minima and memory by elementwise minima; stop when a pair's time plus the
 remaining minima cannot beat the incumbent. (With several generation model-stages their
 layouts are enumerated at the leaves instead.)
+
+`search_plans(..., top=K)` (what `nereusc search` prints) is the same search for the K best
+distinct plans: the bound is the K-th best time found, and step (2) drops a candidate only
+when K others dominate it.
 """
 
 from __future__ import annotations
