@@ -17,7 +17,6 @@ import click
 from nereus.cli.errors import reports_errors, traceback_option
 from nereus.ir.diagnostics import NereusError, SemanticError
 from nereus.ir.units import human_bytes
-from nereus.passes import PEAK_WARNING_FRACTION
 
 
 TRANSITION_HINT = "write --transition S1:S2 (or quote the arrow: --transition 'S1->S2')"
@@ -74,12 +73,15 @@ def summary_text(summary: dict) -> str:
              f" sent {human_bytes(b['intra_node'] + b['inter_node'])}"]
     peak = summary["peak_memory"]
     when = "before round 0" if peak["round"] < 0 else f"in round {peak['round']}"
+    free = peak["free_bytes"]
     lines.append(f"  peak memory {human_bytes(peak['bytes'])} of {human_bytes(peak['capacity_bytes'])} usable"
-                 f" ({peak['fraction']:.1%}) on GPU {peak['gpu']} {when}; headroom {human_bytes(peak['headroom_bytes'])}")
+                 f" ({peak['fraction']:.1%}) on GPU {peak['gpu']} {when}; headroom {human_bytes(peak['headroom_bytes'])};"
+                 f" {'-' if free < 0 else ''}{human_bytes(abs(free))} of the GPU's {human_bytes(peak['gpu_bytes'])} free")
     if peak["warning"]:
-        lines.append(f"  warning: GPU {peak['gpu']} peaks above {PEAK_WARNING_FRACTION:.0%} of its usable memory during"
-                     " this transition (allocator fragmentation can make it run out); a larger `reserve` in the cluster"
-                     " makes the scheduler keep more free")
+        lines.append(f"  warning: GPU {peak['gpu']} peaks with less than {peak['free_margin']:.0%} of its memory free"
+                     " during this transition: the CUDA context, NCCL's buffers and allocator fragmentation, which the"
+                     " compiler does not count, can make it run out")
+        lines.append(f"  hint: {peak['hint']}")
     if summary["resource_edges"]:
         edges = ", ".join(f"{k} {v}" for k, v in sorted(summary["resource_edges"].items()))
         lines.append(f"  resource edges: {edges}")
