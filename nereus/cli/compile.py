@@ -156,16 +156,17 @@ def compile_command(file, transition, overrides, emit, output, as_json, time_pas
         raise SemanticError("--rank selects one rank's program: it needs --emit json",
                             hint="nereusc FILE --transition S1:S2 --emit json --rank R")
     if emit is None:
-        from nereus.cli.check import check_checkpoints, describe, report_plans
+        from nereus.cli.check import check_checkpoints, describe, print_warnings, report_plans
+        from nereus.ir.node_groups import node_span_warnings
 
         warnings = check_checkpoints(module, _source_text(module.file))
+        warnings += node_span_warnings(module, _source_text(module.file))
         if not as_json:
             click.echo(f"{file}: {describe(module)}")
-            for warning in warnings:
-                click.echo(f"{file}: warning: {warning}", err=True)
+            print_warnings(file, warnings)
         fits = report_plans(module, as_json, collect=checked, warnings=warnings)
     elif emit == "summary":  # the plans summarized (every plan without --transition), checked: an unfit one is the error
-        from nereus.passes.feasibility import require_fit
+        from nereus.passes.infeasible import require_fit
 
         try:
             named = {plan for pair in pairs for plan in pair} if transition else {p.name for p in module.plans}

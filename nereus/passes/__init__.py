@@ -72,7 +72,7 @@ def compile_transition(module: Module, source: str, target: str, *, pipeline: Op
     manager = PassManager(text, print_after_all=print_after_all)
     with paused_gc():
         if check_fit:
-            from .feasibility import require_fit
+            from .infeasible import require_fit
 
             require_fit(module, source, target)
         state = manager.run(CompileState(module, source, target))

@@ -61,9 +61,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from nereus.models import pp_layer_range
-from nereus.ir.diagnostics import InfeasibleError
 from nereus.ir.model import STAGES, Model, Module, Placement, Plan
-from nereus.ir.units import human_bytes
 
 from .layout import kind_volume, shard_elements, zero_shard_elements
 
@@ -380,47 +378,3 @@ def offloaded_host_bytes(module: Module, plan: Plan) -> dict[int, int]:
 
 def check_module(module: Module) -> list[FeasibilityReport]:
     return [check_plan(module, plan) for plan in module.plans]
-
-
-def _apart(need: int, have: int) -> tuple[str, str]:
-    """`need` and `have` in one human unit each, with more digits where that rounding
-    would print them equal ("needs 2.1 MiB but has 2.1 MiB")."""
-    need_text, have_text = human_bytes(need), human_bytes(have)
-    if need_text == have_text and need != have:
-        return f"{need:,} B", f"{have:,} B"
-    return need_text, have_text
-
-
-def infeasible_error(plan: Plan, report: FeasibilityReport, source: str | None = None) -> InfeasibleError:
-    """The error `nereusc check` prints for a plan that does not fit, at the plan's name:
-    the worst GPU and stage, and the largest contributor in the hint. One wording for the
-    check and for every command that refuses an infeasible plan."""
-    worst = report.worst
-    if not report.overflowing and report.host_overflowing:  # the GPUs fit; host memory does not
-        node, used = report.host_overflowing[0]
-        used_text, has_text = _apart(used, report.host_capacity_bytes)
-        return InfeasibleError(
-            f"plan {plan.name} does not fit: node {node} holds {used_text} of offloaded state in host memory "
-            f"but has {has_text} ({len(report.host_overflowing)} node(s) overflow)",
-            plan.loc, "offload fewer model-stages, spread their GPUs over more nodes, or raise the cluster's host_mem",
-            source or None, width=len(plan.name) if plan.loc else 1)
-    top = worst.contributors[0]
-    need_text, has_text = _apart(worst.bytes, report.capacity_bytes)
-    return InfeasibleError(
-        f"plan {plan.name} does not fit: GPU {worst.gpu} needs {need_text} in {worst.stage} "
-        f"but has {has_text} ({len(report.overflowing)} GPU x stage pairs overflow)",
-        plan.loc,
-        f"the largest contributor is {top.model_stage} {top.kind} ({human_bytes(top.bytes)}); raise its tp/pp, "
-        f"offload it, or lower the microbatch",
-        source or None, width=len(plan.name) if plan.loc else 1)
-
-
-def require_fit(module: Module, *plans: str) -> None:
-    """Raise `infeasible_error` for the first of `plans` that does not fit (the check is
-    what `nereusc check` runs: a transition into or out of such a plan is refused before
-    any pass spends time on it)."""
-    for name in plans:
-        plan = module.plan(name)
-        report = check_plan(module, plan)
-        if not report.feasible:
-            raise infeasible_error(plan, report)
