@@ -453,6 +453,8 @@ def brute_force_plan(module: Module, workload: Workload, cost: CostModel, gpus: 
             x = space.stages.index(c.choice.model_stage.stage)
             working[x] = np.maximum(working[x], c.working)
             seconds += c.seconds
+        if seconds + sum(g.seconds for g in gens) >= best_seconds:
+            continue  # generation at one wave is its fastest: this combination cannot win
         done = space.finish(resident, working, gens)
         if done is None or not space.host_fits(combo):
             continue

@@ -65,7 +65,7 @@ def modules(draw):
     return Module(cluster, tuple(models), workload, (Plan("P", None, placements, placements),), ())
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(modules())
 def test_plan_memory_is_the_feasibility_pass(module):
     plan = module.plans[0]
