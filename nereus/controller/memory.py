@@ -1,9 +1,9 @@
 """Memory of candidate layouts, computed with the feasibility pass's own per-GPU rule.
 
 The search and `nereusc check` must agree on what fits, so the bytes come from
-`nereus.passes.feasibility.unit_gpu_bytes` (weights, grads and optimizer state with their
-ZeRO chunks, expert shards per EP rank, KV cache, activations, logits, all-to-all buffers,
-ZeRO-3's gathered layers), the per-(GPU, stage) rule is the pass's (resident state of every
+`nereus.passes.feasibility.unit_resident_bytes` and `unit_working_bytes` (weights, grads and
+optimizer state with their ZeRO chunks, expert shards per EP rank, KV cache, activations,
+logits, all-to-all buffers, ZeRO-3's gathered layers), the per-(GPU, stage) rule is the pass's (resident state of every
 unit on the GPU, an offloaded unit only in its own stage, plus the largest working set among
 the units active there), and host memory is the pass's own count
 (`feasibility.offloaded_host_bytes`). tests/controller/test_memory_agrees.py checks that

@@ -20,7 +20,8 @@ another on the shared GPUs):
 
 Decomposition: a model-stage's latency depends only on its own layout, except generation,
 whose KV waves depend on what else is resident; memory couples all choices through per-GPU
-sums, and offloaded units through each node's host memory (checked on complete assignments). So: (1) per model-stage candidates with their times and per-GPU memory vectors over
+sums, and offloaded units through each node's host memory (checked on complete
+assignments). So: (1) per model-stage candidates with their times and per-GPU memory vectors over
 one period Q = lcm(tp·pp) of GPU positions (every position ≡ q mod Q holds the same bytes);
 (2) drop candidates dominated in time and in every memory entry; (3) enumerate (generation
 layout, waves w) pairs cheapest first — fixing w makes the KV cache a fixed working set — and

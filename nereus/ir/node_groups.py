@@ -44,7 +44,8 @@ def _hint(cluster: Cluster, placement: Placement, kind: str) -> str:
     per_node = cluster.gpus_per_node
     what = "tp" if kind == "tp" else "ep x tp"
     if size > per_node:
-        return f"{'a' if kind == 'tp' else 'an'} {what} of at most {per_node} (gpus_per_node) keeps each group in one node"
+        article = "a" if kind == "tp" else "an"
+        return f"{article} {what} of at most {per_node} (gpus_per_node) keeps each group in one node"
     ordered = tuple(sorted(placement.gpus))
     aligned = all(len({cluster.node_of(g) for g in ordered[i:i + size]}) == 1 for i in range(0, len(ordered), size))
     if aligned and ordered != placement.gpus:

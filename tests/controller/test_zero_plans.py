@@ -68,3 +68,16 @@ def test_a_policy_that_ran_no_step_is_said_to_with_why(tmp_path):
     assert ("fixed failed at step 0: its plan does not fit (response 1024): GPU 0 needs 41.5 GiB in training "
             "but has 22.4 GiB") in result.output
     assert "no step is common to every policy (fixed ran no step)" in result.output
+
+
+def test_the_cost_model_prices_zero_as_the_zero_paper_does(zero):
+    """ZeRO-1: the data-parallel bytes of an all-reduce (reduce-scatter + all-gather), Adam on
+    the replica's 1/dp chunk; ZeRO-3: 1.5x the data-parallel bytes (§7.2)."""
+    from nereus.controller.cost_model import TERMS, Layout, stage_terms
+
+    ms = zero.plan("S1").placements[3].model_stage
+    dp, optimizer = TERMS.index("dp"), TERMS.index("optimizer")
+    plain, one, three = (stage_terms(zero, zero.workload, ms, Layout(8, 1, 1, zero=z)) for z in (0, 1, 3))
+    assert one[dp] == pytest.approx(plain[dp]) and three[dp] == pytest.approx(1.5 * plain[dp])
+    assert one[optimizer] == pytest.approx(plain[optimizer] / 8) == pytest.approx(three[optimizer])
+    assert all(one[i] == plain[i] for i in range(len(TERMS)) if i not in (dp, optimizer))
