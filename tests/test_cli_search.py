@@ -85,6 +85,8 @@ def test_names_do_not_clash_with_the_files_plans(tmp_path):
     result = run("search", path, "--top", "2")
     assert result.exit_code == 0, result.output
     assert re.findall(r"^plan (\w+) \{", result.stdout, re.M) == ["best_1", "best_2"]
+    one = run("search", path, "--top", "1")
+    assert re.findall(r"^plan (\w+) \{", one.stdout, re.M) == ["best_1"]
 
 
 @pytest.mark.parametrize("args, where", [

@@ -154,7 +154,9 @@ def search_command(file, overrides, gpus, top, source, waves, as_json, quiet, tr
     wide = _cluster_for(module, gpus)
     workload = module.workload
     cost = CostModel(wide)
-    found = [r for r in search_plans(wide, workload, cost, gpus, top, _names(module, top), allow_waves=waves)
+    prefix = _names(module, top)
+    found = [replace(r, plan=replace(r.plan, name=f"{prefix}{k + 1}"))  # best1 also when --top 1
+             for k, r in enumerate(search_plans(wide, workload, cost, gpus, top, prefix, allow_waves=waves))
              if r.plan is not None]
     if not found:
         raise SemanticError(
