@@ -17,8 +17,7 @@ Rule (after Pollux's discounted speedups and Sia's restart-cost accounting):
      cliff a step costs 25–30% more; waiting one step for the level to catch up costs that).
   3. otherwise, with g = t_cur − t_cand, switch iff all of
        (g − z·σ)·H·(1 − margin) > Ĉ                             (payback with confidence)
-         or g·H·(1 − margin) − Ĉ > 2Ĉ + D·max(0, z·σ − g)       (a trial worth its risk,
-            and g ≥ k·σ, k = `trial_sigmas`                       beyond the noise)
+         or g·H·(1 − margin) − Ĉ > 2Ĉ + D·max(0, z·σ − g)       (a trial worth its risk)
        g / t_cur ≥ ρ_min                                         (not a tie)
        steps since the last switch ≥ D_min
        for a trial (not the confident test): the same candidate passed the tests above at
@@ -28,9 +27,7 @@ Rule (after Pollux's discounted speedups and Sia's restart-cost accounting):
      measured): a move is reversible, so its worst plausible loss is the move, the move back,
      and D = `trial_steps` steps at up to z·σ − g slower before the measurements show it;
      when the expected saving over the remaining steps exceeds that, trying is the better bet
-     (otherwise a clearly better plan is never tried, and never measured). The expected
-     saving takes g at its word, so a trial also needs g ≥ `trial_sigmas`·σ (1: the
-     candidate is faster with at least 84% probability); a gain inside the noise is a tie.
+     (otherwise a clearly better plan is never tried, and never measured).
 σ is the uncertainty of the *difference* t_cur − t_cand (the controller computes it):
 σ² = s0²/k + Σ_changed (ε_ms·t_ms)², with s0 the std of the k measured steps of the current
 plan (shrinks as k grows) and the sum over the model-stages whose layout the candidate
@@ -65,10 +62,6 @@ class AdmissionSettings:
     # job ran, and its error on other layouts is larger (the simulator's hidden per-term
     # coefficients differ from the prior by ~25%)
     unobserved_error: float = 0.05
-    # least predicted gain of a trial, in σ: below one σ the candidate is the faster plan
-    # with less than 84% probability (normal errors), and such trials were 2 of Nereus' 8
-    # moves on the mixed traces, none of them a move of the oracle (issue 43)
-    trial_sigmas: float = 1.0
 
     def __post_init__(self):
         """Every setting in its range (a margin of 1 or more would flip the payback test:
@@ -97,7 +90,6 @@ class AdmissionSettings:
         number("trial_steps", 0, whole=True)
         number("default_error", 0.0)
         number("unobserved_error", 0.0)
-        number("trial_sigmas", 0.0)
 
 
 @dataclass(frozen=True)
@@ -187,9 +179,7 @@ def admit(step: int, current_s: float, current_feasible: bool, candidate_s: floa
     # `trial_steps` observed steps, and moving back costs another transition
     worst_loss = 2.0 * transition_s + settings.trial_steps * max(0.0, settings.z * sigma_s - gain)
     expected = gain * remaining_steps * (1.0 - settings.margin) - transition_s
-    # the expected saving takes the predicted gain at its word: only a gain beyond the noise
-    # (`trial_sigmas`·σ) is worth trying, else a tie inside the noise is a move for nothing
-    trial = expected > worst_loss and gain >= settings.trial_sigmas * sigma_s
+    trial = expected > worst_loss
     if saving <= transition_s and not trial:
         return decide(False, "no-payback", saving)
     if steps_since_switch < settings.min_interval:

@@ -236,13 +236,12 @@ class Controller:
 
     def admission_settings(self) -> AdmissionSettings:
         """The admission settings of the next decision: `settings`, without the tie threshold
-        and the trial's least gain in σ while the running plan is a forced move's target not
-        yet corrected. That target was the search's pick on a model that had not measured it,
-        never admitted against an alternative; once measured, a better plan that passes the
-        payback or trial test (confirmation and all) corrects the pick even when the model
-        calls the gain a tie (on the held-out mixed trace a correction at 0.12 σ saved 28 s,
-        0.14%). Any later move restores both, so they cannot feed a chase of ties."""
-        return replace(self.settings, rho_min=0.0, trial_sigmas=0.0) if self._on_forced else self.settings
+        while the running plan is a forced move's target not yet corrected. That target was
+        the search's pick on a model that had not measured it, never admitted against an
+        alternative; once measured, a better plan that passes the payback or trial test (σ,
+        confirmation and all) corrects the pick even when the model calls the gain a tie.
+        Any later move restores the threshold, so it cannot feed a chase of ties."""
+        return replace(self.settings, rho_min=0.0) if self._on_forced else self.settings
 
     def best_plan(self, workload: Workload, gpus: int, longest: int = 0, exact: bool = False) -> SearchResult:
         """The search's best plan for `workload` (cached until `_needs_search`), planned for the
