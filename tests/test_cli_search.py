@@ -73,6 +73,13 @@ def test_from_adds_the_compiled_transition_and_its_payback():
                      text, re.M), text
 
 
+def test_from_a_plan_on_more_gpus_is_a_forced_move_and_says_why():
+    out = json.loads(run("search", PPO, "--from", "S1", "--gpus", "8", "--top", "1", "--json").stdout)
+    assert out["from"]["fits"] is False and out["from"]["why_not"] == "it uses GPUs beyond 0..7"
+    assert out["plans"][0]["transition"]["payback_steps"] == 0
+    assert out["plans"][0]["transition"]["gain_s_per_step"] is None
+
+
 def test_more_gpus_than_the_cluster_adds_nodes_and_says_so():
     result = run("search", SMALL, "--gpus", "16", "--top", "1")
     assert result.exit_code == 0, result.output

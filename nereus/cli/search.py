@@ -170,7 +170,10 @@ def search_command(file, overrides, gpus, top, source, waves, as_json, quiet, tr
     if source is not None:
         before = plans[source]
         predicted = predict_plan(wide, workload, cost, before, gpus, allow_waves=waves)
-        source_info = {"plan": source, "fits": predicted.feasible, "predicted_step_s": predicted.step_s}
+        beyond = max(g for p in before.placements for g in p.gpus) >= gpus
+        source_info = {"plan": source, "fits": predicted.feasible, "predicted_step_s": predicted.step_s,
+                       "why_not": None if predicted.feasible else
+                       f"it uses GPUs beyond 0..{gpus - 1}" if beyond else "it does not fit in memory"}
     results = []
     for k, r in enumerate(found):
         memory = _memory(wide, workload, r)
@@ -221,7 +224,7 @@ def _header(module, file, gpus, workload, summary, source_info) -> str:
              f"{summary['candidates']} layouts searched"]
     if source_info is not None:
         state = f"predicted {source_info['predicted_step_s']:.2f} s/step" if source_info["fits"] else \
-            "does not fit this workload on these GPUs (any move is forced)"
+            f"cannot run this workload: {source_info['why_not']} (any move is forced)"
         lines.append(f"# from {source_info['plan']}: {state}")
     return "\n".join(lines)
 
