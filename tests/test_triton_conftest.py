@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 RUN = """
@@ -37,6 +39,7 @@ def test_beside_a_gpu_the_interpreter_tests_are_skipped_and_the_setting_left_alo
     assert "skipped" in out and "passed" not in out and "INTERPRET None" in out, out
 
 
+@pytest.mark.triton
 def test_asked_for_or_without_a_gpu_they_run_under_the_interpreter():
     for cuda, asked in ((False, False), (True, True)):
         out = _run(cuda=cuda, asked=asked)

@@ -9,18 +9,15 @@ interpreted kernels on device addresses, which aborts or segfaults the process (
 one H200 in session 17, benchmarks/RESULTS.md). Run them apart there:
 `TRITON_INTERPRET=1 python -m pytest tests/triton`.
 
-Without triton installed (a CPU install of the `test` extra: Triton is the `gpu` extra)
-they skip, saying so; CI installs it (.ci/run)."""
+Without triton installed they skip (tests/conftest.py)."""
 
 import importlib
-import importlib.util
 import os
 import sys
 
 import pytest
 import torch
 
-HAS_TRITON = importlib.util.find_spec("triton") is not None
 ASKED = os.environ.get("TRITON_INTERPRET") == "1"  # set by whoever ran pytest, not by this file
 INTERPRETED = ASKED or not torch.cuda.is_available()
 if INTERPRETED:
@@ -31,9 +28,6 @@ if INTERPRETED:
 
 @pytest.fixture(autouse=True)
 def _interpreted():
-    if not HAS_TRITON:
-        pytest.skip("triton is not installed: these tests run the pack kernels under its interpreter "
-                    "(pip install -e '.[gpu]')")
     if not INTERPRETED:
         pytest.skip("interpreter-mode tests, skipped beside a GPU (it would hold for the CUDA tests too): "
                     "run `TRITON_INTERPRET=1 python -m pytest tests/triton` apart")
