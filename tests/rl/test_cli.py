@@ -140,19 +140,43 @@ def test_changes_after_one_step_all_apply_in_order():
         [(1, "workload.batch=16"), (2, "workload.response=8"), (2, "workload.response=10")]
 
 
-def test_plans_that_do_not_fit_are_warned_about_before_launch():
-    """A plan `nereusc check` refuses trained silently (on GPUs it would run out of memory),
-    also one a --drift makes stop fitting."""
+def test_plans_that_do_not_fit_are_refused_unless_allowed():
+    """A plan `nereusc check` refuses was only warned about, and the run died at the first
+    transition: an error at the plan's line now, also for one a --drift makes stop
+    fitting; --allow-infeasible makes them warnings again (a CPU run's memory is not the
+    declared cluster's)."""
     import nereus.ir as ir
     from nereus.cli.train import unfit_plans
 
     module = ir.parse_file(PLAN)
     assert unfit_plans(module, []) == []
     tight = ir.apply_overrides(module, ["cluster.gpu.mem=2MB"])
-    warnings = unfit_plans(tight, [])
-    assert warnings and all("does not fit" in w and "run out of memory" in w for w in warnings)
+    errors = unfit_plans(tight, [])
+    assert errors and all("does not fit" in e.message and e.loc.line > 1 for e in errors)
     drifted = unfit_plans(module, [(2, "workload.response=100000")])
-    assert drifted and drifted[0].startswith("after step 2 (workload.response=100000): plan ")
+    assert drifted and drifted[0].message.startswith("after step 2 (workload.response=100000): plan ")
+    run = _nereus(PLAN, "--algo", "grpo", "--steps", "2", "--set", "cluster.gpu.mem=2MB")
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    assert "grpo-cpu.nir:" in run.stderr and "does not fit" in run.stderr and "--allow-infeasible" in run.stderr
+
+
+def test_more_processes_than_the_plans_gpus_are_refused():
+    """`--nproc 64` on a 2-GPU cluster started 64 ranks (251 s) that held nothing."""
+    run = _nereus(PLAN, "--algo", "grpo", "--steps", "2", "--nproc", "64")
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    assert "grpo-cpu.nir:7:9: error: --nproc 64: cluster cpu has 2 GPUs" in run.stderr, run.stderr
+    run = _nereus(PLAN, "--algo", "grpo", "--steps", "2", "--nproc", "3", "--set", "cluster.gpus_per_node=4")
+    assert run.returncode == 2 and "--nproc 3: the plans use GPUs 0..1" in run.stderr, run.stderr
+
+
+def test_more_cpu_processes_than_the_machine_runs_are_refused():
+    from nereus.cli.train import check_cpu_processes
+    from nereus.ir.diagnostics import NereusError
+
+    check_cpu_processes(8, cores=2)
+    with pytest.raises(NereusError, match=r"--nproc 9: 9 CPU processes on 2 cores") as error:
+        check_cpu_processes(9, cores=2)
+    assert "own torch" in str(error.value)
 
 
 def test_a_gpu_scale_plan_is_refused_on_cpu_processes():
