@@ -422,14 +422,19 @@ def _print_summary(runs: dict, comparison: Optional[dict], out: str, wall: float
 
     console = Console(stderr=quiet, width=None if sys.stdout.isatty() else 140)
     table = Table(title=f"nereus train ({wall:.1f} s wall, output in {out})")
-    for column in ("run", "steps", "step time", "transitions", "bytes moved", "transition time", "share of run",
-                   "reward first → last"):
+    summaries = {label: summary(result) for label, result in runs.items()}
+    # vLLM engines restarted after a transition: their own column, not transition time
+    restarts = any(s["engine_restart_seconds"] for s in summaries.values())
+    columns = ["run", "steps", "step time", "transitions", "bytes moved", "transition time", "share of run"]
+    columns += ["engine restarts", "share"] if restarts else []
+    for column in columns + ["reward first → last"]:
         table.add_column(column, justify="right")
-    for label, result in runs.items():
-        s = summary(result)
-        table.add_row(label, str(s["steps"]), f"{s['mean_step_seconds']:.3f} s", str(s["transitions"]),
-                      human_bytes(s['bytes_moved']), f"{s['transition_seconds']:.3f} s", f"{100 * s['transition_share']:.2f}%",
-                      f"{s['first_reward']:.3f} → {s['last_reward']:.3f}")
+    for label, s in summaries.items():
+        cells = [label, str(s["steps"]), f"{s['mean_step_seconds']:.3f} s", str(s["transitions"]),
+                 human_bytes(s['bytes_moved']), f"{s['transition_seconds']:.3f} s", f"{100 * s['transition_share']:.2f}%"]
+        if restarts:
+            cells += [f"{s['engine_restart_seconds']:.3f} s", f"{100 * s['engine_restart_share']:.2f}%"]
+        table.add_row(*cells, f"{s['first_reward']:.3f} → {s['last_reward']:.3f}")
     console.print(table)
     if comparison:
         console.print("largest |difference| to the control run, over all steps: " + ", ".join(

@@ -219,3 +219,31 @@ def test_nccl_without_a_gpu_per_process_is_refused():
 
     with pytest.raises(NereusError, match=r"--backend nccl needs a CUDA device per process: 2 processes, 1 device"):
         resolve_backend("nccl", 2, 1)
+
+
+def test_an_engine_restart_is_counted_apart_from_the_transition():
+    """A vLLM engine restart after a plan change was counted as transition time (95.67% of
+    the run); the summary and the table keep it apart."""
+    from nereus.rl.report import summary
+
+    result = {"steps": [{"step": 1, "seconds": 2.0, "reward": 0.1}, {"step": 2, "seconds": 2.0, "reward": 0.2}],
+              "transitions": [{"after_step": 1, "seconds": 0.5, "engine_seconds": 95.5, "bytes": 10}],
+              "run_seconds": 100.0}
+    s = summary(result)
+    assert s["transition_seconds"] == 0.5 and s["engine_restart_seconds"] == 95.5
+    assert s["transition_share"] == 0.005 and s["engine_restart_share"] == 0.955
+    assert summary({**result, "run_seconds": None})["run_seconds"] == 100.0  # steps + transition + restart
+
+
+def test_the_run_table_shows_engine_restarts_only_where_there_were_some(capsys):
+    from nereus.cli.train import _print_summary
+
+    result = {"steps": [{"step": 1, "seconds": 2.0, "reward": 0.1}],
+              "transitions": [{"after_step": 1, "seconds": 0.5, "engine_seconds": 95.5, "bytes": 10}],
+              "run_seconds": 100.0}
+    _print_summary({"run": result}, None, "out", 100.0, quiet=False)
+    table = capsys.readouterr().out
+    assert "engine restarts" in table and "95.500 s" in table and "0.50%" in table
+    _print_summary({"run": {**result, "transitions": [{"after_step": 1, "seconds": 0.5, "bytes": 10}]}}, None, "out",
+                   100.0, quiet=False)
+    assert "engine restarts" not in capsys.readouterr().out
