@@ -137,10 +137,12 @@ def _print_after(name: str, state) -> None:
 @click.option("--pipeline", metavar="PASSES", help="Pass pipeline, e.g. diff,dag,resources,fusion{bucket=256MiB},lower,cost.")
 @click.option("--rank", type=int, metavar="R",
               help="With --emit json: write rank R's program alone (its ops, shards and peers; docs/program.md).")
+@click.option("--program-version", type=click.Choice(["1", "2"]), default="2", show_default=True,
+              help="With --emit json: the JSON program version (2: families and ranges; 1: every member named).")
 @traceback_option
 @reports_errors
 def compile_command(file, transition, overrides, emit, output, as_json, time_passes, print_after_all, pipeline,
-                    rank, traceback):
+                    rank, program_version, traceback):
     """Check FILE's plans and compile its transitions."""
     from nereus.cli.check import load_module
     from nereus.passes import compile_transition
@@ -226,9 +228,9 @@ def compile_command(file, transition, overrides, emit, output, as_json, time_pas
     elif emit == "json" and rank is not None:
         from nereus.backends.rank_json import rank_program_json
 
-        text = json.dumps(rank_program_json(results[0], rank), separators=(",", ":"))
+        text = json.dumps(rank_program_json(results[0], rank, int(program_version)), separators=(",", ":"))
     elif emit == "json":
-        text = json.dumps(program_json(results[0]), separators=(",", ":"))
+        text = json.dumps(program_json(results[0], int(program_version)), separators=(",", ":"))
     elif emit == "dag":
         from nereus.backends.text import dag_text
 
