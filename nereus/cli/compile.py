@@ -72,6 +72,11 @@ def summary_text(summary: dict) -> str:
              f" inter-node {human_bytes(b['inter_node'])}, staged {human_bytes(b['staged'])}); kept in place {human_bytes(b['kept'])}",
              f"  lower bound (bytes whose owner changes) {human_bytes(summary['lower_bound_bytes'])};"
              f" sent {human_bytes(b['intra_node'] + b['inter_node'])}"]
+    bounds = summary.get("bounds")
+    if bounds and bounds["busiest_nic_seconds"]:
+        ratio = summary["predicted_seconds"] / bounds["busiest_nic_seconds"]
+        lines.append(f"  link bounds: busiest NIC {bounds['busiest_nic_seconds']:.3f} s (node {bounds['busiest_node']}),"
+                     f" average NIC {bounds['average_nic_seconds']:.3f} s; predicted {ratio:.2f}x the busiest")
     peak = summary["peak_memory"]
     when = "before round 0" if peak["round"] < 0 else f"in round {peak['round']}"
     lines.append(f"  peak memory {human_bytes(peak['bytes'])} of {human_bytes(peak['capacity_bytes'])} usable"
