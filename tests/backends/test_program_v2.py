@@ -12,7 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "passes"))
 
 from builders import cluster, module, place, workload  # noqa: E402
-from test_passes_moe import TRANSITIONS, ep_place, moe  # noqa: E402
+from test_passes_moe import TRANSITIONS, transitions_module  # noqa: E402
 
 from nereus.backends.json_program import program_json  # noqa: E402
 from nereus.backends.rank_json import rank_program_json, split_by_rank  # noqa: E402
@@ -24,13 +24,7 @@ from nereus.passes.verify import verify_program  # noqa: E402
 
 @pytest.fixture(scope="module")
 def moe_module():
-    c = cluster(2, 4, mem=10**12)
-    w = workload({"training": ["actor"], "generation": ["gen"]})
-    plans = {}
-    for name, (before, after) in TRANSITIONS.items():
-        plans[f"{name}_a"] = [ep_place("actor.training", *before), ep_place("gen.generation", *before)]
-        plans[f"{name}_b"] = [ep_place("actor.training", *after), ep_place("gen.generation", *after)]
-    return module(c, [moe("actor", experts=8), moe("gen", experts=8)], w, plans)
+    return transitions_module(experts=8)  # 8 experts: runs of several experts per EP rank
 
 
 def _canonical(program: dict) -> dict:
