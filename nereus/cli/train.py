@@ -184,7 +184,8 @@ def unfit_plans(module, drifts: list[tuple[int, str]], source: Optional[str] = N
     GPUs such a run dies at the first transition into it; `nereus train` refuses them unless
     --allow-infeasible (on CPUs, gloo, memory is not the declared cluster's)."""
     import nereus.ir as ir
-    from nereus.passes.feasibility import check_plan, infeasible_error
+    from nereus.passes.feasibility import check_plan
+    from nereus.passes.infeasible import infeasible_error
 
     out, unfit = [], set()
 
