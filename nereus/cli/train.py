@@ -194,7 +194,7 @@ def unfit_plans(module, drifts: list[tuple[int, str]], source: Optional[str] = N
             report = check_plan(module, plan)
             if not report.feasible and plan.name not in unfit:
                 unfit.add(plan.name)
-                error = infeasible_error(plan, report, source)
+                error = infeasible_error(plan, report, source, module)
                 error.message = f"{when}{error.message}"
                 error.args = (error.message,)
                 out.append(error)
