@@ -1,29 +1,37 @@
-"""Progress lines on stderr for commands that can take a while (`nereus simulate`,
-`nereusc search`): stdout stays the answer (a table, `.nir` text or one JSON object)."""
+"""Progress of a long command on stderr (`nereus simulate`, `nereusc verify`, `nereusc
+search`); stdout keeps the result, or the one JSON object of `--json`."""
 
 from __future__ import annotations
 
 import math
+import sys
 import time
+from typing import Callable, Optional
 
 import click
 
 
 class StderrProgress:
-    """Prints `phase done/total (elapsed)` to stderr at most every `every` seconds, and at
-    each phase's end; nothing during the first `after` seconds (a command that finishes
-    in a second or two says nothing)."""
+    """A callable `(phase, done, total)` that prints `  [label: ]phase done/total (elapsed)`
+    at most every `every` seconds and at each phase's end; only from `after` seconds on,
+    unless stderr is a terminal (a short run prints nothing into a log). `clock`, `echo`
+    and `tty` replace the wall clock, stderr and its terminal test (tests)."""
 
-    def __init__(self, every: float = 2.0, after: float = 0.0):
-        self.every = every
-        self.after = after
-        self.began = time.perf_counter()
+    def __init__(self, label: Optional[str] = None, after: float = 0.0, every: float = 2.0,
+                 clock: Callable[[], float] = time.perf_counter, echo: Optional[Callable[[str], None]] = None,
+                 tty: Optional[bool] = None):
+        self.label, self.after, self.every, self.clock = label, after, every, clock
+        self.echo = echo or (lambda text: click.echo(text, err=True))
+        self.tty = sys.stderr.isatty() if tty is None else tty
+        self.began = clock()
         self.last = -math.inf
 
     def __call__(self, phase: str, done: int, total: int) -> None:
-        now = time.perf_counter()
-        if now - self.began < self.after:
+        now = self.clock()
+        elapsed = now - self.began
+        if elapsed < self.after and not self.tty:
             return
         if done == total or now - self.last >= self.every:
             self.last = now
-            click.echo(f"  {phase}: {done}/{total} ({now - self.began:.0f} s)", err=True)
+            what = f"{self.label}: {phase} {done}/{total}" if self.label else f"{phase}: {done}/{total}"
+            self.echo(f"  {what} ({elapsed:.0f} s)")
