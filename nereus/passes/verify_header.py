@@ -16,7 +16,8 @@ on tp, pp and offload, have distinct replicas and GPUs, and the same model-stage
 both sides (none of them untouched); per unit the boxes of each tensor its model-stage
 holds tile the tensor (replicated copies identical, others disjoint); when `nodes` is
 given it declares the node of every GPU (without it, as in v1 programs before the field
-was added, host memory is unlimited).
+was added, host memory is unlimited); `memory_model`, when given, names a model of
+`nereus.passes.memory_model` (without it: "cpu", the model v1 programs had before it).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from dataclasses import dataclass
 
 from nereus.ir.diagnostics import ProgramError
 from nereus.ir.model import DTYPE_BYTES, STAGES
+
+from .memory_model import FIELD as MEMORY_MODEL, KINDS, V1_DEFAULT
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,7 @@ class Header:
     after: dict
     stage_of: dict  # ("before" | "after", unit id) -> model_stage
     offloaded: frozenset  # ("before" | "after", unit id) of offloaded units
+    memory_model: str = V1_DEFAULT  # the device memory model the program is proven for (memory_model.py)
 
 
 # the section of docs/program.md that describes what an error is about (a hint for the
@@ -151,7 +155,17 @@ def parse_header(data: dict) -> Header:
         fail(f"header field 'untouched' lists {sorted(stages_of_side['before'] & set(untouched))}, which move")
     host_capacity = _nodes(data, node_of)
     return Header(tensors, capacity, node_of, host_capacity, resident, parsed["before"], parsed["after"],
-                  stage_of, frozenset(offloaded))
+                  stage_of, frozenset(offloaded), _memory_model(data))
+
+
+def _memory_model(data: dict) -> str:
+    """The header's `memory_model`; a program without it (v1 before the field) was proven
+    for the model it had then, "cpu"."""
+    kind = data.get(MEMORY_MODEL, V1_DEFAULT)
+    if kind not in KINDS:
+        fail(f"header field '{MEMORY_MODEL}' must be one of {', '.join(map(repr, KINDS))}, not {shown(kind)}",
+             hint="the device memory model the program is proven for (docs/program.md, \"Memory\")")
+    return kind
 
 
 def _tensors(listed: list) -> dict:
