@@ -41,7 +41,7 @@ from memory_cases import case_programs, host_units, model_round_buffers
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
-# two 8B-shaped-layer models trading GPUs of 120 MB (each unit ~91 MiB with Adam state):
+# two models (hidden 512) trading GPUs of 120 MB (each unit ~91 MiB with Adam state):
 # the cycle is broken by staging, and the sends out of the staged shards are cut to fit
 # (11 rounds); every tensor and piece a multiple of 512 bytes (no allocator rounding)
 GPU_SWAP = """
