@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
@@ -114,9 +115,23 @@ def test_rank_parts_state_the_model_of_the_whole_program():
     assert all("memory_model" not in part for part in split_by_rank(old).values())
 
 
+@pytest.mark.parametrize("memory_model", ["cuda", "cpu"])
+def test_a_v2_program_is_proven_with_the_peaks_of_its_v1_program(memory_model):
+    """A ranged segment stands for one segment per member, each padded on its own (GPUs of
+    150 kB: sends of two layers at once, one ranged segment each)."""
+    module = ir.parse_file(str(ODD))
+    module = replace(module, cluster=replace(module.cluster, gpu=replace(module.cluster.gpu, mem_bytes=150_000)))
+    compiled = compile_transition(module, "A", "B", check_fit=False, memory_model=memory_model)
+    v1, v2 = program_json(compiled, version=1), program_json(compiled, version=2)
+    assert any(s["at"][0][1] - s["at"][0][0] > 1 for rnd in v2["rounds"] for op in rnd["ops"] if op["op"] == "send"
+               for s in op["segments"] if "at" in s)
+    assert verify_program(v2).peak_bytes == verify_program(v1).peak_bytes
+    assert max(verify_program(v2).peak_bytes.values()) == compiled.summary["peak_memory"]["bytes"]
+
+
 def test_padding_the_scheduler_counts_is_the_packed_layouts_of_the_segments():
     compiled = compile_transition(ir.parse_file(str(ODD)), "A", "B", check_fit=False)
-    dag, program = compiled.dag, program_json(compiled)
+    dag, program = compiled.dag, program_json(compiled, version=1)
     tensors = {t["name"]: t for t in program["tensors"]}
     size = {"bf16": 2, "fp32": 4}
 

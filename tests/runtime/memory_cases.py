@@ -40,14 +40,15 @@ ODD = ROOT / "tests" / "data" / "swap-odd.nir"  # the swap with odd-sized segmen
 
 
 def case_programs(memory_model: str, swap=None) -> dict:
-    """{case: JSON program} compiled for `memory_model` (GPUs sized to the moved state):
-    "swap" (`swap`, a Module, or SWAP's), the OFFLOAD chain's moves, "odd"."""
+    """{case: JSON program, version 1} compiled for `memory_model` (GPUs sized to the moved
+    state): "swap" (`swap`, a Module, or SWAP's), the OFFLOAD chain's moves, "odd"."""
     import nereus.ir as ir
     from nereus.backends.json_program import program_json
     from nereus.passes import compile_transition
 
     def compiled(module, source, target):
-        return program_json(compile_transition(module, source, target, memory_model=memory_model, check_fit=False))
+        return program_json(compile_transition(module, source, target, memory_model=memory_model, check_fit=False),
+                            version=1)
 
     out = {"swap": compiled(swap or ir.parse_file(str(SWAP)), "A", "B")}
     offload = ir.parse_source(OFFLOAD, "offload.nir")
@@ -59,7 +60,7 @@ def case_programs(memory_model: str, swap=None) -> dict:
 
 def model_round_buffers(program: dict) -> dict:
     """{(round, gpu): bytes} the program's memory model charges for the round's sends on
-    that GPU (module docstring)."""
+    that GPU (module docstring); `program`: version 1, segments naming their units."""
     kind = program.get(FIELD, V1_DEFAULT)
     host = {unit["id"] for unit in program["units"]["before"] if unit.get("offload")}
     size = {t["name"]: t["dtype"] for t in program["tensors"]}
