@@ -109,7 +109,7 @@ def schedule(dag: TransitionDag, *, independent: bool = False, staging: bool = T
                     True, tuple(n for p in parts for n in p.notes), memory_model)
 
 
-def _cheaper(dag: TransitionDag, staging: bool, memory_model: str) -> Schedule:
+def _cheaper(dag: TransitionDag, staging: bool, memory_model: str = DEFAULT) -> Schedule:
     """The joint schedule. With staging allowed it is first scheduled staging before-shards
     where a stall would lend the transient reserve (`_stage_for_reserve`); if that staged
     nothing it is the lending schedule itself. Otherwise the lending schedule is built
@@ -132,7 +132,7 @@ def _cheaper(dag: TransitionDag, staging: bool, memory_model: str) -> Schedule:
     return replace(paced, notes=paced.notes + (note,))
 
 
-def _unpaced(dag: TransitionDag, staging: bool, memory_model: str) -> tuple[Schedule, dict]:
+def _unpaced(dag: TransitionDag, staging: bool, memory_model: str = DEFAULT) -> tuple[Schedule, dict]:
     """The schedule `_cheaper` picked before pacing, and the options that built it."""
     stages = range(len(dag.stages))
     model = {"memory_model": memory_model}
