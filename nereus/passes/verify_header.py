@@ -156,6 +156,7 @@ def parse_header(data: dict) -> Header:
 
 def _tensors(listed: list) -> dict:
     tensors = {}
+    weight_dtype: dict[str, str] = {}
     for i, t in enumerate(listed):
         where = f"header field 'tensors' (entry {i})"
         if not isinstance(t, dict) or not isinstance(t.get("name"), str):
@@ -166,10 +167,15 @@ def _tensors(listed: list) -> dict:
         if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
             fail(f"{where}: unknown dtype {dtype!r} of {t['name']}", hint=f"one of {sorted(DTYPE_BYTES)}")
         if "#" in t["name"] and dtype != "fp32":
-            fail(f"{where}: optimizer state {t['name']} must be fp32, not {dtype}")
+            # an architecture model's optimizer state is fp32; a tensors model keeps the
+            # states it declares in its own dtype, the weight's (listed before its states)
+            weight = tensors.get(t["name"].split("#", 1)[0])
+            if weight is None or DTYPE_BYTES[dtype] != weight[1] or dtype != weight_dtype.get(t["name"].split("#")[0]):
+                fail(f"{where}: optimizer state {t['name']} must be fp32 or its weight's dtype, not {dtype}")
         if t["name"] in tensors:
             fail(f"{where}: tensor {t['name']} listed twice")
         tensors[t["name"]] = (tuple(shape), DTYPE_BYTES[dtype])
+        weight_dtype[t["name"]] = dtype
     return tensors
 
 

@@ -19,7 +19,7 @@ from nereus.ir.model import Model, Module, Placement
 
 from .diff import diff_stage
 from .feasibility import placement_resident_bytes
-from .layout import gpu_shards, states_of, tensor_entries, unit_id
+from .layout import gpu_shards, tensor_entries, unit_id, unit_states
 
 
 def box_json(box) -> list[list[int]]:
@@ -96,7 +96,7 @@ def transition_world(module: Module, source: str, target: str) -> TransitionWorl
             continue
         moving.append((before, after))
         model = module.model(before.model_stage.model)
-        for tensor, shape, dtype in tensor_entries(model, states_of(name)):
+        for tensor, shape, dtype in tensor_entries(model, unit_states(model, name)):
             tensors.setdefault(tensor, {"name": tensor, "shape": list(shape), "dtype": dtype})
     return TransitionWorld(gpus, nodes, tuple(tensors.values()), tuple(moving),
                            {str(g): b for g, b in enumerate(resident)}, tuple(untouched))
