@@ -267,7 +267,14 @@ def _units(listed: list, side: str, tensors: dict, capacity: dict, stage_of: dic
         stage_of[(side, uid)] = name
         if offload:
             offloaded.add((side, uid))
-        out[uid], chunks = _shards(unit.get("shards"), where, model, stage, set(gpus), tensors, zero)
+        mesh = unit.get("mesh")
+        if mesh is not None and not (isinstance(mesh, list) and mesh and all(
+                isinstance(d, list) and len(d) == 2 and isinstance(d[0], str) and is_int(d[1]) and d[1] > 0
+                for d in mesh)):
+            fail(f"{where}: mesh must be a list of [name, size] pairs")
+        # a mesh layout may leave a GPU without any shard (a short dimension cut by torch.chunk)
+        out[uid], chunks = _shards(unit.get("shards"), where, model, stage, set(gpus), tensors, zero,
+                                   empty_gpus=mesh is not None)
         for tensor, boxes in chunks.items():
             sharded[name][tensor].update(boxes)
     for name, boxes_of in sharded.items():
@@ -281,7 +288,8 @@ def _units(listed: list, side: str, tensors: dict, capacity: dict, stage_of: dic
     return out
 
 
-def _shards(listed, where: str, model: str, stage: str, gpus: set, tensors: dict, zero: int = 0):
+def _shards(listed, where: str, model: str, stage: str, gpus: set, tensors: dict, zero: int = 0,
+            empty_gpus: bool = False):
     """({gpu: {tensor: boxes}}, {tensor: chunk boxes} of the state `zero` shards over dp)."""
     if not isinstance(listed, list):
         fail(f"{where}: shards must be a list")
@@ -305,7 +313,7 @@ def _shards(listed, where: str, model: str, stage: str, gpus: set, tensors: dict
         if name in shards[g]:
             fail(f"{where}: two shards of {name} on GPU {g}")
         shards[g][name] = parsed
-    if zero:  # a GPU's chunks may all be empty (dim 0 shorter than dp): it still takes part
+    if zero or empty_gpus:  # a GPU's chunks may all be empty (dim 0 shorter than dp): it still takes part
         for g in gpus:
             shards.setdefault(g, {})
     if set(shards) != gpus:

@@ -51,6 +51,8 @@ def unit_json(model: Model, placement: Placement, replica: int, only: Optional[d
             "pp": placement.pp}
     if placement.ep != 1:  # experts whole on their EP rank (docs/program.md)
         unit["ep"] = placement.ep
+    if placement.layout is not None:  # a mesh layout (docs/program.md): its dimensions
+        unit["mesh"] = [[name, size] for name, size in placement.layout.dims]
     unit["offload"] = placement.offload
     if placement.zero:  # optimizer state chunked over the dp units (docs/program.md)
         unit["zero"] = placement.zero

@@ -1,0 +1,83 @@
+"""A transformers Llama in the five layouts of issue 40, on 4 gloo ranks: replicated,
+FSDP 4, TP 4, FSDP 2 x TP 2 (mesh (dp, tp)) and TP 2 x FSDP 2 (mesh (tp, dp)). Sizes
+are chosen so that some splits are uneven (torch.chunk: the vocabulary of 66 rows over 4
+ranks is 17, 17, 17, 15; embeddings over dp 2 are 33 and 33)."""
+
+from __future__ import annotations
+
+import torch
+
+LAYOUTS = ("replicated", "fsdp4", "tp4", "fsdp2_tp2", "tp2_fsdp2")
+TP_PLAN = {"self_attn.q_proj": "col", "self_attn.k_proj": "col", "self_attn.v_proj": "col", "self_attn.o_proj": "row",
+           "mlp.gate_proj": "col", "mlp.up_proj": "col", "mlp.down_proj": "row"}
+
+
+def config():
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=66, hidden_size=32, intermediate_size=52, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=4, max_position_embeddings=64, rope_theta=10000.0)
+
+
+def build(layout: str, meta: bool = False, seed: int = 0):
+    """The model in `layout` (weights from `seed`, or on the meta device)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    if meta:
+        with torch.device("meta"):
+            model = LlamaForCausalLM(config())
+    else:
+        model = LlamaForCausalLM(config())
+    plan = {k: ColwiseParallel() if v == "col" else RowwiseParallel() for k, v in TP_PLAN.items()}
+    if layout == "replicated":
+        return model
+    if layout == "fsdp4":
+        mesh = init_device_mesh("cpu", (4,), mesh_dim_names=("dp",))
+        for layer in model.model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+    elif layout == "tp4":
+        mesh = init_device_mesh("cpu", (4,), mesh_dim_names=("tp",))
+        for layer in model.model.layers:
+            parallelize_module(layer, mesh, plan)
+    else:
+        names = ("dp", "tp") if layout == "fsdp2_tp2" else ("tp", "dp")
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=names)
+        for layer in model.model.layers:
+            parallelize_module(layer, mesh["tp"], plan)
+            fully_shard(layer, mesh=mesh["dp"])
+        fully_shard(model, mesh=mesh["dp"])
+    return model
+
+
+def optimizer(model):
+    return torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+
+
+def step(model, optim, seed: int) -> float:
+    """One training step on a batch from `seed` (the same on every rank): the loss."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 66, (4, 8), generator=g)
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    optim.step()
+    optim.zero_grad()
+    return loss.item()
+
+
+def full(tensor):
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+def full_state(model, optim) -> dict:
+    """Every parameter, buffer and optimizer state as a full tensor (collective)."""
+    out = {f"param:{n}": full(p).detach().clone() for n, p in model.named_parameters()}
+    out.update({f"buffer:{n}": full(b).clone() for n, b in model.named_buffers()})
+    for n, p in model.named_parameters():
+        for key, value in optim.state.get(p, {}).items():
+            out[f"state:{n}:{key}"] = full(value).detach().clone() if isinstance(value, torch.Tensor) else value
+    return out
