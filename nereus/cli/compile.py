@@ -17,7 +17,6 @@ import click
 from nereus.cli.errors import reports_errors, traceback_option
 from nereus.ir.diagnostics import NereusError, SemanticError
 from nereus.ir.units import human_bytes
-from nereus.passes import PEAK_WARNING_FRACTION
 
 
 TRANSITION_HINT = "write --transition S1:S2 (or quote the arrow: --transition 'S1->S2')"
@@ -74,12 +73,15 @@ def summary_text(summary: dict) -> str:
              f" sent {human_bytes(b['intra_node'] + b['inter_node'])}"]
     peak = summary["peak_memory"]
     when = "before round 0" if peak["round"] < 0 else f"in round {peak['round']}"
+    free = peak["free_bytes"]
     lines.append(f"  peak memory {human_bytes(peak['bytes'])} of {human_bytes(peak['capacity_bytes'])} usable"
-                 f" ({peak['fraction']:.1%}) on GPU {peak['gpu']} {when}; headroom {human_bytes(peak['headroom_bytes'])}")
+                 f" ({peak['fraction']:.1%}) on GPU {peak['gpu']} {when}; headroom {human_bytes(peak['headroom_bytes'])};"
+                 f" {'-' if free < 0 else ''}{human_bytes(abs(free))} of the GPU's {human_bytes(peak['gpu_bytes'])} free")
     if peak["warning"]:
-        lines.append(f"  warning: GPU {peak['gpu']} peaks above {PEAK_WARNING_FRACTION:.0%} of its usable memory during"
-                     " this transition (allocator fragmentation can make it run out); a larger `reserve` in the cluster"
-                     " makes the scheduler keep more free")
+        lines.append(f"  warning: GPU {peak['gpu']} peaks with less than {peak['free_margin']:.0%} of its memory free"
+                     " during this transition: the CUDA context, NCCL's buffers and allocator fragmentation, which the"
+                     " compiler does not count, can make it run out")
+        lines.append(f"  hint: {peak['hint']}")
     if summary["resource_edges"]:
         edges = ", ".join(f"{k} {v}" for k, v in sorted(summary["resource_edges"].items()))
         lines.append(f"  resource edges: {edges}")
@@ -154,16 +156,17 @@ def compile_command(file, transition, overrides, emit, output, as_json, time_pas
         raise SemanticError("--rank selects one rank's program: it needs --emit json",
                             hint="nereusc FILE --transition S1:S2 --emit json --rank R")
     if emit is None:
-        from nereus.cli.check import check_checkpoints, describe, report_plans
+        from nereus.cli.check import check_checkpoints, describe, print_warnings, report_plans
+        from nereus.ir.node_groups import node_span_warnings
 
         warnings = check_checkpoints(module, _source_text(module.file))
+        warnings += node_span_warnings(module, _source_text(module.file))
         if not as_json:
             click.echo(f"{file}: {describe(module)}")
-            for warning in warnings:
-                click.echo(f"{file}: warning: {warning}", err=True)
+            print_warnings(file, warnings)
         fits = report_plans(module, as_json, collect=checked, warnings=warnings)
     elif emit == "summary":  # the plans summarized (every plan without --transition), checked: an unfit one is the error
-        from nereus.passes.feasibility import require_fit
+        from nereus.passes.infeasible import require_fit
 
         try:
             named = {plan for pair in pairs for plan in pair} if transition else {p.name for p in module.plans}

@@ -158,19 +158,8 @@ def print_plan(plan: Plan) -> list[Line]:
     entries = plan.declared
     if not entries:
         return [(anchor, head + " }")]
-    classic = [_mesh_cells(p) for p in entries if p.layout is None]
-    mesh_widths = [max((len(cells[i]) for cells in classic), default=0) for i in range(4)]
-    rows = []
-    for p in entries:
-        if p.layout is None:
-            mesh = " ".join(cell.ljust(width) for cell, width in zip(_mesh_cells(p), mesh_widths) if width)
-        else:
-            mesh = f"mesh ({_dims(p.layout.dims)})"
-        gpus = format_gpu_set(p.gpu_set or items_for(p.gpus))
-        flags = " ".join(f for f in ("offload" if p.offload else "", f"zero {p.zero}" if p.zero else "") if f)
-        rows.append((str(p.model_stage), mesh, f"on {gpus}", flags))
     body: list[Line] = []
-    for p, line in zip(entries, _aligned(rows)):
+    for p, line in zip(entries, placement_lines(entries)):
         placed = anchor + (str(p.model_stage),)
         if p.layout is None:
             body.append((placed, f"  {line}"))
@@ -183,6 +172,23 @@ def print_plan(plan: Plan) -> list[Line]:
         body.extend((placed + ("rule", str(i)), f"    {text}") for i, text in enumerate(_aligned(rules)))
         body.append((placed + ("}",), "  }"))
     return [(anchor, head)] + body + [(anchor + ("}",), "}")]
+
+
+def placement_lines(placements: Sequence[Placement]) -> list[str]:
+    """The plan lines of `placements` (no indent), aligned into columns as in a plan; a
+    mesh layout's line is its first (its rules follow it in a plan)."""
+    classic = [_mesh_cells(p) for p in placements if p.layout is None]
+    mesh_widths = [max((len(cells[i]) for cells in classic), default=0) for i in range(4)]
+    rows = []
+    for p in placements:
+        if p.layout is None:
+            mesh = " ".join(cell.ljust(width) for cell, width in zip(_mesh_cells(p), mesh_widths) if width)
+        else:
+            mesh = f"mesh ({_dims(p.layout.dims)})"
+        gpus = format_gpu_set(p.gpu_set or items_for(p.gpus))
+        flags = " ".join(f for f in ("offload" if p.offload else "", f"zero {p.zero}" if p.zero else "") if f)
+        rows.append((str(p.model_stage), mesh, f"on {gpus}", flags))
+    return _aligned(rows)
 
 
 def _dims(dims) -> str:
