@@ -1,8 +1,8 @@
 """Bring your own model: a transformers Llama trained under PyTorch's own parallelism,
 moved between layouts by Nereus (docs/interop.md).
 
-    torchrun --nproc-per-node 4 examples/interop_fsdp.py            # CPU, gloo
-    torchrun --nproc-per-node 4 examples/interop_fsdp.py --cuda     # one GPU per rank, NCCL
+    torchrun --standalone --nproc-per-node 4 examples/interop_fsdp.py          # CPU, gloo
+    torchrun --standalone --nproc-per-node 4 examples/interop_fsdp.py --cuda   # one GPU per rank, NCCL
 
 FSDP2 dp 2 x TP 2  --train 2 steps-->  TP 4  --train 2-->  FSDP 4  --train 2-->
 Each move is `reshard_module(src, src_optim, dst, dst_optim)`: the destination is built on
@@ -80,7 +80,7 @@ def main() -> None:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     dist.init_process_group("nccl" if args.cuda else "gloo")
     if dist.get_world_size() != 4:
-        raise SystemExit("run with torchrun --nproc-per-node 4")
+        raise SystemExit("run with torchrun --standalone --nproc-per-node 4")
     rank = dist.get_rank()
 
     # the control: 6 steps in one layout

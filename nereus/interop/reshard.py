@@ -213,7 +213,7 @@ def _materialize(dst_model, dst_optim, src_model, src_optim, rt, layout: ModuleL
                  device: torch.device, source_storages: set) -> None:
     """Step 4 of the module docstring, on this rank."""
     if any(p.is_meta for p in dst_model.parameters()) or any(b.is_meta for b in dst_model.buffers()):
-        dst_model.to_empty(device=device)
+        _to_empty(dst_model, dst_optim, device)
     params = dict(dst_model.named_parameters())
     buffers = dict(dst_model.named_buffers())
     by_name = layout.by_name()
@@ -248,6 +248,25 @@ def _materialize(dst_model, dst_optim, src_model, src_optim, rt, layout: ModuleL
             for key, value in src_group.items():
                 if key != "params":
                     dst_group[key] = value
+
+
+def _to_empty(model, optim, device: torch.device) -> None:
+    """`model.to_empty(device)` keeping every parameter object (torch swaps the tensors in
+    place instead of replacing a plain parameter by a new one), so that an optimizer built
+    over the meta module still holds the module's parameters; if some parameter is
+    replaced anyway, the optimizer's groups are pointed at the new ones by name."""
+    names = {id(p): name for name, p in model.named_parameters()}
+    swap = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        model.to_empty(device=device)
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(swap)
+    if optim is None:
+        return
+    now = dict(model.named_parameters())
+    for group in optim.param_groups:
+        group["params"] = [now[names[id(p)]] if id(p) in names else p for p in group["params"]]
 
 
 def _like(param, local: torch.Tensor):

@@ -12,27 +12,44 @@ TP_PLAN = {"self_attn.q_proj": "col", "self_attn.k_proj": "col", "self_attn.v_pr
            "mlp.gate_proj": "col", "mlp.up_proj": "col", "mlp.down_proj": "row"}
 
 
-def config():
-    from transformers import LlamaConfig
-
-    return LlamaConfig(vocab_size=66, hidden_size=32, intermediate_size=52, num_hidden_layers=2, num_attention_heads=4,
-                       num_key_value_heads=4, max_position_embeddings=64, rope_theta=10000.0)
+SIZES = dict(vocab_size=66, hidden_size=32, intermediate_size=52, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=4, max_position_embeddings=64, rope_theta=10000.0)
 
 
-def build(layout: str, meta: bool = False, seed: int = 0):
-    """The model in `layout` (weights from `seed`, or on the meta device)."""
+def config(family: str = "llama"):
+    """A tiny config of `family`: llama, qwen2 (q/k/v biases), qwen3 (q/k norms) or
+    qwen3_moe (transformers 5's stacked experts, [experts, 2 x ffn, hidden])."""
+    import transformers
+
+    if family == "qwen3_moe":
+        return transformers.Qwen3MoeConfig(**SIZES, moe_intermediate_size=12, num_experts=4, num_experts_per_tok=2)
+    name = {"llama": "LlamaConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config"}[family]
+    return getattr(transformers, name)(**SIZES)
+
+
+def _model_class(family: str):
+    import transformers
+
+    return getattr(transformers, {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                                  "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}[family])
+
+
+def build(layout: str, meta: bool = False, seed: int = 0, family: str = "llama"):
+    """The model in `layout` (weights from `seed`, or on the meta device). A MoE model's
+    tensor parallelism splits its attention only (its experts are stacked tensors)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-    from transformers import LlamaForCausalLM
 
     torch.manual_seed(seed)
+    cls = _model_class(family)
     if meta:
         with torch.device("meta"):
-            model = LlamaForCausalLM(config())
+            model = cls(config(family))
     else:
-        model = LlamaForCausalLM(config())
-    plan = {k: ColwiseParallel() if v == "col" else RowwiseParallel() for k, v in TP_PLAN.items()}
+        model = cls(config(family))
+    plan = {k: ColwiseParallel() if v == "col" else RowwiseParallel() for k, v in TP_PLAN.items()
+            if family != "qwen3_moe" or k.startswith("self_attn")}
     if layout == "replicated":
         return model
     if layout == "fsdp4":
@@ -44,6 +61,11 @@ def build(layout: str, meta: bool = False, seed: int = 0):
         mesh = init_device_mesh("cpu", (4,), mesh_dim_names=("tp",))
         for layer in model.model.layers:
             parallelize_module(layer, mesh, plan)
+    elif layout == "hsdp2x2":  # FSDP2's hybrid sharding: replicated over 2, sharded over 2
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+        for layer in model.model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
     else:
         names = ("dp", "tp") if layout == "fsdp2_tp2" else ("tp", "dp")
         mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=names)
