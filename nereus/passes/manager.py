@@ -266,8 +266,10 @@ def parse_pipeline(text: str) -> list:
                 options[key] = _value(value, kind, key, name)
                 _check_range(key, value.strip(), options[key], name)
         if name not in PASSES:
+            from nereus.ir.build import did_you_mean
+
             raise PipelineError(f"unknown pass {name!r} in pipeline {text!r}",
-                                hint=f"passes: {', '.join(PASSES)}")
+                                hint=f"{did_you_mean(name, PASSES)}passes: {', '.join(PASSES)}")
         passes.append(PASSES[name](**options))
         while j < n and text[j] in ", ":
             j += 1

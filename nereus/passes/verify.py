@@ -76,10 +76,11 @@ class _Cursor:
     where = "header"
 
 
-def verify_program(program_json: dict, against=None) -> VerifyReport:
+def verify_program(program_json: dict, against=None, progress=None) -> VerifyReport:
     """Replay `program_json` symbolically (module docstring); raise ProgramError on the
     first violation, naming its round and op index (or the header field). `against`: the
-    `Module` holding the transition's plans, to check the header against them."""
+    `Module` holding the transition's plans, to check the header against them.
+    `progress`: called ("round", rounds done, rounds) after each round."""
     enabled = gc.isenabled()
     gc.disable()  # many small acyclic tuples: cycle collection only costs time here
     cursor = _Cursor()
@@ -98,7 +99,7 @@ def verify_program(program_json: dict, against=None) -> VerifyReport:
             from .verify_world import check_against
 
             check_against(data, against)
-        report = _replay(data, header, cursor)
+        report = _replay(data, header, cursor, progress)
         from .verify_fields import unknown_fields
 
         return replace(report, warnings=tuple(unknown_fields(program_json)))
@@ -113,7 +114,7 @@ def verify_program(program_json: dict, against=None) -> VerifyReport:
             gc.enable()
 
 
-def _replay(data: dict, header: Header, cursor: _Cursor) -> VerifyReport:
+def _replay(data: dict, header: Header, cursor: _Cursor, progress=None) -> VerifyReport:
     tensors, before, after = header.tensors, header.before, header.after
     capacity, node_of, host_cap = header.capacity, header.node_of, header.host_capacity
 
@@ -270,6 +271,8 @@ def _replay(data: dict, header: Header, cursor: _Cursor) -> VerifyReport:
                 fail(f"{handed[0][1]}: keep of {name} on GPU {g} hands over a shard whose boxes the after "
                      "unit lists in another order", hint="a keep needs the same boxes in the same order; "
                                                          "a reordered shard is a copy")
+        if progress is not None:
+            progress("round", k + 1, len(rounds))
     last = f"after round {len(rounds) - 1} (the last)"
     for uid, per_gpu in after.items():
         for g, shards in per_gpu.items():
