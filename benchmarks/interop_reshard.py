@@ -21,8 +21,9 @@ destination built on the meta device and parallelized for the target:
   share a mesh, else `full_tensor()` + `distribute_tensor(..., src_data_rank=None)` (each
   rank slices its part of the gathered tensor), copied into the destination.
 
-Every side is timed the same way: a fresh destination per run (built outside the timed
-region), a barrier (and device synchronize) at both ends, the slowest rank's time; the
+Every side is timed the same way: a fresh destination per run (built on meta and
+parallelized outside the timed region; its materialization and optimizer inside, after
+`to_empty` for dcp and redistribute, as a user must build it there), a barrier (and device synchronize) at both ends, the slowest rank's time; the
 first run is cold, then `--repeats` warm runs whose median is reported. Bytes: nereus's
 bytes sent; the owner-change bound (bytes of new shards their rank did not hold); dcp's
 bytes written and read; redistribute's bytes received by all-gathers. Every method's
@@ -69,8 +70,7 @@ def build(layout: str, args, device: str, meta: bool):
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(**PRESETS[args.preset], num_hidden_layers=args.layers, max_position_embeddings=256,
-                         torch_dtype=args.dtype)
+    config = LlamaConfig(**PRESETS[args.preset], num_hidden_layers=args.layers, max_position_embeddings=256)
     torch.manual_seed(0)
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
     with torch.device("meta" if meta else device):
@@ -151,14 +151,15 @@ def _sync(device: str) -> None:
     dist.barrier(group=_gloo())
 
 
-def nereus_move(src, src_optim, dst, dst_optim, device, scratch) -> dict:
+def nereus_move(src, src_optim, dst, device, scratch) -> tuple:
     from nereus.interop import reshard_module
 
+    dst_optim = optimizer(dst)  # over the meta module: reshard_module materializes it
     report = reshard_module(src, src_optim, dst, dst_optim)
-    return {"bytes": report.bytes_sent, "bound": report.lower_bound_bytes, "compile_s": report.compile_s}
+    return dst_optim, {"bytes": report.bytes_sent, "bound": report.lower_bound_bytes, "compile_s": report.compile_s}
 
 
-def dcp_move(src, src_optim, dst, dst_optim, device, scratch) -> dict:
+def dcp_move(src, src_optim, dst, device, scratch) -> tuple:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
@@ -169,6 +170,7 @@ def dcp_move(src, src_optim, dst, dst_optim, device, scratch) -> dict:
     model_sd, optim_sd = get_state_dict(src, src_optim)
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=folder)
     dst.to_empty(device=device)
+    dst_optim = optimizer(dst)  # after to_empty: it holds the materialized parameters
     model_sd, optim_sd = get_state_dict(dst, dst_optim)
     state = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=folder)
@@ -178,13 +180,14 @@ def dcp_move(src, src_optim, dst, dst_optim, device, scratch) -> dict:
         for name, buf in dst.named_buffers():
             buf.copy_(_full(src_buffers[name]))
     written = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder)) if dist.get_rank() == 0 else 0
-    return {"bytes": 2 * written}
+    return dst_optim, {"bytes": 2 * written}
 
 
-def redistribute_move(src, src_optim, dst, dst_optim, device, scratch) -> dict:
+def redistribute_move(src, src_optim, dst, device, scratch) -> tuple:
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     dst.to_empty(device=device)
+    dst_optim = optimizer(dst)
     received = 0
     world = dist.get_world_size()
 
@@ -214,7 +217,7 @@ def redistribute_move(src, src_optim, dst, dst_optim, device, scratch) -> dict:
             buf.copy_(_full(src_buffers[name]))
     for a, b in zip(src_optim.param_groups, dst_optim.param_groups):
         b.update({k: v for k, v in a.items() if k != "params"})
-    return {"bytes": received}
+    return dst_optim, {"bytes": received}
 
 
 METHODS = {"nereus": nereus_move, "dcp": dcp_move, "redistribute": redistribute_move}
@@ -249,10 +252,9 @@ def _worker(rank, world, args, folder, store_path):
             times, extra, ok = [], {}, None
             for run in range(1 + args.repeats):
                 dst = build(target, args, device, meta=True)
-                dst_optim = optimizer(dst)
                 _sync(device)
                 started = time.perf_counter()
-                extra = move(src, src_optim, dst, dst_optim, device, scratch)
+                dst_optim, extra = move(src, src_optim, dst, device, scratch)
                 _sync(device)
                 times.append(_slowest(time.perf_counter() - started))
                 if run == 0:

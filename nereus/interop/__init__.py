@@ -21,13 +21,16 @@ def layout_of(model, optim=None, *, plan: str = "current", name: str = "module")
     join as another plan."""
     import torch.distributed as dist
 
+    import torch
+
     from .layouts import module_layout
     from .nir import module_text
-    from .reshard import _device, _gloo, _local_bytes, _machine
+    from .reshard import _device, _free_bytes, _gloo, _local_bytes, _machine
 
     layout = module_layout(model, optim, _gloo(), name)
-    machine = _machine(_device(), sum(_local_bytes(model, optim)), dist.get_world_size())
-    return module_text({plan: layout}, machine, name)
+    room = torch.tensor([_free_bytes(_device()) + sum(_local_bytes(model, optim))], dtype=torch.int64)
+    dist.all_reduce(room, op=dist.ReduceOp.MIN, group=_gloo())
+    return module_text({plan: layout}, _machine(int(room.item()), dist.get_world_size()), name)
 
 
 def placements_for(plan_file, plan: str, model_stage: str):

@@ -28,11 +28,20 @@ class InteropError(NereusError):
         return type(self), (self.message, self.name, self.rank, self.hint)
 
 
+def verdict(error: Optional[InteropError]):
+    """An error as it travels in a gather (None for none)."""
+    return None if error is None else (error.message, error.name, error.rank, error.hint)
+
+
 def agree_or_raise(error: Optional[InteropError], group=None) -> None:
     """Collective: raise on every rank the error of the lowest rank that has one."""
     verdicts: list = [None] * dist.get_world_size(group)
-    mine = None if error is None else (error.message, error.name, error.rank, error.hint)
-    dist.all_gather_object(verdicts, mine, group=group)
+    dist.all_gather_object(verdicts, verdict(error), group=group)
+    raise_first(verdicts)
+
+
+def raise_first(verdicts: list) -> None:
+    """Raise the error of the lowest rank whose gathered verdict is one."""
     for rank, verdict in enumerate(verdicts):
         if verdict is not None:
             message, name, at, hint = verdict

@@ -149,15 +149,15 @@ def cluster_text(machine: Machine, name: str = "here") -> str:
             f"  host_mem {format_size(machine.host_mem_bytes)}\n}}\n")
 
 
-def module_text(layouts: dict[str, ModuleLayout], machine: Machine, base: str = "module",
+def module_text(layouts: dict[str, ModuleLayout], machine, base: str = "module",
                 transitions: tuple = ()) -> str:
     """A whole `.nir` file: `layouts` ({plan name: layout}, all of one module; the first
     layout's optimizer states count for every plan) as plans, and `transitions` ((from,
-    to), ...)."""
+    to), ...). With `machine` None, the file without its cluster block."""
     first = next(iter(layouts.values()))
     groups = model_groups(first, base)
     by_plan = {plan: layout.by_name() for plan, layout in layouts.items()}
-    out = [cluster_text(machine)]
+    out = [cluster_text(machine)] if machine is not None else []
     for model, dtype, states, names in groups:
         table = [TensorDecl(n, first.by_name()[n].shape) for n in sorted(names, key=natural_key)]
         lines = [f"model {model} = tensors {{", f"  dtype {dtype}"]

@@ -32,18 +32,18 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 import torch
 import torch.distributed as dist
 
-from .errors import InteropError, agree_or_raise
+from .errors import InteropError, agree_or_raise, raise_first, verdict
 from .layouts import (
     PARAM, ModuleLayout, buffers_of, is_dtensor, local_of, module_layout, optimizer_scalars, rank_boxes,
 )
-from .nir import Machine, model_groups, module_text
+from .nir import Machine, cluster_text, model_groups, module_text
 
 SOURCE, TARGET = "src", "dst"
-_RUNTIMES: dict = {}  # (module text, world) -> Runtime: compiled programs kept per layout pair
+_RUNTIMES: dict = {}  # (layouts text, world, device) -> (Machine, Runtime, module text): compiled per layout pair
 
 
 @dataclass
@@ -77,18 +77,19 @@ def _device() -> torch.device:
     return torch.device("cpu")
 
 
-def _machine(device: torch.device, moving_bytes: int, world: int) -> Machine:
-    """The world as a cluster: nodes from torchrun's LOCAL_WORLD_SIZE; per GPU the memory
-    a transition may use (free now plus the state it moves, the lowest over the ranks,
-    rounded down to 256 MiB so that repeated calls compile the same module)."""
+def _free_bytes(device: torch.device) -> int:
+    """What this rank's device has free now (a CPU rank: its share of the host's memory)."""
     if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-    else:
-        free = _available_host_bytes() // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
-    room = torch.tensor([free + moving_bytes], dtype=torch.int64)
-    dist.all_reduce(room, op=dist.ReduceOp.MIN, group=_gloo())
+        return torch.cuda.mem_get_info(device)[0]
+    return _available_host_bytes() // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size())))
+
+
+def _machine(room: int, world: int) -> Machine:
+    """The world as a cluster: nodes from torchrun's LOCAL_WORLD_SIZE; per GPU `room`, the
+    memory a transition may use (the lowest over the ranks of what is free plus the state
+    it moves), rounded down to 256 MiB."""
     quantum = 256 << 20
-    mem = max(quantum, int(room.item()) // quantum * quantum)
+    mem = max(quantum, room // quantum * quantum)
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     per_node = local if local > 0 and world % local == 0 else world
     host = _available_host_bytes() // quantum * quantum or quantum
@@ -168,19 +169,27 @@ def _group_names(model, optim) -> list[list[str]]:
     return out
 
 
-def _runtime(text: str, world: int, device: torch.device):
+def _runtime(layouts: str, machine: Machine, world: int, device: torch.device) -> tuple:
+    """(Runtime, its module text) for moving between `layouts` (the text without its
+    cluster): the one compiled before when its proven peak fits what `machine` has now
+    (the proof holds for any GPU with room for its peak), else a new one for `machine`."""
     from nereus.ir import parse_source
     from nereus.runtime import Runtime
 
-    key = (text, world, str(device))
-    rt = _RUNTIMES.get(key)
-    if rt is None:
-        module = parse_source(text, "<reshard_module>")
-        rt = Runtime(module, SOURCE, device=device, ahead="off", prover="inline")
-        _RUNTIMES[key] = rt
-    else:
-        rt.reset(SOURCE)
-    return rt
+    key = (layouts, world, str(device))
+    found = _RUNTIMES.get(key)
+    if found is not None:
+        peak = _summary(found[1], found[2])["peak_memory"]["bytes"]
+        if peak <= machine.mem_bytes and found[0].host_mem_bytes <= machine.host_mem_bytes:
+            found[1].reset(SOURCE)  # its proven peak fits what the GPUs have now
+            return found[1], found[2]
+    text = cluster_text(machine) + "\n" + layouts
+    module = parse_source(text, "<reshard_module>")
+    rt = Runtime(module, SOURCE, device=device, ahead="off", prover="inline")
+    if found is not None:
+        found[1].close()
+    _RUNTIMES[key] = (machine, rt, text)
+    return rt, text
 
 
 def _register(rt, layout: ModuleLayout, groups, model, optim, rank: int) -> set:
@@ -279,14 +288,16 @@ def _like(param, local: torch.Tensor):
                               stride=param.stride())
 
 
-def _scalars(src_model, src_optim) -> dict:
-    """Every parameter's scalar optimizer states (the Adam step), from whichever rank has
-    the parameter (a pipeline stage's ranks only have theirs)."""
+def _packed_scalars(src_model, src_optim) -> dict:
+    """This rank's scalar optimizer states (the Adam step) by parameter, as they travel."""
     mine = optimizer_scalars(src_model, src_optim)
-    packed = {name: {k: (v.item(), str(v.dtype), str(v.device)) if isinstance(v, torch.Tensor) else (v, None, None)
-                     for k, v in states.items()} for name, states in mine.items()}
-    gathered: list = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, packed, group=_gloo())
+    return {name: {k: (v.item(), str(v.dtype), str(v.device)) if isinstance(v, torch.Tensor) else (v, None, None)
+                   for k, v in states.items()} for name, states in mine.items()}
+
+
+def _scalars(gathered: list) -> dict:
+    """Every parameter's scalar states, from whichever rank has the parameter (a pipeline
+    stage's ranks only have theirs)."""
     out: dict = {}
     for states in gathered:
         for name, values in states.items():
@@ -309,22 +320,26 @@ def reshard_module(src_model, src_optim, dst_model, dst_optim, *, name: str = "m
     group = _gloo()
     src = module_layout(src_model, src_optim, group, "source module")
     dst = module_layout(dst_model, None, group, "destination module")
+    # one gather: each rank's verdict on the pair, its scalar states and its free memory
     error = None
     try:
         _check_pair(src, dst, src_model, dst_model, src_optim, dst_optim)
     except InteropError as caught:
         error = caught
-    agree_or_raise(error, group)
-    scalars = _scalars(src_model, src_optim) if src_optim is not None else {}
+    mine = (verdict(error), _packed_scalars(src_model, src_optim) if src_optim is not None else {},
+            _free_bytes(device) + sum(_local_bytes(src_model, src_optim)))
+    gathered: list = [None] * world
+    dist.all_gather_object(gathered, mine, group=group)
+    raise_first([g[0] for g in gathered])
+    scalars = _scalars([g[1] for g in gathered])
+    machine = _machine(min(g[2] for g in gathered), world)
     # the destination carries the source's optimizer states
     states = {t.name: t.states for t in src.tensors}
-    dst = ModuleLayout(dst.world, tuple(t.__class__(**{**t.__dict__, "states": states[t.name]}) for t in dst.tensors))
-    moving = sum(_local_bytes(src_model, src_optim))
-    machine = _machine(device, moving, world)
+    dst = ModuleLayout(dst.world, tuple(replace(t, states=states[t.name]) for t in dst.tensors))
     layout_s = time.perf_counter() - called
     groups = model_groups(src, name)
-    text = module_text({SOURCE: src, TARGET: dst}, machine, name, ((SOURCE, TARGET),))
-    rt = _runtime(text, world, device)
+    rt, text = _runtime(module_text({SOURCE: src, TARGET: dst}, None, name, ((SOURCE, TARGET),)), machine, world,
+                        device)
     source_storages = _register(rt, src, groups, src_model, src_optim, rank)
     report = rt.transition(TARGET)
     summary = _summary(rt, text)
