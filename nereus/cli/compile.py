@@ -80,8 +80,10 @@ def summary_text(summary: dict) -> str:
     peak = summary["peak_memory"]
     when = "before round 0" if peak["round"] < 0 else f"in round {peak['round']}"
     free = peak["free_bytes"]
+    # the model is named where it is not the compiler's default (cuda)
+    model = "" if peak.get("memory_model", "cuda") == "cuda" else f" ({peak['memory_model']} memory model)"
     lines.append(f"  peak memory {human_bytes(peak['bytes'])} of {human_bytes(peak['capacity_bytes'])} usable"
-                 f" ({peak['fraction']:.1%}) on GPU {peak['gpu']} {when}; headroom {human_bytes(peak['headroom_bytes'])};"
+                 f" ({peak['fraction']:.1%}) on GPU {peak['gpu']} {when}{model}; headroom {human_bytes(peak['headroom_bytes'])};"
                  f" {'-' if free < 0 else ''}{human_bytes(abs(free))} of the GPU's {human_bytes(peak['gpu_bytes'])} free")
     if peak["warning"]:
         lines.append(f"  warning: GPU {peak['gpu']} peaks with less than {peak['free_margin']:.0%} of its memory free"
@@ -151,10 +153,13 @@ def _print_after(name: str, state) -> None:
               help="With --emit json: write rank R's program alone (its ops, shards and peers; docs/program.md).")
 @click.option("--program-version", type=click.Choice(["1", "2"]), default="2", show_default=True,
               help="With --emit json: the JSON program version (2: families and ranges; 1: every member named).")
+@click.option("--memory-model", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True,
+              help="Device memory model the rounds are made safe under and the program records: cuda (GPUs: a "
+                   "send's buffers on both GPUs, also out of host memory) or cpu (the gloo runtime; docs/program.md).")
 @traceback_option
 @reports_errors
 def compile_command(file, transition, overrides, emit, output, as_json, time_passes, print_after_all, pipeline,
-                    rank, program_version, traceback):
+                    rank, program_version, memory_model, traceback):
     """Check FILE's plans and compile its transitions."""
     from nereus.cli.check import load_module
     from nereus.passes import compile_transition
@@ -209,7 +214,7 @@ def compile_command(file, transition, overrides, emit, output, as_json, time_pas
         try:
             # the plan table above has checked every plan already (emit None)
             compiled = compile_transition(module, source, target, pipeline=pipeline, print_after_all=hook,
-                                          check_fit=emit is not None)
+                                          check_fit=emit is not None, memory_model=memory_model)
         except NereusError as error:  # quote the source line, as `nereusc check` does
             from nereus.passes.manager import PipelineError
 

@@ -20,6 +20,8 @@ from typing import Callable, Optional
 from nereus.ir.diagnostics import NereusError
 from nereus.ir.model import Module
 
+from .memory_model import DEFAULT as DEFAULT_MEMORY_MODEL
+
 DEFAULT_PIPELINE = "diff,dag,resources,fusion,lower,cost"
 
 
@@ -38,6 +40,9 @@ class CompileState:
     messages: object = None
     program: object = None
     cost: object = None
+    # the device memory model the schedule is made safe under and the program records
+    # (nereus.passes.memory_model: "cuda" or "cpu")
+    memory_model: str = DEFAULT_MEMORY_MODEL
 
 
 @contextmanager
@@ -125,7 +130,8 @@ class ResourcesPass:
         from .resources import schedule
 
         dag = _need(state, "dag", self.name)
-        return replace(state, schedule=schedule(dag, independent=self.independent, staging=self.staging))
+        return replace(state, schedule=schedule(dag, independent=self.independent, staging=self.staging,
+                                                memory_model=state.memory_model))
 
     def check(self, state: CompileState) -> None:
         if any("deadlock" in n for n in state.schedule.notes):
@@ -146,7 +152,7 @@ class FusionPass:
         from .lower import single_round
 
         dag = _need(state, "dag", self.name)
-        sched = state.schedule or single_round(dag)
+        sched = state.schedule or single_round(dag, state.memory_model)
         return replace(state, schedule=sched, messages=fuse(dag, sched, self.bucket))
 
     def check(self, state: CompileState) -> None:
@@ -163,7 +169,8 @@ class LowerPass:
     def run(self, state: CompileState) -> CompileState:
         from .lower import lower
 
-        return replace(state, program=lower(_need(state, "dag", self.name), state.schedule, state.messages))
+        return replace(state, program=lower(_need(state, "dag", self.name), state.schedule, state.messages,
+                                            state.memory_model))
 
     def check(self, state: CompileState) -> None:
         program = state.program

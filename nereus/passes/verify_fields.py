@@ -17,7 +17,7 @@ import difflib
 _OP = {"op", "id", "index", "round"}
 FIELDS = {
     "top": {"format", "version", "transition", "gpus", "nodes", "tensors", "units", "resident_bytes", "untouched",
-            "rounds", "rank", "peers"},
+            "rounds", "rank", "peers", "memory_model"},
     "gpus": {"id", "node", "mem_bytes", "capacity_bytes"},
     "nodes": {"id", "host_mem_bytes"},
     "tensors": {"name", "shape", "dtype"},

@@ -16,7 +16,8 @@ on tp, pp and offload, have distinct replicas and GPUs, and the same model-stage
 both sides (none of them untouched); per unit the boxes of each tensor its model-stage
 holds tile the tensor (replicated copies identical, others disjoint); when `nodes` is
 given it declares the node of every GPU (without it, as in v1 programs before the field
-was added, host memory is unlimited).
+was added, host memory is unlimited); `memory_model`, when given, names a model of
+`nereus.passes.memory_model` (without it: "cpu", the model v1 programs had before it).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from dataclasses import dataclass
 from nereus.ir.diagnostics import ProgramError
 from nereus.ir.model import DTYPE_BYTES, STAGES
 from nereus.ir.ranges import contains, count, member_mask, parse_at, placeholders, range_last
+
+from .memory_model import FIELD as MEMORY_MODEL, KINDS, V1_DEFAULT
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,7 @@ class Header:
     offloaded: frozenset  # ("before" | "after", unit id) of offloaded units
     # tensor -> its v2 family's indices ((lo, hi), ...); () for a plain tensor
     indices: dict = None
+    memory_model: str = V1_DEFAULT  # the device memory model the program is proven for (memory_model.py)
 
     def sizes(self, name: str) -> tuple:
         """The index space of `name`'s members (for member bitsets): each index's hi."""
@@ -161,7 +165,17 @@ def parse_header(data: dict) -> Header:
         fail(f"header field 'untouched' lists {sorted(stages_of_side['before'] & set(untouched))}, which move")
     host_capacity = _nodes(data, node_of)
     return Header(tensors, capacity, node_of, host_capacity, resident, parsed["before"], parsed["after"],
-                  stage_of, frozenset(offloaded), indices)
+                  stage_of, frozenset(offloaded), indices, _memory_model(data))
+
+
+def _memory_model(data: dict) -> str:
+    """The header's `memory_model`; a program without it (v1 before the field) was proven
+    for the model it had then, "cpu"."""
+    kind = data.get(MEMORY_MODEL, V1_DEFAULT)
+    if kind not in KINDS:
+        fail(f"header field '{MEMORY_MODEL}' must be one of {', '.join(map(repr, KINDS))}, not {shown(kind)}",
+             hint="the device memory model the program is proven for (docs/program.md, \"Memory\")")
+    return kind
 
 
 def _tensors(listed: list, ranged: bool) -> tuple[dict, dict]:

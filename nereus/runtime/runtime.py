@@ -411,7 +411,8 @@ class Runtime(LocalState, LiveParts):
             units = None
             if self.rollback == "auto":
                 figures = self._lowered_figures[key]
-                units = park_plan(prog, figures.resident_bytes, figures.capacity_bytes, real_room(self.device))
+                units = park_plan(prog, figures.resident_bytes, figures.capacity_bytes, real_room(self.device),
+                                  offloaded=figures.offloaded)
             pinned = warm_parking(prog, units, TORCH_DTYPES)
         warmed = warm_data_path(prog, self._data, self.device, TORCH_DTYPES, self._lowered_figures[key].offloaded)
         self._prepared.add(key)
