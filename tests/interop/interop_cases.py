@@ -103,3 +103,51 @@ def full_state(model, optim) -> dict:
         for key, value in optim.state.get(p, {}).items():
             out[f"state:{n}:{key}"] = full(value).detach().clone() if isinstance(value, torch.Tensor) else value
     return out
+
+
+def state_differences(expected: dict, got: dict) -> list:
+    """Names whose values differ (tensors bit for bit), and names in one state only."""
+    differ = [k for k in expected if k in got and not (torch.equal(got[k], expected[k])
+                                                       if isinstance(got[k], torch.Tensor) else got[k] == expected[k])]
+    return sorted(differ + list(set(expected) ^ set(got)))
+
+
+def run_moves(rank: int, moves, family: str = "llama") -> dict:
+    """For each (source, targets) of `moves`: train the source 2 steps, reshard it into each
+    target (the source is only read), record what differs from the source's state and
+    two more steps' losses beside the source's own. {(source, target): {"differ", "loss",
+    "sent", "bound", "verified", "nir" (rank 0), "names"}}."""
+    from nereus.interop import reshard_module
+
+    out = {}
+    for source, targets in moves:
+        src = build(source, family=family)
+        src_optim = optimizer(src)
+        for s in range(2):
+            step(src, src_optim, s)
+        expected = full_state(src, src_optim)
+        losses = {}
+        for target in targets:
+            dst = build(target, meta=True, family=family)
+            dst_optim = optimizer(dst)
+            report = reshard_module(src, src_optim, dst, dst_optim)
+            got = full_state(dst, dst_optim)
+            # two steps: the second's loss shows that dst_optim updates dst's own parameters
+            losses[target] = (step(dst, dst_optim, 2), step(dst, dst_optim, 3))
+            out[(source, target)] = {"differ": state_differences(expected, got), "names": sorted(got),
+                                     "sent": report.bytes_sent, "bound": report.lower_bound_bytes,
+                                     "verified": report.verified, "nir": report.nir if rank == 0 else None}
+        reference = (step(src, src_optim, 2), step(src, src_optim, 3))
+        for target in targets:
+            out[(source, target)]["loss"] = (losses[target], reference)
+    return out
+
+
+def check_move(found: dict) -> None:
+    """The assertions every move must pass (run_moves' entry of one rank)."""
+    assert not found["differ"], f"not bit-exact: {found['differ'][:5]}"
+    assert found["verified"]
+    assert found["sent"] <= found["bound"], (found["sent"], found["bound"])
+    losses, references = found["loss"]
+    for loss, reference in zip(losses, references):
+        assert abs(loss - reference) <= 1e-5 * abs(reference), (losses, references)

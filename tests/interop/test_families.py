@@ -15,32 +15,13 @@ CASES = [(family, target) for family in FAMILIES for target in PAIRS[family][1]]
 
 
 def _run(rank, world):
-    import torch
-
-    from interop_cases import build, full_state, optimizer, step
-    from nereus.interop import reshard_module
+    from interop_cases import run_moves
 
     out = {}
     for family in FAMILIES:
         source, targets = PAIRS[family]
-        src = build(source, family=family)
-        src_optim = optimizer(src)
-        for s in range(2):
-            step(src, src_optim, s)
-        expected = full_state(src, src_optim)
-        losses = {}
-        for target in targets:
-            dst = build(target, meta=True, family=family)
-            dst_optim = optimizer(dst)
-            reshard_module(src, src_optim, dst, dst_optim)
-            got = full_state(dst, dst_optim)
-            differ = sorted(k for k in expected if not (torch.equal(got[k], expected[k])
-                                                        if isinstance(got[k], torch.Tensor) else got[k] == expected[k]))
-            losses[target] = (step(dst, dst_optim, 2), step(dst, dst_optim, 3))
-            out[(family, target)] = {"differ": differ, "names": sorted(got)}
-        reference = (step(src, src_optim, 2), step(src, src_optim, 3))
-        for target in targets:
-            out[(family, target)]["loss"] = (losses[target], reference)
+        out.update({(family, target): found
+                    for (_, target), found in run_moves(rank, [(source, targets)], family).items()})
     return out
 
 
@@ -54,12 +35,10 @@ def results():
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("family,target", CASES, ids=[f"{f}-{t}" for f, t in CASES])
 def test_family_moves_bit_exact(results, family, target):
+    from interop_cases import check_move
+
     for found in results:
-        r = found[(family, target)]
-        assert not r["differ"], r["differ"][:5]
-        losses, references = r["loss"]
-        for loss, reference in zip(losses, references):
-            assert abs(loss - reference) <= 1e-5 * abs(reference), (losses, references)
+        check_move(found[(family, target)])
     names = results[0][(family, target)]["names"]
     special = {"qwen2": "self_attn.q_proj.bias", "qwen3": "self_attn.q_norm.weight",
                "qwen3_moe": "mlp.experts.gate_up_proj"}[family]

@@ -14,38 +14,9 @@ PAIRS = [(a, b) for a in LAYOUTS for b in LAYOUTS if a != b]
 
 
 def _run(rank, world):
-    import torch
+    from interop_cases import run_moves
 
-    from interop_cases import build, full_state, optimizer, step
-    from nereus.interop import reshard_module
-
-    out = {}
-    for source in LAYOUTS:
-        src = build(source)
-        src_optim = optimizer(src)
-        for s in range(2):
-            step(src, src_optim, s)
-        expected = full_state(src, src_optim)
-        losses = {}
-        for target in LAYOUTS:
-            if target == source:
-                continue
-            dst = build(target, meta=True)
-            dst_optim = optimizer(dst)
-            report = reshard_module(src, src_optim, dst, dst_optim)
-            got = full_state(dst, dst_optim)
-            differ = sorted(k for k in expected if not (torch.equal(got[k], expected[k]) if isinstance(got[k], torch.Tensor)
-                                                       else got[k] == expected[k]))
-            missing = sorted(set(expected) ^ set(got))
-            # two steps: the second's loss shows that dst_optim updates dst's own parameters
-            losses[target] = (step(dst, dst_optim, 2), step(dst, dst_optim, 3))
-            out[(source, target)] = {"differ": differ, "missing": missing, "sent": report.bytes_sent,
-                                     "bound": report.lower_bound_bytes, "verified": report.verified,
-                                     "nir": report.nir if rank == 0 else None}
-        reference = (step(src, src_optim, 2), step(src, src_optim, 3))
-        for target, loss in losses.items():
-            out[(source, target)]["loss"] = (loss, reference)
-    return out
+    return run_moves(rank, [(a, [b for b in LAYOUTS if b != a]) for a in LAYOUTS])
 
 
 @pytest.fixture(scope="module")
@@ -58,15 +29,10 @@ def results():
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("source,target", PAIRS, ids=[f"{a}->{b}" for a, b in PAIRS])
 def test_pair(results, source, target):
-    for rank, found in enumerate(results):
-        r = found[(source, target)]
-        assert not r["missing"], f"rank {rank}: {r['missing'][:5]}"
-        assert not r["differ"], f"rank {rank}: not bit-exact: {r['differ'][:5]}"
-        assert r["verified"]
-        assert r["sent"] <= r["bound"], (r["sent"], r["bound"])
-        losses, references = r["loss"]
-        for loss, reference in zip(losses, references):
-            assert abs(loss - reference) <= 1e-5 * abs(reference), (losses, references)
+    from interop_cases import check_move
+
+    for found in results:
+        check_move(found[(source, target)])
 
 
 @pytest.mark.multiprocess
