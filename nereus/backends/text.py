@@ -40,7 +40,8 @@ def _xfer_text(dag, x) -> str:
     info = dag.stages[x.stage]
     src = unit_id(info.name, dag.frees[x.free].replica)
     dst = unit_id(info.name, dag.allocs[x.alloc].replica)
-    return f"{src} -> {dst}  {slot_text(info.model.layers, *x.slots)}  {len(x.pieces)} pieces"
+    where = "tensors" if info.model.is_table else slot_text(info.model.layers, *x.slots)
+    return f"{src} -> {dst}  {where}  {len(x.pieces)} pieces"
 
 
 def program_text(program, summary: dict | None = None) -> str:

@@ -95,7 +95,9 @@ class DiffPass:
     def check(self, state: CompileState) -> None:
         for stage in state.diff.stages:
             kept_after = {a for _, a in stage.kept}
-            made = {a for p in stage.primitives if p.kind in ("split", "merge", "extend") for a in p.after}
+            # a mesh layout's unit is re-laid out whole by its Repartition
+            producers = ("split", "merge", "extend") + (("repartition",) if stage.after.layout is not None else ())
+            made = {a for p in stage.primitives if p.kind in producers for a in p.after}
             missing = set(range(stage.after.dp)) - kept_after - made
             if missing and not stage.unchanged:
                 raise AssertionError(f"diff: after-units {sorted(missing)} of {stage.model_stage} have no primitive")

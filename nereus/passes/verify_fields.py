@@ -22,7 +22,7 @@ FIELDS = {
     "nodes": {"id", "host_mem_bytes"},
     "tensors": {"name", "shape", "dtype"},
     "units": {"before", "after"},
-    "unit": {"id", "model_stage", "replica", "gpus", "tp", "pp", "ep", "dp", "zero", "offload", "shards"},
+    "unit": {"id", "model_stage", "replica", "gpus", "tp", "pp", "ep", "dp", "zero", "offload", "mesh", "shards"},
     "shard": {"gpu", "tensor", "boxes"},
     "round": {"ops"},
     "alloc": _OP | {"gpu", "unit", "bytes"},
