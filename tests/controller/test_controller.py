@@ -13,12 +13,12 @@ import pytest
 import nereus.ir as ir
 from nereus.passes.feasibility import check_plan
 from nereus.controller.admission import AdmissionSettings, Decision, admit
-from nereus.controller.controller import Controller, predict_plan
+from nereus.controller.controller import Controller, plan_key, predict_plan
 from nereus.controller.cost_model import PRIOR, CostModel, Layout, stage_terms
 from nereus.controller.layer_model import fit_layer_table
 from nereus.controller.memory import plan_memory
 from nereus.controller.nnls import fit_relative, nnls
-from nereus.controller.search import brute_force_plan, search_plan
+from nereus.controller.search import brute_force_plan, search_plan, search_plans
 from nereus.controller.simulator import load_trace
 
 HERE = os.path.dirname(__file__)
@@ -105,6 +105,28 @@ def test_search_equals_brute_force(small, response, gpus):
     # the plan it returns is what it claims: feasible and predicted as reported
     check = predict_plan(small, w, cost, fast.plan, gpus)
     assert check.feasible and check.step_s == pytest.approx(fast.predicted_s, rel=1e-9)
+
+
+@pytest.mark.parametrize("response,gpus,waves,offload", [(512, 4, True, False), (16384, 4, True, False),
+                                                         (4096, 8, False, False), (2048, 2, True, True)])
+def test_top_k_search_equals_the_k_best_of_brute_force(small, response, gpus, waves, offload):
+    """`search_plans(top=K)` (nereusc search) gives the K fastest distinct plans that fit,
+    as brute force over every combination ranks them; K = 1 is `search_plan`. (2048, 2):
+    the second best uses a layout that one other dominates, which the single-best search
+    drops."""
+    w = replace(small.workload, response=response)
+    cost = CostModel(small)
+    fast = search_plans(small, w, cost, gpus, 6, allow_waves=waves, allow_offload=offload)
+    slow = brute_force_plan(small, w, cost, gpus, allow_waves=waves, allow_offload=offload, top=6)
+    assert len(fast) == len(slow) == 6
+    assert [r.predicted_s for r in fast] == pytest.approx([r.predicted_s for r in slow], rel=1e-12)
+    assert len({plan_key(r.plan) for r in fast}) == 6  # distinct plans
+    assert fast[0].predicted_s == pytest.approx(search_plan(small, w, cost, gpus, allow_waves=waves,
+                                                            allow_offload=offload).predicted_s, rel=1e-12)
+    for r in fast:  # each is what it claims: it fits, and is predicted as reported
+        check = predict_plan(small, w, cost, r.plan, gpus, allow_waves=waves)
+        assert check.feasible and check.step_s == pytest.approx(r.predicted_s, rel=1e-9)
+    assert [r.plan.name for r in fast] == [f"best{k}" for k in range(1, 7)]
 
 
 @pytest.mark.parametrize("response,gpus", [(512, 4), (4096, 4), (16384, 8)])

@@ -89,7 +89,8 @@ def test_simulator_is_deterministic_for_a_seed(tmp_path):
     a = simulate(load_trace(_supply(tmp_path, 3)), transition_method="estimate")
     b = simulate(load_trace(_supply(tmp_path, 3)), transition_method="estimate")
     assert strip(a) == strip(b) and a["steps"] == b["steps"]
-    assert a["policies"]["nereus"]["transitions"] >= 2  # GPUs removed at 6, back at 10
+    # GPUs removed at 6 (a forced move; back at 10, where 4 steps do not repay a move)
+    assert a["policies"]["nereus"]["transitions"] >= 1 and a["transitions"]["nereus"][0]["step"] == 6
 
 
 def test_ground_truth_comes_from_the_measured_table_not_the_cost_model(small, monkeypatch):
