@@ -159,9 +159,9 @@ def test_search_result_prints_and_parses_as_nir(small):
 def test_search_70b_1024_gpus_under_one_second():
     module = ir.parse_file(os.path.join(ROOT, "examples", "traces", "llama70b-1024.nir"))
     w = replace(module.workload, response=8192)
-    began = time.perf_counter()
+    began = time.process_time()  # CPU time: a shared machine stretches wall time, not this
     found = search_plan(module, w, CostModel(module), 1024)
-    elapsed = time.perf_counter() - began
+    elapsed = time.process_time() - began
     assert found.plan is not None
     assert elapsed < 2.0  # < 1 s on an idle core; slack for a shared CI machine
 
@@ -319,10 +319,10 @@ def test_wave_counts_are_every_distinct_ceiling_and_take_root_time():
 
     for batch in list(range(1, 400)) + [997, 1024, 4096, 65537]:
         assert _wave_counts(batch) == tuple(sorted({math.ceil(batch / b) for b in range(1, batch + 1)})), batch
-    started = time.perf_counter()
+    started = time.process_time()
     counts = _wave_counts(1 << 24)
     assert len(counts) < 2 * 4097 + 2 and counts[0] == 1 and counts[-1] == 1 << 24
-    assert time.perf_counter() - started < 1.0
+    assert time.process_time() - started < 1.0  # CPU seconds: a guard against a blowup, not a benchmark
 
 
 @pytest.mark.parametrize("settings", [dict(margin=1.0), dict(margin=5), dict(margin=-0.1), dict(margin=float("nan")),

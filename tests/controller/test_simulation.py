@@ -269,11 +269,11 @@ def test_oracle_points_cover_each_group_at_any_grid_and_never_hang(tmp_path):
 
     trace = load_trace(_write(tmp_path, "span", [{"response": 1000, "gpus": 8}, {"response": 2000, "gpus": 8},
                                                  {"response": 1500, "gpus": 4}]))
-    started = time.perf_counter()
+    started = time.process_time()
     for grid in (1e-6, 1e-10, 1e-320, 5e-324):
         responses = sorted(w.response for g, w in oracle_points(trace, grid) if g == 8)
         assert responses == list(range(1000, 2001)), grid
-    assert time.perf_counter() - started < 5.0
+    assert time.process_time() - started < 5.0  # CPU seconds: a guard against a blowup, not a benchmark
     coarse = sorted(w.response for g, w in oracle_points(trace, 0.05) if g == 8)
     assert coarse[0] == 1000 and coarse[-1] == 2000 and len(coarse) == len(set(coarse)) < 20
     assert [w.response for g, w in oracle_points(trace, 0.05) if g == 4] == [1500]
