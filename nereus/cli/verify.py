@@ -92,8 +92,11 @@ def verify_command(program: str, against: str | None, overrides: tuple, as_json:
         # is in); a file that claims one is worth a word
         raise ProgramError(f"header field 'transition' ({moves['from']} -> {moves['to']}): a transition from "
                            f"plan {moves['from']} to itself", hint="a program moves state between two different plans")
+    from nereus.cli.progress import StderrProgress
+
+    # a large program takes 12-25 s: after 3 s (at once on a terminal) stderr says how far
     try:
-        report = verify_program(data, against=module)
+        report = verify_program(data, against=module, progress=StderrProgress("verify", after=3.0))
     except ProgramError as error:
         raise _placed(error, program, text) from None
     if as_json:

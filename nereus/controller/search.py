@@ -11,11 +11,17 @@ model-stage on GPUs 0..G−1, stages run one after another, model-stages of a st
 another on the shared GPUs):
   tp divides gpus_per_node (TP groups never straddle nodes: node alignment) and obeys the
   IR's head/kv-head/ffn/vocab rules; pp ≤ layers; tp·pp divides G (the divisor lattice),
-  dp = G/(tp·pp) ≤ batch; inference units may be offloaded to host memory.
+  dp = G/(tp·pp) ≤ batch; inference units may be offloaded to host memory; training units
+  with dp > 1 may shard their state with `zero 1` or `zero 3` (the compiler's memory model
+  counts each replica's chunk; the search counts every replica as replica 0, whose chunk
+  is the largest: an upper bound within a row per tensor). Not searched: expert
+  parallelism and offloaded training or generation, which the cost model does not price
+  (a plan holding them is still judged exactly by `memory.plan_memory`).
 
 Decomposition: a model-stage's latency depends only on its own layout, except generation,
 whose KV waves depend on what else is resident; memory couples all choices through per-GPU
-sums. So: (1) per model-stage candidates with their times and per-GPU memory vectors over
+sums, and offloaded units through each node's host memory (checked on complete
+assignments). So: (1) per model-stage candidates with their times and per-GPU memory vectors over
 one period Q = lcm(tp·pp) of GPU positions (every position ≡ q mod Q holds the same bytes);
 (2) drop candidates dominated in time and in every memory entry; (3) enumerate (generation
 layout, waves w) pairs cheapest first — fixing w makes the KV cache a fixed working set — and
@@ -23,6 +29,10 @@ under each, branch and bound over the other model-stages, bounding time by the s
 remaining minima and memory by elementwise minima; stop when a pair's time plus the
 remaining minima cannot beat the incumbent. (With several generation model-stages their
 layouts are enumerated at the leaves instead.)
+
+`search_plans(..., top=K)` (what `nereusc search` prints) is the same search for the K best
+distinct plans: the bound is the K-th best time found, and step (2) drops a candidate only
+when K others dominate it.
 """
 
 from __future__ import annotations
@@ -38,10 +48,10 @@ from typing import Optional
 import numpy as np
 
 from nereus.ir.gpuset import items_for
-from nereus.ir.model import Module, ModelStage, Placement, Plan, Workload
+from nereus.ir.model import ZERO_STAGES, Module, ModelStage, Placement, Plan, Workload
 
 from .cost_model import CostModel, Layout
-from .memory import active_stages, light, unit_memory, waves_for
+from .memory import active_stages, gpu_sequences, light, unit_memory, waves_for
 
 
 @dataclass(frozen=True)
@@ -51,6 +61,8 @@ class Choice:
     tp: int
     pp: int
     offload: bool = False
+    zero: int = 0  # ZeRO stage of a training unit (docs/ir.md)
+    ep: int = 1  # expert parallelism: never searched, kept when a plan is rescaled
 
 
 @dataclass(frozen=True)
@@ -90,6 +102,8 @@ def candidate_choices(module: Module, workload: Workload, model_stage: ModelStag
             if dp > workload.batch:
                 continue
             out.append(Choice(model_stage, dp, tp, pp, False))
+            if model_stage.stage == "training" and dp > 1:
+                out.extend(Choice(model_stage, dp, tp, pp, False, zero) for zero in ZERO_STAGES if zero)
             if allow_offload and model_stage.stage == "inference" and \
                     _fits_host(module, model, model_stage, tp, pp, min(gpus, module.cluster.gpus_per_node)):
                 out.append(Choice(model_stage, dp, tp, pp, True))
@@ -105,13 +119,14 @@ def _fits_host(module: Module, model, model_stage: ModelStage, tp: int, pp: int,
     return largest * per_node <= module.cluster.host_mem_bytes
 
 
-def build_plan(module: Module, choices: dict, gpus: int, name: str) -> Plan:
-    """A Plan placing every model-stage (workload order) on GPUs 0..gpus−1."""
+def build_plan(module: Module, choices: dict, gpus: int, name: str, model_stages=None) -> Plan:
+    """A Plan placing every model-stage (workload order; or those of `model_stages`) on GPUs
+    0..gpus−1."""
     ids = tuple(range(gpus))
     items = items_for(ids)
     placements = tuple(
-        Placement(ms, c.dp, c.tp, c.pp, ids, items, c.offload)
-        for ms in module.workload.model_stages()
+        Placement(ms, c.dp, c.tp, c.pp, ids, items, c.offload, c.zero, ep=c.ep)
+        for ms in (module.workload.model_stages() if model_stages is None else model_stages)
         for c in [choices[ms]]
     )
     return Plan(name, None, placements, placements)
@@ -123,6 +138,7 @@ class _Candidate:
     seconds: float  # for generation: seconds at one wave
     resident: np.ndarray  # [stages, Q]
     working: np.ndarray  # [Q] (generation: per sequence)
+    host: np.ndarray  # [nodes]: offloaded bytes in each node's host memory (zeros unless offloaded)
 
 
 class _Space:
@@ -137,6 +153,8 @@ class _Space:
         self.allow_waves = allow_waves
         self.stages = active_stages(workload)
         self.capacity = float(module.cluster.usable_gpu_bytes)
+        self.host_capacity = float(module.cluster.host_mem_bytes)
+        self._no_host = np.zeros(-(-gpus // module.cluster.gpus_per_node))
         self.spans_nodes = gpus > module.cluster.gpus_per_node
         self.model_stages = [ms for ms in workload.model_stages()]
         self.choices = {ms: candidate_choices(module, workload, ms, gpus, allow_offload) for ms in self.model_stages}
@@ -161,21 +179,34 @@ class _Space:
             if len(self._memo) > 20_000:
                 self._memo.clear()
             ms = choice.model_stage
-            unit = unit_memory(self.module, self.workload, ms, choice.dp, choice.tp, choice.pp, choice.offload)
+            unit = unit_memory(self.module, self.workload, ms, choice.dp, choice.tp, choice.pp, choice.offload,
+                               choice.zero, choice.ep, every_replica=False)
             res, work = unit.vectors(self.period)
             resident = np.zeros((len(self.stages), self.period))
             own = self.stages.index(ms.stage)
             for x in range(len(self.stages)):
                 if not choice.offload or x == own:
                     resident[x] = res
-            vectors = self._memo[key] = (resident, work)
-        return _Candidate(choice, self.seconds(choice, 1), vectors[0], vectors[1])
+            vectors = self._memo[key] = (resident, work, self._host(unit) if choice.offload else self._no_host)
+        return _Candidate(choice, self.seconds(choice, 1), *vectors)
+
+    def _host(self, unit) -> np.ndarray:
+        """Bytes an offloaded unit on GPUs 0..G−1 keeps in each node's host memory."""
+        width = self.module.cluster.gpus_per_node
+        per_gpu = np.tile(unit.host_vector(self.period), self.gpus // self.period)
+        return np.add.reduceat(per_gpu, np.arange(0, self.gpus, width))
+
+    def host_fits(self, chosen) -> bool:
+        """Whether the offloaded units among `chosen` (_Candidates) fit every node's host memory
+        together (each was offered only if it fits alone)."""
+        offloaded = [c.host for c in chosen if c.choice.offload]
+        return len(offloaded) < 2 or bool((sum(offloaded) <= self.host_capacity).all())
 
     def seconds(self, choice: Choice, waves: int) -> float:
         key = (choice, waves)
         value = self._gen_seconds.get(key)
         if value is None:
-            layout = Layout(choice.dp, choice.tp, choice.pp, choice.offload, waves, self.spans_nodes)
+            layout = Layout(choice.dp, choice.tp, choice.pp, choice.offload, waves, self.spans_nodes, choice.zero)
             value = self.cost.predict(self.workload, choice.model_stage, layout)
             self._gen_seconds[key] = value
         return value
@@ -192,11 +223,11 @@ class _Space:
         seconds, waves = 0.0, {}
         gen_working = np.zeros(self.period)
         for g in generation:
-            replica_batch = math.ceil(self.workload.batch / g.choice.dp)
-            w = waves_for(cap - resident[x_gen], g.working, replica_batch, self.allow_waves)
+            sequences = gpu_sequences(self.workload.batch, g.choice.dp, g.choice.ep)
+            w = waves_for(cap - resident[x_gen], g.working, sequences, self.allow_waves)
             if w == 0:
                 return None
-            gen_working = np.maximum(gen_working, g.working * math.ceil(replica_batch / w))
+            gen_working = np.maximum(gen_working, g.working * math.ceil(sequences / w))
             waves[g.choice.model_stage] = w
             seconds += self.seconds(g.choice, w)
         if x_gen >= 0 and (resident[x_gen] + np.maximum(working[x_gen], gen_working) > cap).any():
@@ -204,18 +235,49 @@ class _Space:
         return seconds, waves
 
 
-def _pareto(candidates: list[_Candidate]) -> list[_Candidate]:
-    """The candidates no kept one dominates (at least as good in time and in every memory
-    entry), cheapest first; one vectorised comparison against all kept rows per candidate."""
+def _pareto(candidates: list[_Candidate], top: int = 1) -> list[_Candidate]:
+    """The candidates fewer than `top` kept ones dominate (at least as good in time and in
+    every memory entry), cheapest first; one vectorised comparison against all kept rows per
+    candidate. A candidate that `top` others dominate is in none of the `top` best plans:
+    swapping it for each of them gives `top` plans that fit and are at least as fast."""
     ordered = sorted(candidates, key=lambda c: c.seconds)
     if not ordered:
         return []
-    rows = np.array([np.concatenate(([c.seconds], c.resident.ravel(), c.working.ravel())) for c in ordered])
+    rows = np.array([np.concatenate(([c.seconds], c.resident.ravel(), c.working.ravel(), c.host)) for c in ordered])
     kept: list[int] = []
     for i in range(len(ordered)):
-        if not kept or not (rows[kept] <= rows[i]).all(axis=1).any():
+        if not kept or int((rows[kept] <= rows[i]).all(axis=1).sum()) < top:
             kept.append(i)
     return [ordered[i] for i in kept]
+
+
+class _Best:
+    """The `top` fastest distinct assignments offered so far, and the bound they set: the
+    `top`-th best seconds (inf while fewer are known). An assignment is its choices; offered
+    again with more generation waves (a slower (layout, w) pair of the same plan) it is the
+    same plan and is kept at its least time."""
+
+    def __init__(self, top: int):
+        self.top = top
+        self.found: dict = {}  # frozenset of choices -> (seconds, choices, waves)
+        self.seconds = math.inf
+
+    def offer(self, seconds: float, choices: dict, waves: dict) -> None:
+        if seconds >= self.seconds:
+            return
+        key = frozenset(choices.values())
+        known = self.found.get(key)
+        if known is not None and known[0] <= seconds:
+            return
+        self.found[key] = (seconds, choices, waves)
+        if len(self.found) > self.top:
+            del self.found[max(self.found, key=lambda k: self.found[k][0])]
+        if len(self.found) == self.top:
+            self.seconds = max(entry[0] for entry in self.found.values())
+
+    def ranked(self) -> list:
+        """(seconds, choices, waves), fastest first (ties in a fixed order: the choices)."""
+        return sorted(self.found.values(), key=lambda e: (e[0], sorted(map(repr, e[1].values()))))
 
 
 @lru_cache(maxsize=1024)
@@ -246,7 +308,7 @@ def _incumbent(space: _Space, plan: Optional[Plan]):
             p = plan.placement(ms)
         except KeyError:
             return None
-        choice = Choice(ms, p.dp, p.tp, p.pp, p.offload)
+        choice = Choice(ms, p.dp, p.tp, p.pp, p.offload, p.zero if ms.stage == "training" else 0, p.ep)
         if p.gpus != ids or choice not in space.choices[ms]:
             return None
         choices[ms] = choice
@@ -263,7 +325,7 @@ def _incumbent(space: _Space, plan: Optional[Plan]):
         working[x] = np.maximum(working[x], c.working)
         seconds += c.seconds
     done = space.finish(resident, working, gens)
-    if done is None:
+    if done is None or not space.host_fits([space.candidate(c) for c in choices.values()]):
         return None
     return seconds + done[0], choices, done[1]
 
@@ -294,28 +356,47 @@ def search_plan(module: Module, workload: Workload, cost: CostModel, gpus: int, 
     working set of ⌈B_r/w⌉ sequences, so the rest is a branch and bound with a fixed time for
     generation. An assignment's true waves are the least w that fits, and a larger w only
     costs more, so the minimum over (layout, w) is the true optimum."""
+    return search_plans(module, workload, cost, gpus, 1, name, allow_waves, allow_offload, incumbents, memo)[0]
+
+
+def search_plans(module: Module, workload: Workload, cost: CostModel, gpus: int, top: int, name: str = "best",
+                 allow_waves: bool = True, allow_offload: bool = True, incumbents: tuple = (),
+                 memo: Optional[dict] = None) -> list[SearchResult]:
+    """The `top` plans of least predicted step latency, fastest first (`search_plan`'s search
+    with the `top`-th best time as its bound; `nereusc search` prints them). Distinct plans:
+    two results differ in some model-stage's layout. Fewer than `top` when fewer fit; one
+    result with `plan` None when none does. Plans are named `name`, or `name`1, `name`2, ...
+    when `top` > 1. Every result shares the search's counts and wall time."""
     began = time.perf_counter()
     space = _Space(module, workload, cost, gpus, allow_waves, allow_offload, memo)
     count = sum(len(c) for c in space.choices.values())
     gen_ms = [ms for ms in space.model_stages if ms.stage == "generation"]
     other_ms = [ms for ms in space.model_stages if ms.stage != "generation"]
-    seed = None
+    best = _Best(top)
     for plan in incumbents:
         known = _incumbent(space, plan)
-        if known is not None and (seed is None or known[0] < seed[0]):
-            seed = known
-    # a choice whose own time plus every other model-stage's fastest cannot beat the seed is
-    # in no strictly better plan: its memory vectors are never computed
-    bound = seed[0] if seed is not None else math.inf
+        if known is not None:
+            best.offer(*known)
+    state = {"leaves": 0}
+
+    def results() -> list[SearchResult]:
+        ranked = best.ranked()
+        if not ranked:
+            return [_result(space, None, count, state["leaves"], began, name)]
+        names = [name] if top == 1 else [f"{name}{k + 1}" for k in range(len(ranked))]
+        return [_result(space, entry, count, state["leaves"], began, n) for entry, n in zip(ranked, names)]
+
+    # a choice whose own time plus every other model-stage's fastest cannot beat the bound is
+    # in none of the best plans: its memory vectors are never computed
     fastest = {ms: min((space.seconds(c, 1) for c in space.choices[ms]), default=math.inf)
                for ms in space.model_stages}
     floor = sum(fastest.values())
-    useful = {ms: [c for c in space.choices[ms] if space.seconds(c, 1) + floor - fastest[ms] < bound]
+    useful = {ms: [c for c in space.choices[ms] if space.seconds(c, 1) + floor - fastest[ms] < best.seconds]
               for ms in space.model_stages}
     gen_lists = [sorted((space.candidate(c) for c in useful[ms]), key=lambda c: c.seconds) for ms in gen_ms]
-    lists = [_pareto([space.candidate(c) for c in useful[ms]]) for ms in other_ms]
+    lists = [_pareto([space.candidate(c) for c in useful[ms]], top) for ms in other_ms]
     if any(not lst for lst in lists + gen_lists):
-        return _result(space, seed, count, 0, began, name)  # None when nothing fits
+        return results()  # the incumbents alone, or none when nothing fits
     # branch on the model-stages whose choice matters most first
     order = sorted(range(len(lists)), key=lambda i: -(lists[i][-1].seconds - lists[i][0].seconds))
     lists = [lists[i] for i in order]
@@ -333,11 +414,10 @@ def search_plan(module: Module, workload: Workload, cost: CostModel, gpus: int, 
             w[x] = np.maximum(w[x], np.min([c.working for c in lst], axis=0))
         lb_work.append(w)
     stage_of = [space.stages.index(lst[0].choice.model_stage.stage) for lst in lists]
-    state = {"best": seed, "seconds": bound, "leaves": 0}
     chosen: list[_Candidate] = []
 
     def descend(i: int, seconds: float, resident: np.ndarray, working: np.ndarray, leaf):
-        if seconds + lb_seconds[i] >= state["seconds"]:
+        if seconds + lb_seconds[i] >= best.seconds:
             return
         if (resident + lb_res[i] + np.maximum(working, lb_work[i]) > cap).any():
             return
@@ -345,8 +425,8 @@ def search_plan(module: Module, workload: Workload, cost: CostModel, gpus: int, 
             leaf(seconds, resident, working)
             return
         x = stage_of[i]
-        for c in lists[i]:  # cheapest first: once one cannot beat the incumbent, none after it can
-            if seconds + c.seconds + lb_seconds[i + 1] >= state["seconds"]:
+        for c in lists[i]:  # cheapest first: once one cannot beat the bound, none after it can
+            if seconds + c.seconds + lb_seconds[i + 1] >= best.seconds:
                 break
             new_working = working.copy()
             new_working[x] = np.maximum(new_working[x], c.working)
@@ -363,12 +443,12 @@ def search_plan(module: Module, workload: Workload, cost: CostModel, gpus: int, 
         heap = []
         waves_of = []
         for k, g in enumerate(gen_lists[0]):
-            replica_batch = math.ceil(workload.batch / g.choice.dp)
+            replica_batch = gpu_sequences(workload.batch, g.choice.dp, g.choice.ep)
             waves_of.append((_wave_counts(replica_batch) if allow_waves else (1,), replica_batch))
             heapq.heappush(heap, (space.seconds(g.choice, waves_of[k][0][0]), waves_of[k][0][0], k, 0))
         while heap:
             gen_seconds, w, k, position = heapq.heappop(heap)
-            if gen_seconds + lb_seconds[0] >= state["seconds"]:
+            if gen_seconds + lb_seconds[0] >= best.seconds:
                 break
             g, (wave_counts, replica_batch) = gen_lists[0][k], waves_of[k]
             if position + 1 < len(wave_counts):
@@ -379,40 +459,38 @@ def search_plan(module: Module, workload: Workload, cost: CostModel, gpus: int, 
 
             def leaf(seconds, resident, work, g=g, w=w):
                 state["leaves"] += 1
-                total = seconds  # descend started from gen_seconds
-                if total < state["seconds"]:
-                    choices = {c.choice.model_stage: c.choice for c in chosen + [g]}
-                    state["seconds"], state["best"] = total, (total, choices, {g.choice.model_stage: w})
+                # descend started from gen_seconds: `seconds` is the whole step
+                if space.host_fits(chosen + [g]):
+                    best.offer(seconds, {c.choice.model_stage: c.choice for c in chosen + [g]},
+                               {g.choice.model_stage: w})
 
             descend(0, gen_seconds, g.resident.copy(), working, leaf)
-        return _result(space, state["best"], count, state["leaves"], began, name)
+        return results()
 
     def leaf(seconds, resident, working):
         for gens in itertools.product(*gen_lists):
             lower = seconds + sum(g.seconds for g in gens)
-            if lower >= state["seconds"]:
+            if lower >= best.seconds:
                 continue
             state["leaves"] += 1
             done = space.finish(resident, working, list(gens))
-            if done is None:
+            if done is None or not space.host_fits(chosen + list(gens)):
                 continue
-            total = seconds + done[0]
-            if total < state["seconds"]:
-                choices = {c.choice.model_stage: c.choice for c in chosen + list(gens)}
-                state["seconds"], state["best"] = total, (total, choices, done[1])
+            best.offer(seconds + done[0], {c.choice.model_stage: c.choice for c in chosen + list(gens)}, done[1])
 
     descend(0, 0.0, zeros.copy(), zeros.copy(), leaf)
-    return _result(space, state["best"], count, state["leaves"], began, name)
+    return results()
 
 
 def brute_force_plan(module: Module, workload: Workload, cost: CostModel, gpus: int, name: str = "best",
-                     allow_waves: bool = True, allow_offload: bool = True) -> SearchResult:
-    """Every combination of every model-stage's candidates, no pruning (for tests, small cases)."""
+                     allow_waves: bool = True, allow_offload: bool = True, top: int = 1):
+    """Every combination of every model-stage's candidates, no pruning (for tests, small
+    cases): the best SearchResult, or with `top` > 1 the list `search_plans` would give."""
     began = time.perf_counter()
     space = _Space(module, workload, cost, gpus, allow_waves, allow_offload)
     count = sum(len(c) for c in space.choices.values())
     cands = {ms: [space.candidate(c) for c in space.choices[ms]] for ms in space.model_stages}
-    best, best_seconds, leaves = None, math.inf, 0
+    best, leaves = _Best(top), 0
     for combo in itertools.product(*(cands[ms] for ms in space.model_stages)):
         leaves += 1
         resident = np.zeros((len(space.stages), space.period))
@@ -427,11 +505,12 @@ def brute_force_plan(module: Module, workload: Workload, cost: CostModel, gpus: 
             x = space.stages.index(c.choice.model_stage.stage)
             working[x] = np.maximum(working[x], c.working)
             seconds += c.seconds
+        if seconds + sum(g.seconds for g in gens) >= best.seconds:
+            continue  # generation at one wave is its fastest: this combination cannot win
         done = space.finish(resident, working, gens)
-        if done is None:
-            continue
-        total = seconds + done[0]
-        if total < best_seconds:
-            best_seconds = total
-            best = (total, {c.choice.model_stage: c.choice for c in combo}, done[1])
-    return _result(space, best, count, leaves, began, name)
+        if done is not None and space.host_fits(combo):
+            best.offer(seconds + done[0], {c.choice.model_stage: c.choice for c in combo}, done[1])
+    ranked = best.ranked()
+    if top == 1:
+        return _result(space, ranked[0] if ranked else None, count, leaves, began, name)
+    return [_result(space, entry, count, leaves, began, f"{name}{k + 1}") for k, entry in enumerate(ranked)]

@@ -1,4 +1,4 @@
-"""verify_fields: every field of JSON program v1 with its JSON type → type errors and warnings.
+"""verify_fields: every field of JSON program v1 and v2 with its JSON type → type errors and warnings.
 
 Input: a program dict (docs/program.md). Output: `check_fields` raises a `ProgramError`
 on the first known field whose value has another JSON type than FIELDS gives (its `path`
@@ -10,7 +10,8 @@ bool and not a float: `true == 1` and `2.0 == 2` in Python, so a later `!=` cann
 
 Box bounds are the one exception: `check_box` (verify_header) reads every bound of every
 box anyway, exactly typed, and its errors carry their path too; checking them here as well
-cost a 256-GPU program a second pass over 1.8 million boxes.
+cost a 256-GPU program a second pass over 1.8 million boxes. Version 2's ranges (`at`,
+`indices`: RANGED, known only in a version 2 program) are few and checked here.
 
 Why unknown fields are warnings, not errors: v1 grows by optional fields (`nodes`, `zero`
 and `dp` came later), so a reader must accept fields it does not know; but a misspelled
@@ -26,16 +27,21 @@ from dataclasses import dataclass
 
 from nereus.ir.diagnostics import ProgramError
 
+from .memory_model import KINDS as MEMORY_MODELS
+
 
 @dataclass(frozen=True)
 class Field:
     """A field's JSON type: int (an integer), bool, str, list or dict; `items` is what a
-    list holds or a dict maps to — a type, or a kind of FIELDS (an object of known fields)."""
+    list holds or a dict maps to — a type, RANGES (lists of integers), or a kind of FIELDS
+    (an object of known fields)."""
 
     json: type
     items: object = None
+    choices: tuple = ()  # the values a string may take, named in its type error
 
 
+RANGES = "ranges"  # a list of integer lists: v2's [lo, hi] or [lo, hi, step] ranges
 _OP = {"op": Field(str), "id": Field(int), "index": Field(int), "round": Field(int)}
 _UNITS = {"src_unit": Field(str), "dst_unit": Field(str)}  # per op in the compact form, else per segment
 _MOVES = {**_OP, **_UNITS, "segments": Field(list, "segment")}
@@ -43,7 +49,8 @@ FIELDS: dict[str, dict[str, Field]] = {
     "top": {"format": Field(str), "version": Field(int), "transition": Field(dict, "transition"),
             "gpus": Field(list, "gpus"), "nodes": Field(list, "nodes"), "tensors": Field(list, "tensors"),
             "units": Field(dict, "units"), "resident_bytes": Field(dict, int), "untouched": Field(list, str),
-            "rounds": Field(list, "round"), "rank": Field(int), "peers": Field(list, int)},
+            "memory_model": Field(str, choices=MEMORY_MODELS), "rounds": Field(list, "round"), "rank": Field(int),
+            "peers": Field(list, int)},
     "transition": {"from": Field(str), "to": Field(str)},
     "gpus": {"id": Field(int), "node": Field(int), "mem_bytes": Field(int), "capacity_bytes": Field(int)},
     "nodes": {"id": Field(int), "host_mem_bytes": Field(int)},
@@ -51,7 +58,7 @@ FIELDS: dict[str, dict[str, Field]] = {
     "units": {"before": Field(list, "unit"), "after": Field(list, "unit")},
     "unit": {"id": Field(str), "model_stage": Field(str), "replica": Field(int), "gpus": Field(list, int),
              "tp": Field(int), "pp": Field(int), "ep": Field(int), "dp": Field(int), "zero": Field(int),
-             "offload": Field(bool), "shards": Field(list, "shard")},
+             "offload": Field(bool), "mesh": Field(list, list), "shards": Field(list, "shard")},  # mesh: header
     "shard": {"gpu": Field(int), "tensor": Field(str), "boxes": Field(list, list)},  # bounds: check_box
     "round": {"ops": Field(list, "op")},  # "op": the kind its `op` field names
     "alloc": {**_OP, "gpu": Field(int), "unit": Field(str), "bytes": Field(int)},
@@ -62,41 +69,58 @@ FIELDS: dict[str, dict[str, Field]] = {
     "send": {**_MOVES, "src": Field(int), "dst": Field(int), "bytes": Field(int)},
     "segment": {"tensor": Field(str), "box": Field(list), **_UNITS},  # bounds: check_box
 }
+# version 2 (docs/program.md, "Version 2: ranges"): tensor families and their ranges
+RANGED = {"tensors": {"indices": Field(list, RANGES)}, "shard": {"at": Field(list, RANGES)},
+          "segment": {"at": Field(list, RANGES)}}
 PART_FIELDS = ("rank", "peers")  # one rank's part only (docs/program.md, "Rank programs")
 MAX_WARNINGS = 20
 
 
-def header_fields() -> tuple[str, ...]:
+def _fields(kind: str, ranged: bool) -> dict[str, Field]:
+    """The fields of `kind` in a program of version 2 (`ranged`) or 1."""
+    return {**FIELDS[kind], **RANGED.get(kind, {})} if ranged else FIELDS[kind]
+
+
+def header_fields(ranged: bool = True) -> tuple[str, ...]:
     """Every field of a whole program's header, as paths: `gpus[].mem_bytes`,
-    `units.before[].shards[].boxes`, `resident_bytes{}` (a map's values). What the header
-    states about the world; `nereusc verify --against` compares each with the plans."""
+    `units.before[].shards[].boxes`, `resident_bytes{}` (a map's values); with `ranged`,
+    version 2's too (`tensors[].indices`). What the header states about the world;
+    `nereusc verify --against` compares each with the plans."""
     out: list[str] = []
 
     def fields(kind: str, prefix: str) -> None:
-        for key, field in FIELDS[kind].items():
+        for key, field in _fields(kind, ranged).items():
             if kind == "top" and key in ("rounds", *PART_FIELDS):
                 continue
             path = f"{prefix}{key}"
             out.append(path)
-            if isinstance(field.items, str):
+            if isinstance(field.items, str) and field.items != RANGES:
                 fields(field.items, path + ("[]." if field.json is list else "."))
             elif field.json is dict and field.items is not None:
                 out.append(path + "{}")
-            elif field.json is list and field.items is not None:
+            elif field.json is list and field.items not in (None, RANGES):
                 out.append(path + "[]")
 
     fields("top", "")
     return tuple(out)
 
 
-_SPEC = {kind: {key: (f.json, f.items) for key, f in fields.items()} for kind, fields in FIELDS.items()}
+# per version (ranged: 2), kind -> field -> (JSON type, items): what the walk reads
 _NAMES = {int: "an integer", bool: "true or false", str: "a string", list: "a list", dict: "an object"}
+
+
+def _wanted(field: Field) -> str:
+    return f"one of {', '.join(map(repr, field.choices))}" if field.choices else _NAMES[field.json]
+
+
+_SPECS = {ranged: {kind: {key: (f.json, f.items, _wanted(f)) for key, f in _fields(kind, ranged).items()}
+                   for kind in FIELDS} for ranged in (False, True)}
 
 
 class _Mistyped(Exception):
     """A value of another JSON type; `path` grows as the exception leaves each container."""
 
-    def __init__(self, path: tuple, value, want: type):
+    def __init__(self, path: tuple, value, want: str):
         super().__init__()
         self.path, self.value, self.want = path, value, want
 
@@ -106,52 +130,60 @@ def check_fields(data: dict) -> list[str]:
     return the warnings for unknown fields (at most MAX_WARNINGS, then a count)."""
     unknown: list = []
     try:
-        _check(data, "top", unknown)
+        _check(data, "top", unknown, _SPECS[data.get("version") == 2])
     except _Mistyped as mistyped:
         raise _type_error(data, mistyped) from None
     return unknown_fields(data) if unknown else []
 
 
-def _check(obj: dict, kind: str, unknown: list) -> None:
-    spec = _SPEC[kind]
+def _check(obj: dict, kind: str, unknown: list, specs: dict) -> None:
+    spec = specs[kind]
     for key, value in obj.items():
         want = spec.get(key)
         if want is None:
             unknown.append(key)
             continue
-        json_type, items = want
+        json_type, items, wanted = want
         if type(value) is not json_type:
-            raise _Mistyped((key,), value, json_type)
+            raise _Mistyped((key,), value, wanted)
         if items is None:
             continue
         try:
             if type(items) is str:
+                if items == RANGES:
+                    for i, entry in enumerate(value):
+                        if type(entry) is not list:
+                            raise _Mistyped((i,), entry, _NAMES[list])
+                        for j, bound in enumerate(entry):
+                            if type(bound) is not int:
+                                raise _Mistyped((i, j), bound, _NAMES[int])
+                    continue
                 if json_type is dict:
-                    _check(value, items, unknown)
+                    _check(value, items, unknown, specs)
                     continue
                 for i, entry in enumerate(value):
                     if type(entry) is not dict:
-                        raise _Mistyped((i,), entry, dict)
+                        raise _Mistyped((i,), entry, _NAMES[dict])
                     entry_kind = items
                     if items == "op":
                         entry_kind = entry.get("op")
                         if "op" in entry and type(entry_kind) is not str:
-                            raise _Mistyped((i, "op"), entry_kind, str)
+                            raise _Mistyped((i, "op"), entry_kind, _NAMES[str])
                         if entry_kind not in _OP_KINDS:
                             continue  # the replay names a missing or unknown op
                     try:
-                        _check(entry, entry_kind, unknown)
+                        _check(entry, entry_kind, unknown, specs)
                     except _Mistyped as mistyped:
                         mistyped.path = (i,) + mistyped.path
                         raise
             elif json_type is dict:
                 for k, v in value.items():
                     if type(v) is not items:
-                        raise _Mistyped((k,), v, items)
+                        raise _Mistyped((k,), v, _NAMES[items])
             else:
                 for i, entry in enumerate(value):
                     if type(entry) is not items:
-                        raise _Mistyped((i,), entry, items)
+                        raise _Mistyped((i,), entry, _NAMES[items])
         except _Mistyped as mistyped:
             mistyped.path = (key,) + mistyped.path
             raise
@@ -178,7 +210,7 @@ def where_of(data: dict, path: tuple) -> tuple[str, tuple]:
         return obj[step] if ok else None
 
     head = path[0] if path else None
-    if head == "rounds" and len(path) >= 3:
+    if head == "rounds" and len(path) >= 2:
         where, rest = f"round {path[1]}", path[2:]
         if len(rest) >= 2 and rest[0] == "ops":
             op = get(get(get(get(data, "rounds"), path[1]), "ops"), rest[1])
@@ -206,12 +238,11 @@ def where_of(data: dict, path: tuple) -> tuple[str, tuple]:
 
 def _type_error(data: dict, mistyped: _Mistyped) -> ProgramError:
     where, rest = where_of(data, mistyped.path)
-    keys = [step for step in rest if isinstance(step, str)]
-    subject = f"'{keys[-1]}'" if keys else "its value" if not rest else f"entry {rest[-1]}"
-    if keys and isinstance(rest[-1], int):
-        subject += f" entry {rest[-1]}"
+    last = max((i for i, step in enumerate(rest) if isinstance(step, str)), default=None)
+    indices = "".join(f"[{i}]" for i in rest[(last + 1 if last is not None else 0):])
+    subject = f"'{rest[last]}'{indices}" if last is not None else f"entry {indices}"
     prefix = f"{where}: {subject}" if rest else where
-    return ProgramError(f"{prefix} must be {_NAMES[mistyped.want]}, not {json_text(mistyped.value)}",
+    return ProgramError(f"{prefix} must be {mistyped.want}, not {json_text(mistyped.value)}",
                         hint="docs/program.md gives each field's type: a program writes its numbers as integers "
                              "(not 2.0, not true) and its flags as true or false",
                         path=mistyped.path)
@@ -220,13 +251,15 @@ def _type_error(data: dict, mistyped: _Mistyped) -> ProgramError:
 def unknown_fields(data) -> list[str]:
     """Messages for the fields of `data` outside FIELDS (at most MAX_WARNINGS, then a count)."""
     out: list[str] = []
+    ranged = isinstance(data, dict) and data.get("version") == 2
 
     def check(obj, kind: str, where: str) -> None:
         if not isinstance(obj, dict):
             return
+        known = _fields(kind, ranged)
         for key in obj:
-            if key not in FIELDS[kind]:
-                close = difflib.get_close_matches(str(key), sorted(FIELDS[kind]), n=1)
+            if key not in known:
+                close = difflib.get_close_matches(str(key), sorted(known), n=1)
                 out.append(f"{where}: unknown field {str(key)[:60]!r}"
                            + (f" (did you mean {close[0]!r}?)" if close else "") + ": ignored")
 

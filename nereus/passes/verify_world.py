@@ -5,12 +5,13 @@ Input: a JSON program v1 dict (header already checked by `verify_header`) and th
 header field and the first difference (`header field 'gpus' (GPU 3): capacity_bytes is
 10000, the plans give 1000`). Invariant: after this check every fact the replay trusts
 about the world — units and their layouts, every field of a unit (id, replica, GPUs, tp,
-pp, ep, dp, zero, offload), GPU memory and reserve, nodes and host memory, resident bytes
+pp, ep, dp, zero, offload, mesh), GPU memory and reserve, nodes and host memory, resident bytes
 and names of untouched model-stages, tensor shapes and dtypes — is the one
 `nereus.passes.world.transition_world` derives from the plans, value and JSON type alike
 (`"zero": true` is not 1, `"dp": 2.0` is not 2). Every header field
 (`verify_fields.header_fields()`) is compared: the top-level ones in COMPARED, `format` and
-`version` by `program_from_json`.
+`version` by `program_from_json`; `memory_model` (STATED) is the compile's choice, not the
+plans', and only checked to name a model.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ from .verify_fields import FIELDS, json_text
 from .world import transition_world
 
 COMPARED = ("transition", "gpus", "nodes", "tensors", "units", "resident_bytes", "untouched")
+# header fields the plans do not determine: the compile's choice, checked by verify_header
+# (a model of nereus.passes.memory_model), under which the replay proves the rounds
+STATED = ("memory_model",)
 UNIT_FIELDS = tuple(key for key in FIELDS["unit"] if key != "shards")  # shards: box by box
 
 
@@ -53,7 +57,7 @@ def check_against(data: dict, module: Module) -> None:
         if name not in plans:
             raise ProgramError(f"header field 'transition' ({source} -> {target}): '{key}' names no plan {name!r} "
                                "of the module", hint=f"its plans are {', '.join(plans)}")
-    world = transition_world(module, source, target)
+    world = transition_world(module, source, target, ranged=data.get("version") == 2)
     _by_key("gpus", "GPU", data["gpus"], world.gpus, "id")
     _by_key("nodes", "node", data.get("nodes"), world.nodes, "id")
     _by_key("tensors", "tensor", data["tensors"], world.tensors, "name")
@@ -64,7 +68,7 @@ def check_against(data: dict, module: Module) -> None:
     if not _same(sorted(data.get("untouched", [])), sorted(world.untouched)):
         _differ("untouched", "model-stages", sorted(data.get("untouched", [])), sorted(world.untouched))
     for side in ("before", "after"):
-        _units(side, data["units"][side], world.units(module, side))
+        _units(side, data["units"][side], world.units(module, side, ranged=data.get("version") == 2))
 
 
 def _by_key(field: str, what: str, stated, derived: tuple, key: str) -> None:
@@ -83,7 +87,13 @@ def _by_key(field: str, what: str, stated, derived: tuple, key: str) -> None:
 
 
 def _shards(unit: dict) -> dict:
-    return {(s["gpu"], s["tensor"]): [list(map(list, b)) for b in s["boxes"]] for s in unit["shards"]}
+    """{(gpu, tensor, at): boxes} (`at` of a v2 family's entry as a tuple, else None)."""
+    return {(s["gpu"], s["tensor"], _at(s.get("at"))): [list(map(list, b)) for b in s["boxes"]]
+            for s in unit["shards"]}
+
+
+def _at(at):
+    return None if at is None else tuple(tuple(r) for r in at)
 
 
 def _units(side: str, stated: list, derived: list) -> None:
@@ -101,7 +111,8 @@ def _units(side: str, stated: list, derived: list) -> None:
         # boxes compared as lists: verify_header's check_box has read every bound as an int
         # (a million boxes at 256 GPUs: `_same` would cost seconds)
         a, b = _shards(have[uid]), _shards(want[uid])
-        for gpu, tensor in sorted(set(a) | set(b)):
-            if a.get((gpu, tensor)) != b.get((gpu, tensor)):
-                _differ(field, f"unit {uid}, shard of {tensor} on GPU {gpu}, boxes", a.get((gpu, tensor)),
-                        b.get((gpu, tensor)))
+        for key in sorted(set(a) | set(b), key=lambda k: (k[0], k[1], k[2] or ())):
+            gpu, tensor, at = key
+            what = f"{tensor} at {[list(r) for r in at]}" if at else tensor
+            if a.get(key) != b.get(key):
+                _differ(field, f"unit {uid}, shard of {what} on GPU {gpu}, boxes", a.get(key), b.get(key))

@@ -15,7 +15,7 @@ import pytest
 from nereus.ir.diagnostics import ProgramError
 from nereus.passes.verify import verify_program
 from nereus.passes.verify_fields import FIELDS, PART_FIELDS, header_fields
-from nereus.passes.verify_world import COMPARED
+from nereus.passes.verify_world import COMPARED, STATED
 
 HEADER = header_fields()
 
@@ -71,9 +71,10 @@ def _named(name: str, message: str) -> bool:
 def test_the_enumeration_is_the_schema_and_every_top_level_field_is_compared():
     top = {path for path in HEADER if re.fullmatch(r"[a-z_]+", path)}
     assert top == set(FIELDS["top"]) - {"rounds", *PART_FIELDS}
-    assert top == {"format", "version", *COMPARED}  # format and version: program_from_json
+    assert top == {"format", "version", *COMPARED, *STATED}  # format and version: program_from_json
     assert {"units.before[].zero", "units.after[].dp", "units.before[].ep", "units.after[].shards[].boxes[]",
-            "gpus[].capacity_bytes", "resident_bytes{}", "tensors[].shape[]", "untouched[]"} <= set(HEADER)
+            "gpus[].capacity_bytes", "resident_bytes{}", "tensors[].shape[]", "untouched[]", "units.after[].mesh",
+            "tensors[].indices", "units.before[].shards[].at", "memory_model"} <= set(HEADER)
 
 
 def test_the_program_holds_every_header_field(every_field_program, every_field_module):

@@ -48,7 +48,7 @@ def test_the_program_verifies_against_its_plans(tmp_path, every_field_program):
 # a key written twice, the first value wrong (the last is the program's own): Python kept
 # the last and the program verified
 DUPLICATES = {
-    "version": ('"version":1,', '"version":2,"version":1,', "version", "the top level"),
+    "format": ('"format":"nereus-program",', '"format":"other","format":"nereus-program",', "format", "the top level"),
     "unit tp": ('"tp":1,', '"tp":2,"tp":1,', "tp", "units.before[0]"),
     "gpu mem_bytes": ('"mem_bytes":1000000000,', '"mem_bytes":5,"mem_bytes":1000000000,', "mem_bytes", "gpus[0]"),
 }
@@ -75,7 +75,8 @@ def test_a_duplicate_in_an_indented_file_names_its_line_and_the_first(tmp_path, 
     line, col = _line_col(text, text.index(old, at))
     path, result = _verify(tmp_path, text)
     assert result.exit_code == 2, result.output
-    assert result.output.startswith(f"{path}:{line}:{col}: error: duplicate key 'zero' in units.before[2] "
+    unit = next(i for i, u in enumerate(every_field_program["units"]["before"]) if u.get("zero"))
+    assert result.output.startswith(f"{path}:{line}:{col}: error: duplicate key 'zero' in units.before[{unit}] "
                                     f"(first at line {first[0]}, column {first[1]})"), result.output
 
 
