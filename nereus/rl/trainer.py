@@ -50,7 +50,8 @@ from .optim import adam_step, all_reduce_grads, reduce_replicated_kv_grads
 from nereus.models.parallel import vocab_parallel_logprob
 from .checks import check_batch, check_models, check_replicas, check_stages
 from .restart import RestartRuntime
-from .reward import make_prompts, score
+from .faults import kill_here, kill_spec
+from .tasks import BuiltinTask, TextTask
 from .topology import Groups, Role
 from .weights import register_initial_weights
 from .zero import gathered_weights, local_weight_shapes, zero_adam_step
@@ -70,6 +71,18 @@ class TrainSpec:
     engine: str = "native"  # rollout engine: "native" | "vllm" (see nereus.rl.engine)
     greedy: bool = False  # argmax decoding (exact in both engines) instead of sampling
     workdir: str = ""  # vllm: where each engine's start-up checkpoint goes (default: a temp dir)
+    # a text dataset (nereus.rl.tasks.TextTask): prompts file, tokenizer folder, reward
+    # function "module:function"; empty prompts: the built-in `task` on token ids
+    prompts: str = ""
+    tokenizer: str = ""
+    reward: str = ""
+    samples_every: int = 1  # samples of every N-th step go to the emit callback (0: none)
+    # checkpoints (nereus.rl.persist): OUT (empty: none), save every N steps (and the last
+    # step), keep the last K, and the checkpoint directory to resume from (empty: a fresh start)
+    out: str = ""
+    save_every: int = 0
+    keep: int = 3
+    resume: str = ""
 
 
 @dataclass(frozen=True)
@@ -86,6 +99,8 @@ class StepRecord:
     stage_seconds: dict = field(default_factory=dict)  # model-stage → wall seconds of its phase
     sync_bytes: int = 0  # weight sync actor.training → actor.generation, bytes this rank sent
     rollout_sha256: str = ""  # digest of the step's [batch, response] tokens (compare engines)
+    response_length: float = 0.0  # mean tokens per response up to and with its eos (= response without one)
+    reward_seconds: float = 0.0  # the reward (the task's rule, or the reward function on rank 0 and its broadcast)
 
 
 def _report_dict(report: Any) -> dict:
@@ -149,8 +164,17 @@ class RlTrainer:
 
             self.weight_sync = WeightSync(module, device=self.device)
         self.plan_name = spec.plan
+        group = self.cfg.group if self.cfg.algo == "grpo" else 1
+        self.task = TextTask(spec.prompts, spec.tokenizer, spec.reward, spec.seed, self.w.prompt, group,
+                             module.model("actor").vocab) if spec.prompts else BuiltinTask(spec.task, group)
+        self.position = 0  # dataset rows consumed by the steps so far (TextTask)
+        self.drift_applied: list[str] = []  # the --drift overrides applied so far, in order (checkpoints)
+        self.start_step = 1  # > 1 when resumed from a checkpoint
         self.sources: dict = {}  # model -> checkpoint directory it started from (None: seeded), set by initialise
         self.roles = self.groups.for_plan(module, module.plan(spec.plan), self.world)
+        from .persist import Persistence
+
+        self.persist = Persistence(self, spec.out, spec.save_every, spec.keep, spec.resume)
 
     # -- state ---------------------------------------------------------------------------
 
@@ -158,6 +182,9 @@ class RlTrainer:
         """Every model-stage's initial shards, registered (nereus.rl.weights: a model
         declared hf("dir") reads this rank's boxes of its checkpoint, others are seeded)."""
         stages = [ms for ms in self.stages if not (ms == "actor.generation" and self.vllm is not None)]
+        if self.spec.resume:  # the checkpoint's state, in this run's plan (nereus.rl.resume)
+            self.start_step = self.persist.restore() + 1
+            return
         # with vLLM the engines hold the generation weights (started below)
         self.sources = register_initial_weights(self.rt, self.module, stages, self.spec.seed)
         if self.vllm is not None:  # start the engines from the initial actor weights
@@ -215,20 +242,29 @@ class RlTrainer:
 
     # -- model evaluations ---------------------------------------------------------------
 
-    def _forward(self, model_name: str, w, tokens, role: Role, head):
-        """head(final hidden) on the replica's last stage, None on its other stages."""
-        out, _, _ = pipeline.forward(self.module.model(model_name), w, tokens, role.tp, role.pipe, head, ep=role.ep)
+    def _forward(self, model_name: str, w, tokens, role: Role, head, rows=None):
+        """head(final hidden) on the replica's last stage, None on its other stages; `rows`
+        of the step's batch (their prompts' pad counts), None: the whole batch."""
+        out, _, _ = pipeline.forward(self.module.model(model_name), w, tokens, role.tp, role.pipe, head, ep=role.ep,
+                                     pad=self._pad_of(rows))
         return out
+
+    def _pad_of(self, rows):
+        """The step's left-pad counts of `rows` (None when no prompt is padded)."""
+        pad = getattr(self, "_pad", None)
+        return None if pad is None else (pad if rows is None else pad[rows])
 
     def _logprob_head(self, model_name: str, w, seqs, tp):
         p, vocab = self.w.prompt, self.module.model(model_name).vocab
         return lambda h: vocab_parallel_logprob(local_logits(w, h[:, p - 1:], tp), seqs[:, p:], vocab, tp)
 
-    def _logprobs(self, model_name: str, w, seqs, role: Role):
-        return self._forward(model_name, w, seqs[:, :-1], role, self._logprob_head(model_name, w, seqs, role.tp))
+    def _logprobs(self, model_name: str, w, rows, role: Role):
+        seqs = self._seqs[rows]
+        return self._forward(model_name, w, seqs[:, :-1], role, self._logprob_head(model_name, w, seqs, role.tp), rows)
 
-    def _values(self, model_name: str, w, seqs, role: Role):
-        return self._forward(model_name, w, seqs[:, :-1], role, lambda h: values(w, h[:, self.w.prompt - 1:]).float())
+    def _values(self, model_name: str, w, rows, role: Role):
+        return self._forward(model_name, w, self._seqs[rows][:, :-1], role,
+                             lambda h: values(w, h[:, self.w.prompt - 1:]).float(), rows)
 
     def _train(self, ms: str, loss_head, step: int, lr: float, offset: int, mb: int) -> float:
         """One minibatch update of a training model-stage (forward and backward through
@@ -247,13 +283,13 @@ class RlTrainer:
                 params = self._layer_gather(ms, state, role, grad=True)
                 with params.saving():
                     loss, x_in, y = pipeline.forward(model, params, self._seqs[rows][:, :-1], role.tp, role.pipe,
-                                                     loss_head(params, role, rows), ep=role.ep)
+                                                     loss_head(params, role, rows), ep=role.ep, pad=self._pad_of(rows))
                 pipeline.backward(role.pipe, loss, x_in, y)
                 grads = {f"{model_name}/{k}": g for k, g in params.finish().items()}
             else:
                 params = {k: t.detach().requires_grad_() for k, t in self.weights(ms, state).items()}
                 loss, x_in, y = pipeline.forward(model, params, self._seqs[rows][:, :-1], role.tp, role.pipe,
-                                                 loss_head(params, role, rows), ep=role.ep)
+                                                 loss_head(params, role, rows), ep=role.ep, pad=self._pad_of(rows))
                 pipeline.backward(role.pipe, loss, x_in, y)
                 grads = {f"{model_name}/{k}": (p.grad if p.grad is not None else torch.zeros_like(p)).float()
                          for k, p in params.items()}
@@ -285,71 +321,90 @@ class RlTrainer:
         start = time.perf_counter()
         cfg, B, R, P = self.cfg, self.w.batch, self.w.response, self.w.prompt
         gen = torch.Generator().manual_seed(self.spec.seed * 1_000_003 + step)
-        group = cfg.group if cfg.algo == "grpo" else 1
-        prompts = make_prompts(B, P, gen, group)
+        batch = self.task.batch(B, P, self.position, gen)
+        self.position += self.task.consumed(B)
         uniforms = torch.rand(B, R, generator=gen).to(self.device)
-        cpu_prompts, prompts = prompts, prompts.to(self.device)
+        prompts = batch.ids.to(self.device)
+        self._pad = batch.pad.to(self.device) if batch.pad is not None else None
 
         clock = _PhaseClock()
-        responses = self._rollout(prompts, uniforms)
+        responses, mask = self.task.finish(self._rollout(prompts, uniforms))
         clock.lap("actor.generation")
+        mask = mask.to(self.device) if mask is not None else None
         seqs = self._seqs = torch.cat([prompts, responses], dim=1)
         logp_ref = self._per_replica("ref.inference", lambda role, rows: self._logprobs(
-            "ref", self.weights("ref.inference"), seqs[rows], role), (B, R))
+            "ref", self.weights("ref.inference"), rows, role), (B, R))
         clock.lap("ref.inference")
         rm = None  # the reward model's score, logged; the training reward is the task's rule
         if "reward.inference" in self.stages:
             rm_weights = self.weights("reward.inference")
             rm = self._per_replica("reward.inference", lambda role, rows: self._forward(
-                "reward", rm_weights, seqs[rows], role, lambda h: values(rm_weights, h[:, -1]).float()), (B,))
+                "reward", rm_weights, seqs[rows], role, lambda h: values(rm_weights, h[:, -1]).float(), rows), (B,))
             clock.lap("reward.inference")
         logp_old = self._per_replica("actor.training", lambda role, rows: self._logprobs(
-            "actor", self.weights("actor.training"), seqs[rows], role), (B, R))
+            "actor", self.weights("actor.training"), rows, role), (B, R))
         clock.lap("actor.training")
-        rule = score(self.spec.task, cpu_prompts, responses.cpu()).to(self.device)
+        scoring = time.perf_counter()
+        rule = self.task.rewards(batch, responses.cpu(), step).to(self.device)
+        reward_seconds = time.perf_counter() - scoring
+        if self.spec.samples_every and step % self.spec.samples_every == 0 and self._rank() == 0:
+            texts = self.task.texts(batch, responses.cpu())
+            self.emit({"event": "samples", "step": step, "prompts": texts[0], "responses": texts[1],
+                       "rewards": rule.tolist()})
+        clock.restart()  # (stage_seconds are model-stages': the controller reads them)
         if cfg.algo == "ppo":
             v_old = self._per_replica("critic.training", lambda role, rows: self._values(
-                "critic", self.weights("critic.training"), seqs[rows], role), (B, R))
+                "critic", self.weights("critic.training"), rows, role), (B, R))
             clock.lap("critic.training")
-            adv, returns = alg.ppo_advantages(rule, logp_old, logp_ref, v_old, cfg)
+            adv, returns = alg.ppo_advantages(rule, logp_old, logp_ref, v_old, cfg, mask)
         else:
             adv = alg.grpo_advantages(rule, cfg.group, R)
 
-        mb, tokens = B // cfg.minibatches, (B // cfg.minibatches) * R
+        mb = B // cfg.minibatches
         losses, value_losses = [], []
         for m in range(cfg.minibatches):
             offset, opt_step = m * mb, (step - 1) * cfg.minibatches + m + 1
+            part = mask[offset:offset + mb] if mask is not None else None
+            tokens = max(1, int(part.sum())) if part is not None else mb * R
 
             def actor_loss(params, role, rows):
                 logprob = self._logprob_head("actor", params, seqs[rows], role.tp)
+                keep = mask[rows] if mask is not None else None
 
                 def head(h):
                     logp = logprob(h)
-                    loss = alg.policy_loss(logp, logp_old[rows], adv[rows], cfg.clip, tokens)
+                    loss = alg.policy_loss(logp, logp_old[rows], adv[rows], cfg.clip, tokens, keep)
                     if cfg.algo == "grpo":
-                        loss = loss + cfg.kl_coef * alg.kl_k3(logp, logp_ref[rows]).sum() / tokens
+                        loss = loss + cfg.kl_coef * alg.masked_sum(alg.kl_k3(logp, logp_ref[rows]), keep) / tokens
                     return loss
                 return head
 
             clock.restart()
             losses.append(self._train("actor.training", actor_loss, opt_step, cfg.lr, offset, mb))
             clock.lap("actor.training")
+            kill_here("step", step, self._rank())  # crash tests: the state is half updated here
             if cfg.algo == "ppo":
                 def critic_loss(params, role, rows):
+                    keep = mask[rows] if mask is not None else None
                     return lambda h: alg.value_loss(values(params, h[:, self.w.prompt - 1:]).float(), v_old[rows],
-                                                    returns[rows], cfg.value_clip, tokens)
+                                                    returns[rows], cfg.value_clip, tokens, keep)
 
                 value_losses.append(self._train("critic.training", critic_loss, opt_step, cfg.critic_lr, offset, mb))
                 clock.lap("critic.training")
         clock.restart()
         sync_bytes = self.sync_generation_weights()
         clock.lap("actor.generation")
+        kl = logp_old - logp_ref
         return StepRecord(step, self.plan_name, sum(losses) / len(losses),
                           sum(value_losses) / len(value_losses) if value_losses else 0.0,
-                          float(rule.mean()), float((logp_old - logp_ref).mean()),
+                          float(rule.mean()), float(kl.mean()) if mask is None else float((kl * mask).sum() / mask.sum()),
                           float(rm.mean()) if rm is not None else None,
                           time.perf_counter() - start, R, clock.seconds, sync_bytes,
-                          hashlib.sha256(responses.cpu().numpy().tobytes()).hexdigest())
+                          hashlib.sha256(responses.cpu().numpy().tobytes()).hexdigest(),
+                          float(R) if mask is None else float(mask.sum(dim=1).mean()), reward_seconds)
+
+    def _rank(self) -> int:
+        return dist.get_rank() if dist.is_initialized() else 0
 
     def _engine(self, role: Optional[Role]) -> Optional[GenerationEngine]:
         """The engine that generates this rank's replica rows, None where the rank writes
@@ -372,7 +427,8 @@ class RlTrainer:
         tokens = None
         if engine is not None:
             with torch.no_grad():
-                tokens = engine.generate(prompts[rows], R, uniforms[rows], self.cfg.temperature, self.spec.greedy)
+                tokens = engine.generate(prompts[rows], R, uniforms[rows], self.cfg.temperature, self.spec.greedy,
+                                         self._pad_of(rows))
         writes = tokens is not None and (self.vllm is not None or role.contributes)
         full = torch.zeros((B, R), dtype=torch.long, device=self.device)
         if writes:
@@ -406,13 +462,17 @@ class RlTrainer:
         import nereus.ir as ir
 
         self.module = ir.apply_overrides(self.module, [override])
+        self.drift_applied.append(override)
         self.w = self.module.workload
         check_batch(self.module, self.cfg.algo, self.cfg.minibatches, self.cfg.group)
         check_replicas(self.module, self.cfg.minibatches)
 
     def transition(self, after_step: int, plan: str) -> dict:
         start = time.perf_counter()
-        report = _report_dict(self.rt.transition(plan))
+        hook = {}
+        if kill_spec() is not None and not isinstance(self.rt, RestartRuntime):  # crash tests (nereus.rl.faults)
+            hook["round_hook"] = lambda index: kill_here("transition", after_step, self._rank())
+        report = _report_dict(self.rt.transition(plan, **hook))
         self.roles = self.groups.for_plan(self.module, self.module.plan(plan), self.world)
         engine_seconds, engine_moved = 0.0, False
         if self.vllm is not None:  # engines follow the new generation layout (restarted where moved)
@@ -455,7 +515,7 @@ class RlTrainer:
             ok = tuple(p.name for p in self.module.plans if runnable(self.module, p, self.world))
             policy = ControllerPolicy(self.module, self.plan_name, self.spec.steps, ok)
         run_start = time.perf_counter()
-        for i in range(1, self.spec.steps + 1):
+        for i in range(self.start_step, self.spec.steps + 1):
             record = self.step(i)
             ran_under = self.w
             steps.append(record)
@@ -463,21 +523,24 @@ class RlTrainer:
             for override in drift.get(i, ()):
                 self.apply_drift(override)
                 self.emit({"event": "drift", "after_step": i, "set": override})
-            if i >= self.spec.steps:
-                break
-            target = events.get(i)
-            if policy is not None:
-                policy.observe(self.module, self.plan_name, ran_under, record.stage_seconds, record.seconds)
-                target = policy.decide(i + 1, self.w, self.world) or target
-            if target is not None and target != self.plan_name:
-                transitions.append(self.transition(i, target))
+            if i < self.spec.steps:
+                target = events.get(i)
                 if policy is not None:
-                    policy.transitioned(self.module, target, transitions[-1]["seconds"], i + 1)  # before step i + 1
-                self.emit({"event": "transition", **transitions[-1]})
+                    policy.observe(self.module, self.plan_name, ran_under, record.stage_seconds, record.seconds)
+                    target = policy.decide(i + 1, self.w, self.world) or target
+                    self.emit({"event": "decision", "step": i, **(policy.decisions[-1] or {})})
+                if target is not None and target != self.plan_name:
+                    transitions.append(self.transition(i, target))
+                    if policy is not None:
+                        policy.transitioned(self.module, target, transitions[-1]["seconds"], i + 1)  # before step i + 1
+                    self.emit({"event": "transition", **transitions[-1]})
+            self.persist.boundary(i, i == self.spec.steps)
+        self.persist.close()
         final = {ms: self.rt.gather_state_dict(ms) for ms in sorted(self.stages) if ms.endswith(".training")}
         merged = {k: v for full in final.values() for k, v in full.items()}
         return {"name": "train", "algo": self.cfg.algo, "plan": self.spec.plan, "final_plan": self.plan_name,
                 "steps": [asdict(s) for s in steps], "transitions": transitions,
                 "run_seconds": time.perf_counter() - run_start,
                 "decisions": policy.decisions if policy is not None else [], "initial_weights": self.sources,
+                "checkpoints": self.persist.saves, "resumed": self.persist.resumed,
                 "final_weights_sha256": weights_sha256(merged), "_final_state": merged}

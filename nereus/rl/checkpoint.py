@@ -1,0 +1,296 @@
+"""Sharded, asynchronous, atomic checkpoints of the RL loop's whole training state
+(`nereus train --save-every N --keep K`).
+
+Input: the runtime's registered shards of every model-stage but actor.generation (the
+weight sync rebuilds it from actor.training), the trainer's own state (step, plan, data
+position, applied drifts, Adam step counters, RNG states) and the output folder.
+Output: OUT/checkpoints/step_N/, a torch.distributed.checkpoint (DCP) directory: each
+rank's file `__R_0.distcp` holds the boxes of the global tensors it is the first holder
+of in the current plan (a box held by several ranks, e.g. by dp replicas, is written
+once), `.metadata` lists every tensor's global shape and its chunks (global offsets and
+sizes: the boxes), and `nereus.json` says what the checkpoint is (step, plan, world,
+bytes). Tensors are named `{model-stage}/{global name}`, e.g.
+`actor.training/actor/layers.0.attn.qkv.weight#exp_avg`; `nereus/state` holds the trainer
+state. Any DCP reader (`dcp_to_torch_save`) reads it as full tensors; nereus.rl.
+checkpoint_read reads only the boxes a new layout needs.
+
+Invariants:
+- no rank holds more than its own shards: a save copies this rank's boxes (the staging
+  copy, the only part on the training thread) and a background thread writes them while
+  training goes on (at most one save in flight; the next waits for it);
+- atomic: the files go to OUT/checkpoints/.step_N.<run id>.partial; rank 0 renames it to
+  step_N only after DCP's finish (every rank's data written and fsynced, `.metadata`
+  written), so a checkpoint directory named step_N is complete, and a crash mid-save
+  leaves the previous one valid (a partial folder is never read, and is removed when the
+  next run starts);
+- the last `keep` complete checkpoints stay, older ones are removed after a new one is
+  complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import threading
+import time
+from typing import Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+from nereus.backends.json_program import plan_units_json
+from nereus.runtime.boxes import as_box
+from nereus.runtime.state import box_piece, step_name, unit_on_gpu, writers
+
+CHECKPOINTS = "checkpoints"
+MANIFEST = "nereus.json"
+STATE_KEY = "nereus/state"
+SKIPPED_STAGES = ("actor.generation",)  # rebuilt from actor.training by the weight sync
+
+
+def checkpoints_dir(out: str) -> str:
+    return os.path.join(out, CHECKPOINTS)
+
+
+def step_dir(out: str, step: int) -> str:
+    return os.path.join(checkpoints_dir(out), f"step_{step}")
+
+
+def complete_steps(out: str) -> list[int]:
+    """Steps of the complete checkpoints under OUT/checkpoints, ascending."""
+    found = []
+    root = checkpoints_dir(out)
+    if not os.path.isdir(root):
+        return found
+    for entry in os.listdir(root):
+        if entry.startswith("step_") and entry[5:].isdigit():
+            path = os.path.join(root, entry)
+            if os.path.isfile(os.path.join(path, ".metadata")) and os.path.isfile(os.path.join(path, MANIFEST)):
+                found.append(int(entry[5:]))
+    return sorted(found)
+
+
+def saved_stages(module) -> list[str]:
+    return sorted(str(ms) for ms in module.workload.model_stages() if str(ms) not in SKIPPED_STAGES)
+
+
+def plan_name(rt) -> str:
+    """The current plan's name (the Nereus runtime's `plan` is a name, the restart baseline's a Plan)."""
+    return rt.plan if isinstance(rt.plan, str) else rt.plan.name
+
+
+def rng_state() -> dict:
+    return {"torch": torch.get_rng_state(), "python": list(random.getstate()[1]),
+            "python_version": random.getstate()[0], "python_gauss": random.getstate()[2]}
+
+
+def restore_rng(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate((state["python_version"], tuple(state["python"]), state["python_gauss"]))
+
+
+class Staged:
+    """This rank's part of a checkpoint, copied out of the live state: the boxes it writes
+    ({(fqn, offsets): tensor}), the global shape and chunk of each, and the trainer state
+    (rank 0 only)."""
+
+    def __init__(self):
+        self.boxes: dict = {}
+        self.chunks: dict = {}  # (fqn, offsets) -> (global shape, box)
+        self.state: Optional[dict] = None
+        self.bytes = 0
+
+    def add(self, fqn: str, box, shape, tensor: torch.Tensor) -> None:
+        offsets = tuple(lo for lo, _ in box)
+        self.boxes[(fqn, offsets)] = tensor
+        self.chunks[(fqn, offsets)] = (tuple(shape), box)
+        self.bytes += tensor.numel() * tensor.element_size()
+
+
+def stage(rt, module, rank: int, specs: Callable[[str], dict]) -> Staged:
+    """Copy this rank's written boxes of every saved model-stage (the first holder of each
+    distinct box writes it, `writers`) into fresh CPU tensors."""
+    staged = Staged()
+    plan = plan_name(rt)
+    for ms in saved_stages(module):
+        units = plan_units_json(module, plan, ms)
+        unit = unit_on_gpu(units, rank)
+        if unit is None:
+            continue
+        local = rt.state(ms)
+        mine = {s["tensor"]: [as_box(b) for b in s["boxes"]] for s in unit["shards"] if s["gpu"] == rank}
+        shapes = specs(ms)
+        for tensor, entries in writers(units).items():
+            for gpu, index, box in entries:
+                if gpu != rank:
+                    continue
+                piece = box_piece(local[tensor], mine[tensor], index)
+                copy = torch.empty(piece.shape, dtype=piece.dtype)
+                copy.copy_(piece)
+                staged.add(f"{ms}/{tensor}", box, shapes[tensor][0], copy)
+    return staged
+
+
+def adam_steps(rt, module) -> dict:
+    """{model-stage: the runtime's Adam step counter} of the training stages; collective
+    (a counter lives on the ranks that hold the stage)."""
+    out = {}
+    for ms in saved_stages(module):
+        if not ms.endswith(".training"):
+            continue
+        local = rt.state(ms).get(step_name(ms.partition(".")[0]))
+        value = torch.tensor([int(local) if local is not None else -1], dtype=torch.int64)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        out[ms] = int(value)
+    return out
+
+
+def _planner(staged: Staged):
+    """A DCP save planner whose write items are the staged boxes (chunks with their
+    global offsets) and, on rank 0, the trainer state as bytes."""
+    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex, TensorProperties
+    from torch.distributed.checkpoint.planner import SavePlan, TensorWriteData, WriteItem, WriteItemType
+
+    class BoxSavePlanner(DefaultSavePlanner):
+        def __init__(self):
+            super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
+
+        def create_local_plan(self) -> SavePlan:
+            items = []
+            for (fqn, offsets), tensor in staged.boxes.items():
+                shape, box = staged.chunks[(fqn, offsets)]
+                items.append(WriteItem(index=MetadataIndex(fqn, torch.Size(offsets)), type=WriteItemType.SHARD,
+                                       tensor_data=TensorWriteData(
+                                           chunk=ChunkStorageMetadata(offsets=torch.Size(offsets),
+                                                                      sizes=torch.Size(tensor.shape)),
+                                           properties=TensorProperties.create_from_tensor(tensor),
+                                           size=torch.Size(shape))))
+            if staged.state is not None:
+                items.append(WriteItem(index=MetadataIndex(STATE_KEY), type=WriteItemType.BYTE_IO))
+            self.plan = SavePlan(items)
+            return self.plan
+
+        def lookup_object(self, index):
+            if index.fqn == STATE_KEY:
+                return staged.state
+            return staged.boxes[(index.fqn, tuple(index.offset))]
+
+    return BoxSavePlanner()
+
+
+def _writer(path: str, after_write: Optional[Callable[[], None]]):
+    """DCP's file writer (one file per rank, fsynced); `after_write` runs once this rank's
+    data is on disk (tests: a kill there leaves a partial checkpoint)."""
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    class Writer(FileSystemWriter):
+        def write_data(self, plan, planner):
+            future = super().write_data(plan, planner)
+            if after_write is not None:
+                future.wait()
+                after_write()
+            return future
+
+    return Writer(path, single_file_per_rank=True, sync_files=True, thread_count=1)
+
+
+def _fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class CheckpointWriter:
+    """Asynchronous sharded saves of one run (module docstring). Every rank makes one, in
+    the same order relative to the process groups it creates (it makes a gloo group of
+    its own: the background thread's collectives must not interleave with the loop's on
+    the default group)."""
+
+    def __init__(self, out: str, keep: int, run_id: str, emit: Callable[[dict], None] = lambda e: None,
+                 after_write: Optional[Callable[[int], None]] = None):
+        self.out, self.keep, self.run_id, self.emit = out, max(1, keep), run_id, emit
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.group = dist.new_group(backend="gloo") if dist.is_initialized() else None
+        self.after_write = after_write
+        self._thread: Optional[threading.Thread] = None
+        self._error: Optional[BaseException] = None
+        self._done: Optional[dict] = None
+        if self.rank == 0:
+            self._clear_partials()
+        if dist.is_initialized():
+            dist.barrier()  # no rank writes into a folder rank 0 is removing
+
+    def _clear_partials(self) -> None:
+        root = checkpoints_dir(self.out)
+        if not os.path.isdir(root):
+            return
+        for entry in os.listdir(root):
+            if entry.startswith(".step_") and entry.endswith(".partial"):
+                shutil.rmtree(os.path.join(root, entry), ignore_errors=True)
+
+    def save(self, step: int, staged: Staged, manifest: dict) -> float:
+        """Start writing `staged` as step_N in the background; returns the seconds the
+        caller waited for the previous save (the staging copy is the caller's own)."""
+        waited = self.wait()
+        partial = os.path.join(checkpoints_dir(self.out), f".step_{step}.{self.run_id}.partial")
+        self._thread = threading.Thread(target=self._write, args=(step, staged, manifest, partial),
+                                        name=f"nereus-checkpoint-{step}", daemon=True)
+        self._thread.start()
+        return waited
+
+    def _write(self, step: int, staged: Staged, manifest: dict, partial: str) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        started = time.perf_counter()
+        try:
+            os.makedirs(partial, exist_ok=True)
+            hook = (lambda: self.after_write(step)) if self.after_write is not None else None
+            dcp.save({}, storage_writer=_writer(partial, hook), planner=_planner(staged),
+                     process_group=self.group)
+            sizes = torch.tensor([staged.bytes], dtype=torch.int64)
+            if self.group is not None:
+                dist.all_reduce(sizes, group=self.group)
+            seconds = time.perf_counter() - started
+            if self.rank == 0:
+                final = step_dir(self.out, step)
+                with open(os.path.join(partial, MANIFEST), "w") as handle:
+                    json.dump({**manifest, "bytes": int(sizes), "write_seconds": seconds}, handle, indent=1)
+                    handle.flush()
+                    os.fsync(handle.fileno())
+                if os.path.isdir(final):  # an earlier run's (a resumed run saves that step again)
+                    shutil.rmtree(final)
+                os.rename(partial, final)
+                _fsync_dir(checkpoints_dir(self.out))
+                for old in complete_steps(self.out)[:-self.keep]:
+                    shutil.rmtree(step_dir(self.out, old), ignore_errors=True)
+            self._done = {"event": "checkpoint", "step": step, "path": step_dir(self.out, step),
+                          "bytes": int(sizes), "rank_bytes": staged.bytes, "write_seconds": seconds}
+        except BaseException as error:  # noqa: BLE001 - raised on the training thread by wait()
+            self._error = error
+
+    def wait(self) -> float:
+        """Wait for the save in flight; raise its error; emit its event. Returns the wait."""
+        started = time.perf_counter()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        waited = time.perf_counter() - started
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        if self._done is not None:
+            if self.rank == 0:
+                self.emit(self._done)
+            self._done = None
+        return waited

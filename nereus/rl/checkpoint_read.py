@@ -1,0 +1,247 @@
+"""Reading the RL loop's sharded checkpoints (nereus.rl.checkpoint) into any layout.
+
+Input: a checkpoint directory and, per tensor, the boxes a reader needs: on resume the
+boxes of this rank's shards in the new plan (`Runtime.layout`, any plan of the file, any
+process count that plan fits); for an export a whole tensor. Output: the boxes filled, and
+the bytes read. Invariant: only the bytes of the requested boxes are read from the data
+files (plus each stored chunk's small zip directory), so a rank never holds a full tensor
+unless its shard is one, and the bytes read on resume equal the new layout's bytes.
+
+How: DCP's load plans the reads (`create_read_items_for_chunk_list` intersects the boxes
+wanted with the chunks stored, whatever layout wrote them); the storage reader here,
+instead of DCP's (which unpickles a whole stored chunk, then narrows it), finds where the
+chunk's raw bytes lie inside its torch.save record (an uncompressed zip) and reads the
+wanted sub-box with positioned reads straight into the destination
+(nereus.runtime.box_read).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import struct
+import zipfile
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from nereus.ir.diagnostics import NereusError
+from nereus.runtime.box_read import pread_into, read_box
+
+from .checkpoint import MANIFEST, STATE_KEY, complete_steps, step_dir
+
+
+@dataclass
+class ReadCount:
+    """Bytes a load read: tensor data (the boxes asked for) and the zip headers it parsed."""
+
+    data: int = 0
+    headers: int = 0
+
+
+def manifest(path: str) -> dict:
+    with open(os.path.join(path, MANIFEST)) as handle:
+        return json.load(handle)
+
+
+def latest(out: str, step: Optional[int] = None) -> tuple[int, str]:
+    """(step, directory) of the latest complete checkpoint under OUT (or of `step`)."""
+    steps = complete_steps(out)
+    if not steps:
+        raise NereusError(f"{out} holds no complete checkpoint (OUT/checkpoints/step_N)",
+                          hint="train with --save-every N (a checkpoint is complete once nereus.json and "
+                               ".metadata are in it)")
+    if step is None:
+        return steps[-1], step_dir(out, steps[-1])
+    if step not in steps:
+        raise NereusError(f"{out} has no complete checkpoint of step {step}",
+                          hint=f"complete checkpoints: steps {', '.join(map(str, steps))}")
+    return step, step_dir(out, step)
+
+
+class _Counting(io.RawIOBase):
+    """A window [offset, offset + length) of a file, counting the bytes read through it."""
+
+    def __init__(self, fd: int, offset: int, length: int, count: ReadCount):
+        self.fd, self.offset, self.length, self.count, self.pos = fd, offset, length, count, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        self.pos = {0: pos, 1: self.pos + pos, 2: self.length + pos}[whence]
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def readinto(self, buffer) -> int:
+        n = max(0, min(len(buffer), self.length - self.pos))
+        if n == 0:
+            return 0
+        data = os.pread(self.fd, n, self.offset + self.pos)
+        buffer[:len(data)] = data
+        self.pos += len(data)
+        self.count.headers += len(data)
+        return len(data)
+
+
+def record_data_offset(fd: int, offset: int, length: int, nbytes: int, count: ReadCount, what: str) -> int:
+    """Where the raw bytes of the one tensor storage of a torch.save record (a zip of
+    `length` bytes at `offset`) begin in the file. Raises NereusError unless the record
+    holds exactly one uncompressed storage of `nbytes` bytes."""
+    with zipfile.ZipFile(_Counting(fd, offset, length, count)) as archive:
+        storages = [i for i in archive.infolist() if "/data/" in i.filename and not i.filename.endswith("/")]
+        if len(storages) != 1 or storages[0].compress_type != zipfile.ZIP_STORED or storages[0].file_size != nbytes:
+            raise NereusError(f"{what}: not one uncompressed storage of {nbytes} bytes",
+                              hint="was this checkpoint written by nereus train?")
+        header = os.pread(fd, 30, offset + storages[0].header_offset)
+        count.headers += len(header)
+        name_length, extra_length = struct.unpack("<HH", header[26:30])
+        return offset + storages[0].header_offset + 30 + name_length + extra_length
+
+
+def _reader(path: str, count: ReadCount):
+    """DCP's FileSystemReader with partial reads of tensor chunks (module docstring)."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.planner import LoadItemType
+    from torch.futures import Future
+
+    class BoxReader(FileSystemReader):
+        def set_up_storage_reader(self, metadata, is_coordinator, *args, **kwargs):
+            super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
+            self.metadata = metadata
+            self._starts: dict = {}
+
+        def _chunk(self, index):
+            for chunk in self.metadata.state_dict_metadata[index.fqn].chunks:
+                if tuple(chunk.offsets) == tuple(index.offset):
+                    return chunk
+            raise NereusError(f"{path}: no stored chunk of {index.fqn} at {tuple(index.offset)}")
+
+        def read_data(self, plan, planner):
+            fds: dict = {}
+            try:
+                for item in plan.items:
+                    info = self.storage_data[item.storage_index]
+                    file = os.path.join(str(self.path), info.relative_path)
+                    if file not in fds:
+                        fds[file] = os.open(file, os.O_RDONLY)
+                    fd = fds[file]
+                    if item.type == LoadItemType.BYTE_IO:
+                        data = bytearray(info.length)
+                        pread_into(fd, memoryview(data), info.offset, file)
+                        count.headers += info.length
+                        planner.load_bytes(item, io.BytesIO(bytes(data)))
+                        continue
+                    chunk = self._chunk(item.storage_index)
+                    dtype = self.metadata.state_dict_metadata[item.storage_index.fqn].properties.dtype
+                    shape = tuple(chunk.sizes)
+                    nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+                    key = (file, info.offset)
+                    if key not in self._starts:
+                        self._starts[key] = record_data_offset(fd, info.offset, info.length, nbytes, count,
+                                                               f"{file}: {item.storage_index.fqn}")
+                    box = tuple((o, o + n) for o, n in zip(item.storage_offsets, item.lengths))
+                    target = planner.resolve_tensor(item)
+                    staging = target if target.is_contiguous() and target.device.type == "cpu" else \
+                        torch.empty(target.shape, dtype=dtype)
+                    count.data += read_box(fd, self._starts[key], shape, box, staging, file)
+                    if staging is not target:
+                        target.copy_(staging)
+                    planner.commit_tensor(item, target)
+            finally:
+                for fd in fds.values():
+                    os.close(fd)
+            future = Future()
+            future.set_result(None)
+            return future
+
+    return BoxReader(path)
+
+
+def _planner(wanted: dict, want_state: bool):
+    """A DCP load planner for `wanted`: {(fqn, offsets): (box, destination tensor)}."""
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex
+    from torch.distributed.checkpoint.planner import LoadPlan
+    from torch.distributed.checkpoint.planner_helpers import (_create_read_item_for_byteio,
+                                                              create_read_items_for_chunk_list)
+
+    class BoxLoadPlanner(DefaultLoadPlanner):
+        state: Optional[dict] = None
+
+        def __init__(self):
+            super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
+
+        def create_local_plan(self) -> LoadPlan:
+            items = []
+            stored = self.metadata.state_dict_metadata
+            for (fqn, offsets), (box, _) in wanted.items():
+                if fqn not in stored:
+                    raise NereusError(f"the checkpoint has no tensor {fqn}",
+                                      hint="resume with the plan file (and --set values) the run was saved with")
+                chunk = ChunkStorageMetadata(offsets=torch.Size(offsets),
+                                             sizes=torch.Size([hi - lo for lo, hi in box]))
+                items += create_read_items_for_chunk_list(fqn, stored[fqn], [chunk])
+            if want_state:
+                index = MetadataIndex(STATE_KEY)
+                items.append(_create_read_item_for_byteio(index, 0, index, 0, 0))
+            return LoadPlan(items)
+
+        def resolve_tensor(self, item):
+            box, tensor = wanted[(item.dest_index.fqn, tuple(item.dest_index.offset))]
+            view = tensor
+            for dim, (start, length) in enumerate(zip(item.dest_offsets, item.lengths)):
+                view = view.narrow(dim, start, length)
+            return view
+
+        def load_bytes(self, item, value) -> None:
+            self.state = torch.load(value, weights_only=True)
+
+    return BoxLoadPlanner()
+
+
+def read_boxes(path: str, wanted: dict, process_group=None, distributed: bool = True,
+               want_state: bool = True) -> tuple[Optional[dict], ReadCount]:
+    """Fill each destination of `wanted` ({(fqn, box offsets): (box, tensor of the box's
+    shape)}) from the checkpoint at `path`; returns (the trainer state, bytes read).
+    Collective over `process_group` when `distributed` (every rank calls it)."""
+    import torch.distributed.checkpoint as dcp
+
+    count = ReadCount()
+    planner = _planner(wanted, want_state)
+    dcp.load({}, storage_reader=_reader(path, count), planner=planner, process_group=process_group,
+             no_dist=not distributed)
+    return planner.state, count
+
+
+def stored_tensors(path: str) -> dict:
+    """{fqn: (global shape, dtype)} of the tensors a checkpoint holds (its .metadata)."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    metadata = FileSystemReader(path).read_metadata()
+    return {fqn: (tuple(md.size), md.properties.dtype) for fqn, md in metadata.state_dict_metadata.items()
+            if isinstance(md, TensorStorageMetadata)}
+
+
+def read_full(path: str, names: list[str]) -> tuple[dict, ReadCount]:
+    """Whole tensors `names` (fqns) in one process (export, tests): {fqn: tensor}."""
+    stored = stored_tensors(path)
+    out, wanted = {}, {}
+    for fqn in names:
+        shape, dtype = stored[fqn]
+        out[fqn] = torch.empty(shape, dtype=dtype)
+        wanted[(fqn, tuple(0 for _ in shape))] = (tuple((0, n) for n in shape), out[fqn])
+    import warnings
+
+    with warnings.catch_warnings():  # DCP warns that no process group is up: one process reads, on purpose
+        warnings.simplefilter("ignore", UserWarning)
+        _, count = read_boxes(path, wanted, distributed=False, want_state=False)
+    return out, count
