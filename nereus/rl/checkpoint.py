@@ -42,7 +42,7 @@ import torch.distributed as dist
 
 from nereus.backends.json_program import plan_units_json
 from nereus.runtime.boxes import as_box
-from nereus.runtime.state import box_piece, step_name, unit_on_gpu, writers
+from nereus.runtime.state import box_piece, step_name, unit_on_gpu
 
 CHECKPOINTS = "checkpoints"
 MANIFEST = "nereus.json"
@@ -109,27 +109,45 @@ class Staged:
         self.bytes += tensor.numel() * tensor.element_size()
 
 
-def stage(rt, module, rank: int, specs: Callable[[str], dict]) -> Staged:
-    """Copy this rank's written boxes of every saved model-stage (the first holder of each
-    distinct box writes it, `writers`) into fresh CPU tensors."""
+def box_writers(module, plan: str, specs: Callable[[str], dict]) -> dict:
+    """{gpu: [(model-stage, tensor, box index in its shard, box), ...]}: who writes each
+    distinct box of the saved model-stages in `plan`. A box held by several ranks (dp
+    replicas, replicated tensors, replicated KV heads) goes to its least loaded holder so
+    far (bytes), so the ranks' files come out about even. Every rank computes the same."""
+    load: dict = {}
+    out: dict = {}
+    for ms in saved_stages(module):
+        holders: dict = {}
+        for unit in plan_units_json(module, plan, ms):
+            for shard in unit["shards"]:
+                for index, raw in enumerate(shard["boxes"]):
+                    holders.setdefault((shard["tensor"], as_box(raw)), []).append((shard["gpu"], index))
+        dtypes = {name: dtype for name, (_, dtype) in specs(ms).items()}
+        for (tensor, box), held in holders.items():
+            gpu, index = min(held, key=lambda h: (load.get(h[0], 0), h[0]))
+            nbytes = torch.Size([hi - lo for lo, hi in box]).numel() * torch.empty((), dtype=dtypes[tensor]).element_size()
+            load[gpu] = load.get(gpu, 0) + nbytes
+            out.setdefault(gpu, []).append((ms, tensor, index, box))
+    return out
+
+
+def stage(rt, module, rank: int, specs: Callable[[str], dict], writers: Optional[dict] = None) -> Staged:
+    """Copy the boxes this rank writes (`writers`, default `box_writers` of the runtime's
+    plan) into fresh CPU tensors."""
     staged = Staged()
     plan = plan_name(rt)
-    for ms in saved_stages(module):
-        units = plan_units_json(module, plan, ms)
-        unit = unit_on_gpu(units, rank)
-        if unit is None:
-            continue
-        local = rt.state(ms)
-        mine = {s["tensor"]: [as_box(b) for b in s["boxes"]] for s in unit["shards"] if s["gpu"] == rank}
-        shapes = specs(ms)
-        for tensor, entries in writers(units).items():
-            for gpu, index, box in entries:
-                if gpu != rank:
-                    continue
-                piece = box_piece(local[tensor], mine[tensor], index)
-                copy = torch.empty(piece.shape, dtype=piece.dtype)
-                copy.copy_(piece)
-                staged.add(f"{ms}/{tensor}", box, shapes[tensor][0], copy)
+    boxes: dict = {}
+    writers = box_writers(module, plan, specs) if writers is None else writers
+    for ms, tensor, index, box in writers.get(rank, ()):
+        if ms not in boxes:
+            unit = unit_on_gpu(plan_units_json(module, plan, ms), rank)
+            boxes[ms] = ({s["tensor"]: [as_box(b) for b in s["boxes"]] for s in unit["shards"] if s["gpu"] == rank},
+                         rt.state(ms), specs(ms))
+        mine, local, shapes = boxes[ms]
+        piece = box_piece(local[tensor], mine[tensor], index)
+        copy = torch.empty(piece.shape, dtype=piece.dtype)
+        copy.copy_(piece)
+        staged.add(f"{ms}/{tensor}", box, shapes[tensor][0], copy)
     return staged
 
 

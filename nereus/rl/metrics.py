@@ -37,7 +37,7 @@ def step_scalars(event: dict) -> dict:
     for stage, seconds in (event.get("stage_seconds") or {}).items():
         out[f"time/{stage}"] = seconds
     out["sync/bytes"] = event.get("sync_bytes", 0)
-    out["sync/seconds"] = (event.get("stage_seconds") or {}).get("actor.generation", 0.0)
+    out["sync/seconds"] = event.get("sync_seconds", 0.0)
     return out
 
 

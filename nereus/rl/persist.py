@@ -21,7 +21,7 @@ from typing import Optional
 
 import torch.distributed as dist
 
-from .checkpoint import CheckpointWriter, adam_steps, plan_name, restore_rng, rng_state, stage
+from .checkpoint import CheckpointWriter, adam_steps, box_writers, plan_name, restore_rng, rng_state, stage
 from .faults import kill_here
 
 
@@ -43,6 +43,7 @@ class Persistence:
                                        after_write=lambda step: kill_here("save", step, self.rank)) if out else None
         self.saves: list[dict] = []  # per save: step, stall seconds (staging + waiting for the previous one)
         self.resumed: Optional[dict] = None
+        self._writers: dict = {}  # plan -> box_writers (the layout is the plan's: computed once)
 
     def restore(self) -> int:
         """Register the checkpoint's state (collective); returns its step."""
@@ -80,7 +81,10 @@ class Persistence:
         trainer = self.trainer
         started = time.perf_counter()
         counters = adam_steps(trainer.rt, trainer.module)  # collective
-        staged = stage(trainer.rt, trainer.module, self.rank, trainer.rt.tensor_specs)
+        plan = plan_name(trainer.rt)
+        if plan not in self._writers:
+            self._writers[plan] = box_writers(trainer.module, plan, trainer.rt.tensor_specs)
+        staged = stage(trainer.rt, trainer.module, self.rank, trainer.rt.tensor_specs, self._writers[plan])
         if self.rank == 0:
             staged.state = {"step": step, "plan": plan_name(trainer.rt), "position": trainer.position,
                             "drift": list(trainer.drift_applied), "adam_steps": counters, "rng": rng_state(),

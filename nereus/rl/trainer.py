@@ -101,6 +101,7 @@ class StepRecord:
     rollout_sha256: str = ""  # digest of the step's [batch, response] tokens (compare engines)
     response_length: float = 0.0  # mean tokens per response up to and with its eos (= response without one)
     reward_seconds: float = 0.0  # the reward (the task's rule, or the reward function on rank 0 and its broadcast)
+    sync_seconds: float = 0.0  # the weight sync actor.training → actor.generation (in stage_seconds' generation too)
 
 
 def _report_dict(report: Any) -> dict:
@@ -145,7 +146,7 @@ class RlTrainer:
         self.cfg, self.w = spec.rl, module.workload
         self.stages = {str(ms) for ms in module.workload.model_stages()}
         check_stages(module, self.cfg.algo)
-        check_models(module)
+        check_models(module, text=bool(spec.prompts))
         check_batch(module, self.cfg.algo, self.cfg.minibatches, self.cfg.group)
         check_replicas(module, self.cfg.minibatches)
         self.world = dist.get_world_size() if dist.is_initialized() else 1
@@ -392,7 +393,9 @@ class RlTrainer:
                 value_losses.append(self._train("critic.training", critic_loss, opt_step, cfg.critic_lr, offset, mb))
                 clock.lap("critic.training")
         clock.restart()
+        syncing = time.perf_counter()
         sync_bytes = self.sync_generation_weights()
+        sync_seconds = time.perf_counter() - syncing
         clock.lap("actor.generation")
         kl = logp_old - logp_ref
         return StepRecord(step, self.plan_name, sum(losses) / len(losses),
@@ -401,7 +404,7 @@ class RlTrainer:
                           float(rm.mean()) if rm is not None else None,
                           time.perf_counter() - start, R, clock.seconds, sync_bytes,
                           hashlib.sha256(responses.cpu().numpy().tobytes()).hexdigest(),
-                          float(R) if mask is None else float(mask.sum(dim=1).mean()), reward_seconds)
+                          float(R) if mask is None else float(mask.sum(dim=1).mean()), reward_seconds, sync_seconds)
 
     def _rank(self) -> int:
         return dist.get_rank() if dist.is_initialized() else 0

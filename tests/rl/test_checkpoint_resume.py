@@ -40,7 +40,7 @@ def _train(plan, steps, out, save_every=0, events=(), resume=""):
 
 
 def _numbers(step):
-    return {k: v for k, v in step.items() if k not in ("seconds", "stage_seconds", "reward_seconds", "sync_bytes")}
+    return {k: v for k, v in step.items() if k not in ("seconds", "stage_seconds", "reward_seconds", "sync_seconds", "sync_bytes")}
 
 
 def _two_ranks(out):
