@@ -562,7 +562,7 @@ def _print_summary(runs: dict, comparison: Optional[dict], out: str, wall: float
         s = summary(result)
         table.add_row(label, str(s["steps"]), f"{s['mean_step_seconds']:.3f} s", str(s["transitions"]),
                       human_bytes(s['bytes_moved']), f"{s['transition_seconds']:.3f} s", f"{100 * s['transition_share']:.2f}%",
-                      f"{s['first_reward']:.3f} → {s['last_reward']:.3f}")
+                      f"{s['first_reward']:.3f} → {s['last_reward']:.3f}" if s["steps"] else "—")
     console.print(table)
     if comparison:
         console.print("largest |difference| to the control run, over all steps: " + ", ".join(

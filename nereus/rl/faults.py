@@ -5,7 +5,9 @@ to that rank's own process at a point of the run, so crash tests can check that
 WHERE is `step` (inside step STEP, after its first actor update: the live state is half
 updated), `transition` (inside the transition after step STEP, after its first round on
 that rank) or `save` (while the checkpoint of step STEP is written: that rank's data is
-on disk, the checkpoint is not complete). Unset: nothing happens.
+on disk, the checkpoint is not complete). Unset: nothing happens. At `step` and
+`transition` the trainer first lets the checkpoint in flight finish, so a test knows
+which checkpoint is the last complete one (a real crash may also lose the save in flight).
 """
 
 from __future__ import annotations
@@ -37,8 +39,11 @@ def kill_spec() -> Optional[tuple[int, str, int]]:
     return rank, where, step
 
 
-def kill_here(where: str, step: int, rank: int) -> None:
-    """SIGKILL this process if NEREUS_KILL names this point (no cleanup, no report)."""
+def kill_here(where: str, step: int, rank: int, before=None) -> None:
+    """SIGKILL this process if NEREUS_KILL names this point (no cleanup, no report);
+    `before()` runs first."""
     spec = kill_spec()
     if spec is not None and spec == (rank, where, step):
+        if before is not None:
+            before()
         os.kill(os.getpid(), signal.SIGKILL)

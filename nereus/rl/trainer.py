@@ -383,7 +383,7 @@ class RlTrainer:
             clock.restart()
             losses.append(self._train("actor.training", actor_loss, opt_step, cfg.lr, offset, mb))
             clock.lap("actor.training")
-            kill_here("step", step, self._rank())  # crash tests: the state is half updated here
+            kill_here("step", step, self._rank(), self.persist.close)  # crash tests: the state is half updated here
             if cfg.algo == "ppo":
                 def critic_loss(params, role, rows):
                     keep = mask[rows] if mask is not None else None
@@ -474,7 +474,7 @@ class RlTrainer:
         start = time.perf_counter()
         hook = {}
         if kill_spec() is not None and not isinstance(self.rt, RestartRuntime):  # crash tests (nereus.rl.faults)
-            hook["round_hook"] = lambda index: kill_here("transition", after_step, self._rank())
+            hook["round_hook"] = lambda index: kill_here("transition", after_step, self._rank(), self.persist.close)
         report = _report_dict(self.rt.transition(plan, **hook))
         self.roles = self.groups.for_plan(self.module, self.module.plan(plan), self.world)
         engine_seconds, engine_moved = 0.0, False
