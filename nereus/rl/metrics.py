@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import uuid
 from typing import Optional
 
 from nereus.ir.diagnostics import NereusError
@@ -131,7 +132,7 @@ class RunLog:
             with open(id_path) as handle:
                 run_id = handle.read().strip()
         else:
-            run_id = wandb.util.generate_id()
+            run_id = uuid.uuid4().hex[:8]  # W&B's run id form (wandb.util.generate_id is gone in 0.31)
             with open(id_path, "w") as handle:
                 handle.write(run_id)
         return wandb.init(project=os.environ.get("WANDB_PROJECT", "nereus"), name=name, id=run_id,
