@@ -4,15 +4,14 @@ Input: a checkpoint directory and, per tensor, the boxes a reader needs: on resu
 boxes of this rank's shards in the new plan (`Runtime.layout`, any plan of the file, any
 process count that plan fits); for an export a whole tensor. Output: the boxes filled, and
 the bytes read. Invariant: only the bytes of the requested boxes are read from the data
-files (plus each stored chunk's small zip directory), so a rank never holds a full tensor
-unless its shard is one, and the bytes read on resume equal the new layout's bytes.
+files, so a rank never holds a full tensor unless its shard is one, and the tensor bytes
+read on resume equal the new layout's bytes.
 
 How: DCP's load plans the reads (`create_read_items_for_chunk_list` intersects the boxes
 wanted with the chunks stored, whatever layout wrote them); the storage reader here,
-instead of DCP's (which unpickles a whole stored chunk, then narrows it), finds where the
-chunk's raw bytes lie inside its torch.save record (an uncompressed zip) and reads the
-wanted sub-box with positioned reads straight into the destination
-(nereus.runtime.box_read).
+instead of DCP's (which unpickles a whole stored chunk, then narrows it), reads the wanted
+sub-box of the chunk's raw bytes (nereus.rl.checkpoint `_writer`) with positioned reads
+straight into the destination (nereus.runtime.box_read).
 """
 
 from __future__ import annotations
@@ -20,8 +19,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import struct
-import zipfile
 from dataclasses import dataclass
 from typing import Optional
 
@@ -35,10 +32,10 @@ from .checkpoint import MANIFEST, STATE_KEY, complete_steps, step_dir
 
 @dataclass
 class ReadCount:
-    """Bytes a load read: tensor data (the boxes asked for) and the zip headers it parsed."""
+    """Bytes a load read: tensor data (the boxes asked for) and the rest (the trainer state)."""
 
     data: int = 0
-    headers: int = 0
+    state: int = 0
 
 
 def manifest(path: str) -> dict:
@@ -61,51 +58,6 @@ def latest(out: str, step: Optional[int] = None) -> tuple[int, str]:
     return step, step_dir(out, step)
 
 
-class _Counting(io.RawIOBase):
-    """A window [offset, offset + length) of a file, counting the bytes read through it."""
-
-    def __init__(self, fd: int, offset: int, length: int, count: ReadCount):
-        self.fd, self.offset, self.length, self.count, self.pos = fd, offset, length, count, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def seek(self, pos: int, whence: int = 0) -> int:
-        self.pos = {0: pos, 1: self.pos + pos, 2: self.length + pos}[whence]
-        return self.pos
-
-    def tell(self) -> int:
-        return self.pos
-
-    def readinto(self, buffer) -> int:
-        n = max(0, min(len(buffer), self.length - self.pos))
-        if n == 0:
-            return 0
-        data = os.pread(self.fd, n, self.offset + self.pos)
-        buffer[:len(data)] = data
-        self.pos += len(data)
-        self.count.headers += len(data)
-        return len(data)
-
-
-def record_data_offset(fd: int, offset: int, length: int, nbytes: int, count: ReadCount, what: str) -> int:
-    """Where the raw bytes of the one tensor storage of a torch.save record (a zip of
-    `length` bytes at `offset`) begin in the file. Raises NereusError unless the record
-    holds exactly one uncompressed storage of `nbytes` bytes."""
-    with zipfile.ZipFile(_Counting(fd, offset, length, count)) as archive:
-        storages = [i for i in archive.infolist() if "/data/" in i.filename and not i.filename.endswith("/")]
-        if len(storages) != 1 or storages[0].compress_type != zipfile.ZIP_STORED or storages[0].file_size != nbytes:
-            raise NereusError(f"{what}: not one uncompressed storage of {nbytes} bytes",
-                              hint="was this checkpoint written by nereus train?")
-        header = os.pread(fd, 30, offset + storages[0].header_offset)
-        count.headers += len(header)
-        name_length, extra_length = struct.unpack("<HH", header[26:30])
-        return offset + storages[0].header_offset + 30 + name_length + extra_length
-
-
 def _reader(path: str, count: ReadCount):
     """DCP's FileSystemReader with partial reads of tensor chunks (module docstring)."""
     from torch.distributed.checkpoint import FileSystemReader
@@ -116,7 +68,6 @@ def _reader(path: str, count: ReadCount):
         def set_up_storage_reader(self, metadata, is_coordinator, *args, **kwargs):
             super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
             self.metadata = metadata
-            self._starts: dict = {}
 
         def _chunk(self, index):
             for chunk in self.metadata.state_dict_metadata[index.fqn].chunks:
@@ -136,22 +87,22 @@ def _reader(path: str, count: ReadCount):
                     if item.type == LoadItemType.BYTE_IO:
                         data = bytearray(info.length)
                         pread_into(fd, memoryview(data), info.offset, file)
-                        count.headers += info.length
+                        count.state += info.length
                         planner.load_bytes(item, io.BytesIO(bytes(data)))
                         continue
                     chunk = self._chunk(item.storage_index)
                     dtype = self.metadata.state_dict_metadata[item.storage_index.fqn].properties.dtype
                     shape = tuple(chunk.sizes)
                     nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
-                    key = (file, info.offset)
-                    if key not in self._starts:
-                        self._starts[key] = record_data_offset(fd, info.offset, info.length, nbytes, count,
-                                                               f"{file}: {item.storage_index.fqn}")
+                    if info.length != nbytes:
+                        raise NereusError(f"{file}: {item.storage_index.fqn} at {tuple(chunk.offsets)} holds "
+                                          f"{info.length} bytes, its chunk {nbytes}",
+                                          hint="was this checkpoint written by nereus train (raw chunks)?")
                     box = tuple((o, o + n) for o, n in zip(item.storage_offsets, item.lengths))
                     target = planner.resolve_tensor(item)
                     staging = target if target.is_contiguous() and target.device.type == "cpu" else \
                         torch.empty(target.shape, dtype=dtype)
-                    count.data += read_box(fd, self._starts[key], shape, box, staging, file)
+                    count.data += read_box(fd, info.offset, shape, box, staging, file)
                     if staging is not target:
                         target.copy_(staging)
                     planner.commit_tensor(item, target)

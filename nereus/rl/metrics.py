@@ -48,7 +48,7 @@ def transition_scalars(event: dict) -> dict:
 
 
 def checkpoint_scalars(event: dict) -> dict:
-    return {f"checkpoint/{k}": event[k] for k in ("stall_seconds", "write_seconds", "bytes")
+    return {f"checkpoint/{k}": event[k] for k in ("stall_seconds", "write_seconds", "write_cpu_seconds", "bytes")
             if isinstance(event.get(k), (int, float))}
 
 

@@ -41,7 +41,6 @@ class Persistence:
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.writer = CheckpointWriter(out, keep, _run_id(), emit=trainer.emit,
                                        after_write=lambda step: kill_here("save", step, self.rank)) if out else None
-        self.saves: list[dict] = []  # per save: step, stall seconds (staging + waiting for the previous one)
         self.resumed: Optional[dict] = None
         self._writers: dict = {}  # plan -> box_writers (the layout is the plan's: computed once)
 
@@ -61,14 +60,14 @@ class Persistence:
             generation_shards(trainer.rt, trainer.module)
         trainer.sync_generation_weights()  # as at the end of the saved step
         figures = {"step": state["step"], "saved_plan": state["plan"], "saved_world": state["world"],
-                   "plan": trainer.plan_name, "bytes_read": count.data, "header_bytes": count.headers,
+                   "plan": trainer.plan_name, "bytes_read": count.data, "state_bytes": count.state,
                    "layout_bytes": layout_bytes, "seconds": time.perf_counter() - started}
         import torch
 
-        totals = torch.tensor([count.data, count.headers, layout_bytes], dtype=torch.int64)
+        totals = torch.tensor([count.data, count.state, layout_bytes], dtype=torch.int64)
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(totals)
-        figures.update(total_bytes_read=int(totals[0]), total_header_bytes=int(totals[1]),
+        figures.update(total_bytes_read=int(totals[0]), total_state_bytes=int(totals[1]),
                        total_layout_bytes=int(totals[2]))
         self.resumed = figures
         trainer.emit({"event": "resume", **figures})
@@ -92,11 +91,18 @@ class Persistence:
         staging = time.perf_counter() - started
         manifest = {"step": step, "plan": plan_name(trainer.rt), "world": trainer.world, "time": time.time(),
                     "position": trainer.position}
-        waited = self.writer.save(step, staged, manifest)
-        self.saves.append({"step": step, "stall_seconds": staging + waited, "staging_seconds": staging,
-                           "waited_seconds": waited, "rank_bytes": staged.bytes})
+        self.writer.save(step, staged, manifest, staging)
+
+    @property
+    def saves(self) -> list[dict]:
+        """This rank's finished saves (step, stall, write), in order."""
+        return self.writer.completed if self.writer is not None else []
 
     def close(self) -> None:
         """Wait for the save in flight (its error, if any, is raised here)."""
         if self.writer is not None:
             self.writer.wait()
+
+    def report(self) -> list[dict]:
+        """Per save: its stall on the training thread and its write (this rank's figures)."""
+        return [{k: v for k, v in done.items() if k not in ("event", "path")} for done in self.saves]
