@@ -21,7 +21,7 @@ from typing import Optional
 
 import torch.distributed as dist
 
-from .checkpoint import CheckpointWriter, adam_steps, box_writers, plan_name, restore_rng, rng_state, stage
+from .checkpoint import CheckpointWriter, SaveLayout, adam_steps, plan_name, restore_rng, rng_state, stage
 from .faults import kill_here
 
 
@@ -42,7 +42,7 @@ class Persistence:
         self.writer = CheckpointWriter(out, keep, _run_id(), emit=trainer.emit,
                                        after_write=lambda step: kill_here("save", step, self.rank)) if out else None
         self.resumed: Optional[dict] = None
-        self._writers: dict = {}  # plan -> box_writers (the layout is the plan's: computed once)
+        self._layouts: dict = {}  # plan -> SaveLayout (computed once per plan)
 
     def restore(self) -> int:
         """Register the checkpoint's state (collective); returns its step."""
@@ -81,9 +81,9 @@ class Persistence:
         started = time.perf_counter()
         counters = adam_steps(trainer.rt, trainer.module)  # collective
         plan = plan_name(trainer.rt)
-        if plan not in self._writers:
-            self._writers[plan] = box_writers(trainer.module, plan, trainer.rt.tensor_specs)
-        staged = stage(trainer.rt, trainer.module, self.rank, trainer.rt.tensor_specs, self._writers[plan])
+        if plan not in self._layouts:
+            self._layouts[plan] = SaveLayout(trainer.module, plan, trainer.rt.tensor_specs)
+        staged = stage(trainer.rt, trainer.module, self.rank, trainer.rt.tensor_specs, self._layouts[plan])
         if self.rank == 0:
             staged.state = {"step": step, "plan": plan_name(trainer.rt), "position": trainer.position,
                             "drift": list(trainer.drift_applied), "adam_steps": counters, "rng": rng_state(),
@@ -91,7 +91,7 @@ class Persistence:
         staging = time.perf_counter() - started
         manifest = {"step": step, "plan": plan_name(trainer.rt), "world": trainer.world, "time": time.time(),
                     "position": trainer.position}
-        self.writer.save(step, staged, manifest, staging)
+        self.writer.save(step, staged, self._layouts[plan], manifest, staging)
 
     @property
     def saves(self) -> list[dict]:
