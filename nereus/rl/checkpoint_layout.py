@@ -63,6 +63,12 @@ class SaveLayout:
                 self.writers.setdefault(rank, []).append((ms, tensor, index, box))
                 self._chunks.append((rank, f"{ms}/{tensor}", box, dtype, tuple(shape), nbytes))
         self.file_bytes = load  # rank -> bytes of its chunks
+        covered: dict = {}
+        for _, fqn, box, _, shape, _ in self._chunks:
+            covered[fqn] = covered.get(fqn, 0) + torch.Size([hi - lo for lo, hi in box]).numel()
+        for _, fqn, _, _, shape, _ in self._chunks:
+            if covered[fqn] != torch.Size(shape).numel():  # (what DCP's save planner validates)
+                raise RuntimeError(f"plan {plan}: the boxes of {fqn} do not tile its shape {list(shape)}")
 
     def metadata(self, state_length: int, checkpoint_id: str = ""):
         """The DCP Metadata of a save whose trainer state record is `state_length` bytes."""

@@ -58,8 +58,11 @@ def latest(out: str, step: Optional[int] = None) -> tuple[int, str]:
     return step, step_dir(out, step)
 
 
-def _reader(path: str, count: ReadCount):
-    """DCP's FileSystemReader with partial reads of tensor chunks (module docstring)."""
+def storage_reader(path: str, count: Optional[ReadCount] = None):
+    """A DCP storage reader for the checkpoint at `path` (DCP's FileSystemReader with
+    partial reads of raw tensor chunks, module docstring), for `dcp.load` with any load
+    planner; `count` adds up the bytes it reads."""
+    count = ReadCount() if count is None else count
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.planner import LoadItemType
     from torch.futures import Future
@@ -165,10 +168,15 @@ def read_boxes(path: str, wanted: dict, process_group=None, distributed: bool = 
     Collective over `process_group` when `distributed` (every rank calls it)."""
     import torch.distributed.checkpoint as dcp
 
+    import warnings
+
     count = ReadCount()
     planner = _planner(wanted, want_state)
-    dcp.load({}, storage_reader=_reader(path, count), planner=planner, process_group=process_group,
-             no_dist=not distributed)
+    with warnings.catch_warnings():  # DCP warns when no process group is up: one process reads, on purpose
+        if not distributed:
+            warnings.simplefilter("ignore", UserWarning)
+        dcp.load({}, storage_reader=storage_reader(path, count), planner=planner, process_group=process_group,
+                 no_dist=not distributed)
     return planner.state, count
 
 
@@ -190,9 +198,5 @@ def read_full(path: str, names: list[str]) -> tuple[dict, ReadCount]:
         shape, dtype = stored[fqn]
         out[fqn] = torch.empty(shape, dtype=dtype)
         wanted[(fqn, tuple(0 for _ in shape))] = (tuple((0, n) for n in shape), out[fqn])
-    import warnings
-
-    with warnings.catch_warnings():  # DCP warns that no process group is up: one process reads, on purpose
-        warnings.simplefilter("ignore", UserWarning)
-        _, count = read_boxes(path, wanted, distributed=False, want_state=False)
+    _, count = read_boxes(path, wanted, distributed=False, want_state=False)
     return out, count
