@@ -98,9 +98,9 @@ def export_hf(out: str, target: str, *, step: Optional[int] = None, model_name: 
             from .data import load_tokenizer
 
             tok = load_tokenizer(tokenizer)
-            for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
-                if getattr(tok, key, None) is not None:
-                    hf_config_dict[key] = int(getattr(tok, key))
+            for key in ("bos_token_id", "eos_token_id", "pad_token_id"):  # None where it has none
+                value = getattr(tok, key, None)
+                hf_config_dict[key] = int(value) if value is not None else None
         except NereusError:
             tokenizer = None
     os.makedirs(target, exist_ok=True)

@@ -51,10 +51,10 @@ def test_a_datasets_folder_reads_like_the_jsonl(tmp_path):
 
 
 def test_chat_template_order_epochs_and_padding(tokenizer):
-    # the template puts BOS before the user's text (examples/rl/arith/make_arith.py)
-    assert tokenizer.decode(encode(tokenizer, "3+4=")) == "<bos>3+4="
+    # the template puts "Q" before the user's text (examples/rl/arith/make_arith.py)
+    assert tokenizer.decode(encode(tokenizer, "3+4=")) == "Q3+4="
     data = PromptData.load(os.path.join(ARITH, "train.jsonl"), tokenizer, seed=5, max_tokens=6)
-    assert data.skipped == 64 and len(data.rows) == 25  # "a+b+c=" is 7 tokens with BOS: left out
+    assert data.skipped == 64 and len(data.rows) == 25  # "Qa+b+c=" is 7 tokens: left out
     again = PromptData.load(os.path.join(ARITH, "train.jsonl"), tokenizer, seed=5, max_tokens=8)
     first = [r.prompt for r in again.take(0, len(again.rows))]
     assert sorted(first) == sorted(r.prompt for r in again.rows)  # an epoch is a permutation
@@ -95,8 +95,8 @@ def test_reward_function_errors_name_the_row(tmp_path):
         load_reward(f"{path}:missing")
     with pytest.raises(NereusError, match="write MODULE:FUNCTION"):
         load_reward("nocolon")
-    assert call_reward(load_reward(os.path.join(ARITH, "reward.py") + ":reward"), "a", ["3+4="] * 3,
-                       ["7", "5", "x"], {"answer": ["7", "7", "7"]}, 1) == [1.0, 0.2, 0.0]
+    assert call_reward(load_reward(os.path.join(ARITH, "reward.py") + ":reward"), "a", ["3+4="] * 4,
+                       ["7", "5", "x", "12"], {"answer": ["7", "7", "7", "7"]}, 1) == [1.0, 0.2 + 0.3 * 7 / 9, 0.0, 0.1]
 
 
 def test_masked_losses_equal_the_unmasked_ones_on_full_masks():

@@ -30,7 +30,7 @@ def _nereus(*args, env=None):
 
 def _train(out, *extra, reward=os.path.join(ARITH, "reward.py") + ":reward"):
     return _nereus("train", PLAN, "--algo", "grpo", "--nproc", "2", "--prompts", os.path.join(ARITH, "train.jsonl"),
-                   "--reward", reward, "--out", str(out), "--json", *extra)
+                   "--reward", reward, "--lr", "1e-2", "--out", str(out), "--json", *extra)
 
 
 @pytest.fixture(scope="module")
@@ -112,13 +112,13 @@ def test_export_loads_in_transformers(run, tmp_path):
         assert config[key] == source[key], key
     actor = ir.parse_file(PLAN).model("actor")
     trained = torch.load(out / "run" / "final_state.pt")
-    ids = torch.tensor([[1, 6, 13, 7, 14, 9, 2]])
+    ids = torch.tensor([[14, 3, 12, 5, 13, 7, 1]])
     with torch.no_grad():
         theirs = model(ids).logits
     ours = logits(actor, nereus_to_hf(actor, {k: v for k, v in trained.items() if k.startswith("actor/")}), ids)
     assert (theirs - ours).abs().max().item() < 1e-4
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
-    assert tokenizer.apply_chat_template([{"role": "user", "content": "1+2="}], tokenize=False) == "<bos>1+2="
+    assert tokenizer.apply_chat_template([{"role": "user", "content": "1+2="}], tokenize=False) == "Q1+2="
 
 
 def test_a_failing_reward_function_names_its_row(tmp_path):
