@@ -8,7 +8,8 @@ import sys
 import click
 
 from nereus.cli.errors import reports_errors, traceback_option
-from nereus.ir.diagnostics import SemanticError
+from nereus.ir.diagnostics import NereusError, SemanticError
+from nereus.ir.node_groups import node_span_warnings
 from nereus.ir.model import Module
 from nereus.ir.units import human_bytes
 
@@ -76,16 +77,17 @@ def check_checkpoints(module: Module, source: str | None = None, strict: bool = 
     read): a tensor missing, of another shape or dtype is the error the runtime would give
     after launch, raised here at the model (at the brace keys, when reverting them to
     config.json's values removes it); the checkpoint's tensors no weight reads are
-    returned as warnings. Unreadable weights: an error when `strict` (a run is next),
-    else a warning (planning needs none)."""
+    returned as warnings. Unreadable or absent weights: an error when `strict` (a run is
+    next; it names the files looked for), else a warning or nothing (planning needs none)."""
     from nereus.ir.diagnostics import NereusError
     from nereus.ir.model import key_loc
     from nereus.ir.printer import _value
-    from nereus.models.safetensors_header import checkpoint_entries, compare_with_model
+    from nereus.models.hf import TIED_HEAD_HINT
+    from nereus.models.safetensors_header import checkpoint_entries, compare_with_model, tied_head_conflict
 
     warnings = []
     for model in module.models:
-        if model.checkpoint_dir is None or not _has_weights(model.checkpoint_dir):
+        if model.checkpoint_dir is None or (not strict and not _has_weights(model.checkpoint_dir)):
             continue  # a config.json alone plans a run (no weights needed until it starts)
         try:
             entries = checkpoint_entries(model.checkpoint_dir)
@@ -99,6 +101,10 @@ def check_checkpoints(module: Module, source: str | None = None, strict: bool = 
                             "nereus train will refuse them")
             continue
         problems, unused = compare_with_model(model, entries)
+        conflict = tied_head_conflict(model, entries)
+        if conflict is not None:
+            raise SemanticError(f"model {model.name}: its checkpoint {model.checkpoint} {conflict}", model.loc,
+                                TIED_HEAD_HINT, source=source)
         config = dict(model.checkpoint_fields)
         written = [k for k, _ in model.key_locs]  # the keys of the braces, in order
         changed = [k for k in written if k in config and getattr(model, k) != config[k] and k not in ("dtype", "head")]
@@ -168,7 +174,8 @@ def report_plans(module: Module, as_json: bool = False, plans=None, collect: dic
     that stdout is the whole answer (with `collect`, the fields are stored there for the
     caller to print in its own object instead). Returns True iff every plan fits."""
     from nereus.cli.errors import error_json
-    from nereus.passes.feasibility import check_plan, infeasible_error
+    from nereus.passes.feasibility import check_plan
+    from nereus.passes.infeasible import infeasible_error
 
     selected = [p for p in module.plans if plans is None or p.name in plans]
     reports = [check_plan(module, plan) for plan in selected]
@@ -183,10 +190,11 @@ def report_plans(module: Module, as_json: bool = False, plans=None, collect: dic
                     source = handle.read()
             except OSError:
                 source = ""
-        errors.append(infeasible_error(plan, report, source))
+        errors.append(infeasible_error(plan, report, source, module))
     if as_json:
         payload = {"file": module.file, "models": model_sizes(module), "plans": [r.to_json() for r in reports],
-                   "feasible": not errors, "warnings": list(warnings or ())}
+                   "feasible": not errors,
+                   "warnings": [w.text() if isinstance(w, NereusError) else w for w in warnings or ()]}
         if errors:
             payload["error"] = error_json(errors[0])
         if collect is not None:
@@ -218,9 +226,19 @@ def check_command(file, overrides, plans, as_json, traceback):
     if unknown:
         raise SemanticError(f"no plan named {unknown[0]!r} in {file}",
                             hint=f"--plan takes one of: {', '.join(plan.name for plan in module.plans)}")
+    warnings += node_span_warnings(module, _read(module.file))
     if not as_json:
         click.echo(f"{file}: {describe(module)}")
-        for warning in warnings:
-            click.echo(f"{file}: warning: {warning}", err=True)
+        print_warnings(file, warnings)
     if not report_plans(module, as_json, set(plans) if plans else None, warnings=warnings):
         sys.exit(2)
+
+
+def print_warnings(file: str, warnings: list) -> None:
+    """Warnings on stderr: a located one as errors are (file:line:col, the line, a caret, a
+    hint), a checkpoint's after the file name."""
+    for warning in warnings:
+        if isinstance(warning, NereusError):
+            click.echo(warning.format(), err=True)
+        else:
+            click.echo(f"{file}: warning: {warning}", err=True)

@@ -8,34 +8,19 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
-import time
 
 import click
 
 from nereus.cli.errors import reports_errors, traceback_option
+from nereus.cli.progress import StderrProgress
 
 COLORS = {"fixed": "tab:gray", "greedy": "tab:orange", "nereus": "tab:blue", "oracle": "tab:green"}
 
 
 def _fmt(x) -> str:
     return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.2f}"
-
-
-class StderrProgress:
-    """Prints `phase done/total (elapsed)` to stderr at most every `every` seconds, and at
-    each phase's end."""
-
-    def __init__(self, every: float = 2.0):
-        self.every = every
-        self.began = time.perf_counter()
-        self.last = -math.inf
-
-    def __call__(self, phase: str, done: int, total: int) -> None:
-        now = time.perf_counter()
-        if done == total or now - self.last >= self.every:
-            self.last = now
-            click.echo(f"  {phase}: {done}/{total} ({now - self.began:.0f} s)", err=True)
 
 
 def plot(result: dict, path: str, title: str) -> None:
@@ -74,6 +59,13 @@ def plot(result: dict, path: str, title: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def move_line(name: str, move: dict) -> str:
+    """One policy's move: the seconds it took in the simulated world, labelled as such
+    apart from the prediction its reason quotes (two unlabelled transition times before)."""
+    why = re.sub(r"^step \d+: ", "", move["why"])  # the line names the step once
+    return f"{name}: step {move['step']}: moved in {move['seconds']:.2f} s (true transition time) — {why}"
 
 
 @click.command("simulate")
@@ -134,7 +126,7 @@ def simulate_command(trace, as_json, plot_path, margin, show_steps, estimate_tra
     for name, moves in result["transitions"].items():
         for move in moves:
             if name != "oracle" or show_steps:
-                say(f"{name}: step {move['step']}: transition {move['seconds']:.2f} s — {move['why']}")
+                say(move_line(name, move))
     say(f"{'policy':8s} {'steps run':>9s} {'failed at':>9s} {'mean step s':>12s} {'total s':>10s} "
                f"{'vs oracle':>10s} {'transitions':>11s} {'transition s':>12s} {'share':>8s} {'ctl ms/step':>11s}")
     for name, s in result["policies"].items():
@@ -144,8 +136,15 @@ def simulate_command(trace, as_json, plot_path, margin, show_steps, estimate_tra
         say(f"{name:8s} {s['steps_run']:9d} {failed:>9s} {_fmt(s['mean_step_s']):>12s} {s['total_s']:10.1f} "
                    f"{gap:>10s} {s['transitions']:11d} {s['transition_s']:12.2f} {100 * s['transition_share']:7.3f}% "
                    f"{ctl:>11s}")
+    for name, s in result["policies"].items():
+        if s["failed_at"] is not None and s.get("failed_why"):
+            say(f"{name} failed at step {s['failed_at']}: {s['failed_why']}")
     common = next(iter(result["policies"].values()))["common_steps"]
-    if common < len(result["steps"]):
+    if common == 0:  # nothing to compare on: say so, not "over the 0 steps"
+        idle = [name for name, s in result["policies"].items() if s["steps_run"] == 0]
+        say(f"no step is common to every policy ({', '.join(idle)} ran no step): "
+            "each policy is summarised over the steps it ran")
+    elif common < len(result["steps"]):
         say(f"over the {common} steps every policy ran: " + ", ".join(
             f"{name} {_fmt(s['common_mean_step_s'])} s/step" for name, s in result["policies"].items()))
     if plot_path:

@@ -52,6 +52,10 @@ class PlanPrediction:
 
 
 LEVEL_GRID = math.log(1.01)
+# the greedy baseline: any faster plan, whatever the move costs; a relative gain below one
+# part per million is float noise between two equal predictions, not a faster plan (greedy
+# "switched (faster)" between times that printed equal)
+GREEDY_SETTINGS = AdmissionSettings(margin=0.0, z=0.0, rho_min=1e-6, min_interval=0, confirm=1)
 _STAYS_AT_ANY_COST = ("no-gain", "below-min-gain", "no-payback")  # admission reasons independent of Ĉ > 0
 SPREAD_QUANTILES = (12.5, 37.5, 62.5, 87.5)  # a 4-point rule for the mean over recent residuals
 
@@ -63,7 +67,7 @@ def _on_grid(response: float) -> int:
 
 
 def plan_key(plan: Plan) -> tuple:
-    return tuple((str(p.model_stage), p.dp, p.tp, p.pp, p.offload, p.gpus) for p in plan.placements)
+    return tuple((str(p.model_stage), p.dp, p.tp, p.pp, p.offload, p.gpus, p.zero, p.ep) for p in plan.placements)
 
 
 def predict_plan(module: Module, workload: Workload, cost: CostModel, plan: Plan, gpus: Optional[int] = None,
@@ -323,8 +327,9 @@ class Controller:
                 before = self.plan.placement(ms)
             except KeyError:
                 before = None
-            if before is not None and (before.dp, before.tp, before.pp, before.offload, before.gpus) == \
-                    (placement.dp, placement.tp, placement.pp, placement.offload, placement.gpus):
+            if before is not None and (before.dp, before.tp, before.pp, before.offload, before.gpus, before.zero,
+                                       before.ep) == (placement.dp, placement.tp, placement.pp, placement.offload,
+                                                      placement.gpus, placement.zero, placement.ep):
                 continue  # the same layout on the same GPUs: its error cancels in the difference
             fitted = self.cost.relative_error(ms)
             error = fitted if math.isfinite(fitted) else self.settings.default_error
@@ -380,9 +385,8 @@ class Controller:
             return self.transition_estimate(workload, self.plan, found.plan) * self.correction
 
         if self.greedy:
-            settings = AdmissionSettings(margin=0.0, z=0.0, rho_min=0.0, min_interval=0, confirm=1)
             decision = admit(step, current.step_s, fits, candidate.step_s, True, remaining, 0.0,
-                             settings, candidate=found.plan)
+                             GREEDY_SETTINGS, candidate=found.plan)
             # the baseline ignores the transition's cost: its reason says so, not "pays-back"
             reason = "faster" if decision.switch and decision.reason != "infeasible-now" else decision.reason
             decision = Decision(decision.step, decision.switch, reason, decision.current_s,

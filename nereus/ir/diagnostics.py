@@ -11,6 +11,7 @@ Every error a user can cause is a `NereusError` (or a subclass). The CLI prints
 
 from __future__ import annotations
 
+import difflib
 from typing import Optional
 
 from .model import Location
@@ -25,6 +26,12 @@ def source_lines(text: str) -> list[str]:
     if lines[-1] == "":
         lines.pop()
     return lines
+
+
+def did_you_mean(word: str, options) -> str:
+    """`did you mean 'x'? ` for the closest of `options` to `word`, or ""."""
+    close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
+    return f"did you mean '{close[0]}'? " if close else ""
 
 
 class NereusError(Exception):
@@ -79,6 +86,19 @@ class InfeasibleError(NereusError):
 
 class ProgramError(NereusError):
     """A rank program (JSON) that is malformed or fails verification."""
+
+
+class NereusWarning(NereusError):
+    """A located warning: printed like an error (`file:line:col: warning: ...`, the source
+    line, a caret, a hint), but never raised: the command reports it on stderr (in
+    `--json` output, as `text()` in its "warnings" list) and goes on."""
+
+    kind = "warning"
+
+    def text(self) -> str:
+        """One line: `file:line:col: message; hint: ...` (for JSON lists of warnings)."""
+        head = f"{self.loc}: " if self.loc is not None else ""
+        return f"{head}{self.message}" + (f"; hint: {self.hint}" if self.hint else "")
 
 
 class SettingError(NereusError):

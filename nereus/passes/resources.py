@@ -5,8 +5,10 @@ host stagings and frees it runs, plus the resource-dependency edges free → all
 memory forced, each classified. Invariant: replaying the rounds (allocs first, then
 transfers, then stagings and frees) never puts more on a GPU than its usable memory:
 resident bytes + unfreed before-shards + allocations + the round's transient message
-buffers (a send's bytes count on its source and its destination GPU); host memory per node
-never exceeds `host_mem`.
+buffers (what a send costs on its source and its destination GPU under the schedule's
+device memory model, `nereus.passes.memory_model`: on CUDA its packed bytes on both, also
+when its source shard is staged or offloaded to host memory); host memory per node never
+exceeds `host_mem`.
 
 Greedy list scheduling, deterministic: each round admits every pending alloc that fits (in
 DAG order), runs every transfer whose destination is allocated and whose buffers fit
@@ -41,7 +43,8 @@ from nereus.ir.units import human_bytes
 
 from .cost import RoundClock, schedule_seconds
 from .dag import SEND, TransitionDag, Xfer
-from .fitting import _fit, _pending, _spec_kinds, _split_slot, xfer_slice
+from .fitting import _KIND_INDEX, _fit, _pending, _slot_kind, _spec_kinds, _split_slot, xfer_slice
+from .memory_model import CUDA, DEFAULT, check_kind, packed, padding_per_kind, state_bytes, xfer_costs
 
 SAME_STAGE, SM_CS, CM_SS, CM_CS = "same-model-stage", "same-model-cross-stage", "cross-model-same-stage", \
     "cross-model-cross-stage"
@@ -76,6 +79,7 @@ class Schedule:
     staged_bytes: int  # bytes staged through host memory to break cycles
     independent: bool = False
     notes: tuple[str, ...] = ()
+    memory_model: str = DEFAULT  # the device memory model it is memory-safe under (memory_model.py)
 
 
 def edge_kind(dag: TransitionDag, free: int, alloc: int) -> str:
@@ -88,11 +92,13 @@ def edge_kind(dag: TransitionDag, free: int, alloc: int) -> str:
     return CM_SS if a[1] == b[1] else CM_CS
 
 
-def schedule(dag: TransitionDag, *, independent: bool = False, staging: bool = True) -> Schedule:
-    """Schedule `dag` into memory-safe rounds (module docstring)."""
+def schedule(dag: TransitionDag, *, independent: bool = False, staging: bool = True,
+             memory_model: str = DEFAULT) -> Schedule:
+    """Schedule `dag` into rounds memory-safe under `memory_model` (module docstring)."""
+    check_kind(memory_model)
     if not independent:
-        return _cheaper(dag, staging)
-    parts = [_schedule(dag, [s], staging=False)[0] for s in range(len(dag.stages))]
+        return _cheaper(dag, staging, memory_model)
+    parts = [_schedule(dag, [s], staging=False, memory_model=memory_model)[0] for s in range(len(dag.stages))]
     depth = max((len(p.rounds) for p in parts), default=0)
     rounds = []
     for k in range(depth):
@@ -100,38 +106,61 @@ def schedule(dag: TransitionDag, *, independent: bool = False, staging: bool = T
         rounds.append(Round(tuple(i for r in pieces for i in r.allocs), tuple(x for r in pieces for x in r.xfers),
                             (), tuple(i for r in pieces for i in r.frees)))
     return Schedule(tuple(rounds), tuple(e for p in parts for e in p.edges), sum(p.chunked for p in parts), 0,
-                    True, tuple(n for p in parts for n in p.notes))
+                    True, tuple(n for p in parts for n in p.notes), memory_model)
 
 
-def _cheaper(dag: TransitionDag, staging: bool) -> Schedule:
+def _cheaper(dag: TransitionDag, staging: bool, memory_model: str = DEFAULT) -> Schedule:
     """The joint schedule. With staging allowed it is first scheduled staging before-shards
     where a stall would lend the transient reserve (`_stage_for_reserve`); if that staged
     nothing it is the lending schedule itself. Otherwise the lending schedule is built
     too, stopped as soon as its predicted time (`cost.RoundClock`, the cost pass's
     estimate for the default pipeline) exceeds the staging one's, and kept if it was not:
-    never predicted slower than lending alone, the lending one on a tie."""
-    stages = range(len(dag.stages))
-    if not staging:
-        return _schedule(dag, stages, staging=False)[0]
+    never predicted slower than lending alone, the lending one on a tie. A schedule of
+    several rounds is then built again paced (`_pace`), kept only if predicted faster."""
+    best, options = _unpaced(dag, staging, memory_model)
+    if len(best.rounds) <= 1:
+        return best
+    seconds = schedule_seconds(dag, best)
     try:
-        staging_instead, reserve_staged = _schedule(dag, stages, staging=True, stage_for_reserve=True)
+        paced, _ = _schedule(dag, range(len(dag.stages)), paced=True, seconds_cap=seconds, **options)
+    except InfeasibleError:  # a pace that leaves a cycle to staging may find host memory short
+        return best
+    if paced is None or schedule_seconds(dag, paced) >= seconds:
+        return best
+    note = (f"paced rounds (every GPU spreads its transfers over the rounds its tightest peer needs): predicted"
+            f" {schedule_seconds(dag, paced):.3g} s, unpaced {seconds:.3g} s")
+    return replace(paced, notes=paced.notes + (note,))
+
+
+def _unpaced(dag: TransitionDag, staging: bool, memory_model: str = DEFAULT) -> tuple[Schedule, dict]:
+    """The schedule `_cheaper` picked before pacing, and the options that built it."""
+    stages = range(len(dag.stages))
+    model = {"memory_model": memory_model}
+    if not staging:
+        return _schedule(dag, stages, staging=False, **model)[0], {"staging": False, **model}
+    try:
+        staging_instead, reserve_staged = _schedule(dag, stages, staging=True, stage_for_reserve=True, **model)
     except InfeasibleError:  # host memory taken by the reserve's staging may be missing for a cycle
-        return _schedule(dag, stages, staging=True)[0]
+        return _schedule(dag, stages, staging=True, **model)[0], {"staging": True, **model}
     if not reserve_staged:
-        return staging_instead
+        return staging_instead, {"staging": True, "stage_for_reserve": True, **model}
     seconds = schedule_seconds(dag, staging_instead)
-    lending, _ = _schedule(dag, stages, staging=True, seconds_cap=seconds)
+    lending, _ = _schedule(dag, stages, staging=True, seconds_cap=seconds, **model)
     if lending is not None:
-        return lending
+        return lending, {"staging": True, **model}
     note = f"staging instead of lending the reserve: predicted {seconds:.3g} s, less than lending's"
-    return replace(staging_instead, notes=staging_instead.notes + (note,))
+    return replace(staging_instead, notes=staging_instead.notes + (note,)), {"staging": True,
+                                                                           "stage_for_reserve": True, **model}
 
 
 def _schedule(dag: TransitionDag, stage_ids, *, staging: bool, stage_for_reserve: bool = False,
-              seconds_cap: float | None = None) -> tuple[Schedule | None, int]:
+              seconds_cap: float | None = None, paced: bool = False,
+              memory_model: str = DEFAULT) -> tuple[Schedule | None, int]:
     """(schedule, bytes staged instead of lending the reserve). `stage_for_reserve`: where a
     stall would lend the transient reserve, stage before-shards instead where possible.
-    `seconds_cap`: the schedule is None once its predicted seconds exceed it."""
+    `seconds_cap`: the schedule is None once its predicted seconds exceed it. `paced`:
+    transfers are taken in shift order and each GPU's buffers per round are held to its
+    share of the rounds its tightest peer needs (`_pace`)."""
     cluster = dag.module.cluster
     cap = cluster.usable_gpu_bytes
     host_cap = cluster.host_mem_bytes
@@ -175,6 +204,8 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool, stage_for_reserve
     unfreed = len(live)
     reserve = int(cap * TRANSIENT_RESERVE)
     fine = False
+    pace_forced = None  # paced: (rounds, tight GPUs) as the first paced round saw them
+    pace_off = False  # a paced round that makes no progress is run again unpaced
     while allocs or ready or unfreed:
         k = len(rounds)
         took, waiting = [], []
@@ -203,15 +234,24 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool, stage_for_reserve
         allocs = waiting
         transient = defaultdict(int)
         done, later = [], []
+        limit = None
+        if paced and not pace_off:
+            ready.sort(key=lambda e, n=len(mem): (e[0].dst_gpu - e[0].src_gpu) % n)  # stable: shift order
+            limit, forced = _pace(dag, ready, staged, mem, cap, memory_model)
+            if forced is not None and pace_forced is None:
+                pace_forced = forced
         for entry in ready:
             x, whole_slot, row = entry
             if x.kind != SEND:
                 done.append(x)
                 continue
-            src_extra = 0 if staged[x.free] else x.bytes
+            src_extra, dst_extra = xfer_costs(memory_model, dag, x, staged[x.free])
             room_src = cap - mem[x.src_gpu] - transient[x.src_gpu]
             room_dst = cap - mem[x.dst_gpu] - transient[x.dst_gpu]
-            if src_extra <= room_src and x.bytes <= room_dst:
+            if limit is not None:
+                room_src = min(room_src, limit.get(x.src_gpu, room_src) - transient[x.src_gpu])
+                room_dst = min(room_dst, limit.get(x.dst_gpu, room_dst) - transient[x.dst_gpu])
+            if src_extra <= room_src and dst_extra <= room_dst:
                 head, tail = x, None
             elif room_dst <= 0 or (src_extra and room_src <= 0):
                 later.append(entry)
@@ -223,17 +263,16 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool, stage_for_reserve
                 budget = min(room_dst, room_src if src_extra else room_dst)
                 # the least a cut can carry is known: a transfer that cannot move waits
                 # without being cut (it used to be offered to _fit up to 3 times a round)
-                if budget >= whole_slot:
-                    head, tail = _fit(dag, x, budget)
-                elif fine and budget >= row:
-                    head, tail = _split_slot(dag, x, budget, spec_kinds)
-                else:
+                cut = _cut_to_fit(dag, x, budget, whole_slot, row, fine, spec_kinds, memory_model)
+                if cut is None:
                     later.append(entry)
                     continue
+                head, tail = cut
                 chunked += 1
                 readers[x.free] += 1
-            transient[x.src_gpu] += 0 if staged[x.free] else head.bytes
-            transient[x.dst_gpu] += head.bytes
+                src_extra, dst_extra = xfer_costs(memory_model, dag, head, staged[x.free])
+            transient[x.src_gpu] += src_extra
+            transient[x.dst_gpu] += dst_extra
             done.append(head)
             if isinstance(tail, tuple):
                 later.extend((t, None, None) for t in tail)
@@ -258,6 +297,9 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool, stage_for_reserve
                     mem[f.gpu] -= f.bytes
         outs: list[int] = []
         if not took and not done and not releases:
+            if limit:  # the pace held back what could move: this round without it
+                pace_off = True
+                continue
             if reserve and allocs and stage_for_reserve:
                 outs = _stage_for_reserve(dag, allocs, mem, cap, reserve, host, host_cap, freed, staged, live)
                 reserve_staged += sum(dag.frees[i].bytes for i in outs)
@@ -274,11 +316,11 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool, stage_for_reserve
                     rounds.append(Round((), (), (), ()))
                     break
                 outs = _break_cycle(dag, allocs, [entry[0] for entry in ready], mem, cap, host, host_cap, freed,
-                                    staged, live)
+                                    staged, live, memory_model)
                 staged_bytes += sum(dag.frees[i].bytes for i in outs)
         check = []
         reserve = int(cap * TRANSIENT_RESERVE)
-        fine = False
+        fine = pace_off = False
         last_release = defaultdict(list)
         for i in releases + outs:
             last_release[dag.frees[i].gpu].append(i)
@@ -293,11 +335,97 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool, stage_for_reserve
         notes.append(f"staged {human_bytes(reserve_staged)} through host memory instead of lending the transient reserve")
     if chunked:
         notes.append(f"{chunked} transfer split(s) to fit transient buffers")
-    return Schedule(tuple(rounds), tuple(edges), chunked, staged_bytes + reserve_staged, False, tuple(notes)), \
-        reserve_staged
+    if pace_forced is not None:
+        notes.append(memory_note(dag, tuple(rounds), pace_forced))
+    return Schedule(tuple(rounds), tuple(edges), chunked, staged_bytes + reserve_staged, False, tuple(notes),
+                    memory_model), reserve_staged
 
 
-def _break_cycle(dag, allocs, ready, mem, cap, host, host_cap, freed, staged, live) -> list[int]:
+def _cut_to_fit(dag, x, budget: int, whole_slot: int, row: int, fine: bool, spec_kinds, memory_model: str):
+    """(head, tail) of send `x` whose head costs at most `budget` on each GPU under
+    `memory_model`, or None when no cut can move this round: whole leading slots
+    (`_fit`), or once `fine` the pieces and rows of one (`_split_slot`). `whole_slot`,
+    `row`: `_pending`'s least budgets in raw bytes; the cuda model counts every segment
+    at its packed size, so the cuts and those thresholds add the padding."""
+    padding, sizes = (0, 0, 0), ()
+    if memory_model == CUDA:
+        padding, sizes = padding_per_kind(dag, x), state_bytes(dag, x)
+        whole_slot += padding[_KIND_INDEX[_slot_kind(dag, x)]]
+        if row < 1 << 62:  # one row of the first piece, each state's segment packed
+            row = sum(packed(row // sum(sizes) * size) for size in sizes)
+    if budget >= whole_slot:
+        head, tail = _fit(dag, x, budget, padding=padding)
+    elif fine and budget >= row:
+        head, tail = _split_slot(dag, x, budget, spec_kinds, sizes)
+    else:
+        return None
+    return None if head is None else (head, tail)
+
+
+PACE_SLACK = 1.2  # a paced GPU may take this much more than its even share (cuts are by layer)
+
+
+def _pace(dag, ready: list, staged: list, mem: list, cap: int, memory_model: str) -> dict:
+    """{gpu: most buffer bytes it takes this round} of a paced round: the GPU whose
+    remaining sends and receives (`ready`, buffer bytes at both ends as `memory_model`
+    charges them) fill its free memory the most times over sets the rounds still
+    needed, K; every other GPU spreads its own over K rounds (its share, with
+    PACE_SLACK) instead of finishing early and leaving the tight GPU's rounds to run alone:
+    each round then moves a like share on every link (module docstring)."""
+    load: dict = defaultdict(int)
+    for x, _, _ in ready:
+        if x.kind == SEND:
+            src_bytes, dst_bytes = xfer_costs(memory_model, dag, x, staged[x.free])
+            load[x.dst_gpu] += dst_bytes
+            load[x.src_gpu] += src_bytes
+    rounds, need = 1, {}
+    for g, n in load.items():
+        room = cap - mem[g]
+        if room > 0:
+            need[g] = -(-n // room)
+            rounds = max(rounds, need[g])
+    if rounds <= 1:
+        return {}, None
+    tight = tuple((g, cap - mem[g], load[g]) for g in sorted(need) if need[g] == rounds)
+    return {g: int(n / rounds * PACE_SLACK) + 1 for g, n in load.items()}, (rounds, tight)
+
+
+def memory_note(dag: TransitionDag, rounds: tuple, forced) -> str:
+    """What sets a paced schedule's rounds: the GPUs whose free memory their buffers fill
+    the most times over, and the after units (TP groups) that wait for their data, with
+    the last round that brings it."""
+    k, tight = forced
+    gpus = [g for g, _, _ in tight]
+    room, load = min(r for _, r, _ in tight), max(n for _, _, n in tight)
+    holders = sorted({dag.stages[f.stage].name + f" pp stage {f.pos[0]}" for f in dag.frees if f.gpu in set(gpus)})
+    last: dict = {}
+    for i, rnd in enumerate(rounds):
+        for x in rnd.xfers:
+            if x.kind == SEND and x.src_gpu in set(gpus):
+                a = dag.allocs[x.alloc]
+                last[(dag.stages[a.stage].name, a.replica)] = i
+    waits = defaultdict(list)
+    for (name, replica), i in sorted(last.items()):
+        waits[(name, i)].append(replica)
+    listing = "; ".join(f"{name} replicas {_ranges(reps)} until round {i}" for (name, i), reps in sorted(
+        waits.items(), key=lambda item: (-item[0][1], item[0][0]))[:4])
+    return (f"memory sets {k} rounds: GPU(s) {_ranges(gpus)} ({', '.join(holders[:3])}) have"
+            f" {human_bytes(room)} free for {human_bytes(load)} of send and receive buffers; the TP groups"
+            f" that wait for their data: {listing}")
+
+
+def _ranges(values) -> str:
+    """1, 2, 3, 5 -> '1-3, 5'."""
+    out: list = []
+    for v in sorted(set(values)):
+        if out and out[-1][1] == v - 1:
+            out[-1][1] = v
+        else:
+            out.append([v, v])
+    return ", ".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in out)
+
+
+def _break_cycle(dag, allocs, ready, mem, cap, host, host_cap, freed, staged, live, memory_model) -> list[int]:
     """Stage before-shards of the least-blocked GPU to host memory; returns the frees staged."""
     needs: dict[int, int] = {}
 
@@ -310,10 +438,11 @@ def _break_cycle(dag, allocs, ready, mem, cap, host, host_cap, freed, staged, li
         short(dag.allocs[a].gpu, dag.allocs[a].bytes)
     for x in ready:
         if x.kind == SEND:  # the smallest step forward: one slot of the transfer
-            one = xfer_slice(dag, x, x.slots[0], x.slots[0] + 1).bytes
-            short(x.dst_gpu, one)
-            if not staged[x.free]:
-                short(x.src_gpu, one)
+            src_one, dst_one = xfer_costs(memory_model, dag, xfer_slice(dag, x, x.slots[0], x.slots[0] + 1),
+                                          staged[x.free])
+            short(x.dst_gpu, dst_one)
+            if src_one:
+                short(x.src_gpu, src_one)
     pick = next(_staging_picks(dag, needs, freed, staged, live), None)
     if pick is None:
         worst = sorted(needs.items(), key=lambda item: (item[1], item[0]))[:4]

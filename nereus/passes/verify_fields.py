@@ -17,12 +17,12 @@ import difflib
 _OP = {"op", "id", "index", "round"}
 FIELDS = {
     "top": {"format", "version", "transition", "gpus", "nodes", "tensors", "units", "resident_bytes", "untouched",
-            "rounds", "rank", "peers"},
+            "rounds", "rank", "peers", "memory_model"},
     "gpus": {"id", "node", "mem_bytes", "capacity_bytes"},
     "nodes": {"id", "host_mem_bytes"},
     "tensors": {"name", "shape", "dtype"},
     "units": {"before", "after"},
-    "unit": {"id", "model_stage", "replica", "gpus", "tp", "pp", "ep", "dp", "zero", "offload", "shards"},
+    "unit": {"id", "model_stage", "replica", "gpus", "tp", "pp", "ep", "dp", "zero", "offload", "mesh", "shards"},
     "shard": {"gpu", "tensor", "boxes"},
     "round": {"ops"},
     "alloc": _OP | {"gpu", "unit", "bytes"},
@@ -33,19 +33,23 @@ FIELDS = {
     "send": _OP | {"src", "dst", "segments", "bytes", "src_unit", "dst_unit"},
     "segment": {"tensor", "box", "src_unit", "dst_unit"},
 }
+# version 2 (docs/program.md, "Version 2: ranges"): tensor families and their ranges
+RANGED = {"tensors": {"indices"}, "shard": {"at"}, "segment": {"at"}}
 MAX_WARNINGS = 20
 
 
 def unknown_fields(data) -> list[str]:
     """Messages for the fields of `data` outside FIELDS (at most MAX_WARNINGS, then a count)."""
     out: list[str] = []
+    ranged = isinstance(data, dict) and data.get("version") == 2
 
     def check(obj, kind: str, where: str) -> None:
         if not isinstance(obj, dict):
             return
+        known = FIELDS[kind] | RANGED.get(kind, set()) if ranged else FIELDS[kind]
         for key in obj:
-            if key not in FIELDS[kind]:
-                close = difflib.get_close_matches(str(key), sorted(FIELDS[kind]), n=1)
+            if key not in known:
+                close = difflib.get_close_matches(str(key), sorted(known), n=1)
                 out.append(f"{where}: unknown field {str(key)[:60]!r}"
                            + (f" (did you mean {close[0]!r}?)" if close else "") + ": ignored")
 
