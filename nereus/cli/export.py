@@ -4,7 +4,8 @@
 
 Reads OUT/checkpoints/step_N (the latest complete one unless --step), writes config.json,
 safetensors shards and the tokenizer's files (nereus.rl.export). transformers'
-`from_pretrained(DIR)` and vLLM load the folder.
+`from_pretrained(DIR)` loads the folder (its config.json is the one the vLLM engine path
+writes for its engines).
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ eps, head_dim, tying and dtype; bos/eos/pad from the tokenizer), the weights as
 safetensors under transformers' names (unfused q/k/v and gate/up), one file or
 `model-0000i-of-0000n.safetensors` shards of at most `max_shard_bytes` with
 `model.safetensors.index.json`, and the tokenizer's files copied (the run's --tokenizer,
-else the model's hf() folder). transformers' `from_pretrained` and vLLM load it.
+else the model's hf() folder). transformers' `from_pretrained` loads it (config.json by the same `hf_config` the vLLM
+engine path starts its engines from).
 Invariant: the weights are the checkpoint's bytes at the model's dtype (not the fp32
 master); one Nereus tensor is in memory at a time (plus the shard being filled).
 """

@@ -117,6 +117,12 @@ def test_export_loads_in_transformers(run, tmp_path):
         theirs = model(ids).logits
     ours = logits(actor, nereus_to_hf(actor, {k: v for k, v in trained.items() if k.startswith("actor/")}), ids)
     assert (theirs - ours).abs().max().item() < 1e-4
+    # shards: several safetensors files and their index, loaded alike
+    sharded = export_hf(str(out), str(tmp_path / "sharded"), max_shard_bytes=100_000)
+    assert len(sharded["files"]) > 1 and (tmp_path / "sharded" / "model.safetensors.index.json").exists()
+    with torch.no_grad():
+        again = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "sharded"))(ids).logits
+    assert torch.equal(again, theirs)
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
     assert tokenizer.apply_chat_template([{"role": "user", "content": "1+2="}], tokenize=False) == "Q1+2="
 
