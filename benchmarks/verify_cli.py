@@ -17,6 +17,7 @@ A case is a .nir file (its only transition) or `gen:MODEL:GPUS:TRANSITION`, the 
 PPO plans of plan_scale.py.
 
     python benchmarks/verify_cli.py [--case gen:70b:256:length-growth] [--repeat 3] [--base DIR]
+                                    [--program-version 1|2]
 
 Last stdout line: {"name": "verify_cli", "case", "program_bytes", "runs": [{"tree",
 "against", "cpu_s", "wall_s"}, ...], "medians": {"TREE against|alone": {"cpu_s", "wall_s"}},
@@ -99,6 +100,9 @@ def main(argv=None) -> int:
     parser.add_argument("--case", default="gen:70b:256:length-growth")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--base", metavar="DIR", help="another tree's root (holding its nereus package)")
+    parser.add_argument("--program-version", type=int, choices=(1, 2), default=None,
+                        help="the program's JSON version (default: what nereusc writes; version 1 names every "
+                             "member: the 157 MB program of the default case)")
     args = parser.parse_args(argv)
     trees = {"this": str(ROOT)}
     if args.base:
@@ -109,8 +113,9 @@ def main(argv=None) -> int:
         from nereus.ir import parse_file
 
         (transition,) = parse_file(nir).transitions
+        version = ["--program-version", str(args.program_version)] if args.program_version else []
         _run(trees["this"], [nir, "--transition", f"{transition.source}:{transition.target}", "--emit", "json",
-                             "-o", program])
+                             "-o", program, *version])
         runs = []
         for repeat in range(args.repeat):
             for name, tree in trees.items():
@@ -128,7 +133,8 @@ def main(argv=None) -> int:
             medians[f"{name} {'against' if against else 'alone'}"] = {
                 "cpu_s": round(statistics.median(r["cpu_s"] for r in mine), 2),
                 "wall_s": round(statistics.median(r["wall_s"] for r in mine), 2)}
-    print(json.dumps({"name": "verify_cli", "case": args.case, "program_bytes": size, "trees": trees,
+    print(json.dumps({"name": "verify_cli", "case": args.case, "program_version": args.program_version,
+                      "program_bytes": size, "trees": trees,
                       "runs": runs, "medians": medians, "steps": steps}))
     return 0
 
