@@ -79,14 +79,6 @@ def _box_hash(box: tuple, shape: tuple) -> int:
     return h
 
 
-def _hash_of(raw, shape: Optional[tuple]) -> int:
-    """_box_hash of a JSON box ([[lo, hi], ...]); -1 for an unknown tensor (shape None)."""
-    try:
-        return _box_hash(tuple(map(tuple, raw)), shape) if shape is not None else -1
-    except TypeError:  # not a list of pairs
-        return -1
-
-
 def _op_name(r: int, k: int, op: dict) -> str:
     kind = op["op"]
     what = f"send {op['src']} -> {op['dst']}" if kind == "send" else kind
@@ -102,6 +94,7 @@ def check_writes(program: dict, gpu: int) -> None:
     transition = program["transition"]
     prefix = f"rank {gpu} refuses its part of the program {transition['from']} -> {transition['to']}"
     shapes = {t["name"]: tuple(t["shape"]) for t in program["tensors"]}
+    box_hash = _box_hash  # a local: looked up once per box
     memory = {}  # (phase, unit) -> offload flag
     stage = {}  # (phase, unit) -> model-stage
     want = {}  # (after unit, tensor) -> H of its shard on `gpu`
@@ -115,7 +108,10 @@ def check_writes(program: dict, gpu: int) -> None:
                 name = shard["tensor"]
                 total = 0
                 for raw in shard["boxes"]:
-                    h = _hash_of(raw, shapes.get(name))
+                    try:  # a JSON box as a tuple key (10^4 boxes in a MoE part)
+                        h = box_hash(tuple(map(tuple, raw)), shapes[name])
+                    except (TypeError, KeyError):
+                        h = -1
                     if h < 0:
                         raise ProgramError(f"{prefix}: {phase} unit {unit['id']} holds box {raw} of {name}, which "
                                            f"is no box inside the tensor (shape {list(shapes.get(name, ()))})")
@@ -123,6 +119,7 @@ def check_writes(program: dict, gpu: int) -> None:
                 if phase == "after":
                     want[(unit["id"], name)] = total % _P
     got = dict.fromkeys(want, 0)
+    pairs: set = set()  # (before unit, after unit, keep) checked by _check_pair
     freed: dict = {}  # before unit -> the round that frees its shards on `gpu`
     for r, rnd in enumerate(program["rounds"]):
         for k, op in enumerate(rnd["ops"]):
@@ -135,41 +132,58 @@ def check_writes(program: dict, gpu: int) -> None:
                 if kind == "free" and op["gpu"] == gpu:
                     freed.setdefault(op["unit"], r)
                 continue
-            if not (reads or writes):
+            if not writes:  # a send out (or none of this GPU's): rank_program's lowering checks that
+                # its boxes lie in the source and the destination shard, the receiver checks the rest
+                for seg in op["segments"] if reads and freed else ():
+                    _not_freed(prefix, r, k, op, seg, freed)
                 continue
-            for seg in op["segments"]:
+            keep = kind == "keep"
+            for seg in op["segments"]:  # (10^5 segments in a MoE part: the least work per segment)
                 name = seg["tensor"]
-                try:  # _hash_of, inlined: this loop runs once per segment (10^5 in a MoE part)
-                    h = _box_hash(tuple(map(tuple, seg["box"])), shapes[name])
+                try:
+                    h = box_hash(tuple(map(tuple, seg["box"])), shapes[name])
                 except (TypeError, KeyError):
                     h = -1
                 if h < 0:
                     raise ProgramError(f"{prefix}: {_op_name(r, k, op)} moves box {seg['box']} of {name}, which "
                                        f"is no box inside the tensor (shape {list(shapes.get(name, ()))})")
-                if stage.get(("before", seg["src_unit"])) != stage.get(("after", seg["dst_unit"])):
-                    raise ProgramError(f"{prefix}: {_op_name(r, k, op)} moves {name} from {seg['src_unit']} to "
-                                       f"{seg['dst_unit']}, which are not units of one model-stage",
-                                       hint="a model-stage's new shards come from its own old shards only")
-                if reads and freed.get(seg["src_unit"], r) < r:
-                    raise ProgramError(f"{prefix}: {_op_name(r, k, op)} reads {name} from before unit "
-                                       f"{seg['src_unit']}, which round {freed[seg['src_unit']]} freed")
-                if not writes:
-                    continue
-                key = (seg["dst_unit"], name)
-                if key not in got:
+                pair = (seg["src_unit"], seg["dst_unit"], keep)
+                if pair not in pairs:  # once per pair of units (and keep or not)
+                    _check_pair(prefix, _op_name(r, k, op), name, pair, stage, memory)
+                    pairs.add(pair)
+                if freed:
+                    _not_freed(prefix, r, k, op, seg, freed)
+                try:
+                    got[(pair[1], name)] += h
+                except KeyError:
                     raise ProgramError(f"{prefix}: {_op_name(r, k, op)} writes {name} into after unit "
-                                       f"{seg['dst_unit']}, which holds no shard of it on GPU {gpu}")
-                if kind == "keep" and memory.get(("before", seg["src_unit"])) != memory.get(("after", seg["dst_unit"])):
-                    raise ProgramError(f"{prefix}: {_op_name(r, k, op)} hands {name} over from {seg['src_unit']} to "
-                                       f"{seg['dst_unit']}, which live in different memory (offload)",
-                                       hint="a keep aliases the tensor: only between units both on the device "
-                                            "or both in host memory")
-                got[key] += h
+                                       f"{pair[1]}, which holds no shard of it on GPU {gpu}") from None
     for key, expected in want.items():
         if got[key] % _P != expected:
             raise ProgramError(f"{prefix}: {_explain(program, gpu, key)}",
                                hint="a wrong program: every element of a new shard must be written exactly once "
                                     "(`nereusc verify` proves the whole program; docs/program.md)")
+
+
+def _not_freed(prefix: str, r: int, k: int, op: dict, seg: dict, freed: dict) -> None:
+    """A segment that round r reads from a before unit on this GPU: not after its free."""
+    if freed.get(seg["src_unit"], r) < r:
+        raise ProgramError(f"{prefix}: {_op_name(r, k, op)} reads {seg['tensor']} from before unit "
+                           f"{seg['src_unit']}, which round {freed[seg['src_unit']]} freed")
+
+
+def _check_pair(prefix: str, where: str, name: str, pair: tuple, stage: dict, memory: dict) -> None:
+    """A segment from before unit pair[0] to after unit pair[1] (by a keep: pair[2]) stays
+    within one model-stage, and a keep within one memory."""
+    src, dst, keep = pair
+    if stage.get(("before", src)) != stage.get(("after", dst)):
+        raise ProgramError(f"{prefix}: {where} moves {name} from {src} to {dst}, which are not units of one "
+                           "model-stage", hint="a model-stage's new shards come from its own old shards only")
+    if keep and memory.get(("before", src)) != memory.get(("after", dst)):
+        raise ProgramError(f"{prefix}: {where} hands {name} over from {src} to {dst}, which live in different "
+                           "memory (offload)",
+                           hint="a keep aliases the tensor: only between units both on the device or both in host "
+                                "memory")
 
 
 def _text(box: Box) -> str:

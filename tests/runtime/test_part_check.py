@@ -111,7 +111,7 @@ def test_what_no_op_writes_and_a_box_outside_its_tensor_are_named():
     program = _whole("A", "B")
     _qkv_segments(program)[1][2]["box"] = [[56, 72], [0, 32]]  # qkv has 64 rows
     with pytest.raises(ProgramError, match=r"moves box \[\[56, 72\], \[0, 32\]\] of .*qkv.* no box inside the tensor"):
-        rank_program(program, 0)
+        rank_program(program, 1)
 
 
 def test_sender_and_receiver_digests_differ_when_they_order_a_message_apart():
