@@ -484,6 +484,7 @@ class Runtime(LocalState, LiveParts):
                        capacity_bytes=figures.capacity_bytes, offloaded=figures.offloaded, clock_start=started,
                        agreement=agreement)
 
+
 def _work_list(lowered: tuple):
     """The RankProgram in what `_lower_part` (or the lowering-ahead thread) gave."""
     return lowered[1]
