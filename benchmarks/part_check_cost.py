@@ -26,7 +26,7 @@ import time
 
 import nereus.ir as ir
 from nereus.backends.rank_json import canonical_json
-from nereus.ir.program import expand_segment_units
+from nereus.ir.program import expand_ranges, expand_segment_units
 from nereus.runtime import part_check, program
 
 
@@ -58,7 +58,7 @@ def main() -> None:
         source, target = module.transitions[0].source, module.transitions[0].target
     compile_s, part = _cpu(lambda: rank_part(compile_transition(module, source, target), args.rank))
     text = canonical_json(part)
-    expanded = expand_segment_units(json.loads(text))
+    expanded = expand_segment_units(expand_ranges(json.loads(text)))  # as rank_program reads it
     figures: dict = {"check_writes_s": [], "pair_digests_s": [], "lower_s": []}
     checks = program.check_writes, program.pair_digests
     for _ in range(args.repeat):

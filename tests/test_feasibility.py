@@ -123,7 +123,8 @@ def test_offloaded_state_must_fit_in_its_nodes_host_memory():
     overflows a node's host_mem does not fit (the verifier replays the same bytes and
     rejects every program out of it; the check used to say it fits)."""
     from nereus.ir import parse_source
-    from nereus.passes.feasibility import check_plan, infeasible_error
+    from nereus.passes.feasibility import check_plan
+    from nereus.passes.infeasible import infeasible_error
 
     module = parse_source(HOST_TIGHT, "host.nir")
     assert check_plan(module, "A").feasible
@@ -141,7 +142,7 @@ def test_offloaded_state_must_fit_in_its_nodes_host_memory():
 
 def test_a_near_miss_is_said_with_bytes_that_differ():
     """'GPU 2 needs 2.1 MiB in training but has 2.1 MiB': both rounded to one figure."""
-    from nereus.passes.feasibility import _apart
+    from nereus.passes.infeasible import _apart
 
     assert _apart(2_200_000, 2_150_000) == ("2,200,000 B", "2,150,000 B")
     assert _apart(3 << 20, 2 << 20) == ("3.0 MiB", "2.0 MiB")

@@ -8,7 +8,8 @@ import sys
 import click
 
 from nereus.cli.errors import reports_errors, traceback_option
-from nereus.ir.diagnostics import SemanticError
+from nereus.ir.diagnostics import NereusError, SemanticError
+from nereus.ir.node_groups import node_span_warnings
 from nereus.ir.model import Module
 from nereus.ir.units import human_bytes
 
@@ -168,7 +169,8 @@ def report_plans(module: Module, as_json: bool = False, plans=None, collect: dic
     that stdout is the whole answer (with `collect`, the fields are stored there for the
     caller to print in its own object instead). Returns True iff every plan fits."""
     from nereus.cli.errors import error_json
-    from nereus.passes.feasibility import check_plan, infeasible_error
+    from nereus.passes.feasibility import check_plan
+    from nereus.passes.infeasible import infeasible_error
 
     selected = [p for p in module.plans if plans is None or p.name in plans]
     reports = [check_plan(module, plan) for plan in selected]
@@ -183,10 +185,11 @@ def report_plans(module: Module, as_json: bool = False, plans=None, collect: dic
                     source = handle.read()
             except OSError:
                 source = ""
-        errors.append(infeasible_error(plan, report, source))
+        errors.append(infeasible_error(plan, report, source, module))
     if as_json:
         payload = {"file": module.file, "models": model_sizes(module), "plans": [r.to_json() for r in reports],
-                   "feasible": not errors, "warnings": list(warnings or ())}
+                   "feasible": not errors,
+                   "warnings": [w.text() if isinstance(w, NereusError) else w for w in warnings or ()]}
         if errors:
             payload["error"] = error_json(errors[0])
         if collect is not None:
@@ -218,9 +221,19 @@ def check_command(file, overrides, plans, as_json, traceback):
     if unknown:
         raise SemanticError(f"no plan named {unknown[0]!r} in {file}",
                             hint=f"--plan takes one of: {', '.join(plan.name for plan in module.plans)}")
+    warnings += node_span_warnings(module, _read(module.file))
     if not as_json:
         click.echo(f"{file}: {describe(module)}")
-        for warning in warnings:
-            click.echo(f"{file}: warning: {warning}", err=True)
+        print_warnings(file, warnings)
     if not report_plans(module, as_json, set(plans) if plans else None, warnings=warnings):
         sys.exit(2)
+
+
+def print_warnings(file: str, warnings: list) -> None:
+    """Warnings on stderr: a located one as errors are (file:line:col, the line, a caret, a
+    hint), a checkpoint's after the file name."""
+    for warning in warnings:
+        if isinstance(warning, NereusError):
+            click.echo(warning.format(), err=True)
+        else:
+            click.echo(f"{file}: warning: {warning}", err=True)

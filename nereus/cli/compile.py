@@ -17,7 +17,6 @@ import click
 from nereus.cli.errors import reports_errors, traceback_option
 from nereus.ir.diagnostics import NereusError, SemanticError
 from nereus.ir.units import human_bytes
-from nereus.passes import PEAK_WARNING_FRACTION
 
 
 TRANSITION_HINT = "write --transition S1:S2 (or quote the arrow: --transition 'S1->S2')"
@@ -72,14 +71,22 @@ def summary_text(summary: dict) -> str:
              f" inter-node {human_bytes(b['inter_node'])}, staged {human_bytes(b['staged'])}); kept in place {human_bytes(b['kept'])}",
              f"  lower bound (bytes whose owner changes) {human_bytes(summary['lower_bound_bytes'])};"
              f" sent {human_bytes(b['intra_node'] + b['inter_node'])}"]
+    bounds = summary.get("bounds")
+    if bounds and bounds["busiest_nic_seconds"]:
+        ratio = summary["predicted_seconds"] / bounds["busiest_nic_seconds"]
+        lines.append(f"  link bounds: busiest NIC {bounds['busiest_nic_seconds']:.3f} s (node {bounds['busiest_node']}),"
+                     f" average NIC {bounds['average_nic_seconds']:.3f} s; predicted {ratio:.2f}x the busiest")
     peak = summary["peak_memory"]
     when = "before round 0" if peak["round"] < 0 else f"in round {peak['round']}"
+    free = peak["free_bytes"]
     lines.append(f"  peak memory {human_bytes(peak['bytes'])} of {human_bytes(peak['capacity_bytes'])} usable"
-                 f" ({peak['fraction']:.1%}) on GPU {peak['gpu']} {when}; headroom {human_bytes(peak['headroom_bytes'])}")
+                 f" ({peak['fraction']:.1%}) on GPU {peak['gpu']} {when}; headroom {human_bytes(peak['headroom_bytes'])};"
+                 f" {'-' if free < 0 else ''}{human_bytes(abs(free))} of the GPU's {human_bytes(peak['gpu_bytes'])} free")
     if peak["warning"]:
-        lines.append(f"  warning: GPU {peak['gpu']} peaks above {PEAK_WARNING_FRACTION:.0%} of its usable memory during"
-                     " this transition (allocator fragmentation can make it run out); a larger `reserve` in the cluster"
-                     " makes the scheduler keep more free")
+        lines.append(f"  warning: GPU {peak['gpu']} peaks with less than {peak['free_margin']:.0%} of its memory free"
+                     " during this transition: the CUDA context, NCCL's buffers and allocator fragmentation, which the"
+                     " compiler does not count, can make it run out")
+        lines.append(f"  hint: {peak['hint']}")
     if summary["resource_edges"]:
         edges = ", ".join(f"{k} {v}" for k, v in sorted(summary["resource_edges"].items()))
         lines.append(f"  resource edges: {edges}")
@@ -137,10 +144,12 @@ def _print_after(name: str, state) -> None:
 @click.option("--pipeline", metavar="PASSES", help="Pass pipeline, e.g. diff,dag,resources,fusion{bucket=256MiB},lower,cost.")
 @click.option("--rank", type=int, metavar="R",
               help="With --emit json: write rank R's program alone (its ops, shards and peers; docs/program.md).")
+@click.option("--program-version", type=click.Choice(["1", "2"]), default="2", show_default=True,
+              help="With --emit json: the JSON program version (2: families and ranges; 1: every member named).")
 @traceback_option
 @reports_errors
 def compile_command(file, transition, overrides, emit, output, as_json, time_passes, print_after_all, pipeline,
-                    rank, traceback):
+                    rank, program_version, traceback):
     """Check FILE's plans and compile its transitions."""
     from nereus.cli.check import load_module
     from nereus.passes import compile_transition
@@ -154,16 +163,17 @@ def compile_command(file, transition, overrides, emit, output, as_json, time_pas
         raise SemanticError("--rank selects one rank's program: it needs --emit json",
                             hint="nereusc FILE --transition S1:S2 --emit json --rank R")
     if emit is None:
-        from nereus.cli.check import check_checkpoints, describe, report_plans
+        from nereus.cli.check import check_checkpoints, describe, print_warnings, report_plans
+        from nereus.ir.node_groups import node_span_warnings
 
         warnings = check_checkpoints(module, _source_text(module.file))
+        warnings += node_span_warnings(module, _source_text(module.file))
         if not as_json:
             click.echo(f"{file}: {describe(module)}")
-            for warning in warnings:
-                click.echo(f"{file}: warning: {warning}", err=True)
+            print_warnings(file, warnings)
         fits = report_plans(module, as_json, collect=checked, warnings=warnings)
     elif emit == "summary":  # the plans summarized (every plan without --transition), checked: an unfit one is the error
-        from nereus.passes.feasibility import require_fit
+        from nereus.passes.infeasible import require_fit
 
         try:
             named = {plan for pair in pairs for plan in pair} if transition else {p.name for p in module.plans}
@@ -226,9 +236,9 @@ def compile_command(file, transition, overrides, emit, output, as_json, time_pas
     elif emit == "json" and rank is not None:
         from nereus.backends.rank_json import rank_program_json
 
-        text = json.dumps(rank_program_json(results[0], rank), separators=(",", ":"))
+        text = json.dumps(rank_program_json(results[0], rank, int(program_version)), separators=(",", ":"))
     elif emit == "json":
-        text = json.dumps(program_json(results[0]), separators=(",", ":"))
+        text = json.dumps(program_json(results[0], int(program_version)), separators=(",", ":"))
     elif emit == "dag":
         from nereus.backends.text import dag_text
 

@@ -144,8 +144,15 @@ def simulate_command(trace, as_json, plot_path, margin, show_steps, estimate_tra
         say(f"{name:8s} {s['steps_run']:9d} {failed:>9s} {_fmt(s['mean_step_s']):>12s} {s['total_s']:10.1f} "
                    f"{gap:>10s} {s['transitions']:11d} {s['transition_s']:12.2f} {100 * s['transition_share']:7.3f}% "
                    f"{ctl:>11s}")
+    for name, s in result["policies"].items():
+        if s["failed_at"] is not None and s.get("failed_why"):
+            say(f"{name} failed at step {s['failed_at']}: {s['failed_why']}")
     common = next(iter(result["policies"].values()))["common_steps"]
-    if common < len(result["steps"]):
+    if common == 0:  # nothing to compare on: say so, not "over the 0 steps"
+        idle = [name for name, s in result["policies"].items() if s["steps_run"] == 0]
+        say(f"no step is common to every policy ({', '.join(idle)} ran no step): "
+            "each policy is summarised over the steps it ran")
+    elif common < len(result["steps"]):
         say(f"over the {common} steps every policy ran: " + ", ".join(
             f"{name} {_fmt(s['common_mean_step_s'])} s/step" for name, s in result["policies"].items()))
     if plot_path:

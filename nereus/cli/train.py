@@ -184,7 +184,8 @@ def unfit_plans(module, drifts: list[tuple[int, str]]) -> list[str]:
     (gloo) memory is not the cluster's, and on GPUs the declared cluster may not be the
     machine; but a GPU run of such a plan runs out of memory."""
     import nereus.ir as ir
-    from nereus.passes.feasibility import check_plan, infeasible_error
+    from nereus.passes.feasibility import check_plan
+    from nereus.passes.infeasible import infeasible_error
 
     out, unfit = [], set()
 

@@ -63,7 +63,7 @@ def _on_grid(response: float) -> int:
 
 
 def plan_key(plan: Plan) -> tuple:
-    return tuple((str(p.model_stage), p.dp, p.tp, p.pp, p.offload, p.gpus) for p in plan.placements)
+    return tuple((str(p.model_stage), p.dp, p.tp, p.pp, p.offload, p.gpus, p.zero, p.ep) for p in plan.placements)
 
 
 def predict_plan(module: Module, workload: Workload, cost: CostModel, plan: Plan, gpus: Optional[int] = None,
@@ -323,8 +323,9 @@ class Controller:
                 before = self.plan.placement(ms)
             except KeyError:
                 before = None
-            if before is not None and (before.dp, before.tp, before.pp, before.offload, before.gpus) == \
-                    (placement.dp, placement.tp, placement.pp, placement.offload, placement.gpus):
+            if before is not None and (before.dp, before.tp, before.pp, before.offload, before.gpus, before.zero,
+                                       before.ep) == (placement.dp, placement.tp, placement.pp, placement.offload,
+                                                      placement.gpus, placement.zero, placement.ep):
                 continue  # the same layout on the same GPUs: its error cancels in the difference
             fitted = self.cost.relative_error(ms)
             error = fitted if math.isfinite(fitted) else self.settings.default_error

@@ -21,8 +21,11 @@ of x bytes; 0 when t = 1).
                 `recompute full` (Korthikanti et al.: one extra forward), else 1
     tp        = (M + p − 1)·L_p·4·AR(b·S·h·2, t, B_intra)
     pp        = 2(p − 1)·[λ + b·S·h·2/(t·B_pp)]
-    dp        = AR(2Ψ_g, d, B_dp)                   (gradient all-reduce, not overlapped)
-    optimizer = 28·Ψ_g/W                            (Adam: grad+master+m+v read, written)
+    dp        = AR(2Ψ_g, d, B_dp)                   (gradient all-reduce, not overlapped; under
+                `zero 1` a reduce-scatter and an all-gather of the same bytes, under `zero 3`
+                1.5× (weights gathered for forward and backward): the ZeRO paper, §7)
+    optimizer = 28·Ψ_g/W                            (Adam: grad+master+m+v read, written; /d
+                under zero ≥ 1: each replica updates its chunk)
   inference:
     compute   = (M + p − 1)·[L_p·τ_layer(forward, b, S) + head(forward)]
     tp        = (M + p − 1)·L_p·2·AR(b·S·h·2, t, B_intra);   pp = (p − 1)·[λ + b·S·h·2/(t·B_pp)]
@@ -69,6 +72,8 @@ LATENCY_INTRA = 8e-6
 LATENCY_INTER = 25e-6
 HOST_LINK_BYTES_PER_S = 25e9
 ADAM_BYTES_PER_PARAM = 28
+# ZeRO-3 moves 3Ψ per step against data parallelism's 2Ψ (Rajbhandari et al. 2019, §7.2.2)
+ZERO3_COMMUNICATION = 1.5
 RECOMPUTE_FULL_FACTOR = 4.0 / 3.0  # one more forward per forward+backward (fwd 1 + bwd 2 + refwd 1)
 
 
@@ -82,6 +87,7 @@ class Layout:
     offload: bool = False
     waves: int = 1
     spans_nodes: bool = True  # the model-stage's GPUs cover more than one node
+    zero: int = 0  # ZeRO stage of a training unit (0 elsewhere)
 
 
 def _allreduce(nbytes: float, ranks: int, bandwidth: float, latency: float) -> float:
@@ -159,8 +165,8 @@ def stage_terms(module: Module, workload: Workload, model_stage: ModelStage, lay
         phi[2] = hops * (lat_pp + micro * seq * h * nbytes / (t * b_pp)) if p > 1 else 0.0
         params = _stage_params(model, t, p)
         if stage == "training":
-            phi[3] = _allreduce(nbytes * params, d, b_dp, lat_dp)
-            phi[4] = ADAM_BYTES_PER_PARAM * params / hbm
+            phi[3] = _allreduce(nbytes * params, d, b_dp, lat_dp) * (ZERO3_COMMUNICATION if layout.zero >= 3 else 1.0)
+            phi[4] = ADAM_BYTES_PER_PARAM * params / hbm / (d if layout.zero else 1)
         elif layout.offload:
             phi[5] = nbytes * params / HOST_LINK_BYTES_PER_S
         return phi
@@ -190,7 +196,8 @@ def layout_of(module: Module, placement, waves: int = 1) -> Layout:
     per_node = module.cluster.gpus_per_node
     first = placement.gpus[0] // per_node
     spans = any(g // per_node != first for g in placement.gpus)
-    return Layout(placement.dp, placement.tp, placement.pp, placement.offload, waves, spans)
+    zero = placement.zero if placement.model_stage.stage == "training" else 0
+    return Layout(placement.dp, placement.tp, placement.pp, placement.offload, waves, spans, zero)
 
 
 def workload_key(workload: Workload) -> tuple:

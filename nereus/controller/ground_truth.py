@@ -22,7 +22,9 @@ Composition (each a different structure from the cost model's):
   training      fwdbwd per layer, + one measured forward per layer under `recompute full`;
                 TP: 4 ring all-reduces per layer and microbatch at 80% (intra) bus efficiency;
                 DP: gradient all-reduce at 60% inter-node efficiency, 30% hidden under the
-                backward; Adam: 30 bytes per parameter at 85% of HBM bandwidth
+                backward; Adam: 30 bytes per parameter at 85% of HBM bandwidth. ZeRO 1: the
+                same DP bytes (reduce-scatter, all-gather), Adam on the replica's 1/dp chunk;
+                ZeRO 3: also the weights all-gathered for the forward, not hidden
   inference     forward per layer; offloaded weights stream in at 20 GB/s
   generation    w waves; prefill as a pass over the prompt; decode integrates the growing
                 context with an 8-point midpoint rule, max(m, p) microbatch slots per token
@@ -241,7 +243,10 @@ class GroundTruth:
                 + model.hidden * model.vocab / t
             if stage == "training":
                 total += (1 - DP_HIDDEN) * _allreduce(nbytes * params, d, dp_bw, dp_lat)
-                total += ADAM_BYTES * params / (HBM_EFFICIENCY * module.cluster.gpu.hbm_bytes_per_s)
+                if layout.zero >= 3:  # half an all-reduce: one all-gather of the weights
+                    total += 0.5 * _allreduce(nbytes * params, d, dp_bw, dp_lat)
+                adam = ADAM_BYTES * params / (HBM_EFFICIENCY * module.cluster.gpu.hbm_bytes_per_s)
+                total += adam / d if layout.zero else adam
             elif layout.offload:
                 total += nbytes * params / HOST_LINK
             return total

@@ -11,11 +11,17 @@ model-stage on GPUs 0..G−1, stages run one after another, model-stages of a st
 another on the shared GPUs):
   tp divides gpus_per_node (TP groups never straddle nodes: node alignment) and obeys the
   IR's head/kv-head/ffn/vocab rules; pp ≤ layers; tp·pp divides G (the divisor lattice),
-  dp = G/(tp·pp) ≤ batch; inference units may be offloaded to host memory.
+  dp = G/(tp·pp) ≤ batch; inference units may be offloaded to host memory; training units
+  with dp > 1 may shard their state with `zero 1` or `zero 3` (the compiler's memory model
+  counts each replica's chunk; the search counts every replica as replica 0, whose chunk
+  is the largest: an upper bound within a row per tensor). Not searched: expert
+  parallelism and offloaded training or generation, which the cost model does not price
+  (a plan holding them is still judged exactly by `memory.plan_memory`).
 
 Decomposition: a model-stage's latency depends only on its own layout, except generation,
 whose KV waves depend on what else is resident; memory couples all choices through per-GPU
-sums. So: (1) per model-stage candidates with their times and per-GPU memory vectors over
+sums, and offloaded units through each node's host memory (checked on complete
+assignments). So: (1) per model-stage candidates with their times and per-GPU memory vectors over
 one period Q = lcm(tp·pp) of GPU positions (every position ≡ q mod Q holds the same bytes);
 (2) drop candidates dominated in time and in every memory entry; (3) enumerate (generation
 layout, waves w) pairs cheapest first — fixing w makes the KV cache a fixed working set — and
@@ -38,10 +44,10 @@ from typing import Optional
 import numpy as np
 
 from nereus.ir.gpuset import items_for
-from nereus.ir.model import Module, ModelStage, Placement, Plan, Workload
+from nereus.ir.model import ZERO_STAGES, Module, ModelStage, Placement, Plan, Workload
 
 from .cost_model import CostModel, Layout
-from .memory import active_stages, light, unit_memory, waves_for
+from .memory import active_stages, gpu_sequences, light, unit_memory, waves_for
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,8 @@ class Choice:
     tp: int
     pp: int
     offload: bool = False
+    zero: int = 0  # ZeRO stage of a training unit (docs/ir.md)
+    ep: int = 1  # expert parallelism: never searched, kept when a plan is rescaled
 
 
 @dataclass(frozen=True)
@@ -90,6 +98,8 @@ def candidate_choices(module: Module, workload: Workload, model_stage: ModelStag
             if dp > workload.batch:
                 continue
             out.append(Choice(model_stage, dp, tp, pp, False))
+            if model_stage.stage == "training" and dp > 1:
+                out.extend(Choice(model_stage, dp, tp, pp, False, zero) for zero in ZERO_STAGES if zero)
             if allow_offload and model_stage.stage == "inference" and \
                     _fits_host(module, model, model_stage, tp, pp, min(gpus, module.cluster.gpus_per_node)):
                 out.append(Choice(model_stage, dp, tp, pp, True))
@@ -105,13 +115,14 @@ def _fits_host(module: Module, model, model_stage: ModelStage, tp: int, pp: int,
     return largest * per_node <= module.cluster.host_mem_bytes
 
 
-def build_plan(module: Module, choices: dict, gpus: int, name: str) -> Plan:
-    """A Plan placing every model-stage (workload order) on GPUs 0..gpus−1."""
+def build_plan(module: Module, choices: dict, gpus: int, name: str, model_stages=None) -> Plan:
+    """A Plan placing every model-stage (workload order; or those of `model_stages`) on GPUs
+    0..gpus−1."""
     ids = tuple(range(gpus))
     items = items_for(ids)
     placements = tuple(
-        Placement(ms, c.dp, c.tp, c.pp, ids, items, c.offload)
-        for ms in module.workload.model_stages()
+        Placement(ms, c.dp, c.tp, c.pp, ids, items, c.offload, c.zero, ep=c.ep)
+        for ms in (module.workload.model_stages() if model_stages is None else model_stages)
         for c in [choices[ms]]
     )
     return Plan(name, None, placements, placements)
@@ -123,6 +134,7 @@ class _Candidate:
     seconds: float  # for generation: seconds at one wave
     resident: np.ndarray  # [stages, Q]
     working: np.ndarray  # [Q] (generation: per sequence)
+    host: np.ndarray  # [nodes]: offloaded bytes in each node's host memory (zeros unless offloaded)
 
 
 class _Space:
@@ -137,6 +149,8 @@ class _Space:
         self.allow_waves = allow_waves
         self.stages = active_stages(workload)
         self.capacity = float(module.cluster.usable_gpu_bytes)
+        self.host_capacity = float(module.cluster.host_mem_bytes)
+        self._no_host = np.zeros(-(-gpus // module.cluster.gpus_per_node))
         self.spans_nodes = gpus > module.cluster.gpus_per_node
         self.model_stages = [ms for ms in workload.model_stages()]
         self.choices = {ms: candidate_choices(module, workload, ms, gpus, allow_offload) for ms in self.model_stages}
@@ -161,21 +175,34 @@ class _Space:
             if len(self._memo) > 20_000:
                 self._memo.clear()
             ms = choice.model_stage
-            unit = unit_memory(self.module, self.workload, ms, choice.dp, choice.tp, choice.pp, choice.offload)
+            unit = unit_memory(self.module, self.workload, ms, choice.dp, choice.tp, choice.pp, choice.offload,
+                               choice.zero, choice.ep, every_replica=False)
             res, work = unit.vectors(self.period)
             resident = np.zeros((len(self.stages), self.period))
             own = self.stages.index(ms.stage)
             for x in range(len(self.stages)):
                 if not choice.offload or x == own:
                     resident[x] = res
-            vectors = self._memo[key] = (resident, work)
-        return _Candidate(choice, self.seconds(choice, 1), vectors[0], vectors[1])
+            vectors = self._memo[key] = (resident, work, self._host(unit) if choice.offload else self._no_host)
+        return _Candidate(choice, self.seconds(choice, 1), *vectors)
+
+    def _host(self, unit) -> np.ndarray:
+        """Bytes an offloaded unit on GPUs 0..G−1 keeps in each node's host memory."""
+        width = self.module.cluster.gpus_per_node
+        per_gpu = np.tile(unit.host_vector(self.period), self.gpus // self.period)
+        return np.add.reduceat(per_gpu, np.arange(0, self.gpus, width))
+
+    def host_fits(self, chosen) -> bool:
+        """Whether the offloaded units among `chosen` (_Candidates) fit every node's host memory
+        together (each was offered only if it fits alone)."""
+        offloaded = [c.host for c in chosen if c.choice.offload]
+        return len(offloaded) < 2 or bool((sum(offloaded) <= self.host_capacity).all())
 
     def seconds(self, choice: Choice, waves: int) -> float:
         key = (choice, waves)
         value = self._gen_seconds.get(key)
         if value is None:
-            layout = Layout(choice.dp, choice.tp, choice.pp, choice.offload, waves, self.spans_nodes)
+            layout = Layout(choice.dp, choice.tp, choice.pp, choice.offload, waves, self.spans_nodes, choice.zero)
             value = self.cost.predict(self.workload, choice.model_stage, layout)
             self._gen_seconds[key] = value
         return value
@@ -192,11 +219,11 @@ class _Space:
         seconds, waves = 0.0, {}
         gen_working = np.zeros(self.period)
         for g in generation:
-            replica_batch = math.ceil(self.workload.batch / g.choice.dp)
-            w = waves_for(cap - resident[x_gen], g.working, replica_batch, self.allow_waves)
+            sequences = gpu_sequences(self.workload.batch, g.choice.dp, g.choice.ep)
+            w = waves_for(cap - resident[x_gen], g.working, sequences, self.allow_waves)
             if w == 0:
                 return None
-            gen_working = np.maximum(gen_working, g.working * math.ceil(replica_batch / w))
+            gen_working = np.maximum(gen_working, g.working * math.ceil(sequences / w))
             waves[g.choice.model_stage] = w
             seconds += self.seconds(g.choice, w)
         if x_gen >= 0 and (resident[x_gen] + np.maximum(working[x_gen], gen_working) > cap).any():
@@ -210,7 +237,7 @@ def _pareto(candidates: list[_Candidate]) -> list[_Candidate]:
     ordered = sorted(candidates, key=lambda c: c.seconds)
     if not ordered:
         return []
-    rows = np.array([np.concatenate(([c.seconds], c.resident.ravel(), c.working.ravel())) for c in ordered])
+    rows = np.array([np.concatenate(([c.seconds], c.resident.ravel(), c.working.ravel(), c.host)) for c in ordered])
     kept: list[int] = []
     for i in range(len(ordered)):
         if not kept or not (rows[kept] <= rows[i]).all(axis=1).any():
@@ -246,7 +273,7 @@ def _incumbent(space: _Space, plan: Optional[Plan]):
             p = plan.placement(ms)
         except KeyError:
             return None
-        choice = Choice(ms, p.dp, p.tp, p.pp, p.offload)
+        choice = Choice(ms, p.dp, p.tp, p.pp, p.offload, p.zero if ms.stage == "training" else 0, p.ep)
         if p.gpus != ids or choice not in space.choices[ms]:
             return None
         choices[ms] = choice
@@ -263,7 +290,7 @@ def _incumbent(space: _Space, plan: Optional[Plan]):
         working[x] = np.maximum(working[x], c.working)
         seconds += c.seconds
     done = space.finish(resident, working, gens)
-    if done is None:
+    if done is None or not space.host_fits([space.candidate(c) for c in choices.values()]):
         return None
     return seconds + done[0], choices, done[1]
 
@@ -363,7 +390,7 @@ def search_plan(module: Module, workload: Workload, cost: CostModel, gpus: int, 
         heap = []
         waves_of = []
         for k, g in enumerate(gen_lists[0]):
-            replica_batch = math.ceil(workload.batch / g.choice.dp)
+            replica_batch = gpu_sequences(workload.batch, g.choice.dp, g.choice.ep)
             waves_of.append((_wave_counts(replica_batch) if allow_waves else (1,), replica_batch))
             heapq.heappush(heap, (space.seconds(g.choice, waves_of[k][0][0]), waves_of[k][0][0], k, 0))
         while heap:
@@ -380,7 +407,7 @@ def search_plan(module: Module, workload: Workload, cost: CostModel, gpus: int, 
             def leaf(seconds, resident, work, g=g, w=w):
                 state["leaves"] += 1
                 total = seconds  # descend started from gen_seconds
-                if total < state["seconds"]:
+                if total < state["seconds"] and space.host_fits(chosen + [g]):
                     choices = {c.choice.model_stage: c.choice for c in chosen + [g]}
                     state["seconds"], state["best"] = total, (total, choices, {g.choice.model_stage: w})
 
@@ -394,7 +421,7 @@ def search_plan(module: Module, workload: Workload, cost: CostModel, gpus: int, 
                 continue
             state["leaves"] += 1
             done = space.finish(resident, working, list(gens))
-            if done is None:
+            if done is None or not space.host_fits(chosen + list(gens)):
                 continue
             total = seconds + done[0]
             if total < state["seconds"]:
@@ -427,8 +454,10 @@ def brute_force_plan(module: Module, workload: Workload, cost: CostModel, gpus: 
             x = space.stages.index(c.choice.model_stage.stage)
             working[x] = np.maximum(working[x], c.working)
             seconds += c.seconds
+        if seconds + sum(g.seconds for g in gens) >= best_seconds:
+            continue  # generation at one wave is its fastest: this combination cannot win
         done = space.finish(resident, working, gens)
-        if done is None:
+        if done is None or not space.host_fits(combo):
             continue
         total = seconds + done[0]
         if total < best_seconds:

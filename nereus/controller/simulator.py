@@ -34,7 +34,8 @@ step (`failed_at`) and runs no later step (`steps_run`).
           truth as its cost model) on a geometric grid of responses, ratio `oracle_grid`, per
           GPU budget: the least total time of any plan sequence from C, transitions included
 Summaries: `mean_step_s`, `total_s` (steps + transitions) over the steps a policy ran, and
-`common_mean_step_s`, `common_total_s` over the steps every policy ran.
+`common_mean_step_s`, `common_total_s` over the steps every policy ran (`common_steps`: none
+when a policy failed at step 0); `failed_why` says why a failed policy could not run its step.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from nereus.ir.model import Module, Plan, Workload
 from .admission import AdmissionSettings
 from .controller import Controller, PlanPrediction, plan_key, predict_plan
 from .ground_truth import GroundTruth, LayerTable
+from .memory import plan_memory
 from .oracle import dp_oracle
 from .search import build_plan, search_plan
 from .trace import Trace, TraceError, TraceStep, load_trace  # noqa: F401 - re-exported
@@ -67,19 +69,19 @@ Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
 
 def scaled_plan(module: Module, initial: Plan, gpus: int, name: str = "fixed") -> Optional[Plan]:
-    """The initial plan's TP/PP per model-stage with DP scaled to `gpus` (lowest ids);
-    None when some model-stage's TP x PP needs more than `gpus` GPUs (the fixed policy
-    cannot run there)."""
+    """The initial plan's TP/PP/EP, ZeRO stage and offload per model-stage with DP scaled to
+    `gpus` (lowest ids); None when some model-stage's TP x PP x EP needs more than `gpus`
+    GPUs (the fixed policy cannot run there)."""
     from nereus.ir.gpuset import items_for
 
     from .search import Choice
 
-    if any(p.tp * p.pp > gpus for p in initial.placements):
+    if any(p.tp * p.pp * p.ep > gpus for p in initial.placements):
         return None
     choices = {}
     for p in initial.placements:
-        dp = max(1, gpus // (p.tp * p.pp))
-        choices[p.model_stage] = Choice(p.model_stage, dp, p.tp, p.pp, p.offload)
+        dp = max(1, gpus // (p.tp * p.pp * p.ep))
+        choices[p.model_stage] = Choice(p.model_stage, dp, p.tp, p.pp, p.offload, p.zero, p.ep)
     plan = build_plan(module, choices, gpus, name)
     # build_plan places every unit on 0..gpus−1; trim to the world each unit actually uses
     placements = tuple(replace(p, gpus=p.gpus[: p.world], gpu_set=()) for p in plan.placements)
@@ -121,6 +123,14 @@ class _World:
             self._steps[key] = got
         return got if got.feasible else None
 
+    def why_not(self, index: int, workload: Workload, gpus: int) -> str:
+        """Why plan `index` cannot run a step of `workload` on GPUs 0..gpus−1 (after `step`
+        said it cannot)."""
+        if self.top[index] >= gpus:
+            return f"its plan uses GPU {self.top[index]} and the step has GPUs 0..{gpus - 1}"
+        memory = plan_memory(self.module, workload, self.plans[index])
+        return f"its plan does not fit (response {workload.response}): {memory.why_not()}"
+
     def move(self, source: int, target: int) -> float:
         """True seconds of source → target: fixed per pair (seeded), 0 when they are equal."""
         if source == target:
@@ -142,6 +152,7 @@ class _Run:
     path: list = field(default_factory=list)  # plan index of each step run
     transitions: list = field(default_factory=list)  # (step, seconds, why)
     failed_at: Optional[int] = None
+    failed_why: str = ""  # why it could not run step `failed_at`
     overhead_s: list = field(default_factory=list)  # controller wall seconds per step (decide + observe)
     overhead_cpu_s: list = field(default_factory=list)  # the same in CPU seconds of this thread
     searches: int = 0
@@ -152,7 +163,7 @@ class _Run:
         run, spent = sum(self.latencies), sum(s for _, s, _ in self.transitions)
         steps = len(self.latencies)
         shared = sum(self.latencies[:common]) + sum(s for i, s, _ in self.transitions if i < common)
-        out = {"steps_run": steps, "failed_at": self.failed_at,
+        out = {"steps_run": steps, "failed_at": self.failed_at, "failed_why": self.failed_why or None,
                "mean_step_s": run / steps if steps else None, "total_s": run + spent,
                "transitions": len(self.transitions), "transition_s": spent,
                "transition_share": spent / (run + spent) if run + spent else 0.0,
@@ -299,6 +310,8 @@ def simulate(trace: Trace, margin: float = 0.1, policies=POLICIES, transition_me
                     scaled = scaled_plan(module, initial, step.gpus)
                     if scaled is None:  # fewer GPUs than one replica of some model-stage
                         run.failed_at = i
+                        run.failed_why = (f"the step has {step.gpus} GPUs, fewer than one replica of a model-stage "
+                                          f"of plan {initial.name} needs")
                         continue
                     target, why = world.add(scaled), f"rescale DP to {step.gpus} GPUs"
             else:
@@ -325,6 +338,9 @@ def simulate(trace: Trace, margin: float = 0.1, policies=POLICIES, transition_me
                 got = world.step(run.plan, workload, step.gpus)
             if got is None:
                 run.failed_at = i
+                run.failed_why = world.why_not(run.plan, workload, step.gpus)
+                if controller is not None:
+                    run.failed_why += ", and its search found no plan that does"
                 continue
             run.latencies.append(got.step_s)
             run.path.append(run.plan)
@@ -350,7 +366,8 @@ def simulate(trace: Trace, margin: float = 0.1, policies=POLICIES, transition_me
     if "oracle" in policies:
         _oracle_candidates(world, trace, oracle_grid, progress)
         best, _ = _oracle(world, trace, start, progress)
-        run = _Run("oracle", start, failed_at=best.failed_at)
+        run = _Run("oracle", start, failed_at=best.failed_at,
+                   failed_why="no plan of its candidates fits the step" if best.failed_at is not None else "")
         previous = start
         for t, c in enumerate(best.path):  # up to the step no candidate runs, if any
             if c != previous:

@@ -81,6 +81,19 @@ class ProgramError(NereusError):
     """A rank program (JSON) that is malformed or fails verification."""
 
 
+class NereusWarning(NereusError):
+    """A located warning: printed like an error (`file:line:col: warning: ...`, the source
+    line, a caret, a hint), but never raised: the command reports it on stderr (in
+    `--json` output, as `text()` in its "warnings" list) and goes on."""
+
+    kind = "warning"
+
+    def text(self) -> str:
+        """One line: `file:line:col: message; hint: ...` (for JSON lists of warnings)."""
+        head = f"{self.loc}: " if self.loc is not None else ""
+        return f"{head}{self.message}" + (f"; hint: {self.hint}" if self.hint else "")
+
+
 class SettingError(NereusError):
     """An environment variable (or option) whose value Nereus cannot use."""
 

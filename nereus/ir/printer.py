@@ -138,16 +138,21 @@ def print_plan(plan: Plan) -> list[Line]:
     entries = plan.declared
     if not entries:
         return [(anchor, head + " }")]
-    meshes = [_mesh_cells(p) for p in entries]
+    body = [(anchor + (str(p.model_stage),), f"  {line}") for p, line in zip(entries, placement_lines(entries))]
+    return [(anchor, head)] + body + [(anchor + ("}",), "}")]
+
+
+def placement_lines(placements: Sequence[Placement]) -> list[str]:
+    """The plan lines of `placements` (no indent), aligned into columns as in a plan."""
+    meshes = [_mesh_cells(p) for p in placements]
     mesh_widths = [max(len(cells[i]) for cells in meshes) for i in range(len(meshes[0]))]
     rows = []
-    for p, cells in zip(entries, meshes):
+    for p, cells in zip(placements, meshes):
         mesh = " ".join(cell.ljust(width) for cell, width in zip(cells, mesh_widths) if width)
         gpus = format_gpu_set(p.gpu_set or items_for(p.gpus))
         flags = " ".join(f for f in ("offload" if p.offload else "", f"zero {p.zero}" if p.zero else "") if f)
         rows.append((str(p.model_stage), mesh, f"on {gpus}", flags))
-    body = [(anchor + (str(p.model_stage),), f"  {line}") for p, line in zip(entries, _aligned(rows))]
-    return [(anchor, head)] + body + [(anchor + ("}",), "}")]
+    return _aligned(rows)
 
 
 def print_lines(module: Module) -> list[list[Line]]:

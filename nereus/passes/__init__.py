@@ -72,7 +72,7 @@ def compile_transition(module: Module, source: str, target: str, *, pipeline: Op
     manager = PassManager(text, print_after_all=print_after_all)
     with paused_gc():
         if check_fit:
-            from .feasibility import require_fit
+            from .infeasible import require_fit
 
             require_fit(module, source, target)
         state = manager.run(CompileState(module, source, target))
@@ -141,7 +141,8 @@ def summarize(compiled: CompiledTransition) -> dict:
                       "inter_node": cost.bytes_inter, "staged": cost.bytes_staged, "kept": cost.bytes_kept},
             "lower_bound_bytes": cost.lower_bound,
             "predicted_seconds": cost.seconds,
-            "peak_memory": _peak_json(cost.peak),
+            "bounds": _bounds_json(program, cost),
+            "peak_memory": _peak_json(cost.peak, state.module, compiled.source, compiled.target),
             "resource_edges": _edge_counts(sched),
             "chunked": sched.chunked,
             "notes": list(sched.notes),
@@ -151,13 +152,71 @@ def summarize(compiled: CompiledTransition) -> dict:
     return out
 
 
-PEAK_WARNING_FRACTION = 0.95  # above this the summary warns: a transition on the edge of its GPUs
+# The share of a GPU's memory a transition's peak must leave free: the CUDA context (a few
+# hundred MiB on H100/H200), NCCL's channel buffers and the caching allocator's rounding and
+# fragmentation take it, and the compiler counts none of them. The resources pass fills the
+# usable memory, mem x (1 - reserve), with transfer buffers by design (fewer, larger chunks),
+# so a peak at 100% of it is normal, and the cluster's `reserve` is what keeps this share
+# free: with reserve >= FREE_MARGIN no transition warns (the verifier proves the peak within
+# the usable memory). 5%: the bundled examples' reserve, the room their comments give the
+# CUDA context and allocator slack.
+FREE_MARGIN = 0.05
 
 
-def _peak_json(peak) -> dict:
+def _peak_json(peak, module, source: str, target: str) -> dict:
+    """The peak of the worst GPU, what it leaves of the GPU's whole memory, and a warning with
+    a hint when that is below FREE_MARGIN (`peak_warning`)."""
+    from dataclasses import replace
+
+    cluster = module.cluster
+    limit = replace(cluster, reserve=FREE_MARGIN).usable_gpu_bytes  # the same rounding as usable memory
+    warning = peak.bytes > limit
     return {"gpu": peak.gpu, "round": peak.round, "bytes": peak.bytes, "capacity_bytes": peak.capacity_bytes,
-            "headroom_bytes": peak.headroom_bytes, "fraction": peak.fraction,
-            "warning": peak.fraction > PEAK_WARNING_FRACTION}
+            "headroom_bytes": peak.headroom_bytes, "fraction": peak.fraction, "gpu_bytes": cluster.gpu.mem_bytes,
+            "free_bytes": cluster.gpu.mem_bytes - peak.bytes, "free_margin": FREE_MARGIN, "warning": warning,
+            "hint": peak_hint(module, source, target) if warning else None}
+
+
+def peak_hint(module, source: str, target: str) -> str:
+    """What makes the peak warning go away: the `reserve` that keeps FREE_MARGIN free, when
+    both plans fit with it (then the scheduler keeps the peak within it); else what the plans
+    need first."""
+    from dataclasses import replace
+
+    from nereus.ir.units import format_fraction, human_bytes
+
+    from .feasibility import check_plan
+
+    cluster = module.cluster
+    wanted = format_fraction(FREE_MARGIN)
+    if cluster.reserve >= FREE_MARGIN:  # only a pipeline without `resources` overflows usable memory
+        return "keep the `resources` pass in --pipeline: it schedules the transition within the usable memory"
+    roomy = replace(module, cluster=replace(cluster, reserve=FREE_MARGIN))
+    for name in (source, target):
+        report = check_plan(roomy, name)
+        if not report.feasible:
+            worst = report.worst
+            return (f"`reserve {wanted}` in cluster {cluster.name} would keep it free, but plan {name} does not fit "
+                    f"with it (GPU {worst.gpu} needs {human_bytes(worst.bytes)} in {worst.stage}, "
+                    f"{human_bytes(report.capacity_bytes)} usable): `nereusc check {_file(module)} --set "
+                    f"cluster.reserve={wanted}` names placements of it that fit")
+    return (f"set `reserve {wanted}` in cluster {cluster.name} (now {format_fraction(cluster.reserve)}): the "
+            f"scheduler then keeps "
+            f"{human_bytes(cluster.gpu.mem_bytes - roomy.cluster.usable_gpu_bytes)} of every GPU free, "
+            f"and both plans fit with it")
+
+
+def _file(module) -> str:
+    return module.file if module.file and not module.file.startswith("<") else "FILE"
+
+
+def _bounds_json(program, cost) -> dict:
+    """The link bounds (`cost.link_bounds`): the busiest node's NIC and the average NIC."""
+    from .cost import link_bounds
+
+    b = link_bounds(program, cost)
+    return {"busiest_nic_seconds": b.busiest_nic_seconds, "busiest_node": b.busiest_node,
+            "average_nic_seconds": b.aggregate_seconds}
 
 
 def _edge_counts(schedule) -> dict:

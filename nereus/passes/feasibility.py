@@ -39,7 +39,8 @@ response, h = hidden, a = heads, t = tp, L_p = layers on the GPU's PP stage, V =
     with the workload's `recompute selective` 34·s·b·h/t (attention core recomputed, the
     FlashAttention case), with `recompute full` 2·s·b·h (layer inputs only);
     for L_p layers, with 1F1B keeping (pp − stage) microbatches in flight on a stage;
-    plus fp32 logits 4·b·s·V/t on the last stage (log-probs and entropy).
+    plus fp32 logits 4·b·s·V/t on the last stage (log-probs and entropy; a value head's
+    4·b·s values are not split by tp, here and below).
   - mixture of experts (ep, qwen3_moe): expert weights count on the EP rank that holds
     them (experts / ep whole experts per GPU, TP-split inside), with their grads and Adam
     state in training, like every other weight; attention, router, embed and head on every
@@ -60,9 +61,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from nereus.models import pp_layer_range
-from nereus.ir.diagnostics import InfeasibleError
 from nereus.ir.model import STAGES, Model, Module, Placement, Plan
-from nereus.ir.units import human_bytes
 
 from .layout import kind_volume, shard_elements, zero_shard_elements
 
@@ -117,6 +116,14 @@ def _dispatch_bytes(model: Model, tokens: int) -> int:
     return 2 * tokens * model.experts_per_token * model.hidden * model.dtype_bytes if model.experts else 0
 
 
+def _logits_per_token(model: Model, tp: int) -> int:
+    """fp32 outputs of the head per token on a last-stage GPU: V/t logits of a vocab-parallel
+    lm head (validation makes tp divide vocab), one value of a value head (not split). Whole
+    bytes per token, so the working set is linear in the tokens: the controller sizes the
+    KV cache per sequence (nereus.controller.memory) and gets these bytes exactly."""
+    return 4 * (model.vocab // tp if model.head == "lm" else 1)
+
+
 def working_bytes_per_gpu(module: Module, model: Model, stage: str, dp: int, tp: int, pp: int,
                           pp_stage: int, ep: int = 1) -> dict[str, int]:
     """Working bytes on one GPU of a unit at (dp, tp, pp, pp_stage, ep) during its own
@@ -126,7 +133,6 @@ def working_bytes_per_gpu(module: Module, model: Model, stage: str, dp: int, tp:
     lo, hi = pp_layer_range(model.layers, pp, pp_stage)
     layers_here = hi - lo
     last = pp_stage == pp - 1
-    vocab = model.vocab if model.head == "lm" else 1
     micro = workload.microbatch
     if stage == "generation":
         # ceil: the largest share; the EP ranks of a replica decode different sequences
@@ -135,12 +141,12 @@ def working_bytes_per_gpu(module: Module, model: Model, stage: str, dp: int, tp:
         per_token = 2 * layers_here * kv_per_rank * model.head_dim * model.dtype_bytes
         out = {"kv_cache": per_token * sequences * seq}
         if last:
-            out["logits"] = 4 * sequences * vocab // tp
+            out["logits"] = sequences * _logits_per_token(model, tp)
         if layers_here and model.experts:
             out["dispatch"] = _dispatch_bytes(model, sequences)  # one decode step's tokens
         return out
     act = _activation_bytes_per_layer(model, seq, micro, tp, workload.recompute)
-    logits = 4 * micro * seq * vocab // tp if last else 0
+    logits = micro * seq * _logits_per_token(model, tp) if last else 0
     if stage == "training":
         in_flight = pp - pp_stage
         out = {"activations": int(act * layers_here * in_flight)}
@@ -210,6 +216,34 @@ class FeasibilityReport:
                          "overflowing": [{"node": node, "bytes": n} for node, n in self.host_overflowing[:16]]}}
 
 
+def unit_resident_bytes(model: Model, stage: str, dp: int, tp: int, pp: int, pp_stage: int, ep: int = 1,
+                        zero: int = 0, replica: int = 0) -> dict[str, int]:
+    """Resident bytes by kind on one GPU of pipeline stage `pp_stage` of replica `replica` of a
+    (dp, tp, pp, ep, zero) unit of `model` in `stage` (zero counts in training only). With
+    `unit_working_bytes`, the per-GPU rule that this pass and the controller's plan search
+    (nereus.controller.memory) both apply."""
+    zero = zero if stage == "training" else 0
+    return model_state_bytes_per_gpu(model, stage, tp, pp, pp_stage, dp, zero, replica, ep=ep)
+
+
+def unit_working_bytes(module: Module, model: Model, stage: str, dp: int, tp: int, pp: int, pp_stage: int,
+                       ep: int = 1, zero: int = 0) -> dict[str, int]:
+    """Working bytes by kind on one GPU of pipeline stage `pp_stage` of such a unit during its
+    own stage (the same on every replica): `working_bytes_per_gpu`, plus ZeRO-3's gathered
+    layers in training."""
+    working = working_bytes_per_gpu(module, model, stage, dp, tp, pp, pp_stage, ep)
+    if stage == "training" and zero >= 3:
+        working = dict(working, gathered=gathered_bytes_per_gpu(model, tp))
+    return working
+
+
+def host_held_bytes(resident: dict[str, int]) -> int:
+    """Of a GPU's resident bytes by kind, what an offloaded unit keeps in host memory between
+    its stages: weights and optimizer state; gradients are not kept between steps (they are
+    zeroed at the boundary)."""
+    return sum(n for kind, n in resident.items() if kind != "grads")
+
+
 def _placement_contributions(module: Module, placement: Placement):
     """Yield (gpus, resident_by_kind, working_by_kind) once per PP stage: every TP rank and
     replica of a stage holds the same amount (every TP rank of a replica under zero, whose
@@ -217,14 +251,11 @@ def _placement_contributions(module: Module, placement: Placement):
     model = module.model(placement.model_stage.model)
     stage = placement.model_stage.stage
     zero = placement.zero if stage == "training" else 0
-    for p in range(placement.pp):
-        working = working_bytes_per_gpu(module, model, stage, placement.dp, placement.tp, placement.pp, p,
-                                        placement.ep)
-        if zero >= 3:
-            working = dict(working, gathered=gathered_bytes_per_gpu(model, placement.tp))
-        for r in range(placement.dp) if zero else (None,):
-            resident = model_state_bytes_per_gpu(model, stage, placement.tp, placement.pp, p, placement.dp, zero,
-                                                 r or 0, ep=placement.ep)
+    dp, tp, pp, ep = placement.dp, placement.tp, placement.pp, placement.ep
+    for p in range(pp):
+        working = unit_working_bytes(module, model, stage, dp, tp, pp, p, ep, zero)
+        for r in range(dp) if zero else (None,):
+            resident = unit_resident_bytes(model, stage, dp, tp, pp, p, ep, zero, r or 0)
             yield _gpus_of_pp_stage(placement, p, r), resident, working
 
 
@@ -339,9 +370,7 @@ def offloaded_host_bytes(module: Module, plan: Plan) -> dict[int, int]:
         if not placement.offload:
             continue
         for gpus, resident, _ in _placement_contributions(module, placement):
-            # gradients are not kept between steps (they are zeroed at the boundary): the
-            # weights and the optimizer state wait on the host
-            total = sum(n for kind, n in resident.items() if kind != "grads")
+            total = host_held_bytes(resident)
             for gpu in gpus:
                 per_node[gpu // width] = per_node.get(gpu // width, 0) + total
     return per_node
@@ -349,47 +378,3 @@ def offloaded_host_bytes(module: Module, plan: Plan) -> dict[int, int]:
 
 def check_module(module: Module) -> list[FeasibilityReport]:
     return [check_plan(module, plan) for plan in module.plans]
-
-
-def _apart(need: int, have: int) -> tuple[str, str]:
-    """`need` and `have` in one human unit each, with more digits where that rounding
-    would print them equal ("needs 2.1 MiB but has 2.1 MiB")."""
-    need_text, have_text = human_bytes(need), human_bytes(have)
-    if need_text == have_text and need != have:
-        return f"{need:,} B", f"{have:,} B"
-    return need_text, have_text
-
-
-def infeasible_error(plan: Plan, report: FeasibilityReport, source: str | None = None) -> InfeasibleError:
-    """The error `nereusc check` prints for a plan that does not fit, at the plan's name:
-    the worst GPU and stage, and the largest contributor in the hint. One wording for the
-    check and for every command that refuses an infeasible plan."""
-    worst = report.worst
-    if not report.overflowing and report.host_overflowing:  # the GPUs fit; host memory does not
-        node, used = report.host_overflowing[0]
-        used_text, has_text = _apart(used, report.host_capacity_bytes)
-        return InfeasibleError(
-            f"plan {plan.name} does not fit: node {node} holds {used_text} of offloaded state in host memory "
-            f"but has {has_text} ({len(report.host_overflowing)} node(s) overflow)",
-            plan.loc, "offload fewer model-stages, spread their GPUs over more nodes, or raise the cluster's host_mem",
-            source or None, width=len(plan.name) if plan.loc else 1)
-    top = worst.contributors[0]
-    need_text, has_text = _apart(worst.bytes, report.capacity_bytes)
-    return InfeasibleError(
-        f"plan {plan.name} does not fit: GPU {worst.gpu} needs {need_text} in {worst.stage} "
-        f"but has {has_text} ({len(report.overflowing)} GPU x stage pairs overflow)",
-        plan.loc,
-        f"the largest contributor is {top.model_stage} {top.kind} ({human_bytes(top.bytes)}); raise its tp/pp, "
-        f"offload it, or lower the microbatch",
-        source or None, width=len(plan.name) if plan.loc else 1)
-
-
-def require_fit(module: Module, *plans: str) -> None:
-    """Raise `infeasible_error` for the first of `plans` that does not fit (the check is
-    what `nereusc check` runs: a transition into or out of such a plan is refused before
-    any pass spends time on it)."""
-    for name in plans:
-        plan = module.plan(name)
-        report = check_plan(module, plan)
-        if not report.feasible:
-            raise infeasible_error(plan, report)

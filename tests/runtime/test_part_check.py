@@ -5,11 +5,11 @@ receiver expects. A wrong program is refused on every rank, old state intact, wi
 round and op named; with verify=True the checksums compare the source region the
 receiver expects, so a pack from the wrong rows is caught too.
 
-The wrong programs: a send that writes a fused qkv's k rows twice and never its v rows
-(the element count per tensor is right), a sender that packs two segments in another
-order than its receiver unpacks them, a sender whose piece reads the v rows for the k
-rows, and one that labels the v rows as k rows. One launch of 2 gloo processes runs every
-multi-process case.
+The wrong programs (written as v1, the parts' ranges written out member by member): a
+send that writes a fused qkv's k rows twice and never its v rows (the element count per
+tensor is right), a sender that packs two segments in another order than its receiver
+unpacks them, a sender whose piece reads the v rows for the k rows, and one that labels
+the v rows as k rows. One launch of 2 gloo processes runs every multi-process case.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import torch.distributed as dist
 import nereus.ir as ir
 from nereus.backends.json_program import program_json
 from nereus.ir.diagnostics import ProgramError
+from nereus.ir.program import expand_ranges
 from nereus.passes import compile_transition
 from nereus.runtime import part_check
 from nereus.runtime.program import rank_program
@@ -68,7 +69,7 @@ def _qkv_segments(part: dict) -> tuple:
 
 def k_twice(part: dict) -> dict:
     """The send 0 -> 1 writes the k rows twice and never the v rows (same byte count)."""
-    part = copy.deepcopy(part)
+    part = copy.deepcopy(expand_ranges(part))
     _, (_, k, v) = _qkv_segments(part)
     v["box"] = copy.deepcopy(k["box"])
     return part
@@ -76,7 +77,7 @@ def k_twice(part: dict) -> dict:
 
 def k_v_swapped(part: dict) -> dict:
     """The send 0 -> 1 lists the v segment before the k segment."""
-    part = copy.deepcopy(part)
+    part = copy.deepcopy(expand_ranges(part))
     op, (_, k, v) = _qkv_segments(part)
     i, j = op["segments"].index(k), op["segments"].index(v)
     op["segments"][i], op["segments"][j] = v, k
@@ -84,7 +85,8 @@ def k_v_swapped(part: dict) -> dict:
 
 
 def _whole(source: str, target: str) -> dict:
-    return program_json(compile_transition(ir.parse_source(SOURCE, "check.nir"), source, target))
+    """The whole program, its ranges (v2) written out member by member (v1)."""
+    return expand_ranges(program_json(compile_transition(ir.parse_source(SOURCE, "check.nir"), source, target)))
 
 
 # -- one process: the checks themselves ---------------------------------------------------

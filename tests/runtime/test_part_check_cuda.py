@@ -31,7 +31,10 @@ QKV = "actor/layers.0.attn.qkv.weight"
 
 
 def _k_twice(part: dict) -> dict:
-    part = copy.deepcopy(part)
+    """The copy writes the k rows twice and never the v rows (the part written as v1)."""
+    from nereus.ir.program import expand_ranges
+
+    part = copy.deepcopy(expand_ranges(part))
     for rnd in part["rounds"]:
         for op in rnd["ops"]:
             segs = [s for s in op.get("segments", ()) if s["tensor"] == QKV]
