@@ -151,7 +151,7 @@ def check_writes(program: dict, gpu: int) -> None:
                 if pair not in pairs:  # once per pair of units (and keep or not)
                     _check_pair(prefix, _op_name(r, k, op), name, pair, stage, memory)
                     pairs.add(pair)
-                if freed:
+                if freed and reads:  # (a receive reads the sender's shard, not this GPU's)
                     _not_freed(prefix, r, k, op, seg, freed)
                 try:
                     got[(pair[1], name)] += h

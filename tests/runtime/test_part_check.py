@@ -116,6 +116,21 @@ def test_what_no_op_writes_and_a_box_outside_its_tensor_are_named():
         rank_program(program, 1)
 
 
+def test_a_read_after_its_free_is_refused_and_a_receive_from_a_peers_shard_is_not():
+    program = _whole("A", "B")
+    ops = program["rounds"][0]["ops"]
+    late = [op for op in ops if (op["op"] == "send" and op["src"] == 0) or (op["op"] == "free" and op["gpu"] == 0)]
+    program["rounds"] = [{"ops": [op for op in ops if op not in late]}, {"ops": late}]
+    rank_program(program, 1)  # GPU 1 freed its shard of the unit in round 0; round 1 receives GPU 0's
+    rank_program(program, 0)
+    free = next(op for op in late if op["op"] == "free")
+    program["rounds"][1]["ops"].remove(free)
+    program["rounds"][0]["ops"].append(free)
+    with pytest.raises(ProgramError, match=r"round 1, op 0 \(send 0 -> 1\) reads .* from before unit "
+                                           r"actor.generation/0, which round 0 freed"):
+        rank_program(program, 0)
+
+
 def test_sender_and_receiver_digests_differ_when_they_order_a_message_apart():
     program = _whole("A", "B")
     sender, receiver = rank_program(k_v_swapped(program), 0), rank_program(program, 1)
