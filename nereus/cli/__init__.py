@@ -19,6 +19,7 @@ _NEREUSC_COMMANDS = {
     "compile": ("nereus.cli.compile", "compile_command", "Parse, check and compile every transition (default)."),
     "check": ("nereus.cli.check", "check_command", "Parse and validate a .nir file and check every plan's memory."),
     "fmt": ("nereus.cli.fmt", "fmt_command", "Print a .nir file in canonical form."),
+    "search": ("nereus.cli.search", "search_command", "Print the fastest plans that fit a .nir file's workload."),
     "verify": ("nereus.cli.verify", "verify_command", "Replay a JSON rank program and prove it correct."),
 }
 
@@ -64,10 +65,24 @@ class _LazyGroup(click.Group):
 
     def resolve_command(self, ctx, args):
         self._helping = any(arg in ("--help", "-h") for arg in args)
+        if args and args[0] not in self._lazy and not args[0].startswith("-"):
+            self._near_command(ctx, args[0])
         # `nereusc plan.nir` → `nereusc compile plan.nir`
         if self._default and args and args[0] not in self._lazy and not args[0].startswith("-"):
             args = [self._default, *args]
         return super().resolve_command(ctx, args)
+
+    def _near_command(self, ctx, word: str) -> None:
+        """A usage error with a did-you-mean for a word close to a command name (`nereusc
+        chek`); where a bare word means a file (`nereusc FILE`), only for a word that is
+        no existing path and has no '.' or '/' (a file name is left to the command)."""
+        import difflib
+
+        if self._default and (os.path.exists(word) or "." in word or os.sep in word or "/" in word):
+            return
+        near = difflib.get_close_matches(word, list(self._lazy), n=1, cutoff=0.6)
+        if near:
+            ctx.fail(f"No such command '{word}'. Did you mean '{near[0]}'?")
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         """click's main; with `--json` on the command line, a usage error (an unknown
@@ -112,6 +127,7 @@ def nereusc():
     nereusc plan.nir --emit json -o p.json write the rank program of a transition
     nereusc check plan.nir                 parse, validate, memory feasibility
     nereusc fmt plan.nir                   canonical print
+    nereusc search plan.nir --top 3        the fastest plans that fit, as .nir
     nereusc verify p.json                  prove a program correct
     """
 
