@@ -61,7 +61,7 @@ def restore_parked(parking: "Parking", error: BaseException, prog: RankProgram) 
 def _released(prog: RankProgram) -> list:
     """[(round, unit, bytes)] of the before-units this rank releases (first free or
     stage_out), in round order; bytes exclude shards a keep hands over in place."""
-    kept = {(a.src_unit, a.tensor) for w in prog.rounds for a in w.aliases}
+    kept = {(a.src_unit, name) for w in prog.rounds for a in w.aliases for name in a.tensors}
     seen, out = set(), []
     for work in prog.rounds:
         for unit in work.stage_outs + work.frees:
@@ -76,8 +76,8 @@ def replay(prog: RankProgram, resident_bytes: int = 0) -> tuple[list, int]:
     """This rank's memory replay of the program: ([peak bytes of each round], bytes live
     after the last round). A round's peak = resident + live shards after its allocations
     + its message buffers (packed bytes), before its frees; aliased shards count once."""
-    kept = {(a.src_unit, a.tensor) for w in prog.rounds for a in w.aliases}
-    aliased_dst = {(a.dst_unit, a.tensor) for w in prog.rounds for a in w.aliases}
+    kept = {(a.src_unit, name) for w in prog.rounds for a in w.aliases for name in a.tensors}
+    aliased_dst = {(a.dst_unit, name) for w in prog.rounds for a in w.aliases for name in a.tensors}
     live = resident_bytes + sum(i.nbytes for shards in prog.before.values() for i in shards.values())
     allocated: set = set()
     released: set = set()
@@ -94,11 +94,13 @@ def replay(prog: RankProgram, resident_bytes: int = 0) -> tuple[list, int]:
             for name in prog.after.get(unit, {}):
                 alloc(unit, name)
         for piece in work.copies:
-            alloc(piece.dst_unit, piece.tensor)
+            for name in piece.tensors:
+                alloc(piece.dst_unit, name)
         for msg in work.recvs:
             for p in msg.pieces:
-                alloc(p.dst_unit, p.tensor)
-        buffers = sum(p.nbytes for m in work.sends + work.recvs for p in m.pieces if not p.direct)
+                for name in p.tensors:
+                    alloc(p.dst_unit, name)
+        buffers = sum(p.total_bytes for m in work.sends + work.recvs for p in m.pieces if not p.direct)
         peaks.append(live + buffers)
         for unit in work.stage_outs + work.frees:
             if unit not in released:

@@ -86,36 +86,56 @@ def chunk_views(views: list, chunk_bytes: int, alone_bytes: Optional[int] = None
     (default ALONE_BYTES; 0: no such rule) shares no chunk: its chunks hold it alone.
     Depends on shapes and dtypes only (works on meta tensors), so both sides of a stream
     cut it alike."""
-    return [[segment for _, segment in chunk] for chunk in _cut(views, chunk_bytes, alone_bytes)]
+    return [[segment for _, segment, _ in chunk] for chunk in _cut(views, chunk_bytes, alone_bytes)]
 
 
-def _cut(views: list, chunk_bytes: int, alone_bytes: Optional[int]) -> list:
-    """`chunk_views` with each segment as (index of the view it cuts, segment)."""
+def _cut(views: list, chunk_bytes: int, alone_bytes: Optional[int], counts: Optional[list] = None) -> list:
+    """`chunk_views` with each segment as (index of the first view it cuts, segment, how
+    many views). `counts[i]` (default 1) says view i stands for that many views of the
+    same shape, one after the other (a piece of a v2 range moves one region of each of
+    its tensors): cut as that many views would be, with each run of whole views that
+    share a chunk one segment, so the work is per run, not per view."""
     alone_bytes = ALONE_BYTES if alone_bytes is None else alone_bytes
-    chunks, current, used = [], [], 0
-    for index, view in enumerate(views):
+    chunks, current, used, flat = [], [], 0, 0
+    for view, n in zip(views, counts if counts is not None else [1] * len(views)):
+        first, flat = flat, flat + n
         if view.numel() == 0:
             continue
         rows = view.shape[0] if view.dim() else 1
-        row_bytes = _nbytes(view) // rows
-        alone = 0 < alone_bytes <= _nbytes(view)
-        if alone and current:
-            chunks.append(current)
-            current, used = [], 0
-        start = 0
-        while start < rows:
-            take = min(rows - start, max(0, chunk_bytes - used) // row_bytes)
-            if take == 0 and current:
-                chunks.append(current)
-                current, used = [], 0
+        size = _nbytes(view)
+        row_bytes = size // rows
+        alone = 0 < alone_bytes <= size
+        k = 0
+        while k < n:
+            if not alone and size <= chunk_bytes - used:  # whole views from here, as many as fit
+                step = _aligned(size)
+                fit = min(n - k, (chunk_bytes - used - size) // step + 1)
+                current.append((first + k, view, fit))
+                used += fit * step
+                k += fit
+                if used >= chunk_bytes:
+                    chunks.append(current)
+                    current, used = [], 0
                 continue
-            take = max(take, 1)
-            current.append((index, view if take == rows else view[start:start + take]))
-            used += _aligned(take * row_bytes)
-            start += take
-            if used >= chunk_bytes or alone:
+            # one view that does not fit whole: cut along its rows
+            if alone and current:
                 chunks.append(current)
                 current, used = [], 0
+            start = 0
+            while start < rows:
+                take = min(rows - start, max(0, chunk_bytes - used) // row_bytes)
+                if take == 0 and current:
+                    chunks.append(current)
+                    current, used = [], 0
+                    continue
+                take = max(take, 1)
+                current.append((first + k, view if take == rows else view[start:start + take], 1))
+                used += _aligned(take * row_bytes)
+                start += take
+                if used >= chunk_bytes or alone:
+                    chunks.append(current)
+                    current, used = [], 0
+            k += 1
     if current:
         chunks.append(current)
     return chunks
@@ -124,17 +144,22 @@ def _cut(views: list, chunk_bytes: int, alone_bytes: Optional[int]) -> list:
 @dataclass(frozen=True)
 class SegmentPlan:
     """A chunk segment by shape alone: a view (shape, stride, `offset` elements past the
-    tensor's storage offset) of the contiguous local tensor of the stream's view `view`."""
+    tensor's storage offset) of the contiguous local tensor of the stream's view `view`,
+    and with `count` > 1 the same view of each of the `count` stream views from `view`
+    on, packed one after the other `spacing` bytes apart."""
 
     view: int
     shape: tuple
     stride: tuple
     offset: int
+    count: int = 1
+    spacing: int = 0
 
 
 @dataclass(frozen=True)
 class ChunkPlan:
-    """A chunk by shape alone (see `plan_chunks`)."""
+    """A chunk by shape alone (see `plan_chunks`); `offsets` holds each segment's first
+    view's offset (`member_offsets` each view's)."""
 
     segments: tuple  # SegmentPlan
     offsets: tuple
@@ -142,20 +167,41 @@ class ChunkPlan:
     fused: bool
     single: bool  # one contiguous segment: travels in place where it lies in the stream's memory
 
+    @property
+    def views(self) -> int:
+        """How many views (stream tensors' regions) the chunk packs."""
+        return sum(s.count for s in self.segments)
 
-def plan_chunks(views: list, chunk_bytes: int, alone_bytes: Optional[int] = None) -> tuple:
+    def member_offsets(self) -> tuple:
+        """The byte offset of every view of the chunk, in order."""
+        return tuple(o + i * s.spacing for s, o in zip(self.segments, self.offsets) for i in range(s.count))
+
+
+def plan_chunks(views: list, chunk_bytes: int, alone_bytes: Optional[int] = None,
+                counts: Optional[list] = None) -> tuple:
     """The chunks of a stream, once per program: `views` are the pieces' regions as views
     of meta tensors of their local tensors' shapes (storage offset 0), cut as
-    `chunk_views` cuts them. `PeerStream.planned` turns them into views of the live
-    tensors with one `as_strided` per segment, instead of slicing every piece and
-    cutting the stream again on every execution."""
+    `chunk_views` cuts them; `counts[i]` (default 1): view i stands for that many views
+    of the same shape (a piece of several tensors), planned as runs (`_cut`), not one by
+    one. `PeerStream.planned` turns them into views of the live tensors with one
+    `as_strided` per segment and tensor, instead of slicing every piece and cutting the
+    stream again on every execution."""
     out = []
-    for chunk in _cut(views, chunk_bytes, alone_bytes):
-        segments = [v for _, v in chunk]
-        offsets, total = chunk_nbytes(segments)
-        out.append(ChunkPlan(tuple(SegmentPlan(i, tuple(v.shape), tuple(v.stride()), v.storage_offset())
-                                   for i, v in chunk), offsets, total, fused(segments),
-                             IN_PLACE and len(segments) == 1 and segments[0].is_contiguous()))
+    for chunk in _cut(views, chunk_bytes, alone_bytes, counts):
+        total = sum(n for _, _, n in chunk)
+        if total == 1:
+            offsets, nbytes = (0,), _nbytes(chunk[0][1])
+        else:
+            offsets, at = [], 0
+            for _, v, n in chunk:
+                offsets.append(at)
+                at += n * _aligned(_nbytes(v))
+            offsets, nbytes = tuple(offsets), at
+        segments = tuple(SegmentPlan(i, tuple(v.shape), tuple(v.stride()), v.storage_offset(), n,
+                                     _aligned(_nbytes(v)) if n > 1 else 0) for i, v, n in chunk)
+        contiguous = all(v.is_contiguous() for _, v, _ in chunk)
+        out.append(ChunkPlan(segments, offsets, nbytes, total >= FUSED_MIN_SEGMENTS and not contiguous,
+                             IN_PLACE and total == 1 and contiguous))
     return tuple(out)
 
 
@@ -177,10 +223,10 @@ def chunk_nbytes(segments: list) -> tuple:
 def slot_sizes(chunks: list, kind: str, depth: int) -> list:
     """Bytes of each ring slot of a stream cut into `chunks` (see PeerStream): slot i holds
     the chunks i, i + depth, ... that do not travel in place."""
-    return _ring([0 if in_place(c, kind) else chunk_nbytes(c)[1] for c in chunks], depth)
+    return ring_sizes([0 if in_place(c, kind) else chunk_nbytes(c)[1] for c in chunks], depth)
 
 
-def _ring(sizes: list, depth: int) -> list:
+def ring_sizes(sizes: list, depth: int) -> list:
     """Per ring slot, the largest of the chunk sizes (0: in place) it holds in turn."""
     return [max(sizes[i::depth]) for i in range(min(depth, len(sizes)))]
 
@@ -237,7 +283,7 @@ class PeerStream:
         stream.chunks, stream.in_place = [], []
         stream._plans, stream._tensors = plans, tensors  # views are taken from these by `chunk`
         for plan in plans:
-            crossing = any(away[s.view] for s in plan.segments)
+            crossing = any(away[s.view + i] for s in plan.segments for i in range(s.count))
             stream.chunks.append(Chunk(None, plan.offsets, plan.nbytes, not crossing and plan.fused, crossing))
             stream.in_place.append(plan.single and not crossing)
         stream._ring_slots(device, depth)
@@ -248,12 +294,16 @@ class PeerStream:
         chunk = self.chunks[k]
         if chunk.views is None:
             tensors, views = self._tensors, []
-            for s in self._plans[k].segments:
-                tensor = tensors[s.view]
-                if callable(tensor):  # a deferred destination: allocated now, once
-                    tensor = tensors[s.view] = tensor()
-                views.append(tensor.as_strided(s.shape, s.stride, tensor.storage_offset() + s.offset))
+            plan = self._plans[k]
+            for s in plan.segments:
+                for i in range(s.view, s.view + s.count):
+                    tensor = tensors[i]
+                    if callable(tensor):  # a deferred destination: allocated now, once
+                        tensor = tensors[i] = tensor()
+                    views.append(tensor.as_strided(s.shape, s.stride, tensor.storage_offset() + s.offset))
             chunk.views = views
+            if plan.views != len(plan.segments):  # a segment of several views: each view's offset
+                chunk.offsets = plan.member_offsets()
             if self.in_place[k]:  # its ring slot is sized 0
                 chunk.wire = chunk.views[0].reshape(-1).view(torch.uint8)
         return chunk
@@ -263,7 +313,7 @@ class PeerStream:
         # slot i holds chunks i, i + depth, ... that are not in place: sized for the largest
         # (the sum over slots stays within the stream's packed bytes)
         sizes = [0 if wired else c.nbytes for c, wired in zip(self.chunks, self.in_place)]
-        self.slots = [torch.empty(n, dtype=torch.uint8, device=device) for n in _ring(sizes, self.depth)]
+        self.slots = [torch.empty(n, dtype=torch.uint8, device=device) for n in ring_sizes(sizes, self.depth)]
 
     def _replay(self, k: int):
         """Chunk k's Replay (the stream bound first, once), or None."""

@@ -21,7 +21,7 @@ import torch
 from nereus.ir.diagnostics import ProgramError
 
 from . import offload, streams
-from .packing import layout
+from .packing import ALIGN
 from .program import Message, RankProgram
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
@@ -82,10 +82,17 @@ def outgoing(msg: Message, sources: dict, device, in_stream: list, regions: tupl
              views: bool = False) -> Wire:
     """regions: the pieces' source Regions (execution_plan). host_units: before-units read
     from host memory (offloaded or staged out). views: view every piece (checksums), not
-    only the direct ones."""
-    viewed = [regions[i].view(sources[p.src_unit][p.tensor])
-              for i, (p, s) in enumerate(zip(msg.pieces, in_stream)) if views or not s]
-    direct = [v for v, s in zip(viewed, in_stream) if not s] if views else viewed
+    only the direct ones. A piece of several tensors gives one view per tensor, in order."""
+    viewed, direct = [], []
+    for p, streamed, r in zip(msg.pieces, in_stream, regions):
+        if views or not streamed:
+            shards = sources[p.src_unit]
+            for name in p.tensors:
+                view = r.view(shards[name])
+                if views:
+                    viewed.append(view)
+                if not streamed:
+                    direct.append(view)
     # staged or offloaded: host → device, queued (a pinned source records its copy; a
     # pageable one is copied before `to` returns)
     direct = [v.to(device, non_blocking=True) for v in direct]
@@ -93,8 +100,9 @@ def outgoing(msg: Message, sources: dict, device, in_stream: list, regions: tupl
         raise ProgramError("a direct piece is not contiguous in its source tensor")
     host_bytes = 0
     if host_units:
-        host_bytes = layout([p.nbytes for p, s in zip(msg.pieces, in_stream) if s and p.src_unit in host_units])[1]
-    return Wire(msg, direct, viewed if views else [], host_packed_bytes=host_bytes)
+        host_bytes = sum(p.count * _aligned(p.nbytes) for p, s in zip(msg.pieces, in_stream)
+                         if s and p.src_unit in host_units)
+    return Wire(msg, direct, viewed, host_packed_bytes=host_bytes)
 
 
 def incoming(msg: Message, prog: RankProgram, new: dict, live: "Live", device, in_stream: list, regions: tuple,
@@ -102,16 +110,28 @@ def incoming(msg: Message, prog: RankProgram, new: dict, live: "Live", device, i
     """Allocates every piece's destination shard (where no alloc came first) but those in
     `deferred` (streamed pieces only: allocated when their chunk is unpacked); regions and
     views as in `outgoing`."""
-    tensors = [None if (p.dst_unit, p.tensor) in deferred else destination(prog, new, live, device, p, host_units)
-               for p in msg.pieces]
-    viewed = [regions[i].view(t) for i, (t, s) in enumerate(zip(tensors, in_stream)) if views or not s]
-    direct = [v for v, s in zip(viewed, in_stream) if not s] if views else viewed
+    viewed, direct = [], []
+    for p, streamed, r in zip(msg.pieces, in_stream, regions):
+        for name in p.tensors:
+            tensor = None if (p.dst_unit, name) in deferred else \
+                destination(prog, new, live, device, p.dst_unit, name, host_units)
+            if views or not streamed:
+                view = r.view(tensor)
+                if views:
+                    viewed.append(view)
+                if not streamed:
+                    direct.append(view)
     bounce = []
     if torch.device(device).type == "cuda":  # NCCL receives into device memory only
         bounce = [(torch.empty(v.shape, dtype=v.dtype, device=device), v) for v in direct if not v.is_cuda]
         landing = {id(v): b for b, v in bounce}
         direct = [landing.get(id(v), v) for v in direct]
-    return Wire(msg, direct, viewed if views else [], bounce)
+    return Wire(msg, direct, viewed, bounce)
+
+
+def _aligned(nbytes: int) -> int:
+    """A packed piece's bytes in a stream (packing.layout aligns every piece)."""
+    return (nbytes + ALIGN - 1) // ALIGN * ALIGN
 
 
 @dataclass(frozen=True)
@@ -170,14 +190,16 @@ def dst_region(piece, tensor: torch.Tensor) -> torch.Tensor:
 def planned_streams(plans: tuple, tensor_of, device, depth: int, bind=None) -> list:
     """One PeerStream per peer of a round's direction, from the execution plan's
     StreamPlans (the packed pieces of its messages, in message order: sender and receiver
-    enumerate a round's messages to each other alike); `tensor_of(piece)` gives the local
-    tensor a packed piece is read from (send) or written into (receive). `bind(stream,
-    plan)` runs on each at its first pack or unpack (replay.bind_stream: the chunks'
-    replayed launches; a receive stream's first unpack comes after the first posts, so
-    reading its tensors' addresses is off the path to the first byte)."""
+    enumerate a round's messages to each other alike); `tensor_of(piece, tensor)` gives
+    the local tensor a packed piece's tensor is read from (send) or written into
+    (receive). `bind(stream, plan)` runs on each at its first pack or unpack
+    (replay.bind_stream: the chunks' replayed launches; a receive stream's first unpack
+    comes after the first posts, so reading its tensors' addresses is off the path to the
+    first byte)."""
     out = []
     for plan in plans:
-        stream = streams.PeerStream.planned(plan.peer, plan.chunks, [tensor_of(p) for p in plan.pieces], device, depth)
+        stream = streams.PeerStream.planned(plan.peer, plan.chunks, [tensor_of(p, name) for p in plan.pieces
+                                                                     for name in p.tensors], device, depth)
         if bind is not None:
             stream.binder = functools.partial(bind, stream_plan=plan)
         out.append(stream)
@@ -217,16 +239,16 @@ def allocate(prog: RankProgram, unit: str, new: dict, live: Live, device, aliase
             slot[name] = offload.new_shard(unit, info.shape, TORCH_DTYPES[info.dtype], live, device, host_units)
 
 
-def destination(prog: RankProgram, new: dict, live: Live, device, piece, host_units=frozenset()) -> torch.Tensor:
-    """The destination shard of a piece, allocated here if no alloc op came first (or the
+def destination(prog: RankProgram, new: dict, live: Live, device, unit: str, name: str,
+                host_units=frozenset()) -> torch.Tensor:
+    """The after-shard `name` of `unit`, allocated here if no alloc op came first (or the
     round deferred it: its reservation in `live` becomes the allocation)."""
-    slot = new.setdefault(piece.dst_unit, {})
-    tensor = slot.get(piece.tensor)
+    slot = new.setdefault(unit, {})
+    tensor = slot.get(name)
     if tensor is None:
-        info = prog.after[piece.dst_unit][piece.tensor]
-        live.claim((piece.dst_unit, piece.tensor))
-        tensor = slot[piece.tensor] = offload.new_shard(piece.dst_unit, info.shape, TORCH_DTYPES[info.dtype], live,
-                                                        device, host_units)
+        info = prog.after[unit][name]
+        live.claim((unit, name))
+        tensor = slot[name] = offload.new_shard(unit, info.shape, TORCH_DTYPES[info.dtype], live, device, host_units)
     return tensor
 
 

@@ -32,7 +32,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from .segments import ALIGN, Piece, _contiguous_strides, normalize_pair
+from .segments import ALIGN, Piece, _contiguous_strides, byte_runs, normalize_pair, pieces_table
 from .tables import Launch, build_launches, upload
 
 
@@ -74,13 +74,54 @@ def message_pieces(kind: str, entries: Sequence[tuple[Box, int, int]], residues:
     return out
 
 
+def message_table(kind: str, entries: Sequence[tuple], residues: Sequence[int]) -> torch.Tensor:
+    """`message_pieces` of entries that each stand for several boxes, as one table
+    (segments.pieces_table): entry (box, buffer slot, byte offset, count, spacing) is the
+    `count` boxes of slots box.slot, box.slot + 1, ... (the same shape, strides and
+    element offset in each), packed at offset, offset + spacing, ... of the buffer. The
+    same pieces, in the same order, as `message_pieces` of the boxes one by one; cut
+    once per entry and shifted per box with tensor ops (a v2 range's hundreds of tensors
+    are one entry)."""
+    if kind not in ("pack", "unpack"):
+        raise ValueError(f"a message is packed or unpacked, not {kind!r}")
+    table = torch.tensor(residues, dtype=torch.int64)
+    parts = []
+    for box, buffer, offset, count, spacing in entries:
+        dense = _contiguous_strides(box.shape)
+        runs = byte_runs(box.shape, box.stride, dense, box.elem) if kind == "pack" else \
+            byte_runs(box.shape, dense, box.stride, box.elem)
+        slots = torch.arange(box.slot, box.slot + count, dtype=torch.int64)
+        at = table[slots] + box.offset * box.elem
+        to = table[buffer] + offset + torch.arange(count, dtype=torch.int64) * spacing
+        src, dst = (at, to) if kind == "pack" else (to, at)
+        parts.append(pieces_table(runs, src, dst, torch.full_like(slots, buffer), slots))
+    return torch.cat(parts) if parts else torch.empty((0, len(Piece._fields)), dtype=torch.int64)
+
+
+def copy_table(entries: Sequence[tuple], residues: Sequence[int]) -> torch.Tensor:
+    """`copy_pieces` of entries (source box, destination box, count, slot step) that each
+    stand for `count` pairs: pair k copies slot src.slot + k x step into slot
+    dst.slot + k x step, the same boxes of each, as one table (see `message_table`)."""
+    table = torch.tensor(residues, dtype=torch.int64)
+    parts = []
+    for src, dst, count, step in entries:
+        if tuple(src.shape) != tuple(dst.shape) or src.elem != dst.elem:
+            raise ValueError(f"copy between boxes {list(src.shape)} x{src.elem} and {list(dst.shape)} x{dst.elem}")
+        runs = byte_runs(src.shape, src.stride, dst.stride, src.elem)
+        k = torch.arange(count, dtype=torch.int64) * step
+        parts.append(pieces_table(runs, table[src.slot + k] + src.offset * src.elem,
+                                  table[dst.slot + k] + dst.offset * dst.elem, dst.slot + k, src.slot + k))
+    return torch.cat(parts) if parts else torch.empty((0, len(Piece._fields)), dtype=torch.int64)
+
+
 class Replay:
     """The launches of one pack, unpack or copy, built once (see the module docstring)."""
 
-    def __init__(self, kind: str, pieces: list, device: Optional[torch.device] = None,
+    def __init__(self, kind: str, pieces, device: Optional[torch.device] = None,
                  tile: Optional[tuple[int, int]] = None, max_vec: int = 2):
-        """The launches of `pieces`, their tables on `device` (None: left in host memory
-        for `to_device`, which uploads the tables of many replays at once)."""
+        """The launches of `pieces` (a list of Piece, or a table of them: `message_table`,
+        `copy_table`), their tables on `device` (None: left in host memory for
+        `to_device`, which uploads the tables of many replays at once)."""
         if kind not in ("pack", "unpack", "copy"):
             raise ValueError(f"a replay packs, unpacks or copies, not {kind!r}")
         rel = "src" if kind == "unpack" else "dst"

@@ -223,3 +223,9 @@ class VariantCompiler:
             pieces = [p for slot, (v, o) in enumerate(zip(views, offsets)) for p in view_pieces(v, o, 0, kind, slot)]
             classes |= {(kind,) + c for c in launch_classes(pieces, self.tile, self.max_vec)}
         return classes
+
+    def table_classes(self, kind: str, table: torch.Tensor) -> set:
+        """{(kind, word, vec, ROWS, COLS)} of the launches of a table of pieces
+        (segments.pieces_table, replay.message_table): `launch_classes` for pieces built
+        with tensor ops."""
+        return {(kind,) + c for c in launch_classes(table, self.tile, self.max_vec)}
