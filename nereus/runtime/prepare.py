@@ -133,6 +133,16 @@ def stream_classes(prog: RankProgram, device: torch.device, dtypes: dict, offloa
     packer = kernels.default_packer()
     if packer.backend_for(torch.device(device)) != "triton":
         return frozenset()
+    return chunk_classes(prog, packer, dtypes, offloaded)
+
+
+def chunk_classes(prog: RankProgram, packer, dtypes: dict, offloaded=frozenset()) -> frozenset:
+    """The kernel variants (`packer`'s names) of the chunks the executor packs or unpacks
+    with the kernels when no replay runs: chunks with pieces in host memory and fused
+    ones (many segments, some strided). Each chunk's pieces as a table of its segments
+    (replay.message_table: a segment of a range's tensors is cut once), as
+    segments.view_pieces cuts the views the executor takes (PeerStream.chunk) of tensors
+    at 16-byte aligned addresses."""
     from nereus.backends.triton.replay import Box, message_table
 
     classes: set = set()
@@ -140,17 +150,14 @@ def stream_classes(prog: RankProgram, device: torch.device, dtypes: dict, offloa
         for chunk in sp.chunks:
             if not (on_host or chunk.fused):  # the other chunks are plain copies
                 continue
-            # the chunk's views as the executor takes them (PeerStream.chunk) of tensors at
-            # 16-byte aligned addresses, packed at their offsets (as segments.view_pieces
-            # cuts each view): every entry's views from slot 1 on, all at residue 0
-            entries = []
+            entries = []  # every entry's views from slot 1 on, all at residue 0
             for s, at in zip(chunk.segments, chunk.offsets):
                 piece, name = sp.member(s.view)
                 info = prog.before[piece.src_unit][name] if kind == "pack" else prog.after[piece.dst_unit][name]
                 entries.append((Box(1, s.shape, s.stride, s.offset, dtypes[info.dtype].itemsize), 0, at, s.count,
                                 s.spacing))
             residues = (0,) * (1 + max(s.count for s in chunk.segments))
-            classes |= packer.table_classes(kind, message_table(kind, entries, residues))
+            classes |= packer.classes_of(kind, message_table(kind, entries, residues))
     return frozenset(classes)
 
 

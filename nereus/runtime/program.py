@@ -212,6 +212,8 @@ def _aliasable(program: dict, gpu: int, before: dict, after: dict) -> dict:
                         (kind, src_unit, seg.get("at"), as_box(seg["box"]), f"round {r}, op {k} ({kind})"))
     out: dict = {}
     for (dst_unit, name), segs in producers.items():
+        if all(s[0] != "keep" for s in segs):  # copied or received only: nothing aliases
+            continue
         kind, src_unit, raw_at, _, where = segs[0]
         if all(s[0] == "keep" and s[1] == src_unit and s[2] == raw_at for s in segs):
             at = parse_at(raw_at, where) if raw_at is not None else None

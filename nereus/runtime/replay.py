@@ -184,13 +184,15 @@ def _stream_replays(plan, index: int, direction: str, stream_plan, depth: int, r
 
     def build():
         out = []
+        table = replay.residue_table(residues) if any(s.count >= replay.TABLE_MIN_BOXES for c in stream_plan.chunks
+                                                     for s in c.segments) else None  # once for the stream's chunks
         for k, (chunk, wanted) in enumerate(zip(stream_plan.chunks, replayed)):
             if not wanted:
                 out.append(None)
                 continue
             entries = [(replay.Box(slots + s.view, s.shape, s.stride, s.offset, elems[s.view]), k % depth, at,
                         s.count, s.spacing) for s, at in zip(chunk.segments, chunk.offsets)]
-            out.append(replay.Replay(kind, replay.message_table(kind, entries, residues)))
+            out.append(replay.Replay(kind, replay.message_table(kind, entries, residues, table)))
         replay.to_device([r for r in out if r is not None], device)  # one upload for the stream
         return out
 

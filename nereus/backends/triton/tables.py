@@ -172,8 +172,12 @@ def _shapes(group) -> Counter:
     """How many pieces of a group (a list, or a table) have each (rows, inner)."""
     if not isinstance(group, torch.Tensor):
         return Counter((p.rows, p.inner) for p in group)
-    found, counts = torch.unique(group[:, [_ROWS, _INNER]], dim=0, return_counts=True)
-    return Counter({(r, i): n for (r, i), n in zip(found.tolist(), counts.tolist())})
+    if int(group[:, _INNER].max()) >= 1 << 32 or int(group[:, _ROWS].max()) >= 1 << 30:
+        found, counts = torch.unique(group[:, [_ROWS, _INNER]], dim=0, return_counts=True)
+        return Counter({(r, i): n for (r, i), n in zip(found.tolist(), counts.tolist())})
+    # one int64 key per piece (rows above bit 32): a 1-D unique, far cheaper than unique(dim=0)
+    found, counts = torch.unique(group[:, _ROWS] * (1 << 32) + group[:, _INNER], return_counts=True)
+    return Counter({(key >> 32, key & 0xFFFFFFFF): n for key, n in zip(found.tolist(), counts.tolist())})
 
 
 def _classes(pieces, max_vec: int) -> list:
@@ -187,9 +191,11 @@ def _classes(pieces, max_vec: int) -> list:
         return sorted(classes.items(), reverse=True)
     if pieces.shape[0] == 0:
         return []
-    vec = pieces[:, _VEC].clamp(max=max_vec)
-    keys = torch.unique(torch.stack([pieces[:, _WORD], vec], dim=1), dim=0).tolist()
-    return [((word, v), pieces[(pieces[:, _WORD] == word) & (vec == v)]) for word, v in sorted(keys, reverse=True)]
+    key = pieces[:, _WORD] * 8 + pieces[:, _VEC].clamp(max=max_vec)  # word <= 8, vec <= 2
+    found = sorted(torch.unique(key).tolist(), reverse=True)
+    if len(found) == 1:
+        return [((found[0] // 8, found[0] % 8), pieces)]
+    return [((k // 8, k % 8), pieces[key == k]) for k in found]
 
 
 def _launch(word: int, vec: int, pieces, anchor: int, rel: Optional[str],

@@ -224,8 +224,8 @@ class VariantCompiler:
             classes |= {(kind,) + c for c in launch_classes(pieces, self.tile, self.max_vec)}
         return classes
 
-    def table_classes(self, kind: str, table: torch.Tensor) -> set:
-        """{(kind, word, vec, ROWS, COLS)} of the launches of a table of pieces
-        (segments.pieces_table, replay.message_table): `launch_classes` for pieces built
-        with tensor ops."""
-        return {(kind,) + c for c in launch_classes(table, self.tile, self.max_vec)}
+    def classes_of(self, kind: str, pieces) -> set:
+        """{(kind, word, vec, ROWS, COLS)} of the launches of these pieces (a list of
+        Piece, or a table of them: replay.message_table): `launch_classes` for pieces
+        already cut."""
+        return {(kind,) + c for c in launch_classes(pieces, self.tile, self.max_vec)}
