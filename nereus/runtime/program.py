@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Iterable, Optional
 
 from nereus.ir.diagnostics import ProgramError
-from nereus.ir.program import expand_ranges, expand_segment_units
-from nereus.ir.ranges import member_name, member_names, members, parse_at
+from nereus.ir.program import expand_segment_units
+from nereus.ir.ranges import count, member_name, member_names, members, parse_at
 
 from .boxes import Box, as_box, box_numel, shard_shape
 from .pieces import ELEMENT_BYTES, Piece, holding, member_runs, members_of, rows_only, segment_pieces, shard_entries, \
@@ -392,9 +392,11 @@ def restrict_program(program: dict, model_stages: Iterable[str]) -> dict:
 
     Ops and segments that touch other units are dropped (their bytes recomputed from the
     remaining segments). Raises ProgramError when a kept unit would be fed from a dropped
-    one (a segment crossing model-stages), since that data would be missing."""
+    one (a segment crossing model-stages), since that data would be missing. A v2
+    program stays v2: its ranges are kept as they are (a range's segment names one unit
+    pair for all its members)."""
     keep = set(model_stages)
-    program = expand_segment_units(expand_ranges(program))
+    program = expand_segment_units(program)
     units = {phase: [u for u in program["units"][phase] if u["model_stage"] in keep] for phase in ("before", "after")}
     ids = {phase: {u["id"] for u in units[phase]} for phase in units}
     tensors = {t["name"]: t for t in program["tensors"]}
@@ -420,7 +422,8 @@ def restrict_program(program: dict, model_stages: Iterable[str]) -> dict:
                     continue
                 op = dict(op, segments=segs)
                 if "bytes" in op:
-                    op["bytes"] = sum(box_numel(as_box(s["box"])) * ELEMENT_BYTES[tensors[s["tensor"]]["dtype"]] for s in segs)
+                    op["bytes"] = sum(box_numel(as_box(s["box"])) * ELEMENT_BYTES[tensors[s["tensor"]]["dtype"]]
+                                      * (count(parse_at(s["at"], f"round {r}")) if "at" in s else 1) for s in segs)
             ops.append(op)
         rounds.append(dict(rnd, ops=ops))
     return dict(program, units=units, rounds=rounds)

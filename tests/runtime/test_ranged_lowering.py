@@ -79,3 +79,20 @@ def test_the_pieces_of_a_moe_part_do_not_grow_with_layers_and_experts(after):
     many, many_members = _counts(12, after)
     assert many_members > 5 * few_members  # the members grow with the layers ...
     assert many == few  # ... the pieces that move them do not
+
+
+def test_a_part_restricted_to_some_model_stages_stays_ranged(moe_module):
+    """restrict_program (a job that registered fewer model-stages than the program moves)
+    keeps a v2 part's ranges; lowered, it gives the pieces of its v1 expansion restricted."""
+    from nereus.runtime.program import restrict_program
+
+    compiled = compile_transition(moe_module, "ep_to_tp_a", "ep_to_tp_b")
+    for rank in range(4):
+        part = rank_program_json(compiled, rank)
+        restricted = restrict_program(part, ["actor.training"])
+        assert restricted["version"] == 2
+        assert any("at" in seg for rnd in restricted["rounds"] for op in rnd["ops"] for seg in op.get("segments", ()))
+        assert {u["model_stage"] for side in ("before", "after") for u in restricted["units"][side]} == \
+            {"actor.training"}
+        expanded = restrict_program(expand_ranges(part), ["actor.training"])
+        assert _by_message(rank_program(restricted, rank)) == _by_message(rank_program(expanded, rank))
