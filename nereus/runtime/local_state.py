@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from nereus.ir.diagnostics import NereusError, SemanticError
 from nereus.ir.model import ModelStage, Module
-from nereus.models import OPTIMIZER_DTYPE, OPTIMIZER_STATES, optimizer_name, tensor_table
+
 
 from . import offload
 from .boxes import as_box, shard_shape
@@ -245,16 +245,13 @@ def _step(name: str, value) -> torch.Tensor:
 
 def tensor_specs(module: Module, model_stage: str) -> dict:
     """`Runtime.tensor_specs` without a Runtime (no process group needed)."""
+    from nereus.passes.layout import tensor_entries, unit_states
+
     ms = ModelStage.parse(model_stage)
     model = module.model(ms.model)
-    specs = {}
-    for spec in tensor_table(model):
-        name = f"{model.name}/{spec.name}"
-        specs[name] = (spec.shape, TORCH_DTYPES[spec.dtype])
-        if ms.stage == "training":
-            for s in OPTIMIZER_STATES:
-                specs[optimizer_name(name, s)] = (spec.shape, TORCH_DTYPES[OPTIMIZER_DTYPE])
-    if ms.stage == "training":
+    specs = {name: (shape, TORCH_DTYPES[dtype])
+             for name, shape, dtype in tensor_entries(model, unit_states(model, model_stage))}
+    if ms.stage == "training" and not model.is_table:  # a tensors model's steps are its own
         specs[step_name(model.name)] = ((), torch.int64)
     return specs
 

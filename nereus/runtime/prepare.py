@@ -319,7 +319,7 @@ def reserve_memory(prog: RankProgram, aliased: set, device, dtypes: dict, room: 
     sizes = [info.nbytes for unit, shards in prog.after.items() for name, info in shards.items()
              if (unit, name) not in aliased]
     for _, sp, _ in stream_plans(prog):  # the ring slots (a chunk of one contiguous segment travels in place)
-        sizes += [n for n in streams.ring_sizes([0 if c.single else c.nbytes for c in sp.chunks], streams.DEPTH) if n]
+        sizes += [n for n in streams.ring([0 if c.single else c.nbytes for c in sp.chunks], streams.DEPTH) if n]
     blocks, total = [], 0
     try:
         for size in sorted(sizes, reverse=True):

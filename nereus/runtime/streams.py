@@ -33,6 +33,7 @@ reported), so no peer waits forever.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -94,7 +95,11 @@ def _cut(views: list, chunk_bytes: int, alone_bytes: Optional[int], counts: Opti
     many views). `counts[i]` (default 1) says view i stands for that many views of the
     same shape, one after the other (a piece of a v2 range moves one region of each of
     its tensors): cut as that many views would be, with each run of whole views that
-    share a chunk one segment, so the work is per run, not per view."""
+    share a chunk one segment, so the work is per run, not per view. A view cut where a
+    chunk ends is cut after a multiple of packing.ALIGN bytes (`step` rows), so its parts
+    take no more packed bytes than the whole view (the bound the memory model proves,
+    nereus.passes.memory_model); where not even `step` rows fit an empty chunk, it takes
+    `step` (as a row larger than a chunk travels alone)."""
     alone_bytes = ALONE_BYTES if alone_bytes is None else alone_bytes
     chunks, current, used, flat = [], [], 0, 0
     for view, n in zip(views, counts if counts is not None else [1] * len(views)):
@@ -104,14 +109,15 @@ def _cut(views: list, chunk_bytes: int, alone_bytes: Optional[int], counts: Opti
         rows = view.shape[0] if view.dim() else 1
         size = _nbytes(view)
         row_bytes = size // rows
+        step = packing.ALIGN // math.gcd(row_bytes, packing.ALIGN)  # rows of a multiple of ALIGN bytes
         alone = 0 < alone_bytes <= size
         k = 0
         while k < n:
             if not alone and size <= chunk_bytes - used:  # whole views from here, as many as fit
-                step = _aligned(size)
-                fit = min(n - k, (chunk_bytes - used - size) // step + 1)
+                spacing = _aligned(size)
+                fit = min(n - k, (chunk_bytes - used - size) // spacing + 1)
                 current.append((first + k, view, fit))
-                used += fit * step
+                used += fit * spacing
                 k += fit
                 if used >= chunk_bytes:
                     chunks.append(current)
@@ -124,11 +130,13 @@ def _cut(views: list, chunk_bytes: int, alone_bytes: Optional[int], counts: Opti
             start = 0
             while start < rows:
                 take = min(rows - start, max(0, chunk_bytes - used) // row_bytes)
+                if take < rows - start:
+                    take -= take % step
                 if take == 0 and current:
                     chunks.append(current)
                     current, used = [], 0
                     continue
-                take = max(take, 1)
+                take = max(take, min(step, rows - start))
                 current.append((first + k, view if take == rows else view[start:start + take], 1))
                 used += _aligned(take * row_bytes)
                 start += take
@@ -223,11 +231,12 @@ def chunk_nbytes(segments: list) -> tuple:
 def slot_sizes(chunks: list, kind: str, depth: int) -> list:
     """Bytes of each ring slot of a stream cut into `chunks` (see PeerStream): slot i holds
     the chunks i, i + depth, ... that do not travel in place."""
-    return ring_sizes([0 if in_place(c, kind) else chunk_nbytes(c)[1] for c in chunks], depth)
+    return ring([0 if in_place(c, kind) else chunk_nbytes(c)[1] for c in chunks], depth)
 
 
-def ring_sizes(sizes: list, depth: int) -> list:
+def ring(sizes: list, depth: int) -> list:
     """Per ring slot, the largest of the chunk sizes (0: in place) it holds in turn."""
+    depth = max(1, depth)
     return [max(sizes[i::depth]) for i in range(min(depth, len(sizes)))]
 
 
@@ -313,7 +322,7 @@ class PeerStream:
         # slot i holds chunks i, i + depth, ... that are not in place: sized for the largest
         # (the sum over slots stays within the stream's packed bytes)
         sizes = [0 if wired else c.nbytes for c, wired in zip(self.chunks, self.in_place)]
-        self.slots = [torch.empty(n, dtype=torch.uint8, device=device) for n in ring_sizes(sizes, self.depth)]
+        self.slots = [torch.empty(n, dtype=torch.uint8, device=device) for n in ring(sizes, self.depth)]
 
     def _replay(self, k: int):
         """Chunk k's Replay (the stream bound first, once), or None."""

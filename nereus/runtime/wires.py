@@ -21,7 +21,6 @@ import torch
 from nereus.ir.diagnostics import ProgramError
 
 from . import offload, streams
-from .packing import ALIGN
 from .program import Message, RankProgram
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
@@ -75,7 +74,6 @@ class Wire:
     direct: list  # contiguous views sent from / received into in place
     views: list  # every piece's view, in message order (checksums; empty when none are asked)
     bounce: list = field(default_factory=list)  # (device tensor, host view) of direct pieces into host memory
-    host_packed_bytes: int = 0  # of the packed pieces, those read from host memory (aligned as in the stream)
 
 
 def outgoing(msg: Message, sources: dict, device, in_stream: list, regions: tuple, host_units=frozenset(),
@@ -98,11 +96,7 @@ def outgoing(msg: Message, sources: dict, device, in_stream: list, regions: tupl
     direct = [v.to(device, non_blocking=True) for v in direct]
     if not all(v.is_contiguous() for v in direct):
         raise ProgramError("a direct piece is not contiguous in its source tensor")
-    host_bytes = 0
-    if host_units:
-        host_bytes = sum(p.count * _aligned(p.nbytes) for p, s in zip(msg.pieces, in_stream)
-                         if s and p.src_unit in host_units)
-    return Wire(msg, direct, viewed, host_packed_bytes=host_bytes)
+    return Wire(msg, direct, viewed)
 
 
 def incoming(msg: Message, prog: RankProgram, new: dict, live: "Live", device, in_stream: list, regions: tuple,
@@ -127,11 +121,6 @@ def incoming(msg: Message, prog: RankProgram, new: dict, live: "Live", device, i
         landing = {id(v): b for b, v in bounce}
         direct = [landing.get(id(v), v) for v in direct]
     return Wire(msg, direct, viewed, bounce)
-
-
-def _aligned(nbytes: int) -> int:
-    """A packed piece's bytes in a stream (packing.layout aligns every piece)."""
-    return (nbytes + ALIGN - 1) // ALIGN * ALIGN
 
 
 @dataclass(frozen=True)
@@ -185,6 +174,35 @@ def src_region(piece, tensor: torch.Tensor) -> torch.Tensor:
 def dst_region(piece, tensor: torch.Tensor) -> torch.Tensor:
     """`piece_region` of the piece's destination side in `tensor` (its after-shard)."""
     return piece_region(tensor, piece.dst_slices, piece.dst_whole, piece.parts, piece.dst_step)
+
+
+def round_buffer_bytes(planned, work, depth: int, host_sources=frozenset(), host_after=frozenset()) -> int:
+    """Device bytes a CUDA device allocates for a round's messages on this rank, from its
+    plan (execution_plan.RoundPlan) alone: the ring slots of every packed stream
+    (streams.slot_sizes; a chunk with a segment in host memory never travels in place),
+    the direct pieces read from host memory (`outgoing` copies each to the device whole)
+    and those written into host memory (`incoming`'s bounce tensors). host_sources:
+    before-units read from host memory (offloaded or staged out); host_after: offloaded
+    after-units. The executor counts this on every device, so a run on CPU accounts its
+    buffers as a GPU allocates them; it never exceeds what the program's memory model
+    proves (nereus.passes.memory_model; tests/runtime/test_memory_model_cuda.py measures
+    it on a GPU)."""
+    total = 0
+    for plans, host, source in ((planned.send_streams, host_sources, True), (planned.recv_streams, host_after, False)):
+        for plan in plans:
+            def away(segment) -> bool:  # the segment's piece (its tensors) lies in host memory
+                piece = plan.member(segment.view)[0]
+                return (piece.src_unit if source else piece.dst_unit) in host
+
+            sizes = [0 if c.single and not (host and any(away(s) for s in c.segments)) else c.nbytes
+                     for c in plan.chunks]
+            total += sum(streams.ring(sizes, depth))
+    for messages, flags, host, source in ((work.sends, planned.send_in_stream, host_sources, True),
+                                          (work.recvs, planned.recv_in_stream, host_after, False)):
+        if host:  # nothing in host memory (the common case): no piece to scan
+            total += sum(p.total_bytes for m, in_stream in zip(messages, flags) for p, s in zip(m.pieces, in_stream)
+                         if not s and (p.src_unit if source else p.dst_unit) in host)
+    return total
 
 
 def planned_streams(plans: tuple, tensor_of, device, depth: int, bind=None) -> list:
