@@ -198,3 +198,9 @@ def rows_only(slices: tuple[slice, ...], shard: tuple[int, ...]) -> bool:
     """True when the slices select whole rows of a contiguous local tensor (a contiguous
     region): every dimension but the first is taken in full."""
     return all(sl.start == 0 and sl.stop == n for sl, n in zip(slices[1:], shard[1:]))
+
+
+def segment_units(seg: dict, op: dict) -> tuple:
+    """(src_unit, dst_unit) of a segment: its own, or those its op states once (rank parts)."""
+    return (seg["src_unit"] if "src_unit" in seg else op["src_unit"],
+            seg["dst_unit"] if "dst_unit" in seg else op["dst_unit"])

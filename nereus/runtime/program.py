@@ -23,11 +23,11 @@ from typing import Iterable, Optional
 
 from nereus.ir.diagnostics import ProgramError
 from nereus.ir.program import expand_segment_units
-from nereus.ir.ranges import count, member_name, member_names, members, parse_at
+from nereus.ir.ranges import count, member_names, parse_at
 
 from .boxes import Box, as_box, box_numel, shard_shape
-from .pieces import ELEMENT_BYTES, Piece, holding, member_runs, members_of, rows_only, segment_pieces, shard_entries, \
-    whole
+from .keeps import Alias, aliasable, keep_aliases
+from .pieces import ELEMENT_BYTES, Piece, members_of, rows_only, segment_pieces, segment_units, shard_entries, whole
 
 __all__ = ["DIRECT_MIN_BYTES", "ELEMENT_BYTES", "JOIN_PARTS", "Alias", "Message", "PartFacts", "Piece", "RankProgram",
            "RoundWork", "ShardInfo", "joined", "lower_text", "members_of", "offloaded_units", "part_facts",
@@ -56,16 +56,6 @@ class Message:
     op_index: int  # position of the op in its round; also the p2p tag
     pieces: tuple[Piece, ...]
     nbytes: int
-
-
-@dataclass(frozen=True)
-class Alias:
-    """After-shards that reuse before-shards' tensors in place (keep): each of `tensors`
-    (one, or the members of a v2 range)."""
-
-    tensors: tuple
-    src_unit: str
-    dst_unit: str
 
 
 @dataclass(frozen=True)
@@ -182,81 +172,6 @@ def _continues(before: tuple, after: tuple) -> bool:
     return bool(before) and before[0].stop == after[0].start and before[1:] == after[1:]
 
 
-def _units(seg: dict, op: dict) -> tuple:
-    """(src_unit, dst_unit) of a segment: its own, or those its op states once (rank parts)."""
-    return (seg["src_unit"] if "src_unit" in seg else op["src_unit"],
-            seg["dst_unit"] if "dst_unit" in seg else op["dst_unit"])
-
-
-def _member_indices(name: str, raw_at, where: str) -> list:
-    """[(index or None, member name)] of a segment's members, row-major."""
-    if raw_at is None:
-        return [(None, name)]
-    return [(index, member_name(name, index)) for index in members(parse_at(raw_at, where))]
-
-
-def _aliasable(program: dict, gpu: int, before: dict, after: dict) -> dict:
-    """{(dst_unit, tensor or family): ALL or a set of member names}: the after-shards on
-    `gpu` produced only by keeps from one source shard with the very same boxes (every
-    element covered); those reuse the source tensor in place. ALL: every member the
-    family's keeps name (they all keep the same `at` from one unit, one entry each side:
-    decided once); otherwise member by member."""
-    producers: dict = {}
-    for r, rnd in enumerate(program["rounds"]):
-        for k, op in enumerate(rnd["ops"]):
-            kind = op["op"]
-            if (kind in ("keep", "copy") and op["gpu"] == gpu) or (kind == "send" and op["dst"] == gpu):
-                for seg in op["segments"]:
-                    src_unit, dst_unit = _units(seg, op)
-                    producers.setdefault((dst_unit, seg["tensor"]), []).append(
-                        (kind, src_unit, seg.get("at"), as_box(seg["box"]), f"round {r}, op {k} ({kind})"))
-    out: dict = {}
-    for (dst_unit, name), segs in producers.items():
-        if all(s[0] != "keep" for s in segs):  # copied or received only: nothing aliases
-            continue
-        kind, src_unit, raw_at, _, where = segs[0]
-        if all(s[0] == "keep" and s[1] == src_unit and s[2] == raw_at for s in segs):
-            at = parse_at(raw_at, where) if raw_at is not None else None
-            runs = member_runs(name, at, before.get((src_unit, gpu, name)), after.get((dst_unit, gpu, name)))
-            if not isinstance(runs, str) and len(runs) == 1:
-                _, src_boxes, dst_boxes = runs[0]
-                covered = sum(box_numel(s[3]) for s in segs)
-                if src_boxes == dst_boxes and covered == sum(box_numel(b) for b in dst_boxes):
-                    out[(dst_unit, name)] = ALL
-                continue
-        # member by member, as a v1 program names them
-        per_member: dict = {}
-        for kind, src_unit, raw_at, box, where in segs:
-            for index, member in _member_indices(name, raw_at, where):
-                per_member.setdefault((index, member), []).append((kind, src_unit, box))
-        ok = set()
-        for (index, member), found in per_member.items():
-            srcs = {s for _, s, _ in found}
-            if any(kind != "keep" for kind, _, _ in found) or len(srcs) != 1:
-                continue
-            src_boxes = _boxes_of(before.get((next(iter(srcs)), gpu, name)), index)
-            dst_boxes = _boxes_of(after.get((dst_unit, gpu, name)), index)
-            covered = sum(box_numel(box) for _, _, box in found)
-            if src_boxes is not None and src_boxes == dst_boxes and covered == sum(box_numel(b) for b in dst_boxes):
-                ok.add(member)
-        if ok:
-            out[(dst_unit, name)] = ok
-    return out
-
-
-ALL = "all"  # _aliasable: every member of the family's keeps
-
-
-def _boxes_of(found: Optional[list], index) -> Optional[tuple]:
-    """The boxes of the entry of `found` ([(at or None, boxes)]) holding member `index`
-    (None: the plain tensor), or None."""
-    if not found:
-        return None
-    if index is None:
-        return next((b for a, b in found if a is None), None)
-    return holding(found, index)
-
-
 def rank_program(program: dict, gpu: int, direct_min_bytes: int = DIRECT_MIN_BYTES) -> RankProgram:
     """Input: a JSON program (v1, or v2 with its ranges) and this rank's GPU id.
     Output: this rank's work list.
@@ -275,44 +190,12 @@ def rank_program(program: dict, gpu: int, direct_min_bytes: int = DIRECT_MIN_BYT
                            hint="`nereusc verify PROGRAM.json` names the field; docs/program.md lists them") from None
 
 
-def _keep_aliases(op: dict, alias_ok: dict, tensors: dict, aliases: list, aliased: dict, where: str) -> tuple:
-    """A keep op's segments that alias in place, as Alias entries added to `aliases` (a
-    member once: `aliased` holds dst_unit → the members aliased so far), and (the
-    segments left to copy, the bytes the aliased ones keep)."""
-    rest, kept = [], 0
-    for seg in op["segments"]:
-        src_unit, dst_unit = _units(seg, op)
-        name = seg["tensor"]
-        ok = alias_ok.get((dst_unit, name))
-        if not ok:
-            rest.append(seg)
-            continue
-        raw_at = seg.get("at")
-        if ok is ALL:
-            names = member_names(name, parse_at(raw_at, where)) if raw_at is not None else (name,)
-            left = []
-        else:  # member by member: the members that alias; the others are copied
-            pairs = _member_indices(name, raw_at, where)
-            names = tuple(member for _, member in pairs if member in ok)
-            left = [dict(seg, at=[[i, i + 1] for i in index]) if index is not None else seg
-                    for index, member in pairs if member not in ok]
-        rest += left
-        kept += box_numel(as_box(seg["box"])) * len(names) * ELEMENT_BYTES[tensors[name]["dtype"]]
-        seen = aliased.setdefault(dst_unit, set())
-        if not seen.isdisjoint(names):  # named by an earlier keep (another box of the same shard)
-            names = tuple(n for n in names if n not in seen)
-        if names:
-            seen.update(names)
-            aliases.append(Alias(names, src_unit, dst_unit))
-    return rest, kept
-
-
 def _cut_op(op: dict, segments: list, src_gpu: int, dst_gpu: int, before: dict, after: dict, tensors: dict,
             where: str, direct_min: int) -> list:
     """The joined pieces of an op's segments between src_gpu and dst_gpu."""
     cut = []
     for seg in segments:
-        src_unit, dst_unit = _units(seg, op)
+        src_unit, dst_unit = segment_units(seg, op)
         cut += segment_pieces(seg, src_unit, dst_unit, src_gpu, dst_gpu, before, after, tensors, where, direct_min)
     return joined(cut, direct_min)
 
@@ -324,7 +207,7 @@ def _rank_program(program: dict, gpu: int, direct_min_bytes: int) -> RankProgram
     tensors = {t["name"]: t for t in program["tensors"]}
     units = program["units"]
     before_all, after_all = shard_entries(units["before"]), shard_entries(units["after"])
-    alias_ok = _aliasable(program, gpu, before_all, after_all)
+    alias_ok = aliasable(program, gpu, before_all, after_all)
     unit_stage = {("before", u["id"]): u["model_stage"] for u in units["before"]}
     unit_stage.update({("after", u["id"]): u["model_stage"] for u in units["after"]})
     rounds = []
@@ -344,7 +227,7 @@ def _rank_program(program: dict, gpu: int, direct_min_bytes: int) -> RankProgram
             elif kind in ("keep", "copy") and op["gpu"] == gpu:
                 segments = op["segments"]
                 if kind == "keep":
-                    segments, kept = _keep_aliases(op, alias_ok, tensors, aliases, aliased, where)
+                    segments, kept = keep_aliases(op, alias_ok, tensors, aliases, aliased, where)
                     totals["keep"] += kept
                 # joined across the op's segments, as sends
                 pieces = _cut_op(op, segments, gpu, gpu, before_all, after_all, tensors, where, DIRECT_MIN_BYTES)

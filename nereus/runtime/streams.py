@@ -33,7 +33,6 @@ reported), so no peer waits forever.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -43,6 +42,8 @@ import torch.distributed as dist
 from nereus.ir.diagnostics import env_flag, env_number
 
 from . import offload, packing
+# chunk planning lives in chunks.py; these names are re-exported here, where callers look
+from .chunks import FUSED_MIN_SEGMENTS, ChunkPlan, SegmentPlan, cut, fused, nbytes_of, plan, ring  # noqa: F401
 
 STREAM_TAG = 1 << 20  # gloo tags of stream chunks start here (direct pieces: from 0)
 # chunk size and ring depth; 128 MiB x 8 slots = 1 GiB of buffers per peer and direction
@@ -72,117 +73,14 @@ def streamed(piece, both_ways: bool, chunk_bytes: int) -> bool:
     return not piece.direct or (both_ways and piece.nbytes < (BOTH_DIRECT_MIN or chunk_bytes))
 
 
-def _nbytes(view: torch.Tensor) -> int:
-    return view.numel() * view.element_size()
-
-
-def _aligned(n: int) -> int:
-    return (n + packing.ALIGN - 1) // packing.ALIGN * packing.ALIGN
-
-
 def chunk_views(views: list, chunk_bytes: int, alone_bytes: Optional[int] = None) -> list:
     """[[segment view]]: `views` in order, cut into chunks of at most `chunk_bytes` packed
-    bytes (a row larger than a chunk travels alone); a view is split along its first
-    dimension, so each segment is a view of whole rows. A view of `alone_bytes` or more
-    (default ALONE_BYTES; 0: no such rule) shares no chunk: its chunks hold it alone.
-    Depends on shapes and dtypes only (works on meta tensors), so both sides of a stream
-    cut it alike."""
-    return [[segment for _, segment, _ in chunk] for chunk in _cut(views, chunk_bytes, alone_bytes)]
-
-
-def _cut(views: list, chunk_bytes: int, alone_bytes: Optional[int], counts: Optional[list] = None) -> list:
-    """`chunk_views` with each segment as (index of the first view it cuts, segment, how
-    many views). `counts[i]` (default 1) says view i stands for that many views of the
-    same shape, one after the other (a piece of a v2 range moves one region of each of
-    its tensors): cut as that many views would be, with each run of whole views that
-    share a chunk one segment, so the work is per run, not per view. A view cut where a
-    chunk ends is cut after a multiple of packing.ALIGN bytes (`step` rows), so its parts
-    take no more packed bytes than the whole view (the bound the memory model proves,
-    nereus.passes.memory_model); where not even `step` rows fit an empty chunk, it takes
-    `step` (as a row larger than a chunk travels alone)."""
+    bytes (chunks.cut: a row larger than a chunk travels alone; a view is split along its
+    first dimension). A view of `alone_bytes` or more (default ALONE_BYTES; 0: no such
+    rule) shares no chunk. Depends on shapes and dtypes only (works on meta tensors), so
+    both sides of a stream cut it alike."""
     alone_bytes = ALONE_BYTES if alone_bytes is None else alone_bytes
-    chunks, current, used, flat = [], [], 0, 0
-    for view, n in zip(views, counts if counts is not None else [1] * len(views)):
-        first, flat = flat, flat + n
-        if view.numel() == 0:
-            continue
-        rows = view.shape[0] if view.dim() else 1
-        size = _nbytes(view)
-        row_bytes = size // rows
-        step = packing.ALIGN // math.gcd(row_bytes, packing.ALIGN)  # rows of a multiple of ALIGN bytes
-        alone = 0 < alone_bytes <= size
-        k = 0
-        while k < n:
-            if not alone and size <= chunk_bytes - used:  # whole views from here, as many as fit
-                spacing = _aligned(size)
-                fit = min(n - k, (chunk_bytes - used - size) // spacing + 1)
-                current.append((first + k, view, fit))
-                used += fit * spacing
-                k += fit
-                if used >= chunk_bytes:
-                    chunks.append(current)
-                    current, used = [], 0
-                continue
-            # one view that does not fit whole: cut along its rows
-            if alone and current:
-                chunks.append(current)
-                current, used = [], 0
-            start = 0
-            while start < rows:
-                take = min(rows - start, max(0, chunk_bytes - used) // row_bytes)
-                if take < rows - start:
-                    take -= take % step
-                if take == 0 and current:
-                    chunks.append(current)
-                    current, used = [], 0
-                    continue
-                take = max(take, min(step, rows - start))
-                current.append((first + k, view if take == rows else view[start:start + take], 1))
-                used += _aligned(take * row_bytes)
-                start += take
-                if used >= chunk_bytes or alone:
-                    chunks.append(current)
-                    current, used = [], 0
-            k += 1
-    if current:
-        chunks.append(current)
-    return chunks
-
-
-@dataclass(frozen=True)
-class SegmentPlan:
-    """A chunk segment by shape alone: a view (shape, stride, `offset` elements past the
-    tensor's storage offset) of the contiguous local tensor of the stream's view `view`,
-    and with `count` > 1 the same view of each of the `count` stream views from `view`
-    on, packed one after the other `spacing` bytes apart."""
-
-    view: int
-    shape: tuple
-    stride: tuple
-    offset: int
-    count: int = 1
-    spacing: int = 0
-
-
-@dataclass(frozen=True)
-class ChunkPlan:
-    """A chunk by shape alone (see `plan_chunks`); `offsets` holds each segment's first
-    view's offset (`member_offsets` each view's)."""
-
-    segments: tuple  # SegmentPlan
-    offsets: tuple
-    nbytes: int
-    fused: bool
-    single: bool  # one contiguous segment: travels in place where it lies in the stream's memory
-
-    @property
-    def views(self) -> int:
-        """How many views (stream tensors' regions) the chunk packs."""
-        return sum(s.count for s in self.segments)
-
-    def member_offsets(self) -> tuple:
-        """The byte offset of every view of the chunk, in order."""
-        return tuple(o + i * s.spacing for s, o in zip(self.segments, self.offsets) for i in range(s.count))
+    return [[segment for _, segment, _ in chunk] for chunk in cut(views, chunk_bytes, alone_bytes)]
 
 
 def plan_chunks(views: list, chunk_bytes: int, alone_bytes: Optional[int] = None,
@@ -190,27 +88,12 @@ def plan_chunks(views: list, chunk_bytes: int, alone_bytes: Optional[int] = None
     """The chunks of a stream, once per program: `views` are the pieces' regions as views
     of meta tensors of their local tensors' shapes (storage offset 0), cut as
     `chunk_views` cuts them; `counts[i]` (default 1): view i stands for that many views
-    of the same shape (a piece of several tensors), planned as runs (`_cut`), not one by
-    one. `PeerStream.planned` turns them into views of the live tensors with one
+    of the same shape (a piece of several tensors), planned as runs (chunks.plan), not
+    one by one. `PeerStream.planned` turns them into views of the live tensors with one
     `as_strided` per segment and tensor, instead of slicing every piece and cutting the
     stream again on every execution."""
-    out = []
-    for chunk in _cut(views, chunk_bytes, alone_bytes, counts):
-        total = sum(n for _, _, n in chunk)
-        if total == 1:
-            offsets, nbytes = (0,), _nbytes(chunk[0][1])
-        else:
-            offsets, at = [], 0
-            for _, v, n in chunk:
-                offsets.append(at)
-                at += n * _aligned(_nbytes(v))
-            offsets, nbytes = tuple(offsets), at
-        segments = tuple(SegmentPlan(i, tuple(v.shape), tuple(v.stride()), v.storage_offset(), n,
-                                     _aligned(_nbytes(v)) if n > 1 else 0) for i, v, n in chunk)
-        contiguous = all(v.is_contiguous() for _, v, _ in chunk)
-        out.append(ChunkPlan(segments, offsets, nbytes, total >= FUSED_MIN_SEGMENTS and not contiguous,
-                             IN_PLACE and total == 1 and contiguous))
-    return tuple(out)
+    alone_bytes = ALONE_BYTES if alone_bytes is None else alone_bytes
+    return plan(views, chunk_bytes, alone_bytes, IN_PLACE, counts)
 
 
 def in_place(segments: list, kind: str) -> bool:
@@ -224,20 +107,14 @@ def chunk_nbytes(segments: list) -> tuple:
     """(offsets, bytes on the wire) of a chunk: the aligned packed layout, or for one
     segment its exact bytes (what an in-place op of either side moves)."""
     if len(segments) == 1:
-        return (0,), _nbytes(segments[0])
-    return packing.layout([_nbytes(v) for v in segments])
+        return (0,), nbytes_of(segments[0])
+    return packing.layout([nbytes_of(v) for v in segments])
 
 
 def slot_sizes(chunks: list, kind: str, depth: int) -> list:
     """Bytes of each ring slot of a stream cut into `chunks` (see PeerStream): slot i holds
     the chunks i, i + depth, ... that do not travel in place."""
     return ring([0 if in_place(c, kind) else chunk_nbytes(c)[1] for c in chunks], depth)
-
-
-def ring(sizes: list, depth: int) -> list:
-    """Per ring slot, the largest of the chunk sizes (0: in place) it holds in turn."""
-    depth = max(1, depth)
-    return [max(sizes[i::depth]) for i in range(min(depth, len(sizes)))]
 
 
 @dataclass
@@ -357,16 +234,6 @@ class PeerStream:
         if self.in_place[k]:
             return self.chunk(k).wire
         return self.slots[k % self.depth][:self.chunks[k].nbytes]
-
-
-FUSED_MIN_SEGMENTS = 16
-
-
-def fused(segments: list) -> bool:
-    """Pack a chunk with the fused kernels only where it has many segments (launches to
-    save) and some is strided; a few large segments copy at memory speed with one
-    `copy_` each, with no kernel variant to compile and no plan to build."""
-    return len(segments) >= FUSED_MIN_SEGMENTS and not all(v.is_contiguous() for v in segments)
 
 
 def pack_chunk(chunk: Chunk, buffer: torch.Tensor) -> None:

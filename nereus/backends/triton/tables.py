@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import torch
 
@@ -139,7 +139,7 @@ def _choose_tile_torch(shapes: Counter) -> tuple[int, int]:
     return best[1]
 
 
-def build_launches(pieces, anchor: int, rel: Optional[str] = None,
+def build_launches(pieces: Union[Sequence[Piece], torch.Tensor], anchor: int, rel: Optional[str] = None,
                    force_tile: Optional[tuple[int, int]] = None, max_vec: int = 2) -> list[Launch]:
     """Input: pieces (any order, any classes; a list of Piece, or an int64 table of their
     fields, one row per piece, as segments.pieces_table builds it), the anchor's byte
@@ -156,7 +156,7 @@ def build_launches(pieces, anchor: int, rel: Optional[str] = None,
             for (word, vec), group in _classes(pieces, max_vec)]
 
 
-def launch_classes(pieces, force_tile: Optional[tuple[int, int]] = None,
+def launch_classes(pieces: Union[Sequence[Piece], torch.Tensor], force_tile: Optional[tuple[int, int]] = None,
                    max_vec: int = 2) -> list[tuple[int, int, int, int]]:
     """(word, vec, ROWS, COLS) of each launch `build_launches` would make of these pieces
     (a list or a table, as there), without building its tables (what a caller needs to
@@ -180,7 +180,7 @@ def _shapes(group) -> Counter:
     return Counter({(key >> 32, key & 0xFFFFFFFF): n for key, n in zip(found.tolist(), counts.tolist())})
 
 
-def _classes(pieces, max_vec: int) -> list:
+def _classes(pieces: Union[Sequence[Piece], torch.Tensor], max_vec: int) -> list:
     """The pieces grouped by access class (word size, vector width), widest first, each
     group in the given order: lists of Piece from a list (a Python pass: a message's
     pieces are usually few), tables from a table (tensor ops: a table is built for many)."""
