@@ -6,7 +6,7 @@ byte for byte the reference slice. The v2 program runs three ways: with the defa
 chunks, with 512-byte chunks and 64-byte direct pieces (runs of a range cut across
 chunks, ranged direct pieces as ops of their own), and a second time with checksums
 verified, when its copies and chunks run as replays built from ranged tables (the Triton
-kernels forced under the interpreter)."""
+kernels forced under the interpreter; tables built with tensor ops from 2 tensors on)."""
 
 from __future__ import annotations
 
@@ -68,6 +68,9 @@ def _run(rank, world):
     from nereus.runtime.state import shard_of, shard_unit
 
     assert replay.packer_for(torch.device("cpu")) is not None  # the kernels replay here (interpreted)
+    from nereus.backends.triton import replay as tables
+
+    tables.TABLE_MIN_BOXES = 2  # these ranges are short: build their replays' tables with tensor ops all the same
     control = dist.new_group(backend="gloo")
     out = {}
     for name, model, stage, before_plan, after_plan in CASES:

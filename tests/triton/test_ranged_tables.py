@@ -93,7 +93,7 @@ def test_copy_table_is_copy_pieces_of_each_pair():
 
 
 def test_a_ranged_pack_and_unpack_move_what_slicing_moves():
-    count, shape, stride, offset = 11, (3, 4), (8, 1), 2  # columns 2..5 of [3, 8] bf16 tensors
+    count, shape, stride, offset = replay.TABLE_MIN_BOXES + 3, (3, 4), (8, 1), 2  # columns 2..5 of [3, 8] bf16
     tensors = [torch.randn(3, 8).to(torch.bfloat16) for _ in range(count)]
     spacing = 24  # each region's 3 x 4 x 2 bytes, a multiple of the stream's 8-byte alignment
     buffer = torch.zeros(16 + count * spacing, dtype=torch.uint8)
