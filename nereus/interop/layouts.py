@@ -97,12 +97,26 @@ def _spec(tensor, name: str, rank: int) -> tuple:
     if not is_dtensor(tensor):
         return (rank,), (), (), (), ()
     mesh = tensor.device_mesh
-    ranks = tuple(int(r) for r in mesh.mesh.flatten().tolist())
-    names = tuple(mesh.mesh_dim_names or tuple(f"d{i}" for i in range(mesh.ndim)))
+    ranks, shape, names, coord = _mesh_facts(mesh)
     ndim = max(1, tensor.dim())
     placements = tuple(_placement(p, ndim, name, rank) for p in tensor.placements)
-    coord = mesh.get_coordinate()
-    return ranks, tuple(mesh.shape), names, placements, tuple(coord) if coord is not None else None
+    return ranks, shape, names, placements, coord
+
+
+_MESHES: dict = {}  # id(DeviceMesh) -> (mesh, its facts): reading a mesh's ranks builds a tensor each time
+
+
+def _mesh_facts(mesh) -> tuple:
+    """(ranks in row-major order, shape, dimension names, this rank's coordinate) of a
+    DeviceMesh, once per mesh object (the entry keeps the mesh alive, so its id stays its own)."""
+    found = _MESHES.get(id(mesh))
+    if found is None or found[0] is not mesh:
+        ranks = tuple(int(r) for r in mesh.mesh.flatten().tolist())
+        names = tuple(mesh.mesh_dim_names or tuple(f"d{i}" for i in range(mesh.ndim)))
+        coord = mesh.get_coordinate()
+        found = _MESHES[id(mesh)] = (mesh, (ranks, tuple(mesh.shape), names,
+                                             tuple(coord) if coord is not None else None))
+    return found[1]
 
 
 def _dtype(tensor, name: str, rank: int) -> str:

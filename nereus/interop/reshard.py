@@ -169,6 +169,21 @@ def _group_names(model, optim) -> list[list[str]]:
     return out
 
 
+_TEXTS: dict = {}  # (source layout, destination layout, name) -> their .nir text without a cluster
+
+
+def _layouts_text(src: ModuleLayout, dst: ModuleLayout, name: str) -> str:
+    """The two layouts as plans of one .nir text (no cluster block), once per pair: the
+    layouts of a module that keeps its specs come back as equal objects."""
+    key = (src, dst, name)
+    text = _TEXTS.get(key)
+    if text is None:
+        if len(_TEXTS) > 64:
+            _TEXTS.clear()
+        text = _TEXTS[key] = module_text({SOURCE: src, TARGET: dst}, None, name, ((SOURCE, TARGET),))
+    return text
+
+
 def _runtime(layouts: str, machine: Machine, world: int, device: torch.device) -> tuple:
     """(Runtime, its module text) for moving between `layouts` (the text without its
     cluster): the one compiled before when its proven peak fits what `machine` has now
@@ -338,8 +353,7 @@ def reshard_module(src_model, src_optim, dst_model, dst_optim, *, name: str = "m
     dst = ModuleLayout(dst.world, tuple(replace(t, states=states[t.name]) for t in dst.tensors))
     layout_s = time.perf_counter() - called
     groups = model_groups(src, name)
-    rt, text = _runtime(module_text({SOURCE: src, TARGET: dst}, None, name, ((SOURCE, TARGET),)), machine, world,
-                        device)
+    rt, text = _runtime(_layouts_text(src, dst, name), machine, world, device)
     source_storages = _register(rt, src, groups, src_model, src_optim, rank)
     report = rt.transition(TARGET)
     summary = _summary(rt, text)
