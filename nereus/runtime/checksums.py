@@ -41,22 +41,27 @@ def box_content(tensor: torch.Tensor, boxes: tuple, box: tuple) -> torch.Tensor:
 
 
 def message_sums(msg, tensors: dict, shards: dict, sending: bool) -> list:
-    """[sum, weighted sum] per piece of `msg` (module docstring), then its label number."""
+    """[sum, weighted sum] per tensor of each piece of `msg` (a v2 range's piece moves the
+    same box of each of its tensors), then its label number (module docstring)."""
     out = []
     for p in msg.pieces:
         unit = p.src_unit if sending else p.dst_unit
-        tensor = tensors[unit][p.tensor]
-        if p.parts > 1:
-            view = (src_region if sending else dst_region)(p, tensor)
-        else:
-            view = box_content(tensor, shards[unit][p.tensor].boxes, p.box)
-        out.extend(packing.checksum(view))
+        for name in p.tensors:
+            tensor = tensors[unit][name]
+            if p.parts > 1:
+                view = (src_region if sending else dst_region)(p, tensor)
+            else:
+                view = box_content(tensor, shards[unit][name].boxes, p.box)
+            out.extend(packing.checksum(view))
     return out + [int(message_digest(msg)[:15], 16)]
 
 
 def mismatch(msg, got: list, sent: list) -> str:
-    """Which piece of `msg` the two `message_sums` tell apart first, or its labels."""
-    for i, p in enumerate(msg.pieces):
-        if got[2 * i:2 * i + 2] != sent[2 * i:2 * i + 2]:
-            return f"piece {i} ({p.tensor} {[list(b) for b in p.box]}) differs from the sender's source region"
+    """Which tensor of which piece of `msg` the two `message_sums` tell apart first, or its labels."""
+    i = 0
+    for k, p in enumerate(msg.pieces):
+        for name in p.tensors:
+            if got[2 * i:2 * i + 2] != sent[2 * i:2 * i + 2]:
+                return f"piece {k} ({name} {[list(b) for b in p.box]}) differs from the sender's source region"
+            i += 1
     return "the sender labels its pieces otherwise (tensor, box, units or order)"

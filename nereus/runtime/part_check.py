@@ -43,6 +43,7 @@ import random
 from typing import Optional
 
 from nereus.ir.diagnostics import ProgramError
+from nereus.ir.ranges import parse_at
 
 from .boxes import Box, as_box, box_numel, intersect
 
@@ -85,19 +86,51 @@ def _op_name(r: int, k: int, op: dict) -> str:
     return f"round {r}, op {op.get('index', k)} ({what})"
 
 
+@functools.lru_cache(maxsize=1 << 14)
+def _range_sum(i: int, lo: int, hi: int, step: int) -> int:
+    """sum of q_i^m over the members m = lo, lo + step, ... < hi of index i, in closed form."""
+    n = max(0, -(-(hi - lo) // step))
+    q = _base(64 + i)  # index bases apart from the dimension bases
+    first, ratio = pow(q, lo, _P), pow(q, step, _P)
+    if ratio == 1:
+        return first * n % _P
+    return first * (pow(ratio, n, _P) - 1) % _P * pow(ratio - 1, _P - 2, _P) % _P
+
+
+def _at_hash(raw, indices) -> int:
+    """const x sum over a v2 entry's members of prod_i q_i^(member index i): a family's
+    members hash like another dimension of its boxes (1 for a plain tensor, no `at`); -1
+    when `at` is no list of ranges inside the family's indices."""
+    if raw is None:
+        return 1 if not indices else -1
+    try:
+        at = parse_at(raw, "", "'at'")
+    except ProgramError:
+        return -1
+    if len(at) != len(indices):
+        return -1
+    h = 1
+    for i, ((lo, hi, step), (first, end)) in enumerate(zip(at, indices)):
+        if not first <= lo < hi <= end:
+            return -1
+        h = h * _range_sum(i, lo, hi, step) % _P
+    return h
+
+
 def check_writes(program: dict, gpu: int) -> None:
-    """Input: a JSON program v1 (whole or a rank's part) whose segments name their units
-    (`expand_segment_units`), and a GPU. Raises ProgramError ("rank G refuses its part of
-    the program S1 -> S2: round K, op I (...): ...") unless the keeps, copies and receives
-    on `gpu` tile each of its after-shards exactly (module docstring). Linear in the
-    segments on `gpu`."""
+    """Input: a JSON program v1 or v2 (whole or a rank's part; a v2 family's members hash
+    as one more dimension of its boxes, so its ranges are checked without being written
+    out), and a GPU. Raises ProgramError ("rank G refuses its part of the program S1 ->
+    S2: round K, op I (...): ...") unless the keeps, copies and receives on `gpu` tile
+    each of its after-shards exactly (module docstring). Linear in the entries on `gpu`."""
     transition = program["transition"]
     prefix = f"rank {gpu} refuses its part of the program {transition['from']} -> {transition['to']}"
     shapes = {t["name"]: tuple(t["shape"]) for t in program["tensors"]}
+    indices = {t["name"]: tuple(tuple(r) for r in t.get("indices", ())) for t in program["tensors"]}
     box_hash = _box_hash  # a local: looked up once per box
     memory = {}  # (phase, unit) -> offload flag
     stage = {}  # (phase, unit) -> model-stage
-    want = {}  # (after unit, tensor) -> H of its shard on `gpu`
+    want = {}  # (after unit, tensor or family) -> H of its shard on `gpu`
     for phase in ("before", "after"):
         for unit in program["units"][phase]:
             memory[(phase, unit["id"])] = bool(unit.get("offload", False))
@@ -106,18 +139,21 @@ def check_writes(program: dict, gpu: int) -> None:
                 if shard["gpu"] != gpu:
                     continue
                 name = shard["tensor"]
+                members = _at_hash(shard.get("at"), indices.get(name, ()))
                 total = 0
                 for raw in shard["boxes"]:
                     try:  # a JSON box as a tuple key (10^4 boxes in a MoE part)
                         h = box_hash(tuple(map(tuple, raw)), shapes[name])
                     except (TypeError, KeyError):
                         h = -1
-                    if h < 0:
-                        raise ProgramError(f"{prefix}: {phase} unit {unit['id']} holds box {raw} of {name}, which "
-                                           f"is no box inside the tensor (shape {list(shapes.get(name, ()))})")
+                    if h < 0 or members < 0:
+                        raise ProgramError(f"{prefix}: {phase} unit {unit['id']} holds box {raw} of {name}"
+                                           + (f" at {shard.get('at')}" if shard.get("at") is not None else "")
+                                           + f", which is no box inside the tensor (shape {list(shapes.get(name, ()))})")
                     total += h
                 if phase == "after":
-                    want[(unit["id"], name)] = total % _P
+                    key = (unit["id"], name)
+                    want[key] = (want.get(key, 0) + total * members) % _P
     got = dict.fromkeys(want, 0)
     pairs: set = set()  # (before unit, after unit, keep) checked by _check_pair
     freed: dict = {}  # before unit -> the round that frees its shards on `gpu`
@@ -135,41 +171,57 @@ def check_writes(program: dict, gpu: int) -> None:
             if not writes:  # a send out (or none of this GPU's): rank_program's lowering checks that
                 # its boxes lie in the source and the destination shard, the receiver checks the rest
                 for seg in op["segments"] if reads and freed else ():
-                    _not_freed(prefix, r, k, op, seg, freed)
+                    _not_freed(prefix, r, k, op, seg, _units(seg, op)[0], freed)
                 continue
             keep = kind == "keep"
             for seg in op["segments"]:  # (10^5 segments in a MoE part: the least work per segment)
                 name = seg["tensor"]
                 try:
-                    h = box_hash(tuple(map(tuple, seg["box"])), shapes[name])
+                    h = box_hash(tuple(map(tuple, seg["box"])), shapes[name]) * \
+                        _at_hash(seg.get("at"), indices.get(name, ()))
                 except (TypeError, KeyError):
                     h = -1
                 if h < 0:
-                    raise ProgramError(f"{prefix}: {_op_name(r, k, op)} moves box {seg['box']} of {name}, which "
-                                       f"is no box inside the tensor (shape {list(shapes.get(name, ()))})")
-                pair = (seg["src_unit"], seg["dst_unit"], keep)
+                    raise ProgramError(f"{prefix}: {_op_name(r, k, op)} moves box {seg['box']} of {name}"
+                                       + (f" at {seg.get('at')}" if seg.get("at") is not None else "")
+                                       + f", which is no box inside the tensor (shape {list(shapes.get(name, ()))})")
+                src_unit, dst_unit = _units(seg, op)
+                pair = (src_unit, dst_unit, keep)
                 if pair not in pairs:  # once per pair of units (and keep or not)
                     _check_pair(prefix, _op_name(r, k, op), name, pair, stage, memory)
                     pairs.add(pair)
                 if freed and reads:  # (a receive reads the sender's shard, not this GPU's)
-                    _not_freed(prefix, r, k, op, seg, freed)
+                    _not_freed(prefix, r, k, op, seg, src_unit, freed)
                 try:
-                    got[(pair[1], name)] += h
+                    got[(dst_unit, name)] += h
                 except KeyError:
                     raise ProgramError(f"{prefix}: {_op_name(r, k, op)} writes {name} into after unit "
-                                       f"{pair[1]}, which holds no shard of it on GPU {gpu}") from None
+                                       f"{dst_unit}, which holds no shard of it on GPU {gpu}") from None
     for key, expected in want.items():
         if got[key] % _P != expected:
-            raise ProgramError(f"{prefix}: {_explain(program, gpu, key)}",
+            raise ProgramError(f"{prefix}: {_explain(_written_out(program), gpu, key)}",
                                hint="a wrong program: every element of a new shard must be written exactly once "
                                     "(`nereusc verify` proves the whole program; docs/program.md)")
 
 
-def _not_freed(prefix: str, r: int, k: int, op: dict, seg: dict, freed: dict) -> None:
+def _units(seg: dict, op: dict) -> tuple:
+    """(src_unit, dst_unit) of a segment: its own, or those its op states once (rank parts)."""
+    return (seg["src_unit"] if "src_unit" in seg else op["src_unit"],
+            seg["dst_unit"] if "dst_unit" in seg else op["dst_unit"])
+
+
+def _written_out(program: dict) -> dict:
+    """The failure path: the program as v1 with units on every segment (what _explain reads)."""
+    from nereus.ir.program import expand_ranges, expand_segment_units
+
+    return expand_segment_units(expand_ranges(program))
+
+
+def _not_freed(prefix: str, r: int, k: int, op: dict, seg: dict, src_unit: str, freed: dict) -> None:
     """A segment that round r reads from a before unit on this GPU: not after its free."""
-    if freed.get(seg["src_unit"], r) < r:
+    if freed.get(src_unit, r) < r:
         raise ProgramError(f"{prefix}: {_op_name(r, k, op)} reads {seg['tensor']} from before unit "
-                           f"{seg['src_unit']}, which round {freed[seg['src_unit']]} freed")
+                           f"{src_unit}, which round {freed[src_unit]} freed")
 
 
 def _check_pair(prefix: str, where: str, name: str, pair: tuple, stage: dict, memory: dict) -> None:
@@ -235,8 +287,11 @@ def _explain(program: dict, gpu: int, key: tuple) -> str:
 def _pieces_text(pieces) -> str:
     """A message's pieces as the digest reads them: packing order, units, global box,
     elements, bytes, and how they travel (direct, parts)."""
-    return "\n".join([f"{p.tensor} {p.src_unit} {p.dst_unit} {_box_text(p.box)} {p.numel} {p.nbytes} {p.direct:d} "
-                      f"{p.parts}" for p in pieces])
+    return "\n".join([f"{_names_text(p.tensors)} {p.src_unit} {p.dst_unit} {_box_text(p.box)} {p.numel} {p.nbytes} "
+                      f"{p.direct:d} {p.parts}" for p in pieces])
+
+
+_names_text = functools.lru_cache(maxsize=1 << 14)(",".join)  # a v2 piece's tensors: one string per range
 
 
 _box_text = functools.lru_cache(maxsize=1 << 16)(repr)  # a few hundred distinct boxes per part
@@ -302,7 +357,7 @@ def pair_messages(prog, src: int, dst: int) -> list:
         for msg in msgs:
             if msg.peer == (dst if prog.gpu == src else src):
                 out.append((work.index, msg.op_index, message_digest(msg),
-                            [(p.tensor, _text(p.box), p.src_unit, p.dst_unit, p.nbytes, p.direct)
+                            [(",".join(p.tensors), _text(p.box), p.src_unit, p.dst_unit, p.nbytes, p.direct)
                              for p in msg.pieces]))
     return sorted(out, key=lambda m: (m[0], m[1]))
 

@@ -243,7 +243,7 @@ def _checksum_case(rank, control, tamper) -> dict:
 def _reading_v_for_k(prog):
     work = prog.rounds[0]
     (msg,) = [m for m in work.sends if m.peer == 1]
-    qkv = [p for p in msg.pieces if p.tensor == QKV]
+    qkv = [p for p in msg.pieces if p.tensors == (QKV,)]
     k, v = qkv[1], qkv[2]
     assert k.src_slices[0].stop - k.src_slices[0].start == v.src_slices[0].stop - v.src_slices[0].start
     pieces = tuple(dataclasses.replace(p, src_slices=v.src_slices) if p is k else p for p in msg.pieces)

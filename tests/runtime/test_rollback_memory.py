@@ -74,7 +74,7 @@ def _bytes_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 def _released_by_round(prog) -> dict:
     """{(unit, tensor): round} of the before-shards this rank releases (free or stage_out,
     whichever comes first), keeps excluded."""
-    kept = {(a.src_unit, a.tensor) for w in prog.rounds for a in w.aliases}
+    kept = {(a.src_unit, name) for w in prog.rounds for a in w.aliases for name in a.tensors}
     out = {}
     for work in prog.rounds:
         for unit in work.stage_outs + work.frees:
