@@ -18,7 +18,7 @@ from .diagnostics import SemanticError
 from .gpuset import resolve_gpu_set
 from .hf import read_hf_config
 from .model import (
-    ARCHITECTURE_DEFAULTS, DTYPE_BYTES, HEADS, ROPE_SCALING_TYPES, STAGES, Cluster, RopeScaling, GpuSpec, Location, Model, ModelStage, Module, Placement, Plan,
+    ARCHITECTURE_DEFAULTS, DTYPE_BYTES, HEADS, QUANT_FORMATS, ROPE_SCALING_TYPES, STAGES, Cluster, RopeScaling, GpuSpec, Location, Model, ModelStage, Module, Placement, Plan,
     Transition, Workload,
 )
 from .syntax import Declaration, Entry, PlacementSyntax, Word
@@ -71,7 +71,7 @@ ROPE_SCALING_KEYS: dict[str, Callable] = {
 }
 NULLABLE_BLOCKS: tuple[str, ...] = ("rope_scaling",)  # `rope_scaling none` turns scaling off
 WORKLOAD_KEYS: dict[str, Callable] = {**{key: _int for key in WORKLOAD_INTS}, "recompute": _choice(RECOMPUTE)}
-PLACEMENT_KEYS: tuple[str, ...] = ("dp", "tp", "pp", "ep", "on", "offload", "zero")
+PLACEMENT_KEYS: tuple[str, ...] = ("dp", "tp", "pp", "ep", "on", "offload", "zero", "quant")
 EXAMPLES = {
     "nodes": "nodes 8", "gpus_per_node": "gpus_per_node 8", "gpu": "gpu { mem 141GB flops 989TFLOPS hbm 4.8TB/s }",
     "intra": "intra 900GB/s", "inter": "inter 25GB/s", "host_mem": "host_mem 2TB", "mem": "mem 141GB",
@@ -287,6 +287,7 @@ def _placement(syntax: PlacementSyntax, cluster: Cluster, plan: str) -> Placemen
     locs: dict[str, Location] = {}
     gpu_items: Optional[tuple] = None
     offload = False
+    quant = None
     for kind, key, value in syntax.items:
         if key.text not in PLACEMENT_KEYS:
             raise SemanticError(f"unknown key '{key.text}' in a placement", key.loc,
@@ -303,6 +304,13 @@ def _placement(syntax: PlacementSyntax, cluster: Cluster, plan: str) -> Placemen
         elif key.text == "on":
             gpu_items = value
             locs["on"] = key.loc
+        elif key.text == "quant":
+            if kind != "key" or value.text not in QUANT_FORMATS:
+                at = value if kind == "key" else key
+                raise SemanticError(f"unknown weight format '{value.text if kind == 'key' else ''}' after quant",
+                                    at.loc, f"write quant {' or '.join(QUANT_FORMATS)}", width=at.width)
+            quant = value.text
+            locs["quant"] = value.loc
         elif kind == "flag":
             raise SemanticError(f"'{key.text}' needs a number", key.loc, f"write it like {key.text} 2",
                                 width=key.width)
@@ -319,7 +327,8 @@ def _placement(syntax: PlacementSyntax, cluster: Cluster, plan: str) -> Placemen
     gpus = resolve_gpu_set(gpu_items, cluster, word.text)
     model, _, stage = word.text.partition(".")
     return Placement(ModelStage(model, stage), values["dp"], values["tp"], values["pp"], gpus, gpu_items,
-                     offload, values["zero"], loc=word.loc, key_locs=tuple(locs.items()), ep=values["ep"])
+                     offload, values["zero"], loc=word.loc, key_locs=tuple(locs.items()), ep=values["ep"],
+                     quant=quant)
 
 
 def build_plans(decls: list[Declaration], cluster: Cluster, workload: Workload) -> tuple[Plan, ...]:

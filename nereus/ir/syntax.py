@@ -105,7 +105,7 @@ def _describe_expected(expected: set[str]) -> str:
     if _DECLARATION_KEYWORDS & expected:
         return "a declaration (cluster, model, workload, plan or transition)"
     if {"NAME", "ON", "MODEL_STAGE", "RBRACE"} <= expected:
-        return "a placement key (dp, tp, pp, ep, on, offload, zero), the next model-stage or '}'"
+        return "a placement key (dp, tp, pp, ep, on, offload, zero, quant), the next model-stage or '}'"
     if {"MODEL_STAGE", "RBRACE"} <= expected:
         return "a model-stage like actor.training or '}'"
     if {"QUANTITY", "NAME", "LBRACE", "COLON"} <= expected:
@@ -360,6 +360,9 @@ def _placement(node: Tree, file: str) -> PlacementSyntax:
             items.append(("key", _word(child.children[0], file), _word(child.children[1], file)))
         elif child.data == "pflag":
             items.append(("flag", _word(child.children[0], file), None))
+        elif child.data == "pquant":  # `quant fp8`: the keyword is an anonymous token, so its place is the node's
+            quant = Word("quant", Location(file, child.meta.line, child.meta.column))
+            items.append(("key", quant, _word(child.children[0], file)))
         else:
             on = Word("on", Location(file, child.meta.line, child.meta.column))
             items.append(("on", on, tuple(_gpu_item(item, file) for item in child.children[0].children)))

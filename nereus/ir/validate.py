@@ -253,6 +253,10 @@ def validate_placement(placement: Placement, module: Module) -> None:
         raise _error(f"zero applies to training only; {ms} holds no optimizer state", placement, "zero",
                      "drop zero here, or put it on a .training model-stage", _width(placement, "zero", placement.zero))
     model = module.model(ms.model)
+    if placement.quant is not None and ms.stage != "generation":
+        raise _error(f"quant applies to generation only; {ms} computes in {model.dtype}", placement, "quant",
+                     "drop quant here, or put it on a .generation model-stage (the weight sync quantizes)",
+                     _width(placement, "quant", placement.quant))
     _validate_ep(placement, model)
     if placement.zero and placement.ep > 1:
         # zero_boxes chunks each TP shard over dp; the chunking of expert shards held by one
