@@ -82,12 +82,12 @@ def verify_program(program_json: dict, against=None) -> VerifyReport:
             data = expand_segment_units(data)
         except (AttributeError, KeyError, TypeError):
             pass  # malformed: the replay names where
-        header = parse_header(data)
-        if against is not None:
-            from .verify_world import check_against
+        from .verify_codec import is_codec, verify_codec
 
-            check_against(data, against)
-        report = _replay(data, header, cursor)
+        if is_codec(data):  # a weight-sync codec program: its dense form, then what the codec adds
+            report = verify_codec(data, lambda dense: _prove(dense, against, cursor))
+        else:
+            report = _prove(data, against, cursor)
         from .verify_fields import unknown_fields
 
         return replace(report, warnings=tuple(unknown_fields(program_json)))
@@ -100,6 +100,16 @@ def verify_program(program_json: dict, against=None) -> VerifyReport:
     finally:
         if enabled:
             gc.enable()
+
+
+def _prove(data: dict, against, cursor: _Cursor) -> VerifyReport:
+    """The header checks (and, with `against`, the comparison with the plans), then the replay."""
+    header = parse_header(data)
+    if against is not None:
+        from .verify_world import check_against
+
+        check_against(data, against)
+    return _replay(data, header, cursor)
 
 
 def _replay(data: dict, header: Header, cursor: _Cursor) -> VerifyReport:

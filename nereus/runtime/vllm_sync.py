@@ -48,6 +48,9 @@ from .runtime import known_plan
 from .state import box_view, shard_unit, unit_on_gpu, writers
 
 SYNC_FROM, SYNC_TO = "sync.from", "sync.to"
+# dense: every run moves every byte whose owner changes (a transition of the weights);
+# delta: runs after the first send only the words that changed since the last one
+SYNC_MODES = ("dense", "delta")
 
 
 def engine_placement(placement: Placement) -> Placement:
@@ -103,14 +106,31 @@ def sync_module(module: Module, plan: str, source: str = "actor.training",
 
 
 def compile_weight_sync(module: Module, plan: str, source: str = "actor.training",
-                        target: str = "actor.generation", engine_input: bool = False, **options) -> dict:
+                        target: str = "actor.generation", engine_input: bool = False, *, mode: str = "dense",
+                        chunk: Optional[int] = None, **options) -> dict:
     """The JSON program (v1) of the weight sync of `plan`; `options` go to the passes
-    (e.g. bucket=64 << 20). Pure: imports neither vLLM nor CUDA."""
+    (e.g. bucket=64 << 20). With a `quant fp8` target placement the program quantizes
+    (nereus.passes.quantize), with mode "delta" its sends carry only what changed
+    (nereus.passes.delta; `chunk` words per chunk): docs/program.md, "Weight-sync codecs".
+    Pure: imports neither vLLM nor CUDA."""
     from nereus.passes import compile_transition
     from nereus.backends.json_program import program_json
 
+    if mode not in SYNC_MODES:
+        raise SemanticError(f"unknown weight-sync mode {mode!r}", hint=f"modes: {', '.join(SYNC_MODES)}")
     synthetic = sync_module(module, plan, source, target, engine_input)
-    return program_json(compile_transition(synthetic, SYNC_FROM, SYNC_TO, **options))
+    program = program_json(compile_transition(synthetic, SYNC_FROM, SYNC_TO, **options))
+    placement = synthetic.plan(SYNC_TO).placement(target)
+    if placement.quant is not None:
+        from nereus.models.quant import quantized_names
+        from nereus.passes.quantize import quantize_program
+
+        program = quantize_program(program, quantized_names(synthetic.model(placement.model_stage.model)))
+    if mode == "delta":
+        from nereus.passes.delta import CHUNK, delta_program
+
+        program = delta_program(program, chunk or CHUNK)
+    return program
 
 
 @dataclass
