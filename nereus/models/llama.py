@@ -30,6 +30,7 @@ from .tensors import COLUMN, REPLICATED, ROW, VOCAB, FusedPart, TensorSpec
 torch = LazyModule("torch")
 F = LazyModule("torch.nn.functional")
 parallel = LazyModule("nereus.models.parallel")
+fp8 = LazyModule("nereus.models.fp8")  # linear layers of a generation engine that holds FP8 weights
 moe = LazyModule("nereus.models.qwen3_moe")  # the sparse MLP of a model with experts
 if TYPE_CHECKING:
     from .expert_parallel import EpGroup
@@ -204,7 +205,7 @@ def _attention(x, w: Weights, i: int, shape: LocalShape, tp: TpGroup, cache: Opt
     `model` gives the numerics (rope, q/k norm, eps); None is the plain llama."""
     b, t, _ = x.shape
     hd, nq, nkv = shape.head_dim, shape.heads, shape.kv_heads
-    qkv = parallel.copy_to_tp(x, tp) @ w[f"layers.{i}.attn.qkv.weight"].t()
+    qkv = fp8.linear(parallel.copy_to_tp(x, tp), w[f"layers.{i}.attn.qkv.weight"])
     bias = w.get(f"layers.{i}.attn.qkv.bias")
     if bias is not None:  # this rank's bias rows match its weight rows
         qkv = qkv + bias
@@ -231,12 +232,13 @@ def _attention(x, w: Weights, i: int, shape: LocalShape, tp: TpGroup, cache: Opt
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=_causal_mask(t, start, x.device),
                                          is_causal=(start == 0 and t > 1))
     out = out.transpose(1, 2).reshape(b, t, nq * hd)
-    return parallel.reduce_from_tp(out @ w[f"layers.{i}.attn.o.weight"].t(), tp)
+    return parallel.reduce_from_tp(fp8.linear(out, w[f"layers.{i}.attn.o.weight"]), tp)
 
 
 def _mlp(x, w: Weights, i: int, shape: LocalShape, tp: TpGroup):
-    gate, up = (parallel.copy_to_tp(x, tp) @ w[f"layers.{i}.mlp.gate_up.weight"].t()).split(shape.ffn, dim=-1)
-    return parallel.reduce_from_tp((F.silu(gate) * up) @ w[f"layers.{i}.mlp.down.weight"].t(), tp)
+    # fp8.linear: x @ W.t(), or the FP8 product where a `quant fp8` engine holds W as Fp8Weight
+    gate, up = fp8.linear(parallel.copy_to_tp(x, tp), w[f"layers.{i}.mlp.gate_up.weight"]).split(shape.ffn, dim=-1)
+    return parallel.reduce_from_tp(fp8.linear(F.silu(gate) * up, w[f"layers.{i}.mlp.down.weight"]), tp)
 
 
 def embed(model: Model, w: Weights, tokens: torch.Tensor, tp: TpGroup) -> torch.Tensor:

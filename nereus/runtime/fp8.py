@@ -63,10 +63,3 @@ def block_amax(x: torch.Tensor, r0: int, c0: int, block: int = BLOCK) -> torch.T
     padded = torch.zeros(ti * block, tj * block, dtype=torch.float32, device=x.device)
     padded[pr:pr + h, pc:pc + w] = x.float().abs()
     return padded.view(ti, block, tj, block).amax(dim=(1, 3))
-
-
-def dequantize(codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype, block: int = BLOCK) -> torch.Tensor:
-    """The weights an FP8 shard stands for: codes x the scale of their block, in `dtype`."""
-    rows, cols = codes.shape
-    expanded = scales.repeat_interleave(block, 0)[:rows].repeat_interleave(block, 1)[:, :cols]
-    return (codes.view(FP8).float() * expanded).to(dtype)

@@ -35,7 +35,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from nereus.ir.diagnostics import SemanticError
+from nereus.ir.diagnostics import ProgramError, SemanticError
 from nereus.ir.model import ModelStage, Module, Placement, Plan
 
 from .boxes import as_box, box_numel
@@ -158,7 +158,8 @@ class WeightSync:
 
     def __init__(self, module: Module, *, source: str = "actor.training", target: str = "actor.generation",
                  engine_input: bool = False, device: Optional[torch.device] = None, control=None,
-                 bucket: Optional[int] = None, timeout_s: float = 600.0):
+                 bucket: Optional[int] = None, timeout_s: float = 600.0, mode: str = "dense",
+                 full_every: int = 0, chunk: Optional[int] = None, verify_programs: bool = True):
         stages = {str(ms) for ms in module.workload.model_stages()}
         for role, name in (("source", source), ("target", target)):
             if name not in stages:
@@ -168,7 +169,18 @@ class WeightSync:
                 ModelStage.parse(target).stage == "training":
             raise SemanticError(f"WeightSync {source} -> {target}: a sync copies one model's weights into a stage "
                                 "without optimizer state", hint="e.g. source='actor.training', target='actor.generation'")
+        if mode not in SYNC_MODES:
+            raise SemanticError(f"unknown weight-sync mode {mode!r}", hint=f"modes: {', '.join(SYNC_MODES)}")
+        if type(full_every) is not int or full_every < 0:
+            raise SemanticError(f"full_every {full_every!r} must be a whole number >= 0",
+                                hint="0: a full sync only when one is needed (the first, after a layout change)")
         self.module, self.source, self.target, self.engine_input = module, source, target, engine_input
+        # codec syncs (delta, quant fp8 targets; docs/program.md, "Weight-sync codecs")
+        self.mode, self.full_every, self.chunk, self.verify_programs = mode, full_every, chunk, verify_programs
+        self._codecs: dict = {}  # digest of a codec program -> its CodecSync on this rank
+        self._codec_plans: dict = {}  # plan -> (digest, compile seconds)
+        self._last: Optional[tuple] = None  # (digest, target identity) of the last codec run that succeeded
+        self._since_full = 0
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.control = control if control is not None else \
             dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
@@ -192,7 +204,7 @@ class WeightSync:
             if dist.get_rank() == 0:
                 try:
                     box[0] = ("ok", compile_weight_sync(self.module, plan, self.source, self.target, self.engine_input,
-                                                        **self.options))
+                                                        mode=self.mode, chunk=self.chunk, **self.options))
                 except Exception as error:  # noqa: BLE001 - every rank must raise the same error
                     box[0] = ("error", error)
             dist.broadcast_object_list(box, src=0, group=self.control)
@@ -228,6 +240,11 @@ class WeightSync:
         from .prepare import warm_data_path
 
         started = time.perf_counter()
+        if self.is_codec(plan):  # compiled, proven and lowered now; its buffers are made per run
+            with paused_all():
+                compile_s = self.codec(plan)[1]
+            return {"seconds": time.perf_counter() - started, "compile_s": compile_s, "kernels": 0, "peers": 0,
+                    "reserved_bytes": 0}
         with paused_all():
             program, compile_s = self.part(plan)
             figures = {"compile_s": compile_s, "kernels": 0, "peers": 0, "reserved_bytes": 0}
@@ -244,14 +261,105 @@ class WeightSync:
             self._rank_programs[plan] = rank_program(program, dist.get_rank())
         return self._rank_programs[plan]
 
-    def run(self, plan: str, source_state: dict) -> SyncResult:
+    def run(self, plan: str, source_state: dict, into: Optional[dict] = None) -> SyncResult:
         """Collective. Input: this rank's shards of `source` ({} when it holds none);
         optimizer state in it is ignored. Output: this rank's shards of `target` in `plan`.
         Invariant: `source_state`'s tensors are never written. Python's cyclic garbage
         collector is paused for the call (gc_pause), and so are the process's
-        lowering-ahead threads (nereus.runtime.ahead: their steps would share the GIL)."""
+        lowering-ahead threads (nereus.runtime.ahead: their steps would share the GIL).
+        A codec sync (mode "delta", or a `quant fp8` target) writes in place: into `into`
+        (this rank's target shards, as the last run returned them: {name: tensor or
+        nereus.models.fp8.Fp8Weight}) or, without it, into shards it keeps itself."""
         with paused_all(), paused():  # (this order: a step may end a collector pause of its own meanwhile)
-            return self._run(plan, source_state)
+            if self.is_codec(plan):
+                return self._run_codec(plan, source_state, into)
+            result = self._run(plan, source_state)
+            if into is not None:  # a dense sync's result aliases kept training tensors: copied
+                for name, tensor in into.items():
+                    tensor.copy_(result.weights[name])
+                result.weights = into
+            return result
+
+    def is_codec(self, plan: str) -> bool:
+        """Whether the sync of `plan` runs as a codec program (delta mode, or FP8 targets)."""
+        return self.mode == "delta" or self.module.plan(plan).placement(self.target).quant is not None
+
+    def codec(self, plan: str):
+        """Collective: this rank's CodecSync of `plan`'s codec program and compile seconds,
+        cached. Every rank compiles the whole program (deterministic) and lowers its own
+        work; with `verify_programs` rank 0 proves it (nereus.passes.verify, verify_codec);
+        one all_gather of every rank's digest (or error) then makes every rank raise when
+        any rank failed or holds another program."""
+        if plan not in self._codec_plans:
+            import hashlib
+
+            from nereus.backends.rank_json import canonical_json
+
+            from .codec_sync import CodecSync
+            from .codec_work import lower
+
+            known_plan(self.module, plan)
+            started = time.perf_counter()
+            rank, error, work, digest = dist.get_rank(), None, None, None
+            try:
+                program = compile_weight_sync(self.module, plan, self.source, self.target, self.engine_input,
+                                              mode=self.mode, chunk=self.chunk, **self.options)
+                digest = hashlib.sha256(canonical_json(program).encode()).hexdigest()
+                if self.verify_programs and rank == 0:
+                    from nereus.passes.verify import verify_program
+
+                    verify_program(program)
+                if not program.get("untouched"):
+                    work = lower(program, rank)
+            except Exception as caught:  # noqa: BLE001 - every rank must raise
+                error = f"{type(caught).__name__}: {getattr(caught, 'message', caught)}"
+            views: list = [None] * dist.get_world_size()
+            dist.all_gather_object(views, (digest, error), group=self.control)
+            failed = [(r, e) for r, (_, e) in enumerate(views) if e is not None]
+            if failed:
+                raise ProgramError(f"the weight sync of plan {plan} could not be compiled on rank {failed[0][0]}: "
+                                   f"{failed[0][1]}", hint="every rank compiles it; rank 0 also proves it")
+            if len({d for d, _ in views}) != 1:
+                raise ProgramError(f"the ranks compiled different weight-sync programs for plan {plan}",
+                                   hint="every rank must run the same nereus version on the same .nir")
+            if digest not in self._codecs:
+                group = self.data_group[0] if isinstance(self.data_group, (list, tuple)) else self.data_group
+                self._codecs[digest] = CodecSync(work, SYNC_FROM, SYNC_TO, self.device, group, self.control) \
+                    if work is not None else None
+            self._codec_plans[plan] = (digest, time.perf_counter() - started)
+        digest, compile_s = self._codec_plans[plan]
+        return self._codecs[digest], compile_s
+
+    def _run_codec(self, plan: str, source_state: dict, into: Optional[dict]) -> SyncResult:
+        sync, compile_s = self.codec(plan)
+        digest = self._codec_plans[plan][0]
+        weights = {k: v for k, v in source_state.items() if is_weight(k)}
+        if sync is None:  # untouched: both layouts are one and nothing is quantized
+            out = dict(weights) if into is None else into
+            if into is not None:
+                for name, tensor in into.items():
+                    tensor.copy_(weights[name])
+            kept = sum(t.numel() * t.element_size() for t in weights.values())
+            return SyncResult(out, 0.0, 0, 0, bytes_kept=kept, compile_s=compile_s, extra={"full": True})
+        targets = into if into is not None else getattr(sync, "targets", None)
+        if targets is None:
+            targets = sync.new_targets()
+        identity = tuple(sorted((name, (t.codes if hasattr(t, "codes") else t).data_ptr()) for name, t in targets.items()))
+        want_full = sync.work.chunk is None or self._last != (digest, identity) or \
+            (self.full_every > 0 and self._since_full + 1 >= self.full_every)
+        flag = torch.tensor([int(want_full)], dtype=torch.int64)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.control)  # a full run when any rank needs one
+        full = bool(int(flag))
+        self._last = None  # set again only when this run succeeds on every rank
+        sync.check_targets(targets)
+        figures = sync.run(weights, targets, full)
+        self._last, self._since_full = (digest, identity), (0 if full else self._since_full + 1)
+        if into is None:
+            sync.targets = targets
+        return SyncResult(targets, figures["seconds"], figures["bytes_sent"], figures["bytes_received"],
+                          figures["bytes_copied"], rounds=len(sync.work.rounds), compile_s=compile_s,
+                          extra={"full": full, "dense_bytes": figures["dense_bytes"],
+                                 "reference_bytes": sync.work.reference_bytes})
 
     def _run(self, plan: str, source_state: dict) -> SyncResult:
         program, compile_s = self.part(plan)
