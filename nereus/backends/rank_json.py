@@ -1,7 +1,7 @@
-"""Rank programs: one rank's part of a JSON program v1, lowered from the symbolic program
-without emitting the whole (docs/program.md, "Rank programs").
+"""Rank programs: one rank's part of a JSON program (v2, or v1), lowered from the symbolic
+program without emitting the whole (docs/program.md, "Rank programs").
 
-    rank_program_json(compiled, rank) -> dict     # a CompiledTransition or lowered Program
+    rank_program_json(compiled, rank, version=2) -> dict  # a CompiledTransition or lowered Program
     split_by_rank(whole) -> {rank: dict}          # the same parts, cut from a whole v1 dict
     rank_digests(whole) -> {rank: sha256}; rank_digest(part) -> sha256
 
@@ -30,7 +30,7 @@ from collections import defaultdict
 
 from nereus.ir.program import compact_segment_units, expand_segment_units
 
-from .json_program import FORMAT, VERSION, op_json, unit_json
+from .json_program import FORMAT, VERSION, check_version, op_json, tensors_json, unit_json
 
 
 def _involves(dag, kind: str, record, rank: int) -> bool:
@@ -43,16 +43,17 @@ def _involves(dag, kind: str, record, rank: int) -> bool:
     return record.dst_gpu == rank
 
 
-def rank_program_json(compiled, rank: int) -> dict:
-    """Rank `rank`'s program (module docstring)."""
+def rank_program_json(compiled, rank: int, version: int = VERSION) -> dict:
+    """Rank `rank`'s program (module docstring), in JSON program `version` (2: ranges)."""
     from nereus.passes.manager import paused_gc
 
+    check_version(version)
     with paused_gc():  # thousands of small dicts and lists, none cyclic
-        return _rank_program_json(compiled, rank)
+        return _rank_program_json(compiled, rank, version == 2)
 
 
-def _rank_program_json(compiled, rank: int) -> dict:
-    from nereus.passes.layout import tensor_entries, unit_id
+def _rank_program_json(compiled, rank: int, ranged: bool) -> dict:
+    from nereus.passes.layout import unit_id
 
     program = getattr(compiled, "program", compiled)
     dag = program.dag
@@ -69,7 +70,7 @@ def _rank_program_json(compiled, rank: int) -> dict:
         if k != current:
             current, index = k, 0
         if _involves(dag, kind, record, rank):
-            op = op_json(dag, kind, record)
+            op = op_json(dag, kind, record, ranged)
             op["id"], op["round"], op["index"] = next_id, k, index
             rounds[k]["ops"].append(compact_segment_units(op))
             if kind == "send":
@@ -89,17 +90,17 @@ def _rank_program_json(compiled, rank: int) -> dict:
                 if r == mine:
                     only[rank] = None
                 if only:
-                    units[side].append(unit_json(info.model, placement, r, only))
+                    units[side].append(unit_json(info.model, placement, r, only, ranged))
     names = {s["tensor"] for side in units.values() for u in side for s in u["shards"]}
     tensors, seen = [], set()
     for info in dag.stages:
-        for name, shape, dtype in tensor_entries(info.model, info.states):
-            if name in names and name not in seen:
-                seen.add(name)
-                tensors.append({"name": name, "shape": list(shape), "dtype": dtype})
+        for entry in tensors_json(info.model, info.states, ranged):
+            if entry["name"] in names and entry["name"] not in seen:
+                seen.add(entry["name"])
+                tensors.append(entry)
     gpus = sorted(peers | {rank})
     return {
-        "format": FORMAT, "version": VERSION,
+        "format": FORMAT, "version": 2 if ranged else 1,
         "transition": {"from": dag.source, "to": dag.target},
         "rank": rank,
         "peers": sorted(peers),

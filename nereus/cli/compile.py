@@ -71,6 +71,11 @@ def summary_text(summary: dict) -> str:
              f" inter-node {human_bytes(b['inter_node'])}, staged {human_bytes(b['staged'])}); kept in place {human_bytes(b['kept'])}",
              f"  lower bound (bytes whose owner changes) {human_bytes(summary['lower_bound_bytes'])};"
              f" sent {human_bytes(b['intra_node'] + b['inter_node'])}"]
+    bounds = summary.get("bounds")
+    if bounds and bounds["busiest_nic_seconds"]:
+        ratio = summary["predicted_seconds"] / bounds["busiest_nic_seconds"]
+        lines.append(f"  link bounds: busiest NIC {bounds['busiest_nic_seconds']:.3f} s (node {bounds['busiest_node']}),"
+                     f" average NIC {bounds['average_nic_seconds']:.3f} s; predicted {ratio:.2f}x the busiest")
     peak = summary["peak_memory"]
     when = "before round 0" if peak["round"] < 0 else f"in round {peak['round']}"
     free = peak["free_bytes"]
@@ -139,10 +144,12 @@ def _print_after(name: str, state) -> None:
 @click.option("--pipeline", metavar="PASSES", help="Pass pipeline, e.g. diff,dag,resources,fusion{bucket=256MiB},lower,cost.")
 @click.option("--rank", type=int, metavar="R",
               help="With --emit json: write rank R's program alone (its ops, shards and peers; docs/program.md).")
+@click.option("--program-version", type=click.Choice(["1", "2"]), default="2", show_default=True,
+              help="With --emit json: the JSON program version (2: families and ranges; 1: every member named).")
 @traceback_option
 @reports_errors
 def compile_command(file, transition, overrides, emit, output, as_json, time_passes, print_after_all, pipeline,
-                    rank, traceback):
+                    rank, program_version, traceback):
     """Check FILE's plans and compile its transitions."""
     from nereus.cli.check import load_module
     from nereus.passes import compile_transition
@@ -229,9 +236,9 @@ def compile_command(file, transition, overrides, emit, output, as_json, time_pas
     elif emit == "json" and rank is not None:
         from nereus.backends.rank_json import rank_program_json
 
-        text = json.dumps(rank_program_json(results[0], rank), separators=(",", ":"))
+        text = json.dumps(rank_program_json(results[0], rank, int(program_version)), separators=(",", ":"))
     elif emit == "json":
-        text = json.dumps(program_json(results[0]), separators=(",", ":"))
+        text = json.dumps(program_json(results[0], int(program_version)), separators=(",", ":"))
     elif emit == "dag":
         from nereus.backends.text import dag_text
 

@@ -1,6 +1,12 @@
-"""The rank program (JSON program v1, docs/program.md) as read back: the third IR level.
+"""The rank program (JSON program v1 and v2, docs/program.md) as read back: the third IR level.
 
     program_from_json(data) -> JsonProgram      # header and required fields checked
+    expand_ranges(data) -> dict                 # a v2 program as the v1 program it stands for
+
+Version 2 adds tensor families and index ranges (nereus.ir.ranges): a tensor, shard or
+segment may name a family (`{}` placeholders) with `at` ranges instead of one member;
+everything else is v1. `expand_ranges` writes each out member by member, which is what
+a v2 program means (tested against the v1 emission of the same compile).
 
 Emitting a program is a backend's job (nereus.backends.json_program); reading one is
 shared by the verifier (nereus.passes.verify) and the runtime, so it lives with the IR.
@@ -13,13 +19,14 @@ from dataclasses import dataclass
 
 from .diagnostics import ProgramError
 
-FORMAT, VERSION = "nereus-program", 1
+FORMAT, VERSION = "nereus-program", 2
+VERSIONS = (1, 2)  # what the readers here read: v1 (every member named) and v2 (ranges)
 REQUIRED_FIELDS = ("transition", "gpus", "tensors", "units", "resident_bytes", "rounds")
 
 
 @dataclass(frozen=True)
 class JsonProgram:
-    """A program read back from JSON; `data` is the v1 dict."""
+    """A program read back from JSON; `data` is the v1 or v2 dict."""
 
     data: dict
 
@@ -28,14 +35,15 @@ class JsonProgram:
 
 
 def program_from_json(data: dict) -> JsonProgram:
-    """Check the header and required top-level fields of a v1 dict; raise ProgramError."""
+    """Check the header and required top-level fields of a v1 or v2 dict; raise ProgramError."""
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ProgramError("not a Nereus program: 'format' must be \"nereus-program\"",
                            hint="produce one with `nereusc FILE --transition S1:S2 --emit json -o program.json`")
     version = data.get("version")
-    if type(version) is not int or version != VERSION:  # not True, not 1.0: the integer 1
-        raise ProgramError(f"unsupported program version {json.dumps(version)}; this compiler reads version 1",
-                           hint="`\"version\": 1`, an integer (a program of a later version needs a later nereusc)")
+    if type(version) is not int or version not in VERSIONS:  # not True, not 1.0: the integer 1 or 2
+        raise ProgramError(f"unsupported program version {json.dumps(version)}; this compiler reads versions 1 and 2",
+                           hint="`\"version\": 1` or `2`, an integer (a program of a later version needs a later "
+                                "nereusc)")
     for key in REQUIRED_FIELDS:
         if key not in data:
             raise ProgramError(f"program lacks the required field '{key}'",
@@ -79,3 +87,51 @@ def expand_segment_units(data: dict) -> dict:
             ops.append(op)
         rounds.append(dict(rnd, ops=ops))
     return dict(data, rounds=rounds)
+
+
+def is_ranged(data: dict) -> bool:
+    """Whether `data` is a version-2 program (families and ranges may occur)."""
+    return isinstance(data, dict) and data.get("version") == 2
+
+
+def expand_ranges(data: dict) -> dict:
+    """The v1 program a v2 program stands for: every family member named, every ranged
+    shard and segment written out member by member, row-major (docs/program.md, "Version
+    2"); a v1 program is returned as it is. Raises ProgramError on a malformed range.
+    For readers that only know v1; the verifier and the runtime read ranges as they are."""
+    from .ranges import member_name, members, parse_at
+
+    if not is_ranged(data):
+        return data
+
+    def expand_entry(entry: dict, where: str, key: str) -> list:
+        if "at" not in entry:
+            return [entry]
+        at = parse_at(entry["at"], where)
+        base = {k: v for k, v in entry.items() if k != "at"}
+        return [dict(base, **{key: member_name(entry[key], idx)}) for idx in members(at)]
+
+    tensors = []
+    for t in data.get("tensors", ()):
+        if "indices" not in t:
+            tensors.append(t)
+            continue
+        base = {k: v for k, v in t.items() if k != "indices"}
+        for idx in members(parse_at(t["indices"], f"header field 'tensors' ({t.get('name')})", "'indices'")):
+            tensors.append(dict(base, name=member_name(t["name"], idx)))
+    units = {}
+    for side, listed in data.get("units", {}).items():
+        units[side] = [dict(u, shards=[s for shard in u.get("shards", ())
+                                       for s in expand_entry(shard, f"header field 'units.{side}' ({u.get('id')})",
+                                                             "tensor")])
+                       for u in listed]
+    rounds = []
+    for k, rnd in enumerate(data.get("rounds", ())):
+        ops = []
+        for i, op in enumerate(rnd.get("ops", ())):
+            if "segments" in op:
+                op = dict(op, segments=[s for seg in op["segments"]
+                                        for s in expand_entry(seg, f"round {k}, op {i}", "tensor")])
+            ops.append(op)
+        rounds.append(dict(rnd, ops=ops))
+    return dict(data, version=1, tensors=tensors, units=units, rounds=rounds)

@@ -141,6 +141,7 @@ def summarize(compiled: CompiledTransition) -> dict:
                       "inter_node": cost.bytes_inter, "staged": cost.bytes_staged, "kept": cost.bytes_kept},
             "lower_bound_bytes": cost.lower_bound,
             "predicted_seconds": cost.seconds,
+            "bounds": _bounds_json(program, cost),
             "peak_memory": _peak_json(cost.peak, state.module, compiled.source, compiled.target),
             "resource_edges": _edge_counts(sched),
             "chunked": sched.chunked,
@@ -207,6 +208,15 @@ def peak_hint(module, source: str, target: str) -> str:
 
 def _file(module) -> str:
     return module.file if module.file and not module.file.startswith("<") else "FILE"
+
+
+def _bounds_json(program, cost) -> dict:
+    """The link bounds (`cost.link_bounds`): the busiest node's NIC and the average NIC."""
+    from .cost import link_bounds
+
+    b = link_bounds(program, cost)
+    return {"busiest_nic_seconds": b.busiest_nic_seconds, "busiest_node": b.busiest_node,
+            "average_nic_seconds": b.aggregate_seconds}
 
 
 def _edge_counts(schedule) -> dict:

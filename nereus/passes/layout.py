@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Iterator
+from typing import Iterator, Optional
 
 from nereus.models import (
     COLUMN,
@@ -353,3 +353,94 @@ def tensor_entries(model: Model, states: tuple[str, ...]) -> Iterator[tuple[str,
                 name = slot_spec.name(model.name, slot)
                 for suffix in states:
                     yield name + suffix, slot_spec.spec.shape, suffix_dtype(model, suffix)
+
+
+# -- JSON program v2: tensor families (nereus.ir.ranges, docs/program.md) ------------------
+
+
+@lru_cache(maxsize=None)
+def spec_family(slot_spec: SlotSpec, model: str) -> tuple[str, Optional[int]]:
+    """(family, expert) of a tensor pattern: a layer tensor's name with `{}` for its layer
+    (and for its expert index, an expert's: `actor/layers.{}.mlp.experts.{}.down.weight`),
+    the expert index or None; a tensor outside the layers is its own plain name."""
+    spec = slot_spec.spec
+    if slot_spec.kind != "layer":
+        return slot_spec.name(model, 0), None
+    local = spec.name.replace("{i}", "{}")
+    if spec.expert is not None:
+        marker = f".{spec.expert}."
+        if local.count(marker) != 1:
+            raise ValueError(f"cannot find expert {spec.expert} in tensor pattern {spec.name!r}")
+        local = local.replace(marker, ".{}.")
+    return f"{model}/{local}", spec.expert
+
+
+def family_entries(model: Model, states: tuple[str, ...]) -> Iterator[tuple[str, tuple, tuple[int, ...], str]]:
+    """(family, indices, shape, dtype) of every tensor a unit with `states` covers, as JSON
+    program v2 declares them: plain names outside the layers ((), no indices), one family
+    per layer pattern over [0, layers) (and [0, experts) for an expert's pattern)."""
+    specs = slot_specs(model)
+    seen = set()
+    for kind in ("first", "layer", "last"):
+        for slot_spec in specs:
+            if slot_spec.kind != kind:
+                continue
+            fam, expert = spec_family(slot_spec, model.name)
+            if fam in seen:
+                continue
+            seen.add(fam)
+            if kind != "layer":
+                indices: tuple = ()
+            elif expert is None:
+                indices = ((0, model.layers),)
+            else:
+                indices = ((0, model.layers), (0, slot_spec.spec.experts))
+            for suffix in states:
+                yield fam + suffix, indices, slot_spec.spec.shape, suffix_dtype(model, suffix)
+
+
+def ranged_gpu_shards(model: Model, placement: Placement, stage: int, rank: int,
+                      replica: int = 0) -> tuple[tuple[str, tuple, tuple[Box, ...]], ...]:
+    """(family, at, boxes) of everything the GPU at (replica, stage, rank) holds, as JSON
+    program v2 lists shards: `gpu_shards` with the layers of the stage as one range and the
+    experts the GPU's EP rank owns as one run (`at` = () for a plain name). Work per tensor
+    pattern, not per layer or expert; cached per layout position."""
+    return _ranged_shards(model, placement.tp, placement.ep, placement.pp, placement.dp, placement.zero,
+                          states_of(str(placement.model_stage)), stage, rank, replica)
+
+
+@lru_cache(maxsize=1 << 14)
+def _ranged_shards(model: Model, tp: int, ep: int, pp: int, dp: int, zero: int, states: tuple, stage: int,
+                   rank: int, replica: int) -> tuple:
+    lo, hi = stage_slots(model.layers, pp, stage)
+    sharded = zero >= 1 and len(states) > 1
+    layers = (max(lo, 1) - 1, min(hi, model.layers + 1) - 1)
+    out = []
+    for kind in ("first", "layer", "last"):
+        if kind == "first" and lo > 0 or kind == "last" and hi <= model.layers + 1 or \
+                kind == "layer" and layers[0] >= layers[1]:
+            continue
+        groups: dict = {}  # (family, boxes by state) -> `at` ranges, in first-pattern order
+        for slot_spec in slot_specs(model):
+            spec = slot_spec.spec
+            if slot_spec.kind != kind or spec.expert not in (None, 0):
+                continue  # an expert's pattern is handled at its expert 0: every expert has its shape
+            if spec.expert is None:
+                boxes = rank_boxes(spec, tp, ep, rank)
+                at: tuple = ((layers[0], layers[1], 1),) if kind == "layer" else ()
+            else:  # the experts this GPU's EP rank owns, one contiguous run, TP's boxes each
+                per = spec.experts // ep
+                owner = rank // tp
+                boxes = tp_boxes(spec, tp, rank % tp)
+                at = ((layers[0], layers[1], 1), (owner * per, (owner + 1) * per, 1))
+            if not boxes:
+                continue
+            chunk = zero_boxes(spec, tp, rank, dp, replica) if sharded else boxes
+            per_state = tuple(boxes if s == "" and zero < 3 else chunk for s in states)
+            fam, _ = spec_family(slot_spec, model.name)
+            groups.setdefault((fam, per_state), at)
+        for (fam, per_state), at in groups.items():
+            for suffix, mine in zip(states, per_state):
+                if mine:
+                    out.append((fam + suffix, at, mine))
+    return tuple(out)

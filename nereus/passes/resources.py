@@ -109,29 +109,50 @@ def _cheaper(dag: TransitionDag, staging: bool) -> Schedule:
     nothing it is the lending schedule itself. Otherwise the lending schedule is built
     too, stopped as soon as its predicted time (`cost.RoundClock`, the cost pass's
     estimate for the default pipeline) exceeds the staging one's, and kept if it was not:
-    never predicted slower than lending alone, the lending one on a tie."""
+    never predicted slower than lending alone, the lending one on a tie. A schedule of
+    several rounds is then built again paced (`_pace`), kept only if predicted faster."""
+    best, options = _unpaced(dag, staging)
+    if len(best.rounds) <= 1:
+        return best
+    seconds = schedule_seconds(dag, best)
+    try:
+        paced, _ = _schedule(dag, range(len(dag.stages)), paced=True, seconds_cap=seconds, **options)
+    except InfeasibleError:  # a pace that leaves a cycle to staging may find host memory short
+        return best
+    if paced is None or schedule_seconds(dag, paced) >= seconds:
+        return best
+    note = (f"paced rounds (every GPU spreads its transfers over the rounds its tightest peer needs): predicted"
+            f" {schedule_seconds(dag, paced):.3g} s, unpaced {seconds:.3g} s")
+    return replace(paced, notes=paced.notes + (note,))
+
+
+def _unpaced(dag: TransitionDag, staging: bool) -> tuple[Schedule, dict]:
+    """The schedule `_cheaper` picked before pacing, and the options that built it."""
     stages = range(len(dag.stages))
     if not staging:
-        return _schedule(dag, stages, staging=False)[0]
+        return _schedule(dag, stages, staging=False)[0], {"staging": False}
     try:
         staging_instead, reserve_staged = _schedule(dag, stages, staging=True, stage_for_reserve=True)
     except InfeasibleError:  # host memory taken by the reserve's staging may be missing for a cycle
-        return _schedule(dag, stages, staging=True)[0]
+        return _schedule(dag, stages, staging=True)[0], {"staging": True}
     if not reserve_staged:
-        return staging_instead
+        return staging_instead, {"staging": True, "stage_for_reserve": True}
     seconds = schedule_seconds(dag, staging_instead)
     lending, _ = _schedule(dag, stages, staging=True, seconds_cap=seconds)
     if lending is not None:
-        return lending
+        return lending, {"staging": True}
     note = f"staging instead of lending the reserve: predicted {seconds:.3g} s, less than lending's"
-    return replace(staging_instead, notes=staging_instead.notes + (note,))
+    return replace(staging_instead, notes=staging_instead.notes + (note,)), {"staging": True,
+                                                                           "stage_for_reserve": True}
 
 
 def _schedule(dag: TransitionDag, stage_ids, *, staging: bool, stage_for_reserve: bool = False,
-              seconds_cap: float | None = None) -> tuple[Schedule | None, int]:
+              seconds_cap: float | None = None, paced: bool = False) -> tuple[Schedule | None, int]:
     """(schedule, bytes staged instead of lending the reserve). `stage_for_reserve`: where a
     stall would lend the transient reserve, stage before-shards instead where possible.
-    `seconds_cap`: the schedule is None once its predicted seconds exceed it."""
+    `seconds_cap`: the schedule is None once its predicted seconds exceed it. `paced`:
+    transfers are taken in shift order and each GPU's buffers per round are held to its
+    share of the rounds its tightest peer needs (`_pace`)."""
     cluster = dag.module.cluster
     cap = cluster.usable_gpu_bytes
     host_cap = cluster.host_mem_bytes
@@ -175,6 +196,8 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool, stage_for_reserve
     unfreed = len(live)
     reserve = int(cap * TRANSIENT_RESERVE)
     fine = False
+    pace_forced = None  # paced: (rounds, tight GPUs) as the first paced round saw them
+    pace_off = False  # a paced round that makes no progress is run again unpaced
     while allocs or ready or unfreed:
         k = len(rounds)
         took, waiting = [], []
@@ -203,6 +226,12 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool, stage_for_reserve
         allocs = waiting
         transient = defaultdict(int)
         done, later = [], []
+        limit = None
+        if paced and not pace_off:
+            ready.sort(key=lambda e, n=len(mem): (e[0].dst_gpu - e[0].src_gpu) % n)  # stable: shift order
+            limit, forced = _pace(ready, staged, mem, cap)
+            if forced is not None and pace_forced is None:
+                pace_forced = forced
         for entry in ready:
             x, whole_slot, row = entry
             if x.kind != SEND:
@@ -211,6 +240,9 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool, stage_for_reserve
             src_extra = 0 if staged[x.free] else x.bytes
             room_src = cap - mem[x.src_gpu] - transient[x.src_gpu]
             room_dst = cap - mem[x.dst_gpu] - transient[x.dst_gpu]
+            if limit is not None:
+                room_src = min(room_src, limit.get(x.src_gpu, room_src) - transient[x.src_gpu])
+                room_dst = min(room_dst, limit.get(x.dst_gpu, room_dst) - transient[x.dst_gpu])
             if src_extra <= room_src and x.bytes <= room_dst:
                 head, tail = x, None
             elif room_dst <= 0 or (src_extra and room_src <= 0):
@@ -258,6 +290,9 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool, stage_for_reserve
                     mem[f.gpu] -= f.bytes
         outs: list[int] = []
         if not took and not done and not releases:
+            if limit:  # the pace held back what could move: this round without it
+                pace_off = True
+                continue
             if reserve and allocs and stage_for_reserve:
                 outs = _stage_for_reserve(dag, allocs, mem, cap, reserve, host, host_cap, freed, staged, live)
                 reserve_staged += sum(dag.frees[i].bytes for i in outs)
@@ -278,7 +313,7 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool, stage_for_reserve
                 staged_bytes += sum(dag.frees[i].bytes for i in outs)
         check = []
         reserve = int(cap * TRANSIENT_RESERVE)
-        fine = False
+        fine = pace_off = False
         last_release = defaultdict(list)
         for i in releases + outs:
             last_release[dag.frees[i].gpu].append(i)
@@ -293,8 +328,73 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool, stage_for_reserve
         notes.append(f"staged {human_bytes(reserve_staged)} through host memory instead of lending the transient reserve")
     if chunked:
         notes.append(f"{chunked} transfer split(s) to fit transient buffers")
+    if pace_forced is not None:
+        notes.append(memory_note(dag, tuple(rounds), pace_forced))
     return Schedule(tuple(rounds), tuple(edges), chunked, staged_bytes + reserve_staged, False, tuple(notes)), \
         reserve_staged
+
+
+PACE_SLACK = 1.2  # a paced GPU may take this much more than its even share (cuts are by layer)
+
+
+def _pace(ready: list, staged: list, mem: list, cap: int) -> dict:
+    """{gpu: most buffer bytes it takes this round} of a paced round: the GPU whose
+    remaining sends and receives (`ready`, buffer bytes at both ends; a staged source's at
+    its destination only) fill its free memory the most times over sets the rounds still
+    needed, K; every other GPU spreads its own over K rounds (its share, with
+    PACE_SLACK) instead of finishing early and leaving the tight GPU's rounds to run alone:
+    each round then moves a like share on every link (module docstring)."""
+    load: dict = defaultdict(int)
+    for x, _, _ in ready:
+        if x.kind == SEND:
+            load[x.dst_gpu] += x.bytes
+            if not staged[x.free]:
+                load[x.src_gpu] += x.bytes
+    rounds, need = 1, {}
+    for g, n in load.items():
+        room = cap - mem[g]
+        if room > 0:
+            need[g] = -(-n // room)
+            rounds = max(rounds, need[g])
+    if rounds <= 1:
+        return {}, None
+    tight = tuple((g, cap - mem[g], load[g]) for g in sorted(need) if need[g] == rounds)
+    return {g: int(n / rounds * PACE_SLACK) + 1 for g, n in load.items()}, (rounds, tight)
+
+
+def memory_note(dag: TransitionDag, rounds: tuple, forced) -> str:
+    """What sets a paced schedule's rounds: the GPUs whose free memory their buffers fill
+    the most times over, and the after units (TP groups) that wait for their data, with
+    the last round that brings it."""
+    k, tight = forced
+    gpus = [g for g, _, _ in tight]
+    room, load = min(r for _, r, _ in tight), max(n for _, _, n in tight)
+    holders = sorted({dag.stages[f.stage].name + f" pp stage {f.pos[0]}" for f in dag.frees if f.gpu in set(gpus)})
+    last: dict = {}
+    for i, rnd in enumerate(rounds):
+        for x in rnd.xfers:
+            if x.kind == SEND and x.src_gpu in set(gpus):
+                a = dag.allocs[x.alloc]
+                last[(dag.stages[a.stage].name, a.replica)] = i
+    waits = defaultdict(list)
+    for (name, replica), i in sorted(last.items()):
+        waits[(name, i)].append(replica)
+    listing = "; ".join(f"{name} replicas {_ranges(reps)} until round {i}" for (name, i), reps in sorted(
+        waits.items(), key=lambda item: (-item[0][1], item[0][0]))[:4])
+    return (f"memory sets {k} rounds: GPU(s) {_ranges(gpus)} ({', '.join(holders[:3])}) have"
+            f" {human_bytes(room)} free for {human_bytes(load)} of send and receive buffers; the TP groups"
+            f" that wait for their data: {listing}")
+
+
+def _ranges(values) -> str:
+    """1, 2, 3, 5 -> '1-3, 5'."""
+    out: list = []
+    for v in sorted(set(values)):
+        if out and out[-1][1] == v - 1:
+            out[-1][1] = v
+        else:
+            out.append([v, v])
+    return ", ".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in out)
 
 
 def _break_cycle(dag, allocs, ready, mem, cap, host, host_cap, freed, staged, live) -> list[int]:

@@ -1,4 +1,4 @@
-"""verify: JSON program v1 → VerifyReport, or ProgramError naming the round and op.
+"""verify: JSON program v1 or v2 → VerifyReport, or ProgramError naming the round and op.
 
 Input: a program dict (docs/program.md) and, optionally, the module (plans) it claims to
 come from. Output: a `VerifyReport` (rounds, ops, bytes, per-GPU peak memory).
@@ -21,6 +21,13 @@ world and rejects any difference. A symbolic replay then proves:
     from a host-staged shard packs in host memory) — stays ≤ capacity_bytes (mem_bytes if
     absent); host memory per node ≤ host_mem_bytes.
 Invariant: any input — malformed or not — ends in a report or a located ProgramError.
+
+Version 2 (ranges, docs/program.md) is proven as written, never expanded member by
+member: a family's shard or segment is one box over the product of its `at` ranges.
+Containment is range containment; "written exactly once" keeps, per after shard of a
+family and distinct box, the written members as one bitset (a write whose members meet
+those of an overlapping box is a double write); the counts then compare volumes × member
+counts. So the replay's work grows with the program's entries, not with its members.
 """
 
 from __future__ import annotations
@@ -34,7 +41,10 @@ from nereus.ir.diagnostics import ProgramError
 from nereus.ir.program import expand_segment_units, program_from_json
 from nereus.ir.units import human_bytes
 
-from .verify_header import Header, check_box, fail, is_int, nonnegative, overlap, parse_header, shown, volume
+from nereus.ir.ranges import at_json, count, member_mask, members
+
+from .verify_header import (Header, check_box, entries_volume, fail, holds, is_int, nonnegative, overlap, parse_header,
+                            shard_at, shown, volume)
 
 PHASE = {"alloc": 0, "keep": 1, "copy": 1, "send": 1, "stage_out": 2, "free": 2}
 
@@ -55,8 +65,9 @@ class VerifyReport:
                 f" peak {self.worst_fraction:.1%} of capacity on GPU {self.worst_gpu}")
 
 
-def _inside(inner, outer) -> bool:
-    return all(a >= c and b <= d for (a, b), (c, d) in zip(inner, outer))
+def _label(name: str, at: tuple) -> str:
+    """A tensor as errors name it: a v2 family with its `at` ranges."""
+    return f"{name} at {at_json(at)}" if at else name
 
 
 class _Cursor:
@@ -117,7 +128,7 @@ def _replay(data: dict, header: Header, cursor: _Cursor) -> VerifyReport:
     capacity, node_of, host_cap = header.capacity, header.node_of, header.host_capacity
 
     def shard_bytes(shards) -> int:
-        return sum(volume(b) * tensors[name][1] for name, boxes in shards.items() for b in boxes)
+        return sum(entries_volume(entries) * tensors[name][1] for name, entries in shards.items())
 
     def host_add(where, node, nbytes):
         host[node] += nbytes
@@ -141,9 +152,11 @@ def _replay(data: dict, header: Header, cursor: _Cursor) -> VerifyReport:
     rounds = data["rounds"]
     if not isinstance(rounds, list):
         fail("header field 'rounds' must be a list")
-    kept_into, kept_out = _kept_bytes(rounds, tensors, cursor)
+    kept_into, kept_out = _kept_bytes(rounds, header, cursor)
     allocated = set()
-    written: dict = defaultdict(list)
+    # (after unit, GPU, tensor) -> {box: bitset of the members written}, and their elements
+    written: dict = defaultdict(dict)
+    written_volume: dict = defaultdict(int)
     peak = dict(mem)
     # the state before round 0 fits too (the rounds check after their allocs; a program
     # with no rounds is checked only here)
@@ -231,7 +244,8 @@ def _replay(data: dict, header: Header, cursor: _Cursor) -> VerifyReport:
                     fail(f"{where}: needs a list of segments")
                 total = from_gpu = 0
                 for s in op["segments"]:
-                    nbytes, box = _transfer(where, s, src, dst, header, status, allocated, written)
+                    nbytes, at, box = _transfer(where, s, src, dst, header, status, allocated, written,
+                                                written_volume)
                     total += nbytes
                     if status[(s["src_unit"], src)] != "host":
                         from_gpu += nbytes
@@ -240,7 +254,8 @@ def _replay(data: dict, header: Header, cursor: _Cursor) -> VerifyReport:
                         if (("before", s["src_unit"]) in header.offloaded) != (("after", s["dst_unit"]) in header.offloaded):
                             fail(f"{where}: keeps {s['tensor']} between an offloaded and a GPU-resident unit",
                                  hint="a keep hands over in place: both units must live in the same memory")
-                        keeps[(s["src_unit"], s["dst_unit"], src, s["tensor"])].append((box, where))
+                        for idx in members(at):  # keeps are small (whole shards on one GPU): per member
+                            keeps[(s["src_unit"], s["dst_unit"], src, s["tensor"], idx)].append((box, where))
                 if kind != "keep":
                     if not is_int(op.get("bytes")):
                         fail(f"{where}: bytes must be a non-negative integer, not {shown(op.get('bytes'))}")
@@ -253,14 +268,15 @@ def _replay(data: dict, header: Header, cursor: _Cursor) -> VerifyReport:
         if phase <= 1:
             _check_memory(_before_frees(k, len(rnd["ops"])), mem, transient,
                           capacity, peak)
-        for (su, du, g, name), handed in keeps.items():
+        for (su, du, g, name, idx), handed in keeps.items():
             boxes = sorted(box for box, _ in handed)
-            if boxes != sorted(before[su][g][name]) or boxes != sorted(after[du][g][name]):
+            src_boxes, dst_boxes = _member_boxes(before[su][g][name], idx), _member_boxes(after[du][g][name], idx)
+            if boxes != sorted(src_boxes) or boxes != sorted(dst_boxes):
                 fail(f"{handed[0][1]}: keep of {name} on GPU {g} is not a whole identical shard",
                      hint="a partial shard on the same GPU is a copy")
             # a local tensor stacks its boxes in their listed order: the same boxes listed in
             # another order are another tensor, which the runtime must copy, not hand over
-            if list(before[su][g][name]) != list(after[du][g][name]):
+            if list(src_boxes) != list(dst_boxes):
                 fail(f"{handed[0][1]}: keep of {name} on GPU {g} hands over a shard whose boxes the after "
                      "unit lists in another order", hint="a keep needs the same boxes in the same order; "
                                                          "a reordered shard is a copy")
@@ -269,9 +285,9 @@ def _replay(data: dict, header: Header, cursor: _Cursor) -> VerifyReport:
         for g, shards in per_gpu.items():
             if (uid, g) not in allocated:
                 fail(f"{last}: after unit {uid} is never allocated on GPU {g}")
-            for name, boxes in shards.items():
-                need = sum(volume(b) for b in boxes)
-                got = sum(volume(b) for b in written.get((uid, g, name), ()))
+            for name, entries in shards.items():
+                need = entries_volume(entries)
+                got = written_volume.get((uid, g, name), 0)
                 if got != need:
                     fail(f"{last}: after unit {uid} on GPU {g}: {name} has {got} of {need} elements written"
                          " (missing box)")
@@ -283,9 +299,10 @@ def _replay(data: dict, header: Header, cursor: _Cursor) -> VerifyReport:
                         peak.get(worst, 0) / max(capacity[worst], 1) if peak else 0.0)
 
 
-def _kept_bytes(rounds: list, tensors: dict, cursor: _Cursor) -> tuple[dict, dict]:
+def _kept_bytes(rounds: list, header: Header, cursor: _Cursor) -> tuple[dict, dict]:
     """Bytes handed over by keeps, per (after unit, GPU) and (before unit, GPU): an alloc or
     free declares its shard minus these. Checked segment by segment in the replay."""
+    tensors = header.tensors
     kept_into, kept_out = defaultdict(int), defaultdict(int)
     for k, rnd in enumerate(rounds):
         for i, op in enumerate(rnd.get("ops", ()) if isinstance(rnd, dict) else ()):
@@ -298,13 +315,25 @@ def _kept_bytes(rounds: list, tensors: dict, cursor: _Cursor) -> tuple[dict, dic
                         continue  # the replay names it
                     box = s.get("box")
                     shape = tensors[s["tensor"]][0]
-                    b = volume(check_box(box, shape, cursor.where, s["tensor"])) * tensors[s["tensor"]][1]
+                    at = shard_at(s, s["tensor"], header.indices, cursor.where)
+                    b = count(at) * volume(check_box(box, shape, cursor.where, s["tensor"])) * tensors[s["tensor"]][1]
                     kept_into[(s.get("dst_unit"), op.get("gpu"))] += b
                     kept_out[(s.get("src_unit"), op.get("gpu"))] += b
     return kept_into, kept_out
 
 
-def _transfer(where, s, src, dst, header: Header, status, allocated, written) -> tuple[int, tuple]:
+def _member_boxes(entries, idx: tuple) -> tuple:
+    """The boxes of the member at `idx` in shard `entries` ((at, boxes), ...)."""
+    point = tuple((i, i + 1, 1) for i in idx)
+    from nereus.ir.ranges import contains
+
+    for at, boxes in entries:
+        if contains(at, point):
+            return boxes
+    return ()
+
+
+def _transfer(where, s, src, dst, header: Header, status, allocated, written, written_volume) -> tuple:
     if not isinstance(s, dict):
         fail(f"{where}: a segment is an object with tensor, box, src_unit and dst_unit")
     name = s.get("tensor")
@@ -312,6 +341,7 @@ def _transfer(where, s, src, dst, header: Header, status, allocated, written) ->
         fail(f"{where}: unknown tensor {name!r}")
     shape, element_bytes = header.tensors[name]
     box = check_box(s.get("box"), shape, where, name)
+    at = shard_at(s, name, header.indices, where)
     su, du = s.get("src_unit"), s.get("dst_unit")
     if not isinstance(su, str) or su not in header.before:
         fail(f"{where}: source {su!r} is not a before unit")
@@ -325,18 +355,21 @@ def _transfer(where, s, src, dst, header: Header, status, allocated, written) ->
         fail(f"{where}: source {su} holds nothing on GPU {src}")
     if state == "freed":
         fail(f"{where}: reads {name} from {su} on GPU {src} after its free (read after free)")
-    if not any(_inside(box, b) for b in header.before[su][src].get(name, ())):
-        fail(f"{where}: source {su} on GPU {src} does not hold {name} {list(box)}")
+    if not holds(header.before[su][src].get(name, ()), at, box):
+        fail(f"{where}: source {su} on GPU {src} does not hold {_label(name, at)} {list(box)}")
     if (du, dst) not in allocated:
         fail(f"{where}: writes into {du} on GPU {dst} before its alloc")
-    if not any(_inside(box, b) for b in header.after[du][dst].get(name, ())):
-        fail(f"{where}: {du} on GPU {dst} has no box of {name} containing {list(box)}")
+    if not holds(header.after[du][dst].get(name, ()), at, box):
+        fail(f"{where}: {du} on GPU {dst} has no box of {_label(name, at)} containing {list(box)}")
     done = written[(du, dst, name)]
-    for other in done:
-        if overlap(box, other):
-            fail(f"{where}: {name} {list(box)} on GPU {dst} written twice (double write)")
-    done.append(box)
-    return volume(box) * element_bytes, box
+    mask = member_mask(at, header.sizes(name))
+    for other, other_mask in done.items():
+        if other_mask & mask and (other == box or overlap(box, other)):
+            fail(f"{where}: {_label(name, at)} {list(box)} on GPU {dst} written twice (double write)")
+    done[box] = done.get(box, 0) | mask
+    n = count(at) * volume(box)
+    written_volume[(du, dst, name)] += n
+    return n * element_bytes, at, box
 
 
 def _before_frees(k: int, first_free: int) -> str:

@@ -34,19 +34,23 @@ FIELDS = {
     "amax": _OP | {"src", "dst", "entries", "bytes"},  # weight-sync codec programs (verify_codec.py)
     "segment": {"tensor", "box", "src_unit", "dst_unit"},
 }
+# version 2 (docs/program.md, "Version 2: ranges"): tensor families and their ranges
+RANGED = {"tensors": {"indices"}, "shard": {"at"}, "segment": {"at"}}
 MAX_WARNINGS = 20
 
 
 def unknown_fields(data) -> list[str]:
     """Messages for the fields of `data` outside FIELDS (at most MAX_WARNINGS, then a count)."""
     out: list[str] = []
+    ranged = isinstance(data, dict) and data.get("version") == 2
 
     def check(obj, kind: str, where: str) -> None:
         if not isinstance(obj, dict):
             return
+        known = FIELDS[kind] | RANGED.get(kind, set()) if ranged else FIELDS[kind]
         for key in obj:
-            if key not in FIELDS[kind]:
-                close = difflib.get_close_matches(str(key), sorted(FIELDS[kind]), n=1)
+            if key not in known:
+                close = difflib.get_close_matches(str(key), sorted(known), n=1)
                 out.append(f"{where}: unknown field {str(key)[:60]!r}"
                            + (f" (did you mean {close[0]!r}?)" if close else "") + ": ignored")
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from nereus.ir.diagnostics import ProgramError
 from nereus.ir.model import DTYPE_BYTES, STAGES
+from nereus.ir.ranges import contains, count, member_mask, parse_at, placeholders, range_last
 
 
 @dataclass(frozen=True)
@@ -35,10 +36,18 @@ class Header:
     node_of: dict  # gpu -> node
     host_capacity: dict  # node -> host bytes (only declared nodes)
     resident: dict  # gpu -> bytes of untouched model-stages
-    before: dict  # unit id -> {gpu: {tensor: (box, ...)}}
+    # unit id -> {gpu: {tensor: ((at, (box, ...)), ...)}}: a shard's entries, `at` the
+    # members of a v2 family it covers (() for a plain tensor, the only form in v1)
+    before: dict
     after: dict
     stage_of: dict  # ("before" | "after", unit id) -> model_stage
     offloaded: frozenset  # ("before" | "after", unit id) of offloaded units
+    # tensor -> its v2 family's indices ((lo, hi), ...); () for a plain tensor
+    indices: dict = None
+
+    def sizes(self, name: str) -> tuple:
+        """The index space of `name`'s members (for member bitsets): each index's hi."""
+        return tuple(hi for _, hi in self.indices.get(name, ()))
 
 
 # the section of docs/program.md that describes what an error is about (a hint for the
@@ -123,7 +132,8 @@ def _field(data: dict, key: str, kind: type):
 
 def parse_header(data: dict) -> Header:
     """Check and index the header of `data` (module docstring)."""
-    tensors = _tensors(_field(data, "tensors", list))
+    ranged = data.get("version") == 2
+    tensors, indices = _tensors(_field(data, "tensors", list), ranged)
     capacity, node_of = _gpus(_field(data, "gpus", list))
     resident = {}
     for key, value in _field(data, "resident_bytes", dict).items():
@@ -142,7 +152,7 @@ def parse_header(data: dict) -> Header:
         listed = units.get(side)
         if not isinstance(listed, list):
             fail(f"header field 'units.{side}' must be a list")
-        parsed[side] = _units(listed, side, tensors, capacity, stage_of, offloaded)
+        parsed[side] = _units(listed, side, tensors, indices, capacity, stage_of, offloaded)
         stages_of_side[side] = {stage_of[(side, uid)] for uid in parsed[side]}
     if stages_of_side["before"] != stages_of_side["after"]:
         fail(f"header field 'units': model-stages {sorted(stages_of_side['before'] ^ stages_of_side['after'])}"
@@ -151,11 +161,11 @@ def parse_header(data: dict) -> Header:
         fail(f"header field 'untouched' lists {sorted(stages_of_side['before'] & set(untouched))}, which move")
     host_capacity = _nodes(data, node_of)
     return Header(tensors, capacity, node_of, host_capacity, resident, parsed["before"], parsed["after"],
-                  stage_of, frozenset(offloaded))
+                  stage_of, frozenset(offloaded), indices)
 
 
-def _tensors(listed: list) -> dict:
-    tensors = {}
+def _tensors(listed: list, ranged: bool) -> tuple[dict, dict]:
+    tensors, indices = {}, {}
     for i, t in enumerate(listed):
         where = f"header field 'tensors' (entry {i})"
         if not isinstance(t, dict) or not isinstance(t.get("name"), str):
@@ -170,7 +180,29 @@ def _tensors(listed: list) -> dict:
         if t["name"] in tensors:
             fail(f"{where}: tensor {t['name']} listed twice")
         tensors[t["name"]] = (tuple(shape), DTYPE_BYTES[dtype])
-    return tensors
+        n = placeholders(t["name"]) if ranged else 0
+        if n or ranged and "indices" in t:
+            at = parse_at(t.get("indices"), where, "'indices'")
+            if len(at) != n or any(r[2] != 1 for r in at):
+                fail(f"{where}: family {t['name']} has {n} placeholders and needs as many [lo, hi] 'indices'")
+            indices[t["name"]] = tuple((lo, hi) for lo, hi, _ in at)
+    return tensors, indices
+
+
+def shard_at(entry: dict, name: str, indices: dict, where: str) -> tuple:
+    """The `at` of a v2 shard or segment of `name`, checked inside the family's indices
+    (() for a plain tensor, which takes none)."""
+    family = indices.get(name)
+    if family is None:
+        if "at" in entry:
+            fail(f"{where}: {name} is not a family: it takes no 'at'")
+        return ()
+    if "at" not in entry:
+        fail(f"{where}: {name} is a family: its members need 'at' ranges")
+    at = parse_at(entry["at"], where)
+    if len(at) != len(family) or any(r[0] < lo or range_last(r) >= hi for r, (lo, hi) in zip(at, family)):
+        fail(f"{where}: 'at' {entry['at']!r} of {name} lies outside its indices {[list(x) for x in family]}")
+    return at
 
 
 def _gpus(listed: list) -> tuple[dict, dict]:
@@ -212,7 +244,8 @@ def _nodes(data: dict, node_of: dict) -> dict:
     return host
 
 
-def _units(listed: list, side: str, tensors: dict, capacity: dict, stage_of: dict, offloaded: set) -> dict:
+def _units(listed: list, side: str, tensors: dict, indices: dict, capacity: dict, stage_of: dict,
+           offloaded: set) -> dict:
     """{unit id: {gpu: {tensor: boxes}}} of one side, after the checks of the module docstring."""
     out: dict = {}
     shape_of_stage: dict = {}
@@ -261,7 +294,7 @@ def _units(listed: list, side: str, tensors: dict, capacity: dict, stage_of: dic
         stage_of[(side, uid)] = name
         if offload:
             offloaded.add((side, uid))
-        out[uid], chunks = _shards(unit.get("shards"), where, model, stage, set(gpus), tensors, zero)
+        out[uid], chunks = _shards(unit.get("shards"), where, model, stage, set(gpus), tensors, indices, zero)
         for tensor, boxes in chunks.items():
             sharded[name][tensor].update(boxes)
     for name, boxes_of in sharded.items():
@@ -271,12 +304,13 @@ def _units(listed: list, side: str, tensors: dict, capacity: dict, stage_of: dic
         missing = {n for n in tensors if n.startswith(model + "/") and ("#" in n or every)} - set(boxes_of)
         if missing:
             fail(f"header field 'units.{side}': units of {name} (zero) hold no chunk of {sorted(missing)[:3]}")
-        _check_tiling(boxes_of, tensors, f"header field 'units.{side}': units of {name} (zero)")
+        _check_tiling(boxes_of, tensors, indices, f"header field 'units.{side}': units of {name} (zero)")
     return out
 
 
-def _shards(listed, where: str, model: str, stage: str, gpus: set, tensors: dict, zero: int = 0):
-    """({gpu: {tensor: boxes}}, {tensor: chunk boxes} of the state `zero` shards over dp)."""
+def _shards(listed, where: str, model: str, stage: str, gpus: set, tensors: dict, indices: dict, zero: int = 0):
+    """({gpu: {tensor: ((at, boxes), ...)}}, {tensor: {(at, chunk box)}} of the state `zero`
+    shards over dp)."""
     if not isinstance(listed, list):
         fail(f"{where}: shards must be a list")
     shards: dict = defaultdict(dict)
@@ -291,14 +325,17 @@ def _shards(listed, where: str, model: str, stage: str, gpus: set, tensors: dict
         if not isinstance(boxes, list) or not boxes:
             fail(f"{where}: shard of {name} on GPU {g} has no boxes")
         shape = tensors[name][0]
+        at = shard_at(shard, name, indices, where)
         parsed = tuple(check_box(b, shape, where, name) for b in boxes)
         for box in parsed:
             if box[1:] != parsed[0][1:]:
                 fail(f"{where}: boxes of {name} on GPU {g} differ beyond dim 0",
                      hint="the local shard contract concatenates boxes along dim 0")
-        if name in shards[g]:
+        entries = shards[g].setdefault(name, [])
+        if any(not at or member_mask(at, _sizes(indices, name)) & member_mask(other, _sizes(indices, name))
+               for other, _ in entries):
             fail(f"{where}: two shards of {name} on GPU {g}")
-        shards[g][name] = parsed
+        entries.append((at, parsed))
     if zero:  # a GPU's chunks may all be empty (dim 0 shorter than dp): it still takes part
         for g in gpus:
             shards.setdefault(g, {})
@@ -309,25 +346,64 @@ def _shards(listed, where: str, model: str, stage: str, gpus: set, tensors: dict
     boxes_of: dict = defaultdict(set)
     chunks: dict = defaultdict(set)
     for per_gpu in shards.values():
-        for name, boxes in per_gpu.items():
+        for name, entries in per_gpu.items():
             split = zero and ("#" in name or zero >= 3)  # zero 3: the weights too
-            (chunks if split else boxes_of)[name].update(boxes)
+            (chunks if split else boxes_of)[name].update((at, b) for at, boxes in entries for b in boxes)
     if set(boxes_of) != expected:
         fail(f"{where}: does not cover its tensors (missing {sorted(expected - set(boxes_of))[:3] or 'none'},"
              f" extra {sorted(set(boxes_of) - expected)[:3] or 'none'})")
-    _check_tiling(boxes_of, tensors, where)
-    return dict(shards), chunks
+    _check_tiling(boxes_of, tensors, indices, where)
+    return {g: {name: tuple(entries) for name, entries in per.items()} for g, per in shards.items()}, chunks
 
 
-def _check_tiling(boxes_of: dict, tensors: dict, where: str) -> None:
-    """The boxes of each tensor tile it: identical or disjoint, covering every element."""
-    for name, boxes in boxes_of.items():
-        distinct = sorted(boxes)
+def _sizes(indices: dict, name: str) -> tuple:
+    return tuple(hi for _, hi in indices.get(name, ()))
+
+
+def _check_tiling(boxes_of: dict, tensors: dict, indices: dict, where: str) -> None:
+    """The boxes of each tensor tile it: identical or disjoint, covering every element; of
+    a family, every member (its members as bitsets per distinct box: two boxes that
+    overlap may not share a member, and the boxes' volumes times their members add up to
+    the family's)."""
+    for name, held in boxes_of.items():
+        sizes = _sizes(indices, name)
+        masks: dict = defaultdict(int)
+        for at, box in held:
+            masks[box] |= member_mask(at, sizes)
+        distinct = sorted(masks)
         for i, x in enumerate(distinct):
             for y in distinct[i + 1:]:
                 if x and y[0][0] >= x[0][1]:  # sorted by dim-0 start: no later box meets x in dim 0
                     break
-                if overlap(x, y):
+                if overlap(x, y) and masks[x] & masks[y]:
                     fail(f"{where}: boxes {x} and {y} of {name} overlap without being identical")
-        if sum(volume(b) for b in distinct) != volume(tuple((0, n) for n in tensors[name][0])):
+        members = count(tuple((lo, hi, 1) for lo, hi in indices.get(name, ())))
+        if sum(bin(masks[b]).count("1") * volume(b) for b in distinct) != \
+                members * volume(tuple((0, n) for n in tensors[name][0])):
             fail(f"{where}: the boxes of {name} do not cover the tensor")
+
+
+def holds(entries, at: tuple, box: tuple) -> bool:
+    """Whether shard `entries` ((at, boxes), ...) hold `box` of every member of `at`: one
+    entry covering them all, or else member by member."""
+    for eat, boxes in entries:
+        if contains(eat, at) and any(_inside(box, b) for b in boxes):
+            return True
+    if not at:
+        return False
+    from nereus.ir.ranges import members
+
+    for idx in members(at):
+        point = tuple((i, i + 1, 1) for i in idx)
+        if not any(contains(eat, point) and any(_inside(box, b) for b in boxes) for eat, boxes in entries):
+            return False
+    return True
+
+
+def _inside(inner, outer) -> bool:
+    return all(a >= c and b <= d for (a, b), (c, d) in zip(inner, outer))
+
+
+def entries_volume(entries) -> int:
+    """Elements of a shard given as entries ((at, boxes), ...)."""
+    return sum(count(at) * sum(volume(b) for b in boxes) for at, boxes in entries)

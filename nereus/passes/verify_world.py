@@ -35,7 +35,7 @@ def check_against(data: dict, module: Module) -> None:
         if name not in plans:
             raise ProgramError(f"header field 'transition' ({source} -> {target}): no plan {name!r} in the module",
                                hint=f"its plans are {', '.join(plans)}")
-    world = transition_world(module, source, target)
+    world = transition_world(module, source, target, ranged=data.get("version") == 2)
     _by_key("gpus", "GPU", data["gpus"], world.gpus, "id")
     _by_key("nodes", "node", data.get("nodes"), world.nodes, "id")
     _by_key("tensors", "tensor", data["tensors"], world.tensors, "name")
@@ -46,7 +46,7 @@ def check_against(data: dict, module: Module) -> None:
     if sorted(data.get("untouched", [])) != sorted(world.untouched):
         _differ("untouched", "model-stages", sorted(data.get("untouched", [])), sorted(world.untouched))
     for side in ("before", "after"):
-        _units(side, data["units"][side], world.units(module, side))
+        _units(side, data["units"][side], world.units(module, side, ranged=data.get("version") == 2))
 
 
 def _by_key(field: str, what: str, stated, derived: tuple, key: str) -> None:
@@ -65,7 +65,13 @@ def _by_key(field: str, what: str, stated, derived: tuple, key: str) -> None:
 
 
 def _shards(unit: dict) -> dict:
-    return {(s["gpu"], s["tensor"]): [list(map(list, b)) for b in s["boxes"]] for s in unit["shards"]}
+    """{(gpu, tensor, at): boxes} (`at` of a v2 family's entry as a tuple, else None)."""
+    return {(s["gpu"], s["tensor"], _at(s.get("at"))): [list(map(list, b)) for b in s["boxes"]]
+            for s in unit["shards"]}
+
+
+def _at(at):
+    return None if at is None else tuple(tuple(r) for r in at)
 
 
 def _units(side: str, stated: list, derived: list) -> None:
@@ -81,6 +87,8 @@ def _units(side: str, stated: list, derived: list) -> None:
             if have[uid].get(k) != want[uid].get(k):
                 _differ(field, f"unit {uid}, {k}", have[uid].get(k), want[uid].get(k))
         a, b = _shards(have[uid]), _shards(want[uid])
-        for gpu, tensor in sorted(set(a) | set(b)):
-            if a.get((gpu, tensor)) != b.get((gpu, tensor)):
-                _differ(field, f"unit {uid}, GPU {gpu}, {tensor} boxes", a.get((gpu, tensor)), b.get((gpu, tensor)))
+        for key in sorted(set(a) | set(b), key=lambda k: (k[0], k[1], k[2] or ())):
+            gpu, tensor, at = key
+            what = f"{tensor} at {[list(r) for r in at]}" if at else tensor
+            if a.get(key) != b.get(key):
+                _differ(field, f"unit {uid}, GPU {gpu}, {what} boxes", a.get(key), b.get(key))

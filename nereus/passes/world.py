@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from typing import Optional
 
 from nereus.ir.model import Model, Module, Placement
+from nereus.ir.ranges import at_json
 
 from .diff import diff_stage
 from .feasibility import placement_resident_bytes
-from .layout import gpu_shards, states_of, tensor_entries, unit_id
+from .layout import family_entries, gpu_shards, ranged_gpu_shards, states_of, tensor_entries, unit_id
 
 
 def box_json(box) -> list[list[int]]:
@@ -27,15 +28,18 @@ def box_json(box) -> list[list[int]]:
     return [[lo, hi] for lo, hi in box]
 
 
-def placement_units(model: Model, placement: Placement) -> list[dict]:
-    """UNIT dicts (id, model_stage, replica, gpus, shards) of every replica of `placement`."""
-    return [unit_json(model, placement, r) for r in range(placement.dp)]
+def placement_units(model: Model, placement: Placement, ranged: bool = False) -> list[dict]:
+    """UNIT dicts (id, model_stage, replica, gpus, shards) of every replica of `placement`
+    (`ranged`: shards as JSON program v2 lists them, families with `at` ranges)."""
+    return [unit_json(model, placement, r, ranged=ranged) for r in range(placement.dp)]
 
 
-def unit_json(model: Model, placement: Placement, replica: int, only: Optional[dict] = None) -> dict:
+def unit_json(model: Model, placement: Placement, replica: int, only: Optional[dict] = None,
+              ranged: bool = False) -> dict:
     """The UNIT dict of one replica; with `only` ({gpu: set of tensor names, or None for
     all}), just those shards (a rank program lists its own shards and the ones its
-    messages touch)."""
+    messages touch). `ranged`: v2 shards, one per (family, `at`, boxes), and `only` names
+    families."""
     shards = []
     for p in range(placement.pp):
         for t in range(placement.stage_width):
@@ -43,6 +47,15 @@ def unit_json(model: Model, placement: Placement, replica: int, only: Optional[d
             if only is not None and g not in only:
                 continue
             names = None if only is None else only[g]
+            if ranged:
+                for tensor, at, boxes in ranged_gpu_shards(model, placement, p, t, replica):
+                    if names is None or tensor in names:
+                        shard = {"gpu": g, "tensor": tensor}
+                        if at:
+                            shard["at"] = at_json(at)
+                        shard["boxes"] = [box_json(b) for b in boxes]
+                        shards.append(shard)
+                continue
             shards.extend({"gpu": g, "tensor": tensor, "boxes": [box_json(b) for b in boxes]}
                           for tensor, boxes in gpu_shards(model, placement, p, t, replica)
                           if names is None or tensor in names)
@@ -68,17 +81,32 @@ class TransitionWorld:
     resident_bytes: dict  # {"gpu": bytes} of untouched model-stages
     untouched: tuple  # names of the untouched model-stages
 
-    def units(self, module: Module, side: str) -> list[dict]:
-        """UNIT dicts of the moving model-stages, `side` "before" or "after"."""
+    def units(self, module: Module, side: str, ranged: bool = False) -> list[dict]:
+        """UNIT dicts of the moving model-stages, `side` "before" or "after" (`ranged`: v2)."""
         out = []
         for before, after in self.moving:
             placement = before if side == "before" else after
-            out.extend(placement_units(module.model(placement.model_stage.model), placement))
+            out.extend(placement_units(module.model(placement.model_stage.model), placement, ranged))
         return out
 
 
-def transition_world(module: Module, source: str, target: str) -> TransitionWorld:
-    """The header fields a program of `source` → `target` must carry (module docstring)."""
+def tensors_json(model: Model, states: tuple[str, ...], ranged: bool = False):
+    """The `tensors` entries of a model-stage's tensors: one per tensor (v1), or per family
+    with its `indices` (v2, `ranged`)."""
+    if not ranged:
+        for tensor, shape, dtype in tensor_entries(model, states):
+            yield {"name": tensor, "shape": list(shape), "dtype": dtype}
+        return
+    for fam, indices, shape, dtype in family_entries(model, states):
+        entry = {"name": fam, "shape": list(shape), "dtype": dtype}
+        if indices:
+            entry["indices"] = [list(r) for r in indices]
+        yield entry
+
+
+def transition_world(module: Module, source: str, target: str, ranged: bool = False) -> TransitionWorld:
+    """The header fields a program of `source` → `target` must carry (module docstring);
+    `ranged`: as JSON program v2 states them (tensor families)."""
     cluster = module.cluster
     before_plan, after_plan = module.plan(source), module.plan(target)
     gpus = tuple({"id": g, "node": cluster.node_of(g), "mem_bytes": cluster.gpu.mem_bytes,
@@ -96,7 +124,7 @@ def transition_world(module: Module, source: str, target: str) -> TransitionWorl
             continue
         moving.append((before, after))
         model = module.model(before.model_stage.model)
-        for tensor, shape, dtype in tensor_entries(model, states_of(name)):
-            tensors.setdefault(tensor, {"name": tensor, "shape": list(shape), "dtype": dtype})
+        for entry in tensors_json(model, states_of(name), ranged):
+            tensors.setdefault(entry["name"], entry)
     return TransitionWorld(gpus, nodes, tuple(tensors.values()), tuple(moving),
                            {str(g): b for g, b in enumerate(resident)}, tuple(untouched))

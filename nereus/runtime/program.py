@@ -18,7 +18,7 @@ from typing import Iterable, Optional
 
 from nereus.ir.diagnostics import ProgramError
 from nereus.ir.model import DTYPE_BYTES
-from nereus.ir.program import expand_segment_units
+from nereus.ir.program import expand_ranges, expand_segment_units
 
 from .boxes import Box, as_box, box_numel, cut_segment, local_slices, shard_shape
 
@@ -285,7 +285,8 @@ def _aliasable(program: dict, gpu: int, before: dict, after: dict) -> set:
 
 
 def rank_program(program: dict, gpu: int, direct_min_bytes: int = DIRECT_MIN_BYTES) -> RankProgram:
-    """Input: a JSON program v1 and this rank's GPU id. Output: this rank's work list.
+    """Input: a JSON program (v1, or v2 read member by member) and this rank's GPU id.
+    Output: this rank's work list.
 
     Invariant: for every message, the sender's and the receiver's RankProgram list the
     same pieces in the same order, hence the same byte count. Raises ProgramError when
@@ -303,9 +304,9 @@ def rank_program(program: dict, gpu: int, direct_min_bytes: int = DIRECT_MIN_BYT
 
 def _rank_program(program: dict, gpu: int, direct_min_bytes: int) -> RankProgram:
     version = program.get("version")
-    if program.get("format") != "nereus-program" or type(version) is not int or version != 1:
-        raise ProgramError("not a nereus-program version 1", hint="compile it with `nereusc FILE --emit json`")
-    program = expand_segment_units(program)  # a rank program states shared units per op
+    if program.get("format") != "nereus-program" or type(version) is not int or version not in (1, 2):
+        raise ProgramError("not a nereus-program version 1 or 2", hint="compile it with `nereusc FILE --emit json`")
+    program = expand_segment_units(expand_ranges(program))  # v2: member by member; units per segment
     tensors = {t["name"]: t for t in program["tensors"]}
     units = program["units"]
     before_all, after_all = _all_shards(units["before"], tensors), _all_shards(units["after"], tensors)
@@ -384,7 +385,7 @@ def restrict_program(program: dict, model_stages: Iterable[str]) -> dict:
     remaining segments). Raises ProgramError when a kept unit would be fed from a dropped
     one (a segment crossing model-stages), since that data would be missing."""
     keep = set(model_stages)
-    program = expand_segment_units(program)
+    program = expand_segment_units(expand_ranges(program))
     units = {phase: [u for u in program["units"][phase] if u["model_stage"] in keep] for phase in ("before", "after")}
     ids = {phase: {u["id"] for u in units[phase]} for phase in units}
     tensors = {t["name"]: t for t in program["tensors"]}

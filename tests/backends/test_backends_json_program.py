@@ -10,7 +10,7 @@ from nereus.backends.json_program import program_json
 
 
 def test_required_fields_and_round_trip():
-    data = program_json(compile_transition(fig5_module(), "S1", "tp_up"))
+    data = program_json(compile_transition(fig5_module(), "S1", "tp_up"), version=1)
     for key in ("format", "version", "transition", "gpus", "tensors", "units", "resident_bytes", "rounds"):
         assert key in data
     assert program_from_json(data).to_json() is data
@@ -24,18 +24,18 @@ def test_required_fields_and_round_trip():
             for seg in op.get("segments", ()):
                 assert set(seg) == {"tensor", "box", "src_unit", "dst_unit"}
     with pytest.raises(ProgramError, match="version"):
-        program_from_json(dict(data, version=2))
+        program_from_json(dict(data, version=3))
 
 
 def test_plan_units_match_program_units():
     m = fig5_module()
-    data = program_json(compile_transition(m, "S1", "tp_up"))
+    data = program_json(compile_transition(m, "S1", "tp_up"), version=1)
     assert plan_units_json(m, "S1", "actor.training") == data["units"]["before"]
     assert plan_units_json(m, "tp_up") == data["units"]["after"]
 
 
 def test_every_send_has_its_recv_in_the_same_round():
-    data = program_json(compile_transition(fig5_module(), "S1", "split"))
+    data = program_json(compile_transition(fig5_module(), "S1", "split"), version=1)
     per_rank = [rank_program(data, g) for g in range(len(data["gpus"]))]
     for k in range(len(data["rounds"])):
         sends = sorted((op["id"], op["src"], op["dst"]) for ops in per_rank for op in ops[k] if op["op"] == "send")

@@ -70,10 +70,10 @@ def _mixed_module(level: int = 1):
 @pytest.mark.parametrize("level", [1, 3])
 def test_every_rank_program_is_the_whole_program_filtered_to_that_rank(level):
     compiled = compile_transition(_mixed_module(level), "S", "T")
-    whole = program_json(compiled)
+    whole = program_json(compiled, version=1)
     sent = recv = 0
     for rank in range(8):
-        mine = rank_program_json(compiled, rank)
+        mine = rank_program_json(compiled, rank, version=1)
         assert expand_segment_units(mine) == rank_view(whole, rank)
         for rnd in mine["rounds"]:
             for op in rnd["ops"]:
@@ -88,14 +88,14 @@ def test_split_of_the_verified_whole_gives_each_rank_a_digest_of_its_own_part():
     from nereus.passes.verify import verify_program
 
     compiled = compile_transition(_mixed_module(), "S", "T")
-    whole = program_json(compiled)
+    whole = program_json(compiled, version=1)
     verify_program(whole)  # the global proof, once, where the compile runs
     parts, digests = split_by_rank(whole), rank_digests(whole)
     assert sorted(parts) == list(range(8))
     for rank in range(8):
-        mine = rank_program_json(compiled, rank)  # lowered alone on the rank
+        mine = rank_program_json(compiled, rank, version=1)  # lowered alone on the rank
         assert parts[rank] == mine and digests[rank] == rank_digest(mine)
-    tampered = rank_program_json(compiled, 2)
+    tampered = rank_program_json(compiled, 2, version=1)
     op = next(op for rnd in tampered["rounds"] for op in rnd["ops"] if op["op"] == "send")
     op["segments"][0]["box"][0][1] -= 1
     assert rank_digest(tampered) != digests[2]
@@ -105,9 +105,9 @@ def test_the_runtime_reader_lowers_a_rank_program_as_it_lowers_the_whole():
     from nereus.runtime.program import rank_program
 
     compiled = compile_transition(_mixed_module(), "S", "T")
-    whole = program_json(compiled)
+    whole = program_json(compiled, version=1)
     for rank in (0, 5):
-        full, part = rank_program(whole, rank), rank_program(rank_program_json(compiled, rank), rank)
+        full, part = rank_program(whole, rank), rank_program(rank_program_json(compiled, rank, version=1), rank)
         assert (full.before, full.after, full.send_bytes, full.recv_bytes, full.copy_bytes, full.keep_bytes) == \
             (part.before, part.after, part.send_bytes, part.recv_bytes, part.copy_bytes, part.keep_bytes)
         for a, b in zip(full.rounds, part.rounds):
@@ -134,9 +134,9 @@ def test_a_rank_program_does_not_grow_with_the_gpu_count():
     sizes = {}
     for nodes in (4, 16):
         compiled = compile_transition(parse_source(_scaled(nodes), "s.nir"), "A", "B")
-        sizes[nodes] = max(len(json.dumps(rank_program_json(compiled, r), separators=(",", ":")))
+        sizes[nodes] = max(len(json.dumps(rank_program_json(compiled, r, version=1), separators=(",", ":")))
                            for r in (0, nodes * 4 + 3, nodes * 8 - 1))
-        whole = len(json.dumps(program_json(compiled), separators=(",", ":")))
+        whole = len(json.dumps(program_json(compiled, version=1), separators=(",", ":")))
         assert sizes[nodes] * nodes < whole
     assert sizes[16] <= sizes[4] * 1.2
 
@@ -168,17 +168,17 @@ def test_rank_programs_of_ep_units_with_several_replicas():
     zero = dataclasses.replace(place("actor.training", 4, 2, 1, range(8)), zero=1)
     m = module(cluster(2, 4, 10**9), [moe], workload({"training": ["actor"]}), {"S": [ep], "T": [zero]})
     compiled = compile_transition(m, "S", "T")
-    whole = program_json(compiled)
+    whole = program_json(compiled, version=1)
     for rank in range(8):
-        assert expand_segment_units(rank_program_json(compiled, rank)) == rank_view(whole, rank)
+        assert expand_segment_units(rank_program_json(compiled, rank, version=1)) == rank_view(whole, rank)
 
 
 def test_rank_programs_state_shared_segment_units_once_per_op():
     """A fused op names its (src_unit, dst_unit) once when all its segments share it;
     expanding gives the whole program's ops back, and ops with mixed units stay as they are."""
     compiled = compile_transition(_mixed_module(), "S", "T")
-    whole = program_json(compiled)
-    part = rank_program_json(compiled, 0)
+    whole = program_json(compiled, version=1)
+    part = rank_program_json(compiled, 0, version=1)
     compact = [op for rnd in part["rounds"] for op in rnd["ops"] if "src_unit" in op]
     assert compact and all("src_unit" not in s and "dst_unit" not in s for op in compact for s in op["segments"])
     assert len(json.dumps(part)) < len(json.dumps(expand_segment_units(part)))

@@ -28,8 +28,8 @@ def _messages(program):
 
 def test_fusion_keeps_writes_and_reduces_messages():
     m = fig5_module()
-    fused = program_json(compile_transition(m, "S1", "tp_up"))
-    plain = program_json(compile_transition(m, "S1", "tp_up", pipeline="diff,dag,resources,lower,cost"))
+    fused = program_json(compile_transition(m, "S1", "tp_up"), version=1)
+    plain = program_json(compile_transition(m, "S1", "tp_up", pipeline="diff,dag,resources,lower,cost"), version=1)
     verify_program(fused)
     verify_program(plain)
     assert _writes(fused) == _writes(plain)
@@ -42,12 +42,12 @@ def test_bucket_caps_messages():
     m = fig5_module()
     bucket = 200_000
     compiled = compile_transition(m, "S1", "split", bucket=bucket)
-    program = program_json(compiled)
+    program = program_json(compiled, version=1)
     verify_program(program)
     for msgs in compiled.program.messages:
         for msg in msgs:
             assert msg.bytes <= bucket or all(x.slots[1] - x.slots[0] == 1 for x in msg.xfers)
-    assert _writes(program) == _writes(program_json(compile_transition(m, "S1", "split")))
+    assert _writes(program) == _writes(program_json(compile_transition(m, "S1", "split"), version=1))
 
 
 def _one_move(nodes, per_node, before, after):

@@ -105,15 +105,21 @@ TRANSITIONS = {
 }
 
 
-@pytest.fixture(scope="module")
-def moe_module():
+def transitions_module(experts: int = 4):
+    """Plans `{name}_a` and `{name}_b` of every case of TRANSITIONS, a training and a
+    generation model-stage each."""
     c = cluster(2, 4, mem=10**12)
     w = workload({"training": ["actor"], "generation": ["gen"]})
     plans = {}
     for name, (before, after) in TRANSITIONS.items():
         plans[f"{name}_a"] = [ep_place("actor.training", *before), ep_place("gen.generation", *before)]
         plans[f"{name}_b"] = [ep_place("actor.training", *after), ep_place("gen.generation", *after)]
-    return module(c, [moe("actor"), moe("gen")], w, plans)
+    return module(c, [moe("actor", experts=experts), moe("gen", experts=experts)], w, plans)
+
+
+@pytest.fixture(scope="module")
+def moe_module():
+    return transitions_module()
 
 
 @pytest.mark.parametrize("name", sorted(TRANSITIONS))

@@ -74,10 +74,10 @@ def _digests(name, load, transitions, ranks, options, whole) -> dict:
     out = {}
     for source, target in pairs:
         compiled = compile_transition(module, source, target, **options)
-        entry = {str(r): rank_digest(rank_program_json(compiled, r))
+        entry = {str(r): rank_digest(rank_program_json(compiled, r, version=1))
                  for r in (ranks if ranks is not None else range(module.cluster.num_gpus))}
         if whole:
-            entry["whole"] = hashlib.sha256(canonical_json(program_json(compiled)).encode()).hexdigest()
+            entry["whole"] = hashlib.sha256(canonical_json(program_json(compiled, version=1)).encode()).hexdigest()
         out[f"{source}->{target}"] = entry
     return out
 

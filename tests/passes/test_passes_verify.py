@@ -17,7 +17,7 @@ TARGETS = ["tp_up", "extend", "destroy", "split", "moved"]
 @pytest.fixture(scope="module")
 def programs():
     m = fig5_module()
-    return {t: program_json(compile_transition(m, "S1", t)) for t in TARGETS}
+    return {t: program_json(compile_transition(m, "S1", t), version=1) for t in TARGETS}
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -120,14 +120,14 @@ def test_errors_name_round_and_op(programs):
 
 def test_compile_is_deterministic():
     m = fig5_module()
-    a = json.dumps(program_json(compile_transition(m, "S1", "tp_up")))
-    b = json.dumps(program_json(compile_transition(m, "S1", "tp_up")))
+    a = json.dumps(program_json(compile_transition(m, "S1", "tp_up"), version=1))
+    b = json.dumps(program_json(compile_transition(m, "S1", "tp_up"), version=1))
     assert a == b
 
 
 def test_colocated_actor_and_critic_with_optimizer_state():
     m = colocated_module()
-    program = program_json(compile_transition(m, "A", "B"))
+    program = program_json(compile_transition(m, "A", "B"), version=1)
     names = {t["name"] for t in program["tensors"]}
     assert "critic/value_head.weight#exp_avg_sq" in names and "actor/lm_head.weight" in names
     verify_program(program)
@@ -141,7 +141,7 @@ def test_identical_programs_across_hash_seeds():
 
     code = ("import sys, json, hashlib; sys.path.insert(0, %r); from builders import fig5_module;"
             "from nereus.passes import compile_transition; from nereus.backends.json_program import program_json;"
-            "print(hashlib.sha256(json.dumps(program_json(compile_transition(fig5_module(), 'S1', 'tp_up')))"
+            "print(hashlib.sha256(json.dumps(program_json(compile_transition(fig5_module(), 'S1', 'tp_up'), version=1))"
             ".encode()).hexdigest())") % os.path.dirname(__file__)
     digests = set()
     for seed in ("1", "2"):

@@ -59,7 +59,7 @@ def programs():
     out = {}
     for name, (build, source, target) in CASES.items():
         module = build()
-        out[name] = (module, program_json(compile_transition(module, source, target, check_fit=False)))
+        out[name] = (module, program_json(compile_transition(module, source, target, check_fit=False), version=1))
     return out
 
 
@@ -833,7 +833,7 @@ def wrong_format(p):
 
 @corruption()
 def wrong_version(p):
-    p["version"] = 2
+    p["version"] = 3  # versions 1 and 2 are read
     return p
 
 
@@ -915,7 +915,7 @@ def test_a_program_without_rounds_is_still_held_to_its_capacity(programs):
     resident bytes exceed a GPU was "ok, peak 100000.0% of capacity"."""
     from builders import fig5_module
 
-    program = program_json(compile_transition(fig5_module(), "S1", "S1", check_fit=False))
+    program = program_json(compile_transition(fig5_module(), "S1", "S1", check_fit=False), version=1)
     assert program["rounds"] == []
     verify_program(program)
     program["resident_bytes"]["0"] = 10**15
@@ -1072,7 +1072,7 @@ def test_emitted_programs_have_no_unknown_fields_and_a_typo_is_named(programs):
     for name, (module, program) in programs.items():
         assert verify_program(program).warnings == (), name
     module, program = programs["staging"]
-    assert unknown_fields(rank_program_json(compile_transition(module, "S", "T", check_fit=False), 0)) == []
+    assert unknown_fields(rank_program_json(compile_transition(module, "S", "T", check_fit=False), 0, version=1)) == []
     typo = copy.deepcopy(program)
     typo["gpus"][0]["capacity_byte"] = typo["gpus"][0].pop("capacity_bytes")
     typo["units"]["before"][0]["ofload"] = True
