@@ -61,6 +61,9 @@ def verify_codec(data: dict, prove_dense: Callable):
     """See the module docstring. `prove_dense(dense_program)` returns its VerifyReport."""
     from dataclasses import replace
 
+    if data.get("version") != 1:
+        fail(f"codec fields (delta, quant, amax ops, encodings) extend version 1 programs, this one is version "
+             f"{data.get('version')!r}", hint="nereus.passes.delta and quantize emit version 1")
     quant = _quant_header(data)
     chunk = None
     if "delta" in data:

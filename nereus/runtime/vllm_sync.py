@@ -119,8 +119,11 @@ def compile_weight_sync(module: Module, plan: str, source: str = "actor.training
     if mode not in SYNC_MODES:
         raise SemanticError(f"unknown weight-sync mode {mode!r}", hint=f"modes: {', '.join(SYNC_MODES)}")
     synthetic = sync_module(module, plan, source, target, engine_input)
-    program = program_json(compile_transition(synthetic, SYNC_FROM, SYNC_TO, **options))
     placement = synthetic.plan(SYNC_TO).placement(target)
+    compiled = compile_transition(synthetic, SYNC_FROM, SYNC_TO, **options)
+    if placement.quant is None and mode == "dense":
+        return program_json(compiled)
+    program = program_json(compiled, version=1)  # the codecs extend version 1
     if placement.quant is not None:
         from nereus.models.quant import quantized_names
         from nereus.passes.quantize import quantize_program
