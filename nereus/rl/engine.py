@@ -83,7 +83,8 @@ class NativeEngine:
         return out
 
 
-def make_vllm_generation(module, plan: str, *, seed: int = 0, workdir: str = ""):
+def make_vllm_generation(module, plan: str, *, seed: int = 0, workdir: str = "", sync: str = "dense",
+                         full_every: int = 0):
     """This rank's vLLM generation stage (nereus.runtime.vllm_engine.VllmGeneration) for
     the RL loop: engines seeded with `seed`, long enough for prompt + response with room
     for drift, start-up checkpoints under `workdir` (default: a fresh temp dir).
@@ -98,7 +99,7 @@ def make_vllm_generation(module, plan: str, *, seed: int = 0, workdir: str = "")
     w = module.workload
     max_len = max(128, 2 * (w.prompt + w.response))
     return VllmGeneration(module, plan, workdir=workdir or tempfile.mkdtemp(prefix="nereus-vllm-"), seed=seed,
-                          max_model_len=max_len)
+                          max_model_len=max_len, sync_mode=sync, sync_full_every=full_every)
 
 
 def check_vllm_plans(module, cuda: bool) -> None:

@@ -119,7 +119,8 @@ def run(config: dict) -> dict:
                      config.get("seed", 0), config.get("task", "pattern"), rl, bool(config.get("controller")),
                      tuple((int(s), o) for s, o in config.get("drift", [])),
                      engine=config.get("engine", "native"), greedy=bool(config.get("greedy", False)),
-                     workdir=os.path.join(config["out"], "vllm") if config.get("out") else "")
+                     workdir=os.path.join(config["out"], "vllm") if config.get("out") else "",
+                     sync=config.get("sync", "dense"), sync_full_every=int(config.get("sync_full_every", 0)))
     runtime = make_runtime(config.get("runtime", "nereus"), config["plan_file"], config["plan"], module)
     result = RlTrainer(module, runtime, spec, emit=_emit).run()
     final = result.pop("_final_state")

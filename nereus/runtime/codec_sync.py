@@ -72,6 +72,7 @@ class CodecSync:
         self.device, self.group, self.control = torch.device(device), group, control
         self.rank = dist.get_rank()
         self.references: dict = {}  # (round, op index) -> uint8 tensor
+        self.targets: Optional[dict] = None  # the target shards it keeps when the caller passes none
         self._indices: dict = {}  # QuantPiece -> (index of its carried scales among its blocks, their place)
 
     # -- targets ---------------------------------------------------------------------------

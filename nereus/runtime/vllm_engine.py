@@ -304,14 +304,17 @@ class VllmGeneration:
     change its TP degree live), from the weights just synced."""
 
     def __init__(self, module, plan: str, *, workdir: str | os.PathLike, source: str = "actor.training",
-                 target: str = "actor.generation", **engine_options):
+                 target: str = "actor.generation", sync_mode: str = "dense", sync_full_every: int = 0,
+                 **engine_options):
         import torch.distributed as dist
-
 
         self.module, self.source, self.target = module, source, target
         self.rank = dist.get_rank()
         self.workdir, self.engine_options = Path(workdir), engine_options
-        self.sync = WeightSync(module, source=source, target=target, engine_input=True)
+        # sync_mode "delta": only changed words cross between ranks; the driver still hands
+        # the engine whole tensors (vLLM's reload_weights has no sparse in-place update)
+        self.sync = WeightSync(module, source=source, target=target, engine_input=True, mode=sync_mode,
+                               full_every=sync_full_every)
         self.engine: Optional[VllmEngine] = None
         self._layout = None
         self.plan = plan

@@ -354,6 +354,10 @@ class WeightSync:
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.control)  # a full run when any rank needs one
         full = bool(int(flag))
         self._last = None  # set again only when this run succeeds on every rank
+        for other in self._codecs.values():  # another program's shards and references are stale now
+            if other is not None and other is not sync:
+                other.targets = None
+                other.references.clear()
         sync.check_targets(targets)
         figures = sync.run(weights, targets, full)
         self._last, self._since_full = (digest, identity), (0 if full else self._since_full + 1)
