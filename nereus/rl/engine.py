@@ -119,6 +119,20 @@ def check_vllm_plans(module, cuda: bool) -> None:
                                 "path does not run yet", key_loc(placement, "zero"),
                                 hint="use zero 1 (sharded optimizer state) with --engine vllm, or --engine native")
     actor = module.model("actor")
+    for plan in module.plans:  # FP8 generation: vLLM's block-FP8 layout, on GPUs
+        placement = plan.placement("actor.generation")
+        if placement.quant is None:
+            continue
+        if not cuda:
+            raise SemanticError(f"plan {plan.name}: vLLM on CPU runs no block-FP8 weights (quant fp8)",
+                                placement.loc, hint="generate with --engine native (it dequantizes on CPU), or on GPUs")
+        rows = {"q": actor.heads * actor.head_dim, "k and v": actor.kv_heads * actor.head_dim, "gate and up": actor.ffn,
+                "hidden": actor.hidden}
+        cut = [f"{what} {n}" for what, n in rows.items() if n % (128 * (placement.tp if what != "hidden" else 1))]
+        if cut:
+            raise SemanticError(f"plan {plan.name}: vLLM's block FP8 needs every tensor-parallel part in whole "
+                                f"128-row blocks; at tp {placement.tp} the actor's {', '.join(cut)} rows are not",
+                                placement.loc, hint="use --engine native, whose blocks follow each shard")
     if actor.experts:
         raise SemanticError(f"--engine vllm does not run the mixture-of-experts actor ({actor.architecture}) yet",
                             actor.loc, hint="generate with --engine native (EP and TP layouts both run)")

@@ -59,6 +59,8 @@ import torch
 from nereus.ir.diagnostics import NereusError, SemanticError
 from nereus.ir.model import Model
 
+from nereus.models.fp8 import Fp8Weight
+
 from .vllm_sync import WeightSync, driver_replica, engine_placement
 
 _LAYER = re.compile(r"layers\.(\d+)\.(.+)")
@@ -100,13 +102,49 @@ def to_vllm_weights(weights: dict, model: Optional[Model] = None) -> list[tuple[
     name, tensor) pairs in name order, the tensors themselves or row views of them (no
     copy): vLLM's loader copies them into its params. A llama passes its fused tensors
     (vllm_name); the other families pass the HF checkpoint's unfused names, the ones
-    every vLLM model's load_weights reads (their fused-name handling is not relied on)."""
+    every vLLM model's load_weights reads (their fused-name handling is not relied on).
+    FP8 weights (nereus.models.fp8.Fp8Weight, a `quant fp8` generation) always pass
+    unfused, as an FP8 checkpoint holds them (fp8_hf_weights)."""
+    if any(isinstance(t, Fp8Weight) for t in weights.values()):
+        if model is None:
+            raise NereusError("FP8 weights need their model to be named for vLLM", hint="pass model=")
+        full = {f"{model.name}/{local_name(name)}": tensor for name, tensor in weights.items()}
+        return sorted(fp8_hf_weights(model, full).items())
     if model is None or model.architecture == "llama":
         return [(vllm_name(name), tensor) for name, tensor in sorted(weights.items())]
     from nereus.models.hf import nereus_to_hf
 
     full = {f"{model.name}/{local_name(name)}": tensor for name, tensor in weights.items()}
     return sorted(nereus_to_hf(model, full).items())
+
+
+# config.json's quantization_config of a block-FP8 checkpoint (DeepSeek-V3's, which vLLM's
+# fp8 method reads: e4m3 weights, `weight_scale_inv` = the scale a weight's code is multiplied by)
+FP8_CONFIG = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+
+
+def fp8_hf_weights(model: Model, full: dict) -> dict:
+    """Whole tensors by global Nereus name, FP8 ones as Fp8Weight → the HF names of a
+    block-FP8 checkpoint: each FP8 weight's codes under its HF name and its block scales
+    under `...weight_scale_inv`, fused q|k|v and gate|up split into their parts (views, no
+    copy). A part must start on a block row (its rows a multiple of 128, as vLLM's block
+    FP8 needs anyway): its scales are then whole rows of the fused scale grid."""
+    from nereus.models.hf import hf_targets
+
+    out = {}
+    for hf, target in hf_targets(model).items():
+        tensor = full[target.tensor]
+        lo, hi = target.rows
+        if not isinstance(tensor, Fp8Weight):
+            out[hf] = tensor[lo:hi]
+            continue
+        block, rows = tensor.block, tensor.codes.shape[0]
+        if lo % block or (hi % block and hi != rows):
+            raise NereusError(f"{hf}: rows {lo}..{hi} of {target.tensor} cut a {block}-row FP8 block",
+                              hint="vLLM's block FP8 needs q, k, v, gate and up rows in multiples of 128")
+        out[hf] = tensor.codes[lo:hi]
+        out[hf.removesuffix(".weight") + ".weight_scale_inv"] = tensor.scales[lo // block: -(-hi // block)]
+    return out
 
 
 def hf_checkpoint_weights(model: Model, weights: dict) -> dict:
@@ -118,7 +156,9 @@ def hf_checkpoint_weights(model: Model, weights: dict) -> dict:
 
     full = {f"{model.name}/{local_name(name)}": tensor for name, tensor in weights.items()}
     check_complete(model, full)
-    return {name: tensor.contiguous().clone() for name, tensor in nereus_to_hf(model, full).items()}
+    named = fp8_hf_weights(model, full) if any(isinstance(t, Fp8Weight) for t in full.values()) else \
+        nereus_to_hf(model, full)
+    return {name: tensor.contiguous().clone() for name, tensor in named.items()}
 
 
 # family → (transformers class, model_type, q/k/v bias, q/k norm): what each HF class computes
@@ -182,12 +222,16 @@ def hf_config(model: Model, *, max_position_embeddings: int = 4096, rms_norm_eps
 def save_hf_checkpoint(model: Model, weights: dict, path: str | os.PathLike, **config) -> Path:
     """Write `weights` (whole tensors by Nereus name) as a HF checkpoint directory of the
     model's family (config.json + model.safetensors) that vLLM and transformers load, and
-    `nereus train` reads back with `hf("dir")`. Needs safetensors."""
+    `nereus train` reads back with `hf("dir")`. FP8 weights (Fp8Weight) make it a
+    block-FP8 checkpoint (FP8_CONFIG; vLLM loads it, `hf("dir")` does not). Needs safetensors."""
     from safetensors.torch import save_file
 
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(hf_config(model, **config), indent=2))
+    settings = hf_config(model, **config)
+    if any(isinstance(t, Fp8Weight) for t in weights.values()):
+        settings["quantization_config"] = dict(FP8_CONFIG)
+    (out / "config.json").write_text(json.dumps(settings, indent=2))
     save_file(hf_checkpoint_weights(model, weights), str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
 
@@ -383,5 +427,6 @@ def check_complete(model: Model, weights: Iterable[str]) -> None:
                           hint="the engine takes a replica's whole weights (engine_placement's layout)")
 
 
-__all__ = ["VllmEngine", "VllmGeneration", "check_complete", "driver_replica", "engine_placement", "hf_checkpoint_weights",
+__all__ = ["FP8_CONFIG", "VllmEngine", "VllmGeneration", "check_complete", "driver_replica", "engine_placement",
+           "fp8_hf_weights", "hf_checkpoint_weights",
            "hf_config", "local_name", "row_seeds", "save_hf_checkpoint", "to_vllm_weights", "vllm_name"]
