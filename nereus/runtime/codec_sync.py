@@ -67,10 +67,13 @@ class CodecSync:
     """One plan's codec sync on this rank (module docstring). `references` holds the
     bytes of every message this rank sent last (delta programs only)."""
 
-    def __init__(self, work: CodecWork, source: str, target: str, device: torch.device, group, control):
+    def __init__(self, work: CodecWork, source: str, target: str, device: torch.device, group, control,
+                 rank: Optional[int] = None):
+        """rank: this process's rank (default: torch.distributed's); a benchmark that builds
+        every rank's messages in one process passes it."""
         self.work, self.source, self.target = work, source, target
         self.device, self.group, self.control = torch.device(device), group, control
-        self.rank = dist.get_rank()
+        self.rank = dist.get_rank() if rank is None else rank
         self.references: dict = {}  # (round, op index) -> uint8 tensor
         self.targets: Optional[dict] = None  # the target shards it keeps when the caller passes none
         self._indices: dict = {}  # QuantPiece -> (index of its carried scales among its blocks, their place)

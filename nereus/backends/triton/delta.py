@@ -38,6 +38,14 @@ def _pad4(x):
 
 
 @triton.jit
+def _weights(start, lanes, MODULUS: tl.constexpr):
+    """(start + lane) mod MODULUS + 1, without a 64-bit division per element: a chunk
+    (at most 65536 words) wraps at most once."""
+    w = (start % MODULUS).to(tl.int32) + lanes
+    return tl.where(w >= MODULUS, w - MODULUS, w) + 1
+
+
+@triton.jit
 def encode_kernel(cur, ref, payload16, payload32, payloadw, directory, sums, cursor, n,
                   C: tl.constexpr, W: tl.constexpr, MODULUS: tl.constexpr):
     c = tl.program_id(0).to(tl.int64)
@@ -53,7 +61,7 @@ def encode_kernel(cur, ref, payload16, payload32, payloadw, directory, sums, cur
     length = tl.minimum(n - start, C).to(tl.int32)
     xs = x.to(tl.int64)
     tl.store(sums + 2 * c, tl.sum(xs, axis=0))
-    tl.store(sums + 2 * c + 1, tl.sum(xs * (offs % MODULUS + 1), axis=0))
+    tl.store(sums + 2 * c + 1, tl.sum(xs * _weights(start, lanes, MODULUS), axis=0))
     words32 = (length + 31) // 32
     sparse = _pad4(2 * k) + _pad4(W * k)
     masked = 4 * words32 + _pad4(W * k)
@@ -104,7 +112,7 @@ def decode_kernel(dst, payload16, payload32, payloadw, directory, sums, n,
     base = at * 4
     x = tl.load(dst + offs, mask=inside, other=0)
     old = x.to(tl.int64)
-    weight = offs % MODULUS + 1
+    weight = _weights(start, lanes, MODULUS)
     total = tl.sum(old, axis=0)
     weighted = tl.sum(old * weight, axis=0)
     if fmt == 1:
@@ -116,7 +124,7 @@ def decode_kernel(dst, payload16, payload32, payloadw, directory, sums, n,
         tl.store(dst + where, values, mask=valid)
         change = tl.where(valid, values.to(tl.int64) - before, 0)
         total += tl.sum(change, axis=0)
-        weighted += tl.sum(change * (where % MODULUS + 1), axis=0)
+        weighted += tl.sum(change * _weights(start, index, MODULUS), axis=0)
     if fmt == 2:
         words32 = (tl.minimum(n - start, C).to(tl.int32) + 31) // 32
         packed = tl.load(payload32 + base // 4 + lanes // 32, mask=inside, other=0)
