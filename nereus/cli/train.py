@@ -397,7 +397,9 @@ def _print_summary(runs: dict, comparison: Optional[dict], out: str, wall: float
         if s["sync_dense_bytes"] != s["sync_bytes"]:  # a delta (or FP8 + delta) sync: what it saved
             console.print(f"{label}: weight sync sent {human_bytes(s['sync_bytes'])} from rank 0 over {s['steps']} "
                           f"steps, a full sync each step {human_bytes(s['sync_dense_bytes'])} "
-                          f"({100 * s['sync_bytes'] / max(1, s['sync_dense_bytes']):.1f}%)")
+                          f"({100 * s['sync_bytes'] / max(1, s['sync_dense_bytes']):.1f}%); rank 0 keeps "
+                          f"{human_bytes(s['sync_reference_bytes'])} of its last messages to code against (an exact "
+                          "copy, not a fingerprint: docs/program.md)")
     if comparison:
         console.print("largest |difference| to the control run, over all steps: " + ", ".join(
             f"{k.removeprefix('max_abs_diff_')} {v:.2e}" for k, v in comparison.items() if k.startswith("max_abs")))

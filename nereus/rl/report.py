@@ -23,7 +23,8 @@ def summary(result: dict) -> dict:
             "first_reward": steps[0]["reward"] if steps else None, "last_reward": steps[-1]["reward"] if steps else None,
             # rank 0's weight-sync bytes, and what full syncs would have sent (equal unless --sync delta)
             "sync_bytes": sum(s.get("sync_bytes", 0) for s in steps),
-            "sync_dense_bytes": sum(s.get("sync_dense_bytes", s.get("sync_bytes", 0)) for s in steps)}
+            "sync_dense_bytes": sum(s.get("sync_dense_bytes", s.get("sync_bytes", 0)) for s in steps),
+            "sync_reference_bytes": max((s.get("sync_reference_bytes", 0) for s in steps), default=0)}
 
 
 def compare(run: dict, control: dict, run_state: Optional[str] = None, control_state: Optional[str] = None) -> dict:

@@ -90,6 +90,14 @@ class StepRecord:
     rollout_sha256: str = ""  # digest of the step's [batch, response] tokens (compare engines)
     sync_dense_bytes: int = 0  # what a full sync of this plan sends from this rank (= sync_bytes for a dense one)
     sync_full: bool = True  # whether this step's sync was a full one (delta: False after the first)
+    sync_reference_bytes: int = 0  # delta: what this rank keeps of its last messages (the sender's references)
+
+
+def _sync_figures(result) -> tuple[int, int, bool, int]:
+    """(sent, what a full sync sends, full, delta references kept) of a SyncResult."""
+    extra = result.extra
+    return (result.bytes_sent, extra.get("dense_bytes", result.bytes_sent), extra.get("full", True),
+            extra.get("reference_bytes", 0))
 
 
 def _report_dict(report: Any) -> dict:
@@ -365,14 +373,15 @@ class RlTrainer:
                 value_losses.append(self._train("critic.training", critic_loss, opt_step, cfg.critic_lr, offset, mb))
                 clock.lap("critic.training")
         clock.restart()
-        sync_bytes, dense_bytes, full = self.sync_generation_weights()
+        sync_bytes, dense_bytes, full, references = self.sync_generation_weights()
         clock.lap("actor.generation")
         return StepRecord(step, self.plan_name, sum(losses) / len(losses),
                           sum(value_losses) / len(value_losses) if value_losses else 0.0,
                           float(rule.mean()), float((logp_old - logp_ref).mean()),
                           float(rm.mean()) if rm is not None else None,
                           time.perf_counter() - start, R, clock.seconds, sync_bytes,
-                          hashlib.sha256(responses.cpu().numpy().tobytes()).hexdigest(), dense_bytes, full)
+                          hashlib.sha256(responses.cpu().numpy().tobytes()).hexdigest(), dense_bytes, full,
+                          references)
 
     def _engine(self, role: Optional[Role]) -> Optional[GenerationEngine]:
         """The engine that generates this rank's replica rows, None where the rank writes
@@ -407,22 +416,23 @@ class RlTrainer:
             dist.all_reduce(full)
         return full
 
-    def sync_generation_weights(self) -> tuple[int, int, bool]:
+    def sync_generation_weights(self) -> tuple[int, int, bool, int]:
         """Copy the trained actor weights into the generation stage's shards (in place);
-        returns (bytes this rank sent, bytes a full sync would send, whether it was full).
+        returns (bytes this rank sent, bytes a full sync would send, whether it was full,
+        bytes of delta references this rank keeps).
         With vLLM: the compiled sync into the engines' input layout, then each driver loads
         the weights into its engine. A delta sync writes into the runtime's generation
         shards in place; an FP8 one into the trainer's FP8 weights (`self.fp8`)."""
         if self.vllm is not None:
             result = self.vllm.push(self.plan_name, self.rt.state("actor.training"))
-            return result.bytes_sent, result.extra.get("dense_bytes", result.bytes_sent), result.extra.get("full", True)
+            return _sync_figures(result)
         if self.weight_sync is None:
             full = self.rt.gather_state_dict("actor.training")
             local = self.rt.shard_state_dict("actor.generation", {k: v for k, v in full.items() if "#" not in k})
             sent = sum(t.numel() * t.element_size() for t in full.values())  # each rank all-reduces all
             for name, tensor in self.rt.state("actor.generation").items():
                 tensor.copy_(local[name])
-            return sent, sent, True
+            return sent, sent, True, 0
         # the sync reads whole TP/PP shards: gathered under zero 3
         source = {f"actor/{k}": v for k, v in self.weights("actor.training", whole=True).items()}
         if self._quant():
@@ -438,7 +448,7 @@ class RlTrainer:
             if not in_place:
                 for name, tensor in generation.items():
                     tensor.copy_(result.weights[name])
-        return result.bytes_sent, result.extra.get("dense_bytes", result.bytes_sent), result.extra.get("full", True)
+        return _sync_figures(result)
 
     # -- the run ----------------------------------------------------------------------------
 
