@@ -8,7 +8,9 @@ against the per-segment torch fallback; a tensor past 2**31 elements), then time
                          4 x bytes / ceiling (pack reads + writes, unpack reads + writes)
   llama8b_tp2_tp4_loopback
                          real-size Llama-3.1-8B bf16 weights resharded TP=2 -> TP=4 on one
-                         GPU (1,164 segments: column part-wise, row, vocab, replicated):
+                         GPU (1,164 segments: column part-wise, row, vocab, replicated);
+                         with fewer layers where the device's free memory does not hold
+                         8 copies of the model (llama8b_<L>of32layers_..., e.g. an 80 GB H100):
                          fused = one box-to-box copy launch; bound = 2 x bytes / ceiling
   llama8b_tp2_tp4_pack_unpack
                          the same through per-(src, dst)-rank buffers: pack_many + unpack_many
@@ -371,7 +373,7 @@ def poison(shards):
             t.view(torch.uint8).fill_(POISON)
 
 
-def loopback_cases(model: Model, ceiling: float, device, fused: Packer, plain: Packer):
+def loopback_cases(model: Model, ceiling: float, device, fused: Packer, plain: Packer, name: str = "llama8b"):
     dst, ref, pairs, ref_pairs, messages = build_loopback(model, 2, 4, device)
     poison(dst)
     t0 = time.perf_counter()
@@ -393,7 +395,7 @@ def loopback_cases(model: Model, ceiling: float, device, fused: Packer, plain: P
     for tile in ((32, 128), (8, 512), (4, 1024), (2, 2048), (8, 256), (4, 512)):
         forced = Packer("triton", tile=tile)
         extra[f"tile_{tile[0]}x{tile[1]}_s"] = bench(lambda: forced.copy(pairs, key="loopback"))
-    rows = [case("llama8b_tp2_tp4_loopback", t_fused, t_plain, bound, segments=len(pairs), bytes=nbytes,
+    rows = [case(f"{name}_tp2_tp4_loopback", t_fused, t_plain, bound, segments=len(pairs), bytes=nbytes,
                  fused_repeat_s=t_again, no_vec_hints_s=t_novec, plan_build_s=build_s,
                  launches=fused.launch_summary("copy", "loopback"), **extra)]
     # box to box with no buffer: the batched torch form is one _foreach_copy_
@@ -423,7 +425,7 @@ def loopback_cases(model: Model, ceiling: float, device, fused: Packer, plain: P
         packer.unpack_many(b, recv, key="lb-unpack")
     t_fused = bench(lambda: through(fused))
     t_plain = bench(lambda: through(plain))
-    rows.append(with_batched(case("llama8b_tp2_tp4_pack_unpack", t_fused, t_plain, bound, segments=len(pairs),
+    rows.append(with_batched(case(f"{name}_tp2_tp4_pack_unpack", t_fused, t_plain, bound, segments=len(pairs),
                                   bytes=nbytes, messages=len(keys)),
                              batched_torch(list(zip(send, recv)))))
     return rows
@@ -459,6 +461,26 @@ def small_case(count: int, size: int, ceiling: float, device, fused: Packer, pla
                         batched_torch([(segs, None)]))
 
 
+# the model's bf16 bytes the loopback cases hold at once: TP=2 sources, TP=4 destinations,
+# the fallback's reference, the checked pack_many buffers and those of a timed call, the
+# batched-torch forms' aligned and dense buffers (7), and one more for the allocator's slack
+LOOPBACK_COPIES = 8
+FULL_LLAMA8B = Model("actor", "llama", 32, 4096, 32, 8, 14336, 128256)
+
+
+def loopback_model(free_bytes: int) -> Model:
+    """Llama-3.1-8B with as many of its 32 layers as fit LOOPBACK_COPIES times in
+    `free_bytes` (all 32 on a 141 GB H200; an 80 GB H100 ran out of memory with them)."""
+    from dataclasses import replace
+
+    from nereus.models import parameter_count
+
+    layers = FULL_LLAMA8B.layers
+    while layers > 1 and LOOPBACK_COPIES * 2 * parameter_count(replace(FULL_LLAMA8B, layers=layers)) > free_bytes:
+        layers -= 1
+    return replace(FULL_LLAMA8B, layers=layers)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="also write the JSON result here")
@@ -488,9 +510,18 @@ def main() -> int:
             if size * count <= limit:
                 cases.append(sweep_case(size, count, ceiling, device, fused, plain))
                 torch.cuda.empty_cache() if device.type == "cuda" else None
-    model = (Model("actor", "llama", 32, 4096, 32, 8, 14336, 128256) if not smoke
-             else Model("actor", "llama", 2, 64, 4, 4, 128, 256))
-    cases += loopback_cases(model, ceiling, device, fused, plain)
+    name = "llama8b"
+    if smoke:
+        model = Model("actor", "llama", 2, 64, 4, 4, 128, 256)
+    else:  # sized to this device's free memory
+        torch.cuda.empty_cache()
+        free = torch.cuda.mem_get_info()[0]
+        model = loopback_model(free)
+        print(f"loopback model: Llama-3.1-8B with {model.layers} of {FULL_LLAMA8B.layers} layers "
+              f"({free / 1e9:.1f} GB free)", flush=True)
+        if model.layers < FULL_LLAMA8B.layers:  # the names of earlier results are the whole model's
+            name = f"llama8b_{model.layers}of32layers"
+    cases += loopback_cases(model, ceiling, device, fused, plain, name)
     torch.cuda.empty_cache() if device.type == "cuda" else None
     for count, size in ((16384, 64 * KiB), (65536, 4 * KiB)) if not smoke else ((64, 4 * KiB),):
         cases.append(small_case(count, size, ceiling, device, fused, plain))

@@ -54,3 +54,13 @@ def test_failed_tests_fail_the_run_and_passing_ones_go_on_to_the_vllm_step(tmp_p
     assert failed.returncode == 1 and "PYTEST-RAN" in failed.stdout and "VLLM-STEP-RAN" not in failed.stdout
     passed = _fake_repo(tmp_path / "b", install_status=0, test_status=0)
     assert passed.returncode == 0 and "PYTEST-RAN" in passed.stdout and "VLLM-STEP-RAN" in passed.stdout
+
+
+def test_ci_installs_triton_so_that_the_interpreter_tests_run(tmp_path):
+    """README's CPU test command leaves Triton out (the `test` extra does not need it: the
+    pack-kernel tests skip without it); CI installs the `gpu` extra before it, so that
+    they run there."""
+    done = _fake_repo(tmp_path, install_status=0, test_status=0)
+    lines = done.stdout.splitlines()
+    gpu = [i for i, line in enumerate(lines) if line.startswith("pip install") and ".[gpu]" in line]
+    assert gpu and gpu[0] < lines.index("PYTEST-RAN"), done.stdout

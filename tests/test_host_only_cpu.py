@@ -73,6 +73,7 @@ def test_the_first_calls_say_whether_their_part_was_lowered_ahead(ahead, monkeyp
     assert not any(details[k]["lowered_ahead"] for k in ("second a-b", "second b-a"))
 
 
+@pytest.mark.triton
 def test_each_first_call_says_which_replays_it_ran():
     """A program's first execution builds no replay, its second builds and runs them (the
     kernels forced under the interpreter): what `cold_details` reports of each call."""
@@ -86,6 +87,7 @@ def test_each_first_call_says_which_replays_it_ran():
         assert second["replays_used"] == second["replays_in_plan"] > 0, details
 
 
+@pytest.mark.triton
 def test_each_fallback_says_which_kernel_variants_it_lacked():
     """Under the "prepared" JIT a call that meets a kernel variant not compiled yet takes
     the torch path: `cold_details` names the variants and the caller of each fallback."""

@@ -1,5 +1,7 @@
 """The house: packages import only downward (ir → models → passes → backends →
-runtime | controller → rl → cli) and no two modules import each other, lazily or not."""
+runtime | controller → interop → rl → cli) and no two modules import each other, lazily or
+not. interop, the adapter layer between PyTorch modules and Nereus, sits above the
+runtime: the compiler and the runtime never import it."""
 
 import ast
 import pathlib
@@ -7,7 +9,8 @@ import pathlib
 import networkx as nx
 
 ROOT = pathlib.Path(__file__).resolve().parents[1] / "nereus"
-RANK = {"ir": 0, "models": 1, "passes": 2, "backends": 3, "runtime": 4, "controller": 4, "rl": 5, "cli": 6}
+RANK = {"ir": 0, "models": 1, "passes": 2, "backends": 3, "runtime": 4, "controller": 4, "interop": 5, "rl": 6,
+        "cli": 7}
 
 
 def _imports():

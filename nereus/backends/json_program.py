@@ -212,6 +212,7 @@ def _emit(program, ranged: bool) -> dict:
         "units": units,
         "resident_bytes": {str(g): b for g, b in enumerate(dag.resident)},
         "untouched": list(dag.untouched),
+        "memory_model": program.schedule.memory_model,
         "rounds": rounds,
     }
 

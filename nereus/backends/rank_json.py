@@ -17,7 +17,8 @@ fields as the whole program, holding only what that rank executes and reads:
     its messages read from or write to, with just the shards of the peer GPU that those
     messages name (the segment tables: enough to pack and unpack both sides);
   - `tensors`, `gpus`, `nodes`, `resident_bytes`: only those the above refer to (the rank
-    and its peers); `rank` and `peers` say whose program it is.
+    and its peers); `rank` and `peers` say whose program it is; `memory_model` as the
+    whole program's.
 Invariant (tested): equal to the whole program filtered to the rank. Cost: the symbolic
 program's op records are walked once (cheap: an op covers a layer range), and only the
 rank's ops and shards are expanded into per-layer segments, so the size of one rank's
@@ -29,6 +30,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from nereus.ir.program import compact_segment_units, expand_segment_units
+from nereus.passes.memory_model import FIELD as MEMORY_MODEL
 
 from .json_program import FORMAT, VERSION, check_version, op_json, tensors_json, unit_json
 
@@ -112,6 +114,7 @@ def _rank_program_json(compiled, rank: int, ranged: bool) -> dict:
         "units": units,
         "resident_bytes": {str(g): dag.resident[g] for g in gpus},
         "untouched": list(dag.untouched),
+        "memory_model": program.schedule.memory_model,
         "rounds": rounds,
     }
 
@@ -188,6 +191,8 @@ def split_by_rank(whole: dict) -> dict[int, dict]:
             "untouched": whole["untouched"],
             "rounds": rounds[rank],
         }
+        if MEMORY_MODEL in whole:  # a program before the field has parts without it
+            out[rank][MEMORY_MODEL] = whole[MEMORY_MODEL]
     return out
 
 

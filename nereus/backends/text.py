@@ -8,7 +8,12 @@
         actor.training/0 -> actor.training/1  layers 0..3  9 pieces  1.0 MiB
       free      gpu 0   actor.training/0                         2.0 MiB
 
-Stable (the golden test compares it byte for byte); layer ranges are not expanded.
+Stable (the golden test compares it byte for byte); layer ranges are not expanded. A
+round's allocs and frees of 0 bytes (units kept in place: nothing to allocate or free; a
+16-GPU change listed 112 of each before its first real alloc) are folded into one line
+each, where the first of them stood:
+
+      alloc     112 units of 0 B (kept in place: nothing to allocate), not listed
 """
 
 from __future__ import annotations
@@ -35,7 +40,8 @@ def _xfer_text(dag, x) -> str:
     info = dag.stages[x.stage]
     src = unit_id(info.name, dag.frees[x.free].replica)
     dst = unit_id(info.name, dag.allocs[x.alloc].replica)
-    return f"{src} -> {dst}  {slot_text(info.model.layers, *x.slots)}  {len(x.pieces)} pieces"
+    where = "tensors" if info.model.is_table else slot_text(info.model.layers, *x.slots)
+    return f"{src} -> {dst}  {where}  {len(x.pieces)} pieces"
 
 
 def program_text(program, summary: dict | None = None) -> str:
@@ -54,16 +60,30 @@ def program_text(program, summary: dict | None = None) -> str:
     if dag.untouched:
         lines.append(f"untouched: {', '.join(dag.untouched)}")
     current = -1
+    empty: dict = {}  # (round, kind) -> [index of its folded line, count]
+
+    def fold(k: int, kind: str) -> None:
+        if (k, kind) not in empty:
+            empty[(k, kind)] = [len(lines), 0]
+            lines.append("")
+        empty[(k, kind)][1] += 1
+
     for k, kind, record in program.ops():
         if k != current:
             lines.append(f"round {k}")
             current = k
         if kind == "alloc":
             a = dag.allocs[record]
+            if a.bytes == 0:
+                fold(k, kind)
+                continue
             lines.append(f"  {kind:<9} gpu {a.gpu:<4} {unit_id(dag.stages[a.stage].name, a.replica):<40} "
                          f"{human_bytes(a.bytes)}")
         elif kind in ("free", "stage_out"):
             f = dag.frees[record]
+            if f.bytes == 0 and kind == "free":
+                fold(k, kind)
+                continue
             lines.append(f"  {kind:<9} gpu {f.gpu:<4} {unit_id(dag.stages[f.stage].name, f.replica):<40} "
                          f"{human_bytes(f.bytes)}")
         elif kind == "send":
@@ -73,6 +93,10 @@ def program_text(program, summary: dict | None = None) -> str:
                 lines.append(f"    {_xfer_text(dag, x)}  {human_bytes(x.bytes)}")
         else:
             lines.append(f"  {kind:<9} gpu {record.dst_gpu:<4} {_xfer_text(dag, record)}  {human_bytes(record.bytes)}")
+    for (_, kind), (at, count) in empty.items():
+        verb = "allocate" if kind == "alloc" else "free"
+        lines[at] = (f"  {kind:<9} {count} unit{'s' if count != 1 else ''} of 0 B (kept in place: nothing to "
+                     f"{verb}), not listed")
     return "\n".join(lines) + "\n"
 
 

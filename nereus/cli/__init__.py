@@ -64,10 +64,24 @@ class _LazyGroup(click.Group):
 
     def resolve_command(self, ctx, args):
         self._helping = any(arg in ("--help", "-h") for arg in args)
+        if args and args[0] not in self._lazy and not args[0].startswith("-"):
+            self._near_command(ctx, args[0])
         # `nereusc plan.nir` → `nereusc compile plan.nir`
         if self._default and args and args[0] not in self._lazy and not args[0].startswith("-"):
             args = [self._default, *args]
         return super().resolve_command(ctx, args)
+
+    def _near_command(self, ctx, word: str) -> None:
+        """A usage error with a did-you-mean for a word close to a command name (`nereusc
+        chek`); where a bare word means a file (`nereusc FILE`), only for a word that is
+        no existing path and has no '.' or '/' (a file name is left to the command)."""
+        import difflib
+
+        if self._default and (os.path.exists(word) or "." in word or os.sep in word or "/" in word):
+            return
+        near = difflib.get_close_matches(word, list(self._lazy), n=1, cutoff=0.6)
+        if near:
+            ctx.fail(f"No such command '{word}'. Did you mean '{near[0]}'?")
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         """click's main; with `--json` on the command line, a usage error (an unknown

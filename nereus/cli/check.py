@@ -77,16 +77,17 @@ def check_checkpoints(module: Module, source: str | None = None, strict: bool = 
     read): a tensor missing, of another shape or dtype is the error the runtime would give
     after launch, raised here at the model (at the brace keys, when reverting them to
     config.json's values removes it); the checkpoint's tensors no weight reads are
-    returned as warnings. Unreadable weights: an error when `strict` (a run is next),
-    else a warning (planning needs none)."""
+    returned as warnings. Unreadable or absent weights: an error when `strict` (a run is
+    next; it names the files looked for), else a warning or nothing (planning needs none)."""
     from nereus.ir.diagnostics import NereusError
     from nereus.ir.model import key_loc
     from nereus.ir.printer import _value
-    from nereus.models.safetensors_header import checkpoint_entries, compare_with_model
+    from nereus.models.hf import TIED_HEAD_HINT
+    from nereus.models.safetensors_header import checkpoint_entries, compare_with_model, tied_head_conflict
 
     warnings = []
     for model in module.models:
-        if model.checkpoint_dir is None or not _has_weights(model.checkpoint_dir):
+        if model.checkpoint_dir is None or (not strict and not _has_weights(model.checkpoint_dir)):
             continue  # a config.json alone plans a run (no weights needed until it starts)
         try:
             entries = checkpoint_entries(model.checkpoint_dir)
@@ -100,6 +101,10 @@ def check_checkpoints(module: Module, source: str | None = None, strict: bool = 
                             "nereus train will refuse them")
             continue
         problems, unused = compare_with_model(model, entries)
+        conflict = tied_head_conflict(model, entries)
+        if conflict is not None:
+            raise SemanticError(f"model {model.name}: its checkpoint {model.checkpoint} {conflict}", model.loc,
+                                TIED_HEAD_HINT, source=source)
         config = dict(model.checkpoint_fields)
         written = [k for k, _ in model.key_locs]  # the keys of the braces, in order
         changed = [k for k in written if k in config and getattr(model, k) != config[k] and k not in ("dtype", "head")]

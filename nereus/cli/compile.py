@@ -10,6 +10,7 @@ dot (Graphviz) or json (the program, docs/program.md).
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import click
@@ -79,8 +80,10 @@ def summary_text(summary: dict) -> str:
     peak = summary["peak_memory"]
     when = "before round 0" if peak["round"] < 0 else f"in round {peak['round']}"
     free = peak["free_bytes"]
+    # the model is named where it is not the compiler's default (cuda)
+    model = "" if peak.get("memory_model", "cuda") == "cuda" else f" ({peak['memory_model']} memory model)"
     lines.append(f"  peak memory {human_bytes(peak['bytes'])} of {human_bytes(peak['capacity_bytes'])} usable"
-                 f" ({peak['fraction']:.1%}) on GPU {peak['gpu']} {when}; headroom {human_bytes(peak['headroom_bytes'])};"
+                 f" ({peak['fraction']:.1%}) on GPU {peak['gpu']} {when}{model}; headroom {human_bytes(peak['headroom_bytes'])};"
                  f" {'-' if free < 0 else ''}{human_bytes(abs(free))} of the GPU's {human_bytes(peak['gpu_bytes'])} free")
     if peak["warning"]:
         lines.append(f"  warning: GPU {peak['gpu']} peaks with less than {peak['free_margin']:.0%} of its memory free"
@@ -92,10 +95,10 @@ def summary_text(summary: dict) -> str:
         lines.append(f"  resource edges: {edges}")
     for note in summary["notes"]:
         lines.append(f"  note: {note}")
-    width = max(len(n) for n in summary["stages"])
+    rows = []
     for name, stage in summary["stages"].items():
         if stage["unchanged"]:
-            lines.append(f"  {name:<{width}}  unchanged")
+            rows.append((name, "unchanged", ""))
             continue
         kinds: dict = {}
         for p in stage["primitives"]:
@@ -104,8 +107,12 @@ def summary_text(summary: dict) -> str:
         prims = " ".join(f"{k}×{n}" for k, n in kinds.items()) or "-"
         if stage["kept_units"]:
             prims += f" kept×{stage['kept_units']}"
-        ops = " ".join(f"{k} {n}" for k, n in stage.get("ops", {}).items())
-        lines.append(f"  {name:<{width}}  {prims:<24} {ops}")
+        rows.append((name, prims, " ".join(f"{k} {n}" for k, n in stage.get("ops", {}).items())))
+    # each column as wide as its widest cell (a fixed 24 shifted the ops of a long row)
+    width = max(len(name) for name, _, _ in rows)
+    prims_width = max([24] + [len(prims) for _, prims, ops in rows if ops])
+    for name, prims, ops in rows:
+        lines.append(f"  {name:<{width}}  {prims:<{prims_width}} {ops}".rstrip() if ops else f"  {name:<{width}}  {prims}")
     return "\n".join(lines)
 
 
@@ -146,10 +153,13 @@ def _print_after(name: str, state) -> None:
               help="With --emit json: write rank R's program alone (its ops, shards and peers; docs/program.md).")
 @click.option("--program-version", type=click.Choice(["1", "2"]), default="2", show_default=True,
               help="With --emit json: the JSON program version (2: families and ranges; 1: every member named).")
+@click.option("--memory-model", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True,
+              help="Device memory model the rounds are made safe under and the program records: cuda (GPUs: a "
+                   "send's buffers on both GPUs, also out of host memory) or cpu (the gloo runtime; docs/program.md).")
 @traceback_option
 @reports_errors
 def compile_command(file, transition, overrides, emit, output, as_json, time_passes, print_after_all, pipeline,
-                    rank, program_version, traceback):
+                    rank, program_version, memory_model, traceback):
     """Check FILE's plans and compile its transitions."""
     from nereus.cli.check import load_module
     from nereus.passes import compile_transition
@@ -162,6 +172,12 @@ def compile_command(file, transition, overrides, emit, output, as_json, time_pas
     if rank is not None and emit != "json":
         raise SemanticError("--rank selects one rank's program: it needs --emit json",
                             hint="nereusc FILE --transition S1:S2 --emit json --rank R")
+    if rank is not None and pipeline is None:
+        pipeline = RANK_PIPELINE  # one rank's program needs no cost estimate
+    if pipeline:  # an error in the option is the command line's: said once, before any output
+        from nereus.passes.manager import parse_pipeline
+
+        parse_pipeline(pipeline)
     if emit is None:
         from nereus.cli.check import check_checkpoints, describe, print_warnings, report_plans
         from nereus.ir.node_groups import node_span_warnings
@@ -190,12 +206,6 @@ def compile_command(file, transition, overrides, emit, output, as_json, time_pas
         from nereus.passes.feasibility import check_plan
 
         unfit = {p.name for p in module.plans if not check_plan(module, p).feasible}
-    if rank is not None and pipeline is None:
-        pipeline = RANK_PIPELINE  # one rank's program needs no cost estimate
-    if pipeline:  # an error in the option is the command line's, said once (not at each transition)
-        from nereus.passes.manager import parse_pipeline
-
-        parse_pipeline(pipeline)
     failed: list = []  # without --emit: a transition that cannot compile is reported, the others still are
     declared = {(t.source, t.target): t.loc for t in module.transitions}
     for source, target in pairs:
@@ -204,7 +214,7 @@ def compile_command(file, transition, overrides, emit, output, as_json, time_pas
         try:
             # the plan table above has checked every plan already (emit None)
             compiled = compile_transition(module, source, target, pipeline=pipeline, print_after_all=hook,
-                                          check_fit=emit is not None)
+                                          check_fit=emit is not None, memory_model=memory_model)
         except NereusError as error:  # quote the source line, as `nereusc check` does
             from nereus.passes.manager import PipelineError
 
@@ -261,6 +271,8 @@ def compile_command(file, transition, overrides, emit, output, as_json, time_pas
     elif output and output != "-":
         with open(output, "w", encoding="utf-8") as handle:
             handle.write(text + "\n")
+        # a word where the output went (a 16-GPU program is tens of MB, written in silence before)
+        click.echo(f"wrote {output} ({human_bytes(os.path.getsize(output))})", err=True)
     else:
         click.echo(text)
     if failed:

@@ -8,34 +8,19 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
-import time
 
 import click
 
 from nereus.cli.errors import reports_errors, traceback_option
+from nereus.cli.progress import StderrProgress
 
 COLORS = {"fixed": "tab:gray", "greedy": "tab:orange", "nereus": "tab:blue", "oracle": "tab:green"}
 
 
 def _fmt(x) -> str:
     return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.2f}"
-
-
-class StderrProgress:
-    """Prints `phase done/total (elapsed)` to stderr at most every `every` seconds, and at
-    each phase's end."""
-
-    def __init__(self, every: float = 2.0):
-        self.every = every
-        self.began = time.perf_counter()
-        self.last = -math.inf
-
-    def __call__(self, phase: str, done: int, total: int) -> None:
-        now = time.perf_counter()
-        if done == total or now - self.last >= self.every:
-            self.last = now
-            click.echo(f"  {phase}: {done}/{total} ({now - self.began:.0f} s)", err=True)
 
 
 def plot(result: dict, path: str, title: str) -> None:
@@ -74,6 +59,13 @@ def plot(result: dict, path: str, title: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def move_line(name: str, move: dict) -> str:
+    """One policy's move: the seconds it took in the simulated world, labelled as such
+    apart from the prediction its reason quotes (two unlabelled transition times before)."""
+    why = re.sub(r"^step \d+: ", "", move["why"])  # the line names the step once
+    return f"{name}: step {move['step']}: moved in {move['seconds']:.2f} s (true transition time) — {why}"
 
 
 @click.command("simulate")
@@ -134,7 +126,7 @@ def simulate_command(trace, as_json, plot_path, margin, show_steps, estimate_tra
     for name, moves in result["transitions"].items():
         for move in moves:
             if name != "oracle" or show_steps:
-                say(f"{name}: step {move['step']}: transition {move['seconds']:.2f} s — {move['why']}")
+                say(move_line(name, move))
     say(f"{'policy':8s} {'steps run':>9s} {'failed at':>9s} {'mean step s':>12s} {'total s':>10s} "
                f"{'vs oracle':>10s} {'transitions':>11s} {'transition s':>12s} {'share':>8s} {'ctl ms/step':>11s}")
     for name, s in result["policies"].items():

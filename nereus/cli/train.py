@@ -178,11 +178,11 @@ def _available_memory() -> Optional[int]:
         return None
 
 
-def unfit_plans(module, drifts: list[tuple[int, str]]) -> list[str]:
-    """A line per plan that does not fit the cluster's GPU memory (`nereusc check`), at the
-    start and after each --drift that makes it stop fitting. Warnings, not errors: on CPUs
-    (gloo) memory is not the cluster's, and on GPUs the declared cluster may not be the
-    machine; but a GPU run of such a plan runs out of memory."""
+def unfit_plans(module, drifts: list[tuple[int, str]], source: Optional[str] = None) -> list[NereusError]:
+    """An error per plan that does not fit the cluster's GPU memory (`nereusc check`'s, at
+    the plan's line), at the start and after each --drift that makes it stop fitting. On
+    GPUs such a run dies at the first transition into it; `nereus train` refuses them unless
+    --allow-infeasible (on CPUs, gloo, memory is not the declared cluster's)."""
     import nereus.ir as ir
     from nereus.passes.feasibility import check_plan
     from nereus.passes.infeasible import infeasible_error
@@ -194,13 +194,54 @@ def unfit_plans(module, drifts: list[tuple[int, str]]) -> list[str]:
             report = check_plan(module, plan)
             if not report.feasible and plan.name not in unfit:
                 unfit.add(plan.name)
-                out.append(f"{when}{infeasible_error(plan, report).message}; on GPUs the run would run out of memory")
+                error = infeasible_error(plan, report, source, module)
+                error.message = f"{when}{error.message}"
+                error.args = (error.message,)
+                out.append(error)
 
     check(module, "")
     for step, key in drifts:
         module = ir.apply_overrides(module, [key])
         check(module, f"after step {step} ({key}): ")
     return out
+
+
+def check_nproc(module, nproc: int, needed: int, source: Optional[str] = None) -> None:
+    """One process per GPU id: refuse more processes than the cluster has GPUs (at its
+    line) or than the plans use (the others would hold nothing in any plan; `--nproc 64` on
+    a 2-GPU cluster started 64 ranks)."""
+    cluster = module.cluster
+    if nproc > cluster.num_gpus:
+        raise SemanticError(f"--nproc {nproc}: cluster {cluster.name} has {cluster.num_gpus} GPUs "
+                            f"({cluster.nodes} x {cluster.gpus_per_node})", cluster.loc,
+                            f"one process per GPU id: use --nproc {needed} (or leave it out), or declare a larger "
+                            "cluster", source=source)
+    if nproc > needed:
+        idle = f"rank {needed}" if nproc == needed + 1 else f"ranks {needed}..{nproc - 1}"
+        raise NereusError(f"--nproc {nproc}: the plans use GPUs 0..{needed - 1}; {idle} would hold nothing in "
+                          "any plan", hint=f"use --nproc {needed} (or leave it out)")
+
+
+CPU_PROCESSES_PER_CORE = 4
+
+
+def check_cpu_processes(nproc: int, cores: Optional[int] = None) -> None:
+    """Refuse more CPU (gloo) processes than CPU_PROCESSES_PER_CORE per core of this
+    machine: each rank is a process with its own torch (hundreds of MB and seconds to
+    start) and a step's collectives wait for the slowest, so beyond that the ranks only
+    time-slice the cores."""
+    if cores is None:
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            cores = os.cpu_count() or 1
+    limit = CPU_PROCESSES_PER_CORE * cores
+    if nproc > limit:
+        raise NereusError(f"--nproc {nproc}: {nproc} CPU processes on {cores} core{'s' if cores != 1 else ''} "
+                          f"(at most {limit}: each rank is a process with its own torch, hundreds of MB and "
+                          "seconds to start, and every step waits for the slowest)",
+                          hint="run it on GPUs (--backend nccl), or train a plan with fewer GPU ids "
+                               "(examples/rl/*-cpu.nir)")
 
 
 def check_vllm_importable() -> None:
@@ -247,11 +288,15 @@ def check_vllm_importable() -> None:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--set", "overrides", multiple=True, help="Override a workload value, e.g. workload.response=8.")
 @click.option("--out", default=None, help="Output folder (default: runs/<plan file>-<algo>).")
+@click.option("--allow-infeasible", is_flag=True,
+              help="Train plans that do not fit the cluster's GPU memory (`nereusc check` refuses them), with a "
+                   "warning instead of an error: on CPU processes memory is not the declared cluster's.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON line last.")
 @traceback_option
 @reports_errors
 def train_command(plan_file, plan_name, algo, nproc, steps, events, controller, drift, control, runtime, backend, engine,
-                  greedy, sync_mode, sync_full_every, task, lr, group, seed, overrides, out, as_json, traceback):
+                  greedy, sync_mode, sync_full_every, task, lr, group, seed, overrides, out, allow_infeasible, as_json,
+                  traceback):
     """Train with PPO or GRPO on the plan file's models, changing plan mid-run.
 
     \b
@@ -298,7 +343,12 @@ def train_command(plan_file, plan_name, algo, nproc, steps, events, controller, 
     if nproc < needed:
         raise NereusError(f"the plans use GPUs 0..{needed - 1} but --nproc is {nproc}",
                           hint=f"use --nproc {needed} (one process per GPU id)")
+    with open(plan_file, encoding="utf-8") as handle:
+        source = handle.read()
+    check_nproc(module, nproc, needed, source)
     backend, backend_note = resolve_backend(backend, nproc)
+    if backend == "gloo":
+        check_cpu_processes(nproc)
     if engine == "vllm":
         from nereus.rl.engine import check_vllm_plans
 
@@ -306,9 +356,14 @@ def train_command(plan_file, plan_name, algo, nproc, steps, events, controller, 
     check_before_launch(plan_file, module, algo, group, nproc, drifts)
     from nereus.cli.check import check_checkpoints
 
-    with open(plan_file, encoding="utf-8") as handle:
-        checkpoint_warnings = check_checkpoints(module, handle.read(), strict=True)
-    for warning in checkpoint_warnings + unfit_plans(module, drifts):
+    warnings = check_checkpoints(module, source, strict=True)
+    unfit = unfit_plans(module, drifts, source)
+    if unfit and not allow_infeasible:
+        unfit[0].hint += ("; or pass --allow-infeasible to train it anyway (on CPU processes memory is not the "
+                          "cluster's; on GPUs the run runs out of memory)")
+        raise unfit[0]
+    warnings += [f"{error.message}; on GPUs the run would run out of memory" for error in unfit]
+    for warning in warnings:
         click.echo(f"{plan_file}: warning: {warning}", err=True)
     if backend == "gloo":
         check_host_memory(module, plan_name)
@@ -383,14 +438,19 @@ def _print_summary(runs: dict, comparison: Optional[dict], out: str, wall: float
 
     console = Console(stderr=quiet, width=None if sys.stdout.isatty() else 140)
     table = Table(title=f"nereus train ({wall:.1f} s wall, output in {out})")
-    for column in ("run", "steps", "step time", "transitions", "bytes moved", "transition time", "share of run",
-                   "reward first → last"):
+    summaries = {label: summary(result) for label, result in runs.items()}
+    # vLLM engines restarted after a transition: their own column, not transition time
+    restarts = any(s["engine_restart_seconds"] for s in summaries.values())
+    columns = ["run", "steps", "step time", "transitions", "bytes moved", "transition time", "share of run"]
+    columns += ["engine restarts", "share"] if restarts else []
+    for column in columns + ["reward first → last"]:
         table.add_column(column, justify="right")
-    for label, result in runs.items():
-        s = summary(result)
-        table.add_row(label, str(s["steps"]), f"{s['mean_step_seconds']:.3f} s", str(s["transitions"]),
-                      human_bytes(s['bytes_moved']), f"{s['transition_seconds']:.3f} s", f"{100 * s['transition_share']:.2f}%",
-                      f"{s['first_reward']:.3f} → {s['last_reward']:.3f}")
+    for label, s in summaries.items():
+        cells = [label, str(s["steps"]), f"{s['mean_step_seconds']:.3f} s", str(s["transitions"]),
+                 human_bytes(s['bytes_moved']), f"{s['transition_seconds']:.3f} s", f"{100 * s['transition_share']:.2f}%"]
+        if restarts:
+            cells += [f"{s['engine_restart_seconds']:.3f} s", f"{100 * s['engine_restart_share']:.2f}%"]
+        table.add_row(*cells, f"{s['first_reward']:.3f} → {s['last_reward']:.3f}")
     console.print(table)
     for label, result in runs.items():
         s = summary(result)

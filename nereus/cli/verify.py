@@ -63,7 +63,10 @@ def verify_command(program: str, against: str | None, overrides: tuple, as_json:
         # is in); a file that claims one is worth a word
         raise ProgramError(f"header field 'transition' ({moves['from']} -> {moves['to']}): a transition from "
                            f"plan {moves['from']} to itself", hint="a program moves state between two different plans")
-    report = verify_program(data, against=module)
+    from nereus.cli.progress import StderrProgress
+
+    # a large program takes 12-25 s: after 3 s (at once on a terminal) stderr says how far
+    report = verify_program(data, against=module, progress=StderrProgress("verify", after=3.0))
     if as_json:
         click.echo(json.dumps({"ok": True, "rounds": report.rounds, "ops": report.ops, "segments": report.segments,
                                "bytes_moved": report.bytes_moved, "worst_gpu": report.worst_gpu,

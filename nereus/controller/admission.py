@@ -112,29 +112,33 @@ class Decision:
 
     @property
     def why(self) -> str:
+        """The decision in words. Every transition time here is the prediction the rule used
+        (`predicted transition`), not the time a move took."""
         if self.reason == "infeasible-now":
             return (f"step {self.step}: switch, the current plan does not fit; candidate predicted "
-                    f"{self.candidate_s:.2f} s/step, transition {self.transition_s:.2f} s")
+                    f"{self.candidate_s:.2f} s/step, predicted transition {self.transition_s:.2f} s")
         if self.reason == "no-feasible-plan":
             return f"step {self.step}: stay, no feasible plan exists for this workload and GPU budget"
         verb = "switch" if self.switch else "stay"
         gain = self.current_s - self.candidate_s
         if self.reason == "faster":
+            current, candidate = distinct_seconds(self.current_s, self.candidate_s)
             return (f"step {self.step}: switch (faster; the greedy baseline ignores the move's cost): current "
-                    f"{self.current_s:.2f} s, candidate {self.candidate_s:.2f} s, transition {self.transition_s:.2f} s")
+                    f"{current} s, candidate {candidate} s, predicted transition {self.transition_s:.2f} s")
         # σ is the gain's uncertainty; the rule subtracts z·σ (z: AdmissionSettings.z)
         noise = f"z·σ {self.z * self.sigma_s:.3f} (σ {self.sigma_s:.3f})"
         if self.reason == "pays-back-now" and self.now_gain_s is not None:
             # rule 2 decides on the gain at the known workload, not at the predicted level
             return (f"step {self.step}: {verb} ({self.reason}): gain now {self.now_gain_s:.3f} s/step (at the "
-                    f"known workload) − {noise} > transition {self.transition_s:.2f} s; at the predicted level "
+                    f"known workload) − {noise} > predicted transition {self.transition_s:.2f} s; at the predicted level "
                     f"current {self.current_s:.2f} s, candidate {self.candidate_s:.2f} s")
         if not math.isfinite(self.transition_s):  # not estimated: no transition cost could change it
             return (f"step {self.step}: {verb} ({self.reason}): current {self.current_s:.2f} s, candidate "
                     f"{self.candidate_s:.2f} s, gain {gain:.3f} s/step − {noise}")
         return (f"step {self.step}: {verb} ({self.reason}): current {self.current_s:.2f} s, candidate "
                 f"{self.candidate_s:.2f} s, gain {gain:.3f} s/step − {noise}, × {self.remaining_steps}"
-                f" steps × (1 − {self.margin:g}) = {self.saving_s:.1f} s vs transition {self.transition_s:.2f} s")
+                f" steps × (1 − {self.margin:g}) = {self.saving_s:.1f} s vs predicted transition "
+                f"{self.transition_s:.2f} s")
 
     def to_json(self) -> dict:
         def num(x):
@@ -145,6 +149,16 @@ class Decision:
                 "remaining_steps": self.remaining_steps, "transition_s": num(self.transition_s),
                 "sigma_s": num(self.sigma_s), "margin": self.margin, "saving_s": num(self.saving_s),
                 "now_gain_s": num(self.now_gain_s), "why": self.why}
+
+
+def distinct_seconds(a: float, b: float) -> tuple[str, str]:
+    """Two step times with the fewest decimals (2 to 9) that tell them apart, so that a
+    faster plan never reads as an equal one ('1.23 s, candidate 1.23 s')."""
+    for decimals in range(2, 10):
+        shown = f"{a:.{decimals}f}", f"{b:.{decimals}f}"
+        if shown[0] != shown[1]:
+            return shown
+    return shown
 
 
 def admit(step: int, current_s: float, current_feasible: bool, candidate_s: float, candidate_feasible: bool,

@@ -52,6 +52,10 @@ class PlanPrediction:
 
 
 LEVEL_GRID = math.log(1.01)
+# the greedy baseline: any faster plan, whatever the move costs; a relative gain below one
+# part per million is float noise between two equal predictions, not a faster plan (greedy
+# "switched (faster)" between times that printed equal)
+GREEDY_SETTINGS = AdmissionSettings(margin=0.0, z=0.0, rho_min=1e-6, min_interval=0, confirm=1)
 _STAYS_AT_ANY_COST = ("no-gain", "below-min-gain", "no-payback")  # admission reasons independent of Ĉ > 0
 SPREAD_QUANTILES = (12.5, 37.5, 62.5, 87.5)  # a 4-point rule for the mean over recent residuals
 
@@ -381,9 +385,8 @@ class Controller:
             return self.transition_estimate(workload, self.plan, found.plan) * self.correction
 
         if self.greedy:
-            settings = AdmissionSettings(margin=0.0, z=0.0, rho_min=0.0, min_interval=0, confirm=1)
             decision = admit(step, current.step_s, fits, candidate.step_s, True, remaining, 0.0,
-                             settings, candidate=found.plan)
+                             GREEDY_SETTINGS, candidate=found.plan)
             # the baseline ignores the transition's cost: its reason says so, not "pays-back"
             reason = "faster" if decision.switch and decision.reason != "infeasible-now" else decision.reason
             decision = Decision(decision.step, decision.switch, reason, decision.current_s,

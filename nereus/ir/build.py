@@ -14,14 +14,15 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from . import units
-from .diagnostics import SemanticError
+from .diagnostics import SemanticError, did_you_mean  # noqa: F401  (did_you_mean: imported from here too)
 from .gpuset import resolve_gpu_set
 from .hf import read_hf_config
 from .model import (
-    ARCHITECTURE_DEFAULTS, DTYPE_BYTES, HEADS, QUANT_FORMATS, ROPE_SCALING_TYPES, STAGES, Cluster, RopeScaling, GpuSpec, Location, Model, ModelStage, Module, Placement, Plan,
-    Transition, Workload,
+    ARCHITECTURE_DEFAULTS, DTYPE_BYTES, HEADS, QUANT_FORMATS, ROPE_SCALING_TYPES, STAGES, TABLE_ARCHITECTURE, Cluster, RopeScaling, GpuSpec,
+    Location, Model, ModelStage, Module, Placement, Plan, Transition, Workload,
 )
 from .syntax import Declaration, Entry, PlacementSyntax, Word
+from .table import build_mesh_layout, build_table_model
 from .validate import ARCHITECTURES, RECOMPUTE, validate_cluster
 
 MODEL_INTS: tuple[str, ...] = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab")
@@ -63,7 +64,7 @@ MODEL_KEYS: dict[str, Callable] = {
 }
 # Every Model field a model declaration sets (an alias copies them from its base).
 MODEL_FIELDS: tuple[str, ...] = ("architecture", *MODEL_INTS, *(k for k in MODEL_KEYS if k not in MODEL_INTS),
-                                 "checkpoint", "checkpoint_dir", "checkpoint_fields")
+                                 "tensors", "states", "checkpoint", "checkpoint_dir", "checkpoint_fields")
 ROPE_SCALING_KEYS: dict[str, Callable] = {
     "type": _choice(ROPE_SCALING_TYPES), "factor": units.parse_positive_float,
     "low_freq_factor": units.parse_positive_float, "high_freq_factor": units.parse_positive_float,
@@ -71,7 +72,9 @@ ROPE_SCALING_KEYS: dict[str, Callable] = {
 }
 NULLABLE_BLOCKS: tuple[str, ...] = ("rope_scaling",)  # `rope_scaling none` turns scaling off
 WORKLOAD_KEYS: dict[str, Callable] = {**{key: _int for key in WORKLOAD_INTS}, "recompute": _choice(RECOMPUTE)}
-PLACEMENT_KEYS: tuple[str, ...] = ("dp", "tp", "pp", "ep", "on", "offload", "zero", "quant")
+PLACEMENT_KEYS: tuple[str, ...] = ("dp", "tp", "pp", "ep", "on", "offload", "zero", "mesh", "quant")
+# keys a mesh layout replaces: the mesh and its rules say how the GPUs split the tensors
+MESH_EXCLUDES: tuple[str, ...] = ("dp", "tp", "pp", "ep", "zero")
 EXAMPLES = {
     "nodes": "nodes 8", "gpus_per_node": "gpus_per_node 8", "gpu": "gpu { mem 141GB flops 989TFLOPS hbm 4.8TB/s }",
     "intra": "intra 900GB/s", "inter": "inter 25GB/s", "host_mem": "host_mem 2TB", "mem": "mem 141GB",
@@ -87,11 +90,6 @@ EXAMPLES = {
 def _one_of(options) -> str:
     options = [f"'{o}'" if not str(o).startswith("'") else str(o) for o in options]
     return options[0] if len(options) == 1 else ", ".join(options[:-1]) + " or " + options[-1]
-
-
-def did_you_mean(word: str, options) -> str:
-    close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
-    return f"did you mean '{close[0]}'? " if close else ""
 
 
 def _at(word: Word) -> str:
@@ -123,6 +121,9 @@ def _read_block(entries: tuple[Entry, ...], schema: dict[str, Callable], where: 
         is_list_key = name in lists
         if name not in schema and not is_list_key:
             shown = name + ":" if entry.kind == "list" else name
+            if entry.kind == "tensor":
+                raise SemanticError(f"a tensor declaration in {where}", key.loc,
+                                    "tensors are declared only in a model = tensors { ... } block", width=key.width)
             hint = did_you_mean(shown, allowed) + f"{where} takes {_one_of(allowed)}"
             if name in units.SIZE_UNITS or name in units.RATE_UNITS or name in units.FLOPS_UNITS:
                 hint = "write the unit right after the number, with no space: 141GB"
@@ -151,7 +152,7 @@ def _read_block(entries: tuple[Entry, ...], schema: dict[str, Callable], where: 
             locs[name] = key.loc
             continue
         if entry.kind != "value":
-            form = "a list" if entry.kind == "list" else "a block"
+            form = {"list": "a list", "block": "a block", "tensor": "a tensor declaration"}[entry.kind]
             raise SemanticError(f"'{name}' takes a single value, not {form}", key.loc,
                                 f"write it like {EXAMPLES.get(name, name + ' VALUE')}", width=key.width)
         try:
@@ -232,6 +233,10 @@ def build_models(decls: list[Declaration], file: str = "<input>") -> tuple[Model
             return built[decl.name.text]
         where = f"model '{decl.name.text}'"
         base = decl.base
+        if base.text == TABLE_ARCHITECTURE and decl.argument is None:
+            model = build_table_model(decl, where)
+            built[decl.name.text] = model
+            return model
         own = _read_block(decl.body or (), MODEL_KEYS, where)
         _rope_scaling(own, where)
         if decl.argument is not None:
@@ -288,6 +293,7 @@ def _placement(syntax: PlacementSyntax, cluster: Cluster, plan: str) -> Placemen
     gpu_items: Optional[tuple] = None
     offload = False
     quant = None
+    mesh = None
     for kind, key, value in syntax.items:
         if key.text not in PLACEMENT_KEYS:
             raise SemanticError(f"unknown key '{key.text}' in a placement", key.loc,
@@ -297,7 +303,13 @@ def _placement(syntax: PlacementSyntax, cluster: Cluster, plan: str) -> Placemen
             raise SemanticError(f"'{key.text}' is given twice for {where}", key.loc,
                                 f"the first is at {_at(seen[key.text])}; keep one", width=key.width)
         seen[key.text] = key
-        if key.text == "offload":
+        if key.text == "mesh":
+            if kind != "mesh":
+                raise SemanticError("'mesh' takes its dimensions in parentheses", key.loc,
+                                    "write it like mesh (dp 2, tp 4)", width=key.width)
+            mesh = (key, value)
+            locs["mesh"] = key.loc
+        elif key.text == "offload":
             if kind != "flag":
                 raise SemanticError("'offload' takes no value", value.loc, "write offload alone", width=value.width)
             offload = True
@@ -326,9 +338,21 @@ def _placement(syntax: PlacementSyntax, cluster: Cluster, plan: str) -> Placemen
                             width=word.width)
     gpus = resolve_gpu_set(gpu_items, cluster, word.text)
     model, _, stage = word.text.partition(".")
+    layout = None
+    if mesh is None and syntax.layout is not None:
+        raise SemanticError(f"layout rules without a mesh for {where}", syntax.layout_word.loc,
+                            "name the mesh they split, e.g. mesh (dp 2, tp 2) on 0..3 { ... }")
+    if mesh is not None:
+        for other in MESH_EXCLUDES:
+            if other in seen:
+                raise SemanticError(f"'{other}' and 'mesh' both split {where}", seen[other].loc,
+                                    "a mesh layout says how its GPUs split each tensor: drop "
+                                    f"'{other}'", width=seen[other].width)
+        layout = build_mesh_layout(mesh[0], mesh[1], syntax.layout, syntax.layout_word, cluster, where)
+        values["tp"] = len(gpus)
     return Placement(ModelStage(model, stage), values["dp"], values["tp"], values["pp"], gpus, gpu_items,
                      offload, values["zero"], loc=word.loc, key_locs=tuple(locs.items()), ep=values["ep"],
-                     quant=quant)
+                     layout=layout, quant=quant)
 
 
 def build_plans(decls: list[Declaration], cluster: Cluster, workload: Workload) -> tuple[Plan, ...]:

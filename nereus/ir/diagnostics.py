@@ -11,6 +11,7 @@ Every error a user can cause is a `NereusError` (or a subclass). The CLI prints
 
 from __future__ import annotations
 
+import difflib
 from typing import Optional
 
 from .model import Location
@@ -25,6 +26,12 @@ def source_lines(text: str) -> list[str]:
     if lines[-1] == "":
         lines.pop()
     return lines
+
+
+def did_you_mean(word: str, options) -> str:
+    """`did you mean 'x'? ` for the closest of `options` to `word`, or ""."""
+    close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
+    return f"did you mean '{close[0]}'? " if close else ""
 
 
 class NereusError(Exception):

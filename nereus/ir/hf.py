@@ -6,9 +6,12 @@ gives (same names as the `.nir` keys) and the checkpoint directory. Invariant: e
 field the config sets that changes the computation is either read or rejected; fields
 that do not (token ids, dropout 0, cache flags, max positions) are ignored.
 
-Both spellings of rotary settings are read: `rope_theta` + `rope_scaling` (the published
-Llama-3.x / Qwen configs) and `rope_parameters` (what transformers 5 writes). Errors are
-SemanticErrors at the path's token, naming config.json's field, with a hint.
+Everything is read as transformers 5 reads it: both spellings of rotary settings,
+`rope_theta` + `rope_scaling` (the published Llama-3.x / Qwen configs) and
+`rope_parameters` (what transformers 5 writes), merged as it merges them when both stand;
+a key left out takes the family's config-class default; no `architectures` reads
+`model_type`. Errors are SemanticErrors at the path's token, naming config.json's field,
+with a hint.
 """
 
 from __future__ import annotations
@@ -35,7 +38,22 @@ HF_ARCHITECTURES: dict[str, str] = {
     "Qwen2ForSequenceClassification": "qwen2",
     "Qwen3ForSequenceClassification": "qwen3",
 }
+# config.json `model_type` -> the causal LM class transformers builds for it (read when
+# `architectures` is left out)
+HF_MODEL_TYPES: dict[str, str] = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                                  "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
 HF_DTYPES: dict[str, str] = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+# Defaults of transformers' config classes for a key config.json leaves out: Qwen2Config
+# and Qwen3Config default num_key_value_heads to 32 and Qwen3MoeConfig to 4 (LlamaConfig
+# to the attention heads); Qwen3Config defaults head_dim to 128 (the others, and every
+# null, to hidden / heads). A null where the class takes only an integer (Qwen3Config's
+# head_dim, Qwen3MoeConfig's num_key_value_heads) transformers refuses: so does Nereus.
+_ABSENT_KV_HEADS: dict[str, int] = {"qwen2": 32, "qwen3": 32, "qwen3_moe": 4}
+_ABSENT_HEAD_DIM: dict[str, int] = {"qwen3": 128}
+_NOT_NULL: dict[str, tuple[str, ...]] = {"qwen3": ("head_dim",), "qwen3_moe": ("num_key_value_heads",)}
+# max_position_embeddings when config.json leaves it out (a llama3 rope scaling without
+# original_max_position_embeddings takes it)
+_MAX_POSITIONS: dict[str, int] = {"llama": 2048, "qwen2": 32768, "qwen3": 32768, "qwen3_moe": 32768}
 # config.json field -> Model field, for the plain integer sizes
 _SIZES: tuple[tuple[str, str], ...] = (
     ("num_hidden_layers", "layers"), ("hidden_size", "hidden"), ("num_attention_heads", "heads"),
@@ -134,49 +152,92 @@ def _load(word: Word, path: str, nir_file: str) -> tuple[dict, str, str]:
     return config, os.path.dirname(file), shown
 
 
-def _architecture(read: _Reader) -> str:
+def _architecture(read: _Reader) -> tuple[str, str]:
+    """(Nereus family, transformers class): `architectures`' one class, else (absent, null
+    or empty, as `Qwen2Config(...).save_pretrained` writes it) the causal LM of
+    `model_type`, the class transformers' AutoModelForCausalLM builds."""
     config = read.config
-    names = config.get("architectures") or []
+    names = config.get("architectures")
+    if not names and "model_type" in config:
+        kind = config["model_type"]
+        if kind not in HF_MODEL_TYPES:
+            raise read.error(f"unsupported model_type {kind!r} (and no 'architectures')", f"supported model types: {', '.join(HF_MODEL_TYPES)}")
+        return HF_ARCHITECTURES[HF_MODEL_TYPES[kind]], HF_MODEL_TYPES[kind]
     if not isinstance(names, list) or len(names) != 1:
         raise read.error(f"'architectures' must list one class, found {json.dumps(names)}",
-                         f"supported: {', '.join(HF_ARCHITECTURES)}")
+                         f"supported: {', '.join(HF_ARCHITECTURES)}; or leave it out and set model_type")
     if names[0] not in HF_ARCHITECTURES:
         raise read.error(f"unsupported architecture '{names[0]}'", f"supported: {', '.join(HF_ARCHITECTURES)}")
-    return HF_ARCHITECTURES[names[0]]
+    return HF_ARCHITECTURES[names[0]], names[0]
 
 
-def _rope(read: _Reader) -> tuple[float, Optional[RopeScaling]]:
-    """(rope theta, scaling) from rope_theta/rope_scaling or transformers 5's rope_parameters."""
+def _rope(read: _Reader, family: str) -> tuple[float, Optional[RopeScaling]]:
+    """(rope theta, scaling) as transformers 5 merges the two spellings
+    (RotaryEmbeddingConfigMixin.convert_rope_params_to_dict, standardize_rope_params): a
+    non-empty `rope_scaling` replaces `rope_parameters` whole (its rope_theta is then
+    lost); the dict's own rope_theta wins, else the top-level `rope_theta`, else 10000;
+    the type is `rope_type`, else `type`, else default; a llama3 scaling without
+    original_max_position_embeddings takes max_position_embeddings. (Reading
+    rope_parameters alone while a top-level rope_scaling stood beside it moved the logits
+    of a real-scale model by 0.5-0.9.)"""
     config = read.config
-    params = config.get("rope_parameters")
-    if isinstance(params, dict):
-        theta_key, theta = "rope_parameters.rope_theta", params.get("rope_theta", 10000.0)
-        scaling, scaling_key = params, "rope_parameters"
-    else:
-        theta_key, theta = "rope_theta", config.get("rope_theta", 10000.0)
-        scaling, scaling_key = config.get("rope_scaling"), "rope_scaling"
-    theta = read.float(theta_key, theta)
-    if scaling is None:
-        return theta, None
-    if not isinstance(scaling, dict):
-        raise read.error(f"'{scaling_key}' must be an object or null, found {json.dumps(scaling)}",
+    scaling_key = "rope_scaling" if config.get("rope_scaling") else "rope_parameters"
+    params = config.get(scaling_key) or {}
+    if not isinstance(params, dict):
+        raise read.error(f"'{scaling_key}' must be an object or null, found {json.dumps(params)}",
                          "is this a transformers config.json?")
-    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if any(isinstance(value, dict) for value in params.values()):
+        raise read.unsupported(scaling_key, params, "rotary settings per layer type are not implemented; "
+                                                    "one set for every layer is")
+    if "rope_theta" in params:
+        theta = read.float(f"{scaling_key}.rope_theta", params["rope_theta"])
+    else:
+        theta = read.float("rope_theta", config.get("rope_theta", 10000.0))
+    kind = params.get("rope_type", params.get("type", "default"))
     if kind == "default":
         return theta, None
     if kind != "llama3":
         raise read.unsupported(f"{scaling_key}.rope_type", kind, "supported rope scaling: llama3 (or none)")
     values = {}
     for key in ("factor", "low_freq_factor", "high_freq_factor"):
-        if key not in scaling:
+        if key not in params:
             raise read.error(f"'{scaling_key}.{key}' is missing", "llama3 rope scaling sets factor, low_freq_factor, "
                              "high_freq_factor and original_max_position_embeddings")
-        values[key] = read.float(f"{scaling_key}.{key}", scaling[key])
-    original = scaling.get("original_max_position_embeddings")
+        values[key] = read.float(f"{scaling_key}.{key}", params[key])
+    original_key = f"{scaling_key}.original_max_position_embeddings"
+    original = params.get("original_max_position_embeddings")
+    if original is None:  # transformers fills it with the context length
+        original_key, original = "max_position_embeddings", config.get(
+            "max_position_embeddings", _MAX_POSITIONS[family])
     if isinstance(original, bool) or not isinstance(original, int) or original < 1:
-        raise read.error(f"'{scaling_key}.original_max_position_embeddings' must be a positive integer, found "
+        raise read.error(f"'{original_key}' must be a positive integer, found "
                          f"{json.dumps(original)}", "llama3 rope scaling sets it (8192 for Llama-3.1)")
     return theta, RopeScaling("llama3", original_max_position_embeddings=original, **values)
+
+
+def _nullable(read: _Reader, family: str, key: str, absent: Optional[int]) -> Optional[int]:
+    """config.json's `key` as transformers' config class of `family` reads it: its
+    class default when the key is absent (`absent`; None: derived by the caller), None
+    for a null the class accepts (derived too), else the positive integer."""
+    if key not in read.config:
+        return absent
+    if read.config[key] is None:
+        if key in _NOT_NULL.get(family, ()):
+            raise read.error(f"'{key}' is null", f"transformers' {family} config takes an integer here (or leave "
+                                                 "the key out for its default)")
+        return None
+    return read.int(key)
+
+
+def _head_count(read: _Reader, family: str, heads: int) -> int:
+    """num_key_value_heads, defaulted as transformers defaults it (_ABSENT_KV_HEADS)."""
+    value = _nullable(read, family, "num_key_value_heads", _ABSENT_KV_HEADS.get(family))
+    return heads if value is None else value
+
+
+def _head_dim(read: _Reader, family: str) -> Optional[int]:
+    """head_dim, defaulted as transformers defaults it; None: hidden / heads."""
+    return _nullable(read, family, "head_dim", _ABSENT_HEAD_DIM.get(family))
 
 
 def _reject_unsupported(read: _Reader, family: str) -> None:
@@ -224,10 +285,10 @@ def read_hf_config(word: Word, path: str, nir_file: str, overridden: frozenset =
     Nereus supports)."""
     config, directory, shown = _load(word, path, nir_file)
     read = _Reader(config, word, shown)
-    family = _architecture(read)
+    family, architecture = _architecture(read)
     _reject_unsupported(read, family)
     fields: dict = {"architecture": family}
-    if config["architectures"][0].endswith("ForSequenceClassification"):
+    if architecture.endswith("ForSequenceClassification"):
         # no id2label: transformers' default, 2 labels (transformers 5 leaves the default
         # out of config.json; a 1-label model always writes its id2label)
         labels = config.get("id2label") or {"0": "LABEL_0", "1": "LABEL_1"}
@@ -237,12 +298,13 @@ def read_hf_config(word: Word, path: str, nir_file: str, overridden: frozenset =
         fields["head"] = "value"
     for hf_key, key in _SIZES:
         fields[key] = read.int(hf_key)
-    fields["kv_heads"] = read.int("num_key_value_heads", fields["heads"])
-    if config.get("head_dim") is not None:
-        fields["head_dim"] = read.int("head_dim")
+    fields["kv_heads"] = _head_count(read, family, fields["heads"])
+    head_dim = _head_dim(read, family)
+    if head_dim is not None:
+        fields["head_dim"] = head_dim
     elif fields["hidden"] % fields["heads"] == 0:
         fields["head_dim"] = fields["hidden"] // fields["heads"]
-    fields["rope_theta"], fields["rope_scaling"] = _rope(read)
+    fields["rope_theta"], fields["rope_scaling"] = _rope(read, family)
     fields["norm_eps"] = read.float("rms_norm_eps", config.get("rms_norm_eps", 1e-6))
     fields["tie_embeddings"] = read.bool("tie_word_embeddings", False)
     fields["qkv_bias"] = family == "qwen2"  # Qwen2Attention always has q/k/v biases

@@ -32,6 +32,12 @@ ZERO_STAGES: tuple[int, ...] = (0, 1, 3)
 # 128 x 128 block (the block-FP8 layout of DeepSeek-V3 and vLLM)
 QUANT_FORMATS: tuple[str, ...] = ("fp8",)
 MOE_ARCHITECTURES: tuple[str, ...] = ("qwen3_moe",)
+# A model given as its tensor table (`model m = tensors { ... }`): any module, its tensors
+# named and shaped as declared, laid out by a placement's mesh layout (docs/ir.md).
+TABLE_ARCHITECTURE = "tensors"
+# The per-mesh-dimension placements of a mesh layout, as torch.distributed.tensor has them:
+# Replicate(), Shard(dim) (torch.chunk of the dimension) and _StridedShard(dim, sf).
+DIM_PLACEMENTS: tuple[str, ...] = ("replicate", "shard", "strided")
 
 
 @dataclass(frozen=True)
@@ -112,6 +118,17 @@ class RopeScaling:
 
 
 @dataclass(frozen=True)
+class TensorDecl:
+    """One tensor of a `tensors` model: its name (any text without '#', '"' or a line
+    break: the module's own parameter name, e.g. `model.layers.0.self_attn.q_proj.weight`)
+    and its global shape."""
+
+    name: str
+    shape: tuple[int, ...]
+    loc: Optional[Location] = _loc()
+
+
+@dataclass(frozen=True)
 class Model:
     """A model declaration. `base` is the model it was declared as an alias of
     (`model ref = actor`), kept for printing; the architecture fields are resolved.
@@ -150,6 +167,12 @@ class Model:
     experts_per_token: int = 0
     expert_ffn: int = 0
     norm_topk_prob: bool = False
+    # A `tensors` model (TABLE_ARCHITECTURE): its tensor table in canonical (natural name)
+    # order, and the optimizer states each tensor of a training unit carries beside it
+    # (`states: exp_avg, exp_avg_sq`), named `{tensor}#{state}`, shaped, typed and laid out
+    # like the tensor. Empty for the architecture families.
+    tensors: tuple[TensorDecl, ...] = ()
+    states: tuple[str, ...] = ()
     checkpoint: Optional[str] = None
     checkpoint_dir: Optional[str] = field(default=None, compare=False, hash=False, repr=False)
     checkpoint_fields: tuple[tuple[str, object], ...] = field(default=(), compare=False, hash=False, repr=False)
@@ -163,6 +186,11 @@ class Model:
     @property
     def dtype_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
+
+    @property
+    def is_table(self) -> bool:
+        """A model given as its tensor table (`= tensors { ... }`), not an architecture."""
+        return self.architecture == TABLE_ARCHITECTURE
 
 
 @dataclass(frozen=True)
@@ -227,6 +255,81 @@ class GpuSetItem:
 
 
 @dataclass(frozen=True)
+class DimPlacement:
+    """How one mesh dimension splits a tensor: `replicate`; `shard(dim)`, the dimension cut
+    as torch.chunk cuts it (ceil-sized chunks, the last ones short or empty); or
+    `strided(dim, split)`, torch's _StridedShard(dim, sf=split): the dimension cut into
+    `split` chunks, each of those into one chunk per mesh rank, rank i holding the i-th
+    piece of every chunk (FSDP2 over tensor parallelism)."""
+
+    kind: str  # DIM_PLACEMENTS
+    dim: int = 0
+    split: int = 1
+    loc: Optional[Location] = _loc()
+
+    def __str__(self) -> str:
+        if self.kind == "replicate":
+            return "replicate"
+        if self.kind == "shard":
+            return f"shard({self.dim})"
+        return f"strided({self.dim}, {self.split})"
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """A named device mesh: its dimensions (name, size), outermost first, over `gpus` in
+    row-major order (torch's DeviceMesh: the last dimension varies fastest)."""
+
+    dims: tuple[tuple[str, int], ...]
+    gpus: tuple[int, ...]
+    gpu_set: tuple["GpuSetItem", ...] = field(default=(), compare=False, hash=False)
+    loc: Optional[Location] = _loc()
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(size for _, size in self.dims)
+
+    def coordinate(self, gpu: int) -> Optional[tuple[int, ...]]:
+        """`gpu`'s coordinate in the mesh, or None when it is not in it."""
+        try:
+            index = self.gpus.index(gpu)
+        except ValueError:
+            return None
+        coord = []
+        for size in reversed(self.shape):
+            index, c = divmod(index, size)
+            coord.append(c)
+        return tuple(reversed(coord))
+
+
+@dataclass(frozen=True)
+class LayoutRule:
+    """`"pattern" [mesh (...) on GPUS] P0 P1 ...`: the tensors whose name matches `pattern`
+    (fnmatch: `*`, `?`, `[...]`) are split by one DimPlacement per dimension of the mesh:
+    the rule's own `mesh` (a sub-mesh, e.g. one pipeline stage's GPUs) or, when None, the
+    placement's. The first rule that matches a tensor is its rule."""
+
+    pattern: str
+    placements: tuple[DimPlacement, ...]
+    mesh: Optional[Mesh] = None
+    loc: Optional[Location] = _loc()
+
+
+@dataclass(frozen=True)
+class MeshLayout:
+    """A placement's mesh layout (`mesh (dp 2, tp 2) on 0..3 { rules }`): its mesh
+    dimensions over the placement's GPU list and the per-tensor rules."""
+
+    dims: tuple[tuple[str, int], ...]
+    rules: tuple[LayoutRule, ...]
+    loc: Optional[Location] = _loc()
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(size for _, size in self.dims)
+
+
+@dataclass(frozen=True)
 class Placement:
     """One model-stage's layout in a plan: dp replicas of a pp x ep x tp mesh on `gpus`.
 
@@ -259,6 +362,9 @@ class Placement:
     # layers' weights as e4m3 with an fp32 scale per 128 x 128 block, quantized by the
     # weight sync from the training weights (docs/ir.md, "Quantized generation weights")
     quant: Optional[str] = None
+    # A mesh layout (`tensors` models): one unit over all of `gpus`, each tensor split as
+    # its rule says; then dp = pp = ep = 1 and tp = len(gpus) (the unit's width).
+    layout: Optional[MeshLayout] = None
 
     @property
     def world(self) -> int:
@@ -278,6 +384,11 @@ class Placement:
     def replica_gpus(self, replica: int) -> tuple[int, ...]:
         n = self.pp * self.stage_width
         return self.gpus[replica * n : (replica + 1) * n]
+
+    def layout_mesh(self) -> Mesh:
+        """The placement's own mesh (mesh layouts only): its dimensions over `gpus`."""
+        assert self.layout is not None
+        return Mesh(self.layout.dims, self.gpus, self.gpu_set, self.layout.loc)
 
 
 @dataclass(frozen=True)

@@ -99,10 +99,30 @@ def print_models(models: tuple[Model, ...]) -> list[Line]:
     lines = []
     for model in models:
         base = by_name.get(model.base) if model.base else None
+        if model.is_table and base is None:
+            lines.extend(print_table(model, width))
+            continue
         head = model.base if base is not None else \
             f'hf("{model.checkpoint}")' if model.checkpoint is not None else model.architecture
         lines.append((("model", model.name), f"model {model.name:<{width}} = {head}{_model_body(model, base)}"))
     return lines
+
+
+def print_table(model: Model, width: int = 0) -> list[Line]:
+    """A `tensors` model on several lines: dtype, states and its tensors, those that differ
+    in one whole number of their name only and share a shape grouped as `{lo..hi}`
+    (nereus.ir.tablegroup)."""
+    from .tablegroup import grouped_names
+
+    anchor: Anchor = ("model", model.name)
+    lines = [(anchor, f"model {model.name:<{width}} = tensors {{"), (anchor + ("dtype",), f"  dtype {model.dtype}")]
+    if model.states:
+        lines.append((anchor + ("states",), f"  states: {', '.join(model.states)}"))
+    rows = [(f'"{name}"', "[" + ", ".join(map(str, shape)) + "]") for name, shape in grouped_names(model.tensors)]
+    name_width = max(len(name) for name, _ in rows)
+    lines.extend((anchor + ("tensor", str(i)), f"  tensor {name:<{name_width}} {shape}")
+                 for i, (name, shape) in enumerate(rows))
+    return lines + [(anchor + ("}",), "}")]
 
 
 def print_workload(workload: Workload) -> list[Line]:
@@ -138,22 +158,42 @@ def print_plan(plan: Plan) -> list[Line]:
     entries = plan.declared
     if not entries:
         return [(anchor, head + " }")]
-    body = [(anchor + (str(p.model_stage),), f"  {line}") for p, line in zip(entries, placement_lines(entries))]
+    body: list[Line] = []
+    for p, line in zip(entries, placement_lines(entries)):
+        placed = anchor + (str(p.model_stage),)
+        if p.layout is None:
+            body.append((placed, f"  {line}"))
+            continue
+        body.append((placed, f"  {line} {{"))
+        cells = [(f'"{r.pattern}"', f"mesh ({_dims(r.mesh.dims)}) on {format_gpu_set(r.mesh.gpu_set or items_for(r.mesh.gpus))}"
+                  if r.mesh is not None else "") + tuple(str(x) for x in r.placements) for r in p.layout.rules]
+        most = max(len(c) for c in cells)
+        rules = [c + ("",) * (most - len(c)) for c in cells]
+        body.extend((placed + ("rule", str(i)), f"    {text}") for i, text in enumerate(_aligned(rules)))
+        body.append((placed + ("}",), "  }"))
     return [(anchor, head)] + body + [(anchor + ("}",), "}")]
 
 
 def placement_lines(placements: Sequence[Placement]) -> list[str]:
-    """The plan lines of `placements` (no indent), aligned into columns as in a plan."""
-    meshes = [_mesh_cells(p) for p in placements]
-    mesh_widths = [max(len(cells[i]) for cells in meshes) for i in range(len(meshes[0]))]
+    """The plan lines of `placements` (no indent), aligned into columns as in a plan; a
+    mesh layout's line is its first (its rules follow it in a plan)."""
+    classic = [_mesh_cells(p) for p in placements if p.layout is None]
+    mesh_widths = [max((len(cells[i]) for cells in classic), default=0) for i in range(4)]
     rows = []
-    for p, cells in zip(placements, meshes):
-        mesh = " ".join(cell.ljust(width) for cell, width in zip(cells, mesh_widths) if width)
+    for p in placements:
+        if p.layout is None:
+            mesh = " ".join(cell.ljust(width) for cell, width in zip(_mesh_cells(p), mesh_widths) if width)
+        else:
+            mesh = f"mesh ({_dims(p.layout.dims)})"
         gpus = format_gpu_set(p.gpu_set or items_for(p.gpus))
         flags = " ".join(f for f in ("offload" if p.offload else "", f"zero {p.zero}" if p.zero else "",
                                      f"quant {p.quant}" if p.quant else "") if f)
         rows.append((str(p.model_stage), mesh, f"on {gpus}", flags))
     return _aligned(rows)
+
+
+def _dims(dims) -> str:
+    return ", ".join(f"{name} {size}" for name, size in dims)
 
 
 def print_lines(module: Module) -> list[list[Line]]:

@@ -39,8 +39,9 @@ class Word:
 
 @dataclass(frozen=True)
 class Entry:
-    """One entry of a `{ ... }` block: `key value` (kind "value"), `key { ... }` ("block")
-    or `key: a, b` ("list")."""
+    """One entry of a `{ ... }` block: `key value` (kind "value"), `key { ... }` ("block"),
+    `key: a, b` ("list") or `key "name" [d0, d1]` ("tensor": `value` is the quoted name as
+    written, `names` the dimensions)."""
 
     key: Word
     kind: str
@@ -50,12 +51,27 @@ class Entry:
 
 
 @dataclass(frozen=True)
+class RuleSyntax:
+    """`"pattern" [mesh (d n, ...) on GPUS] p0 p1 ...` of a mesh layout: the quoted
+    pattern, the rule's own mesh (its (name, size) words and GPU set items) or None, and
+    each placement as (name, argument words)."""
+
+    pattern: Word
+    mesh: Optional[tuple[tuple[tuple[Word, Word], ...], tuple[GpuSetItem, ...], Word]]
+    placements: tuple[tuple[Word, tuple[Word, ...]], ...]
+
+
+@dataclass(frozen=True)
 class PlacementSyntax:
     """`actor.training dp 8 tp 4 on 0..31 offload`: the model-stage and its items in order;
-    an item is ("key", key, value), ("flag", word, None) or ("on", word, set items)."""
+    an item is ("key", key, value), ("flag", word, None), ("on", word, set items) or
+    ("mesh", word, ((name, size), ...) words). `layout` holds the rules of a mesh layout's
+    `{ ... }` (None when it has none), `layout_word` its opening brace."""
 
     model_stage: Word
-    items: tuple[tuple[str, Word, Union[Word, tuple[GpuSetItem, ...], None]], ...]
+    items: tuple[tuple[str, Word, Union[Word, tuple, None]], ...]
+    layout: Optional[tuple[RuleSyntax, ...]] = None
+    layout_word: Optional[Word] = None
 
 
 @dataclass(frozen=True)
@@ -81,7 +97,7 @@ _WORDS = {
     "MODEL_STAGE": "a model-stage like actor.training",
     "GPU_ID": "a GPU id",
     "NODE": "a node like n2",
-    "STRING": "a quoted path",
+    "STRING": "a quoted string",
     "$END": "end of input",
 }
 _DECLARATION_KEYWORDS = {"CLUSTER", "MODEL", "WORKLOAD", "PLAN", "TRANSITION"}
@@ -105,7 +121,9 @@ def _describe_expected(expected: set[str]) -> str:
     if _DECLARATION_KEYWORDS & expected:
         return "a declaration (cluster, model, workload, plan or transition)"
     if {"NAME", "ON", "MODEL_STAGE", "RBRACE"} <= expected:
-        return "a placement key (dp, tp, pp, ep, on, offload, zero, quant), the next model-stage or '}'"
+        return "a placement key (dp, tp, pp, ep, on, offload, zero, mesh, quant), the next model-stage or '}'"
+    if {"STRING", "RBRACE"} <= expected and "NAME" not in expected:
+        return "a layout rule like \"*.weight\" shard(0) or '}'"
     if {"MODEL_STAGE", "RBRACE"} <= expected:
         return "a model-stage like actor.training or '}'"
     if {"QUANTITY", "NAME", "LBRACE", "COLON"} <= expected:
@@ -346,6 +364,9 @@ def _block(node: Tree, file: str) -> tuple[Entry, ...]:
         key = _word(child.children[0], file)
         if child.data == "kv":
             entries.append(Entry(key, "value", value=_word(child.children[1], file)))
+        elif child.data == "tensor_decl":
+            entries.append(Entry(key, "tensor", value=_word(child.children[1], file),
+                                 names=tuple(_word(t, file) for t in child.children[2:])))
         elif child.data == "sub":
             entries.append(Entry(key, "block", block=_block(child.children[1], file)))
         else:
@@ -355,6 +376,8 @@ def _block(node: Tree, file: str) -> tuple[Entry, ...]:
 
 def _placement(node: Tree, file: str) -> PlacementSyntax:
     items = []
+    layout = None
+    layout_word = None
     for child in node.children[1:]:
         if child.data == "pkey":
             items.append(("key", _word(child.children[0], file), _word(child.children[1], file)))
@@ -363,10 +386,34 @@ def _placement(node: Tree, file: str) -> PlacementSyntax:
         elif child.data == "pquant":  # `quant fp8`: the keyword is an anonymous token, so its place is the node's
             quant = Word("quant", Location(file, child.meta.line, child.meta.column))
             items.append(("key", quant, _word(child.children[0], file)))
+        elif child.data == "pmesh":
+            mesh = Word("mesh", Location(file, child.meta.line, child.meta.column))
+            items.append(("mesh", mesh, _mesh_dims(child.children[0], file)))
+        elif child.data == "layout":
+            layout_word = Word("{", Location(file, child.meta.line, child.meta.column))
+            layout = tuple(_rule(rule, file) for rule in child.children)
         else:
             on = Word("on", Location(file, child.meta.line, child.meta.column))
             items.append(("on", on, tuple(_gpu_item(item, file) for item in child.children[0].children)))
-    return PlacementSyntax(_word(node.children[0], file), tuple(items))
+    return PlacementSyntax(_word(node.children[0], file), tuple(items), layout, layout_word)
+
+
+def _mesh_dims(node: Tree, file: str) -> tuple[tuple[Word, Word], ...]:
+    words = [_word(t, file) for t in node.children]
+    return tuple(zip(words[0::2], words[1::2]))
+
+
+def _rule(node: Tree, file: str) -> RuleSyntax:
+    children = node.children
+    mesh = None
+    rest = children[1:]
+    if rest and isinstance(rest[0], Tree) and rest[0].data == "rule_mesh":
+        dims_node, set_node = rest[0].children
+        word = Word("mesh", Location(file, rest[0].meta.line, rest[0].meta.column))
+        mesh = (_mesh_dims(dims_node, file), tuple(_gpu_item(item, file) for item in set_node.children), word)
+        rest = rest[1:]
+    placements = tuple((_word(p.children[0], file), tuple(_word(t, file) for t in p.children[1:])) for p in rest)
+    return RuleSyntax(_word(children[0], file), mesh, placements)
 
 
 def _gpu_item(node: Tree, file: str) -> GpuSetItem:

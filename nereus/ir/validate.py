@@ -13,12 +13,13 @@ from typing import Optional
 from .diagnostics import SemanticError
 from .gpuset import resolve_gpu_set, set_location
 from .model import (
-    ARCHITECTURE_DEFAULTS, DTYPE_BYTES, HEADS, MOE_ARCHITECTURES, ROPE_SCALING_TYPES, STAGES, ZERO_STAGES, Cluster,
-    Model, Module, Placement, Plan, Workload, key_loc,
+    ARCHITECTURE_DEFAULTS, DTYPE_BYTES, HEADS, MOE_ARCHITECTURES, ROPE_SCALING_TYPES, STAGES, TABLE_ARCHITECTURE,
+    ZERO_STAGES, Cluster, Model, Module, Placement, Plan, Workload, key_loc,
 )
 from .units import RESERVE_HINT
+from .validate_table import validate_mesh_placement, validate_table_model
 
-ARCHITECTURES: tuple[str, ...] = tuple(ARCHITECTURE_DEFAULTS)
+ARCHITECTURES: tuple[str, ...] = tuple(ARCHITECTURE_DEFAULTS) + (TABLE_ARCHITECTURE,)
 RECOMPUTE: tuple[str, ...] = ("none", "selective", "full")
 MAX_GPUS = 1 << 20  # GPU sets are expanded to id lists; this keeps them in memory
 
@@ -101,10 +102,14 @@ def validate_cluster(cluster: Cluster) -> None:
 
 
 def validate_model(model: Model) -> None:
-    """Known architecture, dtype and head; positive sizes; heads | hidden; kv_heads | heads."""
+    """Known architecture, dtype and head; positive sizes; heads | hidden; kv_heads | heads
+    (a `tensors` model: validate_table)."""
     if model.architecture not in ARCHITECTURES:
         raise _error(f"unknown architecture '{model.architecture}'", model, "architecture",
                      f"architectures: {', '.join(ARCHITECTURES)}")
+    if model.is_table:
+        validate_table_model(model)
+        return
     _at_least_one(model, ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab"), f"model {model.name}")
     _at_most(model, MAX_MODEL, f"model {model.name}")
     if model.dtype not in DTYPE_BYTES:
@@ -257,6 +262,10 @@ def validate_placement(placement: Placement, module: Module) -> None:
         raise _error(f"quant applies to generation only; {ms} computes in {model.dtype}", placement, "quant",
                      "drop quant here, or put it on a .generation model-stage (the weight sync quantizes)",
                      _width(placement, "quant", placement.quant))
+    if model.is_table or placement.layout is not None:
+        validate_mesh_placement(placement, model, module)
+        _validate_gpu_ids(placement, module)
+        return
     _validate_ep(placement, model)
     if placement.zero and placement.ep > 1:
         # zero_boxes chunks each TP shard over dp; the chunking of expert shards held by one
@@ -285,16 +294,9 @@ def validate_placement(placement: Placement, module: Module) -> None:
     if placement.pp > model.layers:
         raise _error(f"pp {placement.pp} is more than the {model.layers} layers of {model.name}", placement, "pp",
                      f"use a pp of at most {model.layers}", _width(placement, "pp", placement.pp))
-    cluster = module.cluster
+    _validate_gpu_ids(placement, module)
     gpus = placement.gpus
     set_loc, set_width = set_location(placement.gpu_set) if placement.gpu_set else (loc, len(str(ms)))
-    if gpus and (min(gpus) < 0 or max(gpus) >= cluster.num_gpus) or len(set(gpus)) != len(gpus):
-        if placement.gpu_set:  # report at the written item
-            resolve_gpu_set(placement.gpu_set, cluster, str(ms))
-        bad = [gpu for gpu in gpus if not 0 <= gpu < cluster.num_gpus]
-        if bad:
-            raise SemanticError(f"GPU {bad[0]} does not exist", loc, f"GPU ids run 0..{cluster.num_gpus - 1}")
-        raise SemanticError(f"a GPU appears twice in {ms}", loc, "list each GPU once")
     if len(gpus) != placement.world:
         need, mesh = placement.world, placement.tp * placement.pp * placement.ep
         example = "0" if need == 1 else f"0..{need - 1}"
@@ -305,6 +307,19 @@ def validate_placement(placement: Placement, module: Module) -> None:
         raise SemanticError(
             f"the GPU set of {ms} has {len(gpus)} GPU{'s' if len(gpus) != 1 else ''}, but dp x tp x pp{ep_names} = "
             f"{placement.dp} x {placement.tp} x {placement.pp}{ep_values} = {need}", set_loc, hint, width=set_width)
+
+
+def _validate_gpu_ids(placement: Placement, module: Module) -> None:
+    """Every GPU of the set exists in the cluster, none twice."""
+    cluster = module.cluster
+    gpus, ms, loc = placement.gpus, placement.model_stage, placement.loc
+    if gpus and (min(gpus) < 0 or max(gpus) >= cluster.num_gpus) or len(set(gpus)) != len(gpus):
+        if placement.gpu_set:  # report at the written item
+            resolve_gpu_set(placement.gpu_set, cluster, str(ms))
+        bad = [gpu for gpu in gpus if not 0 <= gpu < cluster.num_gpus]
+        if bad:
+            raise SemanticError(f"GPU {bad[0]} does not exist", loc, f"GPU ids run 0..{cluster.num_gpus - 1}")
+        raise SemanticError(f"a GPU appears twice in {ms}", loc, "list each GPU once")
 
 
 def _validate_ep(placement: Placement, model: Model) -> None:

@@ -47,17 +47,17 @@ class Fp8Weight:
                          torch.ones((-(-rows // block), -(-cols // block)), dtype=torch.float32, device=device), block)
 
 
-def linear(x: torch.Tensor, w) -> torch.Tensor:
-    """x @ w.t() for a tensor or an Fp8Weight (module docstring)."""
+def linear(x: torch.Tensor, w, bias=None) -> torch.Tensor:
+    """x @ w.t() (+ bias) for a tensor (`F.linear`) or an Fp8Weight (module docstring)."""
     if not isinstance(w, Fp8Weight):
-        return x @ w.t()
-    if x.is_cuda and w.block == BLOCK:
-        out = _scaled_mm(x, w)
-        if out is not None:
-            PATHS["scaled_mm"] += 1
-            return out
-    PATHS["dequantize"] += 1
-    return x @ w.dequantize(x.dtype).t()
+        return torch.nn.functional.linear(x, w, bias)
+    out = _scaled_mm(x, w) if x.is_cuda and w.block == BLOCK else None
+    if out is not None:
+        PATHS["scaled_mm"] += 1
+    else:
+        PATHS["dequantize"] += 1
+        out = x @ w.dequantize(x.dtype).t()
+    return out if bias is None else out + bias
 
 
 def quantize_rows(x: torch.Tensor, block: int = BLOCK) -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,7 +10,9 @@ global Nereus tensor and a row range of it:
 Each family file declares `HF_NAMES` (HF pattern, Nereus pattern, fused part); `hf_targets`,
 `hf_to_nereus` and `nereus_to_hf` derive everything else from it and the tensor table. A
 critic's value head is HF's `score.weight` (a ...ForSequenceClassification with one
-label). A tied model's `lm_head.weight` is the embedding: accepted and ignored on input.
+label). A tied model's `lm_head.weight` is the embedding: accepted and ignored on input
+when it equals the embedding, refused when it differs (transformers would untie the model
+and compute with it).
 
 The names are torch-free (the compiler may read them); the two converters use torch.
 """
@@ -82,6 +84,22 @@ def tied_alias(model: Model) -> Optional[str]:
     return "lm_head.weight" if model.tie_embeddings and model.head == "lm" else None
 
 
+TIED_HEAD_HINT = ("if the head is its own tensor, set tie_word_embeddings false in config.json (transformers then "
+                  "reads it the same way); else save the checkpoint again without lm_head.weight")
+
+
+def embedding_name(model: Model) -> str:
+    """The HF name of `model`'s token embedding."""
+    return next(hf for hf, t in hf_targets(model).items() if t.tensor == f"{model.name}/embed.weight")
+
+
+def tied_head_mismatch(model: Model) -> str:
+    """What is wrong with a tied model's weights that hold a head other than the embedding."""
+    return (f"holds {tied_alias(model)}, which differs from {embedding_name(model)}, while config.json ties the "
+            f"head to the embedding (tie_word_embeddings true): transformers computes with {tied_alias(model)} then "
+            f"(it unties them), {model.name}'s tied head would be the embedding")
+
+
 def hf_to_nereus(model: Model, hf_state: dict) -> dict:
     """Input: an HF-named state dict of `model`. Output: full Nereus tensors by global
     name (fused tensors assembled). Raises NereusError naming a missing, unknown or
@@ -93,6 +111,9 @@ def hf_to_nereus(model: Model, hf_state: dict) -> dict:
     if unknown or missing:
         raise NereusError(f"{model.name}: unknown parameters {unknown[:3]}, missing {missing[:3]}",
                           hint=f"names follow transformers' {model.architecture} models (or score.weight for a critic)")
+    alias = tied_alias(model)
+    if alias in hf_state and not torch.equal(hf_state[alias], hf_state[embedding_name(model)]):
+        raise NereusError(f"{model.name}: the state dict {tied_head_mismatch(model)}", hint=TIED_HEAD_HINT)
     out: dict = {}
     specs = {f"{model.name}/{s.name}": s for s in tensor_table(model)}
     for hf, target in targets.items():

@@ -7,6 +7,9 @@ span its shape's, inside the file, disjoint from the others), and transformers 5
 Qwen3-MoE experts also listed under the per-expert names published checkpoints use.
 Invariant: every error is a NereusError naming the file (and the tensor), with a hint.
 
+`tied_head_conflict` is the one check that reads tensor data: a tied model's checkpoint
+that also holds an lm_head.weight is compared byte for byte with its embedding.
+
 Files, in transformers' order: `model.safetensors`; else the shards
 `model.safetensors.index.json` lists. The compiler reads these to compare a checkpoint with
 its model before launch (`compare_with_model` below, run by nereus.cli.check's
@@ -247,3 +250,37 @@ def compare_with_model(model, entries: dict) -> tuple:
     read |= {entries[n].stacked for n in read if n in entries and entries[n].stacked}
     unused = sorted(n for n, entry in entries.items() if not entry.stacked and n not in read)
     return problems, unused
+
+
+_COMPARE_BYTES = 64 << 20  # bytes of each tensor read at a time by tied_head_conflict
+
+
+def _same_bytes(a: Entry, b: Entry) -> bool:
+    """Whether two entries hold the same dtype, shape and bytes (read in chunks)."""
+    if (a.kind, tuple(a.shape)) != (b.kind, tuple(b.shape)) or a.kind not in FORMAT_BYTES:
+        return False
+    size = math.prod(a.shape) * FORMAT_BYTES[a.kind]
+    with open(a.path, "rb") as first, open(b.path, "rb") as second:
+        for offset in range(0, size, _COMPARE_BYTES):
+            n = min(_COMPARE_BYTES, size - offset)
+            first.seek(a.start + offset)
+            second.seek(b.start + offset)
+            if first.read(n) != second.read(n):
+                return False
+    return True
+
+
+def tied_head_conflict(model, entries: dict):
+    """For a tied model (config.json's tie_word_embeddings) whose checkpoint also holds an
+    `lm_head.weight` that is not its embedding's bytes: the message saying so (transformers
+    then unties the model and computes with the file's head; Nereus' tied head reads the
+    embedding); else None. Reads the two tensors' data, only in that case."""
+    from .hf import embedding_name, tied_alias, tied_head_mismatch
+
+    alias = tied_alias(model)
+    if alias is None or alias not in entries:
+        return None
+    embedding = entries.get(embedding_name(model))
+    if embedding is not None and _same_bytes(entries[alias], embedding):
+        return None
+    return tied_head_mismatch(model)

@@ -52,7 +52,7 @@ COLUMN, ROW, VOCAB, REPLICATED = "column", "row", "vocab", "replicated"
 # architecture name (the IR's `= llama {...}`) -> the module holding its family
 FAMILIES: dict[str, str] = {
     "llama": "nereus.models.llama", "qwen2": "nereus.models.qwen2", "qwen3": "nereus.models.qwen3",
-    "qwen3_moe": "nereus.models.qwen3_moe",
+    "qwen3_moe": "nereus.models.qwen3_moe", "tensors": "nereus.models.table",
 }
 
 

@@ -22,6 +22,7 @@ from nereus.ir.diagnostics import SemanticError
 from nereus.ir.model import Module
 
 from .manager import DEFAULT_PIPELINE, CompileState, PassManager, parse_pipeline, paused_gc
+from .memory_model import DEFAULT as DEFAULT_MEMORY_MODEL, check_kind
 
 
 @dataclass(frozen=True)
@@ -53,15 +54,23 @@ class CompiledTransition:
 
 
 def compile_transition(module: Module, source: str, target: str, *, pipeline: Optional[str] = None,
-                       print_after_all=None, check_fit: bool = True, **options) -> CompiledTransition:
+                       print_after_all=None, check_fit: bool = True, memory_model: str = DEFAULT_MEMORY_MODEL,
+                       **options) -> CompiledTransition:
     """Compile the move from plan `source` to plan `target` of `module`.
 
     Both plans must fit (`nereusc check`'s memory model): otherwise an InfeasibleError
     with the check's wording is raised before any pass runs, in the time the check takes,
     instead of after the scheduler has searched for a memory-safe order that cannot exist.
     `check_fit=False` skips that (tests of the scheduler on deliberately full GPUs).
+    `memory_model`: the device memory model the rounds are made safe under and the
+    program records ("cuda", the default: what a send costs on GPUs; "cpu": v1's original
+    model, exact only for the gloo runtime; nereus.passes.memory_model).
     `options` set pass options by name (`bucket=256 << 20`, `independent=True`,
     `staging=False`) on the passes of the pipeline that have them."""
+    try:
+        check_kind(memory_model)
+    except ValueError as error:
+        raise SemanticError(str(error), hint="compile for 'cuda' (GPUs) unless the program runs on gloo CPUs") from None
     names = {p.name for p in module.plans}
     for plan in (source, target):
         if plan not in names:
@@ -75,7 +84,7 @@ def compile_transition(module: Module, source: str, target: str, *, pipeline: Op
             from .infeasible import require_fit
 
             require_fit(module, source, target)
-        state = manager.run(CompileState(module, source, target))
+        state = manager.run(CompileState(module, source, target, memory_model=memory_model))
     return CompiledTransition(source, target, state, dict(manager.timings))
 
 
@@ -174,7 +183,7 @@ def _peak_json(peak, module, source: str, target: str) -> dict:
     return {"gpu": peak.gpu, "round": peak.round, "bytes": peak.bytes, "capacity_bytes": peak.capacity_bytes,
             "headroom_bytes": peak.headroom_bytes, "fraction": peak.fraction, "gpu_bytes": cluster.gpu.mem_bytes,
             "free_bytes": cluster.gpu.mem_bytes - peak.bytes, "free_margin": FREE_MARGIN, "warning": warning,
-            "hint": peak_hint(module, source, target) if warning else None}
+            "hint": peak_hint(module, source, target) if warning else None, "memory_model": peak.memory_model}
 
 
 def peak_hint(module, source: str, target: str) -> str:

@@ -30,9 +30,10 @@ model-stage's before layout. Sends can never move fewer bytes than that.
 
 Peak memory (`memory_peak`) replays the rounds as the resources pass scheduled them and as
 `nereus.passes.verify` checks them: resident bytes of untouched model-stages + before
-shards still on the GPU + allocations + the round's send buffers (on both GPUs; a send
-from a host-staged or offloaded shard packs in host memory), measured after each round's
-allocs and transfers; stage_outs and frees then release.
+shards still on the GPU + allocations + the round's send buffers (what each send costs on
+its two GPUs under the schedule's device memory model, `nereus.passes.memory_model`: on
+CUDA its packed bytes on both, a send out of a staged or offloaded shard included),
+measured after each round's allocs and transfers; stage_outs and frees then release.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from dataclasses import dataclass
 
 from .dag import COPY, SEND, TransitionDag
 from .layout import box_volume, held_boxes, is_sharded, slot_counts, slot_specs, stage_slots
+from .memory_model import xfer_costs
 
 HOST_BYTES_PER_S = 50e9
 # Per-message latency: an NCCL send/recv pair costs of the order of 10-30 µs before its
@@ -93,6 +95,7 @@ class MemoryPeak:
     round: int  # the round at whose allocs and transfers the peak is reached; -1: before the first
     bytes: int
     capacity_bytes: int
+    memory_model: str = "cuda"  # the device memory model of the replay (nereus.passes.memory_model)
 
     @property
     def headroom_bytes(self) -> int:
@@ -106,6 +109,7 @@ class MemoryPeak:
 def memory_peak(program) -> MemoryPeak:
     """The peak of the per-GPU memory replay of `program` (module docstring)."""
     dag = program.dag
+    model = program.schedule.memory_model
     in_host = {i for i, f in enumerate(dag.frees) if dag.stages[f.stage].before.offload}
     mem = list(dag.resident)
     for i, f in enumerate(dag.frees):
@@ -120,8 +124,10 @@ def memory_peak(program) -> MemoryPeak:
                 mem[alloc.gpu] += alloc.bytes
         used = list(mem)
         for m in messages:
-            used[m.dst] += m.bytes
-            used[m.src] += sum(x.bytes for x in m.xfers if x.free not in in_host)
+            for x in m.xfers:
+                src_bytes, dst_bytes = xfer_costs(model, dag, x, x.free in in_host)
+                used[m.src] += src_bytes
+                used[m.dst] += dst_bytes
         for g, b in enumerate(used):
             if b > peak[0]:
                 peak = (b, k, g)
@@ -131,7 +137,7 @@ def memory_peak(program) -> MemoryPeak:
         for f in rnd.frees:
             if f not in in_host:
                 mem[dag.frees[f].gpu] -= dag.frees[f].bytes
-    return MemoryPeak(peak[2], peak[1], peak[0], dag.module.cluster.usable_gpu_bytes)
+    return MemoryPeak(peak[2], peak[1], peak[0], dag.module.cluster.usable_gpu_bytes, model)
 
 
 def _intersection(x, y) -> int:

@@ -47,58 +47,16 @@ from .layout import (
     slot_counts,
     slot_specs,
     stage_slots,
-    states_of,
+    unit_states,
     rank_boxes,
     box_volume,
 )
+from .dag_mesh import build_mesh_stage
+from .dag_records import Alloc, Free, Piece, Xfer  # noqa: F401  (the records, re-exported)
 from .sharded import mesh_key, group_boxes, sharded_pieces
 
 KEEP, COPY, SEND = "keep", "copy", "send"
 _KINDS = ("first", "layer", "last")
-
-
-@dataclass(frozen=True, slots=True)
-class Piece:
-    """A box of the tensor pattern `spec` (index into `slot_specs(model)`), repeated for
-    every slot of the op's range that holds that pattern."""
-
-    spec: int
-    box: Box
-
-
-@dataclass(frozen=True, slots=True)
-class Alloc:
-    stage: int  # index into TransitionDag.stages
-    replica: int
-    pos: tuple[int, int]  # (pp stage, tp rank)
-    gpu: int
-    bytes: int  # shard bytes minus bytes kept in place
-    shard_bytes: int
-
-
-@dataclass(frozen=True, slots=True)
-class Free:
-    stage: int
-    replica: int
-    pos: tuple[int, int]
-    gpu: int
-    bytes: int  # shard bytes minus bytes handed over in place (kept)
-    shard_bytes: int
-
-
-@dataclass(frozen=True, slots=True)
-class Xfer:
-    kind: str  # keep | copy | send
-    stage: int
-    alloc: int  # index of the destination Alloc
-    free: int  # index of the source Free
-    src_gpu: int
-    dst_gpu: int
-    slots: tuple[int, int]  # half-open slot range
-    pieces: tuple[Piece, ...]
-    bytes: int
-    volumes: tuple[int, int, int]  # elements per slot of each kind (first, layer, last), one state
-    states: tuple[str, ...]  # tensor suffixes carried ("" weights, "#master", ...)
 
 
 @dataclass(frozen=True)
@@ -218,14 +176,17 @@ def build_dag(module: Module, diff: Diff) -> TransitionDag:
                 resident[g] += b
             continue
         model = module.model(sd.before.model_stage.model)
-        states = states_of(sd.model_stage)
+        states = unit_states(model, sd.model_stage)
         stages.append(StageInfo(sd.model_stage, model, sd.before, sd.after, states,
                                 bytes_per_element(model, states), sd))
     allocs: list[Alloc] = []
     frees: list[Free] = []
     xfers: list[Xfer] = []
     for index, info in enumerate(stages):
-        _build_stage(module, index, info, allocs, frees, xfers)
+        if info.before.layout is not None or info.after.layout is not None:
+            build_mesh_stage(module, index, info, allocs, frees, xfers)
+        else:
+            _build_stage(module, index, info, allocs, frees, xfers)
     return TransitionDag(module, diff.source, diff.target, tuple(stages), tuple(untouched), tuple(resident),
                          tuple(allocs), tuple(frees), tuple(xfers))
 

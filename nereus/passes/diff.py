@@ -61,6 +61,9 @@ class StageDiff:
 
     @property
     def unchanged(self) -> bool:
+        if self.before.layout is not None or self.after.layout is not None:
+            return self.before.gpus == self.after.gpus and self.before.layout == self.after.layout \
+                and self.before.offload == self.after.offload
         # quant too: the weight sync quantizes into a `quant fp8` generation layout even where
         # the mesh equals the training one (a plan change of quant alone keeps every shard)
         return self.before.gpus == self.after.gpus and (
@@ -93,6 +96,8 @@ def diff_plans(module: Module, source: str, target: str) -> Diff:
 def diff_stage(before: Placement, after: Placement) -> StageDiff:
     """The primitives turning `before`'s units into `after`'s (rules in the module docstring)."""
     name = str(before.model_stage)
+    if before.layout is not None or after.layout is not None:
+        return _mesh_diff(name, before, after)
     same_shape = (before.tp, before.pp, before.ep) == (after.tp, after.pp, after.ep)
     kept: list[tuple[int, int]] = []
     if same_shape:
@@ -150,3 +155,10 @@ def diff_stage(before: Placement, after: Placement) -> StageDiff:
                                         or any(b != a for b, a in kept) or left_b or left_a):
         prims.append(Primitive(REPARTITION, name, tuple(range(before.dp)), tuple(range(after.dp))))
     return StageDiff(name, before, after, tuple(kept), tuple(prims))
+
+
+def _mesh_diff(name: str, before: Placement, after: Placement) -> StageDiff:
+    """A mesh layout's single unit: kept when nothing changes, else repartitioned."""
+    if before.gpus == after.gpus and before.layout == after.layout and before.offload == after.offload:
+        return StageDiff(name, before, after, ((0, 0),), ())
+    return StageDiff(name, before, after, (), (Primitive(REPARTITION, name, (0,), (0,)),))

@@ -63,7 +63,7 @@ from functools import lru_cache
 from nereus.models import pp_layer_range
 from nereus.ir.model import STAGES, Model, Module, Placement, Plan
 
-from .layout import kind_volume, shard_elements, zero_shard_elements
+from .layout import kind_volume, mesh_shard_elements, shard_elements, zero_shard_elements
 
 OPTIMIZER_BYTES_PER_PARAM = 12  # fp32 master + Adam exp_avg + exp_avg_sq
 GIB = 1024**3
@@ -250,6 +250,9 @@ def _placement_contributions(module: Module, placement: Placement):
     chunks differ between replicas by up to one row: then once per (replica, PP stage))."""
     model = module.model(placement.model_stage.model)
     stage = placement.model_stage.stage
+    if placement.layout is not None:
+        yield from _mesh_contributions(model, placement)
+        return
     zero = placement.zero if stage == "training" else 0
     dp, tp, pp, ep = placement.dp, placement.tp, placement.pp, placement.ep
     for p in range(pp):
@@ -257,6 +260,20 @@ def _placement_contributions(module: Module, placement: Placement):
         for r in range(dp) if zero else (None,):
             resident = unit_resident_bytes(model, stage, dp, tp, pp, p, ep, zero, r or 0)
             yield _gpus_of_pp_stage(placement, p, r), resident, working
+
+
+def _mesh_contributions(model: Model, placement: Placement):
+    """A mesh layout of a `tensors` model: per GPU, the bytes of its shards (weights and,
+    for a training unit, the states the model declares, all in its dtype); no working
+    memory: a tensor table says nothing of activations (docs/ir.md)."""
+    per = model.dtype_bytes
+    states = len(model.states) if placement.model_stage.stage == "training" else 0
+    for rank, gpu in enumerate(placement.gpus):
+        elements = mesh_shard_elements(model, placement, rank)
+        resident = {"weights": elements * per}
+        if states:
+            resident["optimizer"] = elements * per * states
+        yield [gpu], resident, {}
 
 
 def _gpus_of_pp_stage(placement: Placement, pp_stage: int, replica=None) -> list[int]:

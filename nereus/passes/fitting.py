@@ -9,6 +9,7 @@ transfer's elements (`Xfer.volumes` sums its pieces), each piece a valid box of 
 from __future__ import annotations
 
 from .dag import SEND, Piece, TransitionDag, Xfer
+from .memory_model import packed
 from .layout import box_volume as _volume
 from .layout import slot_specs
 
@@ -46,25 +47,28 @@ def _pending(dag: TransitionDag, x: Xfer, spec_kinds: list) -> tuple[Xfer, int, 
     return x, whole_slot, (row or volume) * element_bytes
 
 
-def _fit(dag: TransitionDag, x: Xfer, budget: int, fine: bool = False) -> tuple:
+def _fit(dag: TransitionDag, x: Xfer, budget: int, fine: bool = False, padding: tuple = (0, 0, 0)) -> tuple:
     """Split send `x` into (head, tail): the longest leading slot range whose bytes fit in
-    `budget` (head None when not even one slot fits; tail None when nothing is left)."""
+    `budget` (head None when not even one slot fits; tail None when nothing is left).
+    `padding`: bytes one slot of each kind (first, layer, last) adds in the packed layout
+    (the cuda memory model counts them; memory_model.padding_per_kind)."""
     lo, hi = x.slots
     info = dag.stages[x.stage]
     last = info.model.layers + 1
-    first_v, layer_v, last_v = x.volumes
-    room = budget // info.xfer_element_bytes(x.states)
+    element_bytes = info.xfer_element_bytes(x.states)
+    first_b, layer_b, last_b = (v * element_bytes + p for v, p in zip(x.volumes, padding))
+    room = budget
     end = lo
     if end == 0:
-        if first_v > room:
+        if first_b > room:
             return _split_slot(dag, x, budget) if fine else (None, x)
-        room -= first_v
+        room -= first_b
         end = 1
     layers = max(0, min(hi, last) - end)
-    take = layers if layer_v == 0 else min(layers, room // layer_v)
-    room -= take * layer_v
+    take = layers if layer_b == 0 else min(layers, room // layer_b)
+    room -= take * layer_b
     end += take
-    if take == layers and end == last and hi > last and last_v <= room:
+    if take == layers and end == last and hi > last and last_b <= room:
         end = hi
     if end == lo:
         return _split_slot(dag, x, budget) if fine else (None, x)
@@ -92,30 +96,38 @@ def _one_slot(x: Xfer, pieces: tuple, elements: int, kind: str, element_bytes: i
                 elements * element_bytes, tuple(volumes), x.states)
 
 
-def _split_slot(dag: TransitionDag, x: Xfer, budget: int, spec_kinds=None) -> tuple:
+def _split_slot(dag: TransitionDag, x: Xfer, budget: int, spec_kinds=None, state_bytes: tuple = ()) -> tuple:
     """Less than one slot fits: send the first slot's pieces that fit, cutting the piece
     that straddles the budget along dim 0 (any row range of a box is a valid segment).
     Only the head's pieces are measured: the rest of the slot has x's elements of that
-    kind minus the head's (`Xfer.volumes` sums its pieces). `spec_kinds`: `_spec_kinds(dag)`."""
+    kind minus the head's (`Xfer.volumes` sums its pieces). `spec_kinds`: `_spec_kinds(dag)`.
+    `state_bytes`: the element bytes of each of x's states, to count every segment at its
+    packed size (memory_model.packed: the cuda model); empty: raw bytes."""
     lo, hi = x.slots
     info = dag.stages[x.stage]
     kinds = (spec_kinds or _spec_kinds(dag))[x.stage]
     kind = _slot_kind(dag, x)
     element_bytes = info.xfer_element_bytes(x.states)
     pieces = [p for p in x.pieces if kinds[p.spec] == kind]
-    room = budget // element_bytes
+
+    def cost(elements: int) -> int:  # the bytes a piece of `elements` takes in the budget
+        return sum(packed(elements * size) for size in state_bytes) if state_bytes else elements * element_bytes
+
+    room = budget
     head: list = []
     taken = 0
     for i, piece in enumerate(pieces):
         volume = _volume(piece.box)
-        if volume <= room:
+        if cost(volume) <= room:
             head.append(piece)
-            room -= volume
+            room -= cost(volume)
             taken += volume
             continue
         (r0, r1), others = piece.box[0], piece.box[1:]
         row = volume // (r1 - r0)
-        rows = room // row if row else 0
+        rows = room // (row * element_bytes) if row else 0
+        while rows and cost(rows * row) > room:  # packed sizes: a few rows fewer at most
+            rows -= 1
         tail = pieces[i + 1:]
         if rows:
             head.append(Piece(piece.spec, ((r0, r0 + rows),) + others))

@@ -57,6 +57,7 @@ from nereus.models import (
     pp_layer_range,
 )
 from nereus.ir.model import DTYPE_BYTES, Model, Placement
+from nereus.models.table import placement_boxes, table_specs
 
 Box = tuple[tuple[int, int], ...]
 
@@ -71,16 +72,28 @@ def unit_id(model_stage: str, replica: int) -> str:
 
 
 def states_of(model_stage: str) -> tuple[str, ...]:
-    """Tensor-name suffixes held by units of `model_stage`: training units carry optimizer state."""
+    """Tensor-name suffixes held by units of `model_stage` of an architecture model:
+    training units carry optimizer state. `unit_states` covers `tensors` models too."""
     return WITH_OPTIMIZER if model_stage.endswith(".training") else WEIGHTS_ONLY
 
 
+def unit_states(model: Model, model_stage: str) -> tuple[str, ...]:
+    """Tensor-name suffixes held by units of `model_stage`: an architecture model's
+    training units carry fp32 master and Adam state (`states_of`), a `tensors` model's the
+    states it declares (`states: exp_avg, exp_avg_sq`), in its dtype."""
+    if model.is_table:
+        return WEIGHTS_ONLY + (tuple(f"#{s}" for s in model.states) if model_stage.endswith(".training") else ())
+    return states_of(model_stage)
+
+
 def suffix_dtype(model: Model, suffix: str) -> str:
-    return model.dtype if suffix == "" else OPTIMIZER_DTYPE
+    return model.dtype if suffix == "" or model.is_table else OPTIMIZER_DTYPE
 
 
 def bytes_per_element(model: Model, states: tuple[str, ...]) -> int:
     """Bytes one element of a weight costs on a GPU with all its `states` (2 or 2+12 for bf16)."""
+    if model.is_table:  # every state in the table's own dtype
+        return model.dtype_bytes * len(states)
     return _bytes_per_element(model.dtype, states)
 
 
@@ -241,7 +254,9 @@ def zero_boxes(spec: TensorSpec, tp: int, rank: int, dp: int, replica: int) -> t
 def held_boxes(spec: TensorSpec, placement: Placement, replica: int, rank: int, states: tuple[str, ...]):
     """Boxes of `spec`'s tensors with suffixes `states` on stage rank `rank` of `replica`.
     Sharded states have ep 1 (validation refuses zero with ep > 1), so there the stage rank
-    is the TP rank."""
+    is the TP rank. A mesh layout gives every state the tensor's boxes."""
+    if placement.layout is not None:
+        return placement_boxes(spec, placement, rank)
     if is_sharded(placement, states):
         return zero_boxes(spec, placement.tp, rank, placement.dp, replica)
     return rank_boxes(spec, placement.tp, placement.ep, rank)
@@ -276,7 +291,9 @@ def shard_bytes(model: Model, placement: Placement, stage: int, rank: int, repli
     state for training units, a dp-th of it under zero 1, of everything under zero 3;
     gradients are not part of the
     moved state). `replica` matters only under zero (chunks may differ by one row)."""
-    states = states_of(str(placement.model_stage))
+    states = unit_states(model, str(placement.model_stage))
+    if placement.layout is not None:
+        return mesh_shard_elements(model, placement, rank) * bytes_per_element(model, states)
     elements = shard_elements(model, placement.tp, placement.pp, stage, rank, placement.ep)
     if placement.zero >= 1 and len(states) > 1:
         sharded = zero_shard_elements(model, placement.tp, placement.pp, stage, rank, placement.dp, replica)
@@ -289,7 +306,10 @@ def shard_bytes_table(model: Model, placement: Placement) -> dict[tuple[int, int
     """{(replica, stage, rank): shard_bytes(model, placement, stage, rank, replica)} for
     every GPU of `placement`, with the per-(stage, rank) and per-(rank, replica) parts
     computed once each instead of once per GPU (4,096 GPUs: 512 chunk volumes, not 4,096)."""
-    states = states_of(str(placement.model_stage))
+    states = unit_states(model, str(placement.model_stage))
+    if placement.layout is not None:
+        per = bytes_per_element(model, states)
+        return {(0, 0, u): mesh_shard_elements(model, placement, u) * per for u in range(len(placement.gpus))}
     tp, pp, dp, width = placement.tp, placement.pp, placement.dp, placement.stage_width
     elements = {(p, t): shard_elements(model, tp, pp, p, t, placement.ep) for p in range(pp) for t in range(width)}
     if not (placement.zero >= 1 and len(states) > 1):
@@ -308,6 +328,11 @@ def shard_bytes_table(model: Model, placement: Placement) -> dict[tuple[int, int
     return out
 
 
+def mesh_shard_elements(model: Model, placement: Placement, rank: int) -> int:
+    """Elements of every table tensor the GPU at index `rank` of a mesh layout holds (one state)."""
+    return sum(box_volume(b) for spec in table_specs(model) for b in placement_boxes(spec, placement, rank))
+
+
 def mesh_positions(placement: Placement) -> Iterator[tuple[int, int, int, int]]:
     """(replica, pp stage, stage rank, gpu) for every GPU of the placement, in mesh order."""
     i = 0
@@ -324,7 +349,15 @@ def gpu_shards(model: Model, placement: Placement, stage: int, rank: int,
     in slot order, optimizer state after each weight (under zero, only the non-empty
     chunks of it). Expands layers: use for emission only."""
     lo, hi = stage_slots(model.layers, placement.pp, stage)
-    states = states_of(str(placement.model_stage))
+    states = unit_states(model, str(placement.model_stage))
+    if placement.layout is not None:
+        for spec in table_specs(model):
+            boxes = placement_boxes(spec, placement, rank)
+            if boxes:
+                name = f"{model.name}/{spec.name}"
+                for suffix in states:
+                    yield name + suffix, boxes
+        return
     sharded = placement.zero >= 1 and len(states) > 1
     specs = slot_specs(model)
     for slot in range(lo, hi):
@@ -404,7 +437,10 @@ def ranged_gpu_shards(model: Model, placement: Placement, stage: int, rank: int,
     """(family, at, boxes) of everything the GPU at (replica, stage, rank) holds, as JSON
     program v2 lists shards: `gpu_shards` with the layers of the stage as one range and the
     experts the GPU's EP rank owns as one run (`at` = () for a plain name). Work per tensor
-    pattern, not per layer or expert; cached per layout position."""
+    pattern, not per layer or expert; cached per layout position. A mesh layout's tensors
+    are plain names."""
+    if placement.layout is not None:
+        return tuple((name, (), boxes) for name, boxes in gpu_shards(model, placement, stage, rank, replica))
     return _ranged_shards(model, placement.tp, placement.ep, placement.pp, placement.dp, placement.zero,
                           states_of(str(placement.model_stage)), stage, rank, replica)
 

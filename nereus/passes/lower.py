@@ -18,6 +18,7 @@ from typing import Iterator, Optional
 
 from .dag import COPY, KEEP, TransitionDag
 from .fusion import Message, unfused
+from .memory_model import DEFAULT
 from .resources import Round, Schedule
 
 
@@ -71,16 +72,18 @@ class Program:
         return out
 
 
-def single_round(dag: TransitionDag) -> Schedule:
-    """Everything in one round: allocs, transfers, frees (no memory reasoning)."""
+def single_round(dag: TransitionDag, memory_model: str = DEFAULT) -> Schedule:
+    """Everything in one round: allocs, transfers, frees (no memory reasoning; the
+    program it lowers into records `memory_model`)."""
     rnd = Round(tuple(range(len(dag.allocs))), dag.xfers, (), tuple(range(len(dag.frees))))
-    return Schedule((rnd,), (), 0, 0)
+    return Schedule((rnd,), (), 0, 0, memory_model=memory_model)
 
 
 def lower(dag: TransitionDag, schedule: Optional[Schedule] = None,
-          messages: Optional[tuple[tuple[Message, ...], ...]] = None) -> Program:
-    """Assemble the program (module docstring)."""
-    schedule = schedule or single_round(dag)
+          messages: Optional[tuple[tuple[Message, ...], ...]] = None, memory_model: str = DEFAULT) -> Program:
+    """Assemble the program (module docstring); `memory_model` for a program without a
+    schedule (a schedule states its own)."""
+    schedule = schedule or single_round(dag, memory_model)
     if messages is None:
         messages = unfused(schedule)
     return Program(dag, schedule, messages)

@@ -20,6 +20,8 @@ from typing import Callable, Optional
 from nereus.ir.diagnostics import NereusError
 from nereus.ir.model import Module
 
+from .memory_model import DEFAULT as DEFAULT_MEMORY_MODEL
+
 DEFAULT_PIPELINE = "diff,dag,resources,fusion,lower,cost"
 
 
@@ -38,6 +40,9 @@ class CompileState:
     messages: object = None
     program: object = None
     cost: object = None
+    # the device memory model the schedule is made safe under and the program records
+    # (nereus.passes.memory_model: "cuda" or "cpu")
+    memory_model: str = DEFAULT_MEMORY_MODEL
 
 
 @contextmanager
@@ -90,7 +95,9 @@ class DiffPass:
     def check(self, state: CompileState) -> None:
         for stage in state.diff.stages:
             kept_after = {a for _, a in stage.kept}
-            made = {a for p in stage.primitives if p.kind in ("split", "merge", "extend") for a in p.after}
+            # a mesh layout's unit is re-laid out whole by its Repartition
+            producers = ("split", "merge", "extend") + (("repartition",) if stage.after.layout is not None else ())
+            made = {a for p in stage.primitives if p.kind in producers for a in p.after}
             missing = set(range(stage.after.dp)) - kept_after - made
             if missing and not stage.unchanged:
                 raise AssertionError(f"diff: after-units {sorted(missing)} of {stage.model_stage} have no primitive")
@@ -123,7 +130,8 @@ class ResourcesPass:
         from .resources import schedule
 
         dag = _need(state, "dag", self.name)
-        return replace(state, schedule=schedule(dag, independent=self.independent, staging=self.staging))
+        return replace(state, schedule=schedule(dag, independent=self.independent, staging=self.staging,
+                                                memory_model=state.memory_model))
 
     def check(self, state: CompileState) -> None:
         if any("deadlock" in n for n in state.schedule.notes):
@@ -144,7 +152,7 @@ class FusionPass:
         from .lower import single_round
 
         dag = _need(state, "dag", self.name)
-        sched = state.schedule or single_round(dag)
+        sched = state.schedule or single_round(dag, state.memory_model)
         return replace(state, schedule=sched, messages=fuse(dag, sched, self.bucket))
 
     def check(self, state: CompileState) -> None:
@@ -161,7 +169,8 @@ class LowerPass:
     def run(self, state: CompileState) -> CompileState:
         from .lower import lower
 
-        return replace(state, program=lower(_need(state, "dag", self.name), state.schedule, state.messages))
+        return replace(state, program=lower(_need(state, "dag", self.name), state.schedule, state.messages,
+                                            state.memory_model))
 
     def check(self, state: CompileState) -> None:
         program = state.program
@@ -264,8 +273,10 @@ def parse_pipeline(text: str) -> list:
                 options[key] = _value(value, kind, key, name)
                 _check_range(key, value.strip(), options[key], name)
         if name not in PASSES:
+            from nereus.ir.build import did_you_mean
+
             raise PipelineError(f"unknown pass {name!r} in pipeline {text!r}",
-                                hint=f"passes: {', '.join(PASSES)}")
+                                hint=f"{did_you_mean(name, PASSES)}passes: {', '.join(PASSES)}")
         passes.append(PASSES[name](**options))
         while j < n and text[j] in ", ":
             j += 1

@@ -5,8 +5,10 @@ host stagings and frees it runs, plus the resource-dependency edges free → all
 memory forced, each classified. Invariant: replaying the rounds (allocs first, then
 transfers, then stagings and frees) never puts more on a GPU than its usable memory:
 resident bytes + unfreed before-shards + allocations + the round's transient message
-buffers (a send's bytes count on its source and its destination GPU); host memory per node
-never exceeds `host_mem`.
+buffers (what a send costs on its source and its destination GPU under the schedule's
+device memory model, `nereus.passes.memory_model`: on CUDA its packed bytes on both, also
+when its source shard is staged or offloaded to host memory); host memory per node never
+exceeds `host_mem`.
 
 Greedy list scheduling, deterministic: each round admits every pending alloc that fits (in
 DAG order), runs every transfer whose destination is allocated and whose buffers fit
@@ -41,7 +43,8 @@ from nereus.ir.units import human_bytes
 
 from .cost import RoundClock, schedule_seconds
 from .dag import SEND, TransitionDag, Xfer
-from .fitting import _fit, _pending, _spec_kinds, _split_slot, xfer_slice
+from .fitting import _KIND_INDEX, _fit, _pending, _slot_kind, _spec_kinds, _split_slot, xfer_slice
+from .memory_model import CUDA, DEFAULT, check_kind, packed, padding_per_kind, state_bytes, xfer_costs
 
 SAME_STAGE, SM_CS, CM_SS, CM_CS = "same-model-stage", "same-model-cross-stage", "cross-model-same-stage", \
     "cross-model-cross-stage"
@@ -76,6 +79,7 @@ class Schedule:
     staged_bytes: int  # bytes staged through host memory to break cycles
     independent: bool = False
     notes: tuple[str, ...] = ()
+    memory_model: str = DEFAULT  # the device memory model it is memory-safe under (memory_model.py)
 
 
 def edge_kind(dag: TransitionDag, free: int, alloc: int) -> str:
@@ -88,11 +92,13 @@ def edge_kind(dag: TransitionDag, free: int, alloc: int) -> str:
     return CM_SS if a[1] == b[1] else CM_CS
 
 
-def schedule(dag: TransitionDag, *, independent: bool = False, staging: bool = True) -> Schedule:
-    """Schedule `dag` into memory-safe rounds (module docstring)."""
+def schedule(dag: TransitionDag, *, independent: bool = False, staging: bool = True,
+             memory_model: str = DEFAULT) -> Schedule:
+    """Schedule `dag` into rounds memory-safe under `memory_model` (module docstring)."""
+    check_kind(memory_model)
     if not independent:
-        return _cheaper(dag, staging)
-    parts = [_schedule(dag, [s], staging=False)[0] for s in range(len(dag.stages))]
+        return _cheaper(dag, staging, memory_model)
+    parts = [_schedule(dag, [s], staging=False, memory_model=memory_model)[0] for s in range(len(dag.stages))]
     depth = max((len(p.rounds) for p in parts), default=0)
     rounds = []
     for k in range(depth):
@@ -100,10 +106,10 @@ def schedule(dag: TransitionDag, *, independent: bool = False, staging: bool = T
         rounds.append(Round(tuple(i for r in pieces for i in r.allocs), tuple(x for r in pieces for x in r.xfers),
                             (), tuple(i for r in pieces for i in r.frees)))
     return Schedule(tuple(rounds), tuple(e for p in parts for e in p.edges), sum(p.chunked for p in parts), 0,
-                    True, tuple(n for p in parts for n in p.notes))
+                    True, tuple(n for p in parts for n in p.notes), memory_model)
 
 
-def _cheaper(dag: TransitionDag, staging: bool) -> Schedule:
+def _cheaper(dag: TransitionDag, staging: bool, memory_model: str = DEFAULT) -> Schedule:
     """The joint schedule. With staging allowed it is first scheduled staging before-shards
     where a stall would lend the transient reserve (`_stage_for_reserve`); if that staged
     nothing it is the lending schedule itself. Otherwise the lending schedule is built
@@ -111,7 +117,7 @@ def _cheaper(dag: TransitionDag, staging: bool) -> Schedule:
     estimate for the default pipeline) exceeds the staging one's, and kept if it was not:
     never predicted slower than lending alone, the lending one on a tie. A schedule of
     several rounds is then built again paced (`_pace`), kept only if predicted faster."""
-    best, options = _unpaced(dag, staging)
+    best, options = _unpaced(dag, staging, memory_model)
     if len(best.rounds) <= 1:
         return best
     seconds = schedule_seconds(dag, best)
@@ -126,28 +132,30 @@ def _cheaper(dag: TransitionDag, staging: bool) -> Schedule:
     return replace(paced, notes=paced.notes + (note,))
 
 
-def _unpaced(dag: TransitionDag, staging: bool) -> tuple[Schedule, dict]:
+def _unpaced(dag: TransitionDag, staging: bool, memory_model: str = DEFAULT) -> tuple[Schedule, dict]:
     """The schedule `_cheaper` picked before pacing, and the options that built it."""
     stages = range(len(dag.stages))
+    model = {"memory_model": memory_model}
     if not staging:
-        return _schedule(dag, stages, staging=False)[0], {"staging": False}
+        return _schedule(dag, stages, staging=False, **model)[0], {"staging": False, **model}
     try:
-        staging_instead, reserve_staged = _schedule(dag, stages, staging=True, stage_for_reserve=True)
+        staging_instead, reserve_staged = _schedule(dag, stages, staging=True, stage_for_reserve=True, **model)
     except InfeasibleError:  # host memory taken by the reserve's staging may be missing for a cycle
-        return _schedule(dag, stages, staging=True)[0], {"staging": True}
+        return _schedule(dag, stages, staging=True, **model)[0], {"staging": True, **model}
     if not reserve_staged:
-        return staging_instead, {"staging": True, "stage_for_reserve": True}
+        return staging_instead, {"staging": True, "stage_for_reserve": True, **model}
     seconds = schedule_seconds(dag, staging_instead)
-    lending, _ = _schedule(dag, stages, staging=True, seconds_cap=seconds)
+    lending, _ = _schedule(dag, stages, staging=True, seconds_cap=seconds, **model)
     if lending is not None:
-        return lending, {"staging": True}
+        return lending, {"staging": True, **model}
     note = f"staging instead of lending the reserve: predicted {seconds:.3g} s, less than lending's"
     return replace(staging_instead, notes=staging_instead.notes + (note,)), {"staging": True,
-                                                                           "stage_for_reserve": True}
+                                                                           "stage_for_reserve": True, **model}
 
 
 def _schedule(dag: TransitionDag, stage_ids, *, staging: bool, stage_for_reserve: bool = False,
-              seconds_cap: float | None = None, paced: bool = False) -> tuple[Schedule | None, int]:
+              seconds_cap: float | None = None, paced: bool = False,
+              memory_model: str = DEFAULT) -> tuple[Schedule | None, int]:
     """(schedule, bytes staged instead of lending the reserve). `stage_for_reserve`: where a
     stall would lend the transient reserve, stage before-shards instead where possible.
     `seconds_cap`: the schedule is None once its predicted seconds exceed it. `paced`:
@@ -229,7 +237,7 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool, stage_for_reserve
         limit = None
         if paced and not pace_off:
             ready.sort(key=lambda e, n=len(mem): (e[0].dst_gpu - e[0].src_gpu) % n)  # stable: shift order
-            limit, forced = _pace(ready, staged, mem, cap)
+            limit, forced = _pace(dag, ready, staged, mem, cap, memory_model)
             if forced is not None and pace_forced is None:
                 pace_forced = forced
         for entry in ready:
@@ -237,13 +245,13 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool, stage_for_reserve
             if x.kind != SEND:
                 done.append(x)
                 continue
-            src_extra = 0 if staged[x.free] else x.bytes
+            src_extra, dst_extra = xfer_costs(memory_model, dag, x, staged[x.free])
             room_src = cap - mem[x.src_gpu] - transient[x.src_gpu]
             room_dst = cap - mem[x.dst_gpu] - transient[x.dst_gpu]
             if limit is not None:
                 room_src = min(room_src, limit.get(x.src_gpu, room_src) - transient[x.src_gpu])
                 room_dst = min(room_dst, limit.get(x.dst_gpu, room_dst) - transient[x.dst_gpu])
-            if src_extra <= room_src and x.bytes <= room_dst:
+            if src_extra <= room_src and dst_extra <= room_dst:
                 head, tail = x, None
             elif room_dst <= 0 or (src_extra and room_src <= 0):
                 later.append(entry)
@@ -255,17 +263,16 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool, stage_for_reserve
                 budget = min(room_dst, room_src if src_extra else room_dst)
                 # the least a cut can carry is known: a transfer that cannot move waits
                 # without being cut (it used to be offered to _fit up to 3 times a round)
-                if budget >= whole_slot:
-                    head, tail = _fit(dag, x, budget)
-                elif fine and budget >= row:
-                    head, tail = _split_slot(dag, x, budget, spec_kinds)
-                else:
+                cut = _cut_to_fit(dag, x, budget, whole_slot, row, fine, spec_kinds, memory_model)
+                if cut is None:
                     later.append(entry)
                     continue
+                head, tail = cut
                 chunked += 1
                 readers[x.free] += 1
-            transient[x.src_gpu] += 0 if staged[x.free] else head.bytes
-            transient[x.dst_gpu] += head.bytes
+                src_extra, dst_extra = xfer_costs(memory_model, dag, head, staged[x.free])
+            transient[x.src_gpu] += src_extra
+            transient[x.dst_gpu] += dst_extra
             done.append(head)
             if isinstance(tail, tuple):
                 later.extend((t, None, None) for t in tail)
@@ -309,7 +316,7 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool, stage_for_reserve
                     rounds.append(Round((), (), (), ()))
                     break
                 outs = _break_cycle(dag, allocs, [entry[0] for entry in ready], mem, cap, host, host_cap, freed,
-                                    staged, live)
+                                    staged, live, memory_model)
                 staged_bytes += sum(dag.frees[i].bytes for i in outs)
         check = []
         reserve = int(cap * TRANSIENT_RESERVE)
@@ -330,26 +337,47 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool, stage_for_reserve
         notes.append(f"{chunked} transfer split(s) to fit transient buffers")
     if pace_forced is not None:
         notes.append(memory_note(dag, tuple(rounds), pace_forced))
-    return Schedule(tuple(rounds), tuple(edges), chunked, staged_bytes + reserve_staged, False, tuple(notes)), \
-        reserve_staged
+    return Schedule(tuple(rounds), tuple(edges), chunked, staged_bytes + reserve_staged, False, tuple(notes),
+                    memory_model), reserve_staged
+
+
+def _cut_to_fit(dag, x, budget: int, whole_slot: int, row: int, fine: bool, spec_kinds, memory_model: str):
+    """(head, tail) of send `x` whose head costs at most `budget` on each GPU under
+    `memory_model`, or None when no cut can move this round: whole leading slots
+    (`_fit`), or once `fine` the pieces and rows of one (`_split_slot`). `whole_slot`,
+    `row`: `_pending`'s least budgets in raw bytes; the cuda model counts every segment
+    at its packed size, so the cuts and those thresholds add the padding."""
+    padding, sizes = (0, 0, 0), ()
+    if memory_model == CUDA:
+        padding, sizes = padding_per_kind(dag, x), state_bytes(dag, x)
+        whole_slot += padding[_KIND_INDEX[_slot_kind(dag, x)]]
+        if row < 1 << 62:  # one row of the first piece, each state's segment packed
+            row = sum(packed(row // sum(sizes) * size) for size in sizes)
+    if budget >= whole_slot:
+        head, tail = _fit(dag, x, budget, padding=padding)
+    elif fine and budget >= row:
+        head, tail = _split_slot(dag, x, budget, spec_kinds, sizes)
+    else:
+        return None
+    return None if head is None else (head, tail)
 
 
 PACE_SLACK = 1.2  # a paced GPU may take this much more than its even share (cuts are by layer)
 
 
-def _pace(ready: list, staged: list, mem: list, cap: int) -> dict:
+def _pace(dag, ready: list, staged: list, mem: list, cap: int, memory_model: str) -> dict:
     """{gpu: most buffer bytes it takes this round} of a paced round: the GPU whose
-    remaining sends and receives (`ready`, buffer bytes at both ends; a staged source's at
-    its destination only) fill its free memory the most times over sets the rounds still
+    remaining sends and receives (`ready`, buffer bytes at both ends as `memory_model`
+    charges them) fill its free memory the most times over sets the rounds still
     needed, K; every other GPU spreads its own over K rounds (its share, with
     PACE_SLACK) instead of finishing early and leaving the tight GPU's rounds to run alone:
     each round then moves a like share on every link (module docstring)."""
     load: dict = defaultdict(int)
     for x, _, _ in ready:
         if x.kind == SEND:
-            load[x.dst_gpu] += x.bytes
-            if not staged[x.free]:
-                load[x.src_gpu] += x.bytes
+            src_bytes, dst_bytes = xfer_costs(memory_model, dag, x, staged[x.free])
+            load[x.dst_gpu] += dst_bytes
+            load[x.src_gpu] += src_bytes
     rounds, need = 1, {}
     for g, n in load.items():
         room = cap - mem[g]
@@ -397,7 +425,7 @@ def _ranges(values) -> str:
     return ", ".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in out)
 
 
-def _break_cycle(dag, allocs, ready, mem, cap, host, host_cap, freed, staged, live) -> list[int]:
+def _break_cycle(dag, allocs, ready, mem, cap, host, host_cap, freed, staged, live, memory_model) -> list[int]:
     """Stage before-shards of the least-blocked GPU to host memory; returns the frees staged."""
     needs: dict[int, int] = {}
 
@@ -410,10 +438,11 @@ def _break_cycle(dag, allocs, ready, mem, cap, host, host_cap, freed, staged, li
         short(dag.allocs[a].gpu, dag.allocs[a].bytes)
     for x in ready:
         if x.kind == SEND:  # the smallest step forward: one slot of the transfer
-            one = xfer_slice(dag, x, x.slots[0], x.slots[0] + 1).bytes
-            short(x.dst_gpu, one)
-            if not staged[x.free]:
-                short(x.src_gpu, one)
+            src_one, dst_one = xfer_costs(memory_model, dag, xfer_slice(dag, x, x.slots[0], x.slots[0] + 1),
+                                          staged[x.free])
+            short(x.dst_gpu, dst_one)
+            if src_one:
+                short(x.src_gpu, src_one)
     pick = next(_staging_picks(dag, needs, freed, staged, live), None)
     if pick is None:
         worst = sorted(needs.items(), key=lambda item: (item[1], item[0]))[:4]

@@ -17,9 +17,12 @@ world and rejects any difference. A symbolic replay then proves:
     minus what is kept into it; free and stage_out bytes equal the before shard minus what
     is kept out of it; every after shard allocated once, every before shard freed once;
   - memory on every GPU after each round's allocs and transfers — resident_bytes + before
-    shards still on the GPU + allocations + the round's send buffers (on both GPUs; a send
-    from a host-staged shard packs in host memory) — stays ≤ capacity_bytes (mem_bytes if
-    absent); host memory per node ≤ host_mem_bytes.
+    shards still on the GPU + allocations + the round's send buffers (what each segment
+    costs on its two GPUs under the header's `memory_model`, nereus.passes.memory_model:
+    "cuda" its packed bytes on both, also out of host memory, a v2 segment per member;
+    "cpu", and a program without the field, its bytes, on the source only when read from
+    GPU memory) — stays ≤ capacity_bytes (mem_bytes if absent); host memory per node ≤
+    host_mem_bytes.
 Invariant: any input — malformed or not — ends in a report or a located ProgramError.
 
 Version 2 (ranges, docs/program.md) is proven as written, never expanded member by
@@ -43,6 +46,7 @@ from nereus.ir.units import human_bytes
 
 from nereus.ir.ranges import at_json, count, member_mask, members
 
+from .memory_model import destination_bytes, source_bytes
 from .verify_header import (Header, check_box, entries_volume, fail, holds, is_int, nonnegative, overlap, parse_header,
                             shard_at, shown, volume)
 
@@ -59,10 +63,11 @@ class VerifyReport:
     worst_gpu: int
     worst_fraction: float  # peak / capacity on the worst GPU
     warnings: tuple = ()  # fields no reader knows (verify_fields.py): ignored, and said so
+    memory_model: str = "cpu"  # the device memory model the peaks are proven under (header field)
 
     def __str__(self) -> str:
         return (f"ok: {self.rounds} rounds, {self.ops} ops, {self.segments} segments, {human_bytes(self.bytes_moved)} copied or sent;"
-                f" peak {self.worst_fraction:.1%} of capacity on GPU {self.worst_gpu}")
+                f" peak {self.worst_fraction:.1%} of capacity on GPU {self.worst_gpu} ({self.memory_model} memory model)")
 
 
 def _label(name: str, at: tuple) -> str:
@@ -76,10 +81,11 @@ class _Cursor:
     where = "header"
 
 
-def verify_program(program_json: dict, against=None) -> VerifyReport:
+def verify_program(program_json: dict, against=None, progress=None) -> VerifyReport:
     """Replay `program_json` symbolically (module docstring); raise ProgramError on the
     first violation, naming its round and op index (or the header field). `against`: the
-    `Module` holding the transition's plans, to check the header against them."""
+    `Module` holding the transition's plans, to check the header against them.
+    `progress`: called ("round", rounds done, rounds) after each round."""
     enabled = gc.isenabled()
     gc.disable()  # many small acyclic tuples: cycle collection only costs time here
     cursor = _Cursor()
@@ -96,9 +102,9 @@ def verify_program(program_json: dict, against=None) -> VerifyReport:
         from .verify_codec import is_codec, verify_codec
 
         if is_codec(data):  # a weight-sync codec program: its dense form, then what the codec adds
-            report = verify_codec(data, lambda dense: _prove(dense, against, cursor))
+            report = verify_codec(data, lambda dense: _prove(dense, against, cursor, progress))
         else:
-            report = _prove(data, against, cursor)
+            report = _prove(data, against, cursor, progress)
         from .verify_fields import unknown_fields
 
         return replace(report, warnings=tuple(unknown_fields(program_json)))
@@ -113,19 +119,20 @@ def verify_program(program_json: dict, against=None) -> VerifyReport:
             gc.enable()
 
 
-def _prove(data: dict, against, cursor: _Cursor) -> VerifyReport:
+def _prove(data: dict, against, cursor: _Cursor, progress=None) -> VerifyReport:
     """The header checks (and, with `against`, the comparison with the plans), then the replay."""
     header = parse_header(data)
     if against is not None:
         from .verify_world import check_against
 
         check_against(data, against)
-    return _replay(data, header, cursor)
+    return _replay(data, header, cursor, progress)
 
 
-def _replay(data: dict, header: Header, cursor: _Cursor) -> VerifyReport:
+def _replay(data: dict, header: Header, cursor: _Cursor, progress=None) -> VerifyReport:
     tensors, before, after = header.tensors, header.before, header.after
     capacity, node_of, host_cap = header.capacity, header.node_of, header.host_capacity
+    model = header.memory_model
 
     def shard_bytes(shards) -> int:
         return sum(entries_volume(entries) * tensors[name][1] for name, entries in shards.items())
@@ -242,13 +249,15 @@ def _replay(data: dict, header: Header, cursor: _Cursor) -> VerifyReport:
                         fail(f"{where}: GPU {g!r} is not in header field 'gpus'")
                 if not isinstance(op.get("segments"), list):  # empty is allowed: a 0-byte message
                     fail(f"{where}: needs a list of segments")
-                total = from_gpu = 0
+                total = on_src = on_dst = 0
                 for s in op["segments"]:
                     nbytes, at, box = _transfer(where, s, src, dst, header, status, allocated, written,
                                                 written_volume)
                     total += nbytes
-                    if status[(s["src_unit"], src)] != "host":
-                        from_gpu += nbytes
+                    if kind == "send":  # a v2 segment stands for count(at) segments of one size
+                        members_, each = count(at), nbytes // count(at)
+                        on_src += members_ * source_bytes(model, each, status[(s["src_unit"], src)] == "host")
+                        on_dst += members_ * destination_bytes(model, each)
                     segments += 1
                     if kind == "keep":
                         if (("before", s["src_unit"]) in header.offloaded) != (("after", s["dst_unit"]) in header.offloaded):
@@ -262,9 +271,9 @@ def _replay(data: dict, header: Header, cursor: _Cursor) -> VerifyReport:
                     if op.get("bytes") != total:
                         fail(f"{where}: declares {op.get('bytes')} bytes, its segments hold {total}")
                     moved += total
-                if kind == "send":  # pack / unpack buffers; host-staged segments pack in host memory
-                    transient[src] += from_gpu
-                    transient[dst] += total
+                if kind == "send":  # the message's device buffers (memory_model.py)
+                    transient[src] += on_src
+                    transient[dst] += on_dst
         if phase <= 1:
             _check_memory(_before_frees(k, len(rnd["ops"])), mem, transient,
                           capacity, peak)
@@ -280,6 +289,8 @@ def _replay(data: dict, header: Header, cursor: _Cursor) -> VerifyReport:
                 fail(f"{handed[0][1]}: keep of {name} on GPU {g} hands over a shard whose boxes the after "
                      "unit lists in another order", hint="a keep needs the same boxes in the same order; "
                                                          "a reordered shard is a copy")
+        if progress is not None:
+            progress("round", k + 1, len(rounds))
     last = f"after round {len(rounds) - 1} (the last)"
     for uid, per_gpu in after.items():
         for g, shards in per_gpu.items():
@@ -296,7 +307,7 @@ def _replay(data: dict, header: Header, cursor: _Cursor) -> VerifyReport:
             fail(f"{last}: before unit {key[0]} on GPU {key[1]} is never freed")
     worst = max(peak, key=lambda g: (peak[g] / max(capacity[g], 1), -g)) if peak else 0
     return VerifyReport(len(rounds), ops, segments, moved, dict(peak), worst,
-                        peak.get(worst, 0) / max(capacity[worst], 1) if peak else 0.0)
+                        peak.get(worst, 0) / max(capacity[worst], 1) if peak else 0.0, memory_model=model)
 
 
 def _kept_bytes(rounds: list, header: Header, cursor: _Cursor) -> tuple[dict, dict]:

@@ -17,12 +17,12 @@ import difflib
 _OP = {"op", "id", "index", "round"}
 FIELDS = {
     "top": {"format", "version", "transition", "gpus", "nodes", "tensors", "units", "resident_bytes", "untouched",
-            "rounds", "rank", "peers", "quant", "delta"},
+            "rounds", "rank", "peers", "memory_model", "quant", "delta"},
     "gpus": {"id", "node", "mem_bytes", "capacity_bytes"},
     "nodes": {"id", "host_mem_bytes"},
     "tensors": {"name", "shape", "dtype"},
     "units": {"before", "after"},
-    "unit": {"id", "model_stage", "replica", "gpus", "tp", "pp", "ep", "dp", "zero", "offload", "shards"},
+    "unit": {"id", "model_stage", "replica", "gpus", "tp", "pp", "ep", "dp", "zero", "offload", "mesh", "shards"},
     "shard": {"gpu", "tensor", "boxes"},
     "round": {"ops"},
     "alloc": _OP | {"gpu", "unit", "bytes"},

@@ -16,7 +16,8 @@ on tp, pp and offload, have distinct replicas and GPUs, and the same model-stage
 both sides (none of them untouched); per unit the boxes of each tensor its model-stage
 holds tile the tensor (replicated copies identical, others disjoint); when `nodes` is
 given it declares the node of every GPU (without it, as in v1 programs before the field
-was added, host memory is unlimited).
+was added, host memory is unlimited); `memory_model`, when given, names a model of
+`nereus.passes.memory_model` (without it: "cpu", the model v1 programs had before it).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from dataclasses import dataclass
 from nereus.ir.diagnostics import ProgramError
 from nereus.ir.model import DTYPE_BYTES, STAGES
 from nereus.ir.ranges import contains, count, member_mask, parse_at, placeholders, range_last
+
+from .memory_model import FIELD as MEMORY_MODEL, KINDS, V1_DEFAULT
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,7 @@ class Header:
     offloaded: frozenset  # ("before" | "after", unit id) of offloaded units
     # tensor -> its v2 family's indices ((lo, hi), ...); () for a plain tensor
     indices: dict = None
+    memory_model: str = V1_DEFAULT  # the device memory model the program is proven for (memory_model.py)
 
     def sizes(self, name: str) -> tuple:
         """The index space of `name`'s members (for member bitsets): each index's hi."""
@@ -161,11 +165,22 @@ def parse_header(data: dict) -> Header:
         fail(f"header field 'untouched' lists {sorted(stages_of_side['before'] & set(untouched))}, which move")
     host_capacity = _nodes(data, node_of)
     return Header(tensors, capacity, node_of, host_capacity, resident, parsed["before"], parsed["after"],
-                  stage_of, frozenset(offloaded), indices)
+                  stage_of, frozenset(offloaded), indices, _memory_model(data))
+
+
+def _memory_model(data: dict) -> str:
+    """The header's `memory_model`; a program without it (v1 before the field) was proven
+    for the model it had then, "cpu"."""
+    kind = data.get(MEMORY_MODEL, V1_DEFAULT)
+    if kind not in KINDS:
+        fail(f"header field '{MEMORY_MODEL}' must be one of {', '.join(map(repr, KINDS))}, not {shown(kind)}",
+             hint="the device memory model the program is proven for (docs/program.md, \"Memory\")")
+    return kind
 
 
 def _tensors(listed: list, ranged: bool) -> tuple[dict, dict]:
     tensors, indices = {}, {}
+    weight_dtype: dict[str, str] = {}
     for i, t in enumerate(listed):
         where = f"header field 'tensors' (entry {i})"
         if not isinstance(t, dict) or not isinstance(t.get("name"), str):
@@ -176,10 +191,15 @@ def _tensors(listed: list, ranged: bool) -> tuple[dict, dict]:
         if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
             fail(f"{where}: unknown dtype {dtype!r} of {t['name']}", hint=f"one of {sorted(DTYPE_BYTES)}")
         if "#" in t["name"] and dtype != "fp32":
-            fail(f"{where}: optimizer state {t['name']} must be fp32, not {dtype}")
+            # an architecture model's optimizer state is fp32; a tensors model keeps the
+            # states it declares in its own dtype, the weight's (listed before its states)
+            weight = tensors.get(t["name"].split("#", 1)[0])
+            if weight is None or DTYPE_BYTES[dtype] != weight[1] or dtype != weight_dtype.get(t["name"].split("#")[0]):
+                fail(f"{where}: optimizer state {t['name']} must be fp32 or its weight's dtype, not {dtype}")
         if t["name"] in tensors:
             fail(f"{where}: tensor {t['name']} listed twice")
         tensors[t["name"]] = (tuple(shape), DTYPE_BYTES[dtype])
+        weight_dtype[t["name"]] = dtype
         n = placeholders(t["name"]) if ranged else 0
         if n or ranged and "indices" in t:
             at = parse_at(t.get("indices"), where, "'indices'")
@@ -294,7 +314,14 @@ def _units(listed: list, side: str, tensors: dict, indices: dict, capacity: dict
         stage_of[(side, uid)] = name
         if offload:
             offloaded.add((side, uid))
-        out[uid], chunks = _shards(unit.get("shards"), where, model, stage, set(gpus), tensors, indices, zero)
+        mesh = unit.get("mesh")
+        if mesh is not None and not (isinstance(mesh, list) and mesh and all(
+                isinstance(d, list) and len(d) == 2 and isinstance(d[0], str) and is_int(d[1]) and d[1] > 0
+                for d in mesh)):
+            fail(f"{where}: mesh must be a list of [name, size] pairs")
+        # a mesh layout may leave a GPU without any shard (a short dimension cut by torch.chunk)
+        out[uid], chunks = _shards(unit.get("shards"), where, model, stage, set(gpus), tensors, indices, zero,
+                                   empty_gpus=mesh is not None)
         for tensor, boxes in chunks.items():
             sharded[name][tensor].update(boxes)
     for name, boxes_of in sharded.items():
@@ -308,9 +335,10 @@ def _units(listed: list, side: str, tensors: dict, indices: dict, capacity: dict
     return out
 
 
-def _shards(listed, where: str, model: str, stage: str, gpus: set, tensors: dict, indices: dict, zero: int = 0):
+def _shards(listed, where: str, model: str, stage: str, gpus: set, tensors: dict, indices: dict, zero: int = 0,
+            empty_gpus: bool = False):
     """({gpu: {tensor: ((at, boxes), ...)}}, {tensor: {(at, chunk box)}} of the state `zero`
-    shards over dp)."""
+    shards over dp). `empty_gpus`: a mesh layout's GPU may hold no shard."""
     if not isinstance(listed, list):
         fail(f"{where}: shards must be a list")
     shards: dict = defaultdict(dict)
@@ -336,7 +364,7 @@ def _shards(listed, where: str, model: str, stage: str, gpus: set, tensors: dict
                for other, _ in entries):
             fail(f"{where}: two shards of {name} on GPU {g}")
         entries.append((at, parsed))
-    if zero:  # a GPU's chunks may all be empty (dim 0 shorter than dp): it still takes part
+    if zero or empty_gpus:  # a GPU's chunks may all be empty (dim 0 shorter than dp): it still takes part
         for g in gpus:
             shards.setdefault(g, {})
     if set(shards) != gpus:

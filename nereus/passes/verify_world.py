@@ -16,7 +16,7 @@ from nereus.ir.model import Module
 
 from .world import transition_world
 
-UNIT_FIELDS = ("model_stage", "replica", "gpus", "dp", "tp", "pp", "zero", "offload")
+UNIT_FIELDS = ("model_stage", "replica", "gpus", "dp", "tp", "pp", "zero", "offload", "mesh")
 
 
 def _differ(field: str, what: str, stated, derived):

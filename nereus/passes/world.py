@@ -20,7 +20,7 @@ from nereus.ir.ranges import at_json
 
 from .diff import diff_stage
 from .feasibility import placement_resident_bytes
-from .layout import family_entries, gpu_shards, ranged_gpu_shards, states_of, tensor_entries, unit_id
+from .layout import family_entries, gpu_shards, ranged_gpu_shards, tensor_entries, unit_id, unit_states
 
 
 def box_json(box) -> list[list[int]]:
@@ -64,6 +64,8 @@ def unit_json(model: Model, placement: Placement, replica: int, only: Optional[d
             "pp": placement.pp}
     if placement.ep != 1:  # experts whole on their EP rank (docs/program.md)
         unit["ep"] = placement.ep
+    if placement.layout is not None:  # a mesh layout (docs/program.md): its dimensions
+        unit["mesh"] = [[name, size] for name, size in placement.layout.dims]
     unit["offload"] = placement.offload
     if placement.zero:  # optimizer state chunked over the dp units (docs/program.md)
         unit["zero"] = placement.zero
@@ -124,7 +126,7 @@ def transition_world(module: Module, source: str, target: str, ranged: bool = Fa
             continue
         moving.append((before, after))
         model = module.model(before.model_stage.model)
-        for entry in tensors_json(model, states_of(name), ranged):
+        for entry in tensors_json(model, unit_states(model, name), ranged):
             tensors.setdefault(entry["name"], entry)
     return TransitionWorld(gpus, nodes, tuple(tensors.values()), tuple(moving),
                            {str(g): b for g, b in enumerate(resident)}, tuple(untouched))

@@ -11,15 +11,19 @@ from typing import Optional
 
 
 def summary(result: dict) -> dict:
-    """Steps, mean step time, transitions, bytes moved, transition share of run time."""
+    """Steps, mean step time, transitions, bytes moved, transition share of run time, and
+    apart from the transitions the generation engines' restarts after them (a transition's
+    `engine_seconds`: vLLM engines started again where the generation layout moved)."""
     steps = result["steps"]
     moved = sum(t["bytes"] for t in result["transitions"])
     transition_seconds = sum(t["seconds"] for t in result["transitions"])
-    run = result.get("run_seconds") or sum(s["seconds"] for s in steps) + transition_seconds
+    engine_seconds = sum(t.get("engine_seconds", 0.0) for t in result["transitions"])
+    run = result.get("run_seconds") or sum(s["seconds"] for s in steps) + transition_seconds + engine_seconds
     return {"steps": len(steps), "mean_step_seconds": sum(s["seconds"] for s in steps) / max(1, len(steps)),
             "transitions": len(result["transitions"]), "bytes_moved": moved,
             "transition_seconds": transition_seconds, "run_seconds": run,
             "transition_share": transition_seconds / run if run else 0.0,
+            "engine_restart_seconds": engine_seconds, "engine_restart_share": engine_seconds / run if run else 0.0,
             "first_reward": steps[0]["reward"] if steps else None, "last_reward": steps[-1]["reward"] if steps else None,
             # rank 0's weight-sync bytes, and what full syncs would have sent (equal unless --sync delta)
             "sync_bytes": sum(s.get("sync_bytes", 0) for s in steps),
@@ -55,7 +59,7 @@ def plot(runs: dict[str, dict], path: str) -> str:
     for label, result in runs.items():
         steps = [s["step"] for s in result["steps"]]
         clock, elapsed = [], 0.0
-        pauses = {t["after_step"]: t["seconds"] for t in result["transitions"]}
+        pauses = {t["after_step"]: t["seconds"] + t.get("engine_seconds", 0.0) for t in result["transitions"]}
         for s in result["steps"]:
             elapsed += s["seconds"]
             clock.append(elapsed)

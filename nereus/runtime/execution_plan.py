@@ -65,18 +65,20 @@ class ExecutionPlan:
     aliased: frozenset  # (after-unit, tensor) handed over in place by a keep (never allocated)
     kept: frozenset  # (before-unit, tensor) handed over in place by a keep (never released)
     rounds: tuple  # RoundPlan per round of the program
-    _replays: dict = field(default_factory=dict, compare=False, repr=False)  # resident bytes → ParkReplay
+    _replays: dict = field(default_factory=dict, compare=False, repr=False)  # (resident, offloaded) → ParkReplay
     # the kernel replays of the rounds' copies and stream chunks (runtime/replay.py), by round and residues
     launches: OrderedDict = field(default_factory=OrderedDict, compare=False, repr=False)
     launches_used: dict = field(default_factory=dict, compare=False, repr=False)  # key -> last execution
     # [executions so far]: replay.py builds replays from a program's second execution on
     executions: list = field(default_factory=lambda: [0], compare=False, repr=False)
 
-    def park_replay(self, prog: RankProgram, resident_bytes: int) -> ParkReplay:
-        """parking.park_replay(prog, resident_bytes), computed once per resident bytes."""
-        if resident_bytes not in self._replays:
-            self._replays[resident_bytes] = park_replay(prog, resident_bytes)
-        return self._replays[resident_bytes]
+    def park_replay(self, prog: RankProgram, resident_bytes: int, offloaded: frozenset = frozenset()) -> ParkReplay:
+        """parking.park_replay(prog, resident_bytes, offloaded), computed once per resident
+        bytes and offloaded units."""
+        key = (resident_bytes, offloaded)
+        if key not in self._replays:
+            self._replays[key] = park_replay(prog, resident_bytes, offloaded)
+        return self._replays[key]
 
 
 def build_plan(prog: RankProgram, chunk_bytes: int) -> ExecutionPlan:

@@ -150,7 +150,7 @@ def execute(prog: RankProgram, before: dict, *, group, control, device: torch.de
         parking = Parking(before, park_device_types, kept=plan.kept)
     elif rollback == "auto":
         room = real_room(device) if torch.device(device).type in park_device_types else None
-        units = park_plan(prog, resident_bytes, capacity_bytes, room, plan.park_replay(prog, resident_bytes))
+        units = park_plan(prog, resident_bytes, capacity_bytes, room, plan.park_replay(prog, resident_bytes, offloaded))
         parking = Parking(before, park_device_types, units, kept=plan.kept)
     try:
         # no autograd: registered parameters that require grad would record a graph node

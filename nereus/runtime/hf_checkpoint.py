@@ -22,7 +22,8 @@ safetensors' own slicing does) would not for column slices.
 
 A value head (`score.weight`) missing from a causal-LM checkpoint starts at zero (a critic
 that predicts 0, as nereus.models.llama.init_full_weights does); a tied model reads its
-head from the embedding.
+head from the embedding, and a tied checkpoint that also holds a different lm_head.weight
+is refused (transformers would compute with that tensor).
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ import torch
 from nereus.ir.diagnostics import NereusError
 from nereus.ir.model import Model, ModelStage
 from nereus.models import OPTIMIZER_STATES, optimizer_name, tensor_table
-from nereus.models.hf import hf_targets, nereus_to_hf
-from nereus.models.safetensors_header import checkpoint_entries, truncated
+from nereus.models.hf import TIED_HEAD_HINT, hf_targets, nereus_to_hf
+from nereus.models.safetensors_header import checkpoint_entries, tied_head_conflict, truncated
 
 from .boxes import as_box
 from .executor import TORCH_DTYPES
@@ -55,7 +56,8 @@ class SafetensorsFiles:
         self.directory = directory
         self.entries: dict = {}  # name -> (file, dtype, shape, data start)
         self.unread: dict = {}  # name -> (file, safetensors dtype) of tensors in a dtype Nereus does not read
-        for name, entry in checkpoint_entries(directory).items():
+        self.headers = checkpoint_entries(directory)
+        for name, entry in self.headers.items():
             if entry.kind in SAFETENSORS_DTYPES:
                 self.entries[name] = (entry.path, SAFETENSORS_DTYPES[entry.kind], entry.shape, entry.start)
             else:
@@ -166,6 +168,9 @@ def shard_checkpoint(model: Model, model_stage: ModelStage, unit: Optional[dict]
         return {}
     files = SafetensorsFiles(directory)
     try:
+        conflict = tied_head_conflict(model, files.headers)
+        if conflict is not None:
+            raise NereusError(f"{directory} {conflict}", hint=TIED_HEAD_HINT)
         for hf, target in hf_targets(model).items():  # every present tensor, before any read
             if hf in files:
                 files.check(hf, target.shape, model.name)

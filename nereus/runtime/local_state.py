@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from nereus.ir.diagnostics import NereusError, SemanticError
 from nereus.ir.model import ModelStage, Module
-from nereus.models import OPTIMIZER_DTYPE, OPTIMIZER_STATES, optimizer_name, tensor_table
+
 
 from . import offload
 from .boxes import as_box, shard_shape
@@ -36,6 +36,16 @@ class LocalState:
         self._model_stage(model_stage)
         return plan_units_json(self.module, plan or self._plan, model_stage)
 
+    def _layout(self, model_stage: str) -> list:
+        """`layout(model_stage)` in the current plan, computed once per (plan, model-stage):
+        for this class's own reading (registering the same model-stage again, as
+        nereus.interop does every call, then costs no layout); callers never see it."""
+        cache = self.__dict__.setdefault("_layouts", {})
+        key = (self._plan, model_stage)
+        if key not in cache:
+            cache[key] = self.layout(model_stage)
+        return cache[key]
+
     def tensor_specs(self, model_stage: str) -> dict:
         """{global name: (shape, torch dtype)} of the full tensors of `model_stage`:
         weights, and for training fp32 master/exp_avg/exp_avg_sq plus the int64 step."""
@@ -47,7 +57,7 @@ class LocalState:
         `{model}/` prefix is accepted too). {} when this rank holds no unit of it."""
         ms = self._model_stage(model_stage)
         full = {k if "/" in k else f"{ms.model}/{k}": v for k, v in full.items()}
-        unit = unit_on_gpu(self.layout(model_stage), self.rank)
+        unit = unit_on_gpu(self._layout(model_stage), self.rank)
         if unit is None:
             return {}
         specs = self.tensor_specs(model_stage)
@@ -73,7 +83,7 @@ class LocalState:
     def register(self, model_stage: str, local: dict) -> None:
         """Hand this rank's shards of `model_stage` to Nereus (checked against the layout)."""
         ms = self._model_stage(model_stage)
-        unit = unit_on_gpu(self.layout(model_stage), self.rank)
+        unit = unit_on_gpu(self._layout(model_stage), self.rank)
         expected = self._own_shards(unit)
         step = step_name(ms.model)
         missing = sorted(set(expected) - set(local))
@@ -114,7 +124,7 @@ class LocalState:
         because the current plan flags the model-stage `offload`; "device": the runtime's
         device. The Adam step counter (a CPU scalar) is not listed."""
         self._model_stage(model_stage)
-        unit = unit_on_gpu(self.layout(model_stage), self.rank)
+        unit = unit_on_gpu(self._layout(model_stage), self.rank)
         if unit is None:
             return {}
         where = offload.HOST if unit.get("offload", False) else offload.DEVICE
@@ -191,7 +201,7 @@ class LocalState:
         directory = path or model.checkpoint_dir
         if directory is None:
             raise NereusError(f"model {model.name} has no checkpoint", hint='declare it = hf("dir") or pass path=')
-        unit = unit_on_gpu(self.layout(model_stage), self.rank)
+        unit = unit_on_gpu(self._layout(model_stage), self.rank)
         local = shard_checkpoint(model, ms, unit, self.rank, directory)
         if unit is not None and unit.get("offload", False):
             return {name: offload.to_host(tensor, self.device) for name, tensor in local.items()}
@@ -211,7 +221,7 @@ class LocalState:
         """Collective: the same NereusError on every rank when some rank holds shards of
         `model_stage` it has not registered (a gather would otherwise fail on those ranks
         alone and leave the others in a collective of their own)."""
-        missing = len(set(self._own_shards(unit_on_gpu(self.layout(model_stage), self.rank))) - set(local))
+        missing = len(set(self._own_shards(unit_on_gpu(self._layout(model_stage), self.rank))) - set(local))
         rows = gather_flagged(None, [missing], torch.int64, self._control, (self._plan, f"gather {model_stage}", "gather"))
         short = [rank for rank, row in enumerate(rows) if row[1]]
         if short:
@@ -245,16 +255,13 @@ def _step(name: str, value) -> torch.Tensor:
 
 def tensor_specs(module: Module, model_stage: str) -> dict:
     """`Runtime.tensor_specs` without a Runtime (no process group needed)."""
+    from nereus.passes.layout import tensor_entries, unit_states
+
     ms = ModelStage.parse(model_stage)
     model = module.model(ms.model)
-    specs = {}
-    for spec in tensor_table(model):
-        name = f"{model.name}/{spec.name}"
-        specs[name] = (spec.shape, TORCH_DTYPES[spec.dtype])
-        if ms.stage == "training":
-            for s in OPTIMIZER_STATES:
-                specs[optimizer_name(name, s)] = (spec.shape, TORCH_DTYPES[OPTIMIZER_DTYPE])
-    if ms.stage == "training":
+    specs = {name: (shape, TORCH_DTYPES[dtype])
+             for name, shape, dtype in tensor_entries(model, unit_states(model, model_stage))}
+    if ms.stage == "training" and not model.is_table:  # a tensors model's steps are its own
         specs[step_name(model.name)] = ((), torch.int64)
     return specs
 

@@ -18,7 +18,8 @@ from typing import Optional, Sequence
 
 import torch
 
-ALIGN = 8
+# the memory model the compiler proves programs under counts pieces at this alignment
+from nereus.passes.memory_model import ALIGN
 
 
 def layout(nbytes: Sequence[int]) -> tuple[tuple[int, ...], int]:

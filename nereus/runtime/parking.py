@@ -29,6 +29,8 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from nereus.passes.memory_model import packed
+
 from .allocator import unused_bytes
 from .control import Failure, TransitionAborted
 from .program import RankProgram
@@ -72,10 +74,18 @@ def _released(prog: RankProgram) -> list:
     return out
 
 
-def replay(prog: RankProgram, resident_bytes: int = 0) -> tuple[list, int]:
+def replay(prog: RankProgram, resident_bytes: int = 0, offloaded: frozenset = frozenset()) -> tuple[list, int]:
     """This rank's memory replay of the program: ([peak bytes of each round], bytes live
     after the last round). A round's peak = resident + live shards after its allocations
-    + its message buffers (packed bytes), before its frees; aliased shards count once."""
+    + its message buffers, before its frees; aliased shards count once. Buffers as a GPU
+    allocates them (nereus.passes.memory_model): the packed bytes of the pieces that do not
+    travel in place (a bound on the ring slots), and the pieces that do but are read from
+    host memory (staged out in an earlier round, or of an offloaded before-unit: copied to
+    the device whole) or written into it (an offloaded after-unit: a bounce tensor).
+    offloaded: {("before" | "after", unit id)} of the units in host memory. Offloaded
+    shards count as live here (an overcount: they are host memory)."""
+    host_before = {unit for phase, unit in offloaded if phase == "before"}
+    host_after = {unit for phase, unit in offloaded if phase == "after"}
     kept = {(a.src_unit, a.tensor) for w in prog.rounds for a in w.aliases}
     aliased_dst = {(a.dst_unit, a.tensor) for w in prog.rounds for a in w.aliases}
     live = resident_bytes + sum(i.nbytes for shards in prog.before.values() for i in shards.values())
@@ -98,8 +108,12 @@ def replay(prog: RankProgram, resident_bytes: int = 0) -> tuple[list, int]:
         for msg in work.recvs:
             for p in msg.pieces:
                 alloc(p.dst_unit, p.tensor)
-        buffers = sum(p.nbytes for m in work.sends + work.recvs for p in m.pieces if not p.direct)
+        buffers = sum(packed(p.nbytes) if not p.direct else p.nbytes if p.src_unit in host_before else 0
+                      for m in work.sends for p in m.pieces)
+        buffers += sum(packed(p.nbytes) if not p.direct else p.nbytes if p.dst_unit in host_after else 0
+                       for m in work.recvs for p in m.pieces)
         peaks.append(live + buffers)
+        host_before.update(work.stage_outs)  # later sends read them from host memory
         for unit in work.stage_outs + work.frees:
             if unit not in released:
                 released.add(unit)
@@ -117,8 +131,8 @@ class ParkReplay:
     later: tuple  # per released unit: the largest replay peak after its round (or the final state)
 
 
-def park_replay(prog: RankProgram, resident_bytes: int = 0) -> ParkReplay:
-    peaks, final = replay(prog, resident_bytes)
+def park_replay(prog: RankProgram, resident_bytes: int = 0, offloaded: frozenset = frozenset()) -> ParkReplay:
+    peaks, final = replay(prog, resident_bytes, offloaded)
     # suffix maxima: later_from[i] = max(peaks[i:] + [final])
     later_from = [final] * (len(peaks) + 1)
     for i in range(len(peaks) - 1, -1, -1):
@@ -130,7 +144,8 @@ def park_replay(prog: RankProgram, resident_bytes: int = 0) -> ParkReplay:
 
 
 def park_plan(prog: RankProgram, resident_bytes: int, capacity_bytes: Optional[int],
-              real_room_bytes: Optional[int] = None, replayed: Optional[ParkReplay] = None) -> set:
+              real_room_bytes: Optional[int] = None, replayed: Optional[ParkReplay] = None,
+              offloaded: frozenset = frozenset()) -> set:
     """rollback="auto": the before-units this rank must park (host memory) at their
     release; every other released unit stays on the device until the commit.
 
@@ -141,7 +156,7 @@ def park_plan(prog: RankProgram, resident_bytes: int, capacity_bytes: Optional[i
     Stage_outs always park (later sends read them from host memory). `replayed`: this
     program's `park_replay(prog, resident_bytes)` when computed before (it depends on
     the program alone; the executor keeps it per program)."""
-    replayed = park_replay(prog, resident_bytes) if replayed is None else replayed
+    replayed = park_replay(prog, resident_bytes, offloaded) if replayed is None else replayed
     held = 0
     out = set()
     for (_, unit, size), later in zip(replayed.released, replayed.later):

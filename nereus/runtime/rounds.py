@@ -27,7 +27,8 @@ from .allocator import reserve_ahead
 from .control import Failure, agree
 from .posting import p2p_ops as _p2p_ops, post as _post
 from .program import RankProgram
-from .wires import Live, allocate, copy_stream, destination, incoming, nothing, outgoing, planned_streams
+from .wires import Live, allocate, copy_stream, destination, incoming, nothing, outgoing, planned_streams, \
+    round_buffer_bytes
 
 
 class InjectedFault(RuntimeError):
@@ -128,6 +129,7 @@ def run_round(run: _Run, work, events: Optional[list] = None) -> RoundTiming:
     step = "alloc"
     peer = None
     sends, recvs, out_streams, in_streams = [], [], [], []
+    buffers = 0  # device bytes of the round's message buffers (wires.round_buffer_bytes)
     try:
         if run.failure is not None:  # an earlier round failed here: go straight to agree
             raise _Skip()
@@ -181,6 +183,7 @@ def run_round(run: _Run, work, events: Optional[list] = None) -> RoundTiming:
         in_streams = planned_streams(planned.recv_streams, lambda p: _destination_now_or_later(run, p),
                                      device, run.depth, functools.partial(replay.bind_stream, run.plan, work.index,
                                                                           "recv", device))
+        buffers = round_buffer_bytes(planned, work, run.depth, host_sources, run.host_after)
         step = "pack"
         if fault == (rank, work.index, "pack"):
             raise InjectedFault("injected fault (pack)")
@@ -191,11 +194,8 @@ def run_round(run: _Run, work, events: Optional[list] = None) -> RoundTiming:
     timing.local_s = time.perf_counter() - t0
     agree_first(run)
     sums_in = []
-    buffers = sum(s.buffer_bytes for s in out_streams + in_streams)
-    if device.type != "cuda":  # off CUDA, pieces read from host memory (offloaded or staged-out
-        # units) pack in host memory, as in the compiler's replay; on CUDA the stream buffer
-        # NCCL sends from is device memory and counts whole
-        buffers = max(buffers - sum(w.host_packed_bytes for w in sends), 0)
+    # counted as a GPU allocates them on every device (a CPU run accounts its buffers as the
+    # memory model proves them: nereus.passes.memory_model)
     result.buffer_peak_bytes = max(result.buffer_peak_bytes, buffers)
     live.peak = max(live.peak, live.bytes + buffers)  # transient message buffers count too
 

@@ -325,6 +325,20 @@ class Runtime(LocalState, LiveParts):
         """The plan the live state is laid out in."""
         return self._plan
 
+    def reset(self, plan: str) -> None:
+        """Forget every registered model-stage and start over in `plan`, keeping what was
+        compiled (programs, lowerings, kernels): a caller that moves fresh state between
+        the same plans again (nereus.interop) registers it anew. Every rank calls it;
+        nothing moves and no collective runs."""
+        known_plan(self.module, plan)
+        self._check_ranks(plan)
+        self._state = {}
+        self._registrations += 1
+        self._plan = plan
+        if self._prover is not None:
+            self._prover.at_plan(plan, self.world_size)
+        self._ahead_at_plan()
+
     # -- transitions -------------------------------------------------------------------
 
     def compile(self, target: str) -> tuple[dict, float]:
@@ -397,7 +411,8 @@ class Runtime(LocalState, LiveParts):
             units = None
             if self.rollback == "auto":
                 figures = self._lowered_figures[key]
-                units = park_plan(prog, figures.resident_bytes, figures.capacity_bytes, real_room(self.device))
+                units = park_plan(prog, figures.resident_bytes, figures.capacity_bytes, real_room(self.device),
+                                  offloaded=figures.offloaded)
             pinned = warm_parking(prog, units, TORCH_DTYPES)
         warmed = warm_data_path(prog, self._data, self.device, TORCH_DTYPES, self._lowered_figures[key].offloaded)
         self._prepared.add(key)

@@ -33,6 +33,7 @@ reported), so no peer waits forever.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -90,7 +91,11 @@ def chunk_views(views: list, chunk_bytes: int, alone_bytes: Optional[int] = None
 
 
 def _cut(views: list, chunk_bytes: int, alone_bytes: Optional[int]) -> list:
-    """`chunk_views` with each segment as (index of the view it cuts, segment)."""
+    """`chunk_views` with each segment as (index of the view it cuts, segment). A view cut
+    where a chunk ends is cut after a multiple of packing.ALIGN bytes (`step` rows), so its
+    parts take no more packed bytes than the whole view (the bound the memory model proves,
+    nereus.passes.memory_model); where not even `step` rows fit an empty chunk, it takes
+    `step` (as a row larger than a chunk travels alone)."""
     alone_bytes = ALONE_BYTES if alone_bytes is None else alone_bytes
     chunks, current, used = [], [], 0
     for index, view in enumerate(views):
@@ -98,6 +103,7 @@ def _cut(views: list, chunk_bytes: int, alone_bytes: Optional[int]) -> list:
             continue
         rows = view.shape[0] if view.dim() else 1
         row_bytes = _nbytes(view) // rows
+        step = packing.ALIGN // math.gcd(row_bytes, packing.ALIGN)  # rows of a multiple of ALIGN bytes
         alone = 0 < alone_bytes <= _nbytes(view)
         if alone and current:
             chunks.append(current)
@@ -105,11 +111,13 @@ def _cut(views: list, chunk_bytes: int, alone_bytes: Optional[int]) -> list:
         start = 0
         while start < rows:
             take = min(rows - start, max(0, chunk_bytes - used) // row_bytes)
+            if take < rows - start:
+                take -= take % step
             if take == 0 and current:
                 chunks.append(current)
                 current, used = [], 0
                 continue
-            take = max(take, 1)
+            take = max(take, min(step, rows - start))
             current.append((index, view if take == rows else view[start:start + take]))
             used += _aligned(take * row_bytes)
             start += take
@@ -177,11 +185,12 @@ def chunk_nbytes(segments: list) -> tuple:
 def slot_sizes(chunks: list, kind: str, depth: int) -> list:
     """Bytes of each ring slot of a stream cut into `chunks` (see PeerStream): slot i holds
     the chunks i, i + depth, ... that do not travel in place."""
-    return _ring([0 if in_place(c, kind) else chunk_nbytes(c)[1] for c in chunks], depth)
+    return ring([0 if in_place(c, kind) else chunk_nbytes(c)[1] for c in chunks], depth)
 
 
-def _ring(sizes: list, depth: int) -> list:
+def ring(sizes: list, depth: int) -> list:
     """Per ring slot, the largest of the chunk sizes (0: in place) it holds in turn."""
+    depth = max(1, depth)
     return [max(sizes[i::depth]) for i in range(min(depth, len(sizes)))]
 
 
@@ -263,7 +272,7 @@ class PeerStream:
         # slot i holds chunks i, i + depth, ... that are not in place: sized for the largest
         # (the sum over slots stays within the stream's packed bytes)
         sizes = [0 if wired else c.nbytes for c, wired in zip(self.chunks, self.in_place)]
-        self.slots = [torch.empty(n, dtype=torch.uint8, device=device) for n in _ring(sizes, self.depth)]
+        self.slots = [torch.empty(n, dtype=torch.uint8, device=device) for n in ring(sizes, self.depth)]
 
     def _replay(self, k: int):
         """Chunk k's Replay (the stream bound first, once), or None."""

@@ -21,7 +21,6 @@ import torch
 from nereus.ir.diagnostics import ProgramError
 
 from . import offload, streams
-from .packing import layout
 from .program import Message, RankProgram
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
@@ -75,7 +74,6 @@ class Wire:
     direct: list  # contiguous views sent from / received into in place
     views: list  # every piece's view, in message order (checksums; empty when none are asked)
     bounce: list = field(default_factory=list)  # (device tensor, host view) of direct pieces into host memory
-    host_packed_bytes: int = 0  # of the packed pieces, those read from host memory (aligned as in the stream)
 
 
 def outgoing(msg: Message, sources: dict, device, in_stream: list, regions: tuple, host_units=frozenset(),
@@ -91,10 +89,7 @@ def outgoing(msg: Message, sources: dict, device, in_stream: list, regions: tupl
     direct = [v.to(device, non_blocking=True) for v in direct]
     if not all(v.is_contiguous() for v in direct):
         raise ProgramError("a direct piece is not contiguous in its source tensor")
-    host_bytes = 0
-    if host_units:
-        host_bytes = layout([p.nbytes for p, s in zip(msg.pieces, in_stream) if s and p.src_unit in host_units])[1]
-    return Wire(msg, direct, viewed if views else [], host_packed_bytes=host_bytes)
+    return Wire(msg, direct, viewed if views else [])
 
 
 def incoming(msg: Message, prog: RankProgram, new: dict, live: "Live", device, in_stream: list, regions: tuple,
@@ -165,6 +160,32 @@ def src_region(piece, tensor: torch.Tensor) -> torch.Tensor:
 def dst_region(piece, tensor: torch.Tensor) -> torch.Tensor:
     """`piece_region` of the piece's destination side in `tensor` (its after-shard)."""
     return piece_region(tensor, piece.dst_slices, piece.dst_whole, piece.parts, piece.dst_step)
+
+
+def round_buffer_bytes(planned, work, depth: int, host_sources=frozenset(), host_after=frozenset()) -> int:
+    """Device bytes a CUDA device allocates for a round's messages on this rank, from its
+    plan (execution_plan.RoundPlan) alone: the ring slots of every packed stream
+    (streams.slot_sizes; a chunk with a segment in host memory never travels in place),
+    the direct pieces read from host memory (`outgoing` copies each to the device whole)
+    and those written into host memory (`incoming`'s bounce tensors). host_sources:
+    before-units read from host memory (offloaded or staged out); host_after: offloaded
+    after-units. The executor counts this on every device, so a run on CPU accounts its
+    buffers as a GPU allocates them; it never exceeds what the program's memory model
+    proves (nereus.passes.memory_model; tests/runtime/test_memory_model_cuda.py measures
+    it on a GPU)."""
+    total = 0
+    for plans, host, source in ((planned.send_streams, host_sources, True), (planned.recv_streams, host_after, False)):
+        for plan in plans:
+            away = [(p.src_unit if source else p.dst_unit) in host for p in plan.pieces] if host else None
+            sizes = [0 if c.single and not (away and any(away[s.view] for s in c.segments)) else c.nbytes
+                     for c in plan.chunks]
+            total += sum(streams.ring(sizes, depth))
+    for messages, flags, host, source in ((work.sends, planned.send_in_stream, host_sources, True),
+                                          (work.recvs, planned.recv_in_stream, host_after, False)):
+        if host:  # nothing in host memory (the common case): no piece to scan
+            total += sum(p.nbytes for m, in_stream in zip(messages, flags) for p, s in zip(m.pieces, in_stream)
+                         if not s and (p.src_unit if source else p.dst_unit) in host)
+    return total
 
 
 def planned_streams(plans: tuple, tensor_of, device, depth: int, bind=None) -> list:

@@ -12,7 +12,7 @@ import pytest
 
 import nereus.ir as ir
 from nereus.passes.feasibility import check_plan
-from nereus.controller.admission import AdmissionSettings, admit
+from nereus.controller.admission import AdmissionSettings, Decision, admit
 from nereus.controller.controller import Controller, predict_plan
 from nereus.controller.cost_model import PRIOR, CostModel, Layout, stage_terms
 from nereus.controller.layer_model import fit_layer_table
@@ -156,7 +156,7 @@ def test_admission_pays_back_only_when_saving_exceeds_cost():
     assert admit(0, 10.0, True, 9.0, True, 100, 89.0, s).switch
     no = admit(0, 10.0, True, 9.0, True, 100, 91.0, s)
     assert not no.switch and no.reason == "no-payback"
-    assert "90.0 s vs transition 91.00 s" in no.why
+    assert "90.0 s vs predicted transition 91.00 s" in no.why
 
 
 def test_admission_respects_confidence_min_gain_and_interval():
@@ -366,7 +366,7 @@ def test_a_pays_back_now_switch_shows_the_gain_it_decided_on():
     d = admit(734, 541.48, True, 541.79, True, 100, 26.76, AdmissionSettings(z=0.0, rho_min=0.01),
               now_gain_s=40.0)
     assert d.switch and d.reason == "pays-back-now"
-    assert "gain now 40.000 s/step" in d.why and "> transition 26.76 s" in d.why
+    assert "gain now 40.000 s/step" in d.why and "> predicted transition 26.76 s" in d.why
     assert d.to_json()["now_gain_s"] == 40.0
 
 
@@ -379,3 +379,16 @@ def test_total_steps_must_be_a_step_count(total):
     module = ir.parse_file(os.path.join(os.path.dirname(__file__), "..", "..", "examples", "rl", "grpo-cpu.nir"))
     with pytest.raises(SettingError, match="total_steps"):
         Controller(module, module.plans[0], total)
+
+
+def test_the_greedy_baseline_never_calls_an_equal_time_faster():
+    """greedy "switched (faster)" between plans whose times printed equal: a float-noise
+    gain is no gain, and a real one prints with the decimals that tell the times apart."""
+    from nereus.controller.controller import GREEDY_SETTINGS
+
+    tie = admit(3, 1.23, True, 1.23 - 1e-12, True, 100, 0.0, GREEDY_SETTINGS)
+    assert not tie.switch
+    faster = admit(3, 1.2301, True, 1.2300, True, 100, 0.0, GREEDY_SETTINGS)
+    assert faster.switch
+    shown = Decision(3, True, "faster", 1.2301, 1.2300, 100, 5.0, 0.0, 0.0, 0.0).why
+    assert "current 1.2301 s, candidate 1.2300 s, predicted transition 5.00 s" in shown, shown

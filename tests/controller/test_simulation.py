@@ -282,3 +282,15 @@ def test_oracle_points_cover_each_group_at_any_grid_and_never_hang(tmp_path):
     many = load_trace(_write(tmp_path, "many", [{"response": 600 + i % 2, "gpus": 8, "batch": 8 * (1 + i // 2)}
                                                 for i in range(2 * 2100)]))
     assert len(oracle_points(many, 1e-9)) == 2 * 2100  # 2,100 groups of two ends: not refused
+
+
+def test_a_move_line_labels_the_true_and_the_predicted_transition_time():
+    """`nereus simulate` printed a move's two transition times (the world's and the
+    controller's prediction) unlabelled, and its step twice."""
+    from nereus.cli.simulate import move_line
+
+    line = move_line("greedy", {"step": 5, "seconds": 12.345, "why": "step 5: switch (faster; the greedy baseline "
+                                "ignores the move's cost): current 1.2301 s, candidate 1.2300 s, predicted "
+                                "transition 11.80 s"})
+    assert line == ("greedy: step 5: moved in 12.35 s (true transition time) — switch (faster; the greedy baseline "
+                    "ignores the move's cost): current 1.2301 s, candidate 1.2300 s, predicted transition 11.80 s")

@@ -105,13 +105,13 @@ CASES = [
          "t.nir:9:15: error: unknown model or architecture 'lama'",
          '    9 | model actor = lama { layers 4 hidden 256 heads 8 kv_heads 2 ffn 512 vocab 1024 }',
          '      |               ^^^^',
-         "hint: did you mean 'llama'? architectures: llama, qwen2, qwen3, qwen3_moe; models: actor, critic"])),
+         "hint: did you mean 'llama'? architectures: llama, qwen2, qwen3, qwen3_moe, tensors; models: actor, critic"])),
     ('alias_of_unknown_model', [('critic = actor', 'critic = actr')], None,
      "\n".join([
          "t.nir:10:16: error: unknown model or architecture 'actr'",
          '   10 | model critic = actr { head value }',
          '      |                ^^^^',
-         "hint: did you mean 'actor'? architectures: llama, qwen2, qwen3, qwen3_moe; models: actor, critic"])),
+         "hint: did you mean 'actor'? architectures: llama, qwen2, qwen3, qwen3_moe, tensors; models: actor, critic"])),
     ('alias_cycle', [('model actor = llama { layers 4 hidden 256 heads 8 kv_heads 2 ffn 512 vocab 1024 }', 'model actor = critic')], None,
      "\n".join([
          't.nir:10:16: error: model alias cycle: actor -> critic -> actor',
@@ -249,7 +249,7 @@ CASES = [
          "t.nir:22:23: error: unknown key 'zp' in a placement",
          '   22 |   actor.training dp 8 zp 2 on 7..0',
          '      |                       ^^',
-         "hint: a placement takes 'dp', 'tp', 'pp', 'ep', 'on', 'offload', 'zero' or 'quant'"])),
+         "hint: a placement takes 'dp', 'tp', 'pp', 'ep', 'on', 'offload', 'zero', 'mesh' or 'quant'"])),
     ('quant_on_training', [('actor.training dp 8 on 7..0', 'actor.training dp 8 on 7..0 quant fp8')], None,
      "\n".join([
          "t.nir:22:37: error: quant applies to generation only; actor.training computes in bf16",
@@ -515,7 +515,7 @@ CASES = [
          "hint: a value follows its key without ':', like batch 8 (a ':' lists models: training: actor, critic)"])),
     ('eof_inside_block', [('  actor.training dp 8 on 7..0\n}\ntransition A -> B\n', '  actor.training dp 8 on 7..0\n')], None,
      "\n".join([
-         "t.nir:22:30: error: unexpected end of input; expected a placement key (dp, tp, pp, ep, on, offload, zero, quant), the next model-stage or '}'",
+         "t.nir:22:30: error: unexpected end of input; expected a placement key (dp, tp, pp, ep, on, offload, zero, mesh, quant), the next model-stage or '}'",
          '   22 |   actor.training dp 8 on 7..0',
          '      |                              ^',
          "hint: the '{' at 21:12 is not closed"])),

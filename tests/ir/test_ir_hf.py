@@ -284,3 +284,22 @@ def test_a_hub_id_is_told_to_download_first(tmp_path):
     assert "error: no config.json at 'Qwen/Qwen3-8B'" in text
     assert "Nereus reads local directories and downloads nothing" in text
     assert "huggingface-cli download Qwen/Qwen3-8B --local-dir" in text
+
+
+def test_a_config_without_architectures_reads_its_model_type(tmp_path):
+    """`Qwen2Config(...).save_pretrained(dir)` writes model_type and no architectures:
+    transformers' AutoModelForCausalLM loads it as Qwen2ForCausalLM, and Nereus refused it."""
+    transformers = pytest.importorskip("transformers")
+
+    transformers.Qwen2Config(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                             num_key_value_heads=2, vocab_size=96).save_pretrained(tmp_path / "ckpt")
+    config = json.loads((tmp_path / "ckpt" / "config.json").read_text())
+    assert "architectures" not in config or not config["architectures"]
+    actor = _parse(tmp_path, _module('model actor = hf("ckpt")', "actor.training dp 1 on 0")).model("actor")
+    assert (actor.architecture, actor.qkv_bias, actor.kv_heads, actor.head) == ("qwen2", True, 2, "lm")
+    config.pop("architectures", None)
+    config["model_type"] = "gpt2"
+    (tmp_path / "ckpt" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ir.SemanticError, match="unsupported model_type 'gpt2'") as error:
+        _parse(tmp_path, _module('model actor = hf("ckpt")', "actor.training dp 1 on 0"))
+    assert "llama, qwen2, qwen3, qwen3_moe" in error.value.hint

@@ -44,12 +44,14 @@ CLASSES = {"LlamaConfig": "LlamaForCausalLM", "Qwen2Config": "Qwen2ForCausalLM",
            "Qwen3MoeConfig": "Qwen3MoeForCausalLM"}
 
 
-def tiny_model(name: str, seed: int = 0, value_head: bool = False):
+def tiny_model(name: str, seed: int = 0, value_head: bool = False, sizes: dict | None = None):
     """A random fp32 transformers model; norms and biases random too, so that each weight
     changes the logits (transformers initializes norms to 1 and biases to 0). value_head:
-    the family's ...ForSequenceClassification with one label (a reward model)."""
+    the family's ...ForSequenceClassification with one label (a reward model). `sizes`:
+    config arguments that replace the family's tiny ones."""
     config_class, arguments = {**TINY, **MOE_TINY}[name]
-    config = getattr(transformers, config_class)(**arguments, **({"num_labels": 1} if value_head else {}))
+    arguments = {**arguments, **(sizes or {}), **({"num_labels": 1} if value_head else {})}
+    config = getattr(transformers, config_class)(**arguments)
     torch.manual_seed(seed)
     model_class = CLASSES[config_class]
     if value_head:
@@ -68,9 +70,10 @@ def tiny_model(name: str, seed: int = 0, value_head: bool = False):
     return model
 
 
-def write_checkpoint(name: str, directory: Path, seed: int = 0, dtype=torch.float32, value_head: bool = False):
+def write_checkpoint(name: str, directory: Path, seed: int = 0, dtype=torch.float32, value_head: bool = False,
+                     sizes: dict | None = None):
     """Save a tiny model with save_pretrained (config.json + model.safetensors); returns it."""
-    model = tiny_model(name, seed, value_head).to(dtype)
+    model = tiny_model(name, seed, value_head, sizes).to(dtype)
     model.save_pretrained(directory)
     return model
 

@@ -41,7 +41,9 @@ def test_staging_instead_of_lending_is_kept_where_it_is_cheaper():
     before = schedule_seconds(dag, lending)
     compiled = compile_transition(m, "S", "T", check_fit=False)
     sched = compiled.state.schedule
-    assert len(lending.rounds) == 30 and len(sched.rounds) == 2  # a slice a round through the reserve, or 2 rounds
+    # a slice a round through the reserve, or 3 rounds (2 under the cpu memory model, which
+    # leaves out the staged sources' buffers: 1.1 MiB over a GPU once they count)
+    assert len(lending.rounds) == 30 and len(sched.rounds) == 3
     assert compiled.cost.seconds < before / 5
     assert any("instead of lending the transient reserve" in n for n in sched.notes)
     assert compiled.cost.bytes_staged == sched.staged_bytes > 0  # the bytes that change are staged and reported

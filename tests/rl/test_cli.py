@@ -143,19 +143,43 @@ def test_changes_after_one_step_all_apply_in_order():
         [(1, "workload.batch=16"), (2, "workload.response=8"), (2, "workload.response=10")]
 
 
-def test_plans_that_do_not_fit_are_warned_about_before_launch():
-    """A plan `nereusc check` refuses trained silently (on GPUs it would run out of memory),
-    also one a --drift makes stop fitting."""
+def test_plans_that_do_not_fit_are_refused_unless_allowed():
+    """A plan `nereusc check` refuses was only warned about, and the run died at the first
+    transition: an error at the plan's line now, also for one a --drift makes stop
+    fitting; --allow-infeasible makes them warnings again (a CPU run's memory is not the
+    declared cluster's)."""
     import nereus.ir as ir
     from nereus.cli.train import unfit_plans
 
     module = ir.parse_file(PLAN)
     assert unfit_plans(module, []) == []
     tight = ir.apply_overrides(module, ["cluster.gpu.mem=2MB"])
-    warnings = unfit_plans(tight, [])
-    assert warnings and all("does not fit" in w and "run out of memory" in w for w in warnings)
+    errors = unfit_plans(tight, [])
+    assert errors and all("does not fit" in e.message and e.loc.line > 1 for e in errors)
     drifted = unfit_plans(module, [(2, "workload.response=100000")])
-    assert drifted and drifted[0].startswith("after step 2 (workload.response=100000): plan ")
+    assert drifted and drifted[0].message.startswith("after step 2 (workload.response=100000): plan ")
+    run = _nereus(PLAN, "--algo", "grpo", "--steps", "2", "--set", "cluster.gpu.mem=2MB")
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    assert "grpo-cpu.nir:" in run.stderr and "does not fit" in run.stderr and "--allow-infeasible" in run.stderr
+
+
+def test_more_processes_than_the_plans_gpus_are_refused():
+    """`--nproc 64` on a 2-GPU cluster started 64 ranks (251 s) that held nothing."""
+    run = _nereus(PLAN, "--algo", "grpo", "--steps", "2", "--nproc", "64")
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    assert "grpo-cpu.nir:7:9: error: --nproc 64: cluster cpu has 2 GPUs" in run.stderr, run.stderr
+    run = _nereus(PLAN, "--algo", "grpo", "--steps", "2", "--nproc", "3", "--set", "cluster.gpus_per_node=4")
+    assert run.returncode == 2 and "--nproc 3: the plans use GPUs 0..1" in run.stderr, run.stderr
+
+
+def test_more_cpu_processes_than_the_machine_runs_are_refused():
+    from nereus.cli.train import check_cpu_processes
+    from nereus.ir.diagnostics import NereusError
+
+    check_cpu_processes(8, cores=2)
+    with pytest.raises(NereusError, match=r"--nproc 9: 9 CPU processes on 2 cores") as error:
+        check_cpu_processes(9, cores=2)
+    assert "own torch" in str(error.value)
 
 
 def test_a_gpu_scale_plan_is_refused_on_cpu_processes():
@@ -198,3 +222,31 @@ def test_nccl_without_a_gpu_per_process_is_refused():
 
     with pytest.raises(NereusError, match=r"--backend nccl needs a CUDA device per process: 2 processes, 1 device"):
         resolve_backend("nccl", 2, 1)
+
+
+def test_an_engine_restart_is_counted_apart_from_the_transition():
+    """A vLLM engine restart after a plan change was counted as transition time (95.67% of
+    the run); the summary and the table keep it apart."""
+    from nereus.rl.report import summary
+
+    result = {"steps": [{"step": 1, "seconds": 2.0, "reward": 0.1}, {"step": 2, "seconds": 2.0, "reward": 0.2}],
+              "transitions": [{"after_step": 1, "seconds": 0.5, "engine_seconds": 95.5, "bytes": 10}],
+              "run_seconds": 100.0}
+    s = summary(result)
+    assert s["transition_seconds"] == 0.5 and s["engine_restart_seconds"] == 95.5
+    assert s["transition_share"] == 0.005 and s["engine_restart_share"] == 0.955
+    assert summary({**result, "run_seconds": None})["run_seconds"] == 100.0  # steps + transition + restart
+
+
+def test_the_run_table_shows_engine_restarts_only_where_there_were_some(capsys):
+    from nereus.cli.train import _print_summary
+
+    result = {"steps": [{"step": 1, "seconds": 2.0, "reward": 0.1}],
+              "transitions": [{"after_step": 1, "seconds": 0.5, "engine_seconds": 95.5, "bytes": 10}],
+              "run_seconds": 100.0}
+    _print_summary({"run": result}, None, "out", 100.0, quiet=False)
+    table = capsys.readouterr().out
+    assert "engine restarts" in table and "95.500 s" in table and "0.50%" in table
+    _print_summary({"run": {**result, "transitions": [{"after_step": 1, "seconds": 0.5, "bytes": 10}]}}, None, "out",
+                   100.0, quiet=False)
+    assert "engine restarts" not in capsys.readouterr().out

@@ -228,3 +228,17 @@ def test_a_reward_model_without_a_score_head_is_refused_before_launch(tmp_path):
     assert run.returncode == 2, run.stdout + run.stderr
     assert 'reward reads reward, which has no score.weight' in run.stderr
     assert "plan.nir:6:" in run.stderr and not (tmp_path / "out").exists()
+
+
+def test_a_checkpoint_without_weights_is_refused_before_launch(tmp_path):
+    """A folder with config.json and no weights planned and launched, and failed in every
+    rank: refused first, naming the files looked for."""
+    subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; from hf_tiny import write_checkpoint\n"
+                    "write_checkpoint('llama31', Path(sys.argv[1]) / 'actor', seed=1)\n"
+                    "write_checkpoint('qwen2', Path(sys.argv[1]) / 'reward', seed=2, value_head=True)\n", str(tmp_path)],
+                   check=True, cwd=TESTS / "models", timeout=300)
+    (tmp_path / "actor" / "model.safetensors").unlink()
+    run = _train_refused(tmp_path)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "model actor: no model.safetensors or model.safetensors.index.json in" in run.stderr, run.stderr
+    assert "plan.nir:3:" in run.stderr and not (tmp_path / "out").exists()

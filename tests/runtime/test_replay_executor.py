@@ -70,6 +70,7 @@ def _run(rank, world, tensors, before_units, after_units):
             "built_back": built_back}
 
 
+@pytest.mark.triton
 def test_tp_to_dp_with_replayed_copies_and_chunks_is_byte_exact(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setenv("NEREUS_PACK_BACKEND", "triton")

@@ -7,7 +7,9 @@ whoever ran pytest: the setting holds for the whole process, and the CUDA tests 
 beside them (tests/runtime/*_cuda.py, the lowering-ahead thread's) then launch
 interpreted kernels on device addresses, which aborts or segfaults the process (seen on
 one H200 in session 17, benchmarks/RESULTS.md). Run them apart there:
-`TRITON_INTERPRET=1 python -m pytest tests/triton`."""
+`TRITON_INTERPRET=1 python -m pytest tests/triton`.
+
+Without triton installed they skip (tests/conftest.py)."""
 
 import importlib
 import os
