@@ -33,11 +33,12 @@ def _e4m3(q):
     bits = bits & 0x7FFFFFFF
     exponent = (bits >> 23) - 127
     normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) >> 20) - 960
-    significand = ((bits & 0x7FFFFF) | 0x800000).to(tl.int64)
-    shift = tl.minimum(14 - exponent, 40).to(tl.int64)
-    one = significand * 0 + 1
-    small = (significand + (one << (shift - 1)) - 1 + ((significand >> shift) & 1)) >> shift
-    code = tl.where(exponent >= -6, normal, small.to(tl.int32))
+    # below 2^-6 the shift is 21..31 (a tinier value rounds to 0 at 31 as well): int32 holds
+    # the sum (significand < 2^24, half-step <= 2^30); above it the value is not used
+    significand = (bits & 0x7FFFFF) | 0x800000
+    shift = tl.minimum(tl.maximum(14 - exponent, 1), 31)
+    small = (significand + (1 << (shift - 1)) - 1 + ((significand >> shift) & 1)) >> shift
+    code = tl.where(exponent >= -6, normal, small)
     return (code | sign).to(tl.uint8)
 
 
