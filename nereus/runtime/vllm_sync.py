@@ -35,7 +35,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from nereus.ir.diagnostics import ProgramError, SemanticError
+from nereus.ir.diagnostics import SemanticError
 from nereus.ir.model import ModelStage, Module, Placement, Plan
 
 from .boxes import as_box, box_numel
@@ -180,10 +180,9 @@ class WeightSync:
         self.module, self.source, self.target, self.engine_input = module, source, target, engine_input
         # codec syncs (delta, quant fp8 targets; docs/program.md, "Weight-sync codecs")
         self.mode, self.full_every, self.chunk, self.verify_programs = mode, full_every, chunk, verify_programs
-        self._codecs: dict = {}  # digest of a codec program -> its CodecSync on this rank
-        self._codec_plans: dict = {}  # plan -> (digest, compile seconds)
-        self._last: Optional[tuple] = None  # (digest, target identity) of the last codec run that succeeded
-        self._since_full = 0
+        from .codec_runs import CodecRuns
+
+        self._codec_runs = CodecRuns(self)
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.control = control if control is not None else \
             dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
@@ -288,85 +287,22 @@ class WeightSync:
         return self.mode == "delta" or self.module.plan(plan).placement(self.target).quant is not None
 
     def codec(self, plan: str):
-        """Collective: this rank's CodecSync of `plan`'s codec program and compile seconds,
-        cached. Every rank compiles the whole program (deterministic) and lowers its own
-        work; with `verify_programs` rank 0 proves it (nereus.passes.verify, verify_codec);
-        one all_gather of every rank's digest (or error) then makes every rank raise when
-        any rank failed or holds another program."""
-        if plan not in self._codec_plans:
-            import hashlib
+        """Collective: this rank's CodecSync of `plan`'s codec program (None when the sync is
+        untouched) and compile seconds (nereus.runtime.codec_runs)."""
+        return self._codec_runs.codec(plan)
 
-            from nereus.backends.rank_json import canonical_json
+    def compile_program(self, plan: str) -> dict:
+        """The whole sync program of `plan` with this WeightSync's mode and options (pure)."""
+        return compile_weight_sync(self.module, plan, self.source, self.target, self.engine_input, mode=self.mode,
+                                   chunk=self.chunk, **self.options)
 
-            from .codec_sync import CodecSync
-            from .codec_work import lower
-
-            known_plan(self.module, plan)
-            started = time.perf_counter()
-            rank, error, work, digest = dist.get_rank(), None, None, None
-            try:
-                program = compile_weight_sync(self.module, plan, self.source, self.target, self.engine_input,
-                                              mode=self.mode, chunk=self.chunk, **self.options)
-                digest = hashlib.sha256(canonical_json(program).encode()).hexdigest()
-                if self.verify_programs and rank == 0:
-                    from nereus.passes.verify import verify_program
-
-                    verify_program(program)
-                if not program.get("untouched"):
-                    work = lower(program, rank)
-            except Exception as caught:  # noqa: BLE001 - every rank must raise
-                error = f"{type(caught).__name__}: {getattr(caught, 'message', caught)}"
-            views: list = [None] * dist.get_world_size()
-            dist.all_gather_object(views, (digest, error), group=self.control)
-            failed = [(r, e) for r, (_, e) in enumerate(views) if e is not None]
-            if failed:
-                raise ProgramError(f"the weight sync of plan {plan} could not be compiled on rank {failed[0][0]}: "
-                                   f"{failed[0][1]}", hint="every rank compiles it; rank 0 also proves it")
-            if len({d for d, _ in views}) != 1:
-                raise ProgramError(f"the ranks compiled different weight-sync programs for plan {plan}",
-                                   hint="every rank must run the same nereus version on the same .nir")
-            if digest not in self._codecs:
-                group = self.data_group[0] if isinstance(self.data_group, (list, tuple)) else self.data_group
-                self._codecs[digest] = CodecSync(work, SYNC_FROM, SYNC_TO, self.device, group, self.control) \
-                    if work is not None else None
-            self._codec_plans[plan] = (digest, time.perf_counter() - started)
-        digest, compile_s = self._codec_plans[plan]
-        return self._codecs[digest], compile_s
+    transition = (SYNC_FROM, SYNC_TO)
 
     def _run_codec(self, plan: str, source_state: dict, into: Optional[dict]) -> SyncResult:
-        sync, compile_s = self.codec(plan)
-        digest = self._codec_plans[plan][0]
-        weights = {k: v for k, v in source_state.items() if is_weight(k)}
-        if sync is None:  # untouched: both layouts are one and nothing is quantized
-            out = dict(weights) if into is None else into
-            if into is not None:
-                for name, tensor in into.items():
-                    tensor.copy_(weights[name])
-            kept = sum(t.numel() * t.element_size() for t in weights.values())
-            return SyncResult(out, 0.0, 0, 0, bytes_kept=kept, compile_s=compile_s, extra={"full": True})
-        targets = into if into is not None else getattr(sync, "targets", None)
-        if targets is None:
-            targets = sync.new_targets()
-        identity = tuple(sorted((name, (t.codes if hasattr(t, "codes") else t).data_ptr()) for name, t in targets.items()))
-        want_full = sync.work.chunk is None or self._last != (digest, identity) or \
-            (self.full_every > 0 and self._since_full + 1 >= self.full_every)
-        flag = torch.tensor([int(want_full)], dtype=torch.int64)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.control)  # a full run when any rank needs one
-        full = bool(int(flag))
-        self._last = None  # set again only when this run succeeds on every rank
-        for other in self._codecs.values():  # another program's shards and references are stale now
-            if other is not None and other is not sync:
-                other.targets = None
-                other.references.clear()
-        sync.check_targets(targets)
-        figures = sync.run(weights, targets, full)
-        self._last, self._since_full = (digest, identity), (0 if full else self._since_full + 1)
-        if into is None:
-            sync.targets = targets
-        return SyncResult(targets, figures["seconds"], figures["bytes_sent"], figures["bytes_received"],
-                          figures["bytes_copied"], rounds=len(sync.work.rounds), compile_s=compile_s,
-                          extra={"full": full, "dense_bytes": figures["dense_bytes"],
-                                 "reference_bytes": sync.work.reference_bytes})
+        targets, f = self._codec_runs.run(plan, {k: v for k, v in source_state.items() if is_weight(k)}, into)
+        return SyncResult(targets, f["seconds"], f["bytes_sent"], f["bytes_received"], f["bytes_copied"],
+                          f["bytes_kept"], f["rounds"], f["compile_s"],
+                          extra={key: f[key] for key in ("full", "dense_bytes", "reference_bytes")})
 
     def _run(self, plan: str, source_state: dict) -> SyncResult:
         program, compile_s = self.part(plan)
