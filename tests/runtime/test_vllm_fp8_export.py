@@ -13,7 +13,8 @@ from nereus.models import tensor_table
 from nereus.models.fp8 import Fp8Weight
 from nereus.models.quant import is_quantized
 from nereus.runtime import fp8
-from nereus.runtime.vllm_engine import FP8_CONFIG, fp8_hf_weights, save_hf_checkpoint, to_vllm_weights
+from nereus.runtime.vllm_engine import save_hf_checkpoint, to_vllm_weights
+from nereus.runtime.vllm_fp8 import FP8_CONFIG, fp8_hf_weights
 
 
 def _weights(model):
