@@ -55,7 +55,7 @@ class _LosesAChunk(nr.Runtime):
 
 
 def _numbers(step: dict) -> dict:
-    return {k: v for k, v in step.items() if k not in ("seconds", "stage_seconds", "sync_bytes", "plan")}
+    return {k: v for k, v in step.items() if k not in ("seconds", "stage_seconds", "plan") and not k.startswith("sync_")}
 
 
 def _runs(source: str):
