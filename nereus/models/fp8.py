@@ -90,6 +90,6 @@ def _scaled_mm(x: torch.Tensor, w: Fp8Weight):
         padded[:, :k // BLOCK] = w.scales
         out = scaled_mm(codes, w.codes.t(), sa, ScalingType.BlockWise1x128, padded.t(), ScalingType.BlockWise128x128,
                         output_dtype=x.dtype if x.dtype in (torch.bfloat16, torch.float32) else torch.bfloat16)
-    except (RuntimeError, TypeError, ValueError, NotImplementedError):
+    except (RuntimeError, TypeError, ValueError, NotImplementedError, AttributeError):  # not on this torch/GPU
         return None
     return out.to(x.dtype).reshape(*lead, n)
