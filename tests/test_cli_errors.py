@@ -48,7 +48,7 @@ EXPECTED = {"file": None, "line": 11, "col": 46, "type": "SemanticError",
                     "1, 2, 4, 8, 16, 32, 64, 128, ..."}
 
 
-@pytest.mark.parametrize("command", [["check"], ["compile"], []], ids=["check", "compile", "default"])
+@pytest.mark.parametrize("command", [["check"], ["compile"], ["search"], []], ids=["check", "compile", "search", "default"])
 def test_json_error_is_one_object_on_stdout(bad, command):
     result = nereusc(*command, bad, "--json")
     assert result.returncode == 2

@@ -19,6 +19,7 @@ _NEREUSC_COMMANDS = {
     "compile": ("nereus.cli.compile", "compile_command", "Parse, check and compile every transition (default)."),
     "check": ("nereus.cli.check", "check_command", "Parse and validate a .nir file and check every plan's memory."),
     "fmt": ("nereus.cli.fmt", "fmt_command", "Print a .nir file in canonical form."),
+    "search": ("nereus.cli.search", "search_command", "Print the fastest plans that fit a .nir file's workload."),
     "verify": ("nereus.cli.verify", "verify_command", "Replay a JSON rank program and prove it correct."),
 }
 
@@ -26,6 +27,7 @@ _NEREUS_COMMANDS = {
     "simulate": ("nereus.cli.simulate", "simulate_command", "Replay a drift trace under several policies."),
     "train": ("nereus.cli.train", "train_command", "Run the bundled PPO/GRPO loop under torchrun."),
     "bench": ("nereus.cli.bench", "bench_command", "Run a benchmark script."),
+    "export": ("nereus.cli.export", "export_command", "Write a training run's model as a Hugging Face checkpoint."),
 }
 
 
@@ -126,6 +128,7 @@ def nereusc():
     nereusc plan.nir --emit json -o p.json write the rank program of a transition
     nereusc check plan.nir                 parse, validate, memory feasibility
     nereusc fmt plan.nir                   canonical print
+    nereusc search plan.nir --top 3        the fastest plans that fit, as .nir
     nereusc verify p.json                  prove a program correct
     """
 

@@ -1,5 +1,5 @@
-"""Progress of a long command on stderr (`nereus simulate`, `nereusc verify`); stdout keeps
-the result, or the one JSON object of `--json`."""
+"""Progress of a long command on stderr (`nereus simulate`, `nereusc verify`, `nereusc
+search`); stdout keeps the result, or the one JSON object of `--json`."""
 
 from __future__ import annotations
 

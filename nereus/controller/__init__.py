@@ -17,8 +17,8 @@ from .controller import Controller, PlanPrediction, predict_plan
 from .cost_model import CostModel, Layout, stage_terms, step_seconds
 from .memory import plan_memory
 from .nnls import fit_relative, nnls
-from .search import SearchResult, brute_force_plan, search_plan
+from .search import SearchResult, brute_force_plan, search_plan, search_plans
 
 __all__ = ["AdmissionSettings", "Decision", "admit", "Controller", "PlanPrediction", "predict_plan", "CostModel",
            "Layout", "stage_terms", "step_seconds", "plan_memory", "fit_relative", "nnls", "SearchResult",
-           "brute_force_plan", "search_plan"]
+           "brute_force_plan", "search_plan", "search_plans"]

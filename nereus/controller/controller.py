@@ -115,6 +115,10 @@ class Controller:
     headroom: float = 0.05
     refit_every: int = 100  # steps: re-search at least this often once the cost model has changed
     level_window: int = 16  # responses the workload level is fitted to (1: the step's own)
+    # a forced move's candidates: the best plans for these shares above the longest recent
+    # response; the one of least step time plus its move spread over the steps it will run
+    # before the trend outgrows it (`forced_target`)
+    forced_headrooms: tuple = (0.05, 0.1, 0.2, 0.4, 0.8)
     cost: Optional[CostModel] = None
     log: list = field(default_factory=list)
 
@@ -146,6 +150,8 @@ class Controller:
         self._research_at: Optional[int] = None  # decision count at which to search again after a move
         self._moved_at = 0  # decision count of the last move
         self._forcing = False  # the last decision was a forced move (infeasible-now)
+        self._slope = 0.0  # tokens per step of the level's line (0 until it has 3 responses)
+        self._upper = 0.0  # the level's line shifted by the largest spread quantile, at this step
         self._on_forced = False  # the running plan is the target of a forced move, not yet corrected
 
     # -- observations -------------------------------------------------------------------
@@ -241,21 +247,23 @@ class Controller:
         Any later move restores the threshold, so it cannot feed a chase of ties."""
         return replace(self.settings, rho_min=0.0) if self._on_forced else self.settings
 
-    def best_plan(self, workload: Workload, gpus: int, longest: int = 0) -> SearchResult:
+    def best_plan(self, workload: Workload, gpus: int, longest: int = 0, exact: bool = False) -> SearchResult:
         """The search's best plan for `workload` (cached until `_needs_search`), planned for the
         longer of `headroom` above its response and `longest` (the longest recent response: a
         plan without a generation-wave cliff below the long steps that noise brings).
+        `exact`: planned for `workload` itself, searched now (a forced move's last resort:
+        the step fits some plan, but none with headroom).
 
         The drift test is on the level (plus `headroom`). Testing a quantity that follows only
         the trend (the second longest recent response) halved the searches on a ±10% trace,
         but the searches that the level's wander brings are what found, 45 steps sooner, the
         plan that leaves a KV-wave cliff (length-growth-noisy-1024, steps 300–400)."""
         trigger = replace(workload, response=_on_grid(workload.response * (1.0 + self.headroom)))
-        why = self._needs_search(trigger, gpus)
+        why = "exact" if exact else self._needs_search(trigger, gpus)
         if why:
             # on the level's 1% grid, so memory terms computed for one search serve the next
             response = _on_grid(max(workload.response * (1.0 + self.headroom), longest))
-            ahead = replace(workload, response=response)
+            ahead = workload if exact else replace(workload, response=response)
             # the running plan and the last candidate bound the search from the start (search.py)
             known = (self.plan, self._search.plan if self._search is not None else None)
             self._search = search_plan(self.module, ahead, self.cost, gpus, name="candidate",
@@ -265,6 +273,55 @@ class Controller:
             self._search_step = self._decisions
             self.searches += 1
         return self._search
+
+    def forced_target(self, workload: Workload, spread: tuple, gpus: int, remaining: int) -> Optional[SearchResult]:
+        """The target of a forced move (the running plan cannot run the next step), or None
+        when no plan fits `forced_headrooms` above the longest recent response.
+
+        The fastest plan with a little headroom is outgrown again within a few steps when the
+        responses keep growing (on a small trace of 4 GPUs: five forced moves in 16 steps where
+        the oracle made one). So the candidates are the best plans for each headroom, and
+        the pick is the one of least expected step time (over `spread`) plus its corrected
+        transition estimate spread over the steps it runs before the trend outgrows it:
+        (largest response it fits − the level's upper line) / the level's slope, at most the
+        remaining steps (all of them when the level does not grow)."""
+        longest = max([workload.response, *self._responses])
+        remaining = max(1, remaining)
+        best, best_cost, seen = None, math.inf, set()
+        for headroom in self.forced_headrooms:
+            ahead = replace(workload, response=_on_grid(longest * (1.0 + headroom)))
+            found = search_plan(self.module, ahead, self.cost, gpus, name="candidate", allow_waves=self.allow_waves,
+                                memo=self._search_memo)
+            self.searches += 1
+            if found.plan is None:
+                break  # a longer response fits nothing either
+            key = plan_key(found.plan)
+            if key in seen or not self._predict(found.plan, workload, gpus).feasible:
+                continue
+            seen.add(key)
+            runs = remaining
+            if self._slope > 0:
+                fits = self._largest_response(found.plan, ahead)
+                runs = min(remaining, max(1.0, (fits - self._upper) / self._slope))
+            moved = self.transition_estimate(workload, self.plan, found.plan) * self.correction
+            cost = self._expected(found.plan, spread, gpus).step_s + moved / runs
+            if cost < best_cost:
+                best, best_cost = found, cost
+        return best
+
+    def _largest_response(self, plan: Plan, fits: Workload, ceiling: float = 16.0) -> int:
+        """The longest response `plan` fits (memory, with waves), searched by bisection above
+        `fits` (a workload it fits) up to `ceiling` times it."""
+        low, high = fits.response, int(fits.response * ceiling)
+        if plan_memory(self.module, replace(fits, response=high), plan, self.allow_waves).feasible:
+            return high
+        while high - low > max(1, low // 200):  # to 0.5%
+            middle = (low + high) // 2
+            if plan_memory(self.module, replace(fits, response=middle), plan, self.allow_waves).feasible:
+                low = middle
+            else:
+                high = middle
+        return low
 
     def transition_estimate(self, workload: Workload, source: Plan, target: Plan) -> float:
         """Predicted transition seconds (uncorrected), cached per plan pair."""
@@ -297,6 +354,7 @@ class Controller:
         del self._responses[:-self.level_window]
         n = len(self._responses)
         if self.level_window <= 1 or n < 3:
+            self._slope, self._upper = 0.0, float(workload.response)
             return workload, (workload,)
         y = np.asarray(self._responses, dtype=float)
         x = np.arange(n)
@@ -305,6 +363,7 @@ class Controller:
         intercept = float(np.median(y - slope * x))
         at = intercept + slope * (n - 1)
         shifts = np.percentile(y - (intercept + slope * x), SPREAD_QUANTILES)
+        self._slope, self._upper = slope, at + float(shifts[-1])
         level = replace(workload, response=_on_grid(at))
         return level, tuple(replace(workload, response=_on_grid(at + d)) for d in shifts)
 
@@ -363,10 +422,25 @@ class Controller:
         current = self._expected(self.plan, spread, gpus)
         found = self.best_plan(level, gpus, max(self._responses))
         candidate = self._predict(found.plan, workload, gpus) if found.plan is not None else None
+        if not fits and not self.greedy:
+            # forced: the plan that pays for the move best over the steps it will run
+            # (`forced_target`); the greedy baseline takes the fastest, whatever it costs
+            target = self.forced_target(workload, spread, gpus, remaining)
+            if target is not None:
+                found = self._search = target
+                candidate = self._predict(found.plan, workload, gpus)
+                self._search_key, self._search_version = gpus, self.cost.version
+                self._search_workload = replace(level, response=_on_grid(level.response * (1.0 + self.headroom)))
+                self._search_step = self._decisions
         if not fits and (candidate is None or not candidate.feasible):
             self._search = None  # forced: search at this step's own workload, which the level hid
             found = self.best_plan(workload, gpus)
             candidate = self._predict(found.plan, workload, gpus) if found.plan is not None else None
+            if candidate is None or not candidate.feasible:
+                # nothing fits `headroom` above the step, but a plan may fit the step itself
+                # (a job about to outgrow every plan): run it while it fits, as the oracle does
+                found = self.best_plan(workload, gpus, exact=True)
+                candidate = self._predict(found.plan, workload, gpus) if found.plan is not None else None
         if candidate is None or not candidate.feasible or plan_key(found.plan) == plan_key(self.plan):
             self._streak = (None, 0)
             if not fits and candidate is not None and candidate.feasible:

@@ -297,11 +297,18 @@ class CostModel:
 def step_seconds(module: Module, plan: Plan, stage_times: dict) -> float:
     """Step latency from per-model-stage times {ModelStage: seconds}: stages in order; in
     a stage, the largest per-GPU sum of the times of model-stages placed on that GPU."""
-    total = 0.0
+    return sum(stage_breakdown(module, plan, stage_times).values())
+
+
+def stage_breakdown(module: Module, plan: Plan, stage_times: dict) -> dict[str, float]:
+    """{stage: seconds} of the stages `plan` runs, in order (`step_seconds` is their sum)."""
+    out = {}
     for stage in STAGES:
         units = [p for p in plan.placements if p.model_stage.stage == stage]
-        if units and all(p.gpus == units[0].gpus for p in units[1:]):
-            total += sum(stage_times[p.model_stage] for p in units)  # colocated: one after another
+        if not units:
+            continue
+        if all(p.gpus == units[0].gpus for p in units[1:]):
+            out[stage] = sum(stage_times[p.model_stage] for p in units)  # colocated: one after another
             continue
         groups: dict[tuple, float] = {}  # identical GPU sets (the colocated case) add up directly
         for placement in plan.placements:
@@ -309,13 +316,13 @@ def step_seconds(module: Module, plan: Plan, stage_times: dict) -> float:
                 key = tuple(sorted(placement.gpus))
                 groups[key] = groups.get(key, 0.0) + stage_times[placement.model_stage]
         if len(groups) == 1:
-            total += next(iter(groups.values()))
-        elif groups:
+            out[stage] = next(iter(groups.values()))
+        else:
             per_gpu = np.zeros(module.cluster.num_gpus)
             for gpus, seconds in groups.items():
                 per_gpu[list(gpus)] += seconds
-            total += float(per_gpu.max())
-    return total
+            out[stage] = float(per_gpu.max())
+    return out
 
 
 def with_workload(module: Module, workload: Workload) -> Module:

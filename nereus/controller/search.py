@@ -29,6 +29,10 @@ under each, branch and bound over the other model-stages, bounding time by the s
 remaining minima and memory by elementwise minima; stop when a pair's time plus the
 remaining minima cannot beat the incumbent. (With several generation model-stages their
 layouts are enumerated at the leaves instead.)
+
+`search_plans(..., top=K)` (what `nereusc search` prints) is the same search for the K best
+distinct plans: the bound is the K-th best time found, and step (2) drops a candidate only
+when K others dominate it.
 """
 
 from __future__ import annotations
@@ -231,18 +235,49 @@ class _Space:
         return seconds, waves
 
 
-def _pareto(candidates: list[_Candidate]) -> list[_Candidate]:
-    """The candidates no kept one dominates (at least as good in time and in every memory
-    entry), cheapest first; one vectorised comparison against all kept rows per candidate."""
+def _pareto(candidates: list[_Candidate], top: int = 1) -> list[_Candidate]:
+    """The candidates fewer than `top` kept ones dominate (at least as good in time and in
+    every memory entry), cheapest first; one vectorised comparison against all kept rows per
+    candidate. A candidate that `top` others dominate is in none of the `top` best plans:
+    swapping it for each of them gives `top` plans that fit and are at least as fast."""
     ordered = sorted(candidates, key=lambda c: c.seconds)
     if not ordered:
         return []
     rows = np.array([np.concatenate(([c.seconds], c.resident.ravel(), c.working.ravel(), c.host)) for c in ordered])
     kept: list[int] = []
     for i in range(len(ordered)):
-        if not kept or not (rows[kept] <= rows[i]).all(axis=1).any():
+        if not kept or int((rows[kept] <= rows[i]).all(axis=1).sum()) < top:
             kept.append(i)
     return [ordered[i] for i in kept]
+
+
+class _Best:
+    """The `top` fastest distinct assignments offered so far, and the bound they set: the
+    `top`-th best seconds (inf while fewer are known). An assignment is its choices; offered
+    again with more generation waves (a slower (layout, w) pair of the same plan) it is the
+    same plan and is kept at its least time."""
+
+    def __init__(self, top: int):
+        self.top = top
+        self.found: dict = {}  # frozenset of choices -> (seconds, choices, waves)
+        self.seconds = math.inf
+
+    def offer(self, seconds: float, choices: dict, waves: dict) -> None:
+        if seconds >= self.seconds:
+            return
+        key = frozenset(choices.values())
+        known = self.found.get(key)
+        if known is not None and known[0] <= seconds:
+            return
+        self.found[key] = (seconds, choices, waves)
+        if len(self.found) > self.top:
+            del self.found[max(self.found, key=lambda k: self.found[k][0])]
+        if len(self.found) == self.top:
+            self.seconds = max(entry[0] for entry in self.found.values())
+
+    def ranked(self) -> list:
+        """(seconds, choices, waves), fastest first (ties in a fixed order: the choices)."""
+        return sorted(self.found.values(), key=lambda e: (e[0], sorted(map(repr, e[1].values()))))
 
 
 @lru_cache(maxsize=1024)
@@ -321,28 +356,47 @@ def search_plan(module: Module, workload: Workload, cost: CostModel, gpus: int, 
     working set of ⌈B_r/w⌉ sequences, so the rest is a branch and bound with a fixed time for
     generation. An assignment's true waves are the least w that fits, and a larger w only
     costs more, so the minimum over (layout, w) is the true optimum."""
+    return search_plans(module, workload, cost, gpus, 1, name, allow_waves, allow_offload, incumbents, memo)[0]
+
+
+def search_plans(module: Module, workload: Workload, cost: CostModel, gpus: int, top: int, name: str = "best",
+                 allow_waves: bool = True, allow_offload: bool = True, incumbents: tuple = (),
+                 memo: Optional[dict] = None) -> list[SearchResult]:
+    """The `top` plans of least predicted step latency, fastest first (`search_plan`'s search
+    with the `top`-th best time as its bound; `nereusc search` prints them). Distinct plans:
+    two results differ in some model-stage's layout. Fewer than `top` when fewer fit; one
+    result with `plan` None when none does. Plans are named `name`, or `name`1, `name`2, ...
+    when `top` > 1. Every result shares the search's counts and wall time."""
     began = time.perf_counter()
     space = _Space(module, workload, cost, gpus, allow_waves, allow_offload, memo)
     count = sum(len(c) for c in space.choices.values())
     gen_ms = [ms for ms in space.model_stages if ms.stage == "generation"]
     other_ms = [ms for ms in space.model_stages if ms.stage != "generation"]
-    seed = None
+    best = _Best(top)
     for plan in incumbents:
         known = _incumbent(space, plan)
-        if known is not None and (seed is None or known[0] < seed[0]):
-            seed = known
-    # a choice whose own time plus every other model-stage's fastest cannot beat the seed is
-    # in no strictly better plan: its memory vectors are never computed
-    bound = seed[0] if seed is not None else math.inf
+        if known is not None:
+            best.offer(*known)
+    state = {"leaves": 0}
+
+    def results() -> list[SearchResult]:
+        ranked = best.ranked()
+        if not ranked:
+            return [_result(space, None, count, state["leaves"], began, name)]
+        names = [name] if top == 1 else [f"{name}{k + 1}" for k in range(len(ranked))]
+        return [_result(space, entry, count, state["leaves"], began, n) for entry, n in zip(ranked, names)]
+
+    # a choice whose own time plus every other model-stage's fastest cannot beat the bound is
+    # in none of the best plans: its memory vectors are never computed
     fastest = {ms: min((space.seconds(c, 1) for c in space.choices[ms]), default=math.inf)
                for ms in space.model_stages}
     floor = sum(fastest.values())
-    useful = {ms: [c for c in space.choices[ms] if space.seconds(c, 1) + floor - fastest[ms] < bound]
+    useful = {ms: [c for c in space.choices[ms] if space.seconds(c, 1) + floor - fastest[ms] < best.seconds]
               for ms in space.model_stages}
     gen_lists = [sorted((space.candidate(c) for c in useful[ms]), key=lambda c: c.seconds) for ms in gen_ms]
-    lists = [_pareto([space.candidate(c) for c in useful[ms]]) for ms in other_ms]
+    lists = [_pareto([space.candidate(c) for c in useful[ms]], top) for ms in other_ms]
     if any(not lst for lst in lists + gen_lists):
-        return _result(space, seed, count, 0, began, name)  # None when nothing fits
+        return results()  # the incumbents alone, or none when nothing fits
     # branch on the model-stages whose choice matters most first
     order = sorted(range(len(lists)), key=lambda i: -(lists[i][-1].seconds - lists[i][0].seconds))
     lists = [lists[i] for i in order]
@@ -360,11 +414,10 @@ def search_plan(module: Module, workload: Workload, cost: CostModel, gpus: int, 
             w[x] = np.maximum(w[x], np.min([c.working for c in lst], axis=0))
         lb_work.append(w)
     stage_of = [space.stages.index(lst[0].choice.model_stage.stage) for lst in lists]
-    state = {"best": seed, "seconds": bound, "leaves": 0}
     chosen: list[_Candidate] = []
 
     def descend(i: int, seconds: float, resident: np.ndarray, working: np.ndarray, leaf):
-        if seconds + lb_seconds[i] >= state["seconds"]:
+        if seconds + lb_seconds[i] >= best.seconds:
             return
         if (resident + lb_res[i] + np.maximum(working, lb_work[i]) > cap).any():
             return
@@ -372,8 +425,8 @@ def search_plan(module: Module, workload: Workload, cost: CostModel, gpus: int, 
             leaf(seconds, resident, working)
             return
         x = stage_of[i]
-        for c in lists[i]:  # cheapest first: once one cannot beat the incumbent, none after it can
-            if seconds + c.seconds + lb_seconds[i + 1] >= state["seconds"]:
+        for c in lists[i]:  # cheapest first: once one cannot beat the bound, none after it can
+            if seconds + c.seconds + lb_seconds[i + 1] >= best.seconds:
                 break
             new_working = working.copy()
             new_working[x] = np.maximum(new_working[x], c.working)
@@ -395,7 +448,7 @@ def search_plan(module: Module, workload: Workload, cost: CostModel, gpus: int, 
             heapq.heappush(heap, (space.seconds(g.choice, waves_of[k][0][0]), waves_of[k][0][0], k, 0))
         while heap:
             gen_seconds, w, k, position = heapq.heappop(heap)
-            if gen_seconds + lb_seconds[0] >= state["seconds"]:
+            if gen_seconds + lb_seconds[0] >= best.seconds:
                 break
             g, (wave_counts, replica_batch) = gen_lists[0][k], waves_of[k]
             if position + 1 < len(wave_counts):
@@ -406,40 +459,38 @@ def search_plan(module: Module, workload: Workload, cost: CostModel, gpus: int, 
 
             def leaf(seconds, resident, work, g=g, w=w):
                 state["leaves"] += 1
-                total = seconds  # descend started from gen_seconds
-                if total < state["seconds"] and space.host_fits(chosen + [g]):
-                    choices = {c.choice.model_stage: c.choice for c in chosen + [g]}
-                    state["seconds"], state["best"] = total, (total, choices, {g.choice.model_stage: w})
+                # descend started from gen_seconds: `seconds` is the whole step
+                if space.host_fits(chosen + [g]):
+                    best.offer(seconds, {c.choice.model_stage: c.choice for c in chosen + [g]},
+                               {g.choice.model_stage: w})
 
             descend(0, gen_seconds, g.resident.copy(), working, leaf)
-        return _result(space, state["best"], count, state["leaves"], began, name)
+        return results()
 
     def leaf(seconds, resident, working):
         for gens in itertools.product(*gen_lists):
             lower = seconds + sum(g.seconds for g in gens)
-            if lower >= state["seconds"]:
+            if lower >= best.seconds:
                 continue
             state["leaves"] += 1
             done = space.finish(resident, working, list(gens))
             if done is None or not space.host_fits(chosen + list(gens)):
                 continue
-            total = seconds + done[0]
-            if total < state["seconds"]:
-                choices = {c.choice.model_stage: c.choice for c in chosen + list(gens)}
-                state["seconds"], state["best"] = total, (total, choices, done[1])
+            best.offer(seconds + done[0], {c.choice.model_stage: c.choice for c in chosen + list(gens)}, done[1])
 
     descend(0, 0.0, zeros.copy(), zeros.copy(), leaf)
-    return _result(space, state["best"], count, state["leaves"], began, name)
+    return results()
 
 
 def brute_force_plan(module: Module, workload: Workload, cost: CostModel, gpus: int, name: str = "best",
-                     allow_waves: bool = True, allow_offload: bool = True) -> SearchResult:
-    """Every combination of every model-stage's candidates, no pruning (for tests, small cases)."""
+                     allow_waves: bool = True, allow_offload: bool = True, top: int = 1):
+    """Every combination of every model-stage's candidates, no pruning (for tests, small
+    cases): the best SearchResult, or with `top` > 1 the list `search_plans` would give."""
     began = time.perf_counter()
     space = _Space(module, workload, cost, gpus, allow_waves, allow_offload)
     count = sum(len(c) for c in space.choices.values())
     cands = {ms: [space.candidate(c) for c in space.choices[ms]] for ms in space.model_stages}
-    best, best_seconds, leaves = None, math.inf, 0
+    best, leaves = _Best(top), 0
     for combo in itertools.product(*(cands[ms] for ms in space.model_stages)):
         leaves += 1
         resident = np.zeros((len(space.stages), space.period))
@@ -454,13 +505,12 @@ def brute_force_plan(module: Module, workload: Workload, cost: CostModel, gpus: 
             x = space.stages.index(c.choice.model_stage.stage)
             working[x] = np.maximum(working[x], c.working)
             seconds += c.seconds
-        if seconds + sum(g.seconds for g in gens) >= best_seconds:
+        if seconds + sum(g.seconds for g in gens) >= best.seconds:
             continue  # generation at one wave is its fastest: this combination cannot win
         done = space.finish(resident, working, gens)
-        if done is None or not space.host_fits(combo):
-            continue
-        total = seconds + done[0]
-        if total < best_seconds:
-            best_seconds = total
-            best = (total, {c.choice.model_stage: c.choice for c in combo}, done[1])
-    return _result(space, best, count, leaves, began, name)
+        if done is not None and space.host_fits(combo):
+            best.offer(seconds + done[0], {c.choice.model_stage: c.choice for c in combo}, done[1])
+    ranked = best.ranked()
+    if top == 1:
+        return _result(space, ranked[0] if ranked else None, count, leaves, began, name)
+    return [_result(space, entry, count, leaves, began, f"{name}{k + 1}") for k, entry in enumerate(ranked)]

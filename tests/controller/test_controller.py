@@ -13,12 +13,12 @@ import pytest
 import nereus.ir as ir
 from nereus.passes.feasibility import check_plan
 from nereus.controller.admission import AdmissionSettings, Decision, admit
-from nereus.controller.controller import Controller, predict_plan
+from nereus.controller.controller import Controller, plan_key, predict_plan
 from nereus.controller.cost_model import PRIOR, CostModel, Layout, stage_terms
 from nereus.controller.layer_model import fit_layer_table
 from nereus.controller.memory import plan_memory
 from nereus.controller.nnls import fit_relative, nnls
-from nereus.controller.search import brute_force_plan, search_plan
+from nereus.controller.search import brute_force_plan, search_plan, search_plans
 from nereus.controller.simulator import load_trace
 
 HERE = os.path.dirname(__file__)
@@ -107,6 +107,28 @@ def test_search_equals_brute_force(small, response, gpus):
     assert check.feasible and check.step_s == pytest.approx(fast.predicted_s, rel=1e-9)
 
 
+@pytest.mark.parametrize("response,gpus,waves,offload", [(512, 4, True, False), (16384, 4, True, False),
+                                                         (4096, 8, False, False), (2048, 2, True, True)])
+def test_top_k_search_equals_the_k_best_of_brute_force(small, response, gpus, waves, offload):
+    """`search_plans(top=K)` (nereusc search) gives the K fastest distinct plans that fit,
+    as brute force over every combination ranks them; K = 1 is `search_plan`. (2048, 2):
+    the second best uses a layout that one other dominates, which the single-best search
+    drops."""
+    w = replace(small.workload, response=response)
+    cost = CostModel(small)
+    fast = search_plans(small, w, cost, gpus, 6, allow_waves=waves, allow_offload=offload)
+    slow = brute_force_plan(small, w, cost, gpus, allow_waves=waves, allow_offload=offload, top=6)
+    assert len(fast) == len(slow) == 6
+    assert [r.predicted_s for r in fast] == pytest.approx([r.predicted_s for r in slow], rel=1e-12)
+    assert len({plan_key(r.plan) for r in fast}) == 6  # distinct plans
+    assert fast[0].predicted_s == pytest.approx(search_plan(small, w, cost, gpus, allow_waves=waves,
+                                                            allow_offload=offload).predicted_s, rel=1e-12)
+    for r in fast:  # each is what it claims: it fits, and is predicted as reported
+        check = predict_plan(small, w, cost, r.plan, gpus, allow_waves=waves)
+        assert check.feasible and check.step_s == pytest.approx(r.predicted_s, rel=1e-9)
+    assert [r.plan.name for r in fast] == [f"best{k}" for k in range(1, 7)]
+
+
 @pytest.mark.parametrize("response,gpus", [(512, 4), (4096, 4), (16384, 8)])
 def test_search_seeded_with_incumbents_finds_the_same_optimum_with_fewer_leaves(small, response, gpus):
     """An incumbent (the running plan, the last candidate) only tightens the bound: the
@@ -137,9 +159,9 @@ def test_search_result_prints_and_parses_as_nir(small):
 def test_search_70b_1024_gpus_under_one_second():
     module = ir.parse_file(os.path.join(ROOT, "examples", "traces", "llama70b-1024.nir"))
     w = replace(module.workload, response=8192)
-    began = time.perf_counter()
+    began = time.process_time()  # CPU time: a shared machine stretches wall time, not this
     found = search_plan(module, w, CostModel(module), 1024)
-    elapsed = time.perf_counter() - began
+    elapsed = time.process_time() - began
     assert found.plan is not None
     assert elapsed < 2.0  # < 1 s on an idle core; slack for a shared CI machine
 
@@ -297,10 +319,10 @@ def test_wave_counts_are_every_distinct_ceiling_and_take_root_time():
 
     for batch in list(range(1, 400)) + [997, 1024, 4096, 65537]:
         assert _wave_counts(batch) == tuple(sorted({math.ceil(batch / b) for b in range(1, batch + 1)})), batch
-    started = time.perf_counter()
+    started = time.process_time()
     counts = _wave_counts(1 << 24)
     assert len(counts) < 2 * 4097 + 2 and counts[0] == 1 and counts[-1] == 1 << 24
-    assert time.perf_counter() - started < 1.0
+    assert time.process_time() - started < 1.0  # CPU seconds: a guard against a blowup, not a benchmark
 
 
 @pytest.mark.parametrize("settings", [dict(margin=1.0), dict(margin=5), dict(margin=-0.1), dict(margin=float("nan")),

@@ -89,7 +89,8 @@ def test_simulator_is_deterministic_for_a_seed(tmp_path):
     a = simulate(load_trace(_supply(tmp_path, 3)), transition_method="estimate")
     b = simulate(load_trace(_supply(tmp_path, 3)), transition_method="estimate")
     assert strip(a) == strip(b) and a["steps"] == b["steps"]
-    assert a["policies"]["nereus"]["transitions"] >= 2  # GPUs removed at 6, back at 10
+    # GPUs removed at 6 (a forced move; back at 10, where 4 steps do not repay a move)
+    assert a["policies"]["nereus"]["transitions"] >= 1 and a["transitions"]["nereus"][0]["step"] == 6
 
 
 def test_ground_truth_comes_from_the_measured_table_not_the_cost_model(small, monkeypatch):
@@ -268,11 +269,11 @@ def test_oracle_points_cover_each_group_at_any_grid_and_never_hang(tmp_path):
 
     trace = load_trace(_write(tmp_path, "span", [{"response": 1000, "gpus": 8}, {"response": 2000, "gpus": 8},
                                                  {"response": 1500, "gpus": 4}]))
-    started = time.perf_counter()
+    started = time.process_time()
     for grid in (1e-6, 1e-10, 1e-320, 5e-324):
         responses = sorted(w.response for g, w in oracle_points(trace, grid) if g == 8)
         assert responses == list(range(1000, 2001)), grid
-    assert time.perf_counter() - started < 5.0
+    assert time.process_time() - started < 5.0  # CPU seconds: a guard against a blowup, not a benchmark
     coarse = sorted(w.response for g, w in oracle_points(trace, 0.05) if g == 8)
     assert coarse[0] == 1000 and coarse[-1] == 2000 and len(coarse) == len(set(coarse)) < 20
     assert [w.response for g, w in oracle_points(trace, 0.05) if g == 4] == [1500]

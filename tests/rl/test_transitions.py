@@ -56,8 +56,9 @@ def _runtime(kind, module, plan):
 
 
 def _numbers(step: dict) -> dict:
-    """A step record without its timings and weight-sync figures (bytes differ by runtime)."""
-    return {k: v for k, v in step.items() if k not in ("seconds", "stage_seconds") and not k.startswith("sync_")}
+    """A step record without its timings."""
+    return {k: v for k, v in step.items() if k not in ("seconds", "stage_seconds", "reward_seconds")
+            and not k.startswith("sync_")}  # timings, and weight-sync figures that differ by runtime
 
 
 def _runs(kinds):
