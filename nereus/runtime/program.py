@@ -21,6 +21,7 @@ from nereus.ir.model import DTYPE_BYTES
 from nereus.ir.program import expand_ranges, expand_segment_units
 
 from .boxes import Box, as_box, box_numel, cut_segment, local_slices, shard_shape
+from .part_check import check_writes, pair_digests
 
 # Pieces at least this large that are contiguous on both sides (whole rows of the local
 # tensors) travel as their own p2p messages straight from and into the shards: no pack,
@@ -116,6 +117,9 @@ class RankProgram:
     recv_bytes: int
     copy_bytes: int
     keep_bytes: int
+    # ((src, dst, digest), ...): this rank's messages per pair of ranks, as it lowered
+    # them (part_check.pair_digests); the agreement compares every sender's with its receiver's
+    pair_digests: tuple = ()
 
 
 def _shards(units: list, gpu: int, tensors: dict, phase: str) -> dict:
@@ -289,9 +293,11 @@ def rank_program(program: dict, gpu: int, direct_min_bytes: int = DIRECT_MIN_BYT
     Output: this rank's work list.
 
     Invariant: for every message, the sender's and the receiver's RankProgram list the
-    same pieces in the same order, hence the same byte count. Raises ProgramError when
-    the program is malformed (unknown tensor, a segment not covered by its shards,
-    a byte count that disagrees with the boxes, a field missing or of the wrong type)."""
+    same pieces in the same order, hence the same byte count (when both lowered the same
+    program: `pair_digests` lets the runtime check that they did). Raises ProgramError
+    when the program is malformed (unknown tensor, a segment not covered by its shards,
+    a byte count that disagrees with the boxes, a field missing or of the wrong type) or
+    wrong on this GPU (part_check.check_writes: a new shard not written exactly once)."""
     if not isinstance(program, dict):
         raise ProgramError("a program is a JSON object", hint="compile it with `nereusc FILE --emit json`")
     try:
@@ -307,6 +313,7 @@ def _rank_program(program: dict, gpu: int, direct_min_bytes: int) -> RankProgram
     if program.get("format") != "nereus-program" or type(version) is not int or version not in (1, 2):
         raise ProgramError("not a nereus-program version 1 or 2", hint="compile it with `nereusc FILE --emit json`")
     program = expand_segment_units(expand_ranges(program))  # v2: member by member; units per segment
+    check_writes(program, gpu)  # every element of this GPU's new shards written once (part_check)
     tensors = {t["name"]: t for t in program["tensors"]}
     units = program["units"]
     before_all, after_all = _all_shards(units["before"], tensors), _all_shards(units["after"], tensors)
@@ -370,7 +377,7 @@ def _rank_program(program: dict, gpu: int, direct_min_bytes: int) -> RankProgram
         gpu=gpu, source=program["transition"]["from"], target=program["transition"]["to"],
         before=_shards(units["before"], gpu, tensors, "before"), after=_shards(units["after"], gpu, tensors, "after"),
         unit_stage=unit_stage, rounds=tuple(rounds), send_bytes=totals["send"], recv_bytes=totals["recv"],
-        copy_bytes=totals["copy"], keep_bytes=totals["keep"],
+        copy_bytes=totals["copy"], keep_bytes=totals["keep"], pair_digests=pair_digests(rounds, gpu),
     )
 
 

@@ -24,6 +24,7 @@ from nereus.ir.diagnostics import ProgramError, env_flag
 
 from . import offload, packing, replay, streams
 from .allocator import reserve_ahead
+from .checksums import message_sums, mismatch
 from .control import Failure, agree
 from .posting import p2p_ops as _p2p_ops, post as _post
 from .program import RankProgram
@@ -168,11 +169,10 @@ def run_round(run: _Run, work, events: Optional[list] = None) -> RoundTiming:
         host_sources = run.host_before | run.staged
         for msg, in_stream, regions in zip(work.sends, planned.send_in_stream, planned.send_regions):
             step, peer = "pack send", msg.peer
-            sends.append(outgoing(msg, sources, device, in_stream, regions, host_sources, run.verify))
+            sends.append(outgoing(msg, sources, device, in_stream, regions, host_sources))
         for msg, in_stream, regions in zip(work.recvs, planned.recv_in_stream, planned.recv_regions):
             step, peer = "alloc recv", msg.peer
-            recvs.append(incoming(msg, prog, new, live, device, in_stream, regions, run.host_after, run.verify,
-                                  deferred))
+            recvs.append(incoming(msg, prog, new, live, device, in_stream, regions, run.host_after, deferred))
         if run.host_before or run.host_after:  # nothing offloaded (the common case): no piece to scan
             result.offload_bytes += offload.round_bytes(work, run.host_before, run.host_after)
         step, peer = "alloc stream buffers", None
@@ -239,12 +239,12 @@ def run_round(run: _Run, work, events: Optional[list] = None) -> RoundTiming:
         out_ops, in_ops = [], []
         if run.verify:  # after every data op of its peer: the last batch, on the first data group
             group = group[0] if isinstance(group, (list, tuple)) else group
-            for w in sends:
-                sums = torch.tensor([c for v in w.views for c in packing.checksum(v)], dtype=torch.int64)
+            for w in sends:  # the regions the receiver expects, read through the shards' boxes (checksums.py)
+                sums = torch.tensor(message_sums(w.msg, sources, prog.before, True), dtype=torch.int64)
                 out_ops.append((1 << 30, dist.P2POp(dist.isend, sums.to(device), w.msg.peer, group,
                                                     _VERIFY_TAG + w.msg.op_index)))
             for w in recvs:
-                sums = torch.empty(2 * len(w.msg.pieces), dtype=torch.int64, device=device)
+                sums = torch.empty(2 * len(w.msg.pieces) + 1, dtype=torch.int64, device=device)
                 sums_in.append(sums)
                 in_ops.append((1 << 30, dist.P2POp(dist.irecv, sums, w.msg.peer, group, _VERIFY_TAG + w.msg.op_index)))
         requests += _post(out_ops, in_ops)
@@ -276,11 +276,12 @@ def run_round(run: _Run, work, events: Optional[list] = None) -> RoundTiming:
             step, peer = "unpack recv", w.msg.peer
             for p in w.msg.pieces:
                 run.written[(p.dst_unit, p.tensor)] = run.written.get((p.dst_unit, p.tensor), 0) + p.numel
-            if run.verify:
-                got = [c for v in w.views for c in packing.checksum(v)]
-                if got != sums_in[i].tolist():
+            if run.verify:  # the regions this rank expects written, read through its shards' boxes
+                got, sent = message_sums(w.msg, new, prog.after, False), sums_in[i].tolist()
+                if got != sent:
                     run.verified = False
-                    raise ProgramError(f"checksum mismatch in the message from {w.msg.peer}")
+                    raise ProgramError(f"checksum mismatch in the message from {w.msg.peer} (op {w.msg.op_index}): "
+                                       f"{mismatch(w.msg, got, sent)}")
             if fault == (rank, work.index, "unpack"):
                 raise InjectedFault("injected fault (unpack)")
         peer = None

@@ -27,6 +27,7 @@ Uses torch.distributed (gloo on CPU, NCCL when the tensors are on CUDA).
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
@@ -157,7 +158,13 @@ class WeightSync:
     Collective over the default process group (one rank per GPU of the plan, rank r on
     GPU r). `control` is a gloo group for the executor's agreement messages; one is made
     when not given (a collective call on every rank), with a timeout long enough for a
-    driver rank to (re)start its engine between two syncs."""
+    driver rank to (re)start its engine between two syncs. verify_programs: rank 0 proves
+    each plan's sync program once, as `Runtime` does its transitions (False: not; every
+    rank's own checks of its part run either way, nereus.runtime.part_check). mode "delta"
+    sends only what changed since the last run (a full run every `full_every`, 0: only
+    when needed), `chunk` words per delta chunk; with a `quant fp8` target the sync
+    quantizes (docs/program.md, "Weight-sync codecs": both run as codec programs,
+    nereus.runtime.codec_runs)."""
 
     def __init__(self, module: Module, *, source: str = "actor.training", target: str = "actor.generation",
                  engine_input: bool = False, device: Optional[torch.device] = None, control=None,
@@ -179,7 +186,7 @@ class WeightSync:
                                 hint="0: a full sync only when one is needed (the first, after a layout change)")
         self.module, self.source, self.target, self.engine_input = module, source, target, engine_input
         # codec syncs (delta, quant fp8 targets; docs/program.md, "Weight-sync codecs")
-        self.mode, self.full_every, self.chunk, self.verify_programs = mode, full_every, chunk, verify_programs
+        self.mode, self.full_every, self.chunk = mode, full_every, chunk
         from .codec_runs import CodecRuns
 
         self._codec_runs = CodecRuns(self)
@@ -187,6 +194,8 @@ class WeightSync:
         self.control = control if control is not None else \
             dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
         self.options = {} if bucket is None else {"bucket": bucket}
+        self.verify_programs = verify_programs
+        self.timeout_s = timeout_s
         from .prepare import data_groups
 
         # NCCL: several communicators (see prepare.data_groups); None: the default group
@@ -194,7 +203,9 @@ class WeightSync:
         replay.packer_for(self.device)  # CUDA: triton imported now, not in the first sync (~0.3 s)
         self._programs: dict = {}
         self._parts: dict = {}  # plan -> (this rank's part of the program, compile seconds)
-        self._rank_programs: dict = {}  # plan -> this rank's lowered program (every step reuses it)
+        # plan -> this rank's lowered program (lowered by `part` once per plan: seconds for 8B on 8 GPUs;
+        # every step reuses it)
+        self._rank_programs: dict = {}
 
     def program(self, plan: str) -> tuple[dict, float]:
         """Collective: the whole sync program of `plan` (compiled on rank 0, broadcast,
@@ -219,15 +230,21 @@ class WeightSync:
         """Collective: this rank's part of the sync program of `plan` (JSON program v1 with
         `rank` and `peers`) and compile seconds, cached. Every rank compiles the sync and
         lowers only its own part (nereus.runtime.distribute): no rank holds or receives the
-        whole program, and a rank that fails makes every rank raise."""
+        whole program; with `verify_programs` rank 0 proves the whole once and each rank
+        checks its part's digest. Every rank checks that its part writes each of its new
+        shards exactly once and that its messages match its peers' (part_check); a rank
+        that fails or refuses makes every rank raise, before any byte moves."""
         if plan not in self._parts:
             from .distribute import obtain_rank_part
 
             known_plan(self.module, plan)
+            rank = dist.get_rank()
             got = obtain_rank_part(sync_module(self.module, plan, self.source, self.target, self.engine_input),
-                                   SYNC_FROM, SYNC_TO, dist.get_rank(), dist.get_world_size(), self.control,
-                                   verify=False, options=self.options)
+                                   SYNC_FROM, SYNC_TO, rank, dist.get_world_size(), self.control,
+                                   verify=self.verify_programs, options=self.options, timeout_s=self.timeout_s,
+                                   then=lambda text: rank_program(json.loads(text), rank), work_of=lambda work: work)
             self._parts[plan] = (got.program, got.compile_s)
+            self._rank_programs[plan] = got.then
         return self._parts[plan]
 
     def prepare(self, plan: str) -> dict:
@@ -251,17 +268,10 @@ class WeightSync:
             program, compile_s = self.part(plan)
             figures = {"compile_s": compile_s, "kernels": 0, "peers": 0, "reserved_bytes": 0}
             if not program.get("untouched"):
-                prog = self._rank_program(plan, program)
+                prog = self._rank_programs[plan]
                 agree(None, self.control, SYNC_FROM, SYNC_TO, kind="prepare")
                 figures.update(warm_data_path(prog, self.data_group, self.device, TORCH_DTYPES))
         return {"seconds": time.perf_counter() - started, **figures}
-
-    def _rank_program(self, plan: str, program: dict):
-        """This rank's lowered sync program of `plan` (lowering costs seconds for 8B on 8
-        GPUs: once per plan)."""
-        if plan not in self._rank_programs:
-            self._rank_programs[plan] = rank_program(program, dist.get_rank())
-        return self._rank_programs[plan]
 
     def run(self, plan: str, source_state: dict, into: Optional[dict] = None) -> SyncResult:
         """Collective. Input: this rank's shards of `source` ({} when it holds none);
@@ -312,7 +322,7 @@ class WeightSync:
             # both layouts are one (a global fact every rank's part states alike), keep all
             kept = sum(t.numel() * t.element_size() for t in weights.values())
             return SyncResult(dict(weights), 0.0, 0, 0, bytes_kept=kept, compile_s=compile_s)
-        prog = self._rank_program(plan, program)
+        prog = self._rank_programs[plan]
         before = {unit: {name: weights[name] for name in prog.before[unit] if name in weights} for unit in prog.before}
         # the training weights stay where they are after a sync: nothing to park on the host
         result = execute(prog, before, group=self.data_group, control=self.control, device=self.device,

@@ -72,41 +72,36 @@ class Wire:
 
     msg: Message
     direct: list  # contiguous views sent from / received into in place
-    views: list  # every piece's view, in message order (checksums; empty when none are asked)
     bounce: list = field(default_factory=list)  # (device tensor, host view) of direct pieces into host memory
 
 
-def outgoing(msg: Message, sources: dict, device, in_stream: list, regions: tuple, host_units=frozenset(),
-             views: bool = False) -> Wire:
+def outgoing(msg: Message, sources: dict, device, in_stream: list, regions: tuple, host_units=frozenset()) -> Wire:
     """regions: the pieces' source Regions (execution_plan). host_units: before-units read
-    from host memory (offloaded or staged out). views: view every piece (checksums), not
-    only the direct ones."""
-    viewed = [regions[i].view(sources[p.src_unit][p.tensor])
-              for i, (p, s) in enumerate(zip(msg.pieces, in_stream)) if views or not s]
-    direct = [v for v, s in zip(viewed, in_stream) if not s] if views else viewed
+    from host memory (offloaded or staged out)."""
+    direct = [regions[i].view(sources[p.src_unit][p.tensor])
+              for i, (p, s) in enumerate(zip(msg.pieces, in_stream)) if not s]
     # staged or offloaded: host → device, queued (a pinned source records its copy; a
     # pageable one is copied before `to` returns)
     direct = [v.to(device, non_blocking=True) for v in direct]
     if not all(v.is_contiguous() for v in direct):
         raise ProgramError("a direct piece is not contiguous in its source tensor")
-    return Wire(msg, direct, viewed if views else [])
+    return Wire(msg, direct)
 
 
 def incoming(msg: Message, prog: RankProgram, new: dict, live: "Live", device, in_stream: list, regions: tuple,
-             host_units=frozenset(), views: bool = False, deferred=frozenset()) -> Wire:
+             host_units=frozenset(), deferred=frozenset()) -> Wire:
     """Allocates every piece's destination shard (where no alloc came first) but those in
-    `deferred` (streamed pieces only: allocated when their chunk is unpacked); regions and
-    views as in `outgoing`."""
+    `deferred` (streamed pieces only: allocated when their chunk is unpacked); regions as
+    in `outgoing`."""
     tensors = [None if (p.dst_unit, p.tensor) in deferred else destination(prog, new, live, device, p, host_units)
                for p in msg.pieces]
-    viewed = [regions[i].view(t) for i, (t, s) in enumerate(zip(tensors, in_stream)) if views or not s]
-    direct = [v for v, s in zip(viewed, in_stream) if not s] if views else viewed
+    direct = [regions[i].view(t) for i, (t, s) in enumerate(zip(tensors, in_stream)) if not s]
     bounce = []
     if torch.device(device).type == "cuda":  # NCCL receives into device memory only
         bounce = [(torch.empty(v.shape, dtype=v.dtype, device=device), v) for v in direct if not v.is_cuda]
         landing = {id(v): b for b, v in bounce}
         direct = [landing.get(id(v), v) for v in direct]
-    return Wire(msg, direct, viewed if views else [], bounce)
+    return Wire(msg, direct, bounce)
 
 
 @dataclass(frozen=True)
