@@ -27,11 +27,12 @@ import time
 import nereus.ir as ir
 from nereus.backends.rank_json import canonical_json
 from nereus.ir.program import expand_ranges, expand_segment_units
-from nereus.runtime import part_check, program
+from nereus.runtime import part_check, pieces, program
 
 
 def _clear_caches() -> None:
-    for cached in (part_check._box_hash, part_check._power, part_check._box_text, program._geometry, program._shape):
+    for cached in (part_check._box_hash, part_check._power, part_check._box_text, part_check._range_sum,
+                   part_check._names_text, pieces.geometry, pieces.shape):
         cached.cache_clear()
 
 

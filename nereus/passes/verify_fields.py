@@ -17,7 +17,7 @@ import difflib
 _OP = {"op", "id", "index", "round"}
 FIELDS = {
     "top": {"format", "version", "transition", "gpus", "nodes", "tensors", "units", "resident_bytes", "untouched",
-            "rounds", "rank", "peers", "memory_model"},
+            "rounds", "rank", "peers", "memory_model", "quant", "delta"},
     "gpus": {"id", "node", "mem_bytes", "capacity_bytes"},
     "nodes": {"id", "host_mem_bytes"},
     "tensors": {"name", "shape", "dtype"},
@@ -30,7 +30,8 @@ FIELDS = {
     "stage_out": _OP | {"gpu", "unit", "bytes"},
     "keep": _OP | {"gpu", "segments", "src_unit", "dst_unit"},
     "copy": _OP | {"gpu", "segments", "bytes", "src_unit", "dst_unit"},
-    "send": _OP | {"src", "dst", "segments", "bytes", "src_unit", "dst_unit"},
+    "send": _OP | {"src", "dst", "segments", "bytes", "src_unit", "dst_unit", "encoding"},
+    "amax": _OP | {"src", "dst", "entries", "bytes"},  # weight-sync codec programs (verify_codec.py)
     "segment": {"tensor", "box", "src_unit", "dst_unit"},
 }
 # version 2 (docs/program.md, "Version 2: ranges"): tensor families and their ranges

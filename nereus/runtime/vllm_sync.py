@@ -49,6 +49,9 @@ from .runtime import known_plan
 from .state import box_view, shard_unit, unit_on_gpu, writers
 
 SYNC_FROM, SYNC_TO = "sync.from", "sync.to"
+# dense: every run moves every byte whose owner changes (a transition of the weights);
+# delta: runs after the first send only the words that changed since the last one
+SYNC_MODES = ("dense", "delta")
 
 
 def engine_placement(placement: Placement) -> Placement:
@@ -104,14 +107,34 @@ def sync_module(module: Module, plan: str, source: str = "actor.training",
 
 
 def compile_weight_sync(module: Module, plan: str, source: str = "actor.training",
-                        target: str = "actor.generation", engine_input: bool = False, **options) -> dict:
+                        target: str = "actor.generation", engine_input: bool = False, *, mode: str = "dense",
+                        chunk: Optional[int] = None, **options) -> dict:
     """The JSON program (v1) of the weight sync of `plan`; `options` go to the passes
-    (e.g. bucket=64 << 20). Pure: imports neither vLLM nor CUDA."""
+    (e.g. bucket=64 << 20). With a `quant fp8` target placement the program quantizes
+    (nereus.passes.quantize), with mode "delta" its sends carry only what changed
+    (nereus.passes.delta; `chunk` words per chunk): docs/program.md, "Weight-sync codecs".
+    Pure: imports neither vLLM nor CUDA."""
     from nereus.passes import compile_transition
     from nereus.backends.json_program import program_json
 
+    if mode not in SYNC_MODES:
+        raise SemanticError(f"unknown weight-sync mode {mode!r}", hint=f"modes: {', '.join(SYNC_MODES)}")
     synthetic = sync_module(module, plan, source, target, engine_input)
-    return program_json(compile_transition(synthetic, SYNC_FROM, SYNC_TO, **options))
+    placement = synthetic.plan(SYNC_TO).placement(target)
+    compiled = compile_transition(synthetic, SYNC_FROM, SYNC_TO, **options)
+    if placement.quant is None and mode == "dense":
+        return program_json(compiled)
+    program = program_json(compiled, version=1)  # the codecs extend version 1
+    if placement.quant is not None:
+        from nereus.models.quant import quantized_names
+        from nereus.passes.quantize import quantize_program
+
+        program = quantize_program(program, quantized_names(synthetic.model(placement.model_stage.model)))
+    if mode == "delta":
+        from nereus.passes.delta import CHUNK, delta_program
+
+        program = delta_program(program, chunk or CHUNK)
+    return program
 
 
 @dataclass
@@ -137,11 +160,16 @@ class WeightSync:
     when not given (a collective call on every rank), with a timeout long enough for a
     driver rank to (re)start its engine between two syncs. verify_programs: rank 0 proves
     each plan's sync program once, as `Runtime` does its transitions (False: not; every
-    rank's own checks of its part run either way, nereus.runtime.part_check)."""
+    rank's own checks of its part run either way, nereus.runtime.part_check). mode "delta"
+    sends only what changed since the last run (a full run every `full_every`, 0: only
+    when needed), `chunk` words per delta chunk; with a `quant fp8` target the sync
+    quantizes (docs/program.md, "Weight-sync codecs": both run as codec programs,
+    nereus.runtime.codec_runs)."""
 
     def __init__(self, module: Module, *, source: str = "actor.training", target: str = "actor.generation",
                  engine_input: bool = False, device: Optional[torch.device] = None, control=None,
-                 bucket: Optional[int] = None, timeout_s: float = 600.0, verify_programs: bool = True):
+                 bucket: Optional[int] = None, timeout_s: float = 600.0, mode: str = "dense",
+                 full_every: int = 0, chunk: Optional[int] = None, verify_programs: bool = True):
         stages = {str(ms) for ms in module.workload.model_stages()}
         for role, name in (("source", source), ("target", target)):
             if name not in stages:
@@ -151,7 +179,17 @@ class WeightSync:
                 ModelStage.parse(target).stage == "training":
             raise SemanticError(f"WeightSync {source} -> {target}: a sync copies one model's weights into a stage "
                                 "without optimizer state", hint="e.g. source='actor.training', target='actor.generation'")
+        if mode not in SYNC_MODES:
+            raise SemanticError(f"unknown weight-sync mode {mode!r}", hint=f"modes: {', '.join(SYNC_MODES)}")
+        if type(full_every) is not int or full_every < 0:
+            raise SemanticError(f"full_every {full_every!r} must be a whole number >= 0",
+                                hint="0: a full sync only when one is needed (the first, after a layout change)")
         self.module, self.source, self.target, self.engine_input = module, source, target, engine_input
+        # codec syncs (delta, quant fp8 targets; docs/program.md, "Weight-sync codecs")
+        self.mode, self.full_every, self.chunk = mode, full_every, chunk
+        from .codec_runs import CodecRuns
+
+        self._codec_runs = CodecRuns(self)
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.control = control if control is not None else \
             dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
@@ -179,7 +217,7 @@ class WeightSync:
             if dist.get_rank() == 0:
                 try:
                     box[0] = ("ok", compile_weight_sync(self.module, plan, self.source, self.target, self.engine_input,
-                                                        **self.options))
+                                                        mode=self.mode, chunk=self.chunk, **self.options))
                 except Exception as error:  # noqa: BLE001 - every rank must raise the same error
                     box[0] = ("error", error)
             dist.broadcast_object_list(box, src=0, group=self.control)
@@ -221,6 +259,11 @@ class WeightSync:
         from .prepare import warm_data_path
 
         started = time.perf_counter()
+        if self.is_codec(plan):  # compiled, proven and lowered now; its buffers are made per run
+            with paused_all():
+                compile_s = self.codec(plan)[1]
+            return {"seconds": time.perf_counter() - started, "compile_s": compile_s, "kernels": 0, "peers": 0,
+                    "reserved_bytes": 0}
         with paused_all():
             program, compile_s = self.part(plan)
             figures = {"compile_s": compile_s, "kernels": 0, "peers": 0, "reserved_bytes": 0}
@@ -230,14 +273,46 @@ class WeightSync:
                 figures.update(warm_data_path(prog, self.data_group, self.device, TORCH_DTYPES))
         return {"seconds": time.perf_counter() - started, **figures}
 
-    def run(self, plan: str, source_state: dict) -> SyncResult:
+    def run(self, plan: str, source_state: dict, into: Optional[dict] = None) -> SyncResult:
         """Collective. Input: this rank's shards of `source` ({} when it holds none);
         optimizer state in it is ignored. Output: this rank's shards of `target` in `plan`.
         Invariant: `source_state`'s tensors are never written. Python's cyclic garbage
         collector is paused for the call (gc_pause), and so are the process's
-        lowering-ahead threads (nereus.runtime.ahead: their steps would share the GIL)."""
+        lowering-ahead threads (nereus.runtime.ahead: their steps would share the GIL).
+        A codec sync (mode "delta", or a `quant fp8` target) writes in place: into `into`
+        (this rank's target shards, as the last run returned them: {name: tensor or
+        nereus.models.fp8.Fp8Weight}) or, without it, into shards it keeps itself."""
         with paused_all(), paused():  # (this order: a step may end a collector pause of its own meanwhile)
-            return self._run(plan, source_state)
+            if self.is_codec(plan):
+                return self._run_codec(plan, source_state, into)
+            result = self._run(plan, source_state)
+            if into is not None:  # a dense sync's result aliases kept training tensors: copied
+                for name, tensor in into.items():
+                    tensor.copy_(result.weights[name])
+                result.weights = into
+            return result
+
+    def is_codec(self, plan: str) -> bool:
+        """Whether the sync of `plan` runs as a codec program (delta mode, or FP8 targets)."""
+        return self.mode == "delta" or self.module.plan(plan).placement(self.target).quant is not None
+
+    def codec(self, plan: str):
+        """Collective: this rank's CodecSync of `plan`'s codec program (None when the sync is
+        untouched) and compile seconds (nereus.runtime.codec_runs)."""
+        return self._codec_runs.codec(plan)
+
+    def compile_program(self, plan: str) -> dict:
+        """The whole sync program of `plan` with this WeightSync's mode and options (pure)."""
+        return compile_weight_sync(self.module, plan, self.source, self.target, self.engine_input, mode=self.mode,
+                                   chunk=self.chunk, **self.options)
+
+    transition = (SYNC_FROM, SYNC_TO)
+
+    def _run_codec(self, plan: str, source_state: dict, into: Optional[dict]) -> SyncResult:
+        targets, f = self._codec_runs.run(plan, {k: v for k, v in source_state.items() if is_weight(k)}, into)
+        return SyncResult(targets, f["seconds"], f["bytes_sent"], f["bytes_received"], f["bytes_copied"],
+                          f["bytes_kept"], f["rounds"], f["compile_s"],
+                          extra={key: f[key] for key in ("full", "dense_bytes", "reference_bytes")})
 
     def _run(self, plan: str, source_state: dict) -> SyncResult:
         program, compile_s = self.part(plan)
