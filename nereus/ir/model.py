@@ -28,6 +28,9 @@ ARCHITECTURE_DEFAULTS: dict[str, dict] = {
     "qwen3_moe": {"qk_norm": True, "norm_topk_prob": True},
 }
 ZERO_STAGES: tuple[int, ...] = (0, 1, 3)
+# `quant FORMAT` of a generation placement: fp8 = e4m3 weights, one fp32 scale per
+# 128 x 128 block (the block-FP8 layout of DeepSeek-V3 and vLLM)
+QUANT_FORMATS: tuple[str, ...] = ("fp8",)
 MOE_ARCHITECTURES: tuple[str, ...] = ("qwen3_moe",)
 # A model given as its tensor table (`model m = tensors { ... }`): any module, its tensors
 # named and shaped as declared, laid out by a placement's mesh layout (docs/ir.md).
@@ -355,6 +358,10 @@ class Placement:
     loc: Optional[Location] = _loc()
     key_locs: tuple[tuple[str, Location], ...] = _key_locs()
     ep: int = 1  # expert-parallel degree (MoE models; 1 for dense)
+    # weight format of a generation placement (QUANT_FORMATS): "fp8" holds the linear
+    # layers' weights as e4m3 with an fp32 scale per 128 x 128 block, quantized by the
+    # weight sync from the training weights (docs/ir.md, "Quantized generation weights")
+    quant: Optional[str] = None
     # A mesh layout (`tensors` models): one unit over all of `gpus`, each tensor split as
     # its rule says; then dp = pp = ep = 1 and tp = len(gpus) (the unit's width).
     layout: Optional[MeshLayout] = None

@@ -186,7 +186,8 @@ def placement_lines(placements: Sequence[Placement]) -> list[str]:
         else:
             mesh = f"mesh ({_dims(p.layout.dims)})"
         gpus = format_gpu_set(p.gpu_set or items_for(p.gpus))
-        flags = " ".join(f for f in ("offload" if p.offload else "", f"zero {p.zero}" if p.zero else "") if f)
+        flags = " ".join(f for f in ("offload" if p.offload else "", f"zero {p.zero}" if p.zero else "",
+                                     f"quant {p.quant}" if p.quant else "") if f)
         rows.append((str(p.model_stage), mesh, f"on {gpus}", flags))
     return _aligned(rows)
 

@@ -10,6 +10,7 @@ product of its ranges, expanded row-major (the last index varies fastest).
 
     members(at) -> iterator of index tuples       count(at) -> int
     member_name(family, index) -> str             parse_at(raw, where) -> tuple of ranges
+    member_names(family, at) -> tuple of str (row-major, cached)
     runs(sorted ints) -> [(lo, hi, step), ...]    at_json(at) -> [[lo, hi(, step)], ...]
     contains(outer, inner) -> bool                member_mask(at, extents) -> int (a bitset)
 
@@ -18,6 +19,7 @@ Pure Python; the emitter, the verifier and the runtime share it.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from typing import Iterable, Iterator
 
@@ -40,6 +42,15 @@ def member_name(family: str, index: Iterable[int]) -> str:
         out.append(str(value))
         out.append(part)
     return "".join(out)
+
+
+@functools.lru_cache(maxsize=4096)
+def member_names(family: str, at: tuple[Range, ...]) -> tuple[str, ...]:
+    """Every member of `family` that `at` names, row-major (as `members` orders them):
+    one printf template for the family instead of a split per member; cached, since a
+    part names the same (family, at) in its shards and in the segments that move them."""
+    template = family.replace("%", "%%").replace(PLACEHOLDER, "%d")
+    return tuple(template % index for index in members(at))
 
 
 def range_len(r: Range) -> int:

@@ -121,7 +121,7 @@ def _describe_expected(expected: set[str]) -> str:
     if _DECLARATION_KEYWORDS & expected:
         return "a declaration (cluster, model, workload, plan or transition)"
     if {"NAME", "ON", "MODEL_STAGE", "RBRACE"} <= expected:
-        return "a placement key (dp, tp, pp, ep, on, offload, zero, mesh), the next model-stage or '}'"
+        return "a placement key (dp, tp, pp, ep, on, offload, zero, mesh, quant), the next model-stage or '}'"
     if {"STRING", "RBRACE"} <= expected and "NAME" not in expected:
         return "a layout rule like \"*.weight\" shard(0) or '}'"
     if {"MODEL_STAGE", "RBRACE"} <= expected:
@@ -383,6 +383,9 @@ def _placement(node: Tree, file: str) -> PlacementSyntax:
             items.append(("key", _word(child.children[0], file), _word(child.children[1], file)))
         elif child.data == "pflag":
             items.append(("flag", _word(child.children[0], file), None))
+        elif child.data == "pquant":  # `quant fp8`: the keyword is an anonymous token, so its place is the node's
+            quant = Word("quant", Location(file, child.meta.line, child.meta.column))
+            items.append(("key", quant, _word(child.children[0], file)))
         elif child.data == "pmesh":
             mesh = Word("mesh", Location(file, child.meta.line, child.meta.column))
             items.append(("mesh", mesh, _mesh_dims(child.children[0], file)))

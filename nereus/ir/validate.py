@@ -258,6 +258,10 @@ def validate_placement(placement: Placement, module: Module) -> None:
         raise _error(f"zero applies to training only; {ms} holds no optimizer state", placement, "zero",
                      "drop zero here, or put it on a .training model-stage", _width(placement, "zero", placement.zero))
     model = module.model(ms.model)
+    if placement.quant is not None and ms.stage != "generation":
+        raise _error(f"quant applies to generation only; {ms} computes in {model.dtype}", placement, "quant",
+                     "drop quant here, or put it on a .generation model-stage (the weight sync quantizes)",
+                     _width(placement, "quant", placement.quant))
     if model.is_table or placement.layout is not None:
         validate_mesh_placement(placement, model, module)
         _validate_gpu_ids(placement, module)

@@ -30,6 +30,7 @@ from .tensors import COLUMN, REPLICATED, ROW, VOCAB, FusedPart, TensorSpec
 torch = LazyModule("torch")
 F = LazyModule("torch.nn.functional")
 parallel = LazyModule("nereus.models.parallel")
+fp8 = LazyModule("nereus.models.fp8")  # linear layers of a generation engine that holds FP8 weights
 moe = LazyModule("nereus.models.qwen3_moe")  # the sparse MLP of a model with experts
 if TYPE_CHECKING:
     from .expert_parallel import EpGroup
@@ -232,8 +233,9 @@ def _attention(x, w: Weights, i: int, shape: LocalShape, tp: TpGroup, cache: Opt
     b, t, _ = x.shape
     hd, nq, nkv = shape.head_dim, shape.heads, shape.kv_heads
     # this rank's bias rows match its weight rows; added inside the matmul as nn.Linear does
-    # (a separate add rounds bf16 twice: 0.03 off transformers' Qwen2 logits)
-    qkv = F.linear(parallel.copy_to_tp(x, tp), w[f"layers.{i}.attn.qkv.weight"], w.get(f"layers.{i}.attn.qkv.bias"))
+    # (a separate add rounds bf16 twice: 0.03 off transformers' Qwen2 logits); fp8.linear: the
+    # FP8 product where a `quant fp8` engine holds the weight as an Fp8Weight
+    qkv = fp8.linear(parallel.copy_to_tp(x, tp), w[f"layers.{i}.attn.qkv.weight"], w.get(f"layers.{i}.attn.qkv.bias"))
     q, k, v = qkv.split([nq * hd, nkv * hd, nkv * hd], dim=-1)
     q, k = q.view(b, t, nq, hd), k.view(b, t, nkv, hd)
     eps = model.norm_eps if model is not None else 1e-5
@@ -261,12 +263,13 @@ def _attention(x, w: Weights, i: int, shape: LocalShape, tp: TpGroup, cache: Opt
         mask, causal = padded_mask(pad, t, start), False
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
     out = out.transpose(1, 2).reshape(b, t, nq * hd)
-    return parallel.reduce_from_tp(out @ w[f"layers.{i}.attn.o.weight"].t(), tp)
+    return parallel.reduce_from_tp(fp8.linear(out, w[f"layers.{i}.attn.o.weight"]), tp)
 
 
 def _mlp(x, w: Weights, i: int, shape: LocalShape, tp: TpGroup):
-    gate, up = (parallel.copy_to_tp(x, tp) @ w[f"layers.{i}.mlp.gate_up.weight"].t()).split(shape.ffn, dim=-1)
-    return parallel.reduce_from_tp((F.silu(gate) * up) @ w[f"layers.{i}.mlp.down.weight"].t(), tp)
+    # fp8.linear: x @ W.t(), or the FP8 product where a `quant fp8` engine holds W as Fp8Weight
+    gate, up = fp8.linear(parallel.copy_to_tp(x, tp), w[f"layers.{i}.mlp.gate_up.weight"]).split(shape.ffn, dim=-1)
+    return parallel.reduce_from_tp(fp8.linear(F.silu(gate) * up, w[f"layers.{i}.mlp.down.weight"]), tp)
 
 
 def embed(model: Model, w: Weights, tokens: torch.Tensor, tp: TpGroup) -> torch.Tensor:

@@ -64,9 +64,13 @@ class StageDiff:
         if self.before.layout is not None or self.after.layout is not None:
             return self.before.gpus == self.after.gpus and self.before.layout == self.after.layout \
                 and self.before.offload == self.after.offload
+        # quant too: the weight sync quantizes into a `quant fp8` generation layout even where
+        # the mesh equals the training one (a plan change of quant alone keeps every shard)
         return self.before.gpus == self.after.gpus and (
-            self.before.dp, self.before.tp, self.before.pp, self.before.ep, self.before.offload, self.before.zero) == (
-            self.after.dp, self.after.tp, self.after.pp, self.after.ep, self.after.offload, self.after.zero)
+            self.before.dp, self.before.tp, self.before.pp, self.before.ep, self.before.offload, self.before.zero,
+            self.before.quant) == (
+            self.after.dp, self.after.tp, self.after.pp, self.after.ep, self.after.offload, self.after.zero,
+            self.after.quant)
 
 
 @dataclass(frozen=True)

@@ -103,12 +103,12 @@ def verify_program(program_json: dict, against=None, progress=None) -> VerifyRep
             data = expand_segment_units(data)
         except (AttributeError, KeyError, TypeError):
             pass  # malformed: the replay names where
-        header = parse_header(data)
-        if against is not None:
-            from .verify_world import check_against
+        from .verify_codec import is_codec, verify_codec
 
-            check_against(data, against)
-        report = _replay(data, header, cursor, progress)
+        if is_codec(data):  # a weight-sync codec program: its dense form, then what the codec adds
+            report = verify_codec(data, lambda dense: _prove(dense, against, cursor, progress))
+        else:
+            report = _prove(data, against, cursor, progress)
         return replace(report, warnings=tuple(warnings))
     except ProgramError:
         raise
@@ -119,6 +119,16 @@ def verify_program(program_json: dict, against=None, progress=None) -> VerifyRep
     finally:
         if enabled:
             gc.enable()
+
+
+def _prove(data: dict, against, cursor: _Cursor, progress=None) -> VerifyReport:
+    """The header checks (and, with `against`, the comparison with the plans), then the replay."""
+    header = parse_header(data)
+    if against is not None:
+        from .verify_world import check_against
+
+        check_against(data, against)
+    return _replay(data, header, cursor, progress)
 
 
 def _replay(data: dict, header: Header, cursor: _Cursor, progress=None) -> VerifyReport:

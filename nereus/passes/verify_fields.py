@@ -50,7 +50,7 @@ FIELDS: dict[str, dict[str, Field]] = {
             "gpus": Field(list, "gpus"), "nodes": Field(list, "nodes"), "tensors": Field(list, "tensors"),
             "units": Field(dict, "units"), "resident_bytes": Field(dict, int), "untouched": Field(list, str),
             "memory_model": Field(str, choices=MEMORY_MODELS), "rounds": Field(list, "round"), "rank": Field(int),
-            "peers": Field(list, int)},
+            "peers": Field(list, int), "quant": Field(dict), "delta": Field(dict)},  # quant, delta: verify_codec
     "transition": {"from": Field(str), "to": Field(str)},
     "gpus": {"id": Field(int), "node": Field(int), "mem_bytes": Field(int), "capacity_bytes": Field(int)},
     "nodes": {"id": Field(int), "host_mem_bytes": Field(int)},
@@ -66,13 +66,16 @@ FIELDS: dict[str, dict[str, Field]] = {
     "stage_out": {**_OP, "gpu": Field(int), "unit": Field(str), "bytes": Field(int)},
     "keep": {**_MOVES, "gpu": Field(int)},
     "copy": {**_MOVES, "gpu": Field(int), "bytes": Field(int)},
-    "send": {**_MOVES, "src": Field(int), "dst": Field(int), "bytes": Field(int)},
+    "send": {**_MOVES, "src": Field(int), "dst": Field(int), "bytes": Field(int), "encoding": Field(str)},
+    # weight-sync codec programs (verify_codec.py checks its entries)
+    "amax": {**_OP, "src": Field(int), "dst": Field(int), "entries": Field(list), "bytes": Field(int)},
     "segment": {"tensor": Field(str), "box": Field(list), **_UNITS},  # bounds: check_box
 }
 # version 2 (docs/program.md, "Version 2: ranges"): tensor families and their ranges
 RANGED = {"tensors": {"indices": Field(list, RANGES)}, "shard": {"at": Field(list, RANGES)},
           "segment": {"at": Field(list, RANGES)}}
 PART_FIELDS = ("rank", "peers")  # one rank's part only (docs/program.md, "Rank programs")
+CODEC_FIELDS = ("quant", "delta")  # a weight-sync codec program's (docs/program.md), proven by verify_codec
 MAX_WARNINGS = 20
 
 
@@ -90,7 +93,7 @@ def header_fields(ranged: bool = True) -> tuple[str, ...]:
 
     def fields(kind: str, prefix: str) -> None:
         for key, field in _fields(kind, ranged).items():
-            if kind == "top" and key in ("rounds", *PART_FIELDS):
+            if kind == "top" and key in ("rounds", *PART_FIELDS, *CODEC_FIELDS):
                 continue
             path = f"{prefix}{key}"
             out.append(path)
@@ -189,7 +192,7 @@ def _check(obj: dict, kind: str, unknown: list, specs: dict) -> None:
             raise
 
 
-_OP_KINDS = frozenset(("alloc", "free", "stage_out", "keep", "copy", "send"))
+_OP_KINDS = frozenset(("alloc", "free", "stage_out", "keep", "copy", "send", "amax"))
 
 
 def json_text(value, width: int = 40) -> str:

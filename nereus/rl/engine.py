@@ -84,7 +84,8 @@ class NativeEngine:
         return out
 
 
-def make_vllm_generation(module, plan: str, *, seed: int = 0, workdir: str = ""):
+def make_vllm_generation(module, plan: str, *, seed: int = 0, workdir: str = "", sync: str = "dense",
+                         full_every: int = 0):
     """This rank's vLLM generation stage (nereus.runtime.vllm_engine.VllmGeneration) for
     the RL loop: engines seeded with `seed`, long enough for prompt + response with room
     for drift, start-up checkpoints under `workdir` (default: a fresh temp dir).
@@ -99,7 +100,7 @@ def make_vllm_generation(module, plan: str, *, seed: int = 0, workdir: str = "")
     w = module.workload
     max_len = max(128, 2 * (w.prompt + w.response))
     return VllmGeneration(module, plan, workdir=workdir or tempfile.mkdtemp(prefix="nereus-vllm-"), seed=seed,
-                          max_model_len=max_len)
+                          max_model_len=max_len, sync_mode=sync, sync_full_every=full_every)
 
 
 def check_vllm_plans(module, cuda: bool) -> None:
@@ -119,6 +120,20 @@ def check_vllm_plans(module, cuda: bool) -> None:
                                 "path does not run yet", key_loc(placement, "zero"),
                                 hint="use zero 1 (sharded optimizer state) with --engine vllm, or --engine native")
     actor = module.model("actor")
+    for plan in module.plans:  # FP8 generation: vLLM's block-FP8 layout, on GPUs
+        placement = plan.placement("actor.generation")
+        if placement.quant is None:
+            continue
+        if not cuda:
+            raise SemanticError(f"plan {plan.name}: vLLM on CPU runs no block-FP8 weights (quant fp8)",
+                                placement.loc, hint="generate with --engine native (it dequantizes on CPU), or on GPUs")
+        rows = {"q": actor.heads * actor.head_dim, "k and v": actor.kv_heads * actor.head_dim, "gate and up": actor.ffn,
+                "hidden": actor.hidden}
+        cut = [f"{what} {n}" for what, n in rows.items() if n % (128 * (placement.tp if what != "hidden" else 1))]
+        if cut:
+            raise SemanticError(f"plan {plan.name}: vLLM's block FP8 needs every tensor-parallel part in whole "
+                                f"128-row blocks; at tp {placement.tp} the actor's {', '.join(cut)} rows are not",
+                                placement.loc, hint="use --engine native, whose blocks follow each shard")
     if actor.experts:
         raise SemanticError(f"--engine vllm does not run the mixture-of-experts actor ({actor.architecture}) yet",
                             actor.loc, hint="generate with --engine native (EP and TP layouts both run)")

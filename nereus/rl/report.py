@@ -24,7 +24,11 @@ def summary(result: dict) -> dict:
             "transition_seconds": transition_seconds, "run_seconds": run,
             "transition_share": transition_seconds / run if run else 0.0,
             "engine_restart_seconds": engine_seconds, "engine_restart_share": engine_seconds / run if run else 0.0,
-            "first_reward": steps[0]["reward"] if steps else None, "last_reward": steps[-1]["reward"] if steps else None}
+            "first_reward": steps[0]["reward"] if steps else None, "last_reward": steps[-1]["reward"] if steps else None,
+            # rank 0's weight-sync bytes, and what full syncs would have sent (equal unless --sync delta)
+            "sync_bytes": sum(s.get("sync_bytes", 0) for s in steps),
+            "sync_dense_bytes": sum(s.get("sync_dense_bytes", s.get("sync_bytes", 0)) for s in steps),
+            "sync_reference_bytes": max((s.get("sync_reference_bytes", 0) for s in steps), default=0)}
 
 
 def compare(run: dict, control: dict, run_state: Optional[str] = None, control_state: Optional[str] = None) -> dict:

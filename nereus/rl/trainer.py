@@ -78,6 +78,8 @@ class TrainSpec:
     save_every: int = 0
     keep: int = 3
     resume: str = ""
+    sync: str = "dense"  # the weight sync's mode: "dense" | "delta" (nereus.runtime.vllm_sync.SYNC_MODES)
+    sync_full_every: int = 0  # delta: a full sync every N syncs (0: only when one is needed)
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,16 @@ class StepRecord:
     response_length: float = 0.0  # mean tokens per response up to and with its eos (= response without one)
     reward_seconds: float = 0.0  # the reward (the task's rule, or the reward function on rank 0 and its broadcast)
     sync_seconds: float = 0.0  # the weight sync actor.training → actor.generation (in stage_seconds' generation too)
+    sync_dense_bytes: int = 0  # what a full sync of this plan sends from this rank (= sync_bytes for a dense one)
+    sync_full: bool = True  # whether this step's sync was a full one (delta: False after the first)
+    sync_reference_bytes: int = 0  # delta: what this rank keeps of its last messages (the sender's references)
+
+
+def _sync_figures(result) -> tuple[int, int, bool, int]:
+    """(sent, what a full sync sends, full, delta references kept) of a SyncResult."""
+    extra = result.extra
+    return (result.bytes_sent, extra.get("dense_bytes", result.bytes_sent), extra.get("full", True),
+            extra.get("reference_bytes", 0))
 
 
 def _report_dict(report: Any) -> dict:
@@ -151,14 +163,21 @@ class RlTrainer(StageCompute):
         self.vllm = None  # VllmGeneration when spec.engine == "vllm"
         if spec.engine not in ENGINES:
             raise SemanticError(f"unknown generation engine {spec.engine!r}", hint=f"engines: {', '.join(ENGINES)}")
+        self.fp8 = None  # the FP8 generation weights of a `quant fp8` plan (native engine), by global name
+        quant = any(plan.placement("actor.generation").quant for plan in module.plans)
+        if (quant or spec.sync != "dense") and (isinstance(runtime, RestartRuntime) or not dist.is_initialized()):
+            raise SemanticError("FP8 generation weights and --sync delta need the Nereus runtime's weight sync",
+                                hint="train with --runtime nereus")
         if spec.engine == "vllm":
-            self.vllm = make_vllm_generation(module, spec.plan, seed=spec.seed, workdir=spec.workdir)
+            self.vllm = make_vllm_generation(module, spec.plan, seed=spec.seed, workdir=spec.workdir,
+                                             sync=spec.sync, full_every=spec.sync_full_every)
         elif not isinstance(runtime, RestartRuntime) and dist.is_initialized():
             # the per-step actor → generation weight sync compiled by Nereus (vllm_sync.py);
             # the restart baseline keeps gather-everything-then-slice
             from nereus.runtime.vllm_sync import WeightSync
 
-            self.weight_sync = WeightSync(module, device=self.device)
+            self.weight_sync = WeightSync(module, device=self.device, mode=spec.sync,
+                                          full_every=spec.sync_full_every)
         self.plan_name = spec.plan
         group = self.cfg.group if self.cfg.algo == "grpo" else 1
         self.task = TextTask(spec.prompts, spec.tokenizer, spec.reward, spec.seed, self.w.prompt, group,
@@ -177,16 +196,30 @@ class RlTrainer(StageCompute):
     def initialise(self) -> None:
         """Every model-stage's initial shards, registered (nereus.rl.weights: a model
         declared hf("dir") reads this rank's boxes of its checkpoint, others are seeded)."""
-        stages = [ms for ms in self.stages if not (ms == "actor.generation" and self.vllm is not None)]
+        stages = [ms for ms in self.stages if not (ms == "actor.generation" and not self._holds_generation())]
         if self.spec.resume:  # the checkpoint's state, in this run's plan (nereus.rl.resume)
             self.start_step = self.persist.restore() + 1
+            if self._quant():
+                self.sync_generation_weights()
             return
-        # with vLLM the engines hold the generation weights (started below)
+        # with vLLM the engines hold the generation weights (started below); FP8 ones the
+        # trainer holds beside the runtime (self.fp8), synced from the training weights
         self.sources = register_initial_weights(self.rt, self.module, stages, self.spec.seed)
+        if self._quant():  # the first rollout's FP8 weights
+            self.sync_generation_weights()
         if self.vllm is not None:  # start the engines from the initial actor weights
             self.vllm.push(self.plan_name, self.rt.state("actor.training"))
             if dist.is_initialized():
                 dist.barrier()  # engine start-up (tens of seconds on CPU) is not part of step 1
+
+    def _quant(self, plan: Optional[str] = None) -> bool:
+        """Whether `plan`'s (default: the current plan's) generation holds FP8 weights."""
+        return self.module.plan(plan or self.plan_name).placement("actor.generation").quant is not None
+
+    def _holds_generation(self) -> bool:
+        """Whether the runtime holds actor.generation shards: not with vLLM (its engines do),
+        nor when every plan generates from FP8 weights (the trainer holds those)."""
+        return self.vllm is None and not all(self._quant(plan.name) for plan in self.module.plans)
 
     # -- one step --------------------------------------------------------------------------
 
@@ -266,7 +299,7 @@ class RlTrainer(StageCompute):
                 clock.lap("critic.training")
         clock.restart()
         syncing = time.perf_counter()
-        sync_bytes = self.sync_generation_weights()
+        sync_bytes, dense_bytes, full, references = self.sync_generation_weights()
         sync_seconds = time.perf_counter() - syncing
         clock.lap("actor.generation")
         kl = logp_old - logp_ref
@@ -276,7 +309,8 @@ class RlTrainer(StageCompute):
                           float(rm.mean()) if rm is not None else None,
                           time.perf_counter() - start, R, clock.seconds, sync_bytes,
                           hashlib.sha256(responses.cpu().numpy().tobytes()).hexdigest(),
-                          float(R) if mask is None else float(mask.sum(dim=1).mean()), reward_seconds, sync_seconds)
+                          float(R) if mask is None else float(mask.sum(dim=1).mean()), reward_seconds, sync_seconds,
+                          dense_bytes, full, references)
 
     def _rank(self) -> int:
         return dist.get_rank() if dist.is_initialized() else 0
@@ -288,6 +322,9 @@ class RlTrainer(StageCompute):
             return self.vllm.engine
         if role is None:
             return None
+        if self._quant():  # the FP8 weights the last sync wrote (nereus.models.fp8 computes with them)
+            return NativeEngine(self.module.model("actor"), lambda: {k.partition("/")[2]: v for k, v in self.fp8.items()},
+                                role.tp, role.pipe, role.ep)
         return NativeEngine(self.module.model("actor"), lambda: self.weights("actor.generation"), role.tp, role.pipe,
                             role.ep)
 
@@ -312,23 +349,38 @@ class RlTrainer(StageCompute):
             dist.all_reduce(full)
         return full
 
-    def sync_generation_weights(self) -> int:
+    def sync_generation_weights(self) -> tuple[int, int, bool, int]:
         """Copy the trained actor weights into the generation stage's shards (in place);
-        returns the bytes this rank sent. With vLLM: the compiled sync into the engines'
-        input layout, then each driver loads the weights into its engine."""
+        returns (bytes this rank sent, bytes a full sync would send, whether it was full,
+        bytes of delta references this rank keeps). With vLLM: the compiled sync into the
+        engines' input layout, then each driver loads the weights into its engine. A delta
+        sync writes into the runtime's generation shards in place; an FP8 one into the
+        trainer's FP8 weights (`self.fp8`)."""
         if self.vllm is not None:
-            return self.vllm.push(self.plan_name, self.rt.state("actor.training")).bytes_sent
-        if self.weight_sync is not None:  # the sync reads whole TP/PP shards: gathered under zero 3
-            result = self.weight_sync.run(self.plan_name, {f"actor/{k}": v for k, v in
-                                                           self.weights("actor.training", whole=True).items()})
-            local, sent = result.weights, result.bytes_sent
-        else:
+            return _sync_figures(self.vllm.push(self.plan_name, self.rt.state("actor.training")))
+        if self.weight_sync is None:
             full = self.rt.gather_state_dict("actor.training")
             local = self.rt.shard_state_dict("actor.generation", {k: v for k, v in full.items() if "#" not in k})
             sent = sum(t.numel() * t.element_size() for t in full.values())  # each rank all-reduces all
-        for name, tensor in self.rt.state("actor.generation").items():
-            tensor.copy_(local[name])  # a copy: kept shards of the sync alias training tensors
-        return sent
+            for name, tensor in self.rt.state("actor.generation").items():
+                tensor.copy_(local[name])
+            return sent, sent, True, 0
+        # the sync reads whole TP/PP shards: gathered under zero 3
+        source = {f"actor/{k}": v for k, v in self.weights("actor.training", whole=True).items()}
+        if self._quant():
+            result = self.weight_sync.run(self.plan_name, source)  # into the FP8 shards it keeps
+            self.fp8 = result.weights
+            return _sync_figures(result)
+        generation = self.rt.state("actor.generation")
+        in_place = self.weight_sync.is_codec(self.plan_name) and "host" not in self.rt.placement(
+            "actor.generation").values()
+        # a codec run writes the runtime's shards in place; a dense one's result aliases
+        # kept training tensors, so it is copied
+        result = self.weight_sync.run(self.plan_name, source, into=generation if in_place else None)
+        if not in_place:
+            for name, tensor in generation.items():
+                tensor.copy_(result.weights[name])
+        return _sync_figures(result)
 
     # -- the run ----------------------------------------------------------------------------
 
@@ -349,14 +401,18 @@ class RlTrainer(StageCompute):
             hook["round_hook"] = lambda index: kill_here("transition", after_step, self._rank(), self.persist.close)
         report = _report_dict(self.rt.transition(plan, **hook))
         self.roles = self.groups.for_plan(self.module, self.module.plan(plan), self.world)
-        engine_seconds, engine_moved = 0.0, False
+        engine_seconds, engine_moved, source = 0.0, False, self.plan_name
+        if self.vllm is None and self._quant(plan):  # FP8 weights of the new generation layout (a full sync)
+            followed, self.plan_name = time.perf_counter(), plan
+            self.sync_generation_weights()
+            engine_seconds = time.perf_counter() - followed
         if self.vllm is not None:  # engines follow the new generation layout (restarted where moved)
             followed = time.perf_counter()
             engine_moved = self.vllm.follow(plan, self.rt.state("actor.training")) is not None
             engine_seconds = time.perf_counter() - followed
         # an engine restart (a vLLM start-up, tens of seconds) is no part of the transition:
         # counted apart as engine_seconds (it was 95.67% of a run's "transition share")
-        record = {"after_step": after_step, "from": self.plan_name, "to": plan,
+        record = {"after_step": after_step, "from": source, "to": plan,
                   "seconds": time.perf_counter() - start - engine_seconds,
                   "bytes": int(report.get("total_bytes_sent", report.get("bytes", 0)) or 0),
                   "runtime_seconds": float(report.get("max_seconds", report.get("seconds", 0.0))),

@@ -134,7 +134,8 @@ def run(config: dict) -> dict:
                      prompts=config.get("prompts") or "", tokenizer=config.get("tokenizer") or "",
                      reward=config.get("reward") or "", samples_every=int(config.get("samples_every", 1)),
                      out=output if saving else "", save_every=int(config.get("save_every", 0)),
-                     keep=int(config.get("keep", 3)), resume=config.get("resume") or "")
+                     keep=int(config.get("keep", 3)), resume=config.get("resume") or "",
+                     sync=config.get("sync", "dense"), sync_full_every=int(config.get("sync_full_every", 0)))
     global _LOG
     if output and dist.get_rank() == 0:
         from .metrics import RunLog

@@ -7,7 +7,7 @@ that fails verification raises the same ProgramError on every rank and no rank e
 byte of it. The proof is the one `nereusc verify --against FILE.nir` gives: the symbolic
 replay plus the header re-derived from the module's plans. Cached with the program, per
 (from, to). `Runtime(..., verify_programs=False)` skips it for programs verified ahead of
-time.
+time; every rank's own checks of its part (nereus.runtime.part_check) still run.
 """
 
 from __future__ import annotations

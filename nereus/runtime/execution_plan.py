@@ -18,6 +18,8 @@ builds each plan once, and callers need not pass anything.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -33,11 +35,24 @@ from .wires import TORCH_DTYPES, region
 
 @dataclass(frozen=True)
 class StreamPlan:
-    """One direction of a round's packed stream with one peer, by shape alone."""
+    """One direction of a round's packed stream with one peer, by shape alone. Its views
+    (a chunk segment's `view`) are the packed pieces' tensors in order: piece i's k-th
+    tensor is view `starts[i] + k`."""
 
     peer: int
     pieces: tuple  # the packed pieces in stream order (message order)
-    chunks: tuple  # streams.ChunkPlan; segment.view indexes `pieces`
+    chunks: tuple  # streams.ChunkPlan; segment.view indexes the pieces' tensors (see `members`)
+    starts: tuple = ()  # per piece, the index of its first tensor among the stream's views
+
+    def members(self) -> list:
+        """[(piece, tensor)] per view of the stream, in order."""
+        return [(p, name) for p in self.pieces for name in p.tensors]
+
+    def member(self, view: int) -> tuple:
+        """(piece, tensor) of the stream's view `view`."""
+        i = bisect.bisect_right(self.starts, view) - 1
+        piece = self.pieces[i]
+        return piece, piece.tensors[view - self.starts[i]]
 
 
 @dataclass(frozen=True)
@@ -82,6 +97,11 @@ class ExecutionPlan:
 
 
 def build_plan(prog: RankProgram, chunk_bytes: int) -> ExecutionPlan:
+    """The ExecutionPlan of `prog` (module docstring). A piece of several tensors (a v2
+    range) is planned once: one Region for all of its tensors (they share the shard's
+    shape), one flag, and its tensors cut into a stream's chunks as runs
+    (streams.plan_chunks with counts), so the plan's work grows with the pieces, not with
+    the tensors they move."""
     aliases = [a for work in prog.rounds for a in work.aliases]
     metas: dict = {}
 
@@ -92,25 +112,28 @@ def build_plan(prog: RankProgram, chunk_bytes: int) -> ExecutionPlan:
         return metas[key]
 
     def src(p):
-        return region(p, meta(prog.before[p.src_unit][p.tensor]), True)
+        return region(p, meta(prog.before[p.src_unit][p.tensors[0]]), True)
 
     def dst(p):
-        return region(p, meta(prog.after[p.dst_unit][p.tensor]), False)
+        return region(p, meta(prog.after[p.dst_unit][p.tensors[0]]), False)
 
     def stream_plans(messages, flags, regions_of, side: str) -> tuple:
         per_peer: dict = {}
         for msg, in_stream, regions in zip(messages, flags, regions_of):
-            entry = per_peer.setdefault(msg.peer, ([], []))
+            entry = per_peer.setdefault(msg.peer, ([], [], []))
             for p, streamed, r in zip(msg.pieces, in_stream, regions):
                 if streamed:
-                    info = prog.before[p.src_unit][p.tensor] if side == "src" else prog.after[p.dst_unit][p.tensor]
+                    info = prog.before[p.src_unit][p.tensors[0]] if side == "src" else \
+                        prog.after[p.dst_unit][p.tensors[0]]
                     entry[0].append(p)
                     entry[1].append(r.view(meta(info)))
-        plans = (StreamPlan(peer, tuple(pieces), streams.plan_chunks(views, chunk_bytes))
-                 for peer, (pieces, views) in per_peer.items())
+                    entry[2].append(p.count)
+        plans = (StreamPlan(peer, tuple(pieces), streams.plan_chunks(views, chunk_bytes, counts=counts),
+                            tuple(itertools.accumulate(counts, initial=0))[:-1])
+                 for peer, (pieces, views, counts) in per_peer.items())
         return tuple(plan for plan in plans if plan.chunks)
 
-    aliased = frozenset((a.dst_unit, a.tensor) for a in aliases)
+    aliased = frozenset((a.dst_unit, name) for a in aliases for name in a.tensors)
     rounds = []
     allocated = set(aliased)  # keeps hand these over: never allocated
     for work in prog.rounds:
@@ -124,21 +147,24 @@ def build_plan(prog: RankProgram, chunk_bytes: int) -> ExecutionPlan:
                                 tuple((src(p), dst(p)) for p in work.copies),
                                 stream_plans(work.sends, send_flags, send_regions, "src"), recv_streams,
                                 _deferred(work, recv_flags, recv_streams), _alloc_bytes(prog, work, allocated)))
-    return ExecutionPlan(aliased, frozenset((a.src_unit, a.tensor) for a in aliases), tuple(rounds))
+    return ExecutionPlan(aliased, frozenset((a.src_unit, name) for a in aliases for name in a.tensors),
+                         tuple(rounds))
 
 
 def _deferred(work, recv_flags: tuple, recv_streams: tuple) -> frozenset:
     """The round's after-shards that no op needs before the data moves: written only by
     same-GPU copies and by received chunks that land in a ring slot (not in place)."""
-    written = {(p.dst_unit, p.tensor) for p in work.copies}
-    needed = {(a.dst_unit, a.tensor) for a in work.aliases}
+    written = {(p.dst_unit, name) for p in work.copies for name in p.tensors}
+    needed = {(a.dst_unit, name) for a in work.aliases for name in a.tensors}
     for msg, flags in zip(work.recvs, recv_flags):
         for p, streamed in zip(msg.pieces, flags):
-            (written if streamed else needed).add((p.dst_unit, p.tensor))
+            (written if streamed else needed).update((p.dst_unit, name) for name in p.tensors)
     for plan in recv_streams:
         for chunk in plan.chunks:
             if chunk.single:  # may be received into the shard itself: it must exist at the post
-                needed.update((plan.pieces[s.view].dst_unit, plan.pieces[s.view].tensor) for s in chunk.segments)
+                for s in chunk.segments:
+                    piece, name = plan.member(s.view)
+                    needed.add((piece.dst_unit, name))
     return frozenset(written - needed)
 
 
@@ -146,8 +172,8 @@ def _alloc_bytes(prog: RankProgram, work, allocated: set) -> tuple:
     """Per after-unit, the large-pool bytes of its shards the round allocates first (alloc
     ops, copy and receive destinations, deferred or not); adds them to `allocated`."""
     keys = [(unit, name) for unit in work.allocs for name in prog.after.get(unit, {})]
-    keys += [(p.dst_unit, p.tensor) for p in work.copies]
-    keys += [(p.dst_unit, p.tensor) for m in work.recvs for p in m.pieces]
+    keys += [(p.dst_unit, name) for p in work.copies for name in p.tensors]
+    keys += [(p.dst_unit, name) for m in work.recvs for p in m.pieces for name in p.tensors]
     per_unit: dict = {}
     for key in keys:
         if key not in allocated:

@@ -129,11 +129,11 @@ def round_bytes(work, host_before, host_after) -> int:
     after-unit (a copy from one offloaded unit into another stays in host memory)."""
     total = 0
     for msg in work.sends:
-        total += sum(p.nbytes for p in msg.pieces if p.src_unit in host_before)
+        total += sum(p.total_bytes for p in msg.pieces if p.src_unit in host_before)
     for msg in work.recvs:
-        total += sum(p.nbytes for p in msg.pieces if p.dst_unit in host_after)
+        total += sum(p.total_bytes for p in msg.pieces if p.dst_unit in host_after)
     for p in work.copies:
-        total += p.nbytes if (p.src_unit in host_before) != (p.dst_unit in host_after) else 0
+        total += p.total_bytes if (p.src_unit in host_before) != (p.dst_unit in host_after) else 0
     return total
 
 

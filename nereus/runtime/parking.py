@@ -63,7 +63,7 @@ def restore_parked(parking: "Parking", error: BaseException, prog: RankProgram) 
 def _released(prog: RankProgram) -> list:
     """[(round, unit, bytes)] of the before-units this rank releases (first free or
     stage_out), in round order; bytes exclude shards a keep hands over in place."""
-    kept = {(a.src_unit, a.tensor) for w in prog.rounds for a in w.aliases}
+    kept = {(a.src_unit, name) for w in prog.rounds for a in w.aliases for name in a.tensors}
     seen, out = set(), []
     for work in prog.rounds:
         for unit in work.stage_outs + work.frees:
@@ -83,11 +83,12 @@ def replay(prog: RankProgram, resident_bytes: int = 0, offloaded: frozenset = fr
     host memory (staged out in an earlier round, or of an offloaded before-unit: copied to
     the device whole) or written into it (an offloaded after-unit: a bounce tensor).
     offloaded: {("before" | "after", unit id)} of the units in host memory. Offloaded
-    shards count as live here (an overcount: they are host memory)."""
+    shards count as live here (an overcount: they are host memory). A piece of several
+    tensors counts once per tensor."""
     host_before = {unit for phase, unit in offloaded if phase == "before"}
     host_after = {unit for phase, unit in offloaded if phase == "after"}
-    kept = {(a.src_unit, a.tensor) for w in prog.rounds for a in w.aliases}
-    aliased_dst = {(a.dst_unit, a.tensor) for w in prog.rounds for a in w.aliases}
+    kept = {(a.src_unit, name) for w in prog.rounds for a in w.aliases for name in a.tensors}
+    aliased_dst = {(a.dst_unit, name) for w in prog.rounds for a in w.aliases for name in a.tensors}
     live = resident_bytes + sum(i.nbytes for shards in prog.before.values() for i in shards.values())
     allocated: set = set()
     released: set = set()
@@ -104,13 +105,15 @@ def replay(prog: RankProgram, resident_bytes: int = 0, offloaded: frozenset = fr
             for name in prog.after.get(unit, {}):
                 alloc(unit, name)
         for piece in work.copies:
-            alloc(piece.dst_unit, piece.tensor)
+            for name in piece.tensors:
+                alloc(piece.dst_unit, name)
         for msg in work.recvs:
             for p in msg.pieces:
-                alloc(p.dst_unit, p.tensor)
-        buffers = sum(packed(p.nbytes) if not p.direct else p.nbytes if p.src_unit in host_before else 0
+                for name in p.tensors:
+                    alloc(p.dst_unit, name)
+        buffers = sum(p.count * (packed(p.nbytes) if not p.direct else p.nbytes if p.src_unit in host_before else 0)
                       for m in work.sends for p in m.pieces)
-        buffers += sum(packed(p.nbytes) if not p.direct else p.nbytes if p.dst_unit in host_after else 0
+        buffers += sum(p.count * (packed(p.nbytes) if not p.direct else p.nbytes if p.dst_unit in host_after else 0)
                        for m in work.recvs for p in m.pieces)
         peaks.append(live + buffers)
         host_before.update(work.stage_outs)  # later sends read them from host memory

@@ -130,14 +130,35 @@ def stream_classes(prog: RankProgram, device: torch.device, dtypes: dict, offloa
     kernels = _pack_kernels(device)
     if kernels is None:
         return frozenset()
-    calls = []
-    for kind, views, on_host in stream_views(prog, dtypes, offloaded):
-        for segments in streams.chunk_views(views, streams.CHUNK_BYTES):
-            if on_host or streams.fused(segments):  # the other chunks are plain copies
-                calls.append((kind, segments, packing.layout([v.numel() * v.element_size() for v in segments])[0]))
     packer = kernels.default_packer()
-    return frozenset(packer.launch_classes(calls)) if packer.backend_for(torch.device(device)) == "triton" \
-        else frozenset()
+    if packer.backend_for(torch.device(device)) != "triton":
+        return frozenset()
+    return chunk_classes(prog, packer, dtypes, offloaded)
+
+
+def chunk_classes(prog: RankProgram, packer, dtypes: dict, offloaded=frozenset()) -> frozenset:
+    """The kernel variants (`packer`'s names) of the chunks the executor packs or unpacks
+    with the kernels when no replay runs: chunks with pieces in host memory and fused
+    ones (many segments, some strided). Each chunk's pieces as a table of its segments
+    (replay.message_table: a segment of a range's tensors is cut once), as
+    segments.view_pieces cuts the views the executor takes (PeerStream.chunk) of tensors
+    at 16-byte aligned addresses."""
+    from nereus.backends.triton.replay import Box, message_table
+
+    classes: set = set()
+    for kind, sp, on_host in stream_plans(prog, offloaded):
+        for chunk in sp.chunks:
+            if not (on_host or chunk.fused):  # the other chunks are plain copies
+                continue
+            entries = []  # every entry's views from slot 1 on, all at residue 0
+            for s, at in zip(chunk.segments, chunk.offsets):
+                piece, name = sp.member(s.view)
+                info = prog.before[piece.src_unit][name] if kind == "pack" else prog.after[piece.dst_unit][name]
+                entries.append((Box(1, s.shape, s.stride, s.offset, dtypes[info.dtype].itemsize), 0, at, s.count,
+                                s.spacing))
+            residues = (0,) * (1 + max(s.count for s in chunk.segments))
+            classes |= packer.classes_of(kind, message_table(kind, entries, residues))
+    return frozenset(classes)
 
 
 def _pack_kernels(device):
@@ -148,32 +169,33 @@ def _pack_kernels(device):
     return kernels
 
 
-def stream_views(prog: RankProgram, dtypes: dict, offloaded=frozenset()) -> list:
-    """[(kind "pack" | "unpack", views, on_host)]: per round, peer and direction, the
-    packed pieces' views (in message order) on meta tensors of the shards' shapes, and
-    whether some of them lie in host memory (a unit of `offloaded`, ("before" | "after",
-    unit id) pairs)."""
-    plan = plan_for(prog, streams.CHUNK_BYTES)  # which pieces stream: as the executor decides
+def stream_plans(prog: RankProgram, offloaded=frozenset()) -> list:
+    """[(kind "pack" | "unpack", execution_plan.StreamPlan, on_host)]: per round, peer and
+    direction, the stream of packed pieces as the executor plans it, and whether some of
+    them lie in host memory (a unit of `offloaded`, ("before" | "after", unit id) pairs)."""
     out = []
-    for work, planned in zip(prog.rounds, plan.rounds):
-        for kind, messages, flags in (("pack", work.sends, planned.send_in_stream),
-                                      ("unpack", work.recvs, planned.recv_in_stream)):
-            per_peer: dict = {}
-            host: set = set()
-            for msg, in_stream in zip(messages, flags):
-                for p, streamed in zip(msg.pieces, in_stream):
-                    if not streamed:
-                        continue
-                    if kind == "pack":  # as the executor views it (wires: two-part pieces too)
-                        view = src_region(p, _meta(prog.before[p.src_unit][p.tensor], dtypes))
-                        away = ("before", p.src_unit) in offloaded
-                    else:
-                        view = dst_region(p, _meta(prog.after[p.dst_unit][p.tensor], dtypes))
-                        away = ("after", p.dst_unit) in offloaded
-                    per_peer.setdefault(msg.peer, []).append(view)
-                    if away:
-                        host.add(msg.peer)
-            out += [(kind, views, peer in host) for peer, views in per_peer.items()]
+    for planned in plan_for(prog, streams.CHUNK_BYTES).rounds:
+        for kind, plans in (("pack", planned.send_streams), ("unpack", planned.recv_streams)):
+            for sp in plans:
+                away = [("before", p.src_unit) if kind == "pack" else ("after", p.dst_unit) for p in sp.pieces]
+                out.append((kind, sp, any(a in offloaded for a in away)))
+    return out
+
+
+def stream_views(prog: RankProgram, dtypes: dict, offloaded=frozenset()) -> list:
+    """[(kind "pack" | "unpack", views, on_host)]: `stream_plans` with each stream's packed
+    pieces as views (in message order, a view per tensor of a piece) on meta tensors of
+    the shards' shapes."""
+    out = []
+    for kind, sp, on_host in stream_plans(prog, offloaded):
+        views = []
+        for p in sp.pieces:
+            if kind == "pack":  # as the executor views it (wires: two-part pieces too)
+                view = src_region(p, _meta(prog.before[p.src_unit][p.tensors[0]], dtypes))
+            else:
+                view = dst_region(p, _meta(prog.after[p.dst_unit][p.tensors[0]], dtypes))
+            views += [view] * p.count
+        out.append((kind, views, on_host))
     return out
 
 
@@ -260,7 +282,7 @@ def warm_parking(prog: RankProgram, units: Optional[set], dtypes: dict) -> int:
     host allocator's cache instead of paying cudaHostAlloc. Returns the bytes pinned."""
     if not torch.cuda.is_available():
         return 0
-    kept = {(a.src_unit, a.tensor) for w in prog.rounds for a in w.aliases}
+    kept = {(a.src_unit, name) for w in prog.rounds for a in w.aliases for name in a.tensors}
     blocks = []
     for work in prog.rounds:
         for unit in work.stage_outs + work.frees:
@@ -296,9 +318,8 @@ def reserve_memory(prog: RankProgram, aliased: set, device, dtypes: dict, room: 
         return 0
     sizes = [info.nbytes for unit, shards in prog.after.items() for name, info in shards.items()
              if (unit, name) not in aliased]
-    for kind, views, _ in stream_views(prog, dtypes):  # the ring slots (meta views: in place as on the device)
-        sizes += [n for n in streams.slot_sizes(streams.chunk_views(views, streams.CHUNK_BYTES), "meta",
-                                                streams.DEPTH) if n]
+    for _, sp, _ in stream_plans(prog):  # the ring slots (a chunk of one contiguous segment travels in place)
+        sizes += [n for n in streams.ring([0 if c.single else c.nbytes for c in sp.chunks], streams.DEPTH) if n]
     blocks, total = [], 0
     try:
         for size in sorted(sizes, reverse=True):

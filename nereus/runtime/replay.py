@@ -119,18 +119,22 @@ def _building(plan) -> bool:
 
 def _copy_replay(plan, prog, index: int, pieces, residues: tuple, device, building: bool = True):
     """The Replay of round `index`'s copies for these residues (None: not built, and not
-    `building`)."""
+    `building`). Slots 2f and 2f + 1: the source and destination shard of the copies'
+    f-th tensor (a piece of several tensors: one entry of its count, slots 2 apart)."""
     from nereus.backends.triton import replay
 
     def boxes():
         regions = plan.rounds[index].copy_regions
-        return [(_box(src, prog.before[p.src_unit][p.tensor], 2 * i), _box(dst, prog.after[p.dst_unit][p.tensor],
-                                                                           2 * i + 1))
-                for i, (p, (src, dst)) in enumerate(zip(pieces, regions))]
+        out, f = [], 0
+        for p, (src, dst) in zip(pieces, regions):
+            out.append((_box(src, prog.before[p.src_unit][p.tensors[0]], 2 * f),
+                        _box(dst, prog.after[p.dst_unit][p.tensors[0]], 2 * f + 1), p.count, 2))
+            f += p.count
+        return out
 
     def build():
-        pairs = _cached(plan, ("copy boxes", index), boxes)
-        return replay.Replay("copy", replay.copy_pieces(pairs, residues), device)
+        entries = _cached(plan, ("copy boxes", index), boxes)
+        return replay.Replay("copy", replay.copy_table(entries, residues), device)
 
     return _cached(plan, ("copy", index, _device_key(device), residues), build, building)
 
@@ -142,9 +146,11 @@ def copies(plan, prog, index: int, pieces, sources: dict, new: dict, device) -> 
     if packer is None or not pieces:
         return False
     tensors = []
-    for p in pieces:  # slot 2i: piece i's source shard, 2i + 1: its destination shard
-        tensors.append(sources[p.src_unit].get(p.tensor))
-        tensors.append(new.get(p.dst_unit, {}).get(p.tensor))
+    for p in pieces:  # slot 2f: the f-th tensor's source shard, 2f + 1: its destination shard
+        shards, slot = sources[p.src_unit], new.get(p.dst_unit, {})
+        for name in p.tensors:
+            tensors.append(shards.get(name))
+            tensors.append(slot.get(name))
     addresses = _addresses(tensors, device)
     if addresses is None:
         return False
@@ -178,13 +184,15 @@ def _stream_replays(plan, index: int, direction: str, stream_plan, depth: int, r
 
     def build():
         out = []
+        table = replay.residue_table(residues) if any(s.count >= replay.TABLE_MIN_BOXES for c in stream_plan.chunks
+                                                     for s in c.segments) else None  # once for the stream's chunks
         for k, (chunk, wanted) in enumerate(zip(stream_plan.chunks, replayed)):
             if not wanted:
                 out.append(None)
                 continue
-            entries = [(replay.Box(slots + s.view, s.shape, s.stride, s.offset, elems[s.view]), k % depth, at)
-                       for s, at in zip(chunk.segments, chunk.offsets)]
-            out.append(replay.Replay(kind, replay.message_pieces(kind, entries, residues)))
+            entries = [(replay.Box(slots + s.view, s.shape, s.stride, s.offset, elems[s.view]), k % depth, at,
+                        s.count, s.spacing) for s, at in zip(chunk.segments, chunk.offsets)]
+            out.append(replay.Replay(kind, replay.message_table(kind, entries, residues, table)))
         replay.to_device([r for r in out if r is not None], device)  # one upload for the stream
         return out
 
@@ -256,17 +264,17 @@ def warm_steps(prog, plan, device, depth: int, offloaded=frozenset()) -> Iterato
 
     for index, (work, planned) in enumerate(zip(prog.rounds, plan.rounds)):
         if work.copies and not any(on_host(p) for p in work.copies):
-            zeros = (0,) * (2 * len(work.copies))
+            zeros = (0,) * (2 * sum(p.count for p in work.copies))
             yield _copy_replay(plan, prog, index, work.copies, zeros, device).classes
         for direction, stream_plans in (("send", planned.send_streams), ("recv", planned.recv_streams)):
             for sp in stream_plans:
                 if any(on_host(p) for p in sp.pieces):
                     continue
-                side = [prog.before[p.src_unit][p.tensor] if direction == "send" else prog.after[p.dst_unit][p.tensor]
-                        for p in sp.pieces]
+                side = [prog.before[p.src_unit][p.tensors[0]] if direction == "send" else
+                        prog.after[p.dst_unit][p.tensors[0]] for p in sp.pieces]
                 replayed = tuple(not c.single for c in sp.chunks)
                 if not any(replayed):
                     continue
-                zeros = (0,) * (min(depth, len(sp.chunks)) + len(sp.pieces))
-                elems = [TORCH_DTYPES[info.dtype].itemsize for info in side]
+                elems = [TORCH_DTYPES[info.dtype].itemsize for info, p in zip(side, sp.pieces) for _ in p.tensors]
+                zeros = (0,) * (min(depth, len(sp.chunks)) + len(elems))
                 yield _classes(_stream_replays(plan, index, direction, sp, depth, replayed, elems, zeros, device))

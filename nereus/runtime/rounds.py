@@ -24,6 +24,7 @@ from nereus.ir.diagnostics import ProgramError, env_flag
 
 from . import offload, packing, replay, streams
 from .allocator import reserve_ahead
+from .checksums import message_sums, mismatch
 from .control import Failure, agree
 from .posting import p2p_ops as _p2p_ops, post as _post
 from .program import RankProgram
@@ -152,35 +153,36 @@ def run_round(run: _Run, work, events: Optional[list] = None) -> RoundTiming:
             step = f"alloc {unit}"
             allocate(prog, unit, new, live, device, run.aliased, run.host_after, deferred)
         for alias in work.aliases:
-            step = f"keep {alias.dst_unit} {alias.tensor}"
-            tensor = before[alias.src_unit][alias.tensor]
-            slot = new.setdefault(alias.dst_unit, {})
-            if alias.tensor not in slot:
-                slot[alias.tensor] = tensor
-                if alias.dst_unit not in run.host_after:
-                    live.add(tensor)
-            run.written[(alias.dst_unit, alias.tensor)] = tensor.numel()
-            result.kept_bytes += tensor.numel() * tensor.element_size()
+            shards, slot = before[alias.src_unit], new.setdefault(alias.dst_unit, {})
+            for name in alias.tensors:
+                step = f"keep {alias.dst_unit} {name}"
+                tensor = shards[name]
+                if name not in slot:
+                    slot[name] = tensor
+                    if alias.dst_unit not in run.host_after:
+                        live.add(tensor)
+                run.written[(alias.dst_unit, name)] = tensor.numel()
+                result.kept_bytes += tensor.numel() * tensor.element_size()
         for piece in work.copies:  # allocated now (unless deferred), copied while the messages travel
-            if (piece.dst_unit, piece.tensor) not in deferred:
-                step = f"alloc {piece.dst_unit} {piece.tensor}"
-                destination(prog, new, live, device, piece, run.host_after)
+            for name in piece.tensors:
+                if (piece.dst_unit, name) not in deferred:
+                    step = f"alloc {piece.dst_unit} {name}"
+                    destination(prog, new, live, device, piece.dst_unit, name, run.host_after)
         host_sources = run.host_before | run.staged
         for msg, in_stream, regions in zip(work.sends, planned.send_in_stream, planned.send_regions):
             step, peer = "pack send", msg.peer
-            sends.append(outgoing(msg, sources, device, in_stream, regions, host_sources, run.verify))
+            sends.append(outgoing(msg, sources, device, in_stream, regions, host_sources))
         for msg, in_stream, regions in zip(work.recvs, planned.recv_in_stream, planned.recv_regions):
             step, peer = "alloc recv", msg.peer
-            recvs.append(incoming(msg, prog, new, live, device, in_stream, regions, run.host_after, run.verify,
-                                  deferred))
+            recvs.append(incoming(msg, prog, new, live, device, in_stream, regions, run.host_after, deferred))
         if run.host_before or run.host_after:  # nothing offloaded (the common case): no piece to scan
             result.offload_bytes += offload.round_bytes(work, run.host_before, run.host_after)
         step, peer = "alloc stream buffers", None
         # the streams' chunks come from the plan: one as_strided per segment of the live tensors
-        out_streams = planned_streams(planned.send_streams, lambda p: sources[p.src_unit][p.tensor], device,
+        out_streams = planned_streams(planned.send_streams, lambda p, name: sources[p.src_unit][name], device,
                                       run.depth, functools.partial(replay.bind_stream, run.plan, work.index, "send",
                                                                    device))
-        in_streams = planned_streams(planned.recv_streams, lambda p: _destination_now_or_later(run, p),
+        in_streams = planned_streams(planned.recv_streams, lambda p, name: _destination_now_or_later(run, p, name),
                                      device, run.depth, functools.partial(replay.bind_stream, run.plan, work.index,
                                                                           "recv", device))
         buffers = round_buffer_bytes(planned, work, run.depth, host_sources, run.host_after)
@@ -239,12 +241,12 @@ def run_round(run: _Run, work, events: Optional[list] = None) -> RoundTiming:
         out_ops, in_ops = [], []
         if run.verify:  # after every data op of its peer: the last batch, on the first data group
             group = group[0] if isinstance(group, (list, tuple)) else group
-            for w in sends:
-                sums = torch.tensor([c for v in w.views for c in packing.checksum(v)], dtype=torch.int64)
+            for w in sends:  # the regions the receiver expects, read through the shards' boxes (checksums.py)
+                sums = torch.tensor(message_sums(w.msg, sources, prog.before, True), dtype=torch.int64)
                 out_ops.append((1 << 30, dist.P2POp(dist.isend, sums.to(device), w.msg.peer, group,
                                                     _VERIFY_TAG + w.msg.op_index)))
             for w in recvs:
-                sums = torch.empty(2 * len(w.msg.pieces), dtype=torch.int64, device=device)
+                sums = torch.empty(2 * sum(p.count for p in w.msg.pieces) + 1, dtype=torch.int64, device=device)
                 sums_in.append(sums)
                 in_ops.append((1 << 30, dist.P2POp(dist.irecv, sums, w.msg.peer, group, _VERIFY_TAG + w.msg.op_index)))
         requests += _post(out_ops, in_ops)
@@ -274,13 +276,13 @@ def run_round(run: _Run, work, events: Optional[list] = None) -> RoundTiming:
             torch.cuda.current_stream(device).synchronize()  # host views written by queued copies
         for i, w in enumerate(recvs):
             step, peer = "unpack recv", w.msg.peer
-            for p in w.msg.pieces:
-                run.written[(p.dst_unit, p.tensor)] = run.written.get((p.dst_unit, p.tensor), 0) + p.numel
-            if run.verify:
-                got = [c for v in w.views for c in packing.checksum(v)]
-                if got != sums_in[i].tolist():
+            _count_written(run.written, w.msg.pieces)
+            if run.verify:  # the regions this rank expects written, read through its shards' boxes
+                got, sent = message_sums(w.msg, new, prog.after, False), sums_in[i].tolist()
+                if got != sent:
                     run.verified = False
-                    raise ProgramError(f"checksum mismatch in the message from {w.msg.peer}")
+                    raise ProgramError(f"checksum mismatch in the message from {w.msg.peer} (op {w.msg.op_index}): "
+                                       f"{mismatch(w.msg, got, sent)}")
             if fault == (rank, work.index, "unpack"):
                 raise InjectedFault("injected fault (unpack)")
         peer = None
@@ -314,13 +316,23 @@ COPIES_AFTER = env_flag("NEREUS_COPIES_AFTER", False)
 DEFER_DESTINATIONS = env_flag("NEREUS_DEFER_DESTINATIONS", False)
 
 
-def _destination_now_or_later(run: _Run, piece):
-    """A received piece's destination shard, or for a deferred one not allocated yet a
-    function that allocates it (PeerStream.planned calls it when the chunk is unpacked)."""
-    shard = run.new.get(piece.dst_unit, {}).get(piece.tensor)
+def _destination_now_or_later(run: _Run, piece, name: str):
+    """A received piece's destination shard of tensor `name`, or for a deferred one not
+    allocated yet a function that allocates it (PeerStream.planned calls it when the
+    chunk is unpacked)."""
+    shard = run.new.get(piece.dst_unit, {}).get(name)
     if shard is not None:
         return shard
-    return functools.partial(destination, run.prog, run.new, run.live, run.device, piece, run.host_after)
+    return functools.partial(destination, run.prog, run.new, run.live, run.device, piece.dst_unit, name,
+                             run.host_after)
+
+
+def _count_written(written: dict, pieces) -> None:
+    """Add each piece's elements to `written` per (after-unit, tensor) it writes."""
+    for p in pieces:
+        unit, numel = p.dst_unit, p.numel
+        for name in p.tensors:
+            written[(unit, name)] = written.get((unit, name), 0) + numel
 
 
 def _copies(run: _Run, work, side) -> Optional[tuple]:
@@ -331,7 +343,8 @@ def _copies(run: _Run, work, side) -> Optional[tuple]:
     step = f"copy {len(work.copies)} pieces"
     try:
         for piece in work.copies:
-            destination(run.prog, run.new, run.live, run.device, piece, run.host_after)
+            for name in piece.tensors:
+                destination(run.prog, run.new, run.live, run.device, piece.dst_unit, name, run.host_after)
         if side is not None:
             # a destination just allocated may reuse a block that work queued on the current
             # stream since `side` last waited for it (a temporary freed meanwhile) still
@@ -347,17 +360,18 @@ def _copies(run: _Run, work, side) -> Optional[tuple]:
 def _copy_pieces(run: _Run, pieces, index: int) -> None:
     """Same-GPU pieces, batched by `packing.copy_pairs` (an expert-parallel round has
     thousands: one Python step and copy launch each cost more than the bytes)."""
-    written, sources, new = run.written, run.sources, run.new
-    for piece in pieces:
-        written[(piece.dst_unit, piece.tensor)] = written.get((piece.dst_unit, piece.tensor), 0) + piece.numel
-        run.result.copied_bytes += piece.nbytes
+    sources, new = run.sources, run.new
+    _count_written(run.written, pieces)
+    run.result.copied_bytes += sum(piece.total_bytes for piece in pieces)
     # CUDA: one replayed launch per access class, its tables kept with the plan (replay.py)
     if replay.copies(run.plan, run.prog, index, pieces, sources, new, run.device):
         return
     dsts, srcs = [], []
     for piece, (src, dst) in zip(pieces, run.plan.rounds[index].copy_regions):
-        srcs.append(src.view(sources[piece.src_unit][piece.tensor]))
-        dsts.append(dst.view(new[piece.dst_unit][piece.tensor]))
+        shards, slot = sources[piece.src_unit], new[piece.dst_unit]
+        for name in piece.tensors:
+            srcs.append(src.view(shards[name]))
+            dsts.append(dst.view(slot[name]))
     packing.copy_pairs(dsts, srcs)
 
 

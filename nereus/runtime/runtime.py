@@ -24,7 +24,9 @@ Compilation runs once per (source, target) on every rank, each lowering only its
 of the program (nereus.runtime.distribute: no rank receives or holds the whole program),
 then cached; rank 0 proves the whole program correct first (nereus.runtime.admission) and
 each rank checks its part's digest against the proven one, so no rank runs an unverified
-part unless `verify_programs=False`.
+part unless `verify_programs=False`. Either way every rank checks its own part before any
+byte moves (nereus.runtime.part_check: its new shards written exactly once, its messages
+what its peers expect), and a wrong part is refused on every rank.
 
 Rollback (`Runtime(..., rollback=)`): a transition is all or nothing, so the old shards
 must survive until every rank commits. "auto" (the default for CUDA tensors): an old
@@ -164,7 +166,8 @@ class Runtime(LocalState, LiveParts):
         ops of one communicator one after the other; several overlap that); default
         NEREUS_P2P_GROUPS, else 4 on NCCL and 1 otherwise. verify_programs: prove every
         compiled program correct before running it (nereus.runtime.admission); False for
-        programs verified ahead of time. prover: where rank 0 proves them, "process" (a
+        programs verified ahead of time (each rank's own checks of its part run either way,
+        nereus.runtime.part_check). prover: where rank 0 proves them, "process" (a
         process beside it, overlapping its own lowering), "inline" or "auto" (default
         NEREUS_PROVER, else auto: a process on CUDA; nereus.runtime.prover). ahead: lower
         this rank's part of each transition from the current plan, build its replays and
@@ -348,7 +351,8 @@ class Runtime(LocalState, LiveParts):
         digest), cached as its canonical JSON text (each call returns a fresh dict); and the
         seconds it took."""
         with paused_all():
-            text, compile_s, _, lowering = self._compiled(target)
+            # lowered too: the agreement checks every rank's work list (part_check)
+            text, compile_s, _, lowering = self._compiled(target, self._lower_part)
             if lowering is not None:  # the transition's lowering will use it
                 self._unused_lowering[(self._plan, target)] = lowering
         return json.loads(text), compile_s
@@ -375,7 +379,7 @@ class Runtime(LocalState, LiveParts):
             self._take_wait_s[key] = time.perf_counter() - taking
             got = obtain_rank_part(self.module, self._plan, target, self.rank, self.world_size, self._control,
                                    self.verify_programs, prover=self._prover, then=then, timeout_s=self.timeout_s,
-                                   ahead=early)
+                                   ahead=early, work_of=_work_list)
             if got.then is not None:
                 self._unused_lowering[key] = (got.then, early is not None)
             self._verify_program_s[key] = got.proof_s
@@ -494,6 +498,12 @@ class Runtime(LocalState, LiveParts):
                        rollback=self.rollback, park_device_types=self.park_device_types, round_hook=round_hook,
                        capacity_bytes=figures.capacity_bytes, offloaded=figures.offloaded, clock_start=started,
                        agreement=agreement)
+
+
+def _work_list(lowered: tuple):
+    """The RankProgram in what `_lower_part` (or the lowering-ahead thread) gave."""
+    return lowered[1]
+
 
 def _check_options(timeout_s, direct_min_bytes, park_device_types, p2p_groups) -> None:
     """The constructor's numeric and device-type options, each a NereusError naming it."""

@@ -33,7 +33,6 @@ reported), so no peer waits forever.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -43,6 +42,8 @@ import torch.distributed as dist
 from nereus.ir.diagnostics import env_flag, env_number
 
 from . import offload, packing
+# chunk planning lives in chunks.py; these names are re-exported here, where callers look
+from .chunks import FUSED_MIN_SEGMENTS, ChunkPlan, SegmentPlan, cut, fused, nbytes_of, plan, ring  # noqa: F401
 
 STREAM_TAG = 1 << 20  # gloo tags of stream chunks start here (direct pieces: from 0)
 # chunk size and ring depth; 128 MiB x 8 slots = 1 GiB of buffers per peer and direction
@@ -72,99 +73,27 @@ def streamed(piece, both_ways: bool, chunk_bytes: int) -> bool:
     return not piece.direct or (both_ways and piece.nbytes < (BOTH_DIRECT_MIN or chunk_bytes))
 
 
-def _nbytes(view: torch.Tensor) -> int:
-    return view.numel() * view.element_size()
-
-
-def _aligned(n: int) -> int:
-    return (n + packing.ALIGN - 1) // packing.ALIGN * packing.ALIGN
-
-
 def chunk_views(views: list, chunk_bytes: int, alone_bytes: Optional[int] = None) -> list:
     """[[segment view]]: `views` in order, cut into chunks of at most `chunk_bytes` packed
-    bytes (a row larger than a chunk travels alone); a view is split along its first
-    dimension, so each segment is a view of whole rows. A view of `alone_bytes` or more
-    (default ALONE_BYTES; 0: no such rule) shares no chunk: its chunks hold it alone.
-    Depends on shapes and dtypes only (works on meta tensors), so both sides of a stream
-    cut it alike."""
-    return [[segment for _, segment in chunk] for chunk in _cut(views, chunk_bytes, alone_bytes)]
-
-
-def _cut(views: list, chunk_bytes: int, alone_bytes: Optional[int]) -> list:
-    """`chunk_views` with each segment as (index of the view it cuts, segment). A view cut
-    where a chunk ends is cut after a multiple of packing.ALIGN bytes (`step` rows), so its
-    parts take no more packed bytes than the whole view (the bound the memory model proves,
-    nereus.passes.memory_model); where not even `step` rows fit an empty chunk, it takes
-    `step` (as a row larger than a chunk travels alone)."""
+    bytes (chunks.cut: a row larger than a chunk travels alone; a view is split along its
+    first dimension). A view of `alone_bytes` or more (default ALONE_BYTES; 0: no such
+    rule) shares no chunk. Depends on shapes and dtypes only (works on meta tensors), so
+    both sides of a stream cut it alike."""
     alone_bytes = ALONE_BYTES if alone_bytes is None else alone_bytes
-    chunks, current, used = [], [], 0
-    for index, view in enumerate(views):
-        if view.numel() == 0:
-            continue
-        rows = view.shape[0] if view.dim() else 1
-        row_bytes = _nbytes(view) // rows
-        step = packing.ALIGN // math.gcd(row_bytes, packing.ALIGN)  # rows of a multiple of ALIGN bytes
-        alone = 0 < alone_bytes <= _nbytes(view)
-        if alone and current:
-            chunks.append(current)
-            current, used = [], 0
-        start = 0
-        while start < rows:
-            take = min(rows - start, max(0, chunk_bytes - used) // row_bytes)
-            if take < rows - start:
-                take -= take % step
-            if take == 0 and current:
-                chunks.append(current)
-                current, used = [], 0
-                continue
-            take = max(take, min(step, rows - start))
-            current.append((index, view if take == rows else view[start:start + take]))
-            used += _aligned(take * row_bytes)
-            start += take
-            if used >= chunk_bytes or alone:
-                chunks.append(current)
-                current, used = [], 0
-    if current:
-        chunks.append(current)
-    return chunks
+    return [[segment for _, segment, _ in chunk] for chunk in cut(views, chunk_bytes, alone_bytes)]
 
 
-@dataclass(frozen=True)
-class SegmentPlan:
-    """A chunk segment by shape alone: a view (shape, stride, `offset` elements past the
-    tensor's storage offset) of the contiguous local tensor of the stream's view `view`."""
-
-    view: int
-    shape: tuple
-    stride: tuple
-    offset: int
-
-
-@dataclass(frozen=True)
-class ChunkPlan:
-    """A chunk by shape alone (see `plan_chunks`)."""
-
-    segments: tuple  # SegmentPlan
-    offsets: tuple
-    nbytes: int
-    fused: bool
-    single: bool  # one contiguous segment: travels in place where it lies in the stream's memory
-
-
-def plan_chunks(views: list, chunk_bytes: int, alone_bytes: Optional[int] = None) -> tuple:
+def plan_chunks(views: list, chunk_bytes: int, alone_bytes: Optional[int] = None,
+                counts: Optional[list] = None) -> tuple:
     """The chunks of a stream, once per program: `views` are the pieces' regions as views
     of meta tensors of their local tensors' shapes (storage offset 0), cut as
-    `chunk_views` cuts them. `PeerStream.planned` turns them into views of the live
-    tensors with one `as_strided` per segment, instead of slicing every piece and
-    cutting the stream again on every execution."""
-    out = []
-    for chunk in _cut(views, chunk_bytes, alone_bytes):
-        segments = [v for _, v in chunk]
-        offsets, total = chunk_nbytes(segments)
-        out.append(ChunkPlan(tuple(SegmentPlan(i, tuple(v.shape), tuple(v.stride()), v.storage_offset())
-                                   for i, v in chunk), offsets, total, fused(segments),
-                             IN_PLACE and len(segments) == 1 and segments[0].is_contiguous()))
-    return tuple(out)
+    `chunk_views` cuts them; `counts[i]` (default 1): view i stands for that many views
+    of the same shape (a piece of several tensors), planned as runs (chunks.plan), not
+    one by one. `PeerStream.planned` turns them into views of the live tensors with one
+    `as_strided` per segment and tensor, instead of slicing every piece and cutting the
+    stream again on every execution."""
+    alone_bytes = ALONE_BYTES if alone_bytes is None else alone_bytes
+    return plan(views, chunk_bytes, alone_bytes, IN_PLACE, counts)
 
 
 def in_place(segments: list, kind: str) -> bool:
@@ -178,20 +107,14 @@ def chunk_nbytes(segments: list) -> tuple:
     """(offsets, bytes on the wire) of a chunk: the aligned packed layout, or for one
     segment its exact bytes (what an in-place op of either side moves)."""
     if len(segments) == 1:
-        return (0,), _nbytes(segments[0])
-    return packing.layout([_nbytes(v) for v in segments])
+        return (0,), nbytes_of(segments[0])
+    return packing.layout([nbytes_of(v) for v in segments])
 
 
 def slot_sizes(chunks: list, kind: str, depth: int) -> list:
     """Bytes of each ring slot of a stream cut into `chunks` (see PeerStream): slot i holds
     the chunks i, i + depth, ... that do not travel in place."""
     return ring([0 if in_place(c, kind) else chunk_nbytes(c)[1] for c in chunks], depth)
-
-
-def ring(sizes: list, depth: int) -> list:
-    """Per ring slot, the largest of the chunk sizes (0: in place) it holds in turn."""
-    depth = max(1, depth)
-    return [max(sizes[i::depth]) for i in range(min(depth, len(sizes)))]
 
 
 @dataclass
@@ -246,7 +169,7 @@ class PeerStream:
         stream.chunks, stream.in_place = [], []
         stream._plans, stream._tensors = plans, tensors  # views are taken from these by `chunk`
         for plan in plans:
-            crossing = any(away[s.view] for s in plan.segments)
+            crossing = any(away[s.view + i] for s in plan.segments for i in range(s.count))
             stream.chunks.append(Chunk(None, plan.offsets, plan.nbytes, not crossing and plan.fused, crossing))
             stream.in_place.append(plan.single and not crossing)
         stream._ring_slots(device, depth)
@@ -257,12 +180,16 @@ class PeerStream:
         chunk = self.chunks[k]
         if chunk.views is None:
             tensors, views = self._tensors, []
-            for s in self._plans[k].segments:
-                tensor = tensors[s.view]
-                if callable(tensor):  # a deferred destination: allocated now, once
-                    tensor = tensors[s.view] = tensor()
-                views.append(tensor.as_strided(s.shape, s.stride, tensor.storage_offset() + s.offset))
+            plan = self._plans[k]
+            for s in plan.segments:
+                for i in range(s.view, s.view + s.count):
+                    tensor = tensors[i]
+                    if callable(tensor):  # a deferred destination: allocated now, once
+                        tensor = tensors[i] = tensor()
+                    views.append(tensor.as_strided(s.shape, s.stride, tensor.storage_offset() + s.offset))
             chunk.views = views
+            if plan.views != len(plan.segments):  # a segment of several views: each view's offset
+                chunk.offsets = plan.member_offsets()
             if self.in_place[k]:  # its ring slot is sized 0
                 chunk.wire = chunk.views[0].reshape(-1).view(torch.uint8)
         return chunk
@@ -307,16 +234,6 @@ class PeerStream:
         if self.in_place[k]:
             return self.chunk(k).wire
         return self.slots[k % self.depth][:self.chunks[k].nbytes]
-
-
-FUSED_MIN_SEGMENTS = 16
-
-
-def fused(segments: list) -> bool:
-    """Pack a chunk with the fused kernels only where it has many segments (launches to
-    save) and some is strided; a few large segments copy at memory speed with one
-    `copy_` each, with no kernel variant to compile and no plan to build."""
-    return len(segments) >= FUSED_MIN_SEGMENTS and not all(v.is_contiguous() for v in segments)
 
 
 def pack_chunk(chunk: Chunk, buffer: torch.Tensor) -> None:

@@ -59,6 +59,9 @@ import torch
 from nereus.ir.diagnostics import NereusError, SemanticError
 from nereus.ir.model import Model
 
+from nereus.models.fp8 import Fp8Weight
+
+from .vllm_fp8 import FP8_CONFIG, fp8_hf_weights
 from .vllm_sync import WeightSync, driver_replica, engine_placement
 
 _LAYER = re.compile(r"layers\.(\d+)\.(.+)")
@@ -100,7 +103,14 @@ def to_vllm_weights(weights: dict, model: Optional[Model] = None) -> list[tuple[
     name, tensor) pairs in name order, the tensors themselves or row views of them (no
     copy): vLLM's loader copies them into its params. A llama passes its fused tensors
     (vllm_name); the other families pass the HF checkpoint's unfused names, the ones
-    every vLLM model's load_weights reads (their fused-name handling is not relied on)."""
+    every vLLM model's load_weights reads (their fused-name handling is not relied on).
+    FP8 weights (nereus.models.fp8.Fp8Weight, a `quant fp8` generation) always pass
+    unfused, as an FP8 checkpoint holds them (fp8_hf_weights)."""
+    if any(isinstance(t, Fp8Weight) for t in weights.values()):
+        if model is None:
+            raise NereusError("FP8 weights need their model to be named for vLLM", hint="pass model=")
+        full = {f"{model.name}/{local_name(name)}": tensor for name, tensor in weights.items()}
+        return sorted(fp8_hf_weights(model, full).items())
     if model is None or model.architecture == "llama":
         return [(vllm_name(name), tensor) for name, tensor in sorted(weights.items())]
     from nereus.models.hf import nereus_to_hf
@@ -118,7 +128,9 @@ def hf_checkpoint_weights(model: Model, weights: dict) -> dict:
 
     full = {f"{model.name}/{local_name(name)}": tensor for name, tensor in weights.items()}
     check_complete(model, full)
-    return {name: tensor.contiguous().clone() for name, tensor in nereus_to_hf(model, full).items()}
+    named = fp8_hf_weights(model, full) if any(isinstance(t, Fp8Weight) for t in full.values()) else \
+        nereus_to_hf(model, full)
+    return {name: tensor.contiguous().clone() for name, tensor in named.items()}
 
 
 # family → (transformers class, model_type, q/k/v bias, q/k norm): what each HF class computes
@@ -182,12 +194,16 @@ def hf_config(model: Model, *, max_position_embeddings: int = 4096, rms_norm_eps
 def save_hf_checkpoint(model: Model, weights: dict, path: str | os.PathLike, **config) -> Path:
     """Write `weights` (whole tensors by Nereus name) as a HF checkpoint directory of the
     model's family (config.json + model.safetensors) that vLLM and transformers load, and
-    `nereus train` reads back with `hf("dir")`. Needs safetensors."""
+    `nereus train` reads back with `hf("dir")`. FP8 weights (Fp8Weight) make it a
+    block-FP8 checkpoint (FP8_CONFIG; vLLM loads it, `hf("dir")` does not). Needs safetensors."""
     from safetensors.torch import save_file
 
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(hf_config(model, **config), indent=2))
+    settings = hf_config(model, **config)
+    if any(isinstance(t, Fp8Weight) for t in weights.values()):
+        settings["quantization_config"] = dict(FP8_CONFIG)
+    (out / "config.json").write_text(json.dumps(settings, indent=2))
     save_file(hf_checkpoint_weights(model, weights), str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
 
@@ -307,14 +323,17 @@ class VllmGeneration:
     change its TP degree live), from the weights just synced."""
 
     def __init__(self, module, plan: str, *, workdir: str | os.PathLike, source: str = "actor.training",
-                 target: str = "actor.generation", **engine_options):
+                 target: str = "actor.generation", sync_mode: str = "dense", sync_full_every: int = 0,
+                 **engine_options):
         import torch.distributed as dist
-
 
         self.module, self.source, self.target = module, source, target
         self.rank = dist.get_rank()
         self.workdir, self.engine_options = Path(workdir), engine_options
-        self.sync = WeightSync(module, source=source, target=target, engine_input=True)
+        # sync_mode "delta": only changed words cross between ranks; the driver still hands
+        # the engine whole tensors (vLLM's reload_weights has no sparse in-place update)
+        self.sync = WeightSync(module, source=source, target=target, engine_input=True, mode=sync_mode,
+                               full_every=sync_full_every)
         self.engine: Optional[VllmEngine] = None
         self._layout = None
         self.plan = plan

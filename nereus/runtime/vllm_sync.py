@@ -27,6 +27,7 @@ Uses torch.distributed (gloo on CPU, NCCL when the tensors are on CUDA).
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
@@ -48,6 +49,9 @@ from .runtime import known_plan
 from .state import box_view, shard_unit, unit_on_gpu, writers
 
 SYNC_FROM, SYNC_TO = "sync.from", "sync.to"
+# dense: every run moves every byte whose owner changes (a transition of the weights);
+# delta: runs after the first send only the words that changed since the last one
+SYNC_MODES = ("dense", "delta")
 
 
 def engine_placement(placement: Placement) -> Placement:
@@ -103,14 +107,34 @@ def sync_module(module: Module, plan: str, source: str = "actor.training",
 
 
 def compile_weight_sync(module: Module, plan: str, source: str = "actor.training",
-                        target: str = "actor.generation", engine_input: bool = False, **options) -> dict:
+                        target: str = "actor.generation", engine_input: bool = False, *, mode: str = "dense",
+                        chunk: Optional[int] = None, **options) -> dict:
     """The JSON program (v1) of the weight sync of `plan`; `options` go to the passes
-    (e.g. bucket=64 << 20). Pure: imports neither vLLM nor CUDA."""
+    (e.g. bucket=64 << 20). With a `quant fp8` target placement the program quantizes
+    (nereus.passes.quantize), with mode "delta" its sends carry only what changed
+    (nereus.passes.delta; `chunk` words per chunk): docs/program.md, "Weight-sync codecs".
+    Pure: imports neither vLLM nor CUDA."""
     from nereus.passes import compile_transition
     from nereus.backends.json_program import program_json
 
+    if mode not in SYNC_MODES:
+        raise SemanticError(f"unknown weight-sync mode {mode!r}", hint=f"modes: {', '.join(SYNC_MODES)}")
     synthetic = sync_module(module, plan, source, target, engine_input)
-    return program_json(compile_transition(synthetic, SYNC_FROM, SYNC_TO, **options))
+    placement = synthetic.plan(SYNC_TO).placement(target)
+    compiled = compile_transition(synthetic, SYNC_FROM, SYNC_TO, **options)
+    if placement.quant is None and mode == "dense":
+        return program_json(compiled)
+    program = program_json(compiled, version=1)  # the codecs extend version 1
+    if placement.quant is not None:
+        from nereus.models.quant import quantized_names
+        from nereus.passes.quantize import quantize_program
+
+        program = quantize_program(program, quantized_names(synthetic.model(placement.model_stage.model)))
+    if mode == "delta":
+        from nereus.passes.delta import CHUNK, delta_program
+
+        program = delta_program(program, chunk or CHUNK)
+    return program
 
 
 @dataclass
@@ -134,11 +158,18 @@ class WeightSync:
     Collective over the default process group (one rank per GPU of the plan, rank r on
     GPU r). `control` is a gloo group for the executor's agreement messages; one is made
     when not given (a collective call on every rank), with a timeout long enough for a
-    driver rank to (re)start its engine between two syncs."""
+    driver rank to (re)start its engine between two syncs. verify_programs: rank 0 proves
+    each plan's sync program once, as `Runtime` does its transitions (False: not; every
+    rank's own checks of its part run either way, nereus.runtime.part_check). mode "delta"
+    sends only what changed since the last run (a full run every `full_every`, 0: only
+    when needed), `chunk` words per delta chunk; with a `quant fp8` target the sync
+    quantizes (docs/program.md, "Weight-sync codecs": both run as codec programs,
+    nereus.runtime.codec_runs)."""
 
     def __init__(self, module: Module, *, source: str = "actor.training", target: str = "actor.generation",
                  engine_input: bool = False, device: Optional[torch.device] = None, control=None,
-                 bucket: Optional[int] = None, timeout_s: float = 600.0):
+                 bucket: Optional[int] = None, timeout_s: float = 600.0, mode: str = "dense",
+                 full_every: int = 0, chunk: Optional[int] = None, verify_programs: bool = True):
         stages = {str(ms) for ms in module.workload.model_stages()}
         for role, name in (("source", source), ("target", target)):
             if name not in stages:
@@ -148,11 +179,23 @@ class WeightSync:
                 ModelStage.parse(target).stage == "training":
             raise SemanticError(f"WeightSync {source} -> {target}: a sync copies one model's weights into a stage "
                                 "without optimizer state", hint="e.g. source='actor.training', target='actor.generation'")
+        if mode not in SYNC_MODES:
+            raise SemanticError(f"unknown weight-sync mode {mode!r}", hint=f"modes: {', '.join(SYNC_MODES)}")
+        if type(full_every) is not int or full_every < 0:
+            raise SemanticError(f"full_every {full_every!r} must be a whole number >= 0",
+                                hint="0: a full sync only when one is needed (the first, after a layout change)")
         self.module, self.source, self.target, self.engine_input = module, source, target, engine_input
+        # codec syncs (delta, quant fp8 targets; docs/program.md, "Weight-sync codecs")
+        self.mode, self.full_every, self.chunk = mode, full_every, chunk
+        from .codec_runs import CodecRuns
+
+        self._codec_runs = CodecRuns(self)
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.control = control if control is not None else \
             dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
         self.options = {} if bucket is None else {"bucket": bucket}
+        self.verify_programs = verify_programs
+        self.timeout_s = timeout_s
         from .prepare import data_groups
 
         # NCCL: several communicators (see prepare.data_groups); None: the default group
@@ -160,7 +203,9 @@ class WeightSync:
         replay.packer_for(self.device)  # CUDA: triton imported now, not in the first sync (~0.3 s)
         self._programs: dict = {}
         self._parts: dict = {}  # plan -> (this rank's part of the program, compile seconds)
-        self._rank_programs: dict = {}  # plan -> this rank's lowered program (every step reuses it)
+        # plan -> this rank's lowered program (lowered by `part` once per plan: seconds for 8B on 8 GPUs;
+        # every step reuses it)
+        self._rank_programs: dict = {}
 
     def program(self, plan: str) -> tuple[dict, float]:
         """Collective: the whole sync program of `plan` (compiled on rank 0, broadcast,
@@ -172,7 +217,7 @@ class WeightSync:
             if dist.get_rank() == 0:
                 try:
                     box[0] = ("ok", compile_weight_sync(self.module, plan, self.source, self.target, self.engine_input,
-                                                        **self.options))
+                                                        mode=self.mode, chunk=self.chunk, **self.options))
                 except Exception as error:  # noqa: BLE001 - every rank must raise the same error
                     box[0] = ("error", error)
             dist.broadcast_object_list(box, src=0, group=self.control)
@@ -185,15 +230,21 @@ class WeightSync:
         """Collective: this rank's part of the sync program of `plan` (JSON program v1 with
         `rank` and `peers`) and compile seconds, cached. Every rank compiles the sync and
         lowers only its own part (nereus.runtime.distribute): no rank holds or receives the
-        whole program, and a rank that fails makes every rank raise."""
+        whole program; with `verify_programs` rank 0 proves the whole once and each rank
+        checks its part's digest. Every rank checks that its part writes each of its new
+        shards exactly once and that its messages match its peers' (part_check); a rank
+        that fails or refuses makes every rank raise, before any byte moves."""
         if plan not in self._parts:
             from .distribute import obtain_rank_part
 
             known_plan(self.module, plan)
+            rank = dist.get_rank()
             got = obtain_rank_part(sync_module(self.module, plan, self.source, self.target, self.engine_input),
-                                   SYNC_FROM, SYNC_TO, dist.get_rank(), dist.get_world_size(), self.control,
-                                   verify=False, options=self.options)
+                                   SYNC_FROM, SYNC_TO, rank, dist.get_world_size(), self.control,
+                                   verify=self.verify_programs, options=self.options, timeout_s=self.timeout_s,
+                                   then=lambda text: rank_program(json.loads(text), rank), work_of=lambda work: work)
             self._parts[plan] = (got.program, got.compile_s)
+            self._rank_programs[plan] = got.then
         return self._parts[plan]
 
     def prepare(self, plan: str) -> dict:
@@ -208,30 +259,60 @@ class WeightSync:
         from .prepare import warm_data_path
 
         started = time.perf_counter()
+        if self.is_codec(plan):  # compiled, proven and lowered now; its buffers are made per run
+            with paused_all():
+                compile_s = self.codec(plan)[1]
+            return {"seconds": time.perf_counter() - started, "compile_s": compile_s, "kernels": 0, "peers": 0,
+                    "reserved_bytes": 0}
         with paused_all():
             program, compile_s = self.part(plan)
             figures = {"compile_s": compile_s, "kernels": 0, "peers": 0, "reserved_bytes": 0}
             if not program.get("untouched"):
-                prog = self._rank_program(plan, program)
+                prog = self._rank_programs[plan]
                 agree(None, self.control, SYNC_FROM, SYNC_TO, kind="prepare")
                 figures.update(warm_data_path(prog, self.data_group, self.device, TORCH_DTYPES))
         return {"seconds": time.perf_counter() - started, **figures}
 
-    def _rank_program(self, plan: str, program: dict):
-        """This rank's lowered sync program of `plan` (lowering costs seconds for 8B on 8
-        GPUs: once per plan)."""
-        if plan not in self._rank_programs:
-            self._rank_programs[plan] = rank_program(program, dist.get_rank())
-        return self._rank_programs[plan]
-
-    def run(self, plan: str, source_state: dict) -> SyncResult:
+    def run(self, plan: str, source_state: dict, into: Optional[dict] = None) -> SyncResult:
         """Collective. Input: this rank's shards of `source` ({} when it holds none);
         optimizer state in it is ignored. Output: this rank's shards of `target` in `plan`.
         Invariant: `source_state`'s tensors are never written. Python's cyclic garbage
         collector is paused for the call (gc_pause), and so are the process's
-        lowering-ahead threads (nereus.runtime.ahead: their steps would share the GIL)."""
+        lowering-ahead threads (nereus.runtime.ahead: their steps would share the GIL).
+        A codec sync (mode "delta", or a `quant fp8` target) writes in place: into `into`
+        (this rank's target shards, as the last run returned them: {name: tensor or
+        nereus.models.fp8.Fp8Weight}) or, without it, into shards it keeps itself."""
         with paused_all(), paused():  # (this order: a step may end a collector pause of its own meanwhile)
-            return self._run(plan, source_state)
+            if self.is_codec(plan):
+                return self._run_codec(plan, source_state, into)
+            result = self._run(plan, source_state)
+            if into is not None:  # a dense sync's result aliases kept training tensors: copied
+                for name, tensor in into.items():
+                    tensor.copy_(result.weights[name])
+                result.weights = into
+            return result
+
+    def is_codec(self, plan: str) -> bool:
+        """Whether the sync of `plan` runs as a codec program (delta mode, or FP8 targets)."""
+        return self.mode == "delta" or self.module.plan(plan).placement(self.target).quant is not None
+
+    def codec(self, plan: str):
+        """Collective: this rank's CodecSync of `plan`'s codec program (None when the sync is
+        untouched) and compile seconds (nereus.runtime.codec_runs)."""
+        return self._codec_runs.codec(plan)
+
+    def compile_program(self, plan: str) -> dict:
+        """The whole sync program of `plan` with this WeightSync's mode and options (pure)."""
+        return compile_weight_sync(self.module, plan, self.source, self.target, self.engine_input, mode=self.mode,
+                                   chunk=self.chunk, **self.options)
+
+    transition = (SYNC_FROM, SYNC_TO)
+
+    def _run_codec(self, plan: str, source_state: dict, into: Optional[dict]) -> SyncResult:
+        targets, f = self._codec_runs.run(plan, {k: v for k, v in source_state.items() if is_weight(k)}, into)
+        return SyncResult(targets, f["seconds"], f["bytes_sent"], f["bytes_received"], f["bytes_copied"],
+                          f["bytes_kept"], f["rounds"], f["compile_s"],
+                          extra={key: f[key] for key in ("full", "dense_bytes", "reference_bytes")})
 
     def _run(self, plan: str, source_state: dict) -> SyncResult:
         program, compile_s = self.part(plan)
@@ -241,7 +322,7 @@ class WeightSync:
             # both layouts are one (a global fact every rank's part states alike), keep all
             kept = sum(t.numel() * t.element_size() for t in weights.values())
             return SyncResult(dict(weights), 0.0, 0, 0, bytes_kept=kept, compile_s=compile_s)
-        prog = self._rank_program(plan, program)
+        prog = self._rank_programs[plan]
         before = {unit: {name: weights[name] for name in prog.before[unit] if name in weights} for unit in prog.before}
         # the training weights stay where they are after a sync: nothing to park on the host
         result = execute(prog, before, group=self.data_group, control=self.control, device=self.device,

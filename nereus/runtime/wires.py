@@ -72,41 +72,44 @@ class Wire:
 
     msg: Message
     direct: list  # contiguous views sent from / received into in place
-    views: list  # every piece's view, in message order (checksums; empty when none are asked)
     bounce: list = field(default_factory=list)  # (device tensor, host view) of direct pieces into host memory
 
 
-def outgoing(msg: Message, sources: dict, device, in_stream: list, regions: tuple, host_units=frozenset(),
-             views: bool = False) -> Wire:
+def outgoing(msg: Message, sources: dict, device, in_stream: list, regions: tuple, host_units=frozenset()) -> Wire:
     """regions: the pieces' source Regions (execution_plan). host_units: before-units read
-    from host memory (offloaded or staged out). views: view every piece (checksums), not
-    only the direct ones."""
-    viewed = [regions[i].view(sources[p.src_unit][p.tensor])
-              for i, (p, s) in enumerate(zip(msg.pieces, in_stream)) if views or not s]
-    direct = [v for v, s in zip(viewed, in_stream) if not s] if views else viewed
+    from host memory (offloaded or staged out). A piece of several tensors (a v2 range)
+    gives one view per tensor, in order."""
+    direct = []
+    for p, streamed, r in zip(msg.pieces, in_stream, regions):
+        if not streamed:
+            shards = sources[p.src_unit]
+            direct.extend(r.view(shards[name]) for name in p.tensors)
     # staged or offloaded: host → device, queued (a pinned source records its copy; a
     # pageable one is copied before `to` returns)
     direct = [v.to(device, non_blocking=True) for v in direct]
     if not all(v.is_contiguous() for v in direct):
         raise ProgramError("a direct piece is not contiguous in its source tensor")
-    return Wire(msg, direct, viewed if views else [])
+    return Wire(msg, direct)
 
 
 def incoming(msg: Message, prog: RankProgram, new: dict, live: "Live", device, in_stream: list, regions: tuple,
-             host_units=frozenset(), views: bool = False, deferred=frozenset()) -> Wire:
+             host_units=frozenset(), deferred=frozenset()) -> Wire:
     """Allocates every piece's destination shard (where no alloc came first) but those in
-    `deferred` (streamed pieces only: allocated when their chunk is unpacked); regions and
-    views as in `outgoing`."""
-    tensors = [None if (p.dst_unit, p.tensor) in deferred else destination(prog, new, live, device, p, host_units)
-               for p in msg.pieces]
-    viewed = [regions[i].view(t) for i, (t, s) in enumerate(zip(tensors, in_stream)) if views or not s]
-    direct = [v for v, s in zip(viewed, in_stream) if not s] if views else viewed
+    `deferred` (streamed pieces only: allocated when their chunk is unpacked); regions as
+    in `outgoing`."""
+    direct = []
+    for p, streamed, r in zip(msg.pieces, in_stream, regions):
+        for name in p.tensors:
+            tensor = None if (p.dst_unit, name) in deferred else \
+                destination(prog, new, live, device, p.dst_unit, name, host_units)
+            if not streamed:
+                direct.append(r.view(tensor))
     bounce = []
     if torch.device(device).type == "cuda":  # NCCL receives into device memory only
         bounce = [(torch.empty(v.shape, dtype=v.dtype, device=device), v) for v in direct if not v.is_cuda]
         landing = {id(v): b for b, v in bounce}
         direct = [landing.get(id(v), v) for v in direct]
-    return Wire(msg, direct, viewed if views else [], bounce)
+    return Wire(msg, direct, bounce)
 
 
 @dataclass(frozen=True)
@@ -176,14 +179,17 @@ def round_buffer_bytes(planned, work, depth: int, host_sources=frozenset(), host
     total = 0
     for plans, host, source in ((planned.send_streams, host_sources, True), (planned.recv_streams, host_after, False)):
         for plan in plans:
-            away = [(p.src_unit if source else p.dst_unit) in host for p in plan.pieces] if host else None
-            sizes = [0 if c.single and not (away and any(away[s.view] for s in c.segments)) else c.nbytes
+            def away(segment) -> bool:  # the segment's piece (its tensors) lies in host memory
+                piece = plan.member(segment.view)[0]
+                return (piece.src_unit if source else piece.dst_unit) in host
+
+            sizes = [0 if c.single and not (host and any(away(s) for s in c.segments)) else c.nbytes
                      for c in plan.chunks]
             total += sum(streams.ring(sizes, depth))
     for messages, flags, host, source in ((work.sends, planned.send_in_stream, host_sources, True),
                                           (work.recvs, planned.recv_in_stream, host_after, False)):
         if host:  # nothing in host memory (the common case): no piece to scan
-            total += sum(p.nbytes for m, in_stream in zip(messages, flags) for p, s in zip(m.pieces, in_stream)
+            total += sum(p.total_bytes for m, in_stream in zip(messages, flags) for p, s in zip(m.pieces, in_stream)
                          if not s and (p.src_unit if source else p.dst_unit) in host)
     return total
 
@@ -191,14 +197,16 @@ def round_buffer_bytes(planned, work, depth: int, host_sources=frozenset(), host
 def planned_streams(plans: tuple, tensor_of, device, depth: int, bind=None) -> list:
     """One PeerStream per peer of a round's direction, from the execution plan's
     StreamPlans (the packed pieces of its messages, in message order: sender and receiver
-    enumerate a round's messages to each other alike); `tensor_of(piece)` gives the local
-    tensor a packed piece is read from (send) or written into (receive). `bind(stream,
-    plan)` runs on each at its first pack or unpack (replay.bind_stream: the chunks'
-    replayed launches; a receive stream's first unpack comes after the first posts, so
-    reading its tensors' addresses is off the path to the first byte)."""
+    enumerate a round's messages to each other alike); `tensor_of(piece, tensor)` gives
+    the local tensor a packed piece's tensor is read from (send) or written into
+    (receive). `bind(stream, plan)` runs on each at its first pack or unpack
+    (replay.bind_stream: the chunks' replayed launches; a receive stream's first unpack
+    comes after the first posts, so reading its tensors' addresses is off the path to the
+    first byte)."""
     out = []
     for plan in plans:
-        stream = streams.PeerStream.planned(plan.peer, plan.chunks, [tensor_of(p) for p in plan.pieces], device, depth)
+        stream = streams.PeerStream.planned(plan.peer, plan.chunks, [tensor_of(p, name) for p in plan.pieces
+                                                                     for name in p.tensors], device, depth)
         if bind is not None:
             stream.binder = functools.partial(bind, stream_plan=plan)
         out.append(stream)
@@ -238,16 +246,16 @@ def allocate(prog: RankProgram, unit: str, new: dict, live: Live, device, aliase
             slot[name] = offload.new_shard(unit, info.shape, TORCH_DTYPES[info.dtype], live, device, host_units)
 
 
-def destination(prog: RankProgram, new: dict, live: Live, device, piece, host_units=frozenset()) -> torch.Tensor:
-    """The destination shard of a piece, allocated here if no alloc op came first (or the
+def destination(prog: RankProgram, new: dict, live: Live, device, unit: str, name: str,
+                host_units=frozenset()) -> torch.Tensor:
+    """The after-shard `name` of `unit`, allocated here if no alloc op came first (or the
     round deferred it: its reservation in `live` becomes the allocation)."""
-    slot = new.setdefault(piece.dst_unit, {})
-    tensor = slot.get(piece.tensor)
+    slot = new.setdefault(unit, {})
+    tensor = slot.get(name)
     if tensor is None:
-        info = prog.after[piece.dst_unit][piece.tensor]
-        live.claim((piece.dst_unit, piece.tensor))
-        tensor = slot[piece.tensor] = offload.new_shard(piece.dst_unit, info.shape, TORCH_DTYPES[info.dtype], live,
-                                                        device, host_units)
+        info = prog.after[unit][name]
+        live.claim((unit, name))
+        tensor = slot[name] = offload.new_shard(unit, info.shape, TORCH_DTYPES[info.dtype], live, device, host_units)
     return tensor
 
 

@@ -249,7 +249,20 @@ CASES = [
          "t.nir:22:23: error: unknown key 'zp' in a placement",
          '   22 |   actor.training dp 8 zp 2 on 7..0',
          '      |                       ^^',
-         "hint: a placement takes 'dp', 'tp', 'pp', 'ep', 'on', 'offload', 'zero' or 'mesh'"])),
+         "hint: a placement takes 'dp', 'tp', 'pp', 'ep', 'on', 'offload', 'zero', 'mesh' or 'quant'"])),
+    ('quant_on_training', [('actor.training dp 8 on 7..0', 'actor.training dp 8 on 7..0 quant fp8')], None,
+     "\n".join([
+         "t.nir:22:37: error: quant applies to generation only; actor.training computes in bf16",
+         '   22 |   actor.training dp 8 on 7..0 quant fp8',
+         '      |                                     ^^^',
+         'hint: drop quant here, or put it on a .generation model-stage (the weight sync quantizes)'])),
+    ('quant_unknown_format', [('actor.generation dp 2 tp 4 on 0..7', 'actor.generation dp 2 tp 4 on 0..7 quant int4')],
+     None,
+     "\n".join([
+         "t.nir:17:44: error: unknown weight format 'int4' after quant",
+         '   17 |   actor.generation dp 2 tp 4 on 0..7 quant int4',
+         '      |                                            ^^^^',
+         'hint: write quant fp8'])),
     ('placement_key_twice', [('actor.training dp 8 on 7..0', 'actor.training dp 8 dp 4 on 7..0')], None,
      "\n".join([
          "t.nir:22:23: error: 'dp' is given twice for actor.training in plan B",
@@ -502,7 +515,7 @@ CASES = [
          "hint: a value follows its key without ':', like batch 8 (a ':' lists models: training: actor, critic)"])),
     ('eof_inside_block', [('  actor.training dp 8 on 7..0\n}\ntransition A -> B\n', '  actor.training dp 8 on 7..0\n')], None,
      "\n".join([
-         "t.nir:22:30: error: unexpected end of input; expected a placement key (dp, tp, pp, ep, on, offload, zero, mesh), the next model-stage or '}'",
+         "t.nir:22:30: error: unexpected end of input; expected a placement key (dp, tp, pp, ep, on, offload, zero, mesh, quant), the next model-stage or '}'",
          '   22 |   actor.training dp 8 on 7..0',
          '      |                              ^',
          "hint: the '{' at 21:12 is not closed"])),

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 import nereus.ir as ir
 from nereus.ir.gpuset import items_for
-from nereus.ir.model import MOE_ARCHITECTURES, ZERO_STAGES
+from nereus.ir.model import MOE_ARCHITECTURES, QUANT_FORMATS, ZERO_STAGES
 from nereus.ir.validate import valid_tps, validate_module
 
 EXAMPLES = sorted((Path(__file__).parents[2] / "examples").glob("*.nir"))
@@ -232,7 +232,8 @@ def placements(draw, ms, model, cluster):
     items = _encode(list(gpus), cluster.gpus_per_node, draw(st.booleans()))
     # zero: training only, and not with ep > 1 (validation refuses both)
     zero = draw(st.sampled_from(ZERO_STAGES)) if ms.stage == "training" and ep == 1 else 0
-    return ir.Placement(ms, dp, tp, pp, tuple(gpus), items, draw(st.booleans()), zero, ep=ep)
+    quant = draw(st.sampled_from((None,) + QUANT_FORMATS)) if ms.stage == "generation" else None  # generation only
+    return ir.Placement(ms, dp, tp, pp, tuple(gpus), items, draw(st.booleans()), zero, ep=ep, quant=quant)
 
 
 @st.composite

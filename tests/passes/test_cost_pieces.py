@@ -1,6 +1,7 @@
 """The cost model's per-piece host term: `pieces_per_gpu` counts, from the compiled
 program alone, the pieces the runtime's lowering gives each GPU (sent, received and
-copied), on expert-parallel and dense transitions; `piece_s` and `fixed_s` add to the
+copied; a piece of a v2 range once per tensor it moves: the executor views each), on
+expert-parallel and dense transitions; `piece_s` and `fixed_s` add to the
 predicted time, and a Calibration's measured NVLink bandwidth replaces the cluster's."""
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ def test_pieces_per_gpu_match_the_runtime_lowering(model, stage, before, after):
     for gpu in range(4):
         prog = rank_program(program, gpu)
         for k, work in enumerate(prog.rounds):
-            lowered = sum(len(m.pieces) for m in work.sends + work.recvs) + len(work.copies)
+            lowered = sum(p.count for m in work.sends + work.recvs for p in m.pieces) + \
+                sum(p.count for p in work.copies)
             assert predicted[k].get(gpu, 0) == lowered, (gpu, k)
 
 

@@ -116,6 +116,9 @@ def test_grpo_without_a_reward_model_trains_on_the_task_rule(tmp_path):
      "'workload.gpus_per_node'\nhint: keys: workload.batch"),
     (["--steps", "3", "--drift", "1:cluster.reserve=10%"],
      "--drift '1:cluster.reserve=10%': only workload keys drift, not cluster keys"),
+    (["--sync", "delta", "--sync-full-every", "-1"], "--sync-full-every -1: must be at least 0"),
+    (["--sync", "delta", "--runtime", "restart"], "--runtime restart gathers and re-slices the weights: it has no "
+     "delta or FP8 weight sync"),
 ])
 def test_options_are_checked_before_any_process_starts(args, message):
     run = _nereus(PLAN, "--algo", "grpo", *args) if "--algo" not in args else _nereus(PLAN, *args)

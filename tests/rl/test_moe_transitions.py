@@ -45,7 +45,8 @@ class _SwapsExperts(nr.Runtime):
 
 
 def _numbers(step: dict) -> dict:
-    return {k: v for k, v in step.items() if k not in ("seconds", "stage_seconds", "reward_seconds", "sync_seconds", "sync_bytes")}
+    return {k: v for k, v in step.items() if k not in ("seconds", "stage_seconds", "reward_seconds")
+            and not k.startswith("sync_")}  # timings, and weight-sync figures that differ by runtime
 
 
 def _runs(algo: str, dtype: str = "fp32", faulty: bool = True):

@@ -57,7 +57,8 @@ def _runtime(kind, module, plan):
 
 def _numbers(step: dict) -> dict:
     """A step record without its timings."""
-    return {k: v for k, v in step.items() if k not in ("seconds", "stage_seconds", "reward_seconds", "sync_seconds", "sync_bytes")}
+    return {k: v for k, v in step.items() if k not in ("seconds", "stage_seconds", "reward_seconds")
+            and not k.startswith("sync_")}  # timings, and weight-sync figures that differ by runtime
 
 
 def _runs(kinds):

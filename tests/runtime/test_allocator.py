@@ -56,12 +56,12 @@ plan B {{ actor.training {after} }}
 def _first_rounds(prog) -> dict:
     """(unit, tensor) → the index of the round that allocates it first, as the executor
     does: an alloc op of its unit, or the first copy or receive that writes it."""
-    aliased = {(a.dst_unit, a.tensor) for w in prog.rounds for a in w.aliases}
+    aliased = {(a.dst_unit, name) for w in prog.rounds for a in w.aliases for name in a.tensors}
     first = {}
     for work in prog.rounds:
         keys = [(unit, name) for unit in work.allocs for name in prog.after[unit]]
-        keys += [(p.dst_unit, p.tensor) for p in work.copies]
-        keys += [(p.dst_unit, p.tensor) for m in work.recvs for p in m.pieces]
+        keys += [(p.dst_unit, name) for p in work.copies for name in p.tensors]
+        keys += [(p.dst_unit, name) for m in work.recvs for p in m.pieces for name in p.tensors]
         for key in keys:
             if key not in aliased:
                 first.setdefault(key, work.index)

@@ -54,8 +54,8 @@ def test_the_plan_equals_what_each_round_derived(chunk_bytes):
     for prog in _programs():
         plan = execution_plan.build_plan(prog, chunk_bytes)
         aliases = [a for w in prog.rounds for a in w.aliases]
-        assert plan.aliased == {(a.dst_unit, a.tensor) for a in aliases}
-        assert plan.kept == {(a.src_unit, a.tensor) for a in aliases}
+        assert plan.aliased == {(a.dst_unit, name) for a in aliases for name in a.tensors}
+        assert plan.kept == {(a.src_unit, name) for a in aliases for name in a.tensors}
         assert len(plan.rounds) == len(prog.rounds)
         for work, planned in zip(prog.rounds, plan.rounds):
             both = {m.peer for m in work.sends} & {m.peer for m in work.recvs}

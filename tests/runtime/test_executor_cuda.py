@@ -79,13 +79,13 @@ def test_a_deferred_destination_waits_for_work_queued_on_its_block(control, monk
     real_destination = rounds.destination
     pending: set = set()
 
-    def destination_with_pending_write(prog, new, live, device, piece, host_after):
-        fresh = piece.tensor not in new.get(piece.dst_unit, {})
-        shard = real_destination(prog, new, live, device, piece, host_after)
+    def destination_with_pending_write(prog, new, live, device, unit, name, host_after):
+        fresh = name not in new.get(unit, {})
+        shard = real_destination(prog, new, live, device, unit, name, host_after)
         if fresh and shard.is_cuda:
             if not pending:
                 torch.cuda._sleep(100_000_000)  # the writes below run well after the copies launch
-            pending.add((piece.dst_unit, piece.tensor))
+            pending.add((unit, name))
             shard.fill_(7)
         return shard
 

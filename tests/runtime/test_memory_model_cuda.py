@@ -107,8 +107,8 @@ def _round_buffers_on_one_gpu(program: dict, rank: int, device, depth: int, chun
                  zip(work.sends, planned.send_in_stream, planned.send_regions)]
         recvs = [incoming(m, prog, new, Live(0), device, f, r, frozenset(host_after)) for m, f, r in
                  zip(work.recvs, planned.recv_in_stream, planned.recv_regions)]
-        streams_ = planned_streams(planned.send_streams, lambda p: sources[p.src_unit][p.tensor], device, depth)
-        streams_ += planned_streams(planned.recv_streams, lambda p: new[p.dst_unit][p.tensor], device, depth)
+        streams_ = planned_streams(planned.send_streams, lambda p, name: sources[p.src_unit][name], device, depth)
+        streams_ += planned_streams(planned.recv_streams, lambda p, name: new[p.dst_unit][name], device, depth)
         torch.cuda.synchronize(device)
         measured = torch.cuda.memory_allocated(device) - base
         sizes = [s.numel() for stream in streams_ for s in stream.slots]

@@ -28,19 +28,20 @@ plan B {{ actor.training {after} on 0..1 }}
 
 
 def _received(after: str, gpu: int = 1) -> list:
+    """[(tensor, piece)] of what `gpu` receives, a piece once per tensor it moves."""
     module = _module(after)
     prog = rank_program(program_json(compile_transition(module, "A", "B")), gpu)
-    return [p for w in prog.rounds for m in w.recvs for p in m.pieces]
+    return program.members_of(p for w in prog.rounds for m in w.recvs for p in m.pieces)
 
 
 def test_an_expert_moving_whole_travels_as_one_piece_per_tensor():
     pieces = _received("dp 2")
-    experts = [p for p in pieces if ".experts." in p.tensor]
+    experts = [(name, p) for name, p in pieces if ".experts." in name]
     # GPU 1 gets the other EP rank's 4 experts of each of 2 layers: gate_up and down, in
     # bf16 plus fp32 master, exp_avg, exp_avg_sq: 4 x 2 x 2 x 4 tensors, one piece each
     assert len(experts) == (EXPERTS // 2) * 2 * 2 * 4
-    assert len({(p.tensor, p.dst_unit) for p in experts}) == len(experts)
-    gate_up = next(p for p in experts if p.tensor.endswith("experts.0.gate_up.weight"))
+    assert len({(name, p.dst_unit) for name, p in experts}) == len(experts)
+    gate_up = next(p for name, p in experts if name.endswith("experts.0.gate_up.weight"))
     assert gate_up.src_slices == (slice(0, 16), slice(0, 16)) and gate_up.dst_slices == gate_up.src_slices
 
 
@@ -48,7 +49,7 @@ def test_the_halves_of_a_split_expert_travel_as_two_2d_pieces_by_default():
     # the default (JOIN_PARTS off): the gate half and the up half are two row blocks, each
     # a 2-D piece that the fused pack moves as one strided box
     assert not program.JOIN_PARTS
-    pieces = [p for p in _received("dp 1 tp 2") if p.tensor == "actor/layers.0.mlp.experts.0.gate_up.weight"]
+    pieces = [p for name, p in _received("dp 1 tp 2") if name == "actor/layers.0.mlp.experts.0.gate_up.weight"]
     assert [(p.parts, p.src_slices, p.dst_slices) for p in pieces] == [
         (1, (slice(4, 8), slice(0, 16)), (slice(0, 4), slice(0, 16))),
         (1, (slice(12, 16), slice(0, 16)), (slice(4, 8), slice(0, 16)))]
@@ -59,7 +60,7 @@ def test_the_halves_of_a_split_expert_travel_as_one_two_part_piece(monkeypatch):
     # ep 2 -> tp 2: GPU 1 gets the gate half and the up half of each of GPU 0's experts:
     # rows 4:8 and 12:16 of the source (not adjacent), rows 0:4 and 4:8 of its shard: one
     # piece of 2 parts, 8 source rows and 4 destination rows apart
-    pieces = [p for p in _received("dp 1 tp 2") if p.tensor == "actor/layers.0.mlp.experts.0.gate_up.weight"]
+    pieces = [p for name, p in _received("dp 1 tp 2") if name == "actor/layers.0.mlp.experts.0.gate_up.weight"]
     assert len(pieces) == 1
     (piece,) = pieces
     assert (piece.parts, piece.src_step, piece.dst_step) == (2, 8, 4)
@@ -124,7 +125,7 @@ def test_prepare_warms_the_views_the_executor_packs(monkeypatch):
     prog = rank_program(program_json(compile_transition(module, "A", "B")), 0)
     views = [v for _, vs, _ in stream_views(prog, TORCH_DTYPES) for v in vs]
     two_part = [p for w in prog.rounds for m in w.sends for p in m.pieces if p.parts == 2]
-    assert two_part and sum(v.dim() == 3 and v.shape[1] == 2 for v in views) >= len(two_part)
-    sent = sum(p.nbytes for w in prog.rounds for m in w.sends for p in m.pieces)
-    received = sum(p.nbytes for w in prog.rounds for m in w.recvs for p in m.pieces)
+    assert two_part and sum(v.dim() == 3 and v.shape[1] == 2 for v in views) >= sum(p.count for p in two_part)
+    sent = sum(p.total_bytes for w in prog.rounds for m in w.sends for p in m.pieces)
+    received = sum(p.total_bytes for w in prog.rounds for m in w.recvs for p in m.pieces)
     assert sum(v.numel() * v.element_size() for v in views) == sent + received

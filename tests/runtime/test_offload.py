@@ -252,9 +252,9 @@ def _stream_units(prog, kind: str, index: int, flagged: list) -> set:
     raise AssertionError(f"no stream {index}")
 
 
-def test_reserve_memory_reads_the_stream_views_it_is_given():
+def test_reserve_memory_reads_the_stream_plans_it_is_given():
     """`reserve_memory` runs on CUDA only; with room 0 it allocates nothing, so its CUDA
-    branch runs here too: it must read `stream_views`' (kind, views, on_host) triples."""
+    branch runs here too: it must read `stream_plans`' (kind, plan, on_host) triples."""
     from nereus.runtime.prepare import reserve_memory
     from nereus.runtime.program import rank_program
     from nereus.runtime.wires import TORCH_DTYPES

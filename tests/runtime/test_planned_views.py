@@ -70,18 +70,20 @@ def test_planned_regions_are_the_sliced_views(monkeypatch, join_parts):
                                         (work.recvs, planned.recv_regions, "dst")):
                 for msg, per_piece in zip(msgs, regions):
                     for p, r in zip(msg.pieces, per_piece):
-                        if side == "src":
-                            tensor = before[(p.src_unit, p.tensor)]
-                            assert _same(r.view(tensor), src_region(p, tensor))
-                        else:
-                            tensor = after[(p.dst_unit, p.tensor)]
-                            assert _same(r.view(tensor), dst_region(p, tensor))
-                        checked += 1
-                        parts += p.parts > 1
+                        for name in p.tensors:
+                            if side == "src":
+                                tensor = before[(p.src_unit, name)]
+                                assert _same(r.view(tensor), src_region(p, tensor))
+                            else:
+                                tensor = after[(p.dst_unit, name)]
+                                assert _same(r.view(tensor), dst_region(p, tensor))
+                            checked += 1
+                            parts += p.parts > 1
             for p, (src, dst) in zip(work.copies, planned.copy_regions):
-                assert _same(src.view(before[(p.src_unit, p.tensor)]), src_region(p, before[(p.src_unit, p.tensor)]))
-                assert _same(dst.view(after[(p.dst_unit, p.tensor)]), dst_region(p, after[(p.dst_unit, p.tensor)]))
-                checked += 1
+                for name in p.tensors:
+                    assert _same(src.view(before[(p.src_unit, name)]), src_region(p, before[(p.src_unit, name)]))
+                    assert _same(dst.view(after[(p.dst_unit, name)]), dst_region(p, after[(p.dst_unit, name)]))
+                    checked += 1
     assert checked > 100 and (parts > 0) == join_parts  # two-part pieces where joined
 
 
@@ -106,16 +108,16 @@ def test_planned_streams_are_the_streams_cut_from_the_views(monkeypatch, chunk_b
                 views: dict = {}  # what the executor streamed before the plan: the sliced packed views
                 for msg, in_stream in zip(msgs, flags):
                     for p, streamed in zip(msg.pieces, in_stream):
-                        if streamed:
-                            view = src_region(p, before[(p.src_unit, p.tensor)]) if side == "src" else \
-                                dst_region(p, after[(p.dst_unit, p.tensor)])
+                        for name in p.tensors if streamed else ():
+                            view = src_region(p, before[(p.src_unit, name)]) if side == "src" else \
+                                dst_region(p, after[(p.dst_unit, name)])
                             views.setdefault(msg.peer, []).append(view)
                 expected = [streams.PeerStream(peer, v, "cpu", chunk_bytes, 2) for peer, v in views.items()]
                 expected = [s for s in expected if s.chunks]
-                tensor_of = (lambda p: before[(p.src_unit, p.tensor)]) if side == "src" else \
-                    (lambda p: after[(p.dst_unit, p.tensor)])
-                got = [streams.PeerStream.planned(sp.peer, sp.chunks, [tensor_of(p) for p in sp.pieces], "cpu", 2)
-                       for sp in plans]
+                tensor_of = (lambda p, name: before[(p.src_unit, name)]) if side == "src" else \
+                    (lambda p, name: after[(p.dst_unit, name)])
+                got = [streams.PeerStream.planned(sp.peer, sp.chunks, [tensor_of(p, n) for p, n in sp.members()], "cpu",
+                                                  2) for sp in plans]
                 assert [s.peer for s in got] == [s.peer for s in expected]
                 for g, e in zip(got, expected):
                     assert all(c.views is None for c in g.chunks)  # taken when the exchange reaches them

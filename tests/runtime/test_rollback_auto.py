@@ -10,7 +10,7 @@ import pytest
 import torch.distributed as dist
 
 from nereus.passes.verify import verify_program
-from nereus.runtime.parking import park_plan, replay
+from nereus.runtime.parking import park_plan, park_replay, replay
 from nereus.runtime.program import rank_program
 
 from nereus.ir.model import Model
@@ -19,6 +19,7 @@ from runtime_helpers import naive_program, oracle_units, reference_state, spawn,
 from test_rollback_memory import MODEL, WORLD, _executor_case, early_frees
 
 CRITIC = Model("critic", "llama", layers=2, hidden=32, heads=4, kv_heads=2, ffn=64, vocab=64)
+REWARD = Model("reward", "llama", layers=2, hidden=32, heads=4, kv_heads=2, ffn=64, vocab=64)
 
 
 def _one(model, before, after) -> dict:
@@ -27,18 +28,22 @@ def _one(model, before, after) -> dict:
                          tensor_list(model, training=True), rounds=2, gpus=WORLD))
 
 
+def _chain(models) -> dict:
+    """Each model tp 2 on GPUs 0, 1 -> tp 4 on 0..3, one after the other."""
+    parts = [_one(model, (1, 2, 1, [0, 1]), (1, 4, 1, [0, 1, 2, 3])) for model in models]
+    out = dict(parts[0])
+    out["tensors"] = [t for p in parts for t in p["tensors"]]
+    out["units"] = {k: [u for p in parts for u in p["units"][k]] for k in ("before", "after")}
+    out["rounds"] = [r for p in parts for r in p["rounds"] if r["ops"]]
+    return out
+
+
 def _programs() -> dict:
-    """"split": the actor, then the critic, each tp 2 on GPUs 0, 1 -> tp 4 on 0..3, one
-    after the other: GPUs 0 and 1 free the actor's old shards (round 1) before the
-    critic's new shards arrive (rounds 2-3), so at the replay's peak the actor's old
-    shards must have left."""
-    a, b = _one(MODEL, (1, 2, 1, [0, 1]), (1, 4, 1, [0, 1, 2, 3])), _one(CRITIC, (1, 2, 1, [0, 1]),
-                                                                          (1, 4, 1, [0, 1, 2, 3]))
-    out = dict(a)
-    out["tensors"] = a["tensors"] + b["tensors"]
-    out["units"] = {k: a["units"][k] + b["units"][k] for k in ("before", "after")}
-    out["rounds"] = [r for r in a["rounds"] if r["ops"]] + [r for r in b["rounds"] if r["ops"]]
-    return {"split": out}
+    """"split": the actor, then the critic, one after the other: GPUs 0 and 1 free the
+    actor's old shards (round 1) before the critic's new shards arrive (rounds 2-3), so at
+    the replay's peak the actor's old shards must have left. "three": the actor, the
+    critic, then a reward model: GPUs 0 and 1 release three old units (rounds 1, 3, 5)."""
+    return {"split": _chain((MODEL, CRITIC)), "three": _chain((MODEL, CRITIC, REWARD))}
 
 pytestmark = pytest.mark.multiprocess
 
@@ -48,6 +53,26 @@ def _tight(program: dict, rank: int) -> int:
     reaches it."""
     peaks, final = replay(rank_program(program, rank))
     return max(peaks + [final])
+
+
+def _room_for_one(program: dict, rank: int):
+    """A capacity with room beyond the replay for the first old unit this rank releases
+    and nothing more at that unit's later peak (None where it releases none)."""
+    replayed = park_replay(rank_program(program, rank))
+    if not replayed.released:
+        return None
+    return replayed.later[0] + replayed.released[0][2]
+
+
+def _within_the_replay(program: dict, rank: int, capacity: int, held_by_round: list) -> list:
+    """(round, bytes) where the replay's peak plus the old shards held on the device since
+    earlier rounds exceed `capacity` (and "final" for the state after the last round)."""
+    peaks, final = replay(rank_program(program, rank))
+    over = [(i, peaks[i] + held_by_round[i - 1]) for i in range(1, len(peaks))
+            if peaks[i] + held_by_round[i - 1] > capacity]
+    if final + held_by_round[-1] > capacity:
+        over.append(("final", final + held_by_round[-1]))
+    return over
 
 
 def _run(rank, world, programs):
@@ -62,6 +87,9 @@ def _run(rank, world, programs):
         "fault tight": _executor_case(rank, control, split, full, "auto", (1, last, "pack"),
                                       capacity=_tight(split, rank)),
         "fault roomy": _executor_case(rank, control, split, full, "auto", (1, last, "pack")),
+        "room for one": _executor_case(rank, control, programs["three"], reference_state(
+            tensor_list(MODEL, training=True) + tensor_list(CRITIC, training=True) +
+            tensor_list(REWARD, training=True)), "auto", capacity=_room_for_one(programs["three"], rank)),
     }
 
 
@@ -119,6 +147,37 @@ def test_auto_on_a_full_gpu_parks_only_part_and_stays_within_the_replay(per_rank
         assert tight["parked_bytes"] + tight["held_bytes"] == host["parked_bytes"], (rank, tight, host)
         parked += tight["parked_bytes"]
         held += tight["held_bytes"]
+        split = _programs()["split"]
+        assert _within_the_replay(split, rank, _tight(split, rank), tight["held_by_round"]) == [], (rank, tight)
+    assert parked > 0 and held > 0, (parked, held)
+
+
+def test_the_room_for_one_case_releases_three_old_units_and_its_replay_fits():
+    """The setup of the next test: three old units leave GPUs 0 and 1 (rounds 1, 3, 5),
+    and the replay alone fits the capacity that has room for the first one beyond it."""
+    program = _programs()["three"]
+    for rank in range(WORLD):
+        capacity = _room_for_one(program, rank)
+        if capacity is not None:
+            assert len(park_replay(rank_program(program, rank)).released) == 3
+            assert max(replay(rank_program(program, rank))[0]) <= capacity  # the replay itself fits
+
+
+def test_auto_on_a_gpu_with_room_for_one_old_unit_holds_one_and_stays_within_it(per_rank):
+    """The bytes held on the device never take a round (or the final state) past the
+    capacity. Fails when park_plan forgets the bytes it already holds (it then keeps the
+    second unit too: round 4's peak plus two units exceeds it)."""
+    program = _programs()["three"]
+    parked = held = 0
+    for rank, cases in enumerate(per_rank):
+        out = cases["room for one"]
+        assert out["mismatched"] == [], (rank, out)
+        capacity = _room_for_one(program, rank)
+        if capacity is None:
+            continue
+        assert _within_the_replay(program, rank, capacity, out["held_by_round"]) == [], (rank, out)
+        parked += out["parked_bytes"]
+        held += out["held_bytes"]
     assert parked > 0 and held > 0, (parked, held)
 
 

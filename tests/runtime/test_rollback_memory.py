@@ -74,7 +74,7 @@ def _bytes_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 def _released_by_round(prog) -> dict:
     """{(unit, tensor): round} of the before-shards this rank releases (free or stage_out,
     whichever comes first), keeps excluded."""
-    kept = {(a.src_unit, a.tensor) for w in prog.rounds for a in w.aliases}
+    kept = {(a.src_unit, name) for w in prog.rounds for a in w.aliases for name in a.tensors}
     out = {}
     for work in prog.rounds:
         for unit in work.stage_outs + work.frees:
@@ -91,7 +91,7 @@ def _executor_case(rank, control, program, full, rollback, fault=None, capacity=
     snapshot = {u: {k: v.clone() for k, v in t.items()} for u, t in before.items()}
     originals = {(u, k): weakref.ref(v) for u, t in before.items() for k, v in t.items()}
     released = _released_by_round(prog)
-    seen = {"dead_too_late": [], "dead_too_early": [], "host_copies": {}}
+    seen = {"dead_too_late": [], "dead_too_early": [], "host_copies": {}, "held": []}
 
     def hook(index):
         if fault is not None and (rank, index) >= (fault[0], fault[1]) and rank == fault[0]:
@@ -106,6 +106,9 @@ def _executor_case(rank, control, program, full, rollback, fault=None, capacity=
         for (unit, name) in released:
             if released[(unit, name)] <= index and name in before[unit]:
                 seen["host_copies"].setdefault((unit, name), weakref.ref(before[unit][name]))
+        # bytes of released old shards still on the "device" (held for the commit, not parked)
+        seen["held"].append(sum(prog.before[unit][name].nbytes for (unit, name), ref in originals.items()
+                                if released.get((unit, name), len(prog.rounds)) <= index and ref() is not None))
 
     out = {"released": len(released)}
     try:
@@ -132,7 +135,8 @@ def _executor_case(rank, control, program, full, rollback, fault=None, capacity=
                    peak=result.peak_bytes,
                    parked_left=sum(name in before.get(unit, {}) for unit, name in released))
         del result
-    out["hook"] = {k: v for k, v in seen.items() if k != "host_copies"}
+    out["hook"] = {k: v for k, v in seen.items() if k not in ("host_copies", "held")}
+    out["held_by_round"] = seen["held"]
     out["host_copies"] = len(seen["host_copies"])
     out["host_copies_alive"] = sum(ref() is not None for ref in seen["host_copies"].values())
     return out

@@ -100,7 +100,8 @@ def _run(rank, world, tensors):
         before = {u["id"]: shard_unit(u, rank, full) for u in before_units if rank in u["gpus"]}
         snapshot = {u: {k: v.clone() for k, v in t.items()} for u, t in before.items()}
         alone = 256 if name.endswith("alone") else 0
-        chunks = sum(len(chunk_views([before[p.src_unit][p.tensor][p.src_slices] for p in m.pieces], CHUNK, alone))
+        chunks = sum(len(chunk_views([before[p.src_unit][name][p.src_slices] for p in m.pieces for name in p.tensors],
+                                     CHUNK, alone))
                      for w in prog.rounds for m in w.sends)
         landed = []  # per chunk received: whether it landed in place (no unpack)
         streams_module.unpack_chunk = lambda chunk, buffer: (landed.append(chunk.wire is not None),

@@ -32,7 +32,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from .segments import ALIGN, Piece, _contiguous_strides, normalize_pair
+from .segments import ALIGN, Piece, _contiguous_strides, byte_runs, normalize_pair, pieces_table
 from .tables import Launch, build_launches, upload
 
 
@@ -74,13 +74,81 @@ def message_pieces(kind: str, entries: Sequence[tuple[Box, int, int]], residues:
     return out
 
 
+# an entry of fewer boxes than this is cut box by box in Python: a table's dozen tensor ops
+# cost a fixed ~0.15 ms, a box's pieces in Python ~5 us (CPU box, 2026-12-07: the same at
+# about 40 boxes; 1.1 ms against 0.17 ms at 256). Dense programs' entries are a stage's
+# layers at most; an expert range is hundreds of tensors
+TABLE_MIN_BOXES = 48
+
+
+def message_table(kind: str, entries: Sequence[tuple], residues: Sequence[int], table=None):
+    """`message_pieces` of entries that each stand for several boxes: entry (box, buffer
+    slot, byte offset, count, spacing) is the `count` boxes of slots box.slot,
+    box.slot + 1, ... (the same shape, strides and element offset in each), packed at
+    offset, offset + spacing, ... of the buffer. The same pieces, in the same order, as
+    `message_pieces` of the boxes one by one: an entry of TABLE_MIN_BOXES or more is cut
+    once and shifted per box with tensor ops (segments.pieces_table; a v2 range's
+    hundreds of tensors are one entry), and then the whole is an int64 table; else a
+    list of Piece. `table`: `residue_table(residues)` when the caller has it."""
+    if kind not in ("pack", "unpack"):
+        raise ValueError(f"a message is packed or unpacked, not {kind!r}")
+    parts: list = [[]]
+    for box, buffer, offset, count, spacing in entries:
+        if count < TABLE_MIN_BOXES:
+            parts[-1] += message_pieces(kind, [(Box(box.slot + k, box.shape, box.stride, box.offset, box.elem), buffer,
+                                                offset + k * spacing) for k in range(count)], residues)
+            continue
+        table = residue_table(residues) if table is None else table
+        dense = _contiguous_strides(box.shape)
+        runs = byte_runs(box.shape, box.stride, dense, box.elem) if kind == "pack" else \
+            byte_runs(box.shape, dense, box.stride, box.elem)
+        slots = torch.arange(box.slot, box.slot + count, dtype=torch.int64)
+        at = table[slots] + box.offset * box.elem
+        to = table[buffer] + offset + torch.arange(count, dtype=torch.int64) * spacing
+        src, dst = (at, to) if kind == "pack" else (to, at)
+        parts += [pieces_table(runs, src, dst, torch.full_like(slots, buffer), slots), []]
+    return _joined(parts)
+
+
+def copy_table(entries: Sequence[tuple], residues: Sequence[int], table=None):
+    """`copy_pieces` of entries (source box, destination box, count, slot step) that each
+    stand for `count` pairs: pair k copies slot src.slot + k x step into slot
+    dst.slot + k x step, the same boxes of each (a list or a table, as `message_table`)."""
+    parts: list = [[]]
+    for src, dst, count, step in entries:
+        if tuple(src.shape) != tuple(dst.shape) or src.elem != dst.elem:
+            raise ValueError(f"copy between boxes {list(src.shape)} x{src.elem} and {list(dst.shape)} x{dst.elem}")
+        if count < TABLE_MIN_BOXES:
+            parts[-1] += copy_pieces([(Box(src.slot + k * step, src.shape, src.stride, src.offset, src.elem),
+                                       Box(dst.slot + k * step, dst.shape, dst.stride, dst.offset, dst.elem))
+                                      for k in range(count)], residues)
+            continue
+        table = residue_table(residues) if table is None else table
+        runs = byte_runs(src.shape, src.stride, dst.stride, src.elem)
+        k = torch.arange(count, dtype=torch.int64) * step
+        parts += [pieces_table(runs, table[src.slot + k] + src.offset * src.elem,
+                               table[dst.slot + k] + dst.offset * dst.elem, dst.slot + k, src.slot + k), []]
+    return _joined(parts)
+
+
+def _joined(parts: list):
+    """Alternating lists of Piece and tables, in order, as one list (no table among them)
+    or one table."""
+    if len(parts) == 1:
+        return parts[0]
+    fields = len(Piece._fields)
+    return torch.cat([p if isinstance(p, torch.Tensor) else torch.tensor(p, dtype=torch.int64).view(-1, fields)
+                      for p in parts if len(p)])
+
+
 class Replay:
     """The launches of one pack, unpack or copy, built once (see the module docstring)."""
 
-    def __init__(self, kind: str, pieces: list, device: Optional[torch.device] = None,
+    def __init__(self, kind: str, pieces, device: Optional[torch.device] = None,
                  tile: Optional[tuple[int, int]] = None, max_vec: int = 2):
-        """The launches of `pieces`, their tables on `device` (None: left in host memory
-        for `to_device`, which uploads the tables of many replays at once)."""
+        """The launches of `pieces` (a list of Piece, or a table of them: `message_table`,
+        `copy_table`), their tables on `device` (None: left in host memory for
+        `to_device`, which uploads the tables of many replays at once)."""
         if kind not in ("pack", "unpack", "copy"):
             raise ValueError(f"a replay packs, unpacks or copies, not {kind!r}")
         rel = "src" if kind == "unpack" else "dst"
@@ -132,6 +200,11 @@ def to_device(replays: Sequence[Replay], device: torch.device) -> None:
 
 def residues(addresses: Sequence[int]) -> tuple[int, ...]:
     return tuple(a % ALIGN for a in addresses)
+
+
+def residue_table(residues: Sequence[int]) -> torch.Tensor:
+    """Slot residues as an int64 tensor (once per stream: its chunks' tables index it)."""
+    return torch.tensor(residues, dtype=torch.int64)
 
 
 def table(addresses: Sequence[int], device: torch.device) -> torch.Tensor:

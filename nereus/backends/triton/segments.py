@@ -123,6 +123,16 @@ def normalize_pair(sizes: Sequence[int], src_strides: Sequence[int], dst_strides
     Invariant: the pieces move exactly the box's bytes, each source byte to the
     destination byte at the same row-major position; empty boxes give no pieces.
     """
+    return [_piece(src + a, dst + b, rows, run, src_s, dst_s, msg, slot)
+            for a, b, rows, run, src_s, dst_s in byte_runs(sizes, src_strides, dst_strides, elem)]
+
+
+def byte_runs(sizes: Sequence[int], src_strides: Sequence[int], dst_strides: Sequence[int],
+              elem: int) -> list[tuple[int, int, int, int, int, int]]:
+    """`normalize_pair`'s pieces in bytes, for a box at byte address 0 on both sides:
+    (src, dst, rows, run, src_s, dst_s). Addresses enter a piece only by addition and
+    through its word size, so the pieces of the same box at other addresses are these
+    shifted (`pieces_table` does that for many boxes of one shape at once)."""
     if any(n == 0 for n in sizes):
         return []
     dims = [(n, a * elem, b * elem) for n, a, b in zip(sizes, src_strides, dst_strides) if n != 1]
@@ -138,15 +148,15 @@ def normalize_pair(sizes: Sequence[int], src_strides: Sequence[int], dst_strides
         run, outer = merged[-1][0] * elem, merged[:-1]
     else:  # no contiguous innermost dim: every element is its own run
         run, outer = elem, merged
-    return _pieces(outer, run, src, dst, msg, slot)
+    return _runs(outer, run, 0, 0)
 
 
-def _pieces(outer: list[tuple[int, int, int]], run: int, src: int, dst: int, msg: int, slot: int) -> list[Piece]:
+def _runs(outer: list[tuple[int, int, int]], run: int, src: int, dst: int) -> list[tuple]:
     if len(outer) > 1:  # the kernel indexes one outer dim (no division per row): split
         n, a, b = outer[0]
-        return [p for k in range(n) for p in _pieces(outer[1:], run, src + k * a, dst + k * b, msg, slot)]
+        return [r for k in range(n) for r in _runs(outer[1:], run, src + k * a, dst + k * b)]
     rows, a, b = outer[0] if outer else (1, run, run)
-    return [_piece(src, dst, rows, run, a, b, msg, slot)]
+    return [(src, dst, rows, run, a, b)]
 
 
 def _piece(src: int, dst: int, rows: int, run: int, src_s: int, dst_s: int, msg: int, slot: int = 0) -> Piece:
@@ -155,6 +165,30 @@ def _piece(src: int, dst: int, rows: int, run: int, src_s: int, dst_s: int, msg:
     word = min(MAX_WORD, low)
     return Piece(word, 2 if low >= 16 else 1, src // word, dst // word, rows, run // word,
                  src_s // word, dst_s // word, msg, slot)
+
+
+def pieces_table(runs: Sequence[tuple], src: torch.Tensor, dst: torch.Tensor, msg: torch.Tensor,
+                 slot: torch.Tensor) -> torch.Tensor:
+    """The pieces of n boxes of one shape (`runs`: `byte_runs` of it) whose byte addresses
+    are `src[i]` and `dst[i]`, of message `msg[i]` and slot `slot[i]`, as an int64 table
+    [n x len(runs), len(Piece._fields)] (box by box, each box's pieces in order): what
+    `normalize_pair` gives per box, built with tensor ops instead of a Python step per
+    piece (a range of a v2 program moves the same box of hundreds of tensors)."""
+    fields = len(Piece._fields)
+    if not runs or src.numel() == 0:
+        return torch.empty((0, fields), dtype=torch.int64)
+    r = torch.tensor(runs, dtype=torch.int64)  # [R, 6]: src, dst, rows, run, src_s, dst_s
+    at = src[:, None] + r[None, :, 0]
+    to = dst[:, None] + r[None, :, 1]
+    rows, run, src_s, dst_s = (r[None, :, c].expand_as(at) for c in (2, 3, 4, 5))
+    bits = at | to | run | src_s | dst_s
+    low = bits & -bits
+    low = torch.where(bits == 0, torch.full_like(low, 1 << 62), low)  # as _lowbit(0)
+    word = low.clamp(max=MAX_WORD)
+    vec = torch.where(low >= 16, 2, 1)
+    table = torch.stack([word, vec, at // word, to // word, rows, run // word, src_s // word, dst_s // word,
+                         msg[:, None].expand_as(at), slot[:, None].expand_as(at)], dim=2)
+    return table.reshape(-1, fields)
 
 
 def view_pieces(view: torch.Tensor, offset: int, msg: int, direction: str, slot: int) -> list[Piece]:

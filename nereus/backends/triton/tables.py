@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import torch
 
@@ -139,10 +139,12 @@ def _choose_tile_torch(shapes: Counter) -> tuple[int, int]:
     return best[1]
 
 
-def build_launches(pieces: Sequence[Piece], anchor: int, rel: Optional[str] = None,
+def build_launches(pieces: Union[Sequence[Piece], torch.Tensor], anchor: int, rel: Optional[str] = None,
                    force_tile: Optional[tuple[int, int]] = None, max_vec: int = 2) -> list[Launch]:
-    """Input: pieces (any order, any classes), the anchor's byte address (16-byte
-    aligned), and which side holds buffer offsets (`rel`: "src", "dst" or None).
+    """Input: pieces (any order, any classes; a list of Piece, or an int64 table of their
+    fields, one row per piece, as segments.pieces_table builds it), the anchor's byte
+    address (16-byte aligned), and which side holds buffer offsets (`rel`: "src", "dst"
+    or None).
     Output: one Launch per (word, vec) class.
 
     Invariant: the tiles of a launch cover every word of every piece of its class exactly
@@ -154,26 +156,52 @@ def build_launches(pieces: Sequence[Piece], anchor: int, rel: Optional[str] = No
             for (word, vec), group in _classes(pieces, max_vec)]
 
 
-def launch_classes(pieces: Sequence[Piece], force_tile: Optional[tuple[int, int]] = None,
+def launch_classes(pieces: Union[Sequence[Piece], torch.Tensor], force_tile: Optional[tuple[int, int]] = None,
                    max_vec: int = 2) -> list[tuple[int, int, int, int]]:
-    """(word, vec, ROWS, COLS) of each launch `build_launches` would make of these pieces,
-    without building its tables (a Python pass over the pieces: what a caller needs to
+    """(word, vec, ROWS, COLS) of each launch `build_launches` would make of these pieces
+    (a list or a table, as there), without building its tables (what a caller needs to
     know whether the kernel variants are compiled)."""
-    return [(word, vec) + choose_tile(Counter((p.rows, p.inner) for p in group), force_tile)
-            for (word, vec), group in _classes(pieces, max_vec)]
+    return [(word, vec) + choose_tile(_shapes(group), force_tile) for (word, vec), group in _classes(pieces, max_vec)]
 
 
-def _classes(pieces: Sequence[Piece], max_vec: int) -> list[tuple[tuple[int, int], list[Piece]]]:
-    """The pieces grouped by access class (word size, vector width), widest first."""
-    classes: dict[tuple[int, int], list[Piece]] = {}
-    for p in pieces:
-        classes.setdefault((p.word, min(p.vec, max_vec)), []).append(p)
-    return sorted(classes.items(), reverse=True)
+_FIELDS = len(Piece._fields)
+_WORD, _VEC, _ROWS, _INNER = (Piece._fields.index(name) for name in ("word", "vec", "rows", "inner"))
 
 
-def _launch(word: int, vec: int, pieces: list[Piece], anchor: int, rel: Optional[str],
+def _shapes(group) -> Counter:
+    """How many pieces of a group (a list, or a table) have each (rows, inner)."""
+    if not isinstance(group, torch.Tensor):
+        return Counter((p.rows, p.inner) for p in group)
+    if int(group[:, _INNER].max()) >= 1 << 32 or int(group[:, _ROWS].max()) >= 1 << 30:
+        found, counts = torch.unique(group[:, [_ROWS, _INNER]], dim=0, return_counts=True)
+        return Counter({(r, i): n for (r, i), n in zip(found.tolist(), counts.tolist())})
+    # one int64 key per piece (rows above bit 32): a 1-D unique, far cheaper than unique(dim=0)
+    found, counts = torch.unique(group[:, _ROWS] * (1 << 32) + group[:, _INNER], return_counts=True)
+    return Counter({(key >> 32, key & 0xFFFFFFFF): n for key, n in zip(found.tolist(), counts.tolist())})
+
+
+def _classes(pieces: Union[Sequence[Piece], torch.Tensor], max_vec: int) -> list:
+    """The pieces grouped by access class (word size, vector width), widest first, each
+    group in the given order: lists of Piece from a list (a Python pass: a message's
+    pieces are usually few), tables from a table (tensor ops: a table is built for many)."""
+    if not isinstance(pieces, torch.Tensor):
+        classes: dict[tuple[int, int], list[Piece]] = {}
+        for p in pieces:
+            classes.setdefault((p.word, min(p.vec, max_vec)), []).append(p)
+        return sorted(classes.items(), reverse=True)
+    if pieces.shape[0] == 0:
+        return []
+    key = pieces[:, _WORD] * 8 + pieces[:, _VEC].clamp(max=max_vec)  # word <= 8, vec <= 2
+    found = sorted(torch.unique(key).tolist(), reverse=True)
+    if len(found) == 1:
+        return [((found[0] // 8, found[0] % 8), pieces)]
+    return [((k // 8, k % 8), pieces[key == k]) for k in found]
+
+
+def _launch(word: int, vec: int, pieces, anchor: int, rel: Optional[str],
             force_tile: Optional[tuple[int, int]]) -> Launch:
-    fields = torch.tensor(pieces, dtype=torch.int64).view(-1, len(Piece._fields))  # Piece is a NamedTuple
+    fields = pieces if isinstance(pieces, torch.Tensor) else \
+        torch.tensor(pieces, dtype=torch.int64).view(-1, _FIELDS)  # Piece is a NamedTuple
     order = [Piece._fields.index(name) for name in ("src", "dst", "msg", "rows", "inner", "src_s", "dst_s")]
     slot = Piece._fields.index("slot")
     raw = torch.cat([fields[:, order], torch.zeros_like(fields[:, :1]), fields[:, slot:slot + 1]], dim=1)
@@ -183,7 +211,7 @@ def _launch(word: int, vec: int, pieces: list[Piece], anchor: int, rel: Optional
         raw[:, 1] -= anchor
     rows, inner = raw[:, 3], raw[:, 4]
     run = rows.eq(1)
-    tile_rows, tile_cols = choose_tile(Counter((p.rows, p.inner) for p in pieces), force_tile)
+    tile_rows, tile_cols = choose_tile(_shapes(pieces), force_tile)
     # A run longer than COLS becomes full rows of COLS words plus a tail row (a new piece).
     cut = run & inner.gt(tile_cols)
     full, tail = torch.div(inner, tile_cols, rounding_mode="floor"), inner % tile_cols

@@ -223,3 +223,9 @@ class VariantCompiler:
             pieces = [p for slot, (v, o) in enumerate(zip(views, offsets)) for p in view_pieces(v, o, 0, kind, slot)]
             classes |= {(kind,) + c for c in launch_classes(pieces, self.tile, self.max_vec)}
         return classes
+
+    def classes_of(self, kind: str, pieces) -> set:
+        """{(kind, word, vec, ROWS, COLS)} of the launches of these pieces (a list of
+        Piece, or a table of them: replay.message_table): `launch_classes` for pieces
+        already cut."""
+        return {(kind,) + c for c in launch_classes(pieces, self.tile, self.max_vec)}

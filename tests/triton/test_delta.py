@@ -1,0 +1,52 @@
+"""The delta encode/decode kernels (nereus.backends.triton.delta) against the torch code of
+nereus.runtime.delta_codec, under the interpreter: the same bytes (the interpreter runs
+programs in order, so the payload's chunks come in chunk order as torch writes them),
+decoding either side's code gives the message, and the checksums agree."""
+
+import pytest
+import torch
+
+from nereus.backends.triton import delta as kernels
+from nereus.runtime import delta_codec
+
+
+def _message(word: int, n: int, changed: float, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    old = torch.randint(-2 ** 15, 2 ** 15, (n,), generator=gen, dtype=torch.int32).to(delta_codec.WORDS[word])
+    new = old.clone()
+    where = torch.rand(n, generator=gen) < changed
+    new[where] = new[where] + 1  # any change of the word's bits
+    return old.view(torch.uint8).clone(), new.view(torch.uint8).clone()
+
+
+# sparse-only, mixed, mask-heavy and dense-only messages; a last chunk that is short
+@pytest.mark.parametrize("word", [1, 2, 4])
+@pytest.mark.parametrize("changed", [0.0, 0.004, 0.05, 0.6, 1.0])
+def test_kernels_write_the_torch_code_and_decode_it(word, changed):
+    chunk, n = 256, 256 * 5 + 72
+    old, new = _message(word, n, changed, seed=word * 100 + int(changed * 1000))
+    ref_t, ref_k = old.clone(), old.clone()
+    head_t, payload_t = delta_codec.encode(new, ref_t, word, chunk)
+    head_k, payload_k = kernels.encode(new, ref_k, word, chunk)
+    total = delta_codec.header_of(head_t)[0]
+    assert torch.equal(head_k, head_t)
+    assert torch.equal(payload_k[:total], payload_t)
+    assert torch.equal(ref_k, new) and torch.equal(ref_t, new)
+    for decoder in (delta_codec.decode, kernels.decode):
+        dst = old.clone()
+        sums = decoder(dst, head_k, payload_k[:total], word, chunk)
+        assert torch.equal(dst, new)
+        assert sums == delta_codec.header_of(head_t)[1:3] == delta_codec.checksums(new.view(delta_codec.WORDS[word]))
+
+
+def test_a_missing_changed_word_changes_the_weighted_checksum():
+    """What the receiver's check rests on: one changed word left out of the code leaves a
+    result whose checksums differ from the sender's."""
+    old, new = _message(2, 4096, 0.01, seed=7)
+    head, payload = delta_codec.encode(new, old.clone(), 2, 1024)
+    total, sent, weighted, _ = delta_codec.header_of(head)
+    directory = head[delta_codec.HEADER_BYTES:].view(torch.int32).view(-1, 2)
+    chunk = int(torch.nonzero(directory[:, 1] & 3 == delta_codec.SPARSE)[0])
+    directory[chunk, 1] -= 4  # one index fewer in a sparse chunk: its last changed word is not applied
+    dst = old.clone()
+    assert kernels.decode(dst, head, payload[:total], 2, 1024) != (sent, weighted)
