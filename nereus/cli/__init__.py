@@ -27,6 +27,7 @@ _NEREUS_COMMANDS = {
     "simulate": ("nereus.cli.simulate", "simulate_command", "Replay a drift trace under several policies."),
     "train": ("nereus.cli.train", "train_command", "Run the bundled PPO/GRPO loop under torchrun."),
     "bench": ("nereus.cli.bench", "bench_command", "Run a benchmark script."),
+    "export": ("nereus.cli.export", "export_command", "Write a training run's model as a Hugging Face checkpoint."),
 }
 
 

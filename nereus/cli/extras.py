@@ -21,9 +21,10 @@ COMMAND_NEEDS: dict[str, tuple[str, ...]] = {
     "search": ("numpy",),  # the controller's plan search
     "train": ("torch", "numpy", "rich"),
     "bench": ("numpy",),  # every benchmark reports through nereus.controller or numpy; more per script
+    "export": ("torch", "safetensors"),
 }
 EXTRA_OF: dict[str, str] = {"torch": "runtime", "numpy": "runtime", "rich": "runtime", "matplotlib": "runtime",
-                            "triton": "runtime,gpu"}
+                            "triton": "runtime,gpu", "safetensors": "hf"}
 
 
 class MissingDependency(NereusError):

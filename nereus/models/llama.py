@@ -176,12 +176,16 @@ def inverse_frequencies(head_dim: int, theta: float = 10000.0, scaling: Optional
     return torch.where(medium, smoothed, scaled)
 
 
-def _rotary(x: torch.Tensor, start: int, theta: float = 10000.0, scaling: Optional[RopeScaling] = None) -> torch.Tensor:
-    """Rotate-half rotary embedding of x [B, heads, T, hd] at positions start..start+T-1."""
+def _rotary(x: torch.Tensor, start, theta: float = 10000.0, scaling: Optional[RopeScaling] = None) -> torch.Tensor:
+    """Rotate-half rotary embedding of x [B, heads, T, hd] at positions start..start+T-1,
+    or, with `start` a [B, T] tensor, at each row's own positions (left-padded rows)."""
     hd = x.shape[-1]
     inv = inverse_frequencies(hd, theta, scaling, x.device)
-    pos = torch.arange(start, start + x.shape[2], dtype=torch.float32, device=x.device)
-    angles = torch.outer(pos, inv)
+    if isinstance(start, int):
+        pos = torch.arange(start, start + x.shape[2], dtype=torch.float32, device=x.device)
+        angles = torch.outer(pos, inv)
+    else:  # [B, 1, T, hd/2]: broadcast over the heads
+        angles = (start.to(torch.float32).unsqueeze(-1) * inv).unsqueeze(1)
     cos = torch.cat([angles.cos(), angles.cos()], dim=-1).to(x.dtype)
     sin = torch.cat([angles.sin(), angles.sin()], dim=-1).to(x.dtype)
     first, second = x[..., : hd // 2], x[..., hd // 2:]
@@ -197,11 +201,34 @@ def _causal_mask(t: int, start: int, device) -> Optional[torch.Tensor]:
     return torch.ones(t, start + t, dtype=torch.bool, device=device).tril(diagonal=start)
 
 
+def padded_positions(pad: torch.Tensor, start: int, t: int) -> torch.Tensor:
+    """[B, t] rotary positions of tokens start..start+t-1 of left-padded rows (`pad` [B]:
+    each row's leading pad tokens): a row's first real token is position 0, as
+    transformers' position_ids from an attention mask (pad tokens get 0)."""
+    index = torch.arange(start, start + t, device=pad.device)
+    return (index.unsqueeze(0) - pad.unsqueeze(1)).clamp_(min=0)
+
+
+def padded_mask(pad: torch.Tensor, t: int, start: int) -> torch.Tensor:
+    """Boolean [B, 1, t, start + t] attention mask of left-padded rows: query start+i sees
+    the keys at or before it that are no pad tokens. A pad token's query sees itself as
+    well (a row with no key at all would make SDPA's softmax NaN, and 0 * NaN is NaN in
+    the real tokens' weighted sum too)."""
+    keys = torch.arange(start + t, device=pad.device)
+    queries = torch.arange(start, start + t, device=pad.device)
+    causal = keys.unsqueeze(0) <= queries.unsqueeze(1)  # [t, S]
+    real = keys.unsqueeze(0) >= pad.unsqueeze(1)  # [B, S]
+    itself = keys.unsqueeze(0) == queries.unsqueeze(1)
+    return ((causal.unsqueeze(0) & real.unsqueeze(1)) | itself.unsqueeze(0)).unsqueeze(1)
+
+
 def _attention(x, w: Weights, i: int, shape: LocalShape, tp: TpGroup, cache: Optional[KvCache], start: int,
-               model: Optional[Model] = None):
+               model: Optional[Model] = None, pad: Optional[torch.Tensor] = None):
     """`start` is the position of x's first token: the cache length *before* this forward
     call, read once for all layers (layer i's cache has already grown when layer i+1 runs).
-    `model` gives the numerics (rope, q/k norm, eps); None is the plain llama."""
+    `model` gives the numerics (rope, q/k norm, eps); None is the plain llama. `pad` [B]:
+    leading pad tokens per row (left-padded prompts), masked out of attention and not
+    counted in positions; None: no row is padded (the same arithmetic as before pads)."""
     b, t, _ = x.shape
     hd, nq, nkv = shape.head_dim, shape.heads, shape.kv_heads
     # this rank's bias rows match its weight rows; added inside the matmul as nn.Linear does
@@ -216,8 +243,9 @@ def _attention(x, w: Weights, i: int, shape: LocalShape, tp: TpGroup, cache: Opt
         q = rms_norm(q, parallel.copy_to_tp(w[f"layers.{i}.attn.q_norm.weight"], tp), eps)
         k = rms_norm(k, parallel.copy_to_tp(w[f"layers.{i}.attn.k_norm.weight"], tp), eps)
     theta, scaling = (model.rope_theta, model.rope_scaling) if model is not None else (10000.0, None)
-    q = _rotary(q.transpose(1, 2), start, theta, scaling)
-    k = _rotary(k.transpose(1, 2), start, theta, scaling)
+    positions = start if pad is None else padded_positions(pad, start, t)
+    q = _rotary(q.transpose(1, 2), positions, theta, scaling)
+    k = _rotary(k.transpose(1, 2), positions, theta, scaling)
     v = v.view(b, t, nkv, hd).transpose(1, 2)
     if cache is not None:
         if cache.keys[i] is not None:
@@ -227,8 +255,11 @@ def _attention(x, w: Weights, i: int, shape: LocalShape, tp: TpGroup, cache: Opt
     if nq != nkv:
         k = k.repeat_interleave(nq // nkv, dim=1)
         v = v.repeat_interleave(nq // nkv, dim=1)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=_causal_mask(t, start, x.device),
-                                         is_causal=(start == 0 and t > 1))
+    if pad is None:
+        mask, causal = _causal_mask(t, start, x.device), start == 0 and t > 1
+    else:
+        mask, causal = padded_mask(pad, t, start), False
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
     out = out.transpose(1, 2).reshape(b, t, nq * hd)
     return parallel.reduce_from_tp(out @ w[f"layers.{i}.attn.o.weight"].t(), tp)
 
@@ -244,15 +275,18 @@ def embed(model: Model, w: Weights, tokens: torch.Tensor, tp: TpGroup) -> torch.
 
 
 def run_layers(model: Model, w: Weights, x: torch.Tensor, layers: tuple[int, int], tp: TpGroup,
-               cache: Optional[KvCache] = None, ep: Optional[EpGroup] = None) -> torch.Tensor:
+               cache: Optional[KvCache] = None, ep: Optional[EpGroup] = None,
+               pad: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Transformer layers lo..hi-1 on the residual stream x [B, T, hidden]. A model with
     experts runs qwen3_moe.moe_mlp in place of the dense MLP, over the EP group `ep`
-    (None: every expert on this rank)."""
+    (None: every expert on this rank). `pad` [B]: leading pad tokens of each row
+    (`_attention`), None where no row is padded."""
     shape = LocalShape.of(model, tp.size)
     start = cache.length if cache is not None else 0
     eps = model.norm_eps
     for i in range(*layers):
-        x = x + _attention(rms_norm(x, w[f"layers.{i}.input_norm.weight"], eps), w, i, shape, tp, cache, start, model)
+        x = x + _attention(rms_norm(x, w[f"layers.{i}.input_norm.weight"], eps), w, i, shape, tp, cache, start, model,
+                           pad)
         h = rms_norm(x, w[f"layers.{i}.post_attn_norm.weight"], eps)
         x = x + (moe.moe_mlp(model, w, i, h, tp, ep) if model.experts else _mlp(h, w, i, shape, tp))
     return x
@@ -264,12 +298,13 @@ def final_norm(w: Weights, x: torch.Tensor, model: Optional[Model] = None) -> to
 
 
 def hidden_states(model: Model, w: Weights, tokens: torch.Tensor, tp: TpGroup,
-                  cache: Optional[KvCache] = None, ep: Optional[EpGroup] = None) -> torch.Tensor:
+                  cache: Optional[KvCache] = None, ep: Optional[EpGroup] = None,
+                  pad: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Final-normed hidden states [B, T, hidden] of `tokens` [B, T] (continuing `cache`),
-    all layers on this rank (pp = 1).
+    all layers on this rank (pp = 1); `pad` [B]: each row's leading pad tokens.
 
     Invariant: identical on every TP rank of the group (all partial sums are reduced)."""
-    x = run_layers(model, w, embed(model, w, tokens, tp), (0, model.layers), tp, cache, ep)
+    x = run_layers(model, w, embed(model, w, tokens, tp), (0, model.layers), tp, cache, ep, pad)
     return final_norm(w, x, model)
 
 

@@ -13,11 +13,17 @@ the global batch and are identical on every rank whatever the layout.
 
 Losses are *partial sums*: a replica's rows summed and divided by the global token count,
 so summing the replicas' losses (and gradients) gives the global mean for any DP degree.
+
+Responses that end early (text datasets: a response ends at its first end-of-sequence
+token) come with a `mask` [B, T], 1 on the response's tokens and 0 after its end: masked
+tokens add nothing to a loss or an advantage and the token count is the mask's sum. With
+`mask=None` (every token counts: the built-in tasks) the arithmetic is what it was.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -55,17 +61,32 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, gamma: float, lam: float) -
     return advantages, advantages + values
 
 
-def whiten(x: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    return (x - x.mean()) / (x.std() + eps)
+def whiten(x: torch.Tensor, eps: float = 1e-8, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """(x − mean) / std over the batch, or over the tokens `mask` keeps (others 0)."""
+    if mask is None:
+        return (x - x.mean()) / (x.std() + eps)
+    count = mask.sum().clamp(min=2)
+    mean = (x * mask).sum() / count
+    var = (((x - mean) * mask) ** 2).sum() / (count - 1)
+    return (x - mean) / (var.sqrt() + eps) * mask
 
 
 def ppo_advantages(score: torch.Tensor, logp_old: torch.Tensor, logp_ref: torch.Tensor,
-                   values: torch.Tensor, cfg: RlConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """(whitened advantages, returns) [B, T] for scores [B] and per-token tensors [B, T]."""
+                   values: torch.Tensor, cfg: RlConfig,
+                   mask: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(whitened advantages, returns) [B, T] for scores [B] and per-token tensors [B, T].
+    With `mask`, the score lands on each response's last token and the episode ends there
+    (values after it count 0)."""
     rewards = -cfg.kl_coef * (logp_old - logp_ref)
-    rewards[:, -1] += score
-    advantages, returns = gae(rewards, values, cfg.gamma, cfg.lam)
-    return whiten(advantages), returns
+    if mask is None:
+        rewards[:, -1] += score
+        advantages, returns = gae(rewards, values, cfg.gamma, cfg.lam)
+        return whiten(advantages), returns
+    rewards = rewards * mask
+    last = (mask.sum(dim=1).long() - 1).clamp(min=0)
+    rewards[torch.arange(rewards.shape[0]), last] += score
+    advantages, returns = gae(rewards, values * mask, cfg.gamma, cfg.lam)
+    return whiten(advantages, mask=mask), returns * mask
 
 
 def grpo_advantages(score: torch.Tensor, group: int, steps: int, eps: float = 1e-6) -> torch.Tensor:
@@ -75,12 +96,16 @@ def grpo_advantages(score: torch.Tensor, group: int, steps: int, eps: float = 1e
     return adv.reshape(-1, 1).expand(-1, steps).contiguous()
 
 
+def masked_sum(x: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
+    return x.sum() if mask is None else (x * mask).sum()
+
+
 def policy_loss(logp: torch.Tensor, logp_old: torch.Tensor, advantages: torch.Tensor,
-                clip: float, total_tokens: int) -> torch.Tensor:
+                clip: float, total_tokens: int, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Clipped surrogate, summed over these rows, divided by the global token count."""
     ratio = (logp - logp_old).exp()
     surrogate = torch.minimum(ratio * advantages, ratio.clamp(1 - clip, 1 + clip) * advantages)
-    return -surrogate.sum() / total_tokens
+    return -masked_sum(surrogate, mask) / total_tokens
 
 
 def kl_k3(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
@@ -90,7 +115,7 @@ def kl_k3(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
 
 
 def value_loss(v: torch.Tensor, v_old: torch.Tensor, returns: torch.Tensor,
-               clip: float, total_tokens: int) -> torch.Tensor:
+               clip: float, total_tokens: int, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Clipped value loss 0.5·max((v−R)², (v_clip−R)²), partial sum / global tokens."""
     clipped = v_old + (v - v_old).clamp(-clip, clip)
-    return 0.5 * torch.maximum((v - returns) ** 2, (clipped - returns) ** 2).sum() / total_tokens
+    return 0.5 * masked_sum(torch.maximum((v - returns) ** 2, (clipped - returns) ** 2), mask) / total_tokens

@@ -54,11 +54,12 @@ def check_placement(p: Placement, world: int) -> None:
             p.loc, hint=f"run with --nproc {max(p.gpus) + 1} or more")
 
 
-def check_models(module: Module) -> None:
-    """The workload's models read the tasks' tokens and have the head the loop uses."""
+def check_models(module: Module, text: bool = False) -> None:
+    """The workload's models read the tasks' tokens (unless `text`: a tokenizer's, checked
+    with it) and have the head the loop uses."""
     for name in sorted({ms.model for ms in module.workload.model_stages()}):
         model = module.model(name)
-        if model.vocab < TASK_TOKENS:
+        if model.vocab < TASK_TOKENS and not text:
             where = f" (vocab_size of {model.checkpoint})" if model.checkpoint else ""
             raise SemanticError(f"{name} has vocab {model.vocab}{where} but the tasks use {TASK_TOKENS} tokens",
                                 key_loc(model, "vocab"),
@@ -106,12 +107,15 @@ def check_replicas(module: Module, minibatches: int) -> None:
                                                            f"{p.dp * p.ep * minibatches}")
 
 
-def check_run(module: Module, algo: str, minibatches: int, group: int, world: int) -> None:
-    """Everything above, for every plan of the module."""
+def check_run(module: Module, algo: str, minibatches: int, group: int, world: int, plans=None,
+              text: bool = False) -> None:
+    """Everything above, for every plan of the module (or of `plans`, the names a run uses:
+    a resumed run may have fewer processes than other plans need). `text`: a text dataset
+    (its tokenizer, not the tasks' tokens, bounds the vocab)."""
     check_stages(module, algo)
-    check_models(module)
+    check_models(module, text)
     check_batch(module, algo, minibatches, group)
     check_replicas(module, minibatches)
-    for plan in module.plans:
+    for plan in (p for p in module.plans if plans is None or p.name in plans):
         for placement in plan.placements:
             check_placement(placement, world)

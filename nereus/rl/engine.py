@@ -32,8 +32,9 @@ ENGINES = ("native", "vllm")
 
 class GenerationEngine(Protocol):
     def generate(self, prompts: torch.Tensor, max_new_tokens: int, uniforms: torch.Tensor,
-                 temperature: float = 1.0, greedy: bool = False) -> torch.Tensor:
-        """prompts [B, P] int64, uniforms [B, max_new_tokens] in [0, 1) → tokens [B, max_new_tokens]."""
+                 temperature: float = 1.0, greedy: bool = False, pad: torch.Tensor | None = None) -> torch.Tensor:
+        """prompts [B, P] int64, uniforms [B, max_new_tokens] in [0, 1) → tokens [B, max_new_tokens];
+        `pad` [B]: each prompt's leading pad tokens (None: none is padded)."""
         ...
 
     def update_weights(self, weights: Weights) -> None:
@@ -67,14 +68,14 @@ class NativeEngine:
         self._weights_fn = lambda: weights
 
     @torch.no_grad()
-    def generate(self, prompts, max_new_tokens, uniforms, temperature=1.0, greedy=False):
+    def generate(self, prompts, max_new_tokens, uniforms, temperature=1.0, greedy=False, pad=None):
         w = self._weights_fn()
         cache = KvCache.empty(self.model.layers)
         out = torch.zeros(prompts.shape[0], max_new_tokens, dtype=torch.long, device=prompts.device)
         step_input = prompts
         for i in range(max_new_tokens):
             logits, _, _ = pipeline.forward(self.model, w, step_input, self.tp, self.pipe, lambda h: gather_vocab(
-                local_logits(w, h[:, -1], self.tp), self.tp), cache, self.ep)
+                local_logits(w, h[:, -1], self.tp), self.tp), cache, self.ep, pad)
             token = sample(logits, uniforms[:, i], temperature, greedy) if self.pipe.is_last else None
             token = pipeline.pass_token(self.pipe, token, prompts.shape[0], prompts.device)
             if token is not None:

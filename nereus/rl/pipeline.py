@@ -57,9 +57,12 @@ def _recv(shape, src: int, device, dtype=torch.float32) -> torch.Tensor:
 
 
 def forward(model: Model, w: Weights, tokens: torch.Tensor, tp: TpGroup, pipe: PipeStage,
-            head: Callable[[torch.Tensor], torch.Tensor], cache: Optional[KvCache] = None, ep=None):
+            head: Callable[[torch.Tensor], torch.Tensor], cache: Optional[KvCache] = None, ep=None,
+            pad: Optional[torch.Tensor] = None):
     """Run this rank's stage on `tokens` [B, T] (every stage knows the tokens' shape); a
-    MoE model's layers dispatch tokens over the EP group `ep` (None: ep 1).
+    MoE model's layers dispatch tokens over the EP group `ep` (None: ep 1). `pad` [B]:
+    each row's leading pad tokens (left-padded prompts; every stage knows them), None
+    where no row is padded.
 
     Returns (head(final-normed hidden) on the last stage else None, stage input, stage
     output); the input is a leaf that requires grad on non-first stages when grad is on,
@@ -72,7 +75,7 @@ def forward(model: Model, w: Weights, tokens: torch.Tensor, tp: TpGroup, pipe: P
         if torch.is_grad_enabled():
             x_in.requires_grad_()
         x = x_in
-    y = run_layers(model, w, x, pipe.layers, tp, cache, ep)
+    y = run_layers(model, w, x, pipe.layers, tp, cache, ep, pad)
     if not pipe.is_last:
         dist.send(y.detach().contiguous(), dst=pipe.next)
         return None, x_in, y

@@ -23,9 +23,9 @@ nereus.rl.zero; `zero 3` gathers the weights one layer at a time, nereus.rl.zero
 generation stage. At step boundaries a scripted event calls `runtime.transition(plan)`;
 the next step reads the new shards and the new groups.
 
-Exchanging rollout data between model-stages with different DP degrees is one world
-all-reduce per tensor in which TP rank 0 of each replica writes its rows into zeros: x + 0
-is exact, so every rank gets the same bytes whatever the layout.
+The model evaluations (forward per replica, assembled batches, the minibatch update) are
+nereus.rl.stage_compute's; where prompts and rewards come from, nereus.rl.tasks'; the
+checkpoints and resume, nereus.rl.persist's.
 """
 
 from __future__ import annotations
@@ -40,21 +40,17 @@ import torch.distributed as dist
 
 from nereus.ir.diagnostics import SemanticError
 from nereus.ir.model import Module
-from nereus.runtime.state import TORCH_DTYPES, step_name
+from nereus.models.llama import values
 
 from . import algorithms as alg
-from .engine import ENGINES, GenerationEngine, NativeEngine, make_vllm_generation
-from . import pipeline
-from nereus.models.llama import local_logits, values
-from .optim import adam_step, all_reduce_grads, reduce_replicated_kv_grads
-from nereus.models.parallel import vocab_parallel_logprob
 from .checks import check_batch, check_models, check_replicas, check_stages
+from .engine import ENGINES, GenerationEngine, NativeEngine, make_vllm_generation
+from .faults import kill_here, kill_spec
 from .restart import RestartRuntime
-from .reward import make_prompts, score
+from .stage_compute import StageCompute
+from .tasks import BuiltinTask, TextTask
 from .topology import Groups, Role
 from .weights import register_initial_weights
-from .zero import gathered_weights, local_weight_shapes, zero_adam_step
-from .zero3 import LayerGather, reduce_scatter_chunks
 
 
 @dataclass(frozen=True)
@@ -70,6 +66,18 @@ class TrainSpec:
     engine: str = "native"  # rollout engine: "native" | "vllm" (see nereus.rl.engine)
     greedy: bool = False  # argmax decoding (exact in both engines) instead of sampling
     workdir: str = ""  # vllm: where each engine's start-up checkpoint goes (default: a temp dir)
+    # a text dataset (nereus.rl.tasks.TextTask): prompts file, tokenizer folder, reward
+    # function "module:function"; empty prompts: the built-in `task` on token ids
+    prompts: str = ""
+    tokenizer: str = ""
+    reward: str = ""
+    samples_every: int = 1  # samples of every N-th step go to the emit callback (0: none)
+    # checkpoints (nereus.rl.persist): OUT (empty: none), save every N steps (and the last
+    # step), keep the last K, and the checkpoint directory to resume from (empty: a fresh start)
+    out: str = ""
+    save_every: int = 0
+    keep: int = 3
+    resume: str = ""
 
 
 @dataclass(frozen=True)
@@ -86,6 +94,9 @@ class StepRecord:
     stage_seconds: dict = field(default_factory=dict)  # model-stage → wall seconds of its phase
     sync_bytes: int = 0  # weight sync actor.training → actor.generation, bytes this rank sent
     rollout_sha256: str = ""  # digest of the step's [batch, response] tokens (compare engines)
+    response_length: float = 0.0  # mean tokens per response up to and with its eos (= response without one)
+    reward_seconds: float = 0.0  # the reward (the task's rule, or the reward function on rank 0 and its broadcast)
+    sync_seconds: float = 0.0  # the weight sync actor.training → actor.generation (in stage_seconds' generation too)
 
 
 def _report_dict(report: Any) -> dict:
@@ -122,7 +133,7 @@ class _PhaseClock:
         self._t = now
 
 
-class RlTrainer:
+class RlTrainer(StageCompute):
     """Runs `spec.steps` steps on `runtime` (a nereus Runtime or the restart baseline)."""
 
     def __init__(self, module: Module, runtime, spec: TrainSpec, emit: Callable[[dict], None] = lambda e: None):
@@ -130,7 +141,7 @@ class RlTrainer:
         self.cfg, self.w = spec.rl, module.workload
         self.stages = {str(ms) for ms in module.workload.model_stages()}
         check_stages(module, self.cfg.algo)
-        check_models(module)
+        check_models(module, text=bool(spec.prompts))
         check_batch(module, self.cfg.algo, self.cfg.minibatches, self.cfg.group)
         check_replicas(module, self.cfg.minibatches)
         self.world = dist.get_world_size() if dist.is_initialized() else 1
@@ -149,8 +160,17 @@ class RlTrainer:
 
             self.weight_sync = WeightSync(module, device=self.device)
         self.plan_name = spec.plan
+        group = self.cfg.group if self.cfg.algo == "grpo" else 1
+        self.task = TextTask(spec.prompts, spec.tokenizer, spec.reward, spec.seed, self.w.prompt, group,
+                             module.model("actor").vocab) if spec.prompts else BuiltinTask(spec.task, group)
+        self.position = 0  # dataset rows consumed by the steps so far (TextTask)
+        self.drift_applied: list[str] = []  # the --drift overrides applied so far, in order (checkpoints)
+        self.start_step = 1  # > 1 when resumed from a checkpoint
         self.sources: dict = {}  # model -> checkpoint directory it started from (None: seeded), set by initialise
         self.roles = self.groups.for_plan(module, module.plan(spec.plan), self.world)
+        from .persist import Persistence
+
+        self.persist = Persistence(self, spec.out, spec.save_every, spec.keep, spec.resume)
 
     # -- state ---------------------------------------------------------------------------
 
@@ -158,6 +178,9 @@ class RlTrainer:
         """Every model-stage's initial shards, registered (nereus.rl.weights: a model
         declared hf("dir") reads this rank's boxes of its checkpoint, others are seeded)."""
         stages = [ms for ms in self.stages if not (ms == "actor.generation" and self.vllm is not None)]
+        if self.spec.resume:  # the checkpoint's state, in this run's plan (nereus.rl.resume)
+            self.start_step = self.persist.restore() + 1
+            return
         # with vLLM the engines hold the generation weights (started below)
         self.sources = register_initial_weights(self.rt, self.module, stages, self.spec.seed)
         if self.vllm is not None:  # start the engines from the initial actor weights
@@ -165,191 +188,98 @@ class RlTrainer:
             if dist.is_initialized():
                 dist.barrier()  # engine start-up (tens of seconds on CPU) is not part of step 1
 
-    def weights(self, ms: str, state: Optional[dict] = None, whole: bool = False):
-        """Local weights of a model-stage by local name (what the llama reads), on the
-        device (an offloaded model-stage's are copied up from host memory for the stage).
-        Under `zero 3` the runtime holds dp chunks: a LayerGather that all-gathers them
-        one layer at a time as the forward reads them (nereus.rl.zero3), or with `whole`
-        every weight at once (the weight sync reads whole shards; nereus.rl.zero.
-        gathered_weights). Collective over the dp group there."""
-        prefix = ms.partition(".")[0] + "/"
-        state = self.rt.device_state(ms) if state is None else state
-        role = self.roles.get(ms)
-        if role is not None and role.zero >= 3:
-            if not whole:
-                return self._layer_gather(ms, state, role)
-            model = self.module.model(ms.partition(".")[0])
-            state = gathered_weights(state, local_weight_shapes(model, role), TORCH_DTYPES[model.dtype], self.device,
-                                     replica=role.replica, dp=role.dp, group=role.dp_group, dp_ranks=role.dp_ranks)
-        return {k[len(prefix):]: v for k, v in state.items() if "#" not in k}
-
-    def _layer_gather(self, ms: str, state: dict, role: Role, grad: bool = False) -> LayerGather:
-        """Zero 3: this replica's chunks of `ms`'s weights as a per-layer gathering Mapping;
-        with `grad`, its backward reduce-scatters each layer's gradients (the replicated
-        KV rows summed over TP first, as `_train` does for the other layouts)."""
-        model = self.module.model(ms.partition(".")[0])
-        prefix = model.name + "/"
-        shapes = {k[len(prefix):]: v for k, v in local_weight_shapes(model, role).items()}
-        chunks = {k: state[prefix + k] for k in shapes if prefix + k in state}
-        before = (lambda grads: reduce_replicated_kv_grads(grads, model, role.tp)) if grad else None
-        return LayerGather(chunks, shapes, TORCH_DTYPES[model.dtype], self.device, replica=role.replica, dp=role.dp,
-                           group=role.dp_group, dp_ranks=role.dp_ranks, grad=grad, before_reduce=before)
-
-    # -- communication helpers -----------------------------------------------------------
-
-    def _assemble(self, chunk: Optional[torch.Tensor], role: Optional[Role], rows, shape, dtype) -> torch.Tensor:
-        full = torch.zeros(shape, dtype=dtype, device=self.device)
-        if role is not None and role.contributes and chunk is not None:
-            full[rows] = chunk.detach().to(dtype)
-        if self.world > 1:
-            dist.all_reduce(full)
-        return full
-
-    def _per_replica(self, ms: str, fn, shape, dtype=torch.float32, offset: int = 0, batch: Optional[int] = None):
-        """Run fn(role, rows) on this rank's replica rows of a model-stage and assemble."""
-        role = self.roles.get(ms)
-        rows = role.rows(batch or self.w.batch, offset) if role else None
-        with torch.no_grad():
-            chunk = fn(role, rows) if role else None
-        return self._assemble(chunk, role, rows, shape, dtype)
-
-    # -- model evaluations ---------------------------------------------------------------
-
-    def _forward(self, model_name: str, w, tokens, role: Role, head):
-        """head(final hidden) on the replica's last stage, None on its other stages."""
-        out, _, _ = pipeline.forward(self.module.model(model_name), w, tokens, role.tp, role.pipe, head, ep=role.ep)
-        return out
-
-    def _logprob_head(self, model_name: str, w, seqs, tp):
-        p, vocab = self.w.prompt, self.module.model(model_name).vocab
-        return lambda h: vocab_parallel_logprob(local_logits(w, h[:, p - 1:], tp), seqs[:, p:], vocab, tp)
-
-    def _logprobs(self, model_name: str, w, seqs, role: Role):
-        return self._forward(model_name, w, seqs[:, :-1], role, self._logprob_head(model_name, w, seqs, role.tp))
-
-    def _values(self, model_name: str, w, seqs, role: Role):
-        return self._forward(model_name, w, seqs[:, :-1], role, lambda h: values(w, h[:, self.w.prompt - 1:]).float())
-
-    def _train(self, ms: str, loss_head, step: int, lr: float, offset: int, mb: int) -> float:
-        """One minibatch update of a training model-stage (forward and backward through
-        its pipeline, DP gradient all-reduce or, under zero, reduce-scatter, Adam); returns
-        the global loss.
-
-        loss_head(params, role, rows) → a function of the final hidden states → loss."""
-        role = self.roles.get(ms)
-        part = None
-        if role is not None:
-            state = self.rt.device_state(ms)
-            model_name = ms.partition(".")[0]
-            model = self.module.model(model_name)
-            rows = role.rows(mb, offset)
-            if role.zero >= 3:  # weights gathered per layer; gradients reduce-scattered per layer in the backward
-                params = self._layer_gather(ms, state, role, grad=True)
-                with params.saving():
-                    loss, x_in, y = pipeline.forward(model, params, self._seqs[rows][:, :-1], role.tp, role.pipe,
-                                                     loss_head(params, role, rows), ep=role.ep)
-                pipeline.backward(role.pipe, loss, x_in, y)
-                grads = {f"{model_name}/{k}": g for k, g in params.finish().items()}
-            else:
-                params = {k: t.detach().requires_grad_() for k, t in self.weights(ms, state).items()}
-                loss, x_in, y = pipeline.forward(model, params, self._seqs[rows][:, :-1], role.tp, role.pipe,
-                                                 loss_head(params, role, rows), ep=role.ep)
-                pipeline.backward(role.pipe, loss, x_in, y)
-                grads = {f"{model_name}/{k}": (p.grad if p.grad is not None else torch.zeros_like(p)).float()
-                         for k, p in params.items()}
-                reduce_replicated_kv_grads(grads, model, role.tp)
-            if role.zero:
-                if role.zero < 3:  # zero 1: each replica receives only its chunk of the dp sums
-                    grads = reduce_scatter_chunks(grads, role.replica, role.dp, role.dp_group, role.dp_ranks)
-                # this replica's chunk of the optimizer state (zero 1: then the weights all-gathered)
-                names = list(local_weight_shapes(model, role))  # global names
-                zero_adam_step(state, grads, names, step, lr, self.cfg.betas, self.cfg.eps, zero=role.zero,
-                               replica=role.replica, dp=role.dp, group=role.dp_group, dp_ranks=role.dp_ranks)
-            else:
-                # dense gradients over the dp·ep data-parallel ranks, an expert's over the dp
-                # replicas holding it (every EP rank's tokens already reached it by all-to-all)
-                experts = {n: g for n, g in grads.items() if ".mlp.experts." in n}
-                all_reduce_grads({n: g for n, g in grads.items() if n not in experts}, role.dp_group)
-                all_reduce_grads(experts, role.expert_dp_group if role.ep.size > 1 else role.dp_group)
-                adam_step(state, grads, step, lr, self.cfg.betas, self.cfg.eps)
-            counter = step_name(model_name)
-            if counter in state:  # the runtime's Adam step counter travels with the state
-                state[counter].fill_(step)
-            self.rt.write_back(ms, state)  # an offloaded model-stage's state goes back to host memory
-            part = loss.detach() if loss is not None else None
-        return float(self._assemble(part, role, (), (), torch.float64))
-
     # -- one step --------------------------------------------------------------------------
 
     def step(self, step: int) -> StepRecord:
         start = time.perf_counter()
         cfg, B, R, P = self.cfg, self.w.batch, self.w.response, self.w.prompt
         gen = torch.Generator().manual_seed(self.spec.seed * 1_000_003 + step)
-        group = cfg.group if cfg.algo == "grpo" else 1
-        prompts = make_prompts(B, P, gen, group)
+        batch = self.task.batch(B, P, self.position, gen)
+        self.position += self.task.consumed(B)
         uniforms = torch.rand(B, R, generator=gen).to(self.device)
-        cpu_prompts, prompts = prompts, prompts.to(self.device)
+        prompts = batch.ids.to(self.device)
+        self._pad = batch.pad.to(self.device) if batch.pad is not None else None
 
         clock = _PhaseClock()
-        responses = self._rollout(prompts, uniforms)
+        responses, mask = self.task.finish(self._rollout(prompts, uniforms))
         clock.lap("actor.generation")
+        mask = mask.to(self.device) if mask is not None else None
         seqs = self._seqs = torch.cat([prompts, responses], dim=1)
         logp_ref = self._per_replica("ref.inference", lambda role, rows: self._logprobs(
-            "ref", self.weights("ref.inference"), seqs[rows], role), (B, R))
+            "ref", self.weights("ref.inference"), rows, role), (B, R))
         clock.lap("ref.inference")
         rm = None  # the reward model's score, logged; the training reward is the task's rule
         if "reward.inference" in self.stages:
             rm_weights = self.weights("reward.inference")
             rm = self._per_replica("reward.inference", lambda role, rows: self._forward(
-                "reward", rm_weights, seqs[rows], role, lambda h: values(rm_weights, h[:, -1]).float()), (B,))
+                "reward", rm_weights, seqs[rows], role, lambda h: values(rm_weights, h[:, -1]).float(), rows), (B,))
             clock.lap("reward.inference")
         logp_old = self._per_replica("actor.training", lambda role, rows: self._logprobs(
-            "actor", self.weights("actor.training"), seqs[rows], role), (B, R))
+            "actor", self.weights("actor.training"), rows, role), (B, R))
         clock.lap("actor.training")
-        rule = score(self.spec.task, cpu_prompts, responses.cpu()).to(self.device)
+        scoring = time.perf_counter()
+        rule = self.task.rewards(batch, responses.cpu(), step).to(self.device)
+        reward_seconds = time.perf_counter() - scoring
+        if self.spec.samples_every and step % self.spec.samples_every == 0 and self._rank() == 0:
+            texts = self.task.texts(batch, responses.cpu())
+            self.emit({"event": "samples", "step": step, "prompts": texts[0], "responses": texts[1],
+                       "rewards": rule.tolist()})
+        clock.restart()  # (stage_seconds are model-stages': the controller reads them)
         if cfg.algo == "ppo":
             v_old = self._per_replica("critic.training", lambda role, rows: self._values(
-                "critic", self.weights("critic.training"), seqs[rows], role), (B, R))
+                "critic", self.weights("critic.training"), rows, role), (B, R))
             clock.lap("critic.training")
-            adv, returns = alg.ppo_advantages(rule, logp_old, logp_ref, v_old, cfg)
+            adv, returns = alg.ppo_advantages(rule, logp_old, logp_ref, v_old, cfg, mask)
         else:
             adv = alg.grpo_advantages(rule, cfg.group, R)
 
-        mb, tokens = B // cfg.minibatches, (B // cfg.minibatches) * R
+        mb = B // cfg.minibatches
         losses, value_losses = [], []
         for m in range(cfg.minibatches):
             offset, opt_step = m * mb, (step - 1) * cfg.minibatches + m + 1
+            part = mask[offset:offset + mb] if mask is not None else None
+            tokens = max(1, int(part.sum())) if part is not None else mb * R
 
             def actor_loss(params, role, rows):
                 logprob = self._logprob_head("actor", params, seqs[rows], role.tp)
+                keep = mask[rows] if mask is not None else None
 
                 def head(h):
                     logp = logprob(h)
-                    loss = alg.policy_loss(logp, logp_old[rows], adv[rows], cfg.clip, tokens)
+                    loss = alg.policy_loss(logp, logp_old[rows], adv[rows], cfg.clip, tokens, keep)
                     if cfg.algo == "grpo":
-                        loss = loss + cfg.kl_coef * alg.kl_k3(logp, logp_ref[rows]).sum() / tokens
+                        loss = loss + cfg.kl_coef * alg.masked_sum(alg.kl_k3(logp, logp_ref[rows]), keep) / tokens
                     return loss
                 return head
 
             clock.restart()
             losses.append(self._train("actor.training", actor_loss, opt_step, cfg.lr, offset, mb))
             clock.lap("actor.training")
+            kill_here("step", step, self._rank(), self.persist.close)  # crash tests: the state is half updated here
             if cfg.algo == "ppo":
                 def critic_loss(params, role, rows):
+                    keep = mask[rows] if mask is not None else None
                     return lambda h: alg.value_loss(values(params, h[:, self.w.prompt - 1:]).float(), v_old[rows],
-                                                    returns[rows], cfg.value_clip, tokens)
+                                                    returns[rows], cfg.value_clip, tokens, keep)
 
                 value_losses.append(self._train("critic.training", critic_loss, opt_step, cfg.critic_lr, offset, mb))
                 clock.lap("critic.training")
         clock.restart()
+        syncing = time.perf_counter()
         sync_bytes = self.sync_generation_weights()
+        sync_seconds = time.perf_counter() - syncing
         clock.lap("actor.generation")
+        kl = logp_old - logp_ref
         return StepRecord(step, self.plan_name, sum(losses) / len(losses),
                           sum(value_losses) / len(value_losses) if value_losses else 0.0,
-                          float(rule.mean()), float((logp_old - logp_ref).mean()),
+                          float(rule.mean()), float(kl.mean()) if mask is None else float((kl * mask).sum() / mask.sum()),
                           float(rm.mean()) if rm is not None else None,
                           time.perf_counter() - start, R, clock.seconds, sync_bytes,
-                          hashlib.sha256(responses.cpu().numpy().tobytes()).hexdigest())
+                          hashlib.sha256(responses.cpu().numpy().tobytes()).hexdigest(),
+                          float(R) if mask is None else float(mask.sum(dim=1).mean()), reward_seconds, sync_seconds)
+
+    def _rank(self) -> int:
+        return dist.get_rank() if dist.is_initialized() else 0
 
     def _engine(self, role: Optional[Role]) -> Optional[GenerationEngine]:
         """The engine that generates this rank's replica rows, None where the rank writes
@@ -372,7 +302,8 @@ class RlTrainer:
         tokens = None
         if engine is not None:
             with torch.no_grad():
-                tokens = engine.generate(prompts[rows], R, uniforms[rows], self.cfg.temperature, self.spec.greedy)
+                tokens = engine.generate(prompts[rows], R, uniforms[rows], self.cfg.temperature, self.spec.greedy,
+                                         self._pad_of(rows))
         writes = tokens is not None and (self.vllm is not None or role.contributes)
         full = torch.zeros((B, R), dtype=torch.long, device=self.device)
         if writes:
@@ -406,13 +337,17 @@ class RlTrainer:
         import nereus.ir as ir
 
         self.module = ir.apply_overrides(self.module, [override])
+        self.drift_applied.append(override)
         self.w = self.module.workload
         check_batch(self.module, self.cfg.algo, self.cfg.minibatches, self.cfg.group)
         check_replicas(self.module, self.cfg.minibatches)
 
     def transition(self, after_step: int, plan: str) -> dict:
         start = time.perf_counter()
-        report = _report_dict(self.rt.transition(plan))
+        hook = {}
+        if kill_spec() is not None and not isinstance(self.rt, RestartRuntime):  # crash tests (nereus.rl.faults)
+            hook["round_hook"] = lambda index: kill_here("transition", after_step, self._rank(), self.persist.close)
+        report = _report_dict(self.rt.transition(plan, **hook))
         self.roles = self.groups.for_plan(self.module, self.module.plan(plan), self.world)
         engine_seconds, engine_moved = 0.0, False
         if self.vllm is not None:  # engines follow the new generation layout (restarted where moved)
@@ -457,7 +392,7 @@ class RlTrainer:
             ok = tuple(p.name for p in self.module.plans if runnable(self.module, p, self.world))
             policy = ControllerPolicy(self.module, self.plan_name, self.spec.steps, ok)
         run_start = time.perf_counter()
-        for i in range(1, self.spec.steps + 1):
+        for i in range(self.start_step, self.spec.steps + 1):
             record = self.step(i)
             ran_under = self.w
             steps.append(record)
@@ -465,21 +400,24 @@ class RlTrainer:
             for override in drift.get(i, ()):
                 self.apply_drift(override)
                 self.emit({"event": "drift", "after_step": i, "set": override})
-            if i >= self.spec.steps:
-                break
-            target = events.get(i)
-            if policy is not None:
-                policy.observe(self.module, self.plan_name, ran_under, record.stage_seconds, record.seconds)
-                target = policy.decide(i + 1, self.w, self.world) or target
-            if target is not None and target != self.plan_name:
-                transitions.append(self.transition(i, target))
+            if i < self.spec.steps:
+                target = events.get(i)
                 if policy is not None:
-                    policy.transitioned(self.module, target, transitions[-1]["seconds"], i + 1)  # before step i + 1
-                self.emit({"event": "transition", **transitions[-1]})
+                    policy.observe(self.module, self.plan_name, ran_under, record.stage_seconds, record.seconds)
+                    target = policy.decide(i + 1, self.w, self.world) or target
+                    self.emit({"event": "decision", "step": i, **(policy.decisions[-1] or {})})
+                if target is not None and target != self.plan_name:
+                    transitions.append(self.transition(i, target))
+                    if policy is not None:
+                        policy.transitioned(self.module, target, transitions[-1]["seconds"], i + 1)  # before step i + 1
+                    self.emit({"event": "transition", **transitions[-1]})
+            self.persist.boundary(i, i == self.spec.steps)
+        self.persist.close()
         final = {ms: self.rt.gather_state_dict(ms) for ms in sorted(self.stages) if ms.endswith(".training")}
         merged = {k: v for full in final.values() for k, v in full.items()}
         return {"name": "train", "algo": self.cfg.algo, "plan": self.spec.plan, "final_plan": self.plan_name,
                 "steps": [asdict(s) for s in steps], "transitions": transitions,
                 "run_seconds": time.perf_counter() - run_start,
                 "decisions": policy.decisions if policy is not None else [], "initial_weights": self.sources,
+                "checkpoints": self.persist.report(), "resumed": self.persist.resumed,
                 "final_weights_sha256": weights_sha256(merged), "_final_state": merged}

@@ -3,9 +3,11 @@
     python -m torch.distributed.run --nproc-per-node N -m nereus.rl.worker CONFIG.json
 
 Rank 0 prints one `@nereus-rl {json}` line per step and transition (the launcher turns
-them into a progress bar) and, at the end, writes OUT/result.json and OUT/final_state.pt
-(the full trained state, for comparisons). Every rank then saves the trained state with
-torch.distributed.checkpoint under OUT/checkpoint.
+them into a progress bar), writes the samples and metrics (nereus.rl.metrics) under the
+run's output folder and, at the end, writes RUN/result.json and RUN/final_state.pt (the
+full trained state, for comparisons). Checkpoints (nereus.rl.checkpoint) go to
+OUTPUT/checkpoints/step_N, each rank writing its own shards; `resume` in the config names
+the checkpoint directory to start from.
 """
 
 from __future__ import annotations
@@ -47,10 +49,17 @@ def _device() -> torch.device:
     return torch.device("cpu")
 
 
+_LOG = None  # rank 0's RunLog (samples, metrics), set by run()
+_QUIET = ("samples", "decision", "checkpoint")  # events for the log only, not the launcher
+
+
 def _emit(event: dict) -> None:
     _injected_fault(event)
     if not dist.is_initialized() or dist.get_rank() == 0:
-        print(PREFIX + json.dumps(event), flush=True)
+        if _LOG is not None:
+            _LOG.event(event)
+        if event.get("event") not in _QUIET:
+            print(PREFIX + json.dumps(event), flush=True)
 
 
 def step_fault() -> Optional[tuple[int, int]]:
@@ -115,13 +124,32 @@ def run(config: dict) -> dict:
         module = ir.apply_overrides(module, list(config["overrides"]))
     names = {f.name for f in fields(RlConfig)}
     rl = RlConfig(**{k: v for k, v in config.get("rl", {}).items() if k in names})
+    output = config.get("output") or ""  # samples, metrics, checkpoints (OUT of `nereus train --out`)
+    saving = bool(output) and config.get("checkpoint", True) and config.get("runtime", "nereus") == "nereus"
     spec = TrainSpec(config["plan"], config["steps"], tuple((int(s), p) for s, p in config.get("events", [])),
                      config.get("seed", 0), config.get("task", "pattern"), rl, bool(config.get("controller")),
                      tuple((int(s), o) for s, o in config.get("drift", [])),
                      engine=config.get("engine", "native"), greedy=bool(config.get("greedy", False)),
-                     workdir=os.path.join(config["out"], "vllm") if config.get("out") else "")
-    runtime = make_runtime(config.get("runtime", "nereus"), config["plan_file"], config["plan"], module)
-    result = RlTrainer(module, runtime, spec, emit=_emit).run()
+                     workdir=os.path.join(config["out"], "vllm") if config.get("out") else "",
+                     prompts=config.get("prompts") or "", tokenizer=config.get("tokenizer") or "",
+                     reward=config.get("reward") or "", samples_every=int(config.get("samples_every", 1)),
+                     out=output if saving else "", save_every=int(config.get("save_every", 0)),
+                     keep=int(config.get("keep", 3)), resume=config.get("resume") or "")
+    global _LOG
+    if output and dist.get_rank() == 0:
+        from .metrics import RunLog
+
+        resume_step = config.get("resume_step")
+        _LOG = RunLog(output, tuple(config.get("loggers", ("jsonl",))), config,
+                      resume_step=int(resume_step) if resume_step is not None else None,
+                      name=os.path.basename(os.path.abspath(output)))
+    try:
+        runtime = make_runtime(config.get("runtime", "nereus"), config["plan_file"], config["plan"], module)
+        result = RlTrainer(module, runtime, spec, emit=_emit).run()
+    finally:
+        if _LOG is not None:
+            _LOG.close()
+            _LOG = None
     final = result.pop("_final_state")
     out = config.get("out")
     if out:
@@ -130,10 +158,6 @@ def run(config: dict) -> dict:
             torch.save({k: v.cpu() for k, v in final.items()}, os.path.join(out, "final_state.pt"))
             with open(os.path.join(out, "result.json"), "w") as f:
                 json.dump(result, f, indent=1)
-        if config.get("checkpoint", True):
-            import torch.distributed.checkpoint as dcp
-
-            dcp.save(final, checkpoint_id=os.path.join(out, "checkpoint"))
     return result
 
 

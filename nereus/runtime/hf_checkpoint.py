@@ -37,15 +37,15 @@ from nereus.ir.diagnostics import NereusError
 from nereus.ir.model import Model, ModelStage
 from nereus.models import OPTIMIZER_STATES, optimizer_name, tensor_table
 from nereus.models.hf import TIED_HEAD_HINT, hf_targets, nereus_to_hf
-from nereus.models.safetensors_header import checkpoint_entries, tied_head_conflict, truncated
+from nereus.models.safetensors_header import checkpoint_entries, tied_head_conflict
 
+from .box_read import read_box
 from .boxes import as_box
 from .executor import TORCH_DTYPES
 from .state import assemble, step_name
 
 SAFETENSORS_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64,
                       "I64": torch.int64, "I32": torch.int32}
-_MAX_READ = 1 << 30  # bytes per pread call (Linux caps a single read below 2 GiB)
 
 
 class SafetensorsFiles:
@@ -101,31 +101,7 @@ class SafetensorsFiles:
         path, dtype, shape, start = self.entries[name]
         if len(box) != len(shape) or any(hi > n for (_, hi), n in zip(box, shape)):
             raise NereusError(f"{name}: box {box} outside its shape {shape} in {path}")
-        size = out.element_size()
-        row = size
-        for n in shape[1:]:
-            row *= n
-        target = memoryview(out.view(torch.uint8).reshape(-1).numpy()) if out.numel() else memoryview(b"")
-        fd = self._fd(path)
-        (lo, hi), rest = box[0], box[1:]
-        if all(a == 0 and b == n for (a, b), n in zip(rest, shape[1:])):  # whole rows: one read
-            _pread(fd, target, start + lo * row, f"{path}: {name}")
-            return
-        if len(shape) != 2:
-            raise NereusError(f"{name}: reading a column range of a {len(shape)}-D tensor is not supported")
-        (c0, c1) = rest[0]
-        width = (c1 - c0) * size
-        for i, r in enumerate(range(lo, hi)):
-            _pread(fd, target[i * width:(i + 1) * width], start + r * row + c0 * size, f"{path}: {name}")
-
-
-def _pread(fd: int, target: memoryview, offset: int, what: str) -> None:
-    done = 0
-    while done < len(target):
-        n = os.preadv(fd, [target[done:done + _MAX_READ]], offset + done)
-        if n <= 0:
-            raise truncated(what, offset + done)
-        done += n
+        read_box(self._fd(path), start, shape, box, out, f"{path}: {name}")
 
 
 def _sources(model: Model) -> dict:

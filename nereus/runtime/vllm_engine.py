@@ -244,12 +244,15 @@ class VllmEngine:
         self.last_update_seconds = 0.0
 
     def generate(self, prompts: torch.Tensor, max_new_tokens: int, uniforms: Optional[torch.Tensor] = None,
-                 temperature: float = 1.0, greedy: bool = False) -> torch.Tensor:
-        """prompts [B, P] int64 → tokens [B, max_new_tokens] (eos ignored: always full length)."""
+                 temperature: float = 1.0, greedy: bool = False, pad: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """prompts [B, P] int64 → tokens [B, max_new_tokens] (eos ignored: always full length);
+        `pad` [B]: leading pad tokens of each prompt, left out of what the engine reads."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         rows = prompts.tolist()
+        if pad is not None:
+            rows = [row[int(n):] for row, n in zip(rows, pad.tolist())]
         seeds = row_seeds(uniforms) if (uniforms is not None and not greedy) else [None] * len(rows)
         # ignore_eos alone gives full-length responses; min_tokens must stay unset: it masks
         # the eos id (0 in hf_config, a real token here) to -inf, so greedy would skip it
@@ -356,11 +359,12 @@ class VllmGeneration:
         return self.push(plan, source_state, reload=False)
 
     def generate(self, prompts: torch.Tensor, max_new_tokens: int, uniforms: Optional[torch.Tensor] = None,
-                 temperature: float = 1.0, greedy: bool = False) -> Optional[torch.Tensor]:
+                 temperature: float = 1.0, greedy: bool = False, pad: Optional[torch.Tensor] = None
+                 ) -> Optional[torch.Tensor]:
         """This driver's engine generates (None on ranks that drive no replica)."""
         if self.engine is None:
             return None
-        return self.engine.generate(prompts, max_new_tokens, uniforms, temperature, greedy)
+        return self.engine.generate(prompts, max_new_tokens, uniforms, temperature, greedy, pad)
 
     def close(self) -> None:
         if self.engine is not None:

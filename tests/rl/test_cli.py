@@ -29,7 +29,10 @@ def test_train_json_line_transitions_and_checkpoint(tmp_path):
     assert [(t["after_step"], t["to"]) for t in result["transitions"]] == [(1, "S2"), (2, "S3")]
     assert all(t["bytes"] > 0 for t in result["transitions"])
     assert len(result["final_weights_sha256"]) == 64
-    assert os.path.exists(tmp_path / "run" / "checkpoint" / ".metadata")
+    # the final state as a sharded checkpoint (nereus.rl.checkpoint), each rank its own boxes
+    assert os.path.exists(tmp_path / "checkpoints" / "step_3" / ".metadata")
+    assert sorted(os.listdir(tmp_path / "checkpoints" / "step_3")) == [".metadata", "__0_0.distcp", "__1_0.distcp",
+                                                                       "nereus.json"]
 
 
 def test_bad_events_are_reported_without_traceback():

@@ -45,7 +45,7 @@ class _SwapsExperts(nr.Runtime):
 
 
 def _numbers(step: dict) -> dict:
-    return {k: v for k, v in step.items() if k not in ("seconds", "stage_seconds", "sync_bytes")}
+    return {k: v for k, v in step.items() if k not in ("seconds", "stage_seconds", "reward_seconds", "sync_seconds", "sync_bytes")}
 
 
 def _runs(algo: str, dtype: str = "fp32", faulty: bool = True):

@@ -57,7 +57,7 @@ def _runtime(kind, module, plan):
 
 def _numbers(step: dict) -> dict:
     """A step record without its timings."""
-    return {k: v for k, v in step.items() if k not in ("seconds", "stage_seconds", "sync_bytes")}
+    return {k: v for k, v in step.items() if k not in ("seconds", "stage_seconds", "reward_seconds", "sync_seconds", "sync_bytes")}
 
 
 def _runs(kinds):

@@ -55,7 +55,7 @@ class _LosesAChunk(nr.Runtime):
 
 
 def _numbers(step: dict) -> dict:
-    return {k: v for k, v in step.items() if k not in ("seconds", "stage_seconds", "sync_bytes", "plan")}
+    return {k: v for k, v in step.items() if k not in ("seconds", "stage_seconds", "reward_seconds", "sync_seconds", "sync_bytes", "plan")}
 
 
 def _runs(source: str):
