@@ -136,11 +136,10 @@ def _port_outside_ephemeral_range() -> int:
     raise RuntimeError(f"no free port outside the ephemeral range {low}-{high}")
 
 
-@pytest.mark.multiprocess
-def test_two_torchrun_agents_play_two_nodes(tmp_path):
-    (line,) = [b.strip() for b in _section("Running on a cluster", "bash") if b.startswith("torchrun --nnodes")]
+def two_agents(line: str, script: pathlib.Path) -> None:
+    """Run the 2-node torchrun `line` as two agents on this host (rendezvous on 127.0.0.1)
+    with `script` as its embed.py, and check both ranks' lines."""
     assert "--nnodes 2 --nproc-per-node 1" in line
-    script = _snippet(tmp_path)
     command = (line.replace("torchrun", TORCHRUN, 1).replace("29500", str(_port_outside_ephemeral_range()))
                .replace("embed.py", shlex.quote(str(script))))
     env = {**_env(), "HEAD_NODE": "127.0.0.1"}
@@ -152,6 +151,12 @@ def test_two_torchrun_agents_play_two_nodes(tmp_path):
         assert agent.returncode == 0, err[-3000:]
         outputs.append(out)
     _check_ranks("".join(outputs), 2)
+
+
+@pytest.mark.multiprocess
+def test_two_torchrun_agents_play_two_nodes(tmp_path):
+    (line,) = [b.strip() for b in _section("Running on a cluster", "bash") if b.startswith("torchrun --nnodes")]
+    two_agents(line, _snippet(tmp_path))
 
 
 def test_slurm_script_is_valid_shell():

@@ -27,6 +27,7 @@ from nereus.passes.verify_codec import dense_of
 
 from .boxes import local_slices
 from .packing import layout
+from .pieces import single_tensor_pieces
 from .program import ELEMENT_BYTES, Message, Piece, RankProgram, rank_program
 
 
@@ -100,7 +101,7 @@ def lower(program: dict, rank: int) -> CodecWork:
     names = frozenset(quant["tensors"]) if quant else frozenset()
     block = quant["block"][0] if quant else BLOCK
     chunk = program["delta"]["chunk"] if "delta" in program else None
-    prog = rank_program(dense_of(program, (set(names), block) if quant else None, chunk), rank)
+    prog = _one_tensor_each(rank_program(dense_of(program, (set(names), block) if quant else None, chunk), rank))
     after = shard_index(program["units"]["after"])
     before = shard_index(program["units"]["before"])
     tensors = {t["name"]: t for t in program["tensors"]}
@@ -166,12 +167,28 @@ def lower(program: dict, rank: int) -> CodecWork:
     return CodecWork(prog, names, block, chunk, tuple(rounds), tuple(amax_sends), tuple(amax_recvs), shared)
 
 
+def _one_tensor_each(prog: RankProgram) -> RankProgram:
+    """`prog` with a v2 range's pieces and keeps cut into one per tensor: a codec moves each
+    tensor's bytes apart (its own delta words or FP8 blocks)."""
+    from dataclasses import replace
+
+    from .keeps import Alias
+
+    rounds = []
+    for work in prog.rounds:
+        aliases = tuple(Alias((name,), a.src_unit, a.dst_unit) for a in work.aliases for name in a.tensors)
+        rounds.append(replace(work, aliases=aliases, copies=single_tensor_pieces(work.copies),
+                              sends=tuple(replace(m, pieces=single_tensor_pieces(m.pieces)) for m in work.sends),
+                              recvs=tuple(replace(m, pieces=single_tensor_pieces(m.pieces)) for m in work.recvs)))
+    return replace(prog, rounds=tuple(rounds))
+
+
 def _whole_piece(prog: RankProgram, alias) -> Piece:
     """A keep the dense program hands over in place, as a copy of the whole shard: a codec
     run writes into the receiver's own tensors, which never alias the training ones."""
     info = prog.after[alias.dst_unit][alias.tensor]
     whole = tuple(slice(0, n) for n in info.shape)
-    return Piece(alias.tensor, alias.src_unit, alias.dst_unit, whole, whole, _numel(info.shape), info.nbytes,
+    return Piece((alias.tensor,), alias.src_unit, alias.dst_unit, whole, whole, _numel(info.shape), info.nbytes,
                  info.boxes[0], src_whole=True, dst_whole=True)
 
 

@@ -31,6 +31,13 @@ class Alias:
     src_unit: str
     dst_unit: str
 
+    @property
+    def tensor(self) -> str:
+        """The tensor of a one-tensor alias (see pieces.single_tensor_pieces)."""
+        if len(self.tensors) != 1:
+            raise ValueError(f"an alias of {len(self.tensors)} tensors has no single tensor")
+        return self.tensors[0]
+
 
 def _member_indices(name: str, raw_at, where: str) -> list:
     """[(index or None, member name)] of a segment's members, row-major."""

@@ -18,7 +18,7 @@ the same pieces either way), so the sender and the receiver of a message cut it 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 from nereus.ir.diagnostics import ProgramError
@@ -62,6 +62,14 @@ class Piece:
         return len(self.tensors)
 
     @property
+    def tensor(self) -> str:
+        """The tensor of a one-tensor piece (code that moves each tensor apart, as the weight
+        sync's codecs do, first cuts ranged pieces with `single_tensor_pieces`)."""
+        if len(self.tensors) != 1:
+            raise ValueError(f"a piece of {len(self.tensors)} tensors has no single tensor")
+        return self.tensors[0]
+
+    @property
     def total_numel(self) -> int:
         return self.numel * len(self.tensors)
 
@@ -69,6 +77,14 @@ class Piece:
     def total_bytes(self) -> int:
         return self.nbytes * len(self.tensors)
 
+
+def single_tensor_pieces(pieces) -> tuple:
+    """`pieces` with every ranged piece (a v2 range's members) cut into one piece per tensor,
+    in order; each keeps the per-tensor fields it had."""
+    out = []
+    for p in pieces:
+        out.extend((p,) if len(p.tensors) == 1 else (replace(p, tensors=(name,)) for name in p.tensors))
+    return tuple(out)
 
 def members_of(pieces) -> list:
     """[(tensor, piece)] of `pieces`, each piece once per tensor it moves, in order (for
