@@ -17,7 +17,13 @@ buffers), compiles S -> S* twice and replays each program with the verifier:
     moved), in both orders (`first_then_second`, `second_then_first`; the better order is
     reported too, and `either` counts a trial that succeeds in at least one order). Each
     leg is a transition of its own through an intermediate plan in which only that
-    model-stage has moved, compiled with `independent=True` (no staging) and verified.
+    model-stage has moved, compiled with `independent=True` (no staging) and verified;
+  - the same sequential legs, each compiled by the full default pipeline (chunking and
+    host staging allowed, as the coordinated program may use them): what a competent user
+    of per-model-stage resharding with Nereus's own compiler would run (issue 41: the
+    baseline above was denied the host staging the coordinated program used in 40-67% of
+    the trials). Both orders, the better one and either, as above, and how often a leg
+    staged.
 
 A trial succeeds when compilation succeeds and the verifier proves the program (no GPU
 over capacity in any round, no read after free, every box written once, sends matched).
@@ -30,7 +36,10 @@ critic.training); CM-CS, two models in two stages (actor.generation and critic.t
 
 Last stdout line: {"name": "coordination", "cases": [{"type", "trials",
 "success_with_edges", "success_independent", "success_one_at_a_time": {"first_then_second",
-"second_then_first", "better_order", "either"}, "edges_mean", "staged_share"}, ...]}.
+"second_then_first", "better_order", "either"}, "success_sequential_full_pipeline": {the
+same keys}, "sequential_staged_share": {"first_then_second", "second_then_first"},
+"gap_to_sequential_full_pipeline" (points: with edges minus the better order),
+"edges_mean", "staged_share"}, ...]}.
 """
 
 from __future__ import annotations
@@ -131,14 +140,18 @@ def attempt(module, source: str = "S", target: str = "T", **options) -> tuple[bo
     return True, edges, staged, ""
 
 
-def one_at_a_time(module, halfway: str) -> tuple[bool, str]:
+def one_at_a_time(module, halfway: str, **options) -> tuple[bool, str, bool]:
     """Move one model-stage, then the other, through plan `halfway` (M1: the first
-    model-stage moves first; M2: the second), each leg its own independent schedule."""
+    model-stage moves first; M2: the second), each leg compiled with `options` (the
+    default pipeline, or `independent=True`) and verified: (ok, failure reason, a leg
+    staged through host)."""
+    staged = False
     for source, target in (("S", halfway), (halfway, "T")):
-        ok, _, _, reason = attempt(module, source, target, independent=True)
+        ok, _, leg_staged, reason = attempt(module, source, target, **options)
         if not ok:
-            return False, f"{source}->{target}: {reason}"
-    return True, ""
+            return False, f"{source}->{target}: {reason}", staged
+        staged |= leg_staged
+    return True, "", staged
 
 
 ORDERS = (("first_then_second", "M1"), ("second_then_first", "M2"))
@@ -149,9 +162,10 @@ def run_trial(drawn: tuple) -> dict:
     module = build_trial(*drawn)
     ok, edges, was_staged, reason = attempt(module)
     ok_i, _, _, reason_i = attempt(module, independent=True)
-    orders = {order: one_at_a_time(module, halfway) for order, halfway in ORDERS}
+    orders = {order: one_at_a_time(module, halfway, independent=True)[:2] for order, halfway in ORDERS}
+    sequential = {order: one_at_a_time(module, halfway) for order, halfway in ORDERS}
     return {"ok": ok, "edges": edges, "staged": was_staged, "reason": reason, "ok_i": ok_i, "reason_i": reason_i,
-            "orders": orders}
+            "orders": orders, "sequential": sequential}
 
 
 def summarize(kind: str, outcomes: list, seconds: float) -> dict:
@@ -162,7 +176,10 @@ def summarize(kind: str, outcomes: list, seconds: float) -> dict:
         reasons[key] = reasons.get(key, 0) + 1
 
     ok_order = {order: 0 for order, _ in ORDERS}
-    ok_either = 0
+    ok_sequential = {order: 0 for order, _ in ORDERS}
+    staged_sequential = {order: 0 for order, _ in ORDERS}
+    sequential_failures: dict = {}
+    ok_either = ok_sequential_either = 0
     for o in outcomes:
         if not o["ok"]:
             count(f"edges: {o['reason']}")
@@ -173,15 +190,29 @@ def summarize(kind: str, outcomes: list, seconds: float) -> dict:
             if not ok_s:
                 count(f"{order}: {reason_s.split(':')[0]} {reason_s.split(':')[1].strip()[:40]}")
         ok_either += any(ok_s for ok_s, _ in o["orders"].values())
+        for order, (ok_s, reason_s, staged_s) in o["sequential"].items():
+            ok_sequential[order] += ok_s
+            staged_sequential[order] += staged_s
+            if not ok_s:
+                key = f"{order}: {reason_s.split(':')[0]} {reason_s.split(':')[1].strip()[:40]}"
+                sequential_failures[key] = sequential_failures.get(key, 0) + 1
+        ok_sequential_either += any(ok_s for ok_s, _, _ in o["sequential"].values())
     pct = lambda n: round(100.0 * n / trials, 1)  # noqa: E731
+    with_edges = pct(sum(o["ok"] for o in outcomes))
     return {"type": kind, "trials": trials,
-            "success_with_edges": pct(sum(o["ok"] for o in outcomes)),
+            "success_with_edges": with_edges,
             "success_independent": pct(sum(o["ok_i"] for o in outcomes)),
             "success_one_at_a_time": {**{k: pct(v) for k, v in ok_order.items()},
                                       "better_order": pct(max(ok_order.values())), "either": pct(ok_either)},
+            "success_sequential_full_pipeline": {**{k: pct(v) for k, v in ok_sequential.items()},
+                                                 "better_order": pct(max(ok_sequential.values())),
+                                                 "either": pct(ok_sequential_either)},
+            "sequential_staged_share": {k: pct(v) for k, v in staged_sequential.items()},
+            "gap_to_sequential_full_pipeline": round(with_edges - pct(max(ok_sequential.values())), 1),
             "edges_mean": round(sum(o["edges"] for o in outcomes) / trials, 2),
             "staged_share": pct(sum(o["staged"] for o in outcomes)),
             "independent_failures": dict(sorted(reasons.items(), key=lambda kv: -kv[1])[:8]),
+            "sequential_failures": dict(sorted(sequential_failures.items(), key=lambda kv: -kv[1])[:8]),
             "seconds": round(seconds, 2)}
 
 
@@ -213,6 +244,7 @@ def main(argv=None) -> int:
             cases.append(case)
             print(f"{kind}: with edges {case['success_with_edges']}%  independent {case['success_independent']}%  "
                   f"one at a time {case['success_one_at_a_time']}  "
+                  f"sequential, full pipeline {case['success_sequential_full_pipeline']}  "
                   f"edges/trial {case['edges_mean']}  staged in {case['staged_share']}% of trials", file=sys.stderr)
     finally:
         if pool is not None:

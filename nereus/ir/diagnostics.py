@@ -85,7 +85,14 @@ class InfeasibleError(NereusError):
 
 
 class ProgramError(NereusError):
-    """A rank program (JSON) that is malformed or fails verification."""
+    """A rank program (JSON) that is malformed or fails verification. `path` (keys and list
+    indices, e.g. ("units", "after", 3, "dp")), when set, is the value the error is about:
+    `nereusc verify` turns it into `file:line:col` (nereus.ir.strict_json.locate)."""
+
+    def __init__(self, message: str, loc: Optional[Location] = None, hint: Optional[str] = None,
+                 source: Optional[str] = None, width: int = 1, path: Optional[tuple] = None):
+        super().__init__(message, loc, hint, source, width)
+        self.path = path
 
 
 class NereusWarning(NereusError):

@@ -38,12 +38,13 @@ def program_from_json(data: dict) -> JsonProgram:
     """Check the header and required top-level fields of a v1 or v2 dict; raise ProgramError."""
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ProgramError("not a Nereus program: 'format' must be \"nereus-program\"",
-                           hint="produce one with `nereusc FILE --transition S1:S2 --emit json -o program.json`")
+                           hint="produce one with `nereusc FILE --transition S1:S2 --emit json -o program.json`",
+                           path=("format",) if isinstance(data, dict) and "format" in data else None)
     version = data.get("version")
     if type(version) is not int or version not in VERSIONS:  # not True, not 1.0: the integer 1 or 2
         raise ProgramError(f"unsupported program version {json.dumps(version)}; this compiler reads versions 1 and 2",
                            hint="`\"version\": 1` or `2`, an integer (a program of a later version needs a later "
-                                "nereusc)")
+                                "nereusc)", path=("version",) if "version" in data else None)
     for key in REQUIRED_FIELDS:
         if key not in data:
             raise ProgramError(f"program lacks the required field '{key}'",
@@ -51,8 +52,11 @@ def program_from_json(data: dict) -> JsonProgram:
                                     "writes whole programs")
     transition = data["transition"]
     if not isinstance(transition, dict) or not all(isinstance(transition.get(k), str) for k in ("from", "to")):
+        wrong = next((k for k in ("from", "to") if k in transition and not isinstance(transition[k], str)), None) \
+            if isinstance(transition, dict) else None
         raise ProgramError("header field 'transition' must be {\"from\": PLAN, \"to\": PLAN}",
-                           hint="docs/program.md lists every field and its type")
+                           hint="docs/program.md lists every field and its type",
+                           path=("transition",) + ((wrong,) if wrong else ()))
     return JsonProgram(data)
 
 

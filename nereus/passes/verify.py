@@ -47,8 +47,9 @@ from nereus.ir.units import human_bytes
 from nereus.ir.ranges import at_json, count, member_mask, members
 
 from .memory_model import destination_bytes, source_bytes
-from .verify_header import (Header, check_box, entries_volume, fail, holds, is_int, nonnegative, overlap, parse_header,
-                            shard_at, shown, volume)
+from .verify_fields import check_fields
+from .verify_header import (BoxError, Header, check_box, entries_volume, fail, holds, is_int, nonnegative, overlap,
+                            parse_header, shard_at, shown, volume)
 
 PHASE = {"alloc": 0, "keep": 1, "copy": 1, "send": 1, "stage_out": 2, "free": 2}
 
@@ -91,6 +92,9 @@ def verify_program(program_json: dict, against=None, progress=None) -> VerifyRep
     cursor = _Cursor()
     try:
         data = program_from_json(program_json).data
+        # every known field of its JSON type first (`true` == 1 and 2.0 == 2 in Python: no
+        # later comparison could tell), unknown fields as warnings
+        warnings = check_fields(data)
         if "rank" in data:  # docs/program.md, "Rank programs": one rank's part
             raise ProgramError(f"this is rank {data['rank']}'s part of the program; verify proves whole programs",
                                hint="emit the whole program (without --rank) to verify it; the runtime checks each "
@@ -105,9 +109,7 @@ def verify_program(program_json: dict, against=None, progress=None) -> VerifyRep
             report = verify_codec(data, lambda dense: _prove(dense, against, cursor, progress))
         else:
             report = _prove(data, against, cursor, progress)
-        from .verify_fields import unknown_fields
-
-        return replace(report, warnings=tuple(unknown_fields(program_json)))
+        return replace(report, warnings=tuple(warnings))
     except ProgramError:
         raise
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as error:
@@ -250,21 +252,26 @@ def _replay(data: dict, header: Header, cursor: _Cursor, progress=None) -> Verif
                 if not isinstance(op.get("segments"), list):  # empty is allowed: a 0-byte message
                     fail(f"{where}: needs a list of segments")
                 total = on_src = on_dst = 0
-                for s in op["segments"]:
-                    nbytes, at, box = _transfer(where, s, src, dst, header, status, allocated, written,
-                                                written_volume)
-                    total += nbytes
-                    if kind == "send":  # a v2 segment stands for count(at) segments of one size
-                        members_, each = count(at), nbytes // count(at)
-                        on_src += members_ * source_bytes(model, each, status[(s["src_unit"], src)] == "host")
-                        on_dst += members_ * destination_bytes(model, each)
-                    segments += 1
-                    if kind == "keep":
-                        if (("before", s["src_unit"]) in header.offloaded) != (("after", s["dst_unit"]) in header.offloaded):
-                            fail(f"{where}: keeps {s['tensor']} between an offloaded and a GPU-resident unit",
-                                 hint="a keep hands over in place: both units must live in the same memory")
-                        for idx in members(at):  # keeps are small (whole shards on one GPU): per member
-                            keeps[(s["src_unit"], s["dst_unit"], src, s["tensor"], idx)].append((box, where))
+                try:
+                    for n, s in enumerate(op["segments"]):
+                        nbytes, at, box = _transfer(where, s, src, dst, header, status, allocated, written,
+                                                    written_volume)
+                        total += nbytes
+                        if kind == "send":  # a v2 segment stands for count(at) segments of one size
+                            members_, each = count(at), nbytes // count(at)
+                            on_src += members_ * source_bytes(model, each, status[(s["src_unit"], src)] == "host")
+                            on_dst += members_ * destination_bytes(model, each)
+                        segments += 1
+                        if kind == "keep":
+                            offloaded = header.offloaded
+                            if (("before", s["src_unit"]) in offloaded) != (("after", s["dst_unit"]) in offloaded):
+                                fail(f"{where}: keeps {s['tensor']} between an offloaded and a GPU-resident unit",
+                                     hint="a keep hands over in place: both units must live in the same memory")
+                            for idx in members(at):  # keeps are small (whole shards on one GPU): per member
+                                keeps[(s["src_unit"], s["dst_unit"], src, s["tensor"], idx)].append((box, where))
+                except BoxError as error:  # where the box stands in the program
+                    error.path = ("rounds", k, "ops", i, "segments", n, "box") + error.path
+                    raise
                 if kind != "keep":
                     if not is_int(op.get("bytes")):
                         fail(f"{where}: bytes must be a non-negative integer, not {shown(op.get('bytes'))}")
@@ -319,7 +326,7 @@ def _kept_bytes(rounds: list, header: Header, cursor: _Cursor) -> tuple[dict, di
         for i, op in enumerate(rnd.get("ops", ()) if isinstance(rnd, dict) else ()):
             if isinstance(op, dict) and op.get("op") == "keep" and isinstance(op.get("segments"), list):
                 cursor.where = f"round {k}, op {i} (keep)"
-                for s in op["segments"]:
+                for n, s in enumerate(op["segments"]):
                     if (not isinstance(s, dict) or not isinstance(s.get("tensor"), str) or s["tensor"] not in tensors
                             or not isinstance(s.get("src_unit"), str) or not isinstance(s.get("dst_unit"), str)
                             or not is_int(op.get("gpu"))):
@@ -327,7 +334,11 @@ def _kept_bytes(rounds: list, header: Header, cursor: _Cursor) -> tuple[dict, di
                     box = s.get("box")
                     shape = tensors[s["tensor"]][0]
                     at = shard_at(s, s["tensor"], header.indices, cursor.where)
-                    b = count(at) * volume(check_box(box, shape, cursor.where, s["tensor"])) * tensors[s["tensor"]][1]
+                    try:
+                        b = count(at) * volume(check_box(box, shape, cursor.where, s["tensor"])) * tensors[s["tensor"]][1]
+                    except BoxError as error:
+                        error.path = ("rounds", k, "ops", i, "segments", n, "box") + error.path
+                        raise
                     kept_into[(s.get("dst_unit"), op.get("gpu"))] += b
                     kept_out[(s.get("src_unit"), op.get("gpu"))] += b
     return kept_into, kept_out

@@ -87,8 +87,14 @@ def nonnegative(value, where: str, what: str) -> int:
     return value
 
 
+class BoxError(ProgramError):
+    """A malformed box; `path` locates it inside the box (a dimension, or a bound: (d, 0|1)),
+    and each caller that knows more of where the box sits prepends it on the way out."""
+
+
 def check_box(box, shape: tuple, where: str, name: str) -> tuple:
-    """`box` as a tuple of (lo, hi) after checking rank, integer bounds and 0 ≤ lo < hi ≤ dim."""
+    """`box` as a tuple of (lo, hi) after checking rank, integer bounds and 0 ≤ lo < hi ≤ dim;
+    BoxError otherwise."""
     # fast path for the well-formed plain lists of a JSON program (the replay checks
     # hundreds of thousands of boxes); anything else takes the checks below and their messages
     if type(box) is list and len(box) == len(shape):
@@ -103,15 +109,22 @@ def check_box(box, shape: tuple, where: str, name: str) -> tuple:
         else:
             return tuple(out)
     if not isinstance(box, (list, tuple)) or len(box) != len(shape):
-        fail(f"{where}: box {box!r} of {name} has {len(box) if isinstance(box, (list, tuple)) else 'no'}"
-             f" dimensions, the tensor has {len(shape)} {list(shape)}",
-             hint="a box is one [lo, hi] pair per tensor dimension")
+        raise BoxError(f"{where}: box {box!r} of {name} has {len(box) if isinstance(box, (list, tuple)) else 'no'}"
+                       f" dimensions, its shape in header field 'tensors' {list(shape)} has {len(shape)}",
+                       hint="a box is one [lo, hi] pair per tensor dimension", path=())
     out = []
-    for pair, n in zip(box, shape):
-        if (not isinstance(pair, (list, tuple)) or len(pair) != 2 or not is_int(pair[0]) or not is_int(pair[1])
-                or not 0 <= pair[0] < pair[1] <= n):
-            fail(f"{where}: box {box!r} of {name} is not inside {list(shape)}",
-                 hint="every dimension needs integers 0 <= lo < hi <= dim")
+    for d, (pair, n) in enumerate(zip(box, shape)):
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise BoxError(f"{where}: box {box!r} of {name}: dimension {d} is not one [lo, hi] pair",
+                           hint="a box is one [lo, hi] pair per tensor dimension", path=(d,))
+        for e, bound in enumerate(pair):
+            if not is_int(bound):  # true is 1 and 2.0 is 2 in Python: an exact type
+                raise BoxError(f"{where}: box {box!r} of {name}: bound {shown(bound)} must be an integer",
+                               hint="every dimension needs integers 0 <= lo < hi <= dim (not 2.0, not true)",
+                               path=(d, e))
+        if not 0 <= pair[0] < pair[1] <= n:
+            raise BoxError(f"{where}: box {box!r} of {name} is not inside {list(shape)}",
+                           hint="every dimension needs integers 0 <= lo < hi <= dim", path=(d,))
         out.append((pair[0], pair[1]))
     return tuple(out)
 
@@ -142,9 +155,12 @@ def parse_header(data: dict) -> Header:
     resident = {}
     for key, value in _field(data, "resident_bytes", dict).items():
         where = f"header field 'resident_bytes' (GPU {key})"
-        gpu = int(key) if isinstance(key, str) and key.isdigit() else None
+        # the GPU's id in decimal, as the emitter writes it: "00" or "٣" would name GPU 0 or 3
+        # a second time, the later value silently winning
+        gpu = int(key) if isinstance(key, str) and key.isascii() and key.isdigit() and key == str(int(key)) else None
         if gpu not in capacity:
-            fail(f"{where}: no such GPU in 'gpus'")
+            fail(f"{where}: no such GPU in 'gpus'" if gpu is not None else f"{where}: not a GPU id written in decimal",
+                 hint="resident_bytes maps each GPU's id, written as in 'gpus' (\"0\", \"1\", ...), to bytes")
         resident[gpu] = nonnegative(value, where, "resident bytes")
     untouched = data.get("untouched", [])
     if not isinstance(untouched, list) or not all(isinstance(x, str) for x in untouched):
@@ -197,7 +213,7 @@ def _tensors(listed: list, ranged: bool) -> tuple[dict, dict]:
             if weight is None or DTYPE_BYTES[dtype] != weight[1] or dtype != weight_dtype.get(t["name"].split("#")[0]):
                 fail(f"{where}: optimizer state {t['name']} must be fp32 or its weight's dtype, not {dtype}")
         if t["name"] in tensors:
-            fail(f"{where}: tensor {t['name']} listed twice")
+            fail(f"{where}: tensor name {t['name']} listed twice")
         tensors[t["name"]] = (tuple(shape), DTYPE_BYTES[dtype])
         weight_dtype[t["name"]] = dtype
         n = placeholders(t["name"]) if ranged else 0
@@ -233,7 +249,7 @@ def _gpus(listed: list) -> tuple[dict, dict]:
             fail(f"{where}: a GPU is an object with id, node, mem_bytes and capacity_bytes")
         gpu = nonnegative(g.get("id"), where, "id")
         if gpu in capacity:
-            fail(f"{where}: GPU {gpu} listed twice")
+            fail(f"{where}: GPU id {gpu} listed twice")
         mem = nonnegative(g.get("mem_bytes"), where, "mem_bytes")
         usable = nonnegative(g.get("capacity_bytes", mem), where, "capacity_bytes")
         if usable > mem:
@@ -256,7 +272,7 @@ def _nodes(data: dict, node_of: dict) -> dict:
             fail(f"{where}: a node is an object with id and host_mem_bytes")
         node = nonnegative(n.get("id"), where, "id")
         if node in host:
-            fail(f"{where}: node {node} listed twice")
+            fail(f"{where}: node id {node} listed twice")
         host[node] = nonnegative(n.get("host_mem_bytes"), where, "host_mem_bytes")
     missing = sorted(set(node_of.values()) - set(host))
     if missing:
@@ -272,6 +288,7 @@ def _units(listed: list, side: str, tensors: dict, indices: dict, capacity: dict
     gpus_of_stage: dict = defaultdict(set)
     replicas_of_stage: dict = defaultdict(set)
     sharded: dict = defaultdict(lambda: defaultdict(set))  # model-stage -> tensor -> chunk boxes
+    dp_of_unit: dict = {}  # unit id -> (model-stage, the dp it states)
     for i, unit in enumerate(listed):
         where = f"header field 'units.{side}' (entry {i})"
         if not isinstance(unit, dict) or not isinstance(unit.get("id"), str):
@@ -284,7 +301,7 @@ def _units(listed: list, side: str, tensors: dict, indices: dict, capacity: dict
             fail(f"{where}: model_stage {name!r} is not MODEL.STAGE", hint=f"stages are {', '.join(STAGES)}")
         replica = nonnegative(unit.get("replica"), where, "replica")
         if uid != f"{name}/{replica}":
-            fail(f"{where}: id must be '{name}/{replica}'")
+            fail(f"{where}: id must be '{name}/{replica}' (its model_stage and replica)")
         if uid in out:
             fail(f"{where}: listed twice")
         if replica in replicas_of_stage[name]:
@@ -311,6 +328,8 @@ def _units(listed: list, side: str, tensors: dict, indices: dict, capacity: dict
             fail(f"{where}: zero {zero!r} must be 0, 1 or 3, and non-zero only on a training unit")
         if shape_of_stage.setdefault(name, (tp, pp, offload, zero, ep)) != (tp, pp, offload, zero, ep):
             fail(f"{where}: tp, pp, ep, offload and zero differ from the other units of {name}")
+        if "dp" in unit:  # stated by zero units (docs/program.md): the model-stage's units on this side
+            dp_of_unit[uid] = (name, unit["dp"])
         stage_of[(side, uid)] = name
         if offload:
             offloaded.add((side, uid))
@@ -320,10 +339,18 @@ def _units(listed: list, side: str, tensors: dict, indices: dict, capacity: dict
                 for d in mesh)):
             fail(f"{where}: mesh must be a list of [name, size] pairs")
         # a mesh layout may leave a GPU without any shard (a short dimension cut by torch.chunk)
-        out[uid], chunks = _shards(unit.get("shards"), where, model, stage, set(gpus), tensors, indices, zero,
-                                   empty_gpus=mesh is not None)
+        try:
+            out[uid], chunks = _shards(unit.get("shards"), where, model, stage, set(gpus), tensors, indices, zero,
+                                       empty_gpus=mesh is not None)
+        except BoxError as error:  # the path in the program: now whole
+            error.path = ("units", side, i) + error.path
+            raise
         for tensor, boxes in chunks.items():
             sharded[name][tensor].update(boxes)
+    for uid, (name, dp) in dp_of_unit.items():
+        if dp != len(replicas_of_stage[name]):
+            fail(f"header field 'units.{side}' (unit {uid}): dp {dp!r} is not the {len(replicas_of_stage[name])} "
+                 f"units of {name} listed", hint="a zero unit's dp counts its model-stage's data-parallel replicas")
     for name, boxes_of in sharded.items():
         # under zero the dp units tile the sharded tensors together (each holds a chunk)
         every = shape_of_stage[name][3] >= 3
@@ -342,19 +369,26 @@ def _shards(listed, where: str, model: str, stage: str, gpus: set, tensors: dict
     if not isinstance(listed, list):
         fail(f"{where}: shards must be a list")
     shards: dict = defaultdict(dict)
-    for shard in listed:
+    for j, shard in enumerate(listed):
         if not isinstance(shard, dict):
             fail(f"{where}: a shard is an object with gpu, tensor and boxes")
         name, g, boxes = shard.get("tensor"), shard.get("gpu"), shard.get("boxes")
         if not isinstance(name, str) or name not in tensors:
-            fail(f"{where}: unknown tensor {name!r}")
+            fail(f"{where}: unknown tensor {name!r} (no such name in header field 'tensors')")
         if not is_int(g) or g not in gpus:
             fail(f"{where}: shard of {name} on GPU {g!r}, not one of the unit's GPUs")
         if not isinstance(boxes, list) or not boxes:
             fail(f"{where}: shard of {name} on GPU {g} has no boxes")
         shape = tensors[name][0]
         at = shard_at(shard, name, indices, where)
-        parsed = tuple(check_box(b, shape, where, name) for b in boxes)
+        parsed = []
+        try:
+            for b, box in enumerate(boxes):
+                parsed.append(check_box(box, shape, where, name))
+        except BoxError as error:
+            error.path = ("shards", j, "boxes", b) + error.path
+            raise
+        parsed = tuple(parsed)
         for box in parsed:
             if box[1:] != parsed[0][1:]:
                 fail(f"{where}: boxes of {name} on GPU {g} differ beyond dim 0",
@@ -378,7 +412,7 @@ def _shards(listed, where: str, model: str, stage: str, gpus: set, tensors: dict
             split = zero and ("#" in name or zero >= 3)  # zero 3: the weights too
             (chunks if split else boxes_of)[name].update((at, b) for at, boxes in entries for b in boxes)
     if set(boxes_of) != expected:
-        fail(f"{where}: does not cover its tensors (missing {sorted(expected - set(boxes_of))[:3] or 'none'},"
+        fail(f"{where}: its shards do not cover its tensors (missing {sorted(expected - set(boxes_of))[:3] or 'none'},"
              f" extra {sorted(set(boxes_of) - expected)[:3] or 'none'})")
     _check_tiling(boxes_of, tensors, indices, where)
     return {g: {name: tuple(entries) for name, entries in per.items()} for g, per in shards.items()}, chunks
@@ -408,7 +442,7 @@ def _check_tiling(boxes_of: dict, tensors: dict, indices: dict, where: str) -> N
         members = count(tuple((lo, hi, 1) for lo, hi in indices.get(name, ())))
         if sum(bin(masks[b]).count("1") * volume(b) for b in distinct) != \
                 members * volume(tuple((0, n) for n in tensors[name][0])):
-            fail(f"{where}: the boxes of {name} do not cover the tensor")
+            fail(f"{where}: the boxes of {name} do not cover the tensor (shape {list(tensors[name][0])})")
 
 
 def holds(entries, at: tuple, box: tuple) -> bool:

@@ -4,9 +4,14 @@ Input: a JSON program v1 dict (header already checked by `verify_header`) and th
 `Module` holding its transition's plans. Output: nothing, or a ProgramError naming the
 header field and the first difference (`header field 'gpus' (GPU 3): capacity_bytes is
 10000, the plans give 1000`). Invariant: after this check every fact the replay trusts
-about the world — units and their layouts, tp / pp / offload, GPU memory and reserve,
-nodes and host memory, resident bytes and names of untouched model-stages, tensor shapes
-and dtypes — is the one `nereus.passes.world.transition_world` derives from the plans.
+about the world — units and their layouts, every field of a unit (id, replica, GPUs, tp,
+pp, ep, dp, zero, offload, mesh), GPU memory and reserve, nodes and host memory, resident bytes
+and names of untouched model-stages, tensor shapes and dtypes — is the one
+`nereus.passes.world.transition_world` derives from the plans, value and JSON type alike
+(`"zero": true` is not 1, `"dp": 2.0` is not 2). Every header field
+(`verify_fields.header_fields()`) is compared: the top-level ones in COMPARED, `format` and
+`version` by `program_from_json`; `memory_model` (STATED) is the compile's choice, not the
+plans', and only checked to name a model.
 """
 
 from __future__ import annotations
@@ -14,13 +19,30 @@ from __future__ import annotations
 from nereus.ir.diagnostics import ProgramError
 from nereus.ir.model import Module
 
+from .verify_fields import FIELDS, json_text
 from .world import transition_world
 
-UNIT_FIELDS = ("model_stage", "replica", "gpus", "dp", "tp", "pp", "zero", "offload", "mesh")
+COMPARED = ("transition", "gpus", "nodes", "tensors", "units", "resident_bytes", "untouched")
+# header fields the plans do not determine: the compile's choice, checked by verify_header
+# (a model of nereus.passes.memory_model), under which the replay proves the rounds
+STATED = ("memory_model",)
+UNIT_FIELDS = tuple(key for key in FIELDS["unit"] if key != "shards")  # shards: box by box
+
+
+def _same(a, b) -> bool:
+    """Equal, with the same JSON types throughout (in Python True == 1 and 2.0 == 2)."""
+    if type(a) is not type(b):
+        return False
+    if type(a) is list:
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if type(a) is dict:
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return a == b
 
 
 def _differ(field: str, what: str, stated, derived):
-    raise ProgramError(f"header field '{field}' ({what}): the program states {stated!r}, the plans give {derived!r}",
+    raise ProgramError(f"header field '{field}' ({what}): the program states {json_text(stated)}, "
+                       f"the plans give {json_text(derived)}",
                        hint="the program was compiled from other plans, or edited: recompile it")
 
 
@@ -31,19 +53,19 @@ def check_against(data: dict, module: Module) -> None:
         raise ProgramError("header field 'transition' must be {\"from\": PLAN, \"to\": PLAN}")
     source, target = transition.get("from"), transition.get("to")
     plans = [plan.name for plan in module.plans]
-    for name in (source, target):
+    for key, name in (("from", source), ("to", target)):
         if name not in plans:
-            raise ProgramError(f"header field 'transition' ({source} -> {target}): no plan {name!r} in the module",
-                               hint=f"its plans are {', '.join(plans)}")
+            raise ProgramError(f"header field 'transition' ({source} -> {target}): '{key}' names no plan {name!r} "
+                               "of the module", hint=f"its plans are {', '.join(plans)}")
     world = transition_world(module, source, target, ranged=data.get("version") == 2)
     _by_key("gpus", "GPU", data["gpus"], world.gpus, "id")
     _by_key("nodes", "node", data.get("nodes"), world.nodes, "id")
     _by_key("tensors", "tensor", data["tensors"], world.tensors, "name")
     stated = {str(k): v for k, v in data["resident_bytes"].items()}
     for gpu in sorted(set(stated) | set(world.resident_bytes), key=int):
-        if stated.get(gpu) != world.resident_bytes.get(gpu):
+        if not _same(stated.get(gpu), world.resident_bytes.get(gpu)):
             _differ("resident_bytes", f"GPU {gpu}", stated.get(gpu), world.resident_bytes.get(gpu))
-    if sorted(data.get("untouched", [])) != sorted(world.untouched):
+    if not _same(sorted(data.get("untouched", [])), sorted(world.untouched)):
         _differ("untouched", "model-stages", sorted(data.get("untouched", [])), sorted(world.untouched))
     for side in ("before", "after"):
         _units(side, data["units"][side], world.units(module, side, ranged=data.get("version") == 2))
@@ -60,7 +82,7 @@ def _by_key(field: str, what: str, stated, derived: tuple, key: str) -> None:
         if name not in want:
             _differ(field, f"{what} {name}", have[name], None)
         for k in sorted(set(have[name]) | set(want[name])):
-            if have[name].get(k) != want[name].get(k):
+            if not _same(have[name].get(k), want[name].get(k)):
                 _differ(field, f"{what} {name}, {k}", have[name].get(k), want[name].get(k))
 
 
@@ -84,11 +106,13 @@ def _units(side: str, stated: list, derived: list) -> None:
         if uid not in want:
             _differ(field, f"unit {uid}", "a unit", None)
         for k in UNIT_FIELDS:
-            if have[uid].get(k) != want[uid].get(k):
+            if not _same(have[uid].get(k), want[uid].get(k)):
                 _differ(field, f"unit {uid}, {k}", have[uid].get(k), want[uid].get(k))
+        # boxes compared as lists: verify_header's check_box has read every bound as an int
+        # (a million boxes at 256 GPUs: `_same` would cost seconds)
         a, b = _shards(have[uid]), _shards(want[uid])
         for key in sorted(set(a) | set(b), key=lambda k: (k[0], k[1], k[2] or ())):
             gpu, tensor, at = key
             what = f"{tensor} at {[list(r) for r in at]}" if at else tensor
             if a.get(key) != b.get(key):
-                _differ(field, f"unit {uid}, GPU {gpu}, {what} boxes", a.get(key), b.get(key))
+                _differ(field, f"unit {uid}, shard of {what} on GPU {gpu}, boxes", a.get(key), b.get(key))

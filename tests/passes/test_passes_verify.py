@@ -98,7 +98,7 @@ def test_layout_that_misses_a_tensor_fails(programs):
     p = copy.deepcopy(programs["destroy"])
     unit = p["units"]["after"][0]
     unit["shards"] = [s for s in unit["shards"] if s["tensor"] != "actor/embed.weight"]
-    with pytest.raises(ProgramError, match="does not cover"):
+    with pytest.raises(ProgramError, match="do not cover its tensors"):
         verify_program(p)
 
 
