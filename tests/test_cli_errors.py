@@ -192,7 +192,7 @@ def test_python_dash_m_usage_lines_say_how_to_run_it_again():
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}
     out = subprocess.run([sys.executable, "-m", "nereus.cli", "runtime", "train", "--help"], env=env,
                          capture_output=True, text=True).stdout
-    assert out.startswith("Usage: python -m nereus.cli runtime train [OPTIONS] PLAN_FILE")
+    assert out.startswith("Usage: python -m nereus.cli runtime train [OPTIONS] [PLAN_FILE]")  # optional: --resume
     out = subprocess.run([sys.executable, "-m", "nereus.cli", "check", "--help"], env=env,
                          capture_output=True, text=True).stdout
     assert out.startswith("Usage: python -m nereus.cli check [OPTIONS] FILE")
