@@ -96,6 +96,11 @@ class Ends:
                 except OSError:
                     pass
         if self.process is not None:  # not this process's child: kept, so no warning at exit
+            # Popen.__del__ warns "subprocess N is still running" for a child it created and
+            # never waited for: this copy created none (the parent did), and whether its
+            # __del__ ran before the interpreter's shutdown cleared the warning machinery
+            # depended on timing (a loaded machine printed it)
+            self.process._child_created = False
             _INHERITED.append(self.process)
         self.outbox = self.inbox = self.process = None
         self.raw = []
