@@ -95,12 +95,13 @@ def _start_and_move(root: str, runtime_kind: str) -> dict:
     reference = F.log_softmax(logits(module.model("actor"), files["actor"], seqs[:, :-1])[:, w.prompt - 1:], -1)
     reference = reference.gather(-1, seqs[:, w.prompt:, None])[..., 0]
     report = {"sources": trainer.sources}
+    trainer._seqs, trainer._pad = seqs, None  # the step's sequences (no left padding), as step() sets them
     for ms, model in (("actor.training", "actor"), ("ref.inference", "ref")):
         logp = trainer._per_replica(ms, lambda role, rows: trainer._logprobs(
-            model, trainer.weights(ms), seqs[rows], role), (w.batch, w.response))
+            model, trainer.weights(ms), rows, role), (w.batch, w.response))
         report[f"{ms} logp error"] = float((logp - reference).abs().max())
     values = trainer._per_replica("critic.training", lambda role, rows: trainer._values(
-        "critic", trainer.weights("critic.training"), seqs[rows], role), (w.batch, w.response))
+        "critic", trainer.weights("critic.training"), rows, role), (w.batch, w.response))
     report["critic values"] = float(values.abs().max())
     state = trainer.rt.state("actor.training")
     weights = [k for k in state if "#" not in k.split("/", 1)[1]]
