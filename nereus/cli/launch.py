@@ -169,7 +169,7 @@ def launch(config: dict, nproc: int, out: str, progress_label: str, quiet: bool,
         errors += [e for e in _reports(out) if e.get("rank") not in reported]
     killed = _killed_ranks(other, {e.get("rank") for e in errors})
     if errors or killed:
-        failed = TrainingFailed(root_cause(errors, killed))
+        failed = TrainingFailed(root_cause(errors, killed, last_output(other)))
         if quiet:  # this object is the report: reports_errors would print a second, rank-less one
             click.echo(json.dumps({"error": failed.details}))
             raise SystemExit(2)
@@ -228,7 +228,20 @@ _CONSEQUENCE = re.compile(r"Connection (reset|closed) by peer|Timed out waiting|
 _NAMED = re.compile(r"rolled back on every rank: rank (\d+),")
 
 
-def root_cause(errors: list, killed: dict) -> dict:
+def last_output(lines: list, keep: int = 12) -> list:
+    """The workers' last `keep` non-blank lines before torchrun's own failure report (a
+    rank a signal killed wrote no report; what it printed last, a fatal error of the
+    interpreter or of a C++ library, says why). The ranks share the pipe: the lines may
+    be any rank's."""
+    end = next((i for i, line in enumerate(lines) if _TORCHRUN_REPORT.search(line)), len(lines))
+    return [line.rstrip() for line in lines[:end] if line.strip()][-keep:]
+
+
+# the first line of torchrun's report on a failed worker
+_TORCHRUN_REPORT = re.compile(r"torch[./]distributed[./]elastic|ChildFailedError|^={20,}")
+
+
+def root_cause(errors: list, killed: dict, output: Optional[list] = None) -> dict:
     """The error event to show first: when the ranks raised the same TransitionAborted,
     the event of the rank its first failure names (unless that failure is itself a lost
     connection); else the first event that is not a
@@ -251,9 +264,11 @@ def root_cause(errors: list, killed: dict) -> dict:
     if killed:
         rank, signum = min(killed.items())
         name = signal.Signals(signum).name if signum in signal.Signals._value2member_map_ else str(signum)
+        said = "\n".join(f"  | {line}" for line in output or ())
         return {"rank": rank, "type": "Killed", "traceback": "",
                 "message": f"rank {rank} was killed by signal {signum} ({name}) and reported nothing; the other "
-                           "ranks' errors follow from it (out of memory? `dmesg` shows the OOM killer)"}
+                           "ranks' errors follow from it (out of memory? `dmesg` shows the OOM killer)"
+                           + (f"\nthe workers' last output before torchrun's report:\n{said}" if said else "")}
     return errors[0]
 
 

@@ -103,6 +103,12 @@ def make_vllm_generation(module, plan: str, *, seed: int = 0, workdir: str = "",
                           max_model_len=max_len, sync_mode=sync, sync_full_every=full_every)
 
 
+def _generation(plan):
+    """`plan`'s actor.generation placement, or None where the plan places none (a
+    training-only workload, which check_models refuses with its own message)."""
+    return next((p for p in plan.placements if str(p.model_stage) == "actor.generation"), None)
+
+
 def check_vllm_plans(module, cuda: bool) -> None:
     """Errors a user can cause before any engine starts (raised on every rank alike, so
     no rank waits on one that failed): on CPU, vLLM runs tensor_parallel_size 1 only and
@@ -121,8 +127,8 @@ def check_vllm_plans(module, cuda: bool) -> None:
                                 hint="use zero 1 (sharded optimizer state) with --engine vllm, or --engine native")
     actor = module.model("actor")
     for plan in module.plans:  # FP8 generation: vLLM's block-FP8 layout, on GPUs
-        placement = plan.placement("actor.generation")
-        if placement.quant is None:
+        placement = _generation(plan)
+        if placement is None or placement.quant is None:
             continue
         if not cuda:
             raise SemanticError(f"plan {plan.name}: vLLM on CPU runs no block-FP8 weights (quant fp8)",
@@ -143,7 +149,7 @@ def check_vllm_plans(module, cuda: bool) -> None:
         raise SemanticError(f"vLLM on CPU needs head_dim >= 32 (a multiple of 16), the actor has {actor.head_dim}",
                             actor.loc, hint="use hidden/heads >= 32, e.g. hidden 128 heads 4, or --engine native")
     for plan in module.plans:
-        placement = plan.placement("actor.generation")
-        if placement.tp != 1:
+        placement = _generation(plan)
+        if placement is not None and placement.tp != 1:
             raise SemanticError(f"plan {plan.name}: vLLM on CPU runs tp 1 only, actor.generation has tp {placement.tp}",
                                 placement.loc, hint="generate with tp 1 on CPU (dp replicas are fine), or run on GPUs")

@@ -175,12 +175,20 @@ def main(argv: list[str]) -> int:
         dist.init_process_group(backend, timeout=collective_timeout())
         result = run(config)
         _emit({"event": "done", **result})
+        # every rank past its last collective before any leaves: a rank that exits while a
+        # peer still has a gloo operation open makes the peer's transport thread throw, and
+        # the C++ runtime aborts it (SIGABRT after a finished run, once in CI)
+        dist.barrier()
     except NereusError as error:
         _fail(error, 2, config.get("out", ""))
     except BaseException as error:  # noqa: BLE001 - any failure must end the job, not hang it
         _fail(error, 1, config.get("out", ""))
-    dist.destroy_process_group()
-    return 0
+    # everything is written (result, checkpoints: run() waits for its saves): leave without
+    # the interpreter's and the process groups' teardown, where a peer's closed connection
+    # can still abort this process after its work is done
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

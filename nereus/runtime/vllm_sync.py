@@ -294,6 +294,7 @@ class WeightSync:
 
     def is_codec(self, plan: str) -> bool:
         """Whether the sync of `plan` runs as a codec program (delta mode, or FP8 targets)."""
+        known_plan(self.module, plan)  # a SemanticError naming the plans, never a bare KeyError
         return self.mode == "delta" or self.module.plan(plan).placement(self.target).quant is not None
 
     def codec(self, plan: str):

@@ -51,6 +51,23 @@ def test_a_rank_a_signal_killed_is_named_when_the_others_only_lost_it():
     assert launch.root_cause([FAILED], killed) is FAILED  # a real error of its own comes first
 
 
+def test_a_killed_rank_is_shown_with_what_the_workers_printed_last():
+    """A rank a signal killed wrote no report: the lines before torchrun's own report (a
+    fatal error of the interpreter or of gloo) are the only clue, so they are shown."""
+    printed = ["train: step 2/2\n", "\n", "terminate called after throwing an instance of 'gloo::IoException'\n",
+               "  what():  [gloo/transport/tcp/pair.cc:598] Connection closed by peer\n",
+               "E1207 12:00:00.000000 1 torch/distributed/elastic/multiprocessing/api.py:882] failed (exitcode: -6)\n",
+               "Traceback (most recent call last):\n", "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"]
+    assert launch.last_output(printed, keep=2) == [
+        "terminate called after throwing an instance of 'gloo::IoException'",
+        "  what():  [gloo/transport/tcp/pair.cc:598] Connection closed by peer"]
+    cause = launch.root_cause([], {1: signal.SIGABRT}, launch.last_output(printed + SUMMARY, keep=2))
+    assert cause["message"].endswith("before torchrun's report:\n  | terminate called after throwing an instance "
+                                     "of 'gloo::IoException'\n  |   what():  [gloo/transport/tcp/pair.cc:598] "
+                                     "Connection closed by peer")
+    assert launch.root_cause([], {1: signal.SIGABRT})["message"].endswith("shows the OOM killer)")
+
+
 def test_json_output_has_no_nan():
     assert launch.json_safe({"a": [float("nan"), 1.0], "b": float("inf"), "c": "x"}) == \
         {"a": [None, 1.0], "b": None, "c": "x"}

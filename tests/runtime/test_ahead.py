@@ -639,6 +639,7 @@ def test_paused_all_holds_every_runtimes_thread_and_a_weight_sync_pauses_them(or
             assert (len(first.log), len(second.log)) == logged == (1, 1)  # and no later one started
         seen = []
         sync = object.__new__(vllm_sync.WeightSync)  # the call's wiring alone (no process group)
+        sync.is_codec = lambda plan: False  # a dense sync (the test holds no module)
         sync._run = lambda plan, state: seen.append([a._paused for a in aheads]) or "synced"
         assert sync.run("P", {}) == "synced" and seen == [[1, 1]]
         assert all(a.idle(30) for a in aheads) and len(first.log) == len(second.log) == 3
@@ -671,6 +672,7 @@ def test_a_weight_sync_keeps_the_collector_paused_after_a_steps_own_pause_ends()
         threading.Timer(0.2, release.set).start()
         seen = []
         sync = object.__new__(vllm_sync.WeightSync)
+        sync.is_codec = lambda plan: False  # a dense sync (the test holds no module)
         sync._run = lambda plan, state: seen.append(gc.isenabled())
         sync.run("P", {})
         assert seen == [False] and gc.isenabled()
