@@ -100,7 +100,10 @@ def build(layout: str, args, device: str, meta: bool):
 
 
 def optimizer(model):
-    return torch.optim.AdamW(model.parameters(), lr=1e-4)
+    # foreach=False on every side: a TP layout leaves norms and embeddings plain tensors
+    # beside DTensors, and CUDA's default foreach Adam refuses the mix (DCP's get_state_dict
+    # steps the fresh optimizer once; seen on an H100, torch 2.11)
+    return torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
 
 
 def train_step(model, optim, device: str) -> None:

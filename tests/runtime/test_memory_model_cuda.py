@@ -70,6 +70,21 @@ def _blocks(n: int) -> int:
     return 0 if n == 0 else -(-n // 512) * 512
 
 
+def _active_blocks(device) -> dict:
+    """{address: (size, where it was allocated)} of the allocator's active blocks (the
+    place from torch's memory history, recorded by the one-GPU test)."""
+    blocks = {}
+    for segment in torch.cuda.memory_snapshot():
+        if segment["device"] != device.index:
+            continue
+        for block in segment["blocks"]:
+            if block["state"] == "active_allocated":
+                frames = [f"{f['filename'].rsplit('/', 1)[-1]}:{f['line']} {f['name']}" for f in block.get("frames", ())
+                          if f["filename"].endswith(".py")][:4]
+                blocks[block["address"]] = (block["size"], frames)
+    return blocks
+
+
 def _round_buffers_on_one_gpu(program: dict, rank: int, device, depth: int, chunk_bytes: int) -> list:
     """Per round with messages on `rank`: (round, measured bytes, the allocations' bytes,
     their blocks, the runtime's accounting)."""
@@ -103,6 +118,7 @@ def _round_buffers_on_one_gpu(program: dict, rank: int, device, depth: int, chun
                    for u, shards in before.items()}
         torch.cuda.synchronize(device)
         base = torch.cuda.memory_allocated(device)
+        present = _active_blocks(device)
         sends = [outgoing(m, sources, device, f, r, host) for m, f, r in
                  zip(work.sends, planned.send_in_stream, planned.send_regions)]
         recvs = [incoming(m, prog, new, Live(0), device, f, r, frozenset(host_after)) for m, f, r in
@@ -116,7 +132,9 @@ def _round_buffers_on_one_gpu(program: dict, rank: int, device, depth: int, chun
                   if t.untyped_storage().data_ptr() not in owned]  # host pieces copied up
         sizes += [b.numel() * b.element_size() for w in recvs for b, _ in w.bounce]
         accounted = round_buffer_bytes(planned, work, depth, host, frozenset(host_after))
-        out.append((work.index, measured, sum(sizes), sum(_blocks(n) for n in sizes), accounted))
+        extra = [] if measured == sum(_blocks(n) for n in sizes) else \
+            [b for a, b in _active_blocks(device).items() if a not in present]  # what else (the failure says)
+        out.append((work.index, measured, sum(sizes), sum(_blocks(n) for n in sizes), accounted, extra))
         del sends, recvs, streams_, sources
     return out
 
@@ -125,13 +143,18 @@ def _round_buffers_on_one_gpu(program: dict, rank: int, device, depth: int, chun
 def test_the_buffers_one_gpu_allocates_are_the_accounted_ones_within_the_proof(chunk_bytes, depth):
     device = torch.device("cuda", torch.cuda.current_device())
     seen = []
+    torch.cuda.memory._record_memory_history(max_entries=100000)  # where an unexpected block came from
+    try:
+        rounds = {(name, rank): _round_buffers_on_one_gpu(program, rank, device, depth, chunk_bytes)
+                  for name, program in _programs().items() for rank in (0, 1)}
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
     for name, program in _programs().items():
         bound = model_round_buffers(program)
         for rank in (0, 1):
-            for index, measured, allocated, blocks, accounted in _round_buffers_on_one_gpu(
-                    program, rank, device, depth, chunk_bytes):
+            for index, measured, allocated, blocks, accounted, extra in rounds[(name, rank)]:
                 where = (name, rank, index)
-                assert measured == blocks, where  # nothing else allocated
+                assert measured == blocks, (where, measured - blocks, extra)  # nothing else allocated
                 assert allocated == accounted, where  # the runtime counts what it allocates
                 assert accounted <= bound.get((index, rank), 0), (where, accounted, bound.get((index, rank)))
                 seen.append({"case": name, "rank": rank, "round": index, "measured": measured,

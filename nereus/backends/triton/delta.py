@@ -147,6 +147,13 @@ def decode_kernel(dst, payload16, payload32, payloadw, directory, sums, n,
 
 
 def _views(payload: torch.Tensor, word: int) -> tuple:
+    """The payload as int16, int32 and word views (the kernels address it in all three)."""
+    if payload.numel() % 4 or payload.storage_offset() % 4:
+        # a byte length or offset no int32 view takes (a CPU encoder's exact payload, a slice
+        # of a receive buffer): a zero-padded aligned copy, read-only for the decoder
+        padded = torch.zeros(-(-payload.numel() // 4) * 4, dtype=torch.uint8, device=payload.device)
+        padded[:payload.numel()].copy_(payload)
+        payload = padded
     if payload.numel() == 0:  # a kernel still needs valid pointers
         payload = torch.zeros(4, dtype=torch.uint8, device=payload.device)
     return payload.view(torch.int16), payload.view(torch.int32), payload.view(WORDS[word])
@@ -161,7 +168,8 @@ def encode(cur: torch.Tensor, ref: torch.Tensor, word: int, chunk: int, flags: i
     head = torch.zeros(HEADER_BYTES + DIRECTORY_BYTES * count, dtype=torch.uint8, device=device)
     directory = head[HEADER_BYTES:].view(torch.int32)
     # the payload never exceeds the message plus 4 bytes of padding per chunk
-    payload = torch.empty(n * word + 4 * count + 4, dtype=torch.uint8, device=device)
+    # (rounded up to whole int32 words: the kernel writes through an int32 view of it)
+    payload = torch.empty(-(-(n * word + 4 * count + 4) // 4) * 4, dtype=torch.uint8, device=device)
     sums = torch.empty(2 * max(count, 1), dtype=torch.int64, device=device)
     cursor = torch.zeros(1, dtype=torch.int32, device=device)
     if count:
