@@ -64,7 +64,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("controller_real_steps", "controller_real_steps.py", "CPU, 2 gloo processes (--backend nccl: 2 GPUs)",
               "the cost model's one-step-ahead predictions against `nereus train --controller` steps"),
     Benchmark("controller_search", "controller_search.py", "CPU",
-              "plan-search time (70B GRPO, 1,024-16,384 GPUs) and controller overhead per step"),
+              "plan-search time (70B GRPO on 1,024 GPUs) and controller overhead per step"),
     Benchmark("controller_share_floor", "controller_share_floor.py", "CPU",
               "the least transition share a plan sequence reaches, and what it costs in total time"),
     Benchmark("controller_simulate", "controller_simulate.py", "CPU",
