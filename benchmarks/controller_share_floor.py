@@ -12,7 +12,8 @@ would meeting the share target cost" over C, under the simulator's move model; p
 only some of the trade-offs, so it is bracketed by a bound that holds for every sequence over
 C: total + λ·moves ≥ T_λ + λ·M_λ for the λ-optimal (T_λ, M_λ), and moves < share·total give
 total ≥ (T_λ + λ·M_λ) / (1 + λ·share), the largest over the grid. Writes
-benchmarks/data/controller_share_floor_<trace>.json.
+OUT/controller_share_floor_<trace>.json (OUT: benchmarks/data unless --out); last stdout
+line: one JSON object, per trace the oracle's and Nereus' figures and the bound.
 """
 
 import argparse
@@ -37,7 +38,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("traces", nargs="*", default=TRACES)
     parser.add_argument("--share", type=float, default=0.001)
+    parser.add_argument("--out", default=os.path.join(HERE, "data"), help="folder of the per-trace JSON")
     args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    summaries = {}
     for name in args.traces:
         trace = simulator.load_trace(os.path.join(os.path.dirname(HERE), "examples", "traces", f"{name}.json"))
         worlds = []
@@ -76,7 +80,7 @@ def main() -> None:
                "oracle_total_s": oracle.total_s, "nereus_total_s": nereus["total_s"],
                "nereus_share": nereus["transition_share"], "priced": rows, "least_total_under_target": cheapest,
                "total_bound_under_target": bound, "bound_gap_to_oracle": bound / oracle.total_s - 1}
-        with open(os.path.join(HERE, "data", f"controller_share_floor_{name}.json"), "w") as handle:
+        with open(os.path.join(args.out, f"controller_share_floor_{name}.json"), "w") as handle:
             json.dump(out, handle, indent=1)
             handle.write("\n")
         print(name, f"oracle {oracle.total_s:.1f} s, nereus {nereus['total_s']:.1f} s "
@@ -89,6 +93,11 @@ def main() -> None:
               f"{cheapest['total_s']:.1f} s ({100 * cheapest['gap_to_oracle']:+.3f}% vs oracle);",
               f"every sequence with that share takes ≥ {bound:.1f} s ({100 * (bound / oracle.total_s - 1):+.3f}%)",
               flush=True)
+        summaries[name] = {k: out[k] for k in ("oracle_total_s", "nereus_total_s", "nereus_share",
+                                               "least_total_under_target", "total_bound_under_target",
+                                               "bound_gap_to_oracle")}
+    print(json.dumps({"name": "controller_share_floor", "share_target": args.share, "out": args.out,
+                      "traces": summaries}))
 
 
 if __name__ == "__main__":
