@@ -80,7 +80,7 @@ def test_default_command_exits_2_on_an_infeasible_plan():
 
 def test_the_readme_tour_of_the_ir_compiles(tmp_path):
     readme = (EXAMPLES.parent / "README.md").read_text()
-    start = readme.index("```\n", readme.index("## The IR in one screen")) + 4
+    start = readme.index("```\n", readme.index("### 1. Write plans and compile them")) + 4
     tour = tmp_path / "tour.nir"
     tour.write_text(readme[start:readme.index("```", start)])
     result = run(str(tour))
