@@ -96,7 +96,7 @@ def test_unknown_plan_in_transition_option_fails_before_any_output():
 
 
 def test_check_json_on_an_infeasible_plan_is_one_object_with_the_error():
-    """README: with --json the error is one JSON object on stdout. For a plan that does
+    """docs/cli.md: with --json the error is one JSON object on stdout. For a plan that does
     not fit that object is the report, with the first infeasible plan's error object."""
     import subprocess
     import sys
