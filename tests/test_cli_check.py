@@ -80,7 +80,7 @@ def test_default_command_exits_2_on_an_infeasible_plan():
 
 def test_the_readme_tour_of_the_ir_compiles(tmp_path):
     readme = (EXAMPLES.parent / "README.md").read_text()
-    start = readme.index("```\n", readme.index("## The IR in one screen")) + 4
+    start = readme.index("```\n", readme.index("### 1. Write plans and compile them")) + 4
     tour = tmp_path / "tour.nir"
     tour.write_text(readme[start:readme.index("```", start)])
     result = run(str(tour))
@@ -96,7 +96,7 @@ def test_unknown_plan_in_transition_option_fails_before_any_output():
 
 
 def test_check_json_on_an_infeasible_plan_is_one_object_with_the_error():
-    """README: with --json the error is one JSON object on stdout. For a plan that does
+    """docs/cli.md: with --json the error is one JSON object on stdout. For a plan that does
     not fit that object is the report, with the first infeasible plan's error object."""
     import subprocess
     import sys

@@ -5,7 +5,10 @@ the commands print."""
 
 import os
 import pathlib
+import random
 import re
+import shlex
+import socket
 import subprocess
 import sys
 
@@ -63,6 +66,46 @@ def test_the_index_lists_every_page_and_every_link_resolves():
     assert all((ROOT / "docs" / link).resolve().is_file() for link in links), links
     pages = {p.name for p in (ROOT / "docs").glob("*.md")} - {"README.md"}
     assert pages - set(links) == set(), "docs/ pages the index does not list"
+
+
+def _heading_anchors(path: pathlib.Path) -> set:
+    """The anchors GitHub gives the headings of a Markdown file: lower case, punctuation
+    dropped, spaces as hyphens, a repeated one suffixed -1, -2, ..."""
+    anchors, seen = set(), {}
+    text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.S | re.M)
+    for heading in re.findall(r"^#{1,6} (.*)$", text, re.M):
+        anchor = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        count = seen.get(anchor, 0)
+        seen[anchor] = count + 1
+        anchors.add(anchor if count == 0 else f"{anchor}-{count}")
+    return anchors
+
+
+def broken_links(pages: list, root: pathlib.Path = ROOT) -> list:
+    """(page, link) of every relative link of `pages` whose file is missing or whose
+    #anchor names no heading of a Markdown file (links inside code blocks are not links)."""
+    broken = []
+    for page in pages:
+        text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.S | re.M)
+        for link in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", link):  # https:, mailto:
+                continue
+            path, _, anchor = link.partition("#")
+            target = (page.parent / path).resolve() if path else page
+            if not target.exists() or (anchor and target.suffix == ".md" and anchor not in _heading_anchors(target)):
+                broken.append((str(page.relative_to(root)), link))
+    return broken
+
+
+def test_every_relative_link_of_readme_and_the_docs_resolves():
+    assert broken_links([ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]) == []
+
+
+def test_the_link_check_sees_a_missing_page_and_a_missing_heading(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("# Top: the `x` part\n\n[a](page.md#top-the-x-part) [b](gone.md) [c](#nowhere)\n"
+                    "```\n[d](also-gone.md)\n```\n")
+    assert broken_links([page], root=tmp_path) == [("page.md", "gone.md"), ("page.md", "#nowhere")]
 
 
 # -- docs/cli.md: every command, every option ----------------------------------------
@@ -205,6 +248,7 @@ def _readme_section(heading: str, language: str) -> list:
     return [body for head, lang, body in blocks(README.read_text()) if head == heading and lang == language]
 
 
+
 def _torchrun(script: pathlib.Path, nproc: int = 2) -> str:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
                str(script)]
@@ -217,14 +261,15 @@ def _torchrun(script: pathlib.Path, nproc: int = 2) -> str:
 @pytest.mark.multiprocess
 def test_the_runtime_examples_run_under_torchrun(tmp_path):
     pytest.importorskip("torch")
+    from test_readme import EMBED_HEADING, check_embed_ranks
+
     embed, sync = _python_blocks("runtime.md")
-    readme = _readme_section("Embedding the runtime", "python")
+    readme = _readme_section(EMBED_HEADING, "python")
     if readme:  # README runs its copy (tests/test_readme.py): the two must not drift apart
         assert readme == [embed]
     else:
         (tmp_path / "embed.py").write_text(embed)
-        out = _torchrun(tmp_path / "embed.py")
-        assert all(f"rank {r}: S1 -> S2 in" in out for r in (0, 1)), out
+        check_embed_ranks(_torchrun(tmp_path / "embed.py"))
     (tmp_path / "sync.py").write_text(sync)
     out = _torchrun(tmp_path / "sync.py")
     for rank in (0, 1):
@@ -232,21 +277,65 @@ def test_the_runtime_examples_run_under_torchrun(tmp_path):
             assert re.search(rf"rank {rank}: sync in {plan}: \d+ KiB sent, \d+ KiB kept in place", out), out
 
 
-def test_the_cluster_page_launch_lines_are_the_tested_ones(tmp_path):
-    text = (ROOT / "docs" / "multi-node.md").read_text()
-    bash = re.findall(r"```bash\n(.*?)```", text, re.S)
-    (line,) = [b.strip() for b in bash if b.startswith("torchrun --nnodes")]
-    (script,) = [b for b in bash if b.startswith("#!/bin/bash")]
+def _port_outside_ephemeral_range() -> int:
+    """A port that is free now and that no other process's connect() or bind(0) can take
+    before the head agent binds it: outside the kernel's ephemeral range. (The port of
+    bind(0) is in that range, where the gloo connections of tests running beside this one
+    take theirs: a port chosen that way can be gone seconds later.)"""
+    try:
+        low, high = map(int, pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[:2])
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    # below the range where there is room (a range can start at 1024), else above it
+    outside = range(max(1024, low // 2), low) if low > 2048 else range(high + 1, 65536)
+    rng = random.Random(os.getpid())
+    for _ in range(100 if outside else 0):
+        port = rng.choice(outside)
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))  # (the store's server listens on every address)
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port outside the ephemeral range {low}-{high}")
+
+
+def two_agents(line: str, script: pathlib.Path) -> None:
+    """Run the 2-node torchrun `line` as two agents on this host (rendezvous on 127.0.0.1)
+    with `script` as its embed.py, and check both ranks' lines."""
+    assert "--nnodes 2 --nproc-per-node 1" in line
+    torchrun = f"{shlex.quote(sys.executable)} -m torch.distributed.run"
+    command = (line.replace("torchrun", torchrun, 1).replace("29500", str(_port_outside_ephemeral_range()))
+               .replace("embed.py", shlex.quote(str(script))))
+    env = {**_env(), "HEAD_NODE": "127.0.0.1", "OMP_NUM_THREADS": "1"}
+    agents = [subprocess.Popen(command, shell=True, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outputs = []
+    for agent in agents:
+        out, err = agent.communicate(timeout=600)
+        assert agent.returncode == 0, err[-3000:]
+        outputs.append(out)
+    from test_readme import check_embed_ranks
+
+    check_embed_ranks("".join(outputs))
+
+
+def _cluster_page_bash() -> list:
+    return re.findall(r"```bash\n(.*?)```", (ROOT / "docs" / "multi-node.md").read_text(), re.S)
+
+
+def test_the_cluster_page_slurm_script_is_valid_shell():
+    (script,) = [b for b in _cluster_page_bash() if b.startswith("#!/bin/bash")]
+    assert "#SBATCH --nodes=" in script and "srun torchrun" in script and "--rdzv-endpoint" in script
     result = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
-    assert "srun torchrun" in script and "--rdzv-endpoint" in script
-    readme = [b.strip() for b in _readme_section("Running on a cluster", "bash")]
-    if readme:  # README's copies run as two agents on one host (tests/test_readme.py)
-        assert line in readme and script.strip() in readme
-    else:  # the page's line, with runtime.md's opening example as its embed.py
-        pytest.importorskip("torch")
-        from test_readme import two_agents
 
-        embed = tmp_path / "embed.py"
-        embed.write_text(_python_blocks("runtime.md")[0])
-        two_agents(line, embed)
+
+@pytest.mark.multiprocess
+def test_the_cluster_page_launch_line_runs_as_two_agents(tmp_path):
+    # the page's line, with runtime.md's opening example as its embed.py
+    pytest.importorskip("torch")
+    (line,) = [b.strip() for b in _cluster_page_bash() if b.startswith("torchrun --nnodes")]
+    embed = tmp_path / "embed.py"
+    embed.write_text(_python_blocks("runtime.md")[0])
+    two_agents(line, embed)

@@ -3,7 +3,7 @@ and re-shards it (an in-memory checkpoint/restart). It is the baseline the RL lo
 compares Nereus against — same layouts at every step, so both runs must agree bit for
 bit — and a stand-in runtime when `nereus.runtime.Runtime` is unavailable.
 
-Same names and meaning as the README's "Embedding the runtime": tensor_specs, shard_state_dict,
+Same names and meaning as the runtime API's (docs/runtime.md): tensor_specs, shard_state_dict,
 register, transition, state, gather_state_dict. Gathering is one world all-reduce per
 tensor where only the first holder of each box writes it (x + 0 is exact in floating
 point, so the sum reproduces every byte).

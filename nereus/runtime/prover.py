@@ -44,7 +44,7 @@ from . import child
 
 log = logging.getLogger("nereus.prover")
 MODES = ("auto", "process", "inline")
-# prove the transitions from the current plan while idle (docs: README's settings table)
+# prove the transitions from the current plan while idle (docs/runtime.md, "Environment variables")
 AHEAD = env_flag("NEREUS_PROVE_AHEAD", True)
 
 

@@ -1,4 +1,4 @@
-"""The embedding API (README, "Embedding the runtime"): training code hands its live tensors to
+"""The embedding API (docs/runtime.md): training code hands its live tensors to
 Nereus and changes plan in place.
 
     import nereus.runtime as nr

@@ -1,4 +1,4 @@
-"""vLLM as the generation engine of the actor (README, "vLLM as the generation engine").
+"""vLLM as the generation engine of the actor (docs/runtime.md, "vLLM engines").
 
 One engine per generation replica, started on the replica's driver rank (its first GPU)
 with `tensor_parallel_size` = the plan's tp. It implements the RL loop's

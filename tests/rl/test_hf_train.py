@@ -191,7 +191,7 @@ def _example_loads(path: str) -> list:
 
 
 def test_bundled_example_reads_its_checkpoint():
-    """examples/rl/grpo-hf-cpu.nir (README) names a checkpoint whose tensors are the actor's."""
+    """examples/rl/grpo-hf-cpu.nir (docs/rl.md) names a checkpoint whose tensors are the actor's."""
     path = ROOT / "examples" / "rl" / "grpo-hf-cpu.nir"
     assert run_world(1, _example_loads, str(path)) == ["llama", True, True, True]
 
