@@ -105,7 +105,8 @@ def launch(config: dict, nproc: int, out: str, progress_label: str, quiet: bool,
     with open(path, "w") as f:
         json.dump(config, f, indent=1)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+    job = f"{os.getpid()}-{time.monotonic_ns()}"  # marks this job's processes (stop_group)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **{JOB_VARIABLE: job},
                PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
     command = torchrun_command(nproc) + ["-m", "nereus.rl.worker", path]
     from rich.console import Console
@@ -155,10 +156,10 @@ def launch(config: dict, nproc: int, out: str, progress_label: str, quiet: bool,
                 elif event["event"] == "error":
                     errors.append(_error_event(event))
                     if guard is None:
-                        guard = failure_guard(proc, failure_timeout_s)
+                        guard = failure_guard(proc, failure_timeout_s, job)
             proc.wait()
         except BaseException:  # Ctrl-C (or any error here): no worker outlives the command
-            stop_group(proc)
+            stop_group(proc, job)
             raise
         finally:
             if guard is not None:
@@ -312,16 +313,15 @@ class _PlainProgress:
                                f"({now - self.started:.0f} s)", highlight=False, soft_wrap=True)
 
 
-def stop_group(proc) -> None:
-    """SIGTERM the launcher's process group and every descendant of this process (torchrun
-    and its workers), SIGKILL them STOP_GRACE_S later if anything is still running. The
-    descendants are named one by one: torchrun (torch >= 2.13) starts each worker in a
-    session of its own, which the group's signal never reaches, and an orphaned worker
-    holds the output pipe open (the command would wait for it forever). Each is signalled
-    through a pidfd taken when it was found, so a process that later reuses a freed PID
-    is never hit; `launch` makes this process the subreaper of its descendants, so an
-    orphan of torchrun stays among them."""
-    family = _handles(descendants(os.getpid()))
+def stop_group(proc, job: Optional[str] = None) -> None:
+    """SIGTERM the launcher's process group and the job's processes (`job_processes`:
+    torchrun and its workers), SIGKILL them STOP_GRACE_S later if anything is still
+    running. The processes are named one by one: torchrun (torch >= 2.13) starts each
+    worker in a session of its own, which the group's signal never reaches, and an
+    orphaned worker holds the output pipe open (the command would wait for it forever).
+    Each is signalled through a pidfd taken when it was found, so a process that later
+    reuses a freed PID is never hit."""
+    family = _handles(job_processes(proc, job))
     try:
         if proc.returncode is None:
             _killpg(proc.pid, signal.SIGTERM)
@@ -433,10 +433,35 @@ def descendants(pid: int) -> set:
     return found
 
 
-def failure_guard(proc, seconds: float):
+def job_processes(proc, job: Optional[str] = None) -> set:
+    """The processes below `proc`, and those below this process whose environment carries
+    JOB_VARIABLE=`job` (`launch` sets it): orphans of torchrun, re-parented here because
+    `launch` makes this process the subreaper of its descendants. Never another child of
+    this process (a program that calls `launch` may have its own: a multiprocessing
+    forkserver, data-loader workers)."""
+    found = descendants(proc.pid)
+    if job:
+        mark = f"{JOB_VARIABLE}={job}".encode()
+        found |= {pid for pid in descendants(os.getpid()) if mark in _environment(pid)}
+    return found
+
+
+JOB_VARIABLE = "NEREUS_LAUNCH_ID"
+
+
+def _environment(pid: int) -> list:
+    """The entries of /proc/PID/environ ([] where unreadable or gone)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            return handle.read().split(b"\0")
+    except OSError:
+        return []
+
+
+def failure_guard(proc, seconds: float, job: Optional[str] = None):
     """After a rank failed: stop the whole job (`stop_group`) if it has not ended within
     `seconds`."""
-    timer = threading.Timer(seconds, stop_group, args=(proc,))
+    timer = threading.Timer(seconds, stop_group, args=(proc, job))
     timer.daemon = True
     timer.start()
     return timer

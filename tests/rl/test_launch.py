@@ -87,17 +87,43 @@ time.sleep(300)
 def test_the_guard_stops_a_worker_that_ignores_sigterm_and_outlives_its_launcher(monkeypatch):
     monkeypatch.setattr(launch, "STOP_GRACE_S", 1.0)
     proc = subprocess.Popen([sys.executable, "-c", LAUNCHER], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True, env=_job_env("guard-1"))
     word, pid = proc.stdout.readline().split()
     assert word == "worker"
     began = time.perf_counter()
-    guard = launch.failure_guard(proc, 1.0)
+    guard = launch.failure_guard(proc, 1.0, "guard-1")
     rest = proc.stdout.read()  # EOF only once every holder of the pipe is gone
     waited = time.perf_counter() - began
     guard.cancel()
     assert rest == "" and waited < 10, waited
     assert proc.wait(timeout=5) != 0
     assert _gone(int(pid))
+
+
+def _job_env(job: str) -> dict:
+    """The environment `launch` gives a job's processes (their mark for stop_group)."""
+    import os
+
+    return dict(os.environ, **{launch.JOB_VARIABLE: job})
+
+
+def test_stopping_a_job_spares_the_callers_other_children(monkeypatch):
+    """The guard stopped every descendant of the calling process: a program (or a pytest
+    worker) calling `launch` lost its own children with the job, e.g. multiprocessing's
+    forkserver and resource tracker (seen: "resource_tracker: process died unexpectedly")."""
+    monkeypatch.setattr(launch, "STOP_GRACE_S", 1.0)
+    own = subprocess.Popen(["sleep", "60"])  # the caller's, started before the job
+    proc = subprocess.Popen([sys.executable, "-c", LAUNCHER], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True, env=_job_env("guard-3"))
+    try:
+        word, pid = proc.stdout.readline().split()
+        launch.stop_group(proc, "guard-3")
+        assert proc.wait(timeout=10) != 0 and _gone(int(pid))
+        assert own.poll() is None, "the caller's own child was stopped with the job"
+    finally:
+        own.kill()
+        own.wait()
+        subprocess.run(["kill", "-9", pid], capture_output=True)
 
 
 def _gone(pid: int, within_s: float = 5.0) -> bool:
@@ -138,11 +164,11 @@ def test_the_guard_stops_a_worker_in_its_own_session(monkeypatch):
     assert OWN_SESSION != LAUNCHER
     monkeypatch.setattr(launch, "STOP_GRACE_S", 1.0)
     proc = subprocess.Popen([sys.executable, "-c", OWN_SESSION], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True, env=_job_env("guard-2"))
     word, pid = proc.stdout.readline().split()
     assert word == "worker"
     began = time.perf_counter()
-    guard = launch.failure_guard(proc, 1.0)
+    guard = launch.failure_guard(proc, 1.0, "guard-2")
     try:
         rest = proc.stdout.read()  # EOF only once every holder of the pipe is gone
     finally:
@@ -220,7 +246,7 @@ def test_the_guard_never_signals_a_process_that_reuses_a_freed_pid(monkeypatch, 
         pytest.skip("needs a writable ns_last_pid (root) to force the PID reuse")
     monkeypatch.setattr(launch, "STOP_GRACE_S", 1.0)
     proc = subprocess.Popen([sys.executable, "-c", REAPING_LAUNCHER], stdout=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, env=_job_env("guard-4"))
     worker, victim = int(proc.stdout.readline()), {}
 
     def reuse():
@@ -233,7 +259,7 @@ def test_the_guard_never_signals_a_process_that_reuses_a_freed_pid(monkeypatch, 
 
     thread = threading.Thread(target=reuse)
     thread.start()
-    launch.stop_group(proc)
+    launch.stop_group(proc, "guard-4")
     thread.join()
     other = victim["p"]
     time.sleep(0.2)
