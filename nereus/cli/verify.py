@@ -13,6 +13,7 @@ and rejects any difference in value or type.
 from __future__ import annotations
 
 import json
+import sys
 
 import click
 
@@ -62,7 +63,8 @@ def verify_command(program: str, against: str | None, overrides: tuple, as_json:
     name = "<stdin>" if program == "-" else program
     try:
         if program == "-":
-            text = click.get_text_stream("stdin").read().lstrip("\ufeff")  # a byte-order mark too
+            # as a file is read: UTF-8 whatever the locale, a byte-order mark dropped
+            text = sys.stdin.buffer.read().decode("utf-8-sig")
         else:
             with open(program, encoding="utf-8-sig") as handle:  # a byte-order mark some editors write
                 text = handle.read()
