@@ -135,13 +135,15 @@ def _answer(module: Module, key: tuple, done, ahead: bool = True) -> tuple:
     made once (`ahead`: made before a request asked for it). A request for a key whose
     kept answer is an error proves it again (the error may have been passing: memory)."""
     from nereus.passes import compile_transition
+    from nereus.passes.manager import PROGRAM_PIPELINE
 
     if key in done and (ahead or done[key][0] == "ok"):  # a request proves an error again
         done.move_to_end(key)
         return done[key]
     source, target, world_size, options = key
     try:
-        seconds, digests = prove(compile_transition(module, source, target, **dict(options)), module, world_size)
+        seconds, digests = prove(compile_transition(module, source, target, pipeline=PROGRAM_PIPELINE, **dict(options)),
+                                 module, world_size)
         answer = ("ok", digests, seconds, ahead)
     except Exception as error:  # noqa: BLE001 - every failure goes back as the rank's verdict
         answer = ("error", portable(error, source, target), ahead)

@@ -42,7 +42,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from .dag import COPY, SEND, TransitionDag
-from .layout import box_volume, held_boxes, is_sharded, slot_counts, slot_specs, stage_slots
+from .layout import (box_volume, held_boxes, is_sharded, kind_volume, slot_counts, slot_specs, stage_slots,
+                     zero_kind_volume)
 from .memory_model import xfer_costs
 
 HOST_BYTES_PER_S = 50e9
@@ -181,7 +182,13 @@ def _missing_elements(model, before, after, states, r: int, q: int, u: int, held
     specs = slot_specs(model)
     lo, hi = stage_slots(model.layers, after.pp, q)
     counts = slot_counts(model, lo, hi)
-    need = sum(counts[s.kind] * sum(box_volume(b) for b in held_boxes(s.spec, after, r, u, states)) for s in specs)
+    if after.layout is None:  # per kind, the cached volumes held_boxes' boxes add up to
+        volume = zero_kind_volume(model, after.tp, u, after.dp, r) if is_sharded(after, states) else \
+            kind_volume(model, after.tp, u, after.ep)
+        need = sum(counts[k] * volume[k] for k in counts)
+    else:
+        need = sum(counts[s.kind] * sum(box_volume(b) for b in held_boxes(s.spec, after, r, u, states))
+                   for s in specs)
     if held is None:
         return need
     d, p, t = held

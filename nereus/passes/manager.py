@@ -23,6 +23,9 @@ from nereus.ir.model import Module
 from .memory_model import DEFAULT as DEFAULT_MEMORY_MODEL
 
 DEFAULT_PIPELINE = "diff,dag,resources,fusion,lower,cost"
+# what a program needs: the runtime's lowering and the prover compile without the cost
+# pass, which only estimates the summary's times (a third of a 256-GPU MoE compile)
+PROGRAM_PIPELINE = "diff,dag,resources,fusion,lower"
 
 
 class PipelineError(NereusError):

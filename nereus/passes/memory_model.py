@@ -104,14 +104,23 @@ def padding_per_kind(dag, x) -> tuple:
     return held[3]
 
 
+_STATE_BYTES: dict = {}  # (id(model), states) -> (model, element bytes per state)
+
+
 def state_bytes(dag, x) -> tuple:
     """The element bytes of each state `x` carries (one JSON segment per state)."""
-    from nereus.ir.model import DTYPE_BYTES
-
-    from .layout import suffix_dtype
-
     model = dag.stages[x.stage].model
-    return tuple(DTYPE_BYTES[suffix_dtype(model, s)] for s in x.states)
+    held = _STATE_BYTES.get((id(model), x.states))  # the scheduler asks per cut: ~10^5 times a compile
+    if held is None or held[0] is not model:
+        from nereus.ir.model import DTYPE_BYTES
+
+        from .layout import suffix_dtype
+
+        if len(_STATE_BYTES) >= _PADDING_MAX:
+            _STATE_BYTES.clear()
+        held = _STATE_BYTES[(id(model), x.states)] = (model, tuple(DTYPE_BYTES[suffix_dtype(model, s)]
+                                                                   for s in x.states))
+    return held[1]
 
 
 def _padding_per_kind(model, x) -> tuple:
@@ -135,5 +144,12 @@ def xfer_costs(kind: str, dag, x, from_host: bool) -> tuple[int, int]:
     of `source_bytes` / `destination_bytes` over its segments)."""
     if kind == CPU:
         return (0 if from_host else x.bytes), x.bytes
-    device = x.bytes + xfer_padding(dag, x)
-    return device, device
+    held = _DEVICE_BYTES.get(id(x))  # the scheduler asks again for a waiting send every round
+    if held is None or held[0] is not x:
+        if len(_DEVICE_BYTES) >= _PADDING_MAX:
+            _DEVICE_BYTES.clear()
+        held = _DEVICE_BYTES[id(x)] = (x, x.bytes + xfer_padding(dag, x))
+    return held[1], held[1]
+
+
+_DEVICE_BYTES: dict = {}  # id(transfer) -> (transfer, its device bytes under the cuda model)

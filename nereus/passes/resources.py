@@ -347,6 +347,8 @@ def _cut_to_fit(dag, x, budget: int, whole_slot: int, row: int, fine: bool, spec
     (`_fit`), or once `fine` the pieces and rows of one (`_split_slot`). `whole_slot`,
     `row`: `_pending`'s least budgets in raw bytes; the cuda model counts every segment
     at its packed size, so the cuts and those thresholds add the padding."""
+    if budget < whole_slot and not fine:  # (the padding only raises whole_slot: no cut either way)
+        return None
     padding, sizes = (0, 0, 0), ()
     if memory_model == CUDA:
         padding, sizes = padding_per_kind(dag, x), state_bytes(dag, x)

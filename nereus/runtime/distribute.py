@@ -71,8 +71,9 @@ def _lower_own_part(module: Module, source: str, target: str, rank: int, **optio
     """(compiled transition, this rank's part); `options` go to the passes (e.g. bucket).
     Module-level so that tests can corrupt a part."""
     from nereus.passes import compile_transition
+    from nereus.passes.manager import PROGRAM_PIPELINE
 
-    compiled = compile_transition(module, source, target, **options)
+    compiled = compile_transition(module, source, target, pipeline=PROGRAM_PIPELINE, **options)
     return compiled, proof.rank_part(compiled, rank)
 
 
@@ -126,8 +127,10 @@ def obtain_rank_part(module: Module, source: str, target: str, rank: int, world_
                 if got is None:
                     if compiled is None:  # lowered ahead, and the prover did not answer
                         from nereus.passes import compile_transition
+                        from nereus.passes.manager import PROGRAM_PIPELINE
 
-                        compiled = compile_transition(module, source, target, **(options or {}))
+                        compiled = compile_transition(module, source, target, pipeline=PROGRAM_PIPELINE,
+                                                      **(options or {}))
                     proof_s, digests = proof.prove(compiled, module, world_size)
                 elif got[0] == "error":
                     raise got[1]

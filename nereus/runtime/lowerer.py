@@ -224,10 +224,11 @@ def lower(module, rank: int, direct_min_bytes: int, source: str, target: str) ->
     from nereus.backends.proof import rank_part
     from nereus.backends.rank_json import canonical_json
     from nereus.passes import compile_transition
+    from nereus.passes.manager import PROGRAM_PIPELINE
 
     from .program import lower_text
 
-    text = canonical_json(rank_part(compile_transition(module, source, target), rank))
+    text = canonical_json(rank_part(compile_transition(module, source, target, pipeline=PROGRAM_PIPELINE), rank))
     return Lowering(text, *lower_text(text, rank, direct_min_bytes))
 
 
