@@ -49,6 +49,7 @@ from .layout import (
     stage_slots,
     unit_states,
     rank_boxes,
+    tp_boxes,
     box_volume,
 )
 from .dag_mesh import build_mesh_stage
@@ -101,18 +102,23 @@ def split_dim(sharding: str) -> Optional[int]:
     return {COLUMN: 0, VOCAB: 0, ROW: 1}.get(sharding)
 
 
-@lru_cache(maxsize=8192)
+@lru_cache(maxsize=1 << 16)  # (per spec and rank pair: a 256-expert change asks ~3 x 10^4)
 def tp_pieces(spec, tp_before: int, tp_after: int, rank_after: int, ep_before: int = 1,
               ep_after: int = 1) -> tuple[tuple[Box, tuple[int, ...]], ...]:
     """The after stage rank's boxes of `spec` cut into maximal pieces each held by one set
     of before stage ranks: ((piece box, holder ranks), ...). Pure, cached per mesh pair.
     An expert's tensor has holders only on its owning EP rank."""
     dim = split_dim(spec.sharding)
-    every = tuple(t for t in range(tp_before * ep_before) if rank_boxes(spec, tp_before, ep_before, t))
+    # rank_boxes of every before stage rank, asked per TP rank once (an expert's tensor: on
+    # its owner's ranks only; 256-GPU MoE changes ask this ~10^4 times a compile)
+    owner = spec.ep_owner(ep_before)
+    ranks = range(owner * tp_before, (owner + 1) * tp_before) if owner is not None else range(tp_before * ep_before)
+    boxes = [tp_boxes(spec, tp_before, r) for r in range(tp_before)]
+    every = tuple(t for t in ranks if boxes[t % tp_before])
     wanted = rank_boxes(spec, tp_after, ep_after, rank_after)
     if dim is None:
         return tuple((box, every) for box in wanted)
-    held = [(t, b[dim]) for t in every for b in rank_boxes(spec, tp_before, ep_before, t)]
+    held = [(t, b[dim]) for t in every for b in boxes[t % tp_before]]
     out = []
     for box in wanted:
         lo, hi = box[dim]

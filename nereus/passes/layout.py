@@ -149,7 +149,9 @@ def _full(shape: tuple[int, ...], dim: int, lo: int, hi: int) -> Box:
     return tuple((lo, hi) if d == dim else (0, n) for d, n in enumerate(shape))
 
 
-@lru_cache(maxsize=8192)
+# (a 256-expert model has ~1,500 tensor specs per layer: every (spec, tp, rank) of a
+# 256-GPU change must stay cached through one compile, or each is computed again)
+@lru_cache(maxsize=1 << 16)
 def tp_boxes(spec: TensorSpec, tp: int, rank: int) -> tuple[Box, ...]:
     """Boxes of `spec` held by TP rank `rank` of `tp` (pure, cached; all layers share it).
 
@@ -189,7 +191,7 @@ def box_volume(box: Box) -> int:
     return n
 
 
-@lru_cache(maxsize=16384)
+@lru_cache(maxsize=1 << 16)
 def rank_boxes(spec: TensorSpec, tp: int, ep: int, rank: int) -> tuple[Box, ...]:
     """Boxes of `spec` held by stage rank `rank` (= ep rank · tp + tp rank) of an ep × tp
     stage: an expert's tensor only on its owning EP rank (none elsewhere), everything else
