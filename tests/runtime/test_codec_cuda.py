@@ -64,6 +64,14 @@ def test_fp8_quantize_kernel_is_byte_exact_against_the_cpu():
         codes, scales = fp8.quantize(x[3:900, 5:1200], r0, c0, 128)
         got_codes, got_scales = fp8.quantize(x.cuda()[3:900, 5:1200], r0, c0, 128)
         assert torch.equal(got_scales.cpu(), scales) and torch.equal(got_codes.cpu(), codes)
+    # a wide dynamic range within each block: e4m3 subnormals, codes that round to 0, the
+    # saturation bound, ties and signed zeros (the GPU's own conversion on sm_89+)
+    wide = (torch.randn(512, 640, generator=gen) * torch.exp(3 * torch.randn(512, 640, generator=gen))).to(torch.bfloat16)
+    wide[0, :8] = torch.tensor([0.0, -0.0, 448.0, -448.0, 1e-30, -3e-7, 0.0117, 31.8], dtype=torch.bfloat16)
+    codes, scales = fp8.quantize(wide, 0, 0, 128)
+    got_codes, got_scales = fp8.quantize(wide.cuda(), 0, 0, 128)
+    assert torch.equal(got_scales.cpu(), scales)
+    assert int((got_codes.cpu() != codes).sum()) == 0
 
 
 def test_fp8_linear_on_the_gpu():

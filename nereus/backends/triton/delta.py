@@ -5,7 +5,8 @@ bitmask / dense form) is specified in nereus.runtime.delta_codec, whose torch fu
 are the CPU path and the reference these kernels are tested against (tests/triton,
 TRITON_INTERPRET=1 on CPU).
 
-One program per chunk of CHUNK words. encode: load the chunk of the current message and
+Persistent programs (a few per multiprocessor) each walk chunks of CHUNK words, loading
+the next chunk while coding the current one. Per chunk, encode: load the chunk of the current message and
 of the reference, count the changed words, pick the form from the counts, take its place
 in the payload with one atomic add on a cursor (so the payload is written in one pass,
 chunks in the order they finish: the directory says where each is), write it, write the
@@ -30,6 +31,8 @@ from .kernels import _LAUNCH_TURNS
 
 WORDS = {1: torch.int8, 2: torch.int16, 4: torch.int32}
 MODULUS = 65521
+PROGRAMS_PER_SM = 4  # resident programs per multiprocessor (the H100 sweep in benchmarks/RESULTS.md)
+NUM_WARPS = 4
 
 
 @triton.jit
@@ -46,22 +49,33 @@ def _weights(start, lanes, MODULUS: tl.constexpr):
 
 
 @triton.jit
-def encode_kernel(cur, ref, payload16, payload32, payloadw, directory, sums, cursor, n,
+def _sums(x, start, lanes, W: tl.constexpr, MODULUS: tl.constexpr):
+    """(sum, weighted sum) of a chunk's words, int64. Words of at most 2 bytes times a
+    weight below 2^16 fit int32 exactly (|x| <= 2^15, 2^15 * 65521 < 2^31), so only the
+    4-byte words pay for 64-bit products."""
+    weight = _weights(start, lanes, MODULUS)
+    if W <= 2:
+        xi = x.to(tl.int32)
+        return tl.sum(xi.to(tl.int64), axis=0), tl.sum((xi * weight).to(tl.int64), axis=0)
+    else:
+        xs = x.to(tl.int64)
+        return tl.sum(xs, axis=0), tl.sum(xs * weight, axis=0)
+
+
+@triton.jit
+def _encode_chunk(x, r, c, ref, payload16, payload32, payloadw, directory, sums, cursor, n,
                   C: tl.constexpr, W: tl.constexpr, MODULUS: tl.constexpr):
-    c = tl.program_id(0).to(tl.int64)
     start = c * C
     lanes = tl.arange(0, C)
     offs = start + lanes
     inside = offs < n
-    x = tl.load(cur + offs, mask=inside, other=0)
-    r = tl.load(ref + offs, mask=inside, other=0)
     changed = (x != r) & inside
     flag = changed.to(tl.int32)
     k = tl.sum(flag, axis=0)
     length = tl.minimum(n - start, C).to(tl.int32)
-    xs = x.to(tl.int64)
-    tl.store(sums + 2 * c, tl.sum(xs, axis=0))
-    tl.store(sums + 2 * c + 1, tl.sum(xs * _weights(start, lanes, MODULUS), axis=0))
+    total, weighted = _sums(x, start, lanes, W, MODULUS)
+    tl.store(sums + 2 * c, total)
+    tl.store(sums + 2 * c + 1, weighted)
     words32 = (length + 31) // 32
     sparse = _pad4(2 * k) + _pad4(W * k)
     masked = 4 * words32 + _pad4(W * k)
@@ -74,15 +88,16 @@ def encode_kernel(cur, ref, payload16, payload32, payloadw, directory, sums, cur
     tl.store(directory + 2 * c, at)
     tl.store(directory + 2 * c + 1, k * 4 + fmt)
     base = at.to(tl.int64) * 4
-    rank = tl.cumsum(flag, axis=0) - 1
     pad = tl.arange(0, 4)  # the padding to 4 bytes is written as zeros: the code is deterministic
     if fmt == 1:
+        rank = tl.cumsum(flag, axis=0) - 1
         tl.store(payload16 + base // 2 + rank, lanes.to(tl.int16), mask=changed)
         tl.store(payload16 + base // 2 + k + pad, tl.zeros((4,), tl.int16), mask=pad < (_pad4(2 * k) - 2 * k) // 2)
         values = (base + _pad4(2 * k)) // W
         tl.store(payloadw + values + rank, x, mask=changed)
         tl.store(payloadw + values + k + pad, tl.zeros((4,), x.dtype), mask=pad < (_pad4(W * k) - W * k) // W)
     if fmt == 2:
+        rank = tl.cumsum(flag, axis=0) - 1
         bits = tl.reshape(flag, (C // 32, 32)) << tl.arange(0, 32)[None, :]
         packed = tl.sum(bits, axis=1)
         q = tl.arange(0, C // 32)
@@ -94,27 +109,44 @@ def encode_kernel(cur, ref, payload16, payload32, payloadw, directory, sums, cur
         tl.store(payloadw + base // W + lanes, x, mask=inside)
         tl.store(payloadw + base // W + length + pad, tl.zeros((4,), x.dtype),
                  mask=pad < (_pad4(W * length) - W * length) // W)
-    tl.store(ref + offs, x, mask=changed)
+    if k > 0:
+        tl.store(ref + offs, x, mask=changed)
 
 
 @triton.jit
-def decode_kernel(dst, payload16, payload32, payloadw, directory, sums, n,
+def encode_kernel(cur, ref, payload16, payload32, payloadw, directory, sums, cursor, n, count,
                   C: tl.constexpr, W: tl.constexpr, MODULUS: tl.constexpr):
+    """Persistent: program p codes chunks p, p + P, p + 2P, ...; the next chunk's loads are
+    issued before the current one is coded, so they overlap its reductions and the round
+    trip of its cursor atomic (one chunk per program left HBM idle meanwhile)."""
+    step = tl.num_programs(0)
+    lanes = tl.arange(0, C)
     c = tl.program_id(0).to(tl.int64)
+    offs = c * C + lanes
+    x_next = tl.load(cur + offs, mask=offs < n, other=0)
+    r_next = tl.load(ref + offs, mask=offs < n, other=0)
+    while c < count:
+        x = x_next
+        r = r_next
+        ahead = (c + step) * C + lanes
+        x_next = tl.load(cur + ahead, mask=ahead < n, other=0)
+        r_next = tl.load(ref + ahead, mask=ahead < n, other=0)
+        _encode_chunk(x, r, c, ref, payload16, payload32, payloadw, directory, sums, cursor, n, C, W, MODULUS)
+        c += step
+
+
+@triton.jit
+def _decode_chunk(x, at, code, c, dst, payload16, payload32, payloadw, sums, n,
+                  C: tl.constexpr, W: tl.constexpr, MODULUS: tl.constexpr):
     start = c * C
     lanes = tl.arange(0, C)
     offs = start + lanes
     inside = offs < n
-    at = tl.load(directory + 2 * c).to(tl.int64)
-    code = tl.load(directory + 2 * c + 1)
     k = code >> 2
     fmt = code & 3
-    base = at * 4
-    x = tl.load(dst + offs, mask=inside, other=0)
-    old = x.to(tl.int64)
+    base = at.to(tl.int64) * 4
     weight = _weights(start, lanes, MODULUS)
-    total = tl.sum(old, axis=0)
-    weighted = tl.sum(old * weight, axis=0)
+    total, weighted = _sums(x, start, lanes, W, MODULUS)
     if fmt == 1:
         valid = lanes < k
         index = tl.load(payload16 + base // 2 + lanes, mask=valid, other=0).to(tl.int32) & 0xFFFF
@@ -133,17 +165,50 @@ def decode_kernel(dst, payload16, payload32, payloadw, directory, sums, n,
         rank = tl.cumsum(flag.to(tl.int32), axis=0) - 1
         values = tl.load(payloadw + (base + 4 * words32) // W + rank, mask=flag, other=0)
         tl.store(dst + offs, values, mask=flag)
-        change = tl.where(flag, values.to(tl.int64) - old, 0)
+        change = tl.where(flag, values.to(tl.int64) - x.to(tl.int64), 0)
         total += tl.sum(change, axis=0)
         weighted += tl.sum(change * weight, axis=0)
     if fmt == 3:
         values = tl.load(payloadw + base // W + lanes, mask=inside, other=0)
         tl.store(dst + offs, values, mask=inside)
-        change = tl.where(inside, values.to(tl.int64) - old, 0)
+        change = tl.where(inside, values.to(tl.int64) - x.to(tl.int64), 0)
         total += tl.sum(change, axis=0)
         weighted += tl.sum(change * weight, axis=0)
     tl.store(sums + 2 * c, total)
     tl.store(sums + 2 * c + 1, weighted)
+
+
+@triton.jit
+def decode_kernel(dst, payload16, payload32, payloadw, directory, sums, n, count,
+                  C: tl.constexpr, W: tl.constexpr, MODULUS: tl.constexpr):
+    """Persistent as encode_kernel: the next chunk's words and directory entry are loaded
+    before the current chunk is applied."""
+    step = tl.num_programs(0)
+    lanes = tl.arange(0, C)
+    c = tl.program_id(0).to(tl.int64)
+    offs = c * C + lanes
+    x_next = tl.load(dst + offs, mask=offs < n, other=0)
+    at_next = tl.load(directory + 2 * c, mask=c < count, other=0)
+    code_next = tl.load(directory + 2 * c + 1, mask=c < count, other=0)
+    while c < count:
+        x = x_next
+        at = at_next
+        code = code_next
+        ahead = c + step
+        offs = ahead * C + lanes
+        x_next = tl.load(dst + offs, mask=offs < n, other=0)
+        at_next = tl.load(directory + 2 * ahead, mask=ahead < count, other=0)
+        code_next = tl.load(directory + 2 * ahead + 1, mask=ahead < count, other=0)
+        _decode_chunk(x, at, code, c, dst, payload16, payload32, payloadw, sums, n, C, W, MODULUS)
+        c = ahead
+
+
+def programs(count: int, device, per_sm: int = PROGRAMS_PER_SM) -> int:
+    """The persistent grid: `per_sm` programs per multiprocessor, at most one per chunk
+    (under the interpreter 3, so that its tests walk the loop)."""
+    if device.type != "cuda":
+        return max(1, min(count, 3))
+    return max(1, min(count, per_sm * torch.cuda.get_device_properties(device).multi_processor_count))
 
 
 def _views(payload: torch.Tensor, word: int) -> tuple:
@@ -159,8 +224,10 @@ def _views(payload: torch.Tensor, word: int) -> tuple:
     return payload.view(torch.int16), payload.view(torch.int32), payload.view(WORDS[word])
 
 
-def encode(cur: torch.Tensor, ref: torch.Tensor, word: int, chunk: int, flags: int = 0):
-    """delta_codec.encode on CUDA (or under TRITON_INTERPRET=1): (head, payload)."""
+def encode(cur: torch.Tensor, ref: torch.Tensor, word: int, chunk: int, flags: int = 0, *,
+           per_sm: int = PROGRAMS_PER_SM, num_warps: int = NUM_WARPS):
+    """delta_codec.encode on CUDA (or under TRITON_INTERPRET=1): (head, payload).
+    `per_sm`, `num_warps`: the launch (benchmarks sweep them; the defaults are measured)."""
     x, r = cur.view(WORDS[word]), ref.view(WORDS[word])
     n = x.numel()
     count = chunks(n * word, chunk, word)
@@ -175,8 +242,8 @@ def encode(cur: torch.Tensor, ref: torch.Tensor, word: int, chunk: int, flags: i
     if count:
         p16, p32, pw = _views(payload, word)
         with _LAUNCH_TURNS:
-            encode_kernel[(count,)](x, r, p16, p32, pw, directory, sums, cursor, n, C=chunk, W=word, MODULUS=MODULUS,
-                                    num_warps=8)
+            encode_kernel[(programs(count, device, per_sm),)](x, r, p16, p32, pw, directory, sums, cursor, n, count,
+                                                              C=chunk, W=word, MODULUS=MODULUS, num_warps=num_warps)
     header = head[:HEADER_BYTES].view(torch.int64)
     header[0] = cursor[0].to(torch.int64) * 4
     header[1:3] = sums.view(-1, 2)[:count].sum(dim=0) if count else 0
@@ -184,7 +251,8 @@ def encode(cur: torch.Tensor, ref: torch.Tensor, word: int, chunk: int, flags: i
     return head, payload
 
 
-def decode(dst: torch.Tensor, head: torch.Tensor, payload: torch.Tensor, word: int, chunk: int):
+def decode(dst: torch.Tensor, head: torch.Tensor, payload: torch.Tensor, word: int, chunk: int, *,
+           per_sm: int = PROGRAMS_PER_SM, num_warps: int = NUM_WARPS):
     """delta_codec.decode on CUDA (or under TRITON_INTERPRET=1): the result's checksums."""
     x = dst.view(WORDS[word])
     n = x.numel()
@@ -194,7 +262,8 @@ def decode(dst: torch.Tensor, head: torch.Tensor, payload: torch.Tensor, word: i
     sums = torch.empty(2 * count, dtype=torch.int64, device=dst.device)
     p16, p32, pw = _views(payload, word)
     with _LAUNCH_TURNS:
-        decode_kernel[(count,)](x, p16, p32, pw, head[HEADER_BYTES:].view(torch.int32), sums, n, C=chunk, W=word,
-                                MODULUS=MODULUS, num_warps=8)
+        decode_kernel[(programs(count, dst.device, per_sm),)](x, p16, p32, pw, head[HEADER_BYTES:].view(torch.int32),
+                                                              sums, n, count, C=chunk, W=word, MODULUS=MODULUS,
+                                                              num_warps=num_warps)
     total = sums.view(-1, 2).sum(dim=0).tolist()
     return total[0], total[1]

@@ -4,12 +4,13 @@ nereus.runtime.fp8 specifies it (and is the CPU path and the reference): each pr
 loads the piece's part of one receiving block (B x B, rows strided, columns contiguous),
 takes its amax (or the given one of a block other writers share), computes the scale
 amax / 448 (IEEE division), divides (IEEE), saturates at +-448, rounds to e4m3 (to
-nearest even, `_e4m3`) and stores the codes (uint8, rows of the piece's width) and the scale. Traffic: reads the
+nearest even: the GPU's own conversion on sm_89 and later, else `_e4m3`) and stores the codes (uint8, rows of the piece's width) and the scale. Traffic: reads the
 piece once (2 bytes an element for bf16), writes 1 byte an element and 4 per block.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import torch
@@ -44,23 +45,35 @@ def _e4m3(q):
 
 @triton.jit
 def quantize_kernel(src, stride, h, w, pr, pc, given, codes, ostride, scales, tj,
-                    B: tl.constexpr, GIVEN: tl.constexpr, LIMIT: tl.constexpr):
+                    B: tl.constexpr, GIVEN: tl.constexpr, LIMIT: tl.constexpr, HARDWARE: tl.constexpr):
     pid = tl.program_id(0)
     a = pid // tj
     b = pid - a * tj
     rows = (a * B - pr + tl.arange(0, B)).to(tl.int64)
     cols = (b * B - pc + tl.arange(0, B)).to(tl.int64)
     inside = ((rows >= 0) & (rows < h))[:, None] & ((cols >= 0) & (cols < w))[None, :]
-    x = tl.load(src + rows[:, None] * stride + cols[None, :], mask=inside, other=0.0).to(tl.float32)
-    amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
+    raw = tl.load(src + rows[:, None] * stride + cols[None, :], mask=inside, other=0.0)
+    amax = tl.max(tl.max(tl.abs(raw), axis=1), axis=0).to(tl.float32)  # exact in the source dtype
+    x = raw.to(tl.float32)
     if GIVEN:
         known = tl.load(given + pid)
         amax = tl.where(known >= 0, known, amax)
     scale = tl.where(amax > 0, tl.math.div_rn(amax, LIMIT), 1.0)
     q = tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -LIMIT), LIMIT)
-    out = _e4m3(q)
+    if HARDWARE:  # cvt.rn.satfinite.e4m3x2.f32 (sm_89+): the same round-to-nearest-even code
+        out = q.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+    else:
+        out = _e4m3(q)
     tl.store(codes + rows[:, None] * ostride + cols[None, :], out, mask=inside)
     tl.store(scales + pid, scale)
+
+
+def hardware_e4m3(device) -> bool:
+    """Whether the GPU converts fp32 to e4m3 itself (sm_89 and later; never under the
+    interpreter, whose conversion loses the mantissa carry: `_e4m3` is used there)."""
+    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    return torch.cuda.get_device_capability(device) >= (8, 9)
 
 
 def quantize(x: torch.Tensor, r0: int, c0: int, block: int, given: Optional[torch.Tensor] = None,
@@ -79,5 +92,6 @@ def quantize(x: torch.Tensor, r0: int, c0: int, block: int, given: Optional[torc
         with _LAUNCH_TURNS:
             quantize_kernel[(ti * tj,)](x, x.stride(0), h, w, r0 % block, c0 % block, known, codes, codes.stride(0),
                                         scales, tj,
-                                        B=block, GIVEN=given is not None, LIMIT=E4M3_MAX, num_warps=8)
+                                        B=block, GIVEN=given is not None, LIMIT=E4M3_MAX,
+                                        HARDWARE=hardware_e4m3(x.device), num_warps=8)
     return codes, scales
