@@ -68,6 +68,8 @@ def test_fp8_quantize_kernel_is_byte_exact_against_the_cpu():
     # saturation bound, ties and signed zeros (the GPU's own conversion on sm_89+)
     wide = (torch.randn(512, 640, generator=gen) * torch.exp(3 * torch.randn(512, 640, generator=gen))).to(torch.bfloat16)
     wide[0, :8] = torch.tensor([0.0, -0.0, 448.0, -448.0, 1e-30, -3e-7, 0.0117, 31.8], dtype=torch.bfloat16)
+    wide[128:256, :128] = (torch.randn(128, 128, generator=gen) * 1e-38).to(torch.bfloat16)  # a subnormal scale
+    wide[256:384, :128] = 0.0  # an all-zero block (scale 1)
     codes, scales = fp8.quantize(wide, 0, 0, 128)
     got_codes, got_scales = fp8.quantize(wide.cuda(), 0, 0, 128)
     assert torch.equal(got_scales.cpu(), scales)
