@@ -38,18 +38,17 @@ def _message(word: int, n: int, changed: float, seed: int):
 @pytest.mark.parametrize("word", [1, 2, 4])
 @pytest.mark.parametrize("changed", [0.0, 0.004, 0.05, 0.6, 1.0])
 @pytest.mark.parametrize("n", [256 * 5 + 72, 256 * 5 + 73])
-@pytest.mark.parametrize("tile", [256, 512, 16384])  # a chunk per program; two (the last one half empty); all in one
-def test_kernels_write_the_torch_code_and_decode_it(word, changed, n, tile):
+def test_kernels_write_the_torch_code_and_decode_it(word, changed, n):
     chunk = 256
     old, new = _message(word, n, changed, seed=word * 100 + int(changed * 1000))
     ref_t, ref_k = old.clone(), old.clone()
     head_t, payload_t = delta_codec.encode(new, ref_t, word, chunk)
-    head_k, payload_k = kernels.encode(new, ref_k, word, chunk, tile=tile)
+    head_k, payload_k = kernels.encode(new, ref_k, word, chunk)
     total = delta_codec.header_of(head_t)[0]
     assert torch.equal(head_k[:HEADER_BYTES], head_t[:HEADER_BYTES])  # payload bytes, checksums, flags
     assert _by_chunk(head_k, payload_k, word, chunk, n) == _by_chunk(head_t, payload_t, word, chunk, n)
     assert torch.equal(ref_k, new) and torch.equal(ref_t, new)
-    for decoder in (delta_codec.decode, lambda *a: kernels.decode(*a, tile=tile)):
+    for decoder in (delta_codec.decode, kernels.decode):
         dst = old.clone()
         sums = decoder(dst, head_k, payload_k[:total], word, chunk)
         assert torch.equal(dst, new)

@@ -70,6 +70,7 @@ def quantize_kernel(src, stride, h, w, pr, pc, given, codes, ostride, scales, tj
         rcp = tl.math.div_rn(1.0, scale)
         q0 = x * rcp
         q = tl.fma(tl.fma(-q0, scale, x), rcp, q0)
+        q = tl.where(x == 0.0, x, q)  # -0.0: the fmas' exact zero rounds to +0.0 (an H100 run coded 0x00, not 0x80)
     else:
         q = tl.math.div_rn(x, scale)
     q = tl.minimum(tl.maximum(q, -LIMIT), LIMIT)
