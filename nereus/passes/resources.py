@@ -125,10 +125,11 @@ def _cheaper(dag: TransitionDag, staging: bool, memory_model: str = DEFAULT) -> 
         paced, _ = _schedule(dag, range(len(dag.stages)), paced=True, seconds_cap=seconds, **options)
     except InfeasibleError:  # a pace that leaves a cycle to staging may find host memory short
         return best
-    if paced is None or schedule_seconds(dag, paced) >= seconds:
+    paced_seconds = None if paced is None else schedule_seconds(dag, paced)
+    if paced_seconds is None or paced_seconds >= seconds:
         return best
     note = (f"paced rounds (every GPU spreads its transfers over the rounds its tightest peer needs): predicted"
-            f" {schedule_seconds(dag, paced):.3g} s, unpaced {seconds:.3g} s")
+            f" {paced_seconds:.3g} s, unpaced {seconds:.3g} s")
     return replace(paced, notes=paced.notes + (note,))
 
 
@@ -194,9 +195,18 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool, stage_for_reserve
     rounds: list[Round] = []
     edges: list[ResourceEdge] = []
     spec_kinds = _spec_kinds(dag)
-    # (transfer, _pending's thresholds): computed when a transfer first does not fit whole
-    # (most never need them: at 4,096 GPUs computing them up front cost ~0.1 s per compile)
+    # (transfer, _pending's thresholds, its buffer bytes on source and destination): the
+    # thresholds computed when a transfer first does not fit whole (most never need them: at
+    # 4,096 GPUs computing them up front cost ~0.1 s per compile), the bytes when it starts
+    # waiting and again when its source is staged (a send waits ~10 rounds: asking
+    # `xfer_costs` every round was a third of the pass)
     ready: list[tuple] = []
+
+    def wait_entry(x: Xfer, whole_slot=None, row=None) -> tuple:
+        if x.kind != SEND:
+            return x, whole_slot, row, 0, 0
+        return (x, whole_slot, row, *xfer_costs(memory_model, dag, x, staged[x.free]))
+
     chunked = staged_bytes = reserve_staged = 0
     clock = RoundClock(dag) if seconds_cap is not None else None
     notes: list[str] = []
@@ -204,11 +214,13 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool, stage_for_reserve
     unfreed = len(live)
     reserve = int(cap * TRANSIENT_RESERVE)
     fine = False
+    shifted = False  # paced: `ready` is in shift order
     pace_forced = None  # paced: (rounds, tight GPUs) as the first paced round saw them
     pace_off = False  # a paced round that makes no progress is run again unpaced
     while allocs or ready or unfreed:
         k = len(rounds)
         took, waiting = [], []
+        joined = len(ready)
         for a in allocs:
             alloc = dag.allocs[a]
             if dag.stages[alloc.stage].after.offload:
@@ -220,11 +232,11 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool, stage_for_reserve
                         hint="offload fewer model-stages or add host memory")
                 host[node] += alloc.bytes
                 took.append(a)
-                ready.extend((x, None, None) for x in incoming.get(a, ()))
+                ready.extend(wait_entry(x) for x in incoming.get(a, ()))
             elif mem[alloc.gpu] + alloc.bytes + reserve <= cap:
                 mem[alloc.gpu] += alloc.bytes
                 took.append(a)
-                ready.extend((x, None, None) for x in incoming.get(a, ()))
+                ready.extend(wait_entry(x) for x in incoming.get(a, ()))
                 if a in blocked_since:
                     for f in last_release.get(alloc.gpu, ()):
                         edges.append(ResourceEdge(f, a, alloc.gpu, edge_kind(dag, f, a)))
@@ -232,37 +244,45 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool, stage_for_reserve
                 blocked_since.setdefault(a, k)
                 waiting.append(a)
         allocs = waiting
-        transient = defaultdict(int)
+        shifted = shifted and len(ready) == joined  # (the new sends joined at the end)
         done, later = [], []
         limit = None
+        # room[g]: the buffer bytes GPU g can still take this round; a send taking b bytes
+        # of it takes weight[g] * b (the room every send used to recompute from the
+        # round's transient bytes t: cap - mem - t, and in a paced round
+        # min(cap - mem - t, limit.get(g, that) - t), which is 2t for a GPU the pace omits)
+        room = [cap - m for m in mem]
+        weight = [1] * len(mem)
         if paced and not pace_off:
-            ready.sort(key=lambda e, n=len(mem): (e[0].dst_gpu - e[0].src_gpu) % n)  # stable: shift order
-            limit, forced = _pace(dag, ready, staged, mem, cap, memory_model)
+            if not shifted:  # stable; a round keeps the order (a cut's tails take its place)
+                ready.sort(key=lambda e, n=len(mem): (e[0].dst_gpu - e[0].src_gpu) % n)  # shift order
+                shifted = True
+            limit, forced = _pace(ready, mem, cap)
             if forced is not None and pace_forced is None:
                 pace_forced = forced
+            weight = [2] * len(mem)
+            for g, most in limit.items():
+                room[g], weight[g] = min(room[g], most), 1
         for entry in ready:
-            x, whole_slot, row = entry
+            x, whole_slot, row, src_extra, dst_extra = entry
             if x.kind != SEND:
                 done.append(x)
                 continue
-            src_extra, dst_extra = xfer_costs(memory_model, dag, x, staged[x.free])
-            room_src = cap - mem[x.src_gpu] - transient[x.src_gpu]
-            room_dst = cap - mem[x.dst_gpu] - transient[x.dst_gpu]
-            if limit is not None:
-                room_src = min(room_src, limit.get(x.src_gpu, room_src) - transient[x.src_gpu])
-                room_dst = min(room_dst, limit.get(x.dst_gpu, room_dst) - transient[x.dst_gpu])
+            room_src, room_dst = room[x.src_gpu], room[x.dst_gpu]
             if src_extra <= room_src and dst_extra <= room_dst:
                 head, tail = x, None
-            elif room_dst <= 0 or (src_extra and room_src <= 0):
-                later.append(entry)
-                continue
             else:
-                if whole_slot is None:
-                    entry = _pending(dag, x, spec_kinds)
-                    whole_slot, row = entry[1], entry[2]
-                budget = min(room_dst, room_src if src_extra else room_dst)
+                budget = room_dst if not src_extra or room_dst < room_src else room_src
+                if budget > 0 and whole_slot is None:
+                    _, whole_slot, row = _pending(dag, x, spec_kinds)
+                    entry = (x, whole_slot, row, src_extra, dst_extra)
                 # the least a cut can carry is known: a transfer that cannot move waits
-                # without being cut (it used to be offered to _fit up to 3 times a round)
+                # without being cut (it used to be offered to _fit up to 3 times a round);
+                # most waiting sends stop here each round, so the test is inline. (The cuda
+                # model's padding only raises whole_slot: no cut either way.)
+                if budget <= 0 or (budget < whole_slot and not fine):
+                    later.append(entry)
+                    continue
                 cut = _cut_to_fit(dag, x, budget, whole_slot, row, fine, spec_kinds, memory_model)
                 if cut is None:
                     later.append(entry)
@@ -271,14 +291,14 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool, stage_for_reserve
                 chunked += 1
                 readers[x.free] += 1
                 src_extra, dst_extra = xfer_costs(memory_model, dag, head, staged[x.free])
-            transient[x.src_gpu] += src_extra
-            transient[x.dst_gpu] += dst_extra
+            room[x.src_gpu] -= weight[x.src_gpu] * src_extra
+            room[x.dst_gpu] -= weight[x.dst_gpu] * dst_extra
             done.append(head)
             if isinstance(tail, tuple):
-                later.extend((t, None, None) for t in tail)
+                later.extend(wait_entry(t) for t in tail)
                 readers[x.free] += 1
             elif tail is not None:
-                later.append((tail, None, None))
+                later.append(wait_entry(tail))
         ready = later
         for x in done:
             readers[x.free] -= 1
@@ -318,6 +338,9 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool, stage_for_reserve
                 outs = _break_cycle(dag, allocs, [entry[0] for entry in ready], mem, cap, host, host_cap, freed,
                                     staged, live, memory_model)
                 staged_bytes += sum(dag.frees[i].bytes for i in outs)
+        if outs:  # their sends now read from host memory: what they cost may change
+            moved = set(outs)
+            ready = [wait_entry(*entry[:3]) if entry[0].free in moved else entry for entry in ready]
         check = []
         reserve = int(cap * TRANSIENT_RESERVE)
         fine = pace_off = False
@@ -345,10 +368,9 @@ def _cut_to_fit(dag, x, budget: int, whole_slot: int, row: int, fine: bool, spec
     """(head, tail) of send `x` whose head costs at most `budget` on each GPU under
     `memory_model`, or None when no cut can move this round: whole leading slots
     (`_fit`), or once `fine` the pieces and rows of one (`_split_slot`). `whole_slot`,
-    `row`: `_pending`'s least budgets in raw bytes; the cuda model counts every segment
-    at its packed size, so the cuts and those thresholds add the padding."""
-    if budget < whole_slot and not fine:  # (the padding only raises whole_slot: no cut either way)
-        return None
+    `row`: `_pending`'s least budgets in raw bytes (`budget` is at least `whole_slot`
+    unless `fine`: the caller tests that); the cuda model counts every segment at its
+    packed size, so the cuts and those thresholds add the padding."""
     padding, sizes = (0, 0, 0), ()
     if memory_model == CUDA:
         padding, sizes = padding_per_kind(dag, x), state_bytes(dag, x)
@@ -367,17 +389,16 @@ def _cut_to_fit(dag, x, budget: int, whole_slot: int, row: int, fine: bool, spec
 PACE_SLACK = 1.2  # a paced GPU may take this much more than its even share (cuts are by layer)
 
 
-def _pace(dag, ready: list, staged: list, mem: list, cap: int, memory_model: str) -> dict:
+def _pace(ready: list, mem: list, cap: int) -> dict:
     """{gpu: most buffer bytes it takes this round} of a paced round: the GPU whose
-    remaining sends and receives (`ready`, buffer bytes at both ends as `memory_model`
-    charges them) fill its free memory the most times over sets the rounds still
-    needed, K; every other GPU spreads its own over K rounds (its share, with
+    remaining sends and receives (`ready`'s entries: buffer bytes at both ends as the
+    memory model charges them) fill its free memory the most times over sets the rounds
+    still needed, K; every other GPU spreads its own over K rounds (its share, with
     PACE_SLACK) instead of finishing early and leaving the tight GPU's rounds to run alone:
     each round then moves a like share on every link (module docstring)."""
     load: dict = defaultdict(int)
-    for x, _, _ in ready:
+    for x, _, _, src_bytes, dst_bytes in ready:
         if x.kind == SEND:
-            src_bytes, dst_bytes = xfer_costs(memory_model, dag, x, staged[x.free])
             load[x.dst_gpu] += dst_bytes
             load[x.src_gpu] += src_bytes
     rounds, need = 1, {}
