@@ -247,12 +247,9 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool, stage_for_reserve
         shifted = shifted and len(ready) == joined  # (the new sends joined at the end)
         done, later = [], []
         limit = None
-        # room[g]: the buffer bytes GPU g can still take this round; a send taking b bytes
-        # of it takes weight[g] * b (the room every send used to recompute from the
-        # round's transient bytes t: cap - mem - t, and in a paced round
-        # min(cap - mem - t, limit.get(g, that) - t), which is 2t for a GPU the pace omits)
+        # room[g]: the buffer bytes GPU g can still take this round (in a paced round at
+        # most its pace); each send taken subtracts its bytes
         room = [cap - m for m in mem]
-        weight = [1] * len(mem)
         if paced and not pace_off:
             if not shifted:  # stable; a round keeps the order (a cut's tails take its place)
                 ready.sort(key=lambda e, n=len(mem): (e[0].dst_gpu - e[0].src_gpu) % n)  # shift order
@@ -260,9 +257,8 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool, stage_for_reserve
             limit, forced = _pace(ready, mem, cap)
             if forced is not None and pace_forced is None:
                 pace_forced = forced
-            weight = [2] * len(mem)
             for g, most in limit.items():
-                room[g], weight[g] = min(room[g], most), 1
+                room[g] = min(room[g], most)
         for entry in ready:
             x, whole_slot, row, src_extra, dst_extra = entry
             if x.kind != SEND:
@@ -291,8 +287,8 @@ def _schedule(dag: TransitionDag, stage_ids, *, staging: bool, stage_for_reserve
                 chunked += 1
                 readers[x.free] += 1
                 src_extra, dst_extra = xfer_costs(memory_model, dag, head, staged[x.free])
-            room[x.src_gpu] -= weight[x.src_gpu] * src_extra
-            room[x.dst_gpu] -= weight[x.dst_gpu] * dst_extra
+            room[x.src_gpu] -= src_extra
+            room[x.dst_gpu] -= dst_extra
             done.append(head)
             if isinstance(tail, tuple):
                 later.extend(wait_entry(t) for t in tail)

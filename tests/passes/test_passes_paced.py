@@ -56,3 +56,17 @@ def test_a_schedule_memory_does_not_split_is_not_paced():
     _, compiled = _compile("8GB")
     assert len(compiled.program.schedule.rounds) == 1
     assert not any("paced" in n or "memory sets" in n for n in compiled.program.schedule.notes)
+
+
+def test_a_paced_round_counts_each_buffer_once():
+    """A round whose remaining transfers fit in one go gets no pace (`_pace` returns {}),
+    and then nothing limits a GPU but its free memory. The scheduler used to charge every
+    GPU missing from the pace twice for each buffer in such a round, which split it: at
+    4.5 GB the paced schedule then lost to the greedy one (0.0347 s), and the greedy one
+    was kept; counted once, the paced one wins (0.0324 s)."""
+    module, compiled = _compile("4500MB")
+    schedule = compiled.program.schedule
+    assert any("paced rounds" in n for n in schedule.notes)
+    unpaced, _ = _unpaced(compiled.dag, staging=True)
+    assert compiled.cost.seconds < 0.95 * schedule_seconds(compiled.dag, unpaced)
+    verify_program(program_json(compiled), against=module)
