@@ -1,8 +1,8 @@
 """The delta encode/decode kernels (nereus.backends.triton.delta) against the torch code of
-nereus.runtime.delta_codec, under the interpreter: the same code chunk by chunk (the
-kernels' persistent programs place chunks in the payload in the order they finish, torch
-in chunk order: the directory says where each is), decoding either side's code gives the
-message, and the checksums agree."""
+nereus.runtime.delta_codec, under the interpreter: the same code chunk by chunk (on a GPU
+the kernel places chunks in the payload in the order they finish, torch in chunk order:
+the directory says where each is), decoding either side's code gives the message, and the
+checksums agree."""
 
 import pytest
 import torch
